@@ -1,0 +1,33 @@
+# The README's two commands: `make demo` (whole workflow on the embedded default) and `make test`.
+# Both create .venv with pip on first use; torch is pinned to the CPU wheel (constraints.txt).
+SHELL := /bin/bash
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-llmrnn
+RUNENV := PATH=$(CURDIR)/$(BIN):$$PATH OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
+
+.PHONY: venv demo test lint report clean-results
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(RUNENV) snakemake --profile profiles/local all
+	$(RUNENV) snakemake --profile profiles/local --report report.html all
+
+test: $(STAMP)
+	$(RUNENV) pytest -x -q tests
+
+lint: $(STAMP)
+	$(RUNENV) snakefmt --check Snakefile rules
+	$(RUNENV) snakemake --lint
+	$(RUNENV) ruff check src tests benchmarks
+
+clean-results:
+	rm -rf results logs .snakemake report.html

@@ -1,0 +1,53 @@
+rule synth_cohort:
+    output:
+        cohort="resources/cohort/synthetic.json",
+        meta="resources/cohort/synthetic.json.meta.json",
+    log:
+        "logs/synth_cohort.log",
+    conda:
+        "../envs/data.yaml"
+    params:
+        patients=config["cohort"]["synthetic"]["patients"],
+        seed=config["cohort"]["synthetic"]["seed"],
+        code=code_hash("llmrnn.cohort"),
+    shell:
+        "llmrnn cohort synth --patients {params.patients} --seed {params.seed} "
+        "--out {output.cohort} 2> {log}"
+
+
+rule clean_cohort:
+    input:
+        cohort=raw_cohort_path,
+    output:
+        cleaned=f"{RUN}/cohort/cleaned.json",
+        report=f"{RUN}/cohort/cleaning_report.json",
+    log:
+        f"{LOGS}/clean_cohort.log",
+    conda:
+        "../envs/data.yaml"
+    params:
+        code=code_hash("llmrnn.cohort"),
+    shell:
+        "llmrnn cohort clean --cohort {input.cohort} --out {output.cleaned} "
+        "--report {output.report} 2> {log}"
+
+
+rule split_cohort:
+    input:
+        cleaned=rules.clean_cohort.output.cleaned,
+    output:
+        train=f"{RUN}/splits/train.json",
+        val=f"{RUN}/splits/val.json",
+        test=f"{RUN}/splits/test.json",
+        summary=f"{RUN}/splits/splits.json",
+    log:
+        f"{LOGS}/split_cohort.log",
+    conda:
+        "../envs/data.yaml"
+    params:
+        cfg=json.dumps(config["split"], sort_keys=True),
+        code=code_hash("llmrnn.cohort"),
+    shell:
+        "llmrnn cohort split --cohort {input.cleaned} --train {output.train} --val {output.val} --test {output.test} "
+        "--summary {output.summary} "
+        "--cfg {params.cfg:q} 2> {log}"

@@ -1,0 +1,74 @@
+"""`llmrnn <stage> ...`: the one entry point every Snakemake rule calls.
+
+Stage modules register their own subcommands and keep heavy imports (torch, transformers) inside
+functions, so `llmrnn --help` and light stages start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+
+from llmrnn.errors import LlmrnnError
+
+# Each module exposes `register(subparsers)`; its subcommands set `func` (args -> int | None).
+STAGE_MODULES = [
+    "llmrnn.cohort",
+    "llmrnn.models",
+    "llmrnn.trajectories",
+    "llmrnn.judge",
+    "llmrnn.preflight",
+    "llmrnn.train",
+    "llmrnn.merge",
+    "llmrnn.release",
+    "llmrnn.evaluate",
+    "llmrnn.report",
+    "llmrnn.check",
+]
+
+
+def json_arg(text: str) -> dict:
+    """Parse a `--cfg` argument: the JSON config subset a rule passes in its params."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"--cfg is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("--cfg must be a JSON object")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmrnn", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in STAGE_MODULES:
+        module = importlib.import_module(name)
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        rc = args.func(args)
+    except LlmrnnError as exc:
+        print(f"llmrnn {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"llmrnn {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

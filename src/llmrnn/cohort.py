@@ -1,0 +1,377 @@
+"""Cohort stage: synthesise, load + validate, clean and split patients in the LLM-as-RNN JSON format.
+
+A cohort file is a JSON list of patients:
+    {subject_id, visits: [{visit_id, visit_number, sex, allergies?, clinical_sections: {...}}]}
+Every record is checked on load; the first bad one is reported as
+    FILE: patient <subject_id> visit <i>: <field>: <problem>
+(visit <i> is the 0-based position in the patient's visit list) and nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmrnn import io
+from llmrnn.errors import InputError
+
+log = logging.getLogger(__name__)
+
+SECTION_NAMES = (
+    "discharge_diagnosis",
+    "chief_complaint",
+    "history_present_illness",
+    "past_medical_history",
+    "procedures",
+    "admission_medications",
+    "hospital_course",
+    "pertinent_results",
+    "physical_exam",
+    "social_history",
+    "family_history",
+    "allergies",
+)
+REAL_DATA_HINT = (
+    "the cohort is a JSON list of patients in the LLM-as-RNN format; real data (MIMIC-IV) is "
+    "credentialed and never shipped: build it from your PhysioNet copy, or set cohort.source: synthetic"
+)
+
+
+# ----------------------------------------------------------------------------- loading + validation
+def _where(pid: Any, visit: int | None = None) -> str:
+    return f"patient {pid}" + (f" visit {visit}" if visit is not None else "")
+
+
+def _is_text_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def validate_cohort(data: Any, source: str = "<cohort>") -> list[dict]:
+    """Check every record; raise InputError naming file, patient, visit and field for the first bad one."""
+
+    def fail(where: str, field: str, problem: str) -> None:
+        raise InputError(f"{source}: {where}: {field}: {problem}")
+
+    if not isinstance(data, list):
+        raise InputError(f"{source}: top level: expected a JSON list of patients, got {type(data).__name__}")
+    seen: set[str] = set()
+    for p_index, patient in enumerate(data):
+        if not isinstance(patient, dict):
+            fail(f"record {p_index}", "patient", f"expected an object, got {type(patient).__name__}")
+        if "subject_id" not in patient:
+            fail(f"record {p_index}", "subject_id", "missing")
+        pid = patient["subject_id"]
+        if isinstance(pid, bool) or not isinstance(pid, (int, str)) or pid == "":
+            fail(f"record {p_index}", "subject_id", "expected an integer or non-empty text")
+        if str(pid) in seen:
+            fail(_where(pid), "subject_id", f"duplicate (record {p_index})")
+        seen.add(str(pid))
+        visits = patient.get("visits")
+        if not isinstance(visits, list):
+            fail(_where(pid), "visits", f"expected a list, got {type(visits).__name__ if 'visits' in patient else 'nothing'}")
+        if not visits:
+            fail(_where(pid), "visits", "empty list")
+        for v_index, visit in enumerate(visits):
+            where = _where(pid, v_index)
+            if not isinstance(visit, dict):
+                fail(where, "visit", f"expected an object, got {type(visit).__name__}")
+            for key in ("visit_id", "visit_number"):
+                if key not in visit:
+                    fail(where, key, "missing")
+            if isinstance(visit["visit_id"], bool) or not isinstance(visit["visit_id"], (int, str)):
+                fail(where, "visit_id", "expected an integer or text")
+            if isinstance(visit["visit_number"], bool) or not isinstance(visit["visit_number"], int):
+                fail(where, "visit_number", "expected an integer")
+            for key in ("sex", "allergies"):
+                if not _is_text_or_none(visit.get(key)):
+                    fail(where, key, "expected text")
+            sections = visit.get("clinical_sections")
+            if "clinical_sections" not in visit:
+                fail(where, "clinical_sections", "missing")
+            if not isinstance(sections, dict):
+                fail(where, "clinical_sections", f"expected an object, got {type(sections).__name__}")
+            if "discharge_diagnosis" not in sections:
+                fail(where, "clinical_sections.discharge_diagnosis", "missing")
+            for key, value in sections.items():
+                if not _is_text_or_none(value):
+                    fail(where, f"clinical_sections.{key}", "expected text")
+    return data
+
+
+def load_cohort(path: str | Path) -> list[dict]:
+    """Read and validate a cohort file; every failure is one InputError line."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: cohort file not found; {REAL_DATA_HINT}")
+    raw = path.read_bytes()
+    if not raw.strip():
+        raise InputError(f"{path}: empty file; {REAL_DATA_HINT}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: byte {exc.start}: not UTF-8 text ({exc.reason})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: line {exc.lineno} column {exc.colno}: not JSON ({exc.msg})") from None
+    return validate_cohort(data, str(path))
+
+
+def dump_cohort(patients: list[dict]) -> str:
+    """Canonical serialisation: same patients, same bytes."""
+    return json.dumps(patients, indent=1, ensure_ascii=False, sort_keys=False) + "\n"
+
+
+# ----------------------------------------------------------------------------- cleaning + splitting
+def is_empty_diagnosis(value: Any) -> bool:
+    return value is None or not str(value).strip()
+
+
+def clean_cohort(patients: list[dict]) -> tuple[list[dict], dict]:
+    """Drop every patient with any visit whose discharge_diagnosis is empty (as the reference did)."""
+    kept = [
+        p
+        for p in patients
+        if not any(is_empty_diagnosis(v["clinical_sections"].get("discharge_diagnosis")) for v in p["visits"])
+    ]
+    report = {
+        "patients_in": len(patients),
+        "visits_in": sum(len(p["visits"]) for p in patients),
+        "patients_dropped_empty_diagnosis": len(patients) - len(kept),
+        "patients_out": len(kept),
+        "visits_out": sum(len(p["visits"]) for p in kept),
+        "rule": "drop a patient if any visit has an empty clinical_sections.discharge_diagnosis",
+    }
+    return kept, report
+
+
+@dataclass(frozen=True)
+class SplitSizes:
+    val: int
+    train: int
+    seed: int
+
+
+def split_cohort(patients: list[dict], sizes: SplitSizes) -> dict[str, list[dict]]:
+    """val first, then train, each sampled with the seed from what remains; test is the rest.
+
+    Sampling goes through pandas' `sample(random_state=seed)`, like the reference's scripts, so the same
+    cleaned cohort gives the same splits.
+    """
+    import pandas as pd
+
+    if sizes.val < 1 or sizes.train < 1:
+        raise InputError(f"split: val_size and train_size must be >= 1 (got {sizes.val}, {sizes.train})")
+    if sizes.val + sizes.train >= len(patients):
+        raise InputError(
+            f"split: val_size {sizes.val} + train_size {sizes.train} leaves no test patients "
+            f"out of {len(patients)} cleaned patients"
+        )
+    pool = pd.Series(range(len(patients)))
+    val_idx = pool.sample(n=sizes.val, random_state=sizes.seed)
+    rest = pool.drop(val_idx.index)
+    train_idx = rest.sample(n=sizes.train, random_state=sizes.seed)
+    test_idx = rest.drop(train_idx.index)
+    splits = {
+        "train": [patients[i] for i in train_idx],
+        "val": [patients[i] for i in val_idx],
+        "test": [patients[i] for i in test_idx],
+    }
+    ids = {name: {str(p["subject_id"]) for p in part} for name, part in splits.items()}
+    overlap = (ids["train"] & ids["val"]) | (ids["train"] & ids["test"]) | (ids["val"] & ids["test"])
+    assert not overlap, f"split overlap: {sorted(overlap)[:5]}"
+    return splits
+
+
+# ----------------------------------------------------------------------------- synthetic cohort
+# Longitudinal structure a memory can exploit: chronic conditions recur at later visits, and complications
+# follow the diagnoses that cause them (diabetes -> foot ulcer, atrial fibrillation -> stroke, ...).
+CHRONIC = {
+    "type 2 diabetes mellitus": ["diabetic foot ulcer", "diabetic ketoacidosis", "hypoglycemia"],
+    "essential hypertension": ["hypertensive emergency", "hypertensive heart disease"],
+    "chronic kidney disease stage 3": ["hyperkalemia", "acute kidney injury on chronic kidney disease"],
+    "congestive heart failure": ["acute decompensated heart failure", "cardiogenic pulmonary edema"],
+    "chronic obstructive pulmonary disease": ["copd exacerbation", "community acquired pneumonia"],
+    "atrial fibrillation": ["ischemic stroke", "gastrointestinal bleed on anticoagulation"],
+    "alcohol use disorder": ["alcohol withdrawal", "alcoholic pancreatitis", "cirrhosis with ascites"],
+    "coronary artery disease": ["non st elevation myocardial infarction", "unstable angina"],
+}
+ACUTE = [
+    "urinary tract infection",
+    "cellulitis of lower leg",
+    "syncope",
+    "small bowel obstruction",
+    "anemia",
+    "hip fracture",
+    "clostridioides difficile colitis",
+    "pulmonary embolism",
+]
+COMPLAINT = {
+    "diabetic foot ulcer": "non-healing wound on the left foot",
+    "diabetic ketoacidosis": "vomiting and confusion",
+    "hypoglycemia": "found unresponsive at home",
+    "hypertensive emergency": "severe headache and blurred vision",
+    "hypertensive heart disease": "exertional dyspnea",
+    "hyperkalemia": "weakness and palpitations",
+    "acute kidney injury on chronic kidney disease": "decreased urine output",
+    "acute decompensated heart failure": "shortness of breath and leg swelling",
+    "cardiogenic pulmonary edema": "acute shortness of breath",
+    "copd exacerbation": "worsening cough and wheeze",
+    "community acquired pneumonia": "fever and productive cough",
+    "ischemic stroke": "sudden right sided weakness",
+    "gastrointestinal bleed on anticoagulation": "black stools",
+    "alcohol withdrawal": "tremor and agitation",
+    "alcoholic pancreatitis": "epigastric pain radiating to the back",
+    "cirrhosis with ascites": "abdominal distension",
+    "non st elevation myocardial infarction": "chest pressure",
+    "unstable angina": "chest pain at rest",
+}
+SOCIAL = ["lives alone", "lives with spouse", "former smoker, 30 pack-years", "drinks daily", "retired teacher"]
+FAMILY = ["father with coronary disease", "mother with diabetes", "noncontributory", "sister with breast cancer"]
+RESULTS = ["creatinine 2.1", "potassium 6.2", "troponin elevated", "bnp 1450", "glucose 480", "lactate 3.1", "hgb 7.2"]
+PROCEDURES = ["none", "chest x-ray", "echocardiogram", "ct head", "endoscopy", "wound debridement", "paracentesis"]
+MEDS = ["metformin", "lisinopril", "furosemide", "apixaban", "tiotropium", "atorvastatin", "insulin glargine"]
+
+
+def synthesize_cohort(n_patients: int, seed: int, empty_diagnosis_rate: float = 0.08) -> list[dict]:
+    """A deterministic synthetic cohort (no real patient): same (n, seed), same records."""
+    rng = random.Random(seed)
+    patients = []
+    for p in range(n_patients):
+        subject_id = 90_000_000 + p  # far from MIMIC-IV's id range; marks the record as synthetic too
+        sex = rng.choice(["M", "F"])
+        chronic = rng.sample(sorted(CHRONIC), k=rng.randint(1, 3))
+        n_visits = rng.randint(2, 8)
+        history: list[str] = []
+        visits = []
+        for v in range(n_visits):
+            base = rng.choice(chronic)
+            roll = rng.random()
+            if v > 0 and roll < 0.6:
+                primary = rng.choice(CHRONIC[base])  # a complication of an earlier chronic condition
+            elif roll < 0.8:
+                primary = base
+            else:
+                primary = rng.choice(ACUTE)
+            secondary = [c for c in chronic if c != primary][:2]
+            dx_lines = [primary] + secondary
+            diagnosis = "\n".join(f"{i + 1}. {d}" for i, d in enumerate(dx_lines))
+            if rng.random() < empty_diagnosis_rate / max(n_visits, 1):
+                diagnosis = ""
+            complaint = COMPLAINT.get(primary, f"symptoms of {primary}")
+            pmh = ", ".join(sorted(set(chronic + history))) if v else ", ".join(chronic)
+            sections = {
+                "discharge_diagnosis": diagnosis,
+                "chief_complaint": complaint,
+                "history_present_illness": (
+                    f"{'Male' if sex == 'M' else 'Female'} aged {rng.randint(45, 88)} with {pmh} "
+                    f"presenting with {complaint}. Visit {v + 1} of a longitudinal course."
+                ),
+                "past_medical_history": pmh,
+                "procedures": rng.choice(PROCEDURES),
+                "admission_medications": ", ".join(rng.sample(MEDS, k=rng.randint(1, 3))),
+                "hospital_course": f"Treated for {complaint}; improved with supportive care.",
+                "pertinent_results": ", ".join(rng.sample(RESULTS, k=2)),
+                "physical_exam": rng.choice(["afebrile, alert", "crackles at bases", "edema 2+", "tachycardic"]),
+                "social_history": rng.choice(SOCIAL),
+                "family_history": rng.choice(FAMILY),
+            }
+            visits.append(
+                {
+                    "visit_id": subject_id * 10 + v,
+                    "visit_number": v + 1,
+                    "sex": sex,
+                    "allergies": rng.choice(["no known drug allergies", "penicillin", "sulfa"]),
+                    "clinical_sections": sections,
+                }
+            )
+            history.append(primary)
+        patients.append({"subject_id": subject_id, "synthetic": True, "visits": visits})
+    return patients
+
+
+# ----------------------------------------------------------------------------- CLI
+def _cmd_synth(args: argparse.Namespace) -> None:
+    patients = synthesize_cohort(args.patients, args.seed)
+    meta = {
+        "synthetic": True,
+        "generator": "llmrnn cohort synth",
+        "patients": args.patients,
+        "seed": args.seed,
+        "note": "SYNTHETIC cohort for demos and tests; no real patient data.",
+    }
+    io.write_text(args.out, dump_cohort(patients))
+    io.write_json(f"{args.out}.meta.json", meta)
+    log.info("wrote %d synthetic patients to %s", len(patients), args.out)
+
+
+def _cmd_validate(args: argparse.Namespace) -> None:
+    patients = load_cohort(args.cohort)
+    print(f"{args.cohort}: ok, {len(patients)} patients, {sum(len(p['visits']) for p in patients)} visits")
+
+
+def _cmd_clean(args: argparse.Namespace) -> None:
+    patients = load_cohort(args.cohort)
+    kept, report = clean_cohort(patients)
+    report["source"] = str(args.cohort)
+    report["source_sha256"] = io.sha256_file(args.cohort)
+    io.write_text(args.out, dump_cohort(kept))
+    io.write_json(args.report, report)
+    log.info("cleaned cohort: %d -> %d patients", report["patients_in"], report["patients_out"])
+
+
+def _cmd_split(args: argparse.Namespace) -> None:
+    cfg = args.cfg
+    patients = load_cohort(args.cohort)
+    sizes = SplitSizes(val=int(cfg["val_size"]), train=int(cfg["train_size"]), seed=int(cfg["seed"]))
+    splits = split_cohort(patients, sizes)
+    texts = {name: dump_cohort(part) for name, part in splits.items()}
+    summary = {
+        "seed": sizes.seed,
+        "sizes": {name: len(part) for name, part in splits.items()},
+        "visits": {name: sum(len(p["visits"]) for p in part) for name, part in splits.items()},
+        "sha256": {name: io.sha256_bytes(text.encode("utf-8")) for name, text in texts.items()},
+        "source_sha256": io.sha256_file(args.cohort),
+        "overlap": 0,
+        "order": "val sampled first, then train from the remainder; test is the rest",
+    }
+    for name, text in texts.items():
+        io.write_text(getattr(args, name), text)
+    io.write_json(args.summary, summary)
+    log.info("splits: %s", summary["sizes"])
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from llmrnn.cli import json_arg
+
+    cohort = sub.add_parser("cohort", help="synthesise, validate, clean and split a cohort")
+    csub = cohort.add_subparsers(dest="cohort_command", required=True)
+
+    p = csub.add_parser("synth", help="write a deterministic SYNTHETIC cohort")
+    p.add_argument("--patients", type=int, required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_cmd_synth)
+
+    p = csub.add_parser("validate", help="check every record of a cohort file")
+    p.add_argument("cohort")
+    p.set_defaults(func=_cmd_validate)
+
+    p = csub.add_parser("clean", help="drop patients with an empty discharge diagnosis")
+    p.add_argument("--cohort", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--report", required=True)
+    p.set_defaults(func=_cmd_clean)
+
+    p = csub.add_parser("split", help="seeded val/train/test split with zero overlap")
+    p.add_argument("--cohort", required=True)
+    for name in ("train", "val", "test"):
+        p.add_argument(f"--{name}", required=True, help=f"output: the {name} split JSON")
+    p.add_argument("--summary", required=True, help="output: splits.json (sizes, seed, sha256)")
+    p.add_argument("--cfg", type=json_arg, required=True, help='JSON: {"val_size", "train_size", "seed"}')
+    p.set_defaults(func=_cmd_split)

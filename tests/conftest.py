@@ -1,0 +1,50 @@
+"""Shared fixtures: a tiny real HF model built once per session, and real Snakemake runs in a temp dir."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOW_PARTS = ["Snakefile", "rules", "workflow", "config", "profiles"]
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama + trained BPE tokenizer with a chat template (real HF files, ~1 s)."""
+    from llmrnn.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+@pytest.fixture
+def workflow_dir(tmp_path) -> Path:
+    """A copy of the workflow (Snakefile, rules, schemas, configs) in a fresh working directory."""
+    for part in WORKFLOW_PARTS:
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, tmp_path / part)
+        else:
+            shutil.copy2(src, tmp_path / part)
+    return tmp_path
+
+
+def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the real snakemake CLI of this environment in workdir; output is captured for asserts."""
+    exe = Path(sys.executable).parent / "snakemake"
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.run(
+        [str(exe), "--cores", "2", *args], cwd=workdir, env=env, capture_output=True, text=True
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
