@@ -21,7 +21,7 @@ def cfg_json(*sections):
 
 
 def code_hash(*modules):
-    """sha256 of the package modules a rule runs: Snakemake's code trigger sees only the shell line."""
+    """sha256 of the package modules a job runs (Snakemake's code trigger sees only the shell line)."""
     digest = hashlib.sha256()
     for name in sorted(modules):
         spec = importlib.util.find_spec(name)
