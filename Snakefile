@@ -11,6 +11,14 @@ report: "workflow/report/workflow.rst"
 
 include: "rules/common.smk"
 include: "rules/cohort.smk"
+include: "rules/models.smk"
+include: "rules/trajectories.smk"
+include: "rules/judge.smk"
+include: "rules/train.smk"
+include: "rules/merge.smk"
+include: "rules/release.smk"
+include: "rules/evaluate.smk"
+include: "rules/report.smk"
 
 
 rule all:

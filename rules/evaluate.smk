@@ -1,0 +1,1 @@
+# Rules of stage evaluate (filled by its issue).

@@ -1,0 +1,1 @@
+# Rules of stage judge (filled by its issue).

@@ -1,0 +1,1 @@
+# Rules of stage merge (filled by its issue).

@@ -1,0 +1,1 @@
+# Rules of stage models (filled by its issue).

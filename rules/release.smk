@@ -1,0 +1,1 @@
+# Rules of stage release (filled by its issue).

@@ -1,0 +1,1 @@
+# Rules of stage report (filled by its issue).

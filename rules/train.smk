@@ -1,0 +1,1 @@
+# Rules of stage train (filled by its issue).

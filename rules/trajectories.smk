@@ -1,0 +1,1 @@
+# Rules of stage trajectories (filled by its issue).
