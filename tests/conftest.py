@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-WORKFLOW_PARTS = ["Snakefile", "rules", "workflow", "config", "profiles"]
+WORKFLOW_PARTS = ["Snakefile", "rules", "workflow", "config", "profiles", "envs"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -37,8 +37,8 @@ SECTION_NAMES = (
     "allergies",
 )
 REAL_DATA_HINT = (
-    "the cohort is a JSON list of patients in the LLM-as-RNN format; real data (MIMIC-IV) is "
-    "credentialed and never shipped: build it from your PhysioNet copy, or set cohort.source: synthetic"
+    "the cohort is a JSON list of patients in the LLM-as-RNN format; MIMIC-IV is "
+    "credentialed and never shipped with llmrnn: build it from your PhysioNet copy, or set cohort.source: synthetic"
 )
 
 
