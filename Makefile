@@ -21,13 +21,22 @@ demo: $(STAMP)
 	$(RUNENV) snakemake --profile profiles/local all
 	$(RUNENV) snakemake --profile profiles/local --report report.html all
 
-test: $(STAMP)
+test: $(STAMP) verl-envs
 	$(RUNENV) pytest -x -q tests
 
 lint: $(STAMP)
 	$(RUNENV) snakefmt --check Snakefile rules
 	$(RUNENV) snakemake --lint
 	$(RUNENV) ruff check src tests benchmarks
+
+# Separate CPU venvs with verl 0.7.1 (reference) and 0.9.1 for tests/test_train_verl.py (~90 s each, cached
+# by a stamp holding the build script's hash).
+VERL_VERSIONS := 0.7.1 0.9.1
+.PHONY: verl-envs
+verl-envs: $(foreach v,$(VERL_VERSIONS),.venv-verl-$(v)/.llmrnn-verl-stamp)
+
+.venv-verl-%/.llmrnn-verl-stamp: scripts/make_verl_env.sh
+	bash scripts/make_verl_env.sh $*
 
 clean-results:
 	rm -rf results logs .snakemake report.html

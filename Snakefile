@@ -10,6 +10,12 @@ report: "workflow/report/workflow.rst"
 
 
 include: "rules/common.smk"
+
+
+# Used only with --software-deployment-method apptainer (profiles/slurm: LLMRNN_SDM); see README.
+container: workflow_container()
+
+
 include: "rules/cohort.smk"
 include: "rules/models.smk"
 include: "rules/trajectories.smk"
@@ -19,6 +25,7 @@ include: "rules/merge.smk"
 include: "rules/release.smk"
 include: "rules/evaluate.smk"
 include: "rules/report.smk"
+include: "rules/check.smk"
 
 
 rule all:

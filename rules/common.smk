@@ -3,6 +3,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shlex
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -49,4 +50,341 @@ def raw_cohort_path(wildcards):
 
 
 def all_targets():
-    return [f"{RUN}/splits/splits.json"]
+    return [
+        f"{RUN}/splits/splits.json",
+        *trajectory_targets(),
+        f"{RUN}/train/preflight.json",
+        *release_targets(),
+        *eval_heldout_targets(),
+    ]
+
+
+# ----------------------------------------------------------------------------- eval (held-out evaluation)
+EVAL_VARIANT_PATTERN = "base|trained|zero_shot|full_history"
+EVAL_ROLES = ("prediction", "evaluation", "memory")
+
+
+def eval_variants():
+    """base + trained memory model, then the configured baselines."""
+    return ["base", "trained", *config["eval"]["baselines"]]
+
+
+def eval_cfg_json(*keys):
+    """A subset of the eval section as JSON (params of the grade/gather rules)."""
+    return json.dumps({k: config["eval"][k] for k in keys}, sort_keys=True)
+
+
+def eval_forward_cfg():
+    """Everything that changes the forward pass of an eval shard: eval's patient/sampling knobs and the
+    roles/prompts sections (models and the prompt file are inputs). Grading and statistics knobs are
+    left out, so changing them never reruns the forward pass.
+    """
+    subset = {k: config["eval"][k] for k in ("max_patients", "patient_seed", "seed")}
+    return json.dumps(
+        {
+            "eval": subset,
+            "roles": config.get("roles"),
+            "prompts": config.get("prompts"),
+        },
+        sort_keys=True,
+    )
+
+
+def eval_code_hash(step):
+    modules = ["llmrnn.evaluate", "llmrnn.matching"]
+    if step == "shard":
+        modules += [
+            "llmrnn.rnn",
+            "llmrnn.backends",
+            "llmrnn.prompts",
+            "llmrnn.jsonparse",
+            "llmrnn.cohort",
+        ]
+    if step == "grade" and config["eval"]["final_judge"]["mode"] == "llm":
+        modules += ["llmrnn.backends"]
+    return code_hash(*modules)
+
+
+def eval_role_model_inputs(roles):
+    """Files of the roles' models: the .ready marker of a configured model name, the folder itself for
+    a path; nothing for an openai endpoint."""
+    inputs = set()
+    for role in roles:
+        cfg = config["roles"][role]
+        if cfg.get("backend", "transformers") != "openai":
+            ref = cfg["model"]
+            inputs.add(model_ready(ref) if is_model_name(ref) else ref)
+    return sorted(inputs)
+
+
+def eval_trained_model():
+    """The trained memory model: this run's merged model, or the HF folder named by eval.trained_model."""
+    return config["eval"]["trained_model"] or f"{RUN}/merged"
+
+
+def eval_shard_inputs(wildcards):
+    """Models of an eval shard; the trained variant's memory model is the merged one (and the merge
+    check must have passed) or eval.trained_model."""
+    if wildcards.variant != "trained":
+        return eval_role_model_inputs(EVAL_ROLES)
+    inputs = eval_role_model_inputs(("prediction", "evaluation"))
+    if config["eval"]["trained_model"]:
+        return inputs + [f"{config['eval']['trained_model']}/config.json"]
+    return inputs + [f"{RUN}/merged", f"{RUN}/merge_check.json"]
+
+
+def eval_memory_arg(wildcards):
+    return (
+        f"--memory-model {eval_trained_model()}"
+        if wildcards.variant == "trained"
+        else ""
+    )
+
+
+def eval_shard_files(kind):
+    """All shard files of every variant: kind is "shard" (forward pass) or "graded"."""
+    return [
+        f"{RUN}/eval/{variant}/{kind}_{k}.jsonl"
+        for variant in eval_variants()
+        for k in range(config["eval"]["shards"])
+    ]
+
+
+def eval_train_metrics():
+    """Training curves of this run's model; none when eval.trained_model names another model."""
+    return [] if config["eval"]["trained_model"] else [f"{RUN}/train/metrics.jsonl"]
+
+
+def eval_train_metrics_arg():
+    return " ".join(f"--train-metrics {p}" for p in eval_train_metrics())
+
+
+def eval_heldout_targets():
+    plots = f"{RUN}/eval/plots"
+    return [
+        f"{RUN}/eval/metrics.json",
+        f"{RUN}/eval/comparison.json",
+        f"{plots}/acc_bars.png",
+        f"{plots}/acc_by_visit.png",
+        f"{plots}/training.png",
+        f"{plots}/summary.tsv",
+    ]
+
+
+# ----------------------------------------------------------------------------- judge / reward / preflight
+def judge_rubric():
+    """The rubric named by judge.rubric, parsed by the same code the server and the reward use."""
+    from llmrnn.rubric import load_rubric
+
+    return load_rubric(config["judge"]["rubric"])
+
+
+def judge_model_input(wildcards):
+    """The .ready marker of a local judge model (built by prepare_base_model); none for hub/path models."""
+    rubric = judge_rubric()
+    if rubric.model_source == "local":
+        return model_ready(rubric.model)
+    return []
+
+
+def judge_gpus():
+    return 1 if judge_rubric().needs_gpu else 0
+
+
+# ----------------------------------------------------------------------------- train
+def train_gpus():
+    """GPUs of train_grpo: train.resources.gpu, else n_gpus_per_node for verl (per node), 0 for TRL."""
+    t = config["train"]
+    if t["resources"].get("gpu") is not None:
+        return t["resources"]["gpu"]
+    return t["n_gpus_per_node"] if t["engine"] == "verl" else 0
+
+
+def train_threads():
+    """TRL on CPU uses train.trl.num_threads (1 is fastest for small models: FINDINGS §1)."""
+    t = config["train"]
+    if t["engine"] == "trl":
+        return t["trl"]["num_threads"]
+    return t["resources"]["cpus_per_task"]
+
+
+def preflight_cfg():
+    """Preflight depends on the judge, reward and preflight sections (+ train: its training checks)."""
+    return cfg_json(
+        *[s for s in ("judge", "reward", "preflight", "train") if s in config]
+    )
+
+
+# ----------------------------------------------------------------------------- models / trajectories
+MODELS = "resources/models"
+TRAJECTORY_SPLITS = ("train", "val")
+
+
+def is_model_name(ref):
+    """A role's `model` is a configured model name (prepared under MODELS) unless it looks like a path."""
+    return not (os.sep in ref or os.altsep and os.altsep in ref or ref.startswith("."))
+
+
+def model_ready(name):
+    if name not in config["models"]:
+        raise WorkflowError(
+            f"model {name!r} is used but not configured: add models.{name} (source: pypi_gguf | hub | local)"
+        )
+    return f"{MODELS}/{name}/.ready"
+
+
+def model_cfg_json(wildcards):
+    """params of prepare_base_model: exactly the models.<name> entry it builds."""
+    if wildcards.name not in config["models"]:
+        raise WorkflowError(f"models.{wildcards.name}: not configured")
+    return json.dumps(config["models"][wildcards.name], sort_keys=True)
+
+
+def model_mem_mb(wildcards):
+    source = config["models"].get(wildcards.name, {}).get("source")
+    return 16000 if source == "pypi_gguf" else 4000
+
+
+def role_model_markers():
+    """.ready markers of the local models the forward-pass roles load (openai roles load none)."""
+    names = {
+        role["model"]
+        for role in config["roles"].values()
+        if role.get("backend", "transformers") != "openai"
+        and is_model_name(role["model"])
+    }
+    return [model_ready(n) for n in sorted(names)]
+
+
+def memory_model_dir():
+    """The base memory model (roles.memory.model): the policy GRPO trains and eval's `base` variant."""
+    ref = config["roles"]["memory"]["model"]
+    return f"{MODELS}/{ref}" if is_model_name(ref) else ref
+
+
+def memory_model_inputs():
+    """The memory model as an input of rules (its .ready marker, or the folder itself for a path)."""
+    ref = config["roles"]["memory"]["model"]
+    return [model_ready(ref)] if is_model_name(ref) else [ref]
+
+
+def model_folder(path):
+    """The HF folder of a model input (a .ready marker or the folder itself)."""
+    return os.path.dirname(path) if os.path.basename(path) == ".ready" else path
+
+
+def trajectories_cfg_json():
+    """params of trajectory_shard: roles, the models they use, the trajectories knobs (not resources)."""
+    used = {r["model"] for r in config["roles"].values()}
+    return json.dumps(
+        {
+            "roles": config["roles"],
+            "models": {n: m for n, m in config["models"].items() if n in used},
+            "trajectories": {
+                k: v
+                for k, v in config["trajectories"].items()
+                if k not in ("resources", "threads")
+            },
+        },
+        sort_keys=True,
+    )
+
+
+def trajectories_env():
+    vllm = any(r.get("backend") == "vllm" for r in config["roles"].values())
+    return "../envs/vllm.yaml" if vllm else "../envs/cpu.yaml"
+
+
+def trajectory_shard_files(split, ext):
+    return [
+        f"{RUN}/trajectories/shards/{split}/part_{k}.{ext}"
+        for k in range(config["trajectories"]["shards"])
+    ]
+
+
+def trajectory_targets():
+    return [
+        f"{RUN}/trajectories/{s}.{ext}"
+        for s in TRAJECTORY_SPLITS
+        for ext in ("parquet", "summary.json")
+    ]
+
+
+# ----------------------------------------------------------------------------- merge / release
+# Sections whose knobs shaped the released model (recorded in MANIFEST.json); eval/report/slurm/check are
+# not among them, so an eval knob never reruns the release.
+RELEASE_KNOB_SECTIONS = (
+    "cohort",
+    "split",
+    "models",
+    "roles",
+    "prompts",
+    "trajectories",
+    "judge",
+    "reward",
+    "preflight",
+    "train",
+    "merge",
+)
+NOT_A_KNOB = ("resources", "threads")
+
+
+def merge_base_input():
+    """The base the adapter is merged into: the memory model's .ready marker (a configured name) or its
+    folder (a path); `llmrnn merge run --base` takes either."""
+    ref = config["roles"]["memory"]["model"]
+    return model_ready(ref) if is_model_name(ref) else ref
+
+
+def merge_cfg_json():
+    """params of merge_model: the merge knobs (not resources) + the LoRA rank/alpha training asked for
+    (the adapter is checked against them; an alpha of 0 is repaired from them)."""
+    merge = {k: v for k, v in config["merge"].items() if k not in NOT_A_KNOB}
+    try:  # the values training really uses: its section with the train stage's own defaults filled in
+        from llmrnn.train.config import normalize
+
+        lora = normalize(config.get("train"))["lora"]
+    except ImportError:
+        lora = config.get("train", {}).get("lora", {})
+    wanted = {k: lora.get(k) for k in ("rank", "alpha")}
+    return json.dumps({"merge": merge, "train": {"lora": wanted}}, sort_keys=True)
+
+
+def release_cfg_json():
+    """params of release: its own section + every model-shaping knob (for the manifest and card)."""
+    knobs = {
+        s: (
+            {k: v for k, v in config[s].items() if k not in NOT_A_KNOB}
+            if isinstance(config[s], dict)
+            else config[s]
+        )
+        for s in RELEASE_KNOB_SECTIONS
+        if s in config
+    }
+    return json.dumps(
+        {"run_name": config["run_name"], "release": config["release"], "knobs": knobs},
+        sort_keys=True,
+    )
+
+
+def release_targets():
+    return [
+        f"{RUN}/release/README.md",
+        f"{RUN}/release/MANIFEST.json",
+        f"{RUN}/release/upload_receipt.json",
+    ]
+
+
+def check_configfiles():
+    """The config files of this run in layering order (the Snakefile's, then --configfile
+    ones), for `llmrnn check` (rule check)."""
+    cli = [str(f) for f in workflow.overwrite_configfiles or []]
+    own = [str(f) for f in workflow.configfiles if str(f) not in cli]
+    return " ".join(shlex.quote(f) for f in own + cli)
+
+
+def workflow_container():
+    """Image all jobs run in under `--sdm apptainer`: $LLMRNN_CONTAINER (e.g. an image built
+    from profiles/slurm/llmrnn-verl.def over the reference verl image); None: on the host.
+    """
+    return os.environ.get("LLMRNN_CONTAINER") or None

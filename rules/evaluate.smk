@@ -1,1 +1,76 @@
-# Rules of stage evaluate (filled by its issue).
+# Held-out evaluation: forward pass over the test split per variant (base | trained memory model, and the
+# configured baselines) scattered over eval.shards jobs, graded by the final judge, gathered into
+# metrics.json + comparison.json. Helpers (eval_*) live in rules/common.smk.
+
+
+rule eval_shard:
+    input:
+        test=rules.split_cohort.output.test,
+        prompts=config["prompts"]["file"],
+        models=eval_shard_inputs,
+    output:
+        f"{RUN}/eval/{{variant}}/shard_{{shard}}.jsonl",
+    log:
+        f"{LOGS}/eval/{{variant}}/shard_{{shard}}.log",
+    wildcard_constraints:
+        variant=EVAL_VARIANT_PATTERN,
+        shard=r"\d+",
+    conda:
+        "../envs/cpu.yaml"
+    threads: config["eval"]["threads"]
+    resources:
+        gpu=config["eval"]["resources"]["gpu"],
+        mem_mb=config["eval"]["resources"]["mem_mb"],
+        runtime=config["eval"]["resources"]["runtime"],
+        cpus_per_task=config["eval"]["resources"]["cpus_per_task"],
+    params:
+        cfg=eval_forward_cfg(),
+        memory=eval_memory_arg,
+        shards=config["eval"]["shards"],
+        code=eval_code_hash("shard"),
+    shell:
+        "llmrnn evaluate shard --test {input.test} --variant {wildcards.variant} {params.memory} "
+        "--prompts {input.prompts} --threads {threads} "
+        "--shard {wildcards.shard} --shards {params.shards} --out {output} --cfg {params.cfg:q} 2> {log}"
+
+
+rule eval_grade:
+    input:
+        rules.eval_shard.output,
+    output:
+        f"{RUN}/eval/{{variant}}/graded_{{shard}}.jsonl",
+    log:
+        f"{LOGS}/eval/{{variant}}/graded_{{shard}}.log",
+    wildcard_constraints:
+        variant=EVAL_VARIANT_PATTERN,
+        shard=r"\d+",
+    conda:
+        "../envs/data.yaml"
+    params:
+        cfg=eval_cfg_json("final_judge", "grade_visits"),
+        code=eval_code_hash("grade"),
+    shell:
+        "llmrnn evaluate grade --shard {input} --out {output} --cfg {params.cfg:q} 2> {log}"
+
+
+rule eval_gather:
+    input:
+        eval_shard_files("graded"),
+    output:
+        metrics=f"{RUN}/eval/metrics.json",
+        comparison=f"{RUN}/eval/comparison.json",
+    log:
+        f"{LOGS}/eval/gather.log",
+    conda:
+        "../envs/data.yaml"
+    params:
+        cfg=eval_cfg_json("final_judge", "stats"),
+        code=code_hash("llmrnn.evaluate", "llmrnn.stats", "llmrnn.matching"),
+    shell:
+        "llmrnn evaluate gather --graded {input} --metrics {output.metrics} "
+        "--comparison {output.comparison} --cfg {params.cfg:q} 2> {log}"
+
+
+rule eval_heldout:
+    input:
+        eval_heldout_targets(),

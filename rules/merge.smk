@@ -1,1 +1,27 @@
-# Rules of stage merge (filled by its issue).
+# Fold the trained LoRA into the base memory model (PEFT merge_and_unload, never verl's merger for LoRA)
+# and verify it: merge_check.json lists every check; a failing one exits non-zero and leaves no merged/.
+
+
+rule merge_model:
+    input:
+        base=merge_base_input(),
+        adapter=f"{RUN}/train/adapter",
+    output:
+        merged=directory(f"{RUN}/merged"),
+        check=f"{RUN}/merge_check.json",
+    log:
+        f"{LOGS}/merge_model.log",
+    conda:
+        "../envs/cpu.yaml"
+    threads: config["merge"]["resources"]["cpus_per_task"]
+    resources:
+        gpu=config["merge"]["resources"]["gpu"],
+        mem_mb=config["merge"]["resources"]["mem_mb"],
+        runtime=config["merge"]["resources"]["runtime"],
+        cpus_per_task=config["merge"]["resources"]["cpus_per_task"],
+    params:
+        cfg=merge_cfg_json(),
+        code=code_hash("llmrnn.merge"),
+    shell:
+        "llmrnn merge run --base {input.base} --adapter {input.adapter} --out {output.merged} "
+        "--check {output.check} --cfg {params.cfg:q} 2> {log}"

@@ -1,1 +1,33 @@
-# Rules of stage release (filled by its issue).
+# Model card + MANIFEST.json for the merged model, the PHI guard over the exact bundle, and the Hub upload
+# when release.upload is on and a token is in the environment (else the receipt says why not).
+# Deliberately independent of eval: the release never waits for (or reruns with) the evaluation.
+
+
+rule release:
+    input:
+        merged=rules.merge_model.output.merged,
+        check=rules.merge_model.output.check,
+        splits=rules.split_cohort.output.summary,
+        split_files=[
+            rules.split_cohort.output.train,
+            rules.split_cohort.output.val,
+            rules.split_cohort.output.test,
+        ],
+        metrics=f"{RUN}/train/metrics.jsonl",
+        rubric=config["judge"]["rubric"],
+    output:
+        card=f"{RUN}/release/README.md",
+        manifest=f"{RUN}/release/MANIFEST.json",
+        receipt=f"{RUN}/release/upload_receipt.json",
+    log:
+        f"{LOGS}/release.log",
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        cfg=release_cfg_json(),
+        code=code_hash("llmrnn.release", "llmrnn.phi_guard", "llmrnn.upload"),
+    shell:
+        "llmrnn release build --merged {input.merged} --merge-check {input.check} "
+        "--splits {input.splits} --split-files {input.split_files} --metrics {input.metrics} "
+        "--rubric {input.rubric} --cfg {params.cfg:q} --card {output.card} "
+        "--manifest {output.manifest} --receipt {output.receipt} 2> {log}"

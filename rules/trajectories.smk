@@ -1,1 +1,61 @@
-# Rules of stage trajectories (filled by its issue).
+# Phase B: the LLM-as-RNN forward pass over train/val, scattered over trajectories.shards jobs per split
+# (patients batched per visit step inside each job), gathered into verl parquets + a summary per split.
+
+
+rule trajectory_shard:
+    input:
+        split=f"{RUN}/splits/{{split}}.json",
+        prompts=config["prompts"]["file"],
+        models=role_model_markers(),
+    output:
+        part=f"{RUN}/trajectories/shards/{{split}}/part_{{k}}.parquet",
+        stats=f"{RUN}/trajectories/shards/{{split}}/part_{{k}}.stats.json",
+    log:
+        f"{LOGS}/trajectories/{{split}}/part_{{k}}.log",
+    wildcard_constraints:
+        split="train|val",
+        k=r"\d+",
+    conda:
+        trajectories_env()
+    threads: config["trajectories"]["threads"]
+    resources:
+        gpu=config["trajectories"]["resources"]["gpu"],
+        mem_mb=config["trajectories"]["resources"]["mem_mb"],
+        runtime=config["trajectories"]["resources"]["runtime"],
+        cpus_per_task=config["trajectories"]["resources"]["cpus_per_task"],
+    params:
+        cfg=trajectories_cfg_json(),
+        code=code_hash(
+            "llmrnn.trajectories",
+            "llmrnn.rnn",
+            "llmrnn.backends",
+            "llmrnn.prompts",
+            "llmrnn.jsonparse",
+        ),
+    shell:
+        "llmrnn trajectories shard --split {wildcards.split} --split-file {input.split} "
+        "--shard {wildcards.k} --prompts {input.prompts} --threads {threads} "
+        "--out {output.part} --stats {output.stats} --cfg {params.cfg:q} 2> {log}"
+
+
+rule dump_trajectories:
+    input:
+        parts=lambda w: trajectory_shard_files(w.split, "parquet"),
+        stats=lambda w: trajectory_shard_files(w.split, "stats.json"),
+        tokenizer=memory_model_inputs(),
+    output:
+        parquet=f"{RUN}/trajectories/{{split}}.parquet",
+        summary=f"{RUN}/trajectories/{{split}}.summary.json",
+    log:
+        f"{LOGS}/trajectories/{{split}}.gather.log",
+    wildcard_constraints:
+        split="train|val",
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        tokenizer=lambda w, input: model_folder(input.tokenizer[0]),
+        code=code_hash("llmrnn.trajectories"),
+    shell:
+        "llmrnn trajectories gather --split {wildcards.split} --parts {input.parts} "
+        "--stats {input.stats} --tokenizer {params.tokenizer} "
+        "--out {output.parquet} --summary {output.summary} 2> {log}"

@@ -95,7 +95,7 @@ def test_missing_cohort_file_says_what_is_expected(tmp_path):
 def test_cli_subprocess_prints_no_traceback(tmp_path):
     path = write(tmp_path, "not json")
     proc = subprocess.run(
-        [sys.executable, "-m", "llmrnn.cli", "cohort", "validate", str(path)], capture_output=True, text=True
+        [sys.executable, "-m", "llmrnn.cli", "cohort", "validate", str(path)], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr

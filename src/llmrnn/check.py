@@ -1,5 +1,391 @@
-"""Stage `check` (not implemented yet: filled in by its issue)."""
+"""`llmrnn check`: the pre-submit check. Runs on a login node (no GPU) and lists ALL problems at once,
+before anything is queued: config schema, cohort file, base models + chat templates (or hub ids that
+resolve), the judge rubric and model, batch geometry, the verl command composed against the installed
+verl config, the Hub token and target repo when upload is on, and the SLURM profile's GPU counts.
+
+    llmrnn check [--configfile config/reproduce.yaml ...] [--out check.json]
+
+Exit 0 when no problem was found, 1 otherwise (every problem on its own line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+SCHEMA = Path("workflow/schemas/config.schema.yaml")
+DEFAULT_CONFIG = Path("config/config.yaml")
 
 
-def register(sub) -> None:  # noqa: ARG001 - the stage adds its subcommands here
+# ----------------------------------------------------------------------------- config
+def merge(base: dict, over: dict) -> dict:
+    """Deep merge the way Snakemake layers --configfile files over the Snakefile's configfile."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _fill_defaults(instance, schema: dict) -> None:
+    """Schema `default:` values into the config (what snakemake.utils.validate(set_default=True) does)."""
+    if not isinstance(instance, dict) or schema.get("type") not in (None, "object"):
+        return
+    for key, sub in (schema.get("properties") or {}).items():
+        if key not in instance and "default" in sub:
+            instance[key] = copy.deepcopy(sub["default"])
+        if key in instance:
+            _fill_defaults(instance[key], sub)
+
+
+def load_config(paths: list[Path], schema_path: Path = SCHEMA) -> tuple[dict, list[str]]:
+    """The merged config with schema defaults, and every schema problem (not just the first)."""
+    import jsonschema
+
+    problems: list[str] = []
+    config: dict = {}
+    for path in paths:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            problems.append(f"config: {path} does not exist")
+            continue
+        except yaml.YAMLError as exc:
+            problems.append(f"config: {path} is not valid YAML: {str(exc).splitlines()[0]}")
+            continue
+        if not isinstance(data, dict):
+            problems.append(f"config: {path} must be a YAML mapping")
+            continue
+        config = merge(config, data)
+    try:
+        schema = yaml.safe_load(Path(schema_path).read_text())
+    except FileNotFoundError:
+        return config, [*problems, f"config: schema {schema_path} missing (run from the workflow directory)"]
+    validator = jsonschema.Draft202012Validator(schema)
+    for err in sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path)):
+        where = ".".join(str(p) for p in err.absolute_path) or "<top>"
+        problems.append(f"config: {where}: {err.message}")
+    _fill_defaults(config, schema)
+    return config, problems
+
+
+# ----------------------------------------------------------------------------- helpers
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+
+
+def chat_template_problem(path: Path, what: str) -> str | None:
+    """None when path is an HF model folder whose tokenizer has a chat template."""
+    if not (path / "config.json").is_file():
+        return f"{what}: {path} is not a HF model folder (no config.json)"
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        return f"{what}: {path} has no weights (*.safetensors)"
+    if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
+        return None
+    tok_cfg = path / "tokenizer_config.json"
+    try:
+        if tok_cfg.is_file() and json.loads(tok_cfg.read_text()).get("chat_template"):
+            return None
+    except (json.JSONDecodeError, AttributeError):
+        return f"{what}: {tok_cfg} is not valid JSON"
+    return f"{what}: the tokenizer in {path} has no chat template (tokenizer_config.json chat_template)"
+
+
+def hub_problem(repo_id: str, revision: str | None, what: str) -> str | None:
+    """None when the hub id resolves (with HF_TOKEN for gated repos)."""
+    if _offline():
+        return (f"{what}: {repo_id} is not downloaded yet and HF_HUB_OFFLINE is set: unset it on a node "
+                "that reaches the Hub, or point the config at a local copy")
+    try:
+        from huggingface_hub import HfApi
+
+        HfApi().model_info(repo_id, revision=revision)
+    except Exception as exc:  # noqa: BLE001 - any hub failure is one problem line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        return f"{what}: hub id {repo_id} does not resolve ({type(exc).__name__}: {first}); HF_TOKEN for gated repos"
     return None
+
+
+# ----------------------------------------------------------------------------- checks
+def check_cohort(config: dict) -> list[str]:
+    from llmrnn.cohort import load_cohort
+    from llmrnn.errors import LlmrnnError
+
+    source = (config.get("cohort") or {}).get("source", "synthetic")
+    if source == "synthetic":
+        return []
+    if not Path(source).is_file():
+        return [f"cohort.source: {source} does not exist (the cleaned cohort JSON in LLM-as-RNN format)"]
+    try:
+        patients = load_cohort(source)
+    except LlmrnnError as exc:
+        return [f"cohort.source: {exc}"]
+    split = config.get("split") or {}
+    need = int(split.get("val_size", 0)) + int(split.get("train_size", 0)) + 1
+    if len(patients) < need:
+        return [(f"cohort.source: {source} has {len(patients)} patients; split needs at least {need} "
+                 "(val_size + train_size + a test set)")]
+    return []
+
+
+def _model_problem(name: str, spec: dict) -> str | None:
+    from llmrnn.models import model_dir
+
+    what = f"models.{name}"
+    prepared = model_dir(name)
+    if (prepared / ".ready").is_file():
+        return chat_template_problem(prepared, what)
+    source = spec.get("source")
+    if source == "local" or spec.get("path"):
+        path = Path(spec.get("path") or "")
+        if not spec.get("path") or not path.is_dir():
+            return f"{what}: local model folder {spec.get('path')} does not exist"
+        return chat_template_problem(path, what)
+    if source == "hub":
+        if not spec.get("repo_id"):
+            return f"{what}: source hub needs repo_id"
+        return hub_problem(spec["repo_id"], spec.get("revision"), what)
+    return None  # pypi_gguf and the like are built by prepare_base_model from a package
+
+
+def check_models(config: dict) -> list[str]:
+    from llmrnn.models import resolve_model
+
+    problems = []
+    models = config.get("models") or {}
+    for name, spec in models.items():
+        if isinstance(spec, dict) and (p := _model_problem(name, spec)):
+            problems.append(p)
+    for role, rcfg in (config.get("roles") or {}).items():
+        ref = (rcfg or {}).get("model")
+        if not ref or ref in models:
+            continue
+        path = resolve_model(ref)
+        if path.is_dir():
+            if p := chat_template_problem(path, f"roles.{role}.model"):
+                problems.append(p)
+        elif "/" in ref and not path.exists() and ref.count("/") == 1:
+            if p := hub_problem(ref, None, f"roles.{role}.model"):
+                problems.append(p)
+        else:
+            problems.append(f"roles.{role}.model: {ref} is neither a model in `models` nor an existing folder")
+    return problems
+
+
+def _judge_gpus_needed(config: dict) -> int | None:
+    try:
+        from llmrnn.rubric import load_rubric
+
+        rubric = load_rubric(config["judge"]["rubric"])
+    except Exception:  # noqa: BLE001 - reported by check_judge
+        return None
+    return 1 if rubric.needs_gpu else 0  # rules/common.smk judge_gpus(): one GPU for a vLLM judge
+
+
+def check_judge(config: dict) -> list[str]:
+    from llmrnn.errors import LlmrnnError
+
+    judge = config.get("judge") or {}
+    path = judge.get("rubric")
+    if not path:
+        return []
+    if not Path(path).is_file():
+        return [f"judge.rubric: {path} does not exist"]
+    try:
+        from llmrnn.rubric import load_rubric
+
+        rubric = load_rubric(path)
+    except LlmrnnError as exc:
+        return [f"judge.rubric: {exc}"]
+    except ImportError:
+        return []
+    models = config.get("models") or {}
+    what = f"judge model of {path}"
+    if rubric.model_source == "local":
+        if rubric.model not in models:
+            return [f"{what}: {rubric.model} is not a model in the config's `models` section"]
+        return []
+    if rubric.model_source == "path":
+        p = Path(rubric.model)
+        return [] if p.is_dir() else [f"{what}: folder {rubric.model} does not exist"]
+    if rubric.model_source == "hub":
+        p = hub_problem(rubric.model, None, what)
+        return [p] if p else []
+    return []
+
+
+def check_training(config: dict) -> list[str]:
+    """Batch geometry (TRAIN's config.geometry) and, for verl, the command composed against the
+    installed verl config (when verl is importable here)."""
+    if "train" not in config:
+        return []
+    try:
+        from llmrnn.train import config as tcfg
+    except ImportError:
+        return []
+    from llmrnn.errors import LlmrnnError
+
+    try:
+        cfg = tcfg.normalize(config["train"])
+        problems = [f"train: {p}" for p in tcfg.geometry(cfg).problems]
+    except LlmrnnError as exc:
+        return [f"train: {exc}"]
+    if cfg.get("engine") == "verl":
+        problems += check_verl_command(cfg)
+        problems += check_profile_gpus(config, cfg)
+    return problems
+
+
+def check_verl_command(cfg: dict) -> list[str]:
+    try:
+        import verl  # noqa: F401
+    except ImportError:
+        log.info("check: verl not importable here; the verl command is checked by preflight on the GPU node")
+        return []
+    from llmrnn.errors import LlmrnnError
+    from llmrnn.train import verl_cmd
+
+    try:
+        overrides = verl_cmd.build_overrides(
+            cfg, train_parquet="train.parquet", val_parquet="val.parquet", model_dir="model",
+            out_dir="out", experiment_name="check",
+        )
+    except LlmrnnError as exc:
+        return [f"train (verl command): {exc}"]
+    return compose_verl(overrides)
+
+
+def compose_verl(overrides: list[str]) -> list[str]:
+    """Compose verl's ppo_trainer config with the overrides (Hydra rejects unknown keys)."""
+    try:
+        import verl
+        from hydra import compose, initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+    except ImportError as exc:
+        return [f"train (verl command): cannot import hydra/verl to compose it: {exc}"]
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            compose(config_name="ppo_trainer", overrides=overrides)
+    except Exception as exc:  # noqa: BLE001 - Hydra raises several types; each is a config problem
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        return [f"train (verl {getattr(verl, '__version__', '?')} command): {first}"]
+    finally:
+        GlobalHydra.instance().clear()
+    return []
+
+
+def check_profile_gpus(config: dict, train_cfg: dict) -> list[str]:
+    """profiles/slurm asks for LLMRNN_TRAIN_GPUS / LLMRNN_JUDGE_GPUS; they must match the config."""
+    problems = []
+    profile_train = int(os.environ.get("LLMRNN_TRAIN_GPUS", "2"))
+    want = int(train_cfg.get("n_gpus_per_node", profile_train))
+    if want != profile_train:
+        problems.append(f"train.n_gpus_per_node is {want} but profiles/slurm requests {profile_train} GPU(s) for "
+                        f"train_grpo: export LLMRNN_TRAIN_GPUS={want}")
+    nodes = int(train_cfg.get("nnodes", 1))
+    profile_nodes = int(os.environ.get("LLMRNN_TRAIN_NODES", "1"))
+    if nodes != profile_nodes:
+        problems.append(f"train.nnodes is {nodes} but profiles/slurm requests {profile_nodes} node(s): "
+                        f"export LLMRNN_TRAIN_NODES={nodes}")
+    judge = _judge_gpus_needed(config)
+    profile_judge = int(os.environ.get("LLMRNN_JUDGE_GPUS", "1"))
+    if judge is not None and judge > profile_judge:
+        problems.append(f"the judge needs {judge} GPU(s) but profiles/slurm requests {profile_judge}: "
+                        f"export LLMRNN_JUDGE_GPUS={judge}")
+    return problems
+
+
+def check_upload(config: dict) -> list[str]:
+    rel = config.get("release") or {}
+    if not rel.get("upload"):
+        return []
+    problems = []
+    env_name = rel.get("token_env") or "HF_TOKEN"
+    token = os.environ.get(env_name) or (os.environ.get("HUGGING_FACE_HUB_TOKEN") if env_name == "HF_TOKEN" else None)
+    if not token:
+        problems.append(f"release.upload is on but ${env_name} is empty: export a Hub token with write access")
+    repo = rel.get("repo_id")
+    if repo and not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
+        problems.append(f"release.repo_id: {repo!r} is not owner/name")
+    if token and not _offline():
+        try:
+            from huggingface_hub import HfApi
+
+            who = HfApi(endpoint=rel.get("endpoint"), token=token).whoami()
+            owner = (repo or "").split("/")[0]
+            names = {who.get("name")} | {o.get("name") for o in who.get("orgs", []) if isinstance(o, dict)}
+            if owner and owner not in names:
+                problems.append(f"release.repo_id: the token (user {who.get('name')}) cannot write to {owner}/")
+        except Exception as exc:  # noqa: BLE001
+            first = (str(exc).replace(token, "***").strip().splitlines() or [type(exc).__name__])[0][:160]
+            problems.append(f"release: the token in ${env_name} is not accepted by the Hub ({first})")
+    return problems
+
+
+CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
+    ("cohort", check_cohort),
+    ("models", check_models),
+    ("judge", check_judge),
+    ("training", check_training),
+    ("upload", check_upload),
+]
+
+
+def run_checks(config_paths: list[Path]) -> dict:
+    """Every check, each isolated (one crashing check is a problem, not the end of the list)."""
+    config, problems = load_config(config_paths)
+    ran = ["schema"]
+    for name, fn in CHECKS:
+        try:
+            problems += fn(config)
+        except Exception as exc:  # noqa: BLE001 - report and go on: the point is to list everything
+            problems.append(f"{name}: check crashed: {type(exc).__name__}: {exc}")
+        ran.append(name)
+    return {"ok": not problems, "problems": problems, "checks": ran,
+            "configfiles": [str(p) for p in config_paths], "run_name": config.get("run_name")}
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    # like the Snakefile: config/config.yaml first, the given files layered over it
+    given = [Path(p) for p in args.configfile or []]
+    paths = given if DEFAULT_CONFIG in given else [DEFAULT_CONFIG, *given]
+    report = run_checks(paths)
+    if args.out:
+        from llmrnn.io import write_json
+
+        write_json(args.out, report)
+    files = " + ".join(report["configfiles"])
+    if report["ok"]:
+        print(f"llmrnn check: OK ({files}; checked {', '.join(report['checks'])})")
+        return 0
+    print(f"llmrnn check: {len(report['problems'])} problem(s) with {files}:", file=sys.stderr)
+    for problem in report["problems"]:
+        print(f"  - {problem}", file=sys.stderr)
+    return 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "check",
+        help="pre-submit check: list every problem of the config and its inputs before queueing",
+        description=__doc__.splitlines()[0],
+    )
+    p.add_argument("--configfile", nargs="*", default=[],
+                   help="config files layered over config/config.yaml, as snakemake --configfile does")
+    p.add_argument("--out", help="also write the report as JSON")
+    p.set_defaults(func=_cmd_check)

@@ -27,6 +27,7 @@ STAGE_MODULES = [
     "llmrnn.evaluate",
     "llmrnn.report",
     "llmrnn.check",
+    "llmrnn.gpus",
 ]
 
 

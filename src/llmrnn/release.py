@@ -1,5 +1,567 @@
-"""Stage `release` (not implemented yet: filled in by its issue)."""
+"""Stage `release`: model card + MANIFEST.json for the merged model, PHI guard, optional Hub upload.
+
+`llmrnn release build` reads only its inputs (merged folder, merge_check.json, splits, training metrics,
+the rubric file; eval metrics only when passed explicitly, the DAG keeps release independent of eval) and
+writes RUN/release/{README.md, MANIFEST.json, upload_receipt.json}.
+
+The bundle (merged model files + card + manifest, nothing else) is staged as links in a temp folder beside
+the release folder; the PHI guard scans exactly that folder, and exactly that folder is uploaded. The
+receipt is written last: it says what was uploaded, or that nothing was and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from llmrnn import io, phi_guard, upload
+from llmrnn.errors import InputError
+
+log = logging.getLogger(__name__)
+
+PACKAGES = ("llmrnn", "torch", "transformers", "tokenizers", "peft", "trl", "accelerate", "safetensors",
+            "huggingface_hub", "datasets", "snakemake", "verl", "vllm")
+DEFAULT_TAGS = ["llmrnn", "llm-as-rnn", "grpo", "lora", "merged", "clinical-summarization", "memory-update"]
+DEFAULTS: dict[str, Any] = {
+    "upload": False,
+    "repo_id": None,
+    "private": True,
+    "license": "apache-2.0",
+    "base_model": None,
+    "tags": list(DEFAULT_TAGS),
+    "commit_message": None,
+    "endpoint": None,
+    "token_env": "HF_TOKEN",
+    "hash_files": True,
+    "phi_guard": {"min_words": 8, "min_id_digits": 5},
+}
 
 
-def register(sub) -> None:  # noqa: ARG001 - the stage adds its subcommands here
-    return None
+def settings(release: dict | None) -> dict:
+    out = json.loads(json.dumps(DEFAULTS))
+    for key, value in (release or {}).items():
+        if key == "phi_guard" and isinstance(value, dict):
+            out["phi_guard"].update(value)
+        elif value is not None or key in ("repo_id", "base_model", "endpoint", "commit_message"):
+            out[key] = value
+    return out
+
+
+def utc(ts: float | None = None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+# ----------------------------------------------------------------------------- facts gathered
+def git_state(*dirs: str | Path) -> dict:
+    """SHA and dirty flag of the first folder that is inside a git work tree."""
+    for d in dirs:
+        try:
+            sha = subprocess.run(["git", "-C", str(d), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                 timeout=30, check=False)
+            if sha.returncode != 0:
+                continue
+            status = subprocess.run(["git", "-C", str(d), "status", "--porcelain"], capture_output=True,
+                                    text=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        changed = [line for line in status.stdout.splitlines() if line.strip()]
+        return {"sha": sha.stdout.strip(), "dirty": bool(changed), "changed_paths": len(changed), "where": str(d)}
+    return {"sha": None, "dirty": None, "note": "not run from a git work tree"}
+
+
+def package_versions() -> dict:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def config_hash(knobs: dict) -> str:
+    return hashlib.sha256(json.dumps(knobs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def metrics_summary(path: str | Path | None) -> dict:
+    """Summary of RUN/train/metrics.jsonl (rows: step, kind train|val, engine, reward_mean, ...)."""
+    if not path or not Path(path).is_file():
+        return {"rows": 0, "note": "no metrics file"}
+    rows = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}: line {n}: not JSON: {exc}") from exc
+    train = [r for r in rows if r.get("kind", "train") == "train"]
+    val = [r for r in rows if r.get("kind") == "val"]
+
+    def series(rs: list[dict], key: str) -> list[tuple[int, float]]:
+        return [(int(r.get("step", i)), float(r[key])) for i, r in enumerate(rs) if isinstance(r.get(key), (int, float))]
+
+    out: dict[str, Any] = {
+        "rows": len(rows),
+        "train_steps": len(train),
+        "last_step": max((int(r.get("step", 0)) for r in rows), default=0),
+        "engine": next((r.get("engine") for r in rows if r.get("engine")), None),
+    }
+    for key, rs in (("reward_mean", train), ("kl", train), ("judge_fallback_rate", train),
+                    ("val_reward_mean", val)):
+        s = series(rs, key)
+        if s:
+            values = [v for _, v in s]
+            out[key] = {"first": values[0], "last": values[-1], "min": min(values), "max": max(values),
+                        "mean": sum(values) / len(values), "n": len(values)}
+    rewards = series(train, "reward_mean")
+    if rewards:
+        stride = max(1, len(rewards) // 8)
+        picks = rewards[::stride] + ([rewards[-1]] if (len(rewards) - 1) % stride else [])
+        out["curve"] = [{"step": s, "reward_mean": round(v, 4)} for s, v in picks]
+    return out
+
+
+def rubric_info(path: str | Path | None) -> dict:
+    """Judge model and rubric identity from the rubric file (the single source of truth for the judge)."""
+    if not path:
+        return {"rubric_file": None, "model": None, "note": "no rubric file given"}
+    import yaml
+
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise InputError(f"{p}: cannot read rubric file: {exc}") from exc
+    judge = raw.get("judge") or {}
+    serving = raw.get("serving") or {}
+    request = raw.get("request") or {}
+    return {
+        "rubric_file": str(p),
+        "rubric_sha256": io.sha256_file(p),
+        "name": raw.get("name"),
+        "model": judge.get("model"),
+        "model_source": judge.get("source", "local"),
+        "serving_engine": serving.get("engine"),
+        "score_method": request.get("score_method", "text"),
+        "scale_max": (raw.get("scale") or {}).get("max", 9),
+    }
+
+
+def file_hashes(folder: Path, enabled: bool) -> dict:
+    out = {}
+    for f in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        rel = f.relative_to(folder).as_posix()
+        out[rel] = {"bytes": f.stat().st_size, "sha256": io.sha256_file(f) if enabled else None}
+    return out
+
+
+# ----------------------------------------------------------------------------- manifest + card
+def build_manifest(*, run_name: str, knobs: dict, rel: dict, merge_check: dict, splits: dict, metrics: dict,
+                   rubric: dict, merged: Path, inputs: dict, eval_metrics: dict | None) -> dict:
+    checks = merge_check.get("checks", {})
+    adapter = checks.get("adapter_config", {})
+    return {
+        "schema": "llmrnn.manifest/1",
+        "run_name": run_name,
+        "timestamps": {
+            "created_utc": utc(),
+            "merge_checked_utc": merge_check.get("checked_utc"),
+            "training_metrics_utc": utc(Path(inputs["metrics"]).stat().st_mtime) if inputs.get("metrics") else None,
+            "splits_utc": utc(Path(inputs["splits"]).stat().st_mtime),
+        },
+        "git": git_state(Path.cwd(), Path(__file__).resolve().parent),
+        "config_sha256": config_hash(knobs),
+        "knobs": knobs,
+        "release": dict(rel),  # token_env is the NAME of the variable; the token itself is never recorded
+        "splits": {
+            "seed": splits.get("seed"),
+            "sizes": splits.get("sizes"),
+            "visits": splits.get("visits"),
+            "sha256": splits.get("sha256"),
+            "source_sha256": splits.get("source_sha256"),
+        },
+        "judge": rubric,
+        "base_model": {
+            "hub_id": rel.get("base_model"),
+            "local_dir": merge_check.get("base"),
+        },
+        "adapter": {
+            "source_kind": merge_check.get("source_kind"),
+            "rank": adapter.get("rank"),
+            "alpha": adapter.get("alpha"),
+            "alpha_repaired": adapter.get("alpha_repaired"),
+            "original_alpha": adapter.get("original_alpha"),
+            "dropout": adapter.get("dropout"),
+            "target_modules": adapter.get("target_modules"),
+        },
+        "merge_check": {
+            "ok": merge_check.get("ok"),
+            "dtype": merge_check.get("dtype"),
+            "changed_tensors": checks.get("weights_differ", {}).get("changed_tensors"),
+            "total_tensors": checks.get("weights_differ", {}).get("total_tensors"),
+            "logits_max_abs_diff": checks.get("logits_match", {}).get("max_abs_diff"),
+            "logits_tolerance": checks.get("logits_match", {}).get("tolerance"),
+            "adapter_effect": checks.get("logits_match", {}).get("adapter_effect"),
+            "sha256": io.sha256_file(inputs["merge_check"]),
+        },
+        "training": metrics,
+        "eval": eval_metrics,
+        "packages": package_versions(),
+        "packages_note": "versions in the environment that ran `llmrnn release`; training may use its own env",
+        "inputs_sha256": {k: io.sha256_file(v) for k, v in inputs.items() if v and Path(v).is_file()},
+        "model_files": file_hashes(merged, rel["hash_files"]),
+    }
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_fmt(v) for v in value) or "[]"
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _flatten(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out += _flatten(value, f"{name}.")
+        else:
+            out.append((name, value))
+    return out
+
+
+def _table(rows: list[tuple[str, Any]], head: tuple[str, str] = ("setting", "value")) -> str:
+    lines = [f"| {head[0]} | {head[1]} |", "|---|---|"]
+    lines += [f"| `{k}` | {_fmt(v)} |" for k, v in rows]
+    return "\n".join(lines)
+
+
+def _metadata(rel: dict) -> str:
+    from huggingface_hub import ModelCardData
+
+    data = ModelCardData(
+        base_model=rel.get("base_model") or None,
+        library_name="transformers",
+        license=rel.get("license"),
+        tags=list(rel.get("tags") or []),
+        pipeline_tag="text-generation",
+        language=["en"],
+    )
+    return data.to_yaml()
+
+
+WORKFLOW_STEPS = [
+    ("prepare_base_model", "the base model is put on disk as an HF folder (offline)"),
+    ("clean_cohort / split_cohort", ("patients with any visit lacking a discharge diagnosis are dropped; "
+     "val and train are drawn with a fixed seed, the rest is the test split; overlap is asserted to be zero")),
+    ("dump_trajectories", ("the LLM-as-RNN forward pass (prediction, evaluation and memory models) runs over "
+     "each training patient; every visit that has two later visits becomes one memory-update row in a "
+     "verl-format parquet, carrying what the judge needs about the next visit")),
+    ("judge_server / preflight", ("the judge named in the rubric file is served on 127.0.0.1; preflight "
+     "proves it answers and that rewards vary before any GPU time is spent")),
+    ("train_grpo", ("GRPO with a LoRA on the memory model: each prompt is rolled out G times, the judge "
+     "scores every rollout, advantages are taken relative to the group")),
+    ("merge_model", ("the adapter is folded into the base weights with PEFT merge_and_unload and verified "
+     "(merge_check.json)")),
+    ("release", ("this card and MANIFEST.json are generated, the bundle is scanned for cohort data, and it "
+     "is uploaded only when asked")),
+]
+
+
+def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
+    knobs, mc, ad, tr = manifest["knobs"], manifest["merge_check"], manifest["adapter"], manifest["training"]
+    judge, splits, git = manifest["judge"], manifest["splits"], manifest["git"]
+    train_cfg = knobs.get("train", {})
+    cohort_cfg = knobs.get("cohort", {})
+    synthetic = cohort_cfg.get("source", "synthetic") == "synthetic"
+    engine = train_cfg.get("engine") or tr.get("engine") or "-"
+    rw = tr.get("reward_mean") or {}
+    parts = [f"---\n{_metadata(rel)}\n---\n"]
+    parts.append(f"# {repo_id.split('/')[-1]}\n")
+    parts.append(
+        "A memory-update model for the LLM-as-RNN clinical pipeline (arXiv 2601.13352). It reads the "
+        "previous memory of a patient, the new visit, the prediction made for that visit and its "
+        "evaluation, and writes the next memory as `{\"evolving_summary\": \"...\"}`. It was trained with "
+        "GRPO on a LoRA adapter and the adapter is already folded into the weights: load it as a plain "
+        "transformers causal LM, no PEFT needed. It is a component of that pipeline, not a chat assistant.\n"
+    )
+    if synthetic:
+        parts.append(
+            "> **Demo build.** This model was trained on the SYNTHETIC cohort of the embedded llmrnn "
+            "config. The run shows that the whole pipeline works end to end; it says nothing about clinical "
+            "quality.\n"
+        )
+    dirty = {True: " (uncommitted changes)", False: " (clean)", None: ""}[git.get("dirty")]
+    parts.append("## Run identity\n")
+    parts.append(_table([
+        ("run_name", manifest["run_name"]),
+        ("created", manifest["timestamps"]["created_utc"]),
+        ("git commit", f"{git.get('sha') or 'unknown'}{dirty}"),
+        ("config sha256", manifest["config_sha256"][:16]),
+        ("training engine", engine),
+        ("training steps logged", tr.get("train_steps")),
+        ("last step", tr.get("last_step")),
+    ], ("field", "value")) + "\n")
+
+    parts.append("## Base model and LoRA\n")
+    targets = ad.get("target_modules")
+    alpha_note = (f"{ad.get('alpha')} (the adapter file said {ad.get('original_alpha')!r}; restored from "
+                  "train.lora.alpha)" if ad.get("alpha_repaired") else ad.get("alpha"))
+    parts.append(_table([
+        ("base model", manifest["base_model"]["hub_id"] or Path(manifest["base_model"]["local_dir"] or "-").name),
+        ("adapter source", ad.get("source_kind")),
+        ("rank r", ad.get("rank")),
+        ("alpha", alpha_note),
+        ("dropout", ad.get("dropout")),
+        ("target modules", sorted(targets) if isinstance(targets, list) else targets),
+        ("saved dtype", mc.get("dtype")),
+    ]) + "\n")
+    parts.append(
+        f"Merge verification (merge_check.json): {mc.get('changed_tensors')} of {mc.get('total_tensors')} "
+        "weight tensors differ from the base, all of them inside the adapter's target modules; on the probe "
+        f"prompts the merged logits differ from base+adapter by at most {_fmt(mc.get('logits_max_abs_diff'))} "
+        f"(tolerance {_fmt(mc.get('logits_tolerance'))}), while the adapter itself moves them by "
+        f"{_fmt(mc.get('adapter_effect'))}; the folder reloads and generates. verl's own model merger was not "
+        "used for the LoRA: it does not fold the adapter in and records lora_alpha as 0.\n"
+    )
+
+    parts.append("## GRPO settings\n")
+    parts.append(_table(_flatten({k: v for k, v in train_cfg.items() if k not in ("lora",)}), ("knob", "value")) + "\n")
+
+    parts.append("## Reward\n")
+    parts.append(_table([
+        ("judge model", judge.get("model")),
+        ("rubric", judge.get("name")),
+        ("rubric file", judge.get("rubric_file")),
+        ("rubric sha256", (judge.get("rubric_sha256") or "-")[:16]),
+        ("judge serving", judge.get("serving_engine")),
+        ("score method", judge.get("score_method")),
+        *[(f"reward.{k}", v) for k, v in _flatten(knobs.get("reward", {}))],
+    ], ("field", "value")) + "\n")
+    parts.append(
+        "Each rollout's memory is parsed from the policy output (unparseable JSON gets a small fixed reward) "
+        "and shown to the judge together with what happened at the next visit: the prediction made with "
+        "that memory, the ground truth and its evaluation. The judge's score is mapped to [0, 1]. Every "
+        "judge call is kept in a private audit log that is never part of a release.\n"
+    )
+
+    parts.append("## Data\n")
+    sizes = splits.get("sizes") or {}
+    sha = splits.get("sha256") or {}
+    source = "synthetic cohort (`llmrnn cohort synth`)" if synthetic else f"`{Path(str(cohort_cfg.get('source'))).name}`"
+    parts.append(_table([
+        ("cohort", source),
+        ("split seed", splits.get("seed")),
+        *[(f"{name} patients", f"{sizes.get(name)} (sha256 {str(sha.get(name, '-'))[:12]})") for name in ("train", "val", "test")],
+    ], ("field", "value")) + "\n")
+    parts.append(
+        "Training rows come from the train split only; the val split is used for validation during "
+        "training and the test split is left for the held-out evaluation. No patient text or identifier is "
+        "included in this repository (the release bundle is scanned for both before upload).\n"
+    )
+
+    parts.append("## Training curve\n")
+    if rw:
+        parts.append(
+            f"Mean reward per step went from {_fmt(rw['first'])} to {_fmt(rw['last'])} over {rw['n']} logged "
+            f"steps (min {_fmt(rw['min'])}, max {_fmt(rw['max'])})."
+            + (f" Validation reward: {_fmt(tr['val_reward_mean']['first'])} -> "
+               f"{_fmt(tr['val_reward_mean']['last'])}." if tr.get("val_reward_mean") else "")
+            + "\n"
+        )
+        parts.append(_table([(f"step {c['step']}", c["reward_mean"]) for c in tr.get("curve", [])],
+                            ("step", "reward_mean")) + "\n")
+    else:
+        parts.append("No training rewards were logged.\n")
+
+    parts.append("## Held-out evaluation\n")
+    if manifest.get("eval"):
+        parts.append(_table(_flatten(manifest["eval"])[:30], ("metric", "value")) + "\n")
+    else:
+        parts.append(
+            "Not part of this release step. The workflow target `eval_heldout` compares this model with the "
+            "base model (and baselines) as the memory model on the test split; see results/<run>/eval/.\n"
+        )
+
+    parts.append("## How the workflow made it\n")
+    parts.append("\n".join(f"{i}. `{rule}`: {text}." for i, (rule, text) in enumerate(WORKFLOW_STEPS, 1)) + "\n")
+
+    parts.append("## Intended use\n")
+    parts.append(
+        "Use it as the memory model of an LLM-as-RNN run, with the same memory-update prompt it was trained "
+        "on (config/prompts in llmrnn). In an llmrnn config:\n\n"
+        "```yaml\nmodels:\n  memory: <this repo id or a local copy>\n```\n\n"
+        "Or directly:\n\n"
+        "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        f"tok = AutoTokenizer.from_pretrained(\"{repo_id}\")\n"
+        f"model = AutoModelForCausalLM.from_pretrained(\"{repo_id}\")\n```\n"
+    )
+
+    parts.append("## Limitations\n")
+    limits = [
+        "Research artifact. It must not be used for the care of real patients.",
+        (
+            f"Trained on {sizes.get('train', '?')} patients; how it behaves on other cohorts, hospitals or "
+            "note styles is unknown."
+        ),
+        (
+            "The reward is the opinion of one judge model under one rubric; a higher reward is not the same "
+            "as better downstream predictions unless the held-out evaluation shows it."
+        ),
+        (
+            "Prompts other than the memory-update template it was trained on are unsupported and may yield "
+            "output that is not valid JSON."
+        ),
+        "No safety tuning was added on top of the base model.",
+    ]
+    if synthetic:
+        limits.insert(0, "Synthetic demo data: the model learned nothing clinical; the run checks the mechanics.")
+    if not (tr.get("val_reward_mean")):
+        limits.append("No validation reward was logged during training.")
+    parts.append("\n".join(f"- {line}" for line in limits) + "\n")
+
+    parts.append("## Reproducibility\n")
+    parts.append(
+        "`MANIFEST.json` beside this card records the git commit, the sha256 of the configuration and every "
+        "knob in it, the sha256 of each split, the judge model and rubric hash, package versions, the merge "
+        "check and the sha256 of every model file. Re-running `snakemake --configfile <config> all` in llmrnn at "
+        "that commit rebuilds the same pipeline.\n"
+    )
+    return "\n".join(parts)
+
+
+# ----------------------------------------------------------------------------- staging + upload
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def stage_bundle(merged: Path, card: str, manifest: dict, parent: Path) -> Path:
+    """Temp folder beside the release folder: merged model files (hard links) + README.md + MANIFEST.json."""
+    parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".bundle.", suffix=".tmp", dir=parent))
+    for f in sorted(merged.rglob("*")):
+        if f.is_file() and not f.name.startswith("."):
+            dst = stage / f.relative_to(merged)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            _link_or_copy(f, dst)
+    (stage / "README.md").write_text(card, encoding="utf-8")
+    (stage / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return stage
+
+
+def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | Path, split_files: list[str],
+                  metrics: str | Path | None, rubric: str | Path | None, eval_metrics: str | Path | None,
+                  cfg: dict, card_out: str | Path, manifest_out: str | Path, receipt_out: str | Path) -> dict:
+    merged = Path(merged)
+    rel = settings(cfg.get("release"))
+    run_name = cfg.get("run_name") or "run"
+    knobs = cfg.get("knobs") or {}
+    if not (merged / "config.json").is_file():
+        raise InputError(f"{merged}: merged model folder has no config.json")
+    check = io.read_json(merge_check)
+    if not check.get("ok"):
+        raise InputError(f"{merge_check}: ok is not true; the merge check failed, nothing to release")
+    repo_id = rel["repo_id"] or f"llmrnn-{run_name}-merged"
+    inputs = {"merge_check": str(merge_check), "splits": str(splits), "metrics": str(metrics) if metrics else None,
+              "rubric": str(rubric) if rubric else None}
+    manifest = build_manifest(
+        run_name=run_name, knobs=knobs, rel=rel, merge_check=check, splits=io.read_json(splits),
+        metrics=metrics_summary(metrics), rubric=rubric_info(rubric), merged=merged, inputs=inputs,
+        eval_metrics=io.read_json(eval_metrics) if eval_metrics else None,
+    )
+    card = render_card(manifest, rel, repo_id)
+    release_dir = Path(card_out).parent
+    stage = stage_bundle(merged, card, manifest, release_dir.parent)
+    try:
+        guard = phi_guard.scan_bundle(stage, split_files, **rel["phi_guard"])
+        phi_guard.enforce(guard, f"{stage.name} (merged model + card + manifest)")
+        receipt: dict[str, Any] = {"uploaded": False, "repo_id": repo_id, "private": rel["private"],
+                                   "created_utc": utc(), "files": sorted(manifest["model_files"]) + ["README.md", "MANIFEST.json"],
+                                   "phi_guard": guard}
+        token = upload.token_from_env(rel["token_env"])
+        if not rel["upload"]:
+            receipt["reason"] = "release.upload is off (set release.upload: true and export a Hub token to upload)"
+        elif token is None:
+            receipt["reason"] = f"release.upload is on but ${rel['token_env']} is not set; nothing was uploaded"
+            log.warning("%s", receipt["reason"])
+        elif upload.offline():
+            receipt["reason"] = "release.upload is on but HF_HUB_OFFLINE is set; nothing was uploaded"
+            log.warning("%s", receipt["reason"])
+        else:
+            endpoint = rel["endpoint"] or os.environ.get("HF_ENDPOINT") or None
+            result = upload.upload_bundle(
+                stage, repo_id, token=token, private=rel["private"], endpoint=endpoint,
+                commit_message=rel["commit_message"] or f"llmrnn release of run {run_name}",
+            )
+            receipt.update(uploaded=True, **result)
+            receipt["reason"] = "uploaded"
+        io.write_text(card_out, card)
+        io.write_json(manifest_out, manifest)
+        io.write_json(receipt_out, receipt)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    log.info("release: card %s, manifest %s, uploaded=%s", card_out, manifest_out, receipt["uploaded"])
+    return receipt
+
+
+# ----------------------------------------------------------------------------- CLI
+def _cmd_build(args: argparse.Namespace) -> None:
+    build_release(
+        merged=args.merged, merge_check=args.merge_check, splits=args.splits, split_files=args.split_files,
+        metrics=args.metrics, rubric=args.rubric or None, eval_metrics=args.eval_metrics, cfg=args.cfg,
+        card_out=args.card, manifest_out=args.manifest, receipt_out=args.receipt,
+    )
+
+
+def _cmd_guard(args: argparse.Namespace) -> None:
+    report = phi_guard.scan_bundle(args.bundle, args.split_files, args.min_words, args.min_id_digits)
+    print(json.dumps(report, indent=2))
+    phi_guard.enforce(report, args.bundle)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from llmrnn.cli import json_arg
+
+    release = sub.add_parser("release", help="model card, manifest, PHI guard and optional Hub upload")
+    rsub = release.add_subparsers(dest="release_command", required=True)
+    p = rsub.add_parser("build", help="write README.md (card), MANIFEST.json, upload_receipt.json")
+    p.add_argument("--merged", required=True)
+    p.add_argument("--merge-check", required=True)
+    p.add_argument("--splits", required=True, help="splits.json (sizes, seed, sha256)")
+    p.add_argument("--split-files", nargs="+", required=True, help="train/val/test split JSONs (for the PHI guard)")
+    p.add_argument("--metrics", help="RUN/train/metrics.jsonl")
+    p.add_argument("--rubric", help="the rubric YAML (judge model)")
+    p.add_argument("--eval-metrics", help="RUN/eval/metrics.json (optional; the DAG does not pass it)")
+    p.add_argument("--cfg", type=json_arg, required=True, help='JSON: {"run_name", "release", "knobs"}')
+    p.add_argument("--card", required=True)
+    p.add_argument("--manifest", required=True)
+    p.add_argument("--receipt", required=True)
+    p.set_defaults(func=_cmd_build)
+
+    p = rsub.add_parser("guard", help="scan a folder for cohort identifiers/text (exit 3 on a finding)")
+    p.add_argument("bundle")
+    p.add_argument("--split-files", nargs="+", required=True)
+    p.add_argument("--min-words", type=int, default=8)
+    p.add_argument("--min-id-digits", type=int, default=5)
+    p.set_defaults(func=_cmd_guard)

@@ -1,0 +1,16 @@
+# Pre-submit check (`snakemake --profile profiles/slurm check`): runs here, on the login node, never
+# queued; lists every problem of the config and its inputs at once (llmrnn check). No output file, so
+# it runs each time it is asked for.
+localrules:
+    check,
+
+
+rule check:
+    log:
+        f"{LOGS}/check.log",
+    conda:
+        "../envs/data.yaml"
+    params:
+        configfiles=check_configfiles(),
+    shell:
+        "llmrnn check --configfile {params.configfiles} 2>&1 | tee {log}; exit ${{PIPESTATUS[0]}}"

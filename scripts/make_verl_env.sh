@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Build a separate CPU venv with one verl release, for the tests that compose verl's own Hydra config
+# with our overrides and load our parquet through verl's RLHFDataset (tests/verl/). verl cannot train
+# on CPU, but it installs and these parts work (FINDINGS §4). Kept out of the main .venv: verl 0.7.1
+# pins numpy<2 (and pyarrow 26 then fails to import).
+#
+#   scripts/make_verl_env.sh 0.7.1        -> .venv-verl-0.7.1
+#   scripts/make_verl_env.sh 0.9.1 DIR    -> DIR
+#
+# Idempotent: a stamp file holding this script's hash marks a finished build; rerunning is a no-op.
+set -euo pipefail
+VERSION="${1:?usage: make_verl_env.sh VERSION [VENV_DIR]}"
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+VENV="${2:-$REPO/.venv-verl-$VERSION}"
+PY="${PYTHON:-python3}"
+STAMP="$VENV/.llmrnn-verl-stamp"
+WANT="verl==$VERSION $(sha256sum "$0" | cut -c1-16)"
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
+  touch "$STAMP"
+  echo "verl $VERSION env up to date: $VENV"
+  exit 0
+fi
+
+case "$VERSION" in
+  0.7.*) EXTRA=("numpy<2" "pyarrow>=19,<26") ;;   # verl 0.7.x pins numpy<2; pyarrow 26 needs numpy 2
+  *) EXTRA=("pyarrow>=19,<26") ;;
+esac
+
+rm -rf "$VENV"
+"$PY" -m venv "$VENV"
+LOG="$(mktemp)"
+CONS="$(mktemp)"
+trap 'rm -f "$CONS" "$LOG"' EXIT
+pip_install() {  # quiet unless it fails
+  if ! "$VENV/bin/pip" install -q --disable-pip-version-check "$@" > "$LOG" 2>&1; then
+    grep -v "^WARNING: Location" "$LOG" | tail -40 >&2
+    echo "make_verl_env.sh: pip install $* failed" >&2
+    exit 1
+  fi
+}
+# torch first, pinned to the CPU wheel on disk; every later install keeps it (constraint file).
+echo "torch==2.13.0" > "$CONS"
+pip_install torch==2.13.0
+pip_install -c "$CONS" "verl==$VERSION" "${EXTRA[@]}"
+"$VENV/bin/python" -c "import verl, hydra, omegaconf; print('verl', verl.__version__)"
+echo "$WANT" > "$STAMP"
+echo "built $VENV"

@@ -1,0 +1,393 @@
+"""LLM inference behind one small interface, three engines chosen per model role by config.
+
+    backend = make_backend(role_cfg, model_path)
+    texts = backend.generate(list_of_chat_message_lists, temperature, top_p, max_tokens, seeds=None)
+
+`generate` is ONE batched call: the whole list goes to the engine at once (the forward pass sends all
+patients of a visit step in one call per role). Engines:
+  transformers  in-process HF model (CPU default; "cuda" when configured); left padding, batched
+                `generate` in micro-batches of `batch_size` sequences sorted by length; with
+                `stop_at_json` (default) a row stops once its answer closes its JSON object, so the
+                rambling small models add after the JSON costs no decode steps;
+  vllm          in-process vLLM engine (GPU); imported only when a role uses it; LLM.chat with one
+                SamplingParams per row;
+  openai        any OpenAI-compatible endpoint (POST {url}/chat/completions) via httpx, `concurrency`
+                requests in flight, retries with backoff, then a BackendError (a dead endpoint stops the
+                run instead of turning into empty outputs). The key is read from the environment
+                variable NAMED by `api_key_env`, never from the config.
+Sampling: temperature 0 is greedy. With `seeds` (one int per row) sampling is seeded per row, so a
+row's output does not depend on which other rows share its batch (the transformers engine samples
+each row with its own torch.Generator; vLLM and OpenAI pass the seed through).
+Engines are cached per (engine, model, settings): roles that share a model share one loaded copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from llmrnn.errors import InputError, LlmrnnError
+
+log = logging.getLogger(__name__)
+
+Messages = list[dict[str, str]]
+BACKENDS = ("transformers", "vllm", "openai")
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+class BackendError(LlmrnnError):
+    """An inference engine failed in a way the run cannot continue from (endpoint down, bad reply)."""
+
+
+class Backend(Protocol):
+    calls: int
+
+    def generate(
+        self,
+        conversations: Sequence[Messages],
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
+        seeds: Sequence[int] | None = None,
+    ) -> list[str]: ...
+
+
+def _continues(conversation: Messages) -> bool:
+    """True when the conversation ends with an assistant message the model must continue."""
+    return bool(conversation) and conversation[-1].get("role") == "assistant"
+
+
+def json_closed(text: str) -> bool:
+    """True once `text` holds a complete top-level {...} object (braces in strings ignored)."""
+    start = text.find("{")
+    if start == -1:
+        return False
+    depth, in_str, escaped = 0, False, False
+    for ch in text[start:]:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return True
+    return False
+
+
+def _json_stopper(tokenizer, prompt_len: int, prefixes: Sequence[str]):
+    """Stops a row as soon as its answer (response prefix + new tokens) closes its JSON object."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class JsonDone(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            done = [
+                json_closed(prefixes[i] + tokenizer.decode(row[prompt_len:], skip_special_tokens=True))
+                for i, row in enumerate(input_ids)
+            ]
+            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+    return JsonDone()
+
+
+# ----------------------------------------------------------------------------- transformers
+def _row_sampler(seeds: Sequence[int], temperature: float, top_p: float):
+    """A logits processor that samples each row with its own generator and forces that token.
+
+    Used with greedy decoding (do_sample=False): the processed scores are -inf except at the sampled
+    token, so argmax picks it. Row i's draws depend only on seeds[i] and its own logits.
+    """
+    import torch
+    from transformers import LogitsProcessor
+
+    class RowSampler(LogitsProcessor):
+        def __init__(self) -> None:
+            self.generators = [torch.Generator().manual_seed(int(s) & 0x7FFF_FFFF_FFFF_FFFF) for s in seeds]
+
+        def __call__(self, input_ids, scores):
+            logits = scores.float() / max(temperature, 1e-5)
+            probs = torch.softmax(logits, dim=-1)
+            if top_p < 1.0:
+                sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+                drop = (torch.cumsum(sorted_p, dim=-1) - sorted_p) > top_p
+                sorted_p = sorted_p.masked_fill(drop, 0.0)
+                probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+            forced = torch.full_like(scores, float("-inf"))
+            for i, gen in enumerate(self.generators):
+                token = torch.multinomial(probs[i], 1, generator=gen)
+                forced[i, token] = 0.0
+            return forced
+
+    return RowSampler()
+
+
+class TransformersBackend:
+    """In-process HF model; one `generate` call = one batched pass over all conversations."""
+
+    def __init__(self, model_path: str, device: str = "cpu", dtype: str = "float32", batch_size: int = 16,
+                 stop_at_json: bool = True):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if not os.path.isfile(os.path.join(str(model_path), "config.json")):
+            raise InputError(f"{model_path}: not a HF model directory (no config.json)")
+        self.model_path = str(model_path)
+        self.device = device
+        self.batch_size = max(1, int(batch_size))
+        self.stop_at_json = stop_at_json
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        if not self.tokenizer.chat_template:
+            raise InputError(f"{model_path}: the tokenizer has no chat template")
+        torch_dtype = torch.float32 if dtype == "auto" and device == "cpu" else dtype
+        if isinstance(torch_dtype, str) and torch_dtype != "auto":
+            torch_dtype = getattr(torch, torch_dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype).to(device).eval()
+        gen = self.model.generation_config
+        eos = gen.eos_token_id if gen.eos_token_id is not None else self.tokenizer.eos_token_id
+        self.eos_token_id = eos
+        self.calls = 0
+        self.sequences = 0
+
+    def render(self, conversations: Sequence[Messages]) -> list[str]:
+        """Chat template; a final assistant message is continued (a response prefix), not closed."""
+        return [
+            self.tokenizer.apply_chat_template(
+                list(c), tokenize=False, add_generation_prompt=not _continues(c), continue_final_message=_continues(c)
+            )
+            for c in conversations
+        ]
+
+    def prompt_lengths(self, conversations: Sequence[Messages]) -> list[int]:
+        texts = self.render(conversations)
+        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    def generate(
+        self,
+        conversations: Sequence[Messages],
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
+        seeds: Sequence[int] | None = None,
+    ) -> list[str]:
+        import torch
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+        self.calls += 1
+        self.sequences += len(conversations)
+        if not conversations:
+            return []
+        texts = self.render(conversations)
+        lengths = [len(x) for x in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        order = sorted(range(len(texts)), key=lambda i: (lengths[i], i))
+        if seeds is None and temperature > 0:
+            seeds = [random.getrandbits(62) for _ in texts]
+        out: list[str] = [""] * len(texts)
+        config = GenerationConfig(
+            max_new_tokens=int(max_tokens),
+            do_sample=False,
+            eos_token_id=self.eos_token_id,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            enc = self.tokenizer(
+                [texts[i] for i in idx], add_special_tokens=False, padding=True, return_tensors="pt"
+            ).to(self.device)
+            processors = LogitsProcessorList()
+            if temperature > 0:
+                processors.append(_row_sampler([seeds[i] for i in idx], temperature, top_p))
+            stoppers = StoppingCriteriaList()
+            if self.stop_at_json:
+                prefixes = [conversations[i][-1]["content"] if _continues(conversations[i]) else "" for i in idx]
+                stoppers.append(_json_stopper(self.tokenizer, enc["input_ids"].shape[1], prefixes))
+            with torch.inference_mode():
+                generated = self.model.generate(
+                    **enc, generation_config=config, logits_processor=processors, stopping_criteria=stoppers
+                )
+            new = generated[:, enc["input_ids"].shape[1] :]
+            for i, row in zip(idx, new):
+                out[i] = self.tokenizer.decode(row, skip_special_tokens=True).strip()
+        return out
+
+
+# ----------------------------------------------------------------------------- vllm
+class VLLMBackend:
+    """In-process vLLM engine (GPU). vllm is imported here only, so CPU installs never need it."""
+
+    def __init__(self, model_path: str, dtype: str = "auto", gpu_memory_utilization: float = 0.85,
+                 max_model_len: int | None = None, tensor_parallel_size: int = 1, enforce_eager: bool = False):
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise InputError(
+                f"roles: backend vllm needs the vllm package ({exc}); install the gpu extra / envs/vllm.yaml, "
+                "or use backend: transformers on CPU"
+            ) from None
+        kwargs: dict[str, Any] = {
+            "model": str(model_path),
+            "dtype": dtype,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "tensor_parallel_size": tensor_parallel_size,
+            "enforce_eager": enforce_eager,
+            "seed": 0,
+        }
+        if max_model_len:
+            kwargs["max_model_len"] = max_model_len
+        self.llm = LLM(**kwargs)
+        self.model_path = str(model_path)
+        self.calls = 0
+        self.sequences = 0
+
+    def generate(self, conversations, temperature, top_p, max_tokens, seeds=None) -> list[str]:
+        from vllm import SamplingParams
+
+        self.calls += 1
+        self.sequences += len(conversations)
+        if not conversations:
+            return []
+        seeds = list(seeds) if seeds is not None else [None] * len(conversations)
+        params = [
+            SamplingParams(temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
+                           max_tokens=int(max_tokens), seed=s)
+            for s in seeds
+        ]
+        cont = _continues(conversations[0])
+        outputs = self.llm.chat([list(c) for c in conversations], params, use_tqdm=False,
+                                add_generation_prompt=not cont, continue_final_message=cont)
+        return [o.outputs[0].text.strip() if o.outputs else "" for o in outputs]
+
+
+# ----------------------------------------------------------------------------- openai-compatible HTTP
+class OpenAIBackend:
+    """Any OpenAI-compatible endpoint: POST {url}/chat/completions, `concurrency` requests in flight."""
+
+    def __init__(self, url: str, model: str, api_key_env: str | None = None, concurrency: int = 8,
+                 timeout_s: float = 120.0, max_retries: int = 4, api_key: str | None = None):
+        if not url:
+            raise InputError("roles: backend openai needs `url` (the endpoint's base URL, e.g. http://host:port/v1)")
+        if not model:
+            raise InputError("roles: backend openai needs `model` (the served model name)")
+        if api_key is None and api_key_env:
+            api_key = os.environ.get(api_key_env)
+            if not api_key:
+                raise InputError(f"roles: api_key_env {api_key_env}: environment variable is not set")
+        self.url = url.rstrip("/")
+        self.model = model
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.concurrency = max(1, int(concurrency))
+        self.timeout_s = float(timeout_s)
+        self.max_retries = int(max_retries)
+        self.calls = 0
+        self.sequences = 0
+
+    def _one(self, client, body: dict) -> str:
+        import httpx
+
+        delay, last = 1.0, "no attempt"
+        for attempt in range(self.max_retries + 1):
+            try:
+                resp = client.post(f"{self.url}/chat/completions", json=body, headers=self.headers)
+                if resp.status_code == 200:
+                    data = resp.json()
+                    return ((data.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
+                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                if resp.status_code not in (408, 409, 429) and resp.status_code < 500:
+                    break  # a client error does not heal by retrying
+            except (httpx.HTTPError, ValueError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            if attempt < self.max_retries:
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+        raise BackendError(f"openai backend {self.url} (model {self.model}): request failed: {last}")
+
+    def generate(self, conversations, temperature, top_p, max_tokens, seeds=None) -> list[str]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        import httpx
+
+        self.calls += 1
+        self.sequences += len(conversations)
+        if not conversations:
+            return []
+        seeds = list(seeds) if seeds is not None else [None] * len(conversations)
+        bodies = []
+        for conv, seed in zip(conversations, seeds):
+            body = {"model": self.model, "messages": list(conv), "temperature": temperature,
+                    "top_p": top_p, "max_tokens": int(max_tokens)}
+            if seed is not None:
+                body["seed"] = int(seed) % (2**31)
+            if _continues(conv):  # vLLM's extension; servers without it answer afresh after the prefix
+                body.update(add_generation_prompt=False, continue_final_message=True)
+            bodies.append(body)
+        with httpx.Client(timeout=self.timeout_s) as client, ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(lambda b: self._one(client, b), bodies))
+
+
+# ----------------------------------------------------------------------------- factory
+_POOL: dict[tuple, Any] = {}
+
+
+def engine_key(role_cfg: dict, model_path: str | None) -> tuple:
+    """What identifies one loaded engine: roles with the same key share it."""
+    backend = role_cfg.get("backend", "transformers")
+    if backend == "transformers":
+        return (backend, str(model_path), role_cfg.get("device", "cpu"), role_cfg.get("dtype", "float32"),
+                int(role_cfg.get("batch_size", 16)), bool(role_cfg.get("stop_at_json", True)))
+    if backend == "vllm":
+        return (backend, str(model_path), role_cfg.get("dtype", "auto"),
+                float(role_cfg.get("gpu_memory_utilization", 0.85)), role_cfg.get("max_model_len"),
+                int(role_cfg.get("tensor_parallel_size", 1)), bool(role_cfg.get("enforce_eager", False)))
+    if backend == "openai":
+        return (backend, role_cfg.get("url"), str(model_path or role_cfg.get("model")),
+                role_cfg.get("api_key_env"), int(role_cfg.get("concurrency", 8)))
+    raise InputError(f"roles: backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+
+
+def make_backend(role_cfg: dict, model_path: str | os.PathLike | None, cache: bool = True):
+    """The engine a role's config asks for, loaded once per engine_key (cache=False: a fresh one)."""
+    model_path = None if model_path is None else str(model_path)
+    key = engine_key(role_cfg, model_path)
+    if cache and key in _POOL:
+        return _POOL[key]
+    backend = key[0]
+    t0 = time.time()
+    if backend == "transformers":
+        engine = TransformersBackend(model_path, device=role_cfg.get("device", "cpu"),
+                                     dtype=role_cfg.get("dtype", "float32"),
+                                     batch_size=int(role_cfg.get("batch_size", 16)),
+                                     stop_at_json=bool(role_cfg.get("stop_at_json", True)))
+    elif backend == "vllm":
+        engine = VLLMBackend(model_path, dtype=role_cfg.get("dtype", "auto"),
+                             gpu_memory_utilization=float(role_cfg.get("gpu_memory_utilization", 0.85)),
+                             max_model_len=role_cfg.get("max_model_len"),
+                             tensor_parallel_size=int(role_cfg.get("tensor_parallel_size", 1)),
+                             enforce_eager=bool(role_cfg.get("enforce_eager", False)))
+    else:
+        engine = OpenAIBackend(url=role_cfg.get("url"), model=model_path or role_cfg.get("model"),
+                               api_key_env=role_cfg.get("api_key_env"),
+                               concurrency=int(role_cfg.get("concurrency", 8)),
+                               timeout_s=float(role_cfg.get("timeout_s", 120)),
+                               max_retries=int(role_cfg.get("max_retries", 4)))
+    log.info("%s engine for %s ready in %.1f s", backend, model_path, time.time() - t0)
+    if cache:
+        _POOL[key] = engine
+    return engine
+
+
+def clear_cache() -> None:
+    _POOL.clear()

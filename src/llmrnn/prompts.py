@@ -1,0 +1,136 @@
+"""Prompt templates of the LLM-as-RNN roles (config/prompts/*.yaml, read with omegaconf).
+
+A template file holds `initial_memory` (h_0, no model call), `visit_sections` + `max_section_chars`
+(how a visit x_t is shown; discharge_diagnosis is the target and never shown) and, per role
+(prediction, evaluation, memory_update), `system` (optional) and `user` with {{placeholders}}, and for
+prediction/evaluation an optional `response_prefix`: the start of the answer (e.g. '{"top_5_diagnoses": ["'),
+sent as a final assistant message that the engine continues; small models then keep to the JSON format.
+memory_update takes no prefix: its prompt is the policy's training prompt.
+Rendering fills exactly the placeholders a role is allowed; an unknown one is an InputError naming the
+file and role.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmrnn.errors import InputError
+
+ROLE_PLACEHOLDERS = {
+    "prediction": {"memory", "visit", "visit_number"},
+    "evaluation": {"prediction", "ground_truth", "visit_number"},
+    "memory_update": {"memory", "visit", "prediction", "evaluation", "visit_number"},
+}
+PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+TARGET_SECTION = "discharge_diagnosis"
+
+
+@dataclass(frozen=True)
+class Template:
+    user: str
+    system: str | None = None
+    response_prefix: str | None = None  # the answer starts with this text (the model continues it)
+
+    def messages(self, values: dict[str, Any], with_prefix: bool = True) -> list[dict[str, str]]:
+        def fill(text: str) -> str:
+            return PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), text)
+
+        msgs = [{"role": "system", "content": fill(self.system)}] if self.system else []
+        msgs.append({"role": "user", "content": fill(self.user).strip()})
+        if self.response_prefix and with_prefix:
+            msgs.append({"role": "assistant", "content": self.response_prefix})
+        return msgs
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    initial_memory: str
+    prediction: Template
+    evaluation: Template
+    memory_update: Template
+    visit_sections: tuple[str, ...] = field(default=())
+    max_section_chars: int = 600
+    source: str = "<prompts>"
+
+    def render_visit(self, visit: dict) -> str:
+        """x_t as text: the configured sections that are present and non-empty; never the diagnosis."""
+        sections = dict(visit.get("clinical_sections") or {})
+        if visit.get("allergies") and not sections.get("allergies"):
+            sections["allergies"] = visit["allergies"]
+        lines = []
+        if visit.get("sex"):
+            lines.append(f"Sex: {visit['sex']}")
+        for name in self.visit_sections:
+            text = sections.get(name)
+            if name == TARGET_SECTION or not text or not str(text).strip():
+                continue
+            text = " ".join(str(text).split())
+            if len(text) > self.max_section_chars:
+                text = text[: self.max_section_chars].rstrip() + " ..."
+            lines.append(f"{name.replace('_', ' ').upper()}: {text}")
+        return "\n".join(lines)
+
+
+def _template(data: dict, role: str, source: str) -> Template:
+    node = data.get(role)
+    if not isinstance(node, dict) or not isinstance(node.get("user"), str) or not node["user"].strip():
+        raise InputError(f"{source}: {role}.user: missing (each role needs a user template)")
+    system = node.get("system")
+    if system is not None and not isinstance(system, str):
+        raise InputError(f"{source}: {role}.system: expected text")
+    prefix = node.get("response_prefix")
+    if prefix is not None and (not isinstance(prefix, str) or not prefix.strip()):
+        raise InputError(f"{source}: {role}.response_prefix: expected non-empty text")
+    if prefix is not None and role == "memory_update":
+        raise InputError(
+            f"{source}: memory_update.response_prefix: not allowed; the memory prompt is the policy's training "
+            "prompt and the policy must write the whole JSON itself"
+        )
+    for part in (node["user"], system or ""):
+        for name in PLACEHOLDER.findall(part):
+            if name not in ROLE_PLACEHOLDERS[role]:
+                raise InputError(
+                    f"{source}: {role}: unknown placeholder {{{{{name}}}}}; allowed: "
+                    f"{', '.join(sorted(ROLE_PLACEHOLDERS[role]))}"
+                )
+    return Template(user=node["user"], system=system, response_prefix=prefix)
+
+
+def load_prompts(path: str | Path) -> PromptSet:
+    """Read and check a prompt file; every problem is one InputError line naming file and key."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: prompt file not found (config prompts.file)")
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except (OmegaConfBaseException, ValueError) as exc:
+        raise InputError(f"{path}: not a valid prompt YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: top level: expected a mapping")
+    initial = data.get("initial_memory")
+    if not isinstance(initial, str) or not initial.strip():
+        raise InputError(f"{path}: initial_memory: missing (the memory text before the first visit)")
+    sections = data.get("visit_sections") or []
+    if not isinstance(sections, list) or not all(isinstance(s, str) for s in sections) or not sections:
+        raise InputError(f"{path}: visit_sections: expected a non-empty list of clinical section names")
+    return PromptSet(
+        initial_memory=initial.strip(),
+        prediction=_template(data, "prediction", str(path)),
+        evaluation=_template(data, "evaluation", str(path)),
+        memory_update=_template(data, "memory_update", str(path)),
+        visit_sections=tuple(sections),
+        max_section_chars=int(data.get("max_section_chars", 600)),
+        source=str(path),
+    )
+
+
+def show_json(obj: Any) -> str:
+    """Compact JSON for placing a parsed object inside a prompt."""
+    return json.dumps(obj, ensure_ascii=False)

@@ -1,0 +1,334 @@
+"""The LLM-as-RNN forward pass, batched across patients (DESIGN.md §4).
+
+For patient p at visit t:
+    prediction model  (h_{t-1}, x_t)              -> y_t = {top_5_diagnoses, primary_diagnosis}
+    evaluation model  (y_t, ground truth of t)    -> e_t = {primary_correct, any_top5_correct, ...}
+    memory model      (h_{t-1}, x_t, y_t, e_t)    -> h_t = {"evolving_summary": "..."}
+The recurrence runs over time only: at visit step t every patient that has a visit t goes to the model
+in ONE batched call per role (at most 3 backend calls per step, whatever the number of patients).
+
+Small models often write unparsable JSON; the pass never stops for it, it records and counts it:
+  prediction unparsable -> an empty prediction is shown to the evaluation model (prediction_ok False);
+  evaluation unparsable -> a rule-based evaluation (normalised text match against the ground truth) is
+                           used downstream (evaluation_ok False, evaluation_source "fallback_match");
+  memory unparsable     -> h_t = h_{t-1} (memory_ok False, memory_fallback "kept_h_prev").
+Memory modes: "rnn" (the memory model writes h_t), "none" (h stays the initial memory; no memory
+calls), "full_history" (the memory shown is every earlier visit with its diagnoses; no memory calls).
+Sampling is seeded per (seed, patient, visit, role), so a patient's outputs do not depend on which
+other patients share its batch or shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llmrnn import jsonparse
+from llmrnn.errors import InputError
+from llmrnn.prompts import PromptSet, show_json
+
+log = logging.getLogger(__name__)
+
+ROLES = ("prediction", "evaluation", "memory")
+MEMORY_MODES = ("rnn", "none", "full_history")
+EMPTY_PREDICTION = {"top_5_diagnoses": [], "primary_diagnosis": ""}
+
+
+# ----------------------------------------------------------------------------- ground truth
+_NUMBERING = re.compile(r"^\s*(?:\(?\d+[\.\):]|[-*\u2022#]|[a-z][\.\)])\s+", re.IGNORECASE)
+_HEADERS = {"primary", "secondary", "primary diagnosis", "secondary diagnoses", "secondary diagnosis",
+            "discharge diagnosis", "discharge diagnoses", "diagnoses", "diagnosis"}
+
+
+def parse_diagnoses(text: str | None) -> list[str]:
+    """A free-text discharge diagnosis -> list of names.
+
+    Numbered/bulleted lines give one name each (numbering dropped, section headers like "Primary:" dropped);
+    a single line is split on semicolons, then commas. Order kept, duplicates (case-insensitive) dropped.
+    """
+    if not text or not str(text).strip():
+        return []
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    if len(lines) == 1:
+        line = _NUMBERING.sub("", lines[0])
+        parts = re.split(r";", line) if ";" in line else re.split(r",", line)
+    else:
+        parts = []
+        for ln in lines:
+            parts.extend(p for p in re.split(r";", ln))
+    names, seen = [], set()
+    for part in parts:
+        name = _NUMBERING.sub("", part).strip().strip(" .,:")
+        if not name:
+            continue
+        low = name.lower()
+        if low in _HEADERS:
+            continue
+        if ":" in name and name.split(":", 1)[0].strip().lower() in _HEADERS:
+            name = name.split(":", 1)[1].strip()
+            low = name.lower()
+            if not name:
+                continue
+        if low not in seen:
+            seen.add(low)
+            names.append(name)
+    return names
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.sub(r"[^a-z0-9]+", " ", str(text).lower()).split())
+
+
+def _same(a: str, b: str) -> bool:
+    a, b = _norm(a), _norm(b)
+    return bool(a and b) and (a == b or (len(a) > 3 and a in b) or (len(b) > 3 and b in a))
+
+
+def fallback_evaluation(prediction: dict | None, truth: Sequence[str]) -> dict:
+    """A rule-based e_t (normalised text match) used when the evaluation model's output is unparsable."""
+    pred = prediction or EMPTY_PREDICTION
+    top5 = list(pred.get("top_5_diagnoses") or [])
+    primary = pred.get("primary_diagnosis") or ""
+    primary_ok = bool(truth) and _same(primary, truth[0])
+    hits = [t for t in truth if any(_same(p, t) for p in [*top5, primary])]
+    missed = [t for t in truth if t not in hits]
+    return {
+        "primary_correct": primary_ok,
+        "any_top5_correct": primary_ok or bool(hits),
+        "missed_diagnoses": missed,
+        "why_missed": "",
+        "improvement_suggestions": "",
+    }
+
+
+# ----------------------------------------------------------------------------- roles
+@dataclass
+class Role:
+    """A model role: its engine and its sampling settings (from config roles.<name>)."""
+
+    name: str
+    backend: Any
+    temperature: float = 0.7
+    top_p: float = 0.95
+    max_tokens: int = 256
+
+    def generate(self, conversations: Sequence[list[dict]], seeds: Sequence[int] | None = None) -> list[str]:
+        if not conversations:
+            return []
+        out = self.backend.generate(
+            conversations, temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens, seeds=seeds
+        )
+        if len(out) != len(conversations):
+            raise InputError(f"role {self.name}: backend returned {len(out)} outputs for {len(conversations)} prompts")
+        # a final assistant message is a response prefix the engine continued: the answer starts with it
+        return [
+            (conv[-1]["content"] + text) if conv[-1]["role"] == "assistant" else text
+            for conv, text in zip(conversations, out)
+        ]
+
+
+def make_roles(roles_cfg: dict, model_paths: dict[str, str] | None = None, cache: bool = True) -> dict[str, Role]:
+    """Role objects from config roles.<name> = {model, backend, temperature, top_p, max_tokens, ...}.
+
+    model_paths overrides where a role's model is loaded from (e.g. {"memory": "results/RUN/merged"});
+    otherwise `model` is a configured model name (resources/models/<name>) or a path. Roles with the
+    same engine settings share one loaded engine.
+    """
+    from llmrnn.backends import make_backend
+    from llmrnn.models import resolve_model
+
+    model_paths = model_paths or {}
+    roles = {}
+    for name in ROLES:
+        if name not in roles_cfg:
+            raise InputError(f"roles.{name}: missing (need {', '.join(ROLES)})")
+        cfg = roles_cfg[name]
+        if name in model_paths:
+            path = str(model_paths[name])
+        elif cfg.get("backend") == "openai":
+            path = cfg.get("model")
+        else:
+            path = str(resolve_model(cfg["model"]))
+        roles[name] = Role(
+            name=name,
+            backend=make_backend(cfg, path, cache=cache),
+            temperature=float(cfg.get("temperature", 0.7)),
+            top_p=float(cfg.get("top_p", 0.95)),
+            max_tokens=int(cfg.get("max_tokens", 256)),
+        )
+    return roles
+
+
+def row_seed(seed: int, patient_id: Any, visit_index: int, role: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{patient_id}:{visit_index}:{role}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 2
+
+
+# ----------------------------------------------------------------------------- the forward pass
+def summary_text(h: str) -> str:
+    """The evolving_summary inside a memory string h (h itself when it is not that JSON)."""
+    try:
+        obj = json.loads(h)
+    except (json.JSONDecodeError, TypeError):
+        return str(h)
+    return obj.get("evolving_summary", h) if isinstance(obj, dict) else str(h)
+
+
+def fold_messages(messages: list[dict]) -> str:
+    """System + user messages as one user text (the memory/policy prompt is a single user turn)."""
+    return "\n\n".join(m["content"] for m in messages if m["content"].strip())
+
+
+def run_forward(
+    patients: Sequence[dict],
+    roles: dict[str, Role],
+    prompts: PromptSet,
+    memory: str = "rnn",
+    seed: int = 0,
+    last_visit: Callable[[dict], int] | None = None,
+    update_last: bool = False,
+    stats: dict | None = None,
+    label: str = "forward",
+) -> list[dict]:
+    """Run the LLM-as-RNN over `patients` (cohort records); one dict per patient:
+
+    {"patient_id": str, "n_visits": int, "visits": [record per processed visit]} where a record holds
+    visit_index, visit_id, ground_truth, h_prev, prediction(_raw/_ok/_parse), evaluation(_raw/_ok/_parse/
+    _source), and for memory updates update_prompt, memory_raw, memory_ok, memory_parse, memory_fallback,
+    h_new, memory_words. Visits 0..last_visit(p) are processed (default: all); the memory update runs for
+    t < last (and at the last visit too when update_last). `stats` (if given) is filled with calls per
+    role and step, outputs and unparsable counts per role.
+    """
+    if memory not in MEMORY_MODES:
+        raise InputError(f"run_forward: memory {memory!r}; expected one of {', '.join(MEMORY_MODES)}")
+    last_of = last_visit or (lambda p: len(p["visits"]) - 1)
+    initial = jsonparse.memory_json(prompts.initial_memory)
+    states = []
+    for p in patients:
+        states.append({
+            "patient": p,
+            "pid": str(p["subject_id"]),
+            "last": min(last_of(p), len(p["visits"]) - 1),
+            "h": initial,
+            "history": [],
+            "records": [],
+        })
+    st = stats if stats is not None else {}
+    st.setdefault("calls", {r: 0 for r in ROLES})
+    st.setdefault("calls_per_step", [])
+    st.setdefault("outputs", {r: 0 for r in ROLES})
+    st.setdefault("unparsable", {r: 0 for r in ROLES})
+    st.setdefault("parse_methods", {r: {} for r in ROLES})
+    st.setdefault("seconds", {r: 0.0 for r in ROLES})
+    steps = max((s["last"] + 1 for s in states), default=0)
+
+    def call(role: str, convs: list, keys: list[tuple[str, int]]) -> list[str]:
+        if not convs:
+            return []
+        t0 = time.time()
+        out = roles[role].generate(convs, [row_seed(seed, pid, t, role) for pid, t in keys])
+        st["calls"][role] += 1
+        st["outputs"][role] += len(out)
+        st["seconds"][role] += time.time() - t0
+        return out
+
+    def count(role: str, ok: bool, method: str) -> None:
+        if not ok:
+            st["unparsable"][role] += 1
+        st["parse_methods"][role][method] = st["parse_methods"][role].get(method, 0) + 1
+
+    for t in range(steps):
+        active = [s for s in states if t <= s["last"]]
+        step_calls = {r: 0 for r in ROLES}
+        t_step = time.time()
+        recs = []
+        for s in active:
+            visit = s["patient"]["visits"][t]
+            truth = parse_diagnoses((visit.get("clinical_sections") or {}).get("discharge_diagnosis"))
+            if memory == "full_history":
+                shown = "\n\n".join(s["history"]) or prompts.initial_memory
+            else:
+                shown = summary_text(s["h"])
+            recs.append({
+                "visit_index": t,
+                "visit_id": str(visit.get("visit_id")),
+                "ground_truth": truth,
+                "h_prev": s["h"],
+                "_visit_text": prompts.render_visit(visit),
+                "_memory_text": shown,
+            })
+        # 1. prediction: (h_{t-1}, x_t) -> y_t
+        convs = [
+            prompts.prediction.messages({"memory": r["_memory_text"], "visit": r["_visit_text"], "visit_number": t + 1})
+            for r in recs
+        ]
+        raws = call("prediction", convs, [(s["pid"], t) for s in active])
+        step_calls["prediction"] += bool(convs)
+        for r, raw in zip(recs, raws):
+            parsed, method = jsonparse.parse_prediction(raw)
+            r.update(prediction_raw=raw, prediction=parsed, prediction_ok=parsed is not None, prediction_parse=method)
+            count("prediction", parsed is not None, method)
+        # 2. evaluation: (y_t, ground truth) -> e_t
+        convs = [
+            prompts.evaluation.messages({
+                "prediction": show_json(r["prediction"]) if r["prediction"] else (r["prediction_raw"][:500] or "(none)"),
+                "ground_truth": "\n".join(f"{i + 1}. {d}" for i, d in enumerate(r["ground_truth"])),
+                "visit_number": t + 1,
+            })
+            for r in recs
+        ]
+        raws = call("evaluation", convs, [(s["pid"], t) for s in active])
+        step_calls["evaluation"] += bool(convs)
+        for r, raw in zip(recs, raws):
+            parsed, method = jsonparse.parse_evaluation(raw)
+            ok = parsed is not None
+            if not ok:
+                parsed = fallback_evaluation(r["prediction"], r["ground_truth"])
+            r.update(evaluation_raw=raw, evaluation=parsed, evaluation_ok=ok, evaluation_parse=method,
+                     evaluation_source="model" if ok else "fallback_match")
+            count("evaluation", ok, method)
+        # 3. memory update: (h_{t-1}, x_t, y_t, e_t) -> h_t
+        upd = [(s, r) for s, r in zip(active, recs) if memory == "rnn" and (t < s["last"] or update_last)]
+        convs = []
+        for s, r in upd:
+            msgs = prompts.memory_update.messages({
+                "memory": r["_memory_text"],
+                "visit": r["_visit_text"],
+                "prediction": show_json(r["prediction"] or EMPTY_PREDICTION),
+                "evaluation": show_json(r["evaluation"]),
+                "visit_number": t + 1,
+            })
+            r["update_prompt"] = fold_messages(msgs)
+            convs.append([{"role": "user", "content": r["update_prompt"]}])
+        raws = call("memory", convs, [(s["pid"], t) for s, _ in upd])
+        step_calls["memory"] += bool(convs)
+        for (s, r), raw in zip(upd, raws):
+            summary, method = jsonparse.parse_memory(raw)
+            ok = summary is not None
+            h_new = jsonparse.memory_json(summary) if ok else r["h_prev"]
+            r.update(memory_raw=raw, memory_ok=ok, memory_parse=method, h_new=h_new,
+                     memory_fallback=None if ok else "kept_h_prev", memory_words=len(summary_text(h_new).split()))
+            count("memory", ok, method)
+            s["h"] = h_new
+        for s, r in zip(active, recs):
+            if memory == "full_history":
+                s["history"].append(
+                    f"Visit {t + 1}:\n{r['_visit_text']}\nDISCHARGE DIAGNOSES: {'; '.join(r['ground_truth'])}"
+                )
+            r.setdefault("memory_ok", None)
+            r.pop("_visit_text")
+            r.pop("_memory_text")
+            s["records"].append(r)
+        st["calls_per_step"].append(step_calls)
+        log.info(
+            "%s: visit step %d/%d: %d patients, %d memory updates, %.1f s (unparsable so far: %s)",
+            label, t + 1, steps, len(active), len(upd), time.time() - t_step,
+            ", ".join(f"{k} {v}" for k, v in st["unparsable"].items()),
+        )
+    return [{"patient_id": s["pid"], "n_visits": len(s["patient"]["visits"]), "visits": s["records"]} for s in states]

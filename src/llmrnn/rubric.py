@@ -1,0 +1,427 @@
+"""Rubric files (config/rubrics/*.yaml): the single source of truth for the judge.
+
+One file names the rubric text, the judge model, the judge prompt templates (scalar and pairwise), the
+sampling of the judge call (T=0, max_tokens, logprobs) and the serving settings (engine, port,
+max_model_len, gpu_memory_utilization, dtype). The judge server rule and the reward read the same file,
+so they cannot drift apart (the reference kept rubric + model + serving in one YAML for that reason).
+
+This module loads and validates a rubric (omegaconf; an unknown key is an error), renders judge
+requests from a TrajectoryStep, and parses judge answers by the reference's edge table (DESIGN §4):
+
+| condition                                         | score                    | parse_method   |
+|---------------------------------------------------|--------------------------|----------------|
+| logprobs asked for and digit tokens present       | expected digit / max     | expected       |
+| answer has a `Score: N` line                      | N / max                  | score_line     |
+| short answer (< 20 chars) with a digit            | last digit / max         | short_digit    |
+| anything else (long, no score; short, no digit)   | 0.5                      | fallback       |
+
+(the policy-side row "invalid policy JSON -> 0.05" lives in llmrnn.reward, it needs no judge call).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmrnn.errors import InputError
+
+ENGINES = ("llmrnn", "vllm", "transformers")
+APIS = ("chat", "completions")
+SCORE_METHODS = ("text", "expected")
+SHORT_ANSWER_CHARS = 20
+FALLBACK_SCORE = 0.5
+
+# Fields a template may use (all strings; lists/dicts are rendered as readable text).
+SCALAR_FIELDS = {
+    "rubric", "candidate_memory", "previous_memory", "reference_memory", "memory_prompt", "visit",
+    "prediction", "evaluation", "ground_truth", "next_visit", "next_prediction", "next_primary",
+    "next_evaluation", "next_ground_truth",
+}
+PAIRWISE_FIELDS = (SCALAR_FIELDS - {"candidate_memory"}) | {"memory_a", "memory_b"}
+
+# A line that starts with "Score: N" (markdown allowed): "Clinical accuracy score: 3" inside a chain of
+# thought does NOT match (the rubric-v1 bug grabbed such numbers); "Score: 7.5" does not match either.
+_SCORE_LINE = re.compile(r"^[\s>*#_-]*(?:final\s+)?score[\s*_]*[:=][\s*_]*(\d+)(?!\d)(?![.,]\d)", re.IGNORECASE | re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Serving:
+    engine: str = "llmrnn"
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = pick a free port at start
+    max_model_len: int = 4096
+    gpu_memory_utilization: float = 0.9
+    dtype: str = "float32"
+    startup_timeout_s: float = 900.0
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Request:
+    api: str = "chat"
+    temperature: float = 0.0
+    max_tokens: int = 16
+    score_method: str = "text"  # "expected": probability-weighted digit score from logprobs (G-Eval style)
+    top_logprobs: int = 20
+    assistant_prefix: str = ""  # continue the judge's answer from this text (e.g. "Score:")
+    system: str = ""
+
+
+@dataclass(frozen=True)
+class Pairwise:
+    template: str = ""
+    assistant_prefix: str = ""
+    max_tokens: int = 16
+    verdict_regex: str = r"(?i)(?:winner|verdict|better(?: response)?)\s*[:=]?\s*\**\s*(?:response\s*)?\[*\s*(A|B|tie)\b"
+
+
+@dataclass(frozen=True)
+class Rubric:
+    path: str
+    name: str
+    model: str  # a local model name under resources/models/, a path, or a hub repo id
+    model_source: str  # "local" (resources/models/<model>, made by prepare_base_model) | "hub" | "path"
+    served_model_name: str
+    rubric: str
+    template: str
+    serving: Serving
+    request: Request
+    pairwise: Pairwise
+    scale_max: int = 9
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def needs_gpu(self) -> bool:
+        return self.serving.engine == "vllm"
+
+
+# ----------------------------------------------------------------------------- loading
+_TOP_KEYS = {"name", "description", "judge", "serving", "request", "scale", "rubric", "template", "pairwise"}
+
+
+def _section(raw: dict, key: str, cls, path: str) -> Any:
+    values = raw.get(key) or {}
+    if not isinstance(values, dict):
+        raise InputError(f"{path}: {key}: expected a mapping")
+    allowed = set(cls.__dataclass_fields__)
+    unknown = set(values) - allowed
+    if unknown:
+        raise InputError(f"{path}: {key}: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
+    if "extra_args" in values:
+        values = dict(values, extra_args=tuple(str(a) for a in values["extra_args"] or ()))
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise InputError(f"{path}: {key}: {exc}") from exc
+
+
+def _placeholders(template: str) -> set[str]:
+    names = set()
+    for _, name, _, _ in string.Formatter().parse(template):
+        if name is not None:
+            names.add(name)
+    return names
+
+
+def load_rubric(path: str | Path) -> Rubric:
+    """Load and validate a rubric YAML; a bad key, engine or template field is one clear InputError."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    p = str(path)
+    if not Path(p).is_file():
+        raise InputError(f"{p}: rubric file not found")
+    try:
+        raw = OmegaConf.to_container(OmegaConf.load(p), resolve=True)
+    except (OmegaConfBaseException, OSError, ValueError) as exc:
+        raise InputError(f"{p}: not a readable rubric YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise InputError(f"{p}: expected a mapping at top level")
+    unknown = set(raw) - _TOP_KEYS
+    if unknown:
+        raise InputError(f"{p}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}")
+    for key in ("name", "judge", "rubric", "template"):
+        if not raw.get(key):
+            raise InputError(f"{p}: {key}: missing")
+    judge = raw["judge"]
+    if not isinstance(judge, dict) or not judge.get("model"):
+        raise InputError(f"{p}: judge.model: missing")
+    unknown = set(judge) - {"model", "source", "served_model_name"}
+    if unknown:
+        raise InputError(f"{p}: judge: unknown key(s) {sorted(unknown)}")
+    source = judge.get("source", "local")
+    if source not in ("local", "hub", "path"):
+        raise InputError(f"{p}: judge.source: {source!r} is not one of local, hub, path")
+    serving = _section(raw, "serving", Serving, p)
+    request = _section(raw, "request", Request, p)
+    pairwise = _section(raw, "pairwise", Pairwise, p)
+    if serving.engine not in ENGINES:
+        raise InputError(f"{p}: serving.engine: {serving.engine!r} is not one of {', '.join(ENGINES)}")
+    if serving.host not in ("127.0.0.1", "localhost", "::1"):
+        raise InputError(f"{p}: serving.host: {serving.host!r}: the judge binds to loopback only")
+    if request.api not in APIS:
+        raise InputError(f"{p}: request.api: {request.api!r} is not one of {', '.join(APIS)}")
+    if request.score_method not in SCORE_METHODS:
+        raise InputError(f"{p}: request.score_method: {request.score_method!r} is not one of text, expected")
+    if request.score_method == "expected" and serving.engine == "transformers":
+        raise InputError(
+            f"{p}: request.score_method: expected needs logprobs, which `transformers serve` ignores "
+            "(FINDINGS §6); use serving.engine: llmrnn or vllm"
+        )
+    if request.temperature != 0:
+        raise InputError(f"{p}: request.temperature: the judge samples greedily (0), got {request.temperature}")
+    scale = raw.get("scale") or {}
+    scale_max = int(scale.get("max", 9)) if isinstance(scale, dict) else 9
+    if not 1 <= scale_max <= 9:
+        raise InputError(f"{p}: scale.max: must be 1..9 (one digit), got {scale_max}")
+    for label, template, allowed in (
+        ("template", raw["template"], SCALAR_FIELDS),
+        ("pairwise.template", pairwise.template, PAIRWISE_FIELDS),
+    ):
+        try:
+            used = _placeholders(template)
+        except ValueError as exc:
+            raise InputError(f"{p}: {label}: bad placeholder syntax: {exc}") from exc
+        bad = used - allowed
+        if bad:
+            raise InputError(f"{p}: {label}: unknown field(s) {sorted(bad)}; allowed: {sorted(allowed)}")
+    if "candidate_memory" not in _placeholders(raw["template"]):
+        raise InputError(f"{p}: template: must show the judge {{candidate_memory}}")
+    try:
+        re.compile(pairwise.verdict_regex)
+    except re.error as exc:
+        raise InputError(f"{p}: pairwise.verdict_regex: {exc}") from exc
+    return Rubric(
+        path=p,
+        name=str(raw["name"]),
+        model=str(judge["model"]),
+        model_source=source,
+        served_model_name=str(judge.get("served_model_name") or judge["model"]),
+        rubric=str(raw["rubric"]).strip(),
+        template=str(raw["template"]),
+        serving=serving,
+        request=request,
+        pairwise=pairwise,
+        scale_max=scale_max,
+        raw=raw,
+    )
+
+
+# ----------------------------------------------------------------------------- rendering
+def _text(value: Any) -> str:
+    if value is None:
+        return "(none)"
+    if isinstance(value, str):
+        return value.strip() or "(empty)"
+    if isinstance(value, list):
+        return "; ".join(_text(v) for v in value) or "(none)"
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def memory_text(memory: Any) -> str:
+    """The evolving summary inside a memory JSON string (or the text itself when it is not JSON)."""
+    if isinstance(memory, dict):
+        return _text(memory.get("evolving_summary", memory))
+    if isinstance(memory, str):
+        try:
+            parsed = json.loads(memory)
+        except json.JSONDecodeError:
+            return _text(memory)
+        if isinstance(parsed, dict) and "evolving_summary" in parsed:
+            return _text(parsed["evolving_summary"])
+    return _text(memory)
+
+
+def step_fields(step: dict, rubric: Rubric) -> dict[str, str]:
+    """Template fields from a TrajectoryStep (the judge sees the next visit's outcome: rubric v2)."""
+    next_prediction = step.get("next_prediction") or {}
+    primary = next_prediction.get("primary_diagnosis") if isinstance(next_prediction, dict) else None
+    return {
+        "rubric": rubric.rubric,
+        "previous_memory": memory_text(step.get("h_prev")),
+        "reference_memory": memory_text(step.get("h_ref")),
+        "memory_prompt": _text(step.get("update_prompt")),
+        "visit": _text(step.get("visit")),
+        "prediction": _text(step.get("prediction")),
+        "evaluation": _text(step.get("evaluation")),
+        "ground_truth": _text(step.get("ground_truth_diagnoses")),
+        "next_visit": _text(step.get("next_visit")),
+        "next_prediction": _text(next_prediction),
+        "next_primary": _text(primary),
+        "next_evaluation": _text(step.get("next_evaluation")),
+        "next_ground_truth": _text(step.get("next_ground_truth_diagnoses")),
+    }
+
+
+def _request_body(rubric: Rubric, prompt: str, prefix: str, max_tokens: int, logprobs: bool) -> dict:
+    req = rubric.request
+    body: dict[str, Any] = {
+        "model": rubric.served_model_name,
+        "temperature": req.temperature,
+        "max_tokens": max_tokens,
+        "n": 1,
+    }
+    if req.api == "chat":
+        messages = []
+        if req.system:
+            messages.append({"role": "system", "content": req.system})
+        messages.append({"role": "user", "content": prompt})
+        if prefix:
+            # vLLM and our server continue the assistant turn from this prefix.
+            messages.append({"role": "assistant", "content": prefix})
+            body.update(continue_final_message=True, add_generation_prompt=False)
+        body["messages"] = messages
+        if logprobs:
+            body.update(logprobs=True, top_logprobs=req.top_logprobs)
+    else:
+        body["prompt"] = prompt + prefix
+        if logprobs:
+            body["logprobs"] = req.top_logprobs
+    return body
+
+
+@dataclass(frozen=True)
+class JudgeRequest:
+    """One judge call: the HTTP body plus what the parser needs to read the answer."""
+
+    path: str  # "/chat/completions" or "/completions"
+    body: dict
+    prompt: str
+    prefix: str
+
+    def key(self) -> str:
+        import hashlib
+
+        return hashlib.sha256(json.dumps([self.path, self.body], sort_keys=True).encode()).hexdigest()
+
+
+def _path(rubric: Rubric) -> str:
+    return "/chat/completions" if rubric.request.api == "chat" else "/completions"
+
+
+def scalar_request(rubric: Rubric, step: dict, candidate_memory: str) -> JudgeRequest:
+    fields = step_fields(step, rubric)
+    fields["candidate_memory"] = memory_text(candidate_memory)
+    prompt = rubric.template.format(**fields)
+    prefix = rubric.request.assistant_prefix
+    body = _request_body(
+        rubric, prompt, prefix, rubric.request.max_tokens, rubric.request.score_method == "expected"
+    )
+    return JudgeRequest(_path(rubric), body, prompt, prefix)
+
+
+def pairwise_request(rubric: Rubric, step: dict, memory_a: str, memory_b: str) -> JudgeRequest:
+    if not rubric.pairwise.template:
+        raise InputError(f"{rubric.path}: pairwise.template: missing (needed for reward.mode: pairwise)")
+    fields = step_fields(step, rubric)
+    fields.update(memory_a=memory_text(memory_a), memory_b=memory_text(memory_b))
+    prompt = rubric.pairwise.template.format(**fields)
+    prefix = rubric.pairwise.assistant_prefix
+    body = _request_body(rubric, prompt, prefix, rubric.pairwise.max_tokens, False)
+    return JudgeRequest(_path(rubric), body, prompt, prefix)
+
+
+# ----------------------------------------------------------------------------- parsing
+def response_text(payload: dict) -> str:
+    """The first choice's text from an OpenAI chat or completions response."""
+    try:
+        choice = payload["choices"][0]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise ValueError(f"judge response has no choices: {str(payload)[:200]}") from exc
+    if "message" in choice:
+        return (choice["message"] or {}).get("content") or ""
+    return choice.get("text") or ""
+
+
+def _position_alternatives(payload: dict) -> list[tuple[str, dict[str, float]]]:
+    """Per generated token: (chosen token, {alternative token: logprob}) for chat or completions logprobs."""
+    choice = (payload.get("choices") or [{}])[0]
+    lp = choice.get("logprobs")
+    if not lp:
+        return []
+    if "content" in lp:  # chat format
+        out = []
+        for entry in lp.get("content") or []:
+            alts = {a["token"]: a["logprob"] for a in entry.get("top_logprobs") or []}
+            alts.setdefault(entry["token"], entry["logprob"])
+            out.append((entry["token"], alts))
+        return out
+    tokens = lp.get("tokens") or []
+    tops = lp.get("top_logprobs") or []
+    out = []
+    for i, tok in enumerate(tokens):
+        alts = dict(tops[i]) if i < len(tops) and tops[i] else {}
+        if i < len(lp.get("token_logprobs") or []):
+            alts.setdefault(tok, lp["token_logprobs"][i])
+        out.append((tok, alts))
+    return out
+
+
+def expected_digit(payload: dict, scale_max: int = 9) -> tuple[float, dict[str, float]] | None:
+    """G-Eval style: at the first generated position whose chosen token is a digit, the probability-
+    weighted mean of the digit tokens 1..scale_max among the top logprobs (renormalised)."""
+    for chosen, alts in _position_alternatives(payload):
+        if not chosen.strip()[:1].isdigit():
+            continue
+        probs: dict[str, float] = {}
+        for tok, logprob in alts.items():
+            t = tok.strip()
+            if len(t) == 1 and t.isdigit() and 1 <= int(t) <= scale_max and logprob is not None:
+                probs[t] = probs.get(t, 0.0) + math.exp(logprob)
+        total = sum(probs.values())
+        if total <= 0:
+            return None
+        mean = sum(int(d) * p for d, p in probs.items()) / total
+        return mean, {d: round(p / total, 6) for d, p in sorted(probs.items())}
+    return None
+
+
+@dataclass(frozen=True)
+class Parsed:
+    score: float
+    parse_method: str
+    raw_score: float | None = None  # the judge's number before scaling (N, digit, or expected value)
+    digit_probs: dict | None = None
+
+
+def parse_scalar(text: str, scale_max: int = 9, payload: dict | None = None, prefix: str = "",
+                 use_logprobs: bool = False) -> Parsed:
+    """The reference's edge table (module docstring); `prefix` is the assistant prefix the judge continued."""
+    if use_logprobs and payload is not None:
+        exp = expected_digit(payload, scale_max)
+        if exp is not None:
+            value, probs = exp
+            return Parsed(value / scale_max, "expected", value, probs)
+    full = prefix + text
+    matches = [int(m) for m in _SCORE_LINE.findall(full) if 1 <= int(m) <= scale_max]
+    if matches:
+        n = matches[-1]
+        return Parsed(n / scale_max, "score_line", float(n))
+    stripped = text.strip()
+    if len(stripped) < SHORT_ANSWER_CHARS:
+        digits = [c for c in stripped if c.isdigit()]
+        if digits:
+            d = min(int(digits[-1]), scale_max)
+            return Parsed(d / scale_max, "short_digit", float(d))
+    return Parsed(FALLBACK_SCORE, "fallback")
+
+
+def parse_verdict(text: str, rubric: Rubric) -> str | None:
+    """'A', 'B', 'tie' or None (unparsed) from a pairwise judge answer; the last verdict wins."""
+    full = rubric.pairwise.assistant_prefix + text
+    found = re.findall(rubric.pairwise.verdict_regex, full)
+    if not found:
+        return None
+    last = found[-1]
+    last = last if isinstance(last, str) else next((g for g in last if g), "")
+    last = last.strip()
+    if last.upper() in ("A", "B"):
+        return last.upper()
+    if last.lower() == "tie":
+        return "tie"
+    return None

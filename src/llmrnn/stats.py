@@ -1,0 +1,88 @@
+"""Statistics for the held-out comparison: Wilson intervals, paired bootstrap, McNemar's test."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+Z95 = 1.959963984540054
+
+
+def wilson_ci(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score 95% interval of a proportion correct/n; (0, 1) when n == 0."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = correct / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def paired_bootstrap(
+    a: Sequence[bool | int | float],
+    b: Sequence[bool | int | float],
+    samples: int = 10_000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict:
+    """Difference mean(b) - mean(a) over paired units, with a percentile bootstrap CI.
+
+    Units (patients) are resampled with replacement, keeping each unit's pair together.
+    """
+    import numpy as np
+
+    if len(a) != len(b):
+        raise ValueError(f"paired_bootstrap: {len(a)} vs {len(b)} outcomes; pairs must align")
+    n = len(a)
+    if n == 0:
+        return {"diff": None, "ci95": [None, None], "samples": samples, "seed": seed, "n": 0}
+    diff_units = np.asarray(b, dtype=float) - np.asarray(a, dtype=float)
+    rng = np.random.default_rng(seed)
+    diffs = np.empty(samples)
+    chunk = max(1, min(samples, 2_000_000 // max(n, 1)))  # bound memory for n = 6288
+    for start in range(0, samples, chunk):
+        stop = min(samples, start + chunk)
+        idx = rng.integers(0, n, size=(stop - start, n))
+        diffs[start:stop] = diff_units[idx].mean(axis=1)
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(diffs, [alpha, 1 - alpha])
+    return {
+        "diff": float(diff_units.mean()),
+        "ci95": [float(lo), float(hi)],
+        "se": float(diffs.std(ddof=1)) if samples > 1 else None,
+        "samples": samples,
+        "seed": seed,
+        "n": n,
+    }
+
+
+def mcnemar(a: Sequence[bool], b: Sequence[bool], exact_below: int = 25) -> dict:
+    """McNemar's test on paired binary outcomes.
+
+    Discordant counts: n01 = a wrong & b right, n10 = a right & b wrong. With n01 + n10 < exact_below the
+    exact two-sided binomial test (p = min(1, 2 * P[X <= min(n01, n10)]), X ~ Bin(n01 + n10, 1/2));
+    otherwise the chi-square statistic with continuity correction (|n01 - n10| - 1)^2 / (n01 + n10), 1 df.
+    """
+    from scipy import stats as sps
+
+    if len(a) != len(b):
+        raise ValueError(f"mcnemar: {len(a)} vs {len(b)} outcomes; pairs must align")
+    n11 = sum(1 for x, y in zip(a, b) if x and y)
+    n00 = sum(1 for x, y in zip(a, b) if not x and not y)
+    n01 = sum(1 for x, y in zip(a, b) if not x and y)
+    n10 = sum(1 for x, y in zip(a, b) if x and not y)
+    discordant = n01 + n10
+    table = {"both_correct": n11, "both_wrong": n00, "only_b_correct": n01, "only_a_correct": n10}
+    if discordant == 0:
+        return {**table, "method": "none (no discordant pairs)", "statistic": None, "p_value": 1.0}
+    if discordant < exact_below:
+        p = sps.binomtest(min(n01, n10), discordant, 0.5, alternative="two-sided").pvalue
+        return {**table, "method": "exact binomial", "statistic": min(n01, n10), "p_value": float(min(1.0, p))}
+    stat = (abs(n01 - n10) - 1) ** 2 / discordant
+    return {
+        **table,
+        "method": "chi-square, continuity corrected",
+        "statistic": float(stat),
+        "p_value": float(sps.chi2.sf(stat, 1)),
+    }

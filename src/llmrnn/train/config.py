@@ -1,0 +1,189 @@
+"""The `train` config section: one set of GRPO knobs, shared by the verl and TRL engines.
+
+Units follow verl (the reference engine): batch sizes count PROMPTS except `micro_per_gpu`, which counts
+responses (prompt x one rollout), exactly as verl's `ppo_micro_batch_size_per_gpu`. A "step" is one
+rollout batch of `batch.train` prompts x `group_size` rollouts; it makes `batch.train / batch.mini`
+optimizer updates (1 in the reference run: 16/16/4).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from llmrnn.errors import InputError
+
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+# Defaults = the reference run (seeds/000 §3); the embedded config overrides a few for a CPU demo.
+# workflow/schemas/config.schema.yaml carries the same defaults for Snakemake's validate().
+DEFAULTS: dict[str, Any] = {
+    "engine": "verl",
+    "seed": 42,
+    "lora": {"rank": 16, "alpha": 32, "dropout": 0.0, "target_modules": list(ALL_LINEAR)},
+    "lr": 3e-6,
+    "lr_scheduler": "constant",
+    "warmup_steps": 0,
+    "kl": {"coef": 0.001, "estimator": "low_var_kl", "in_loss": True},
+    "entropy_coef": 0.0,
+    "grad_clip": 1.0,
+    "group_size": 8,
+    "batch": {"train": 16, "mini": 16, "micro_per_gpu": 4},
+    "rollout": {"temperature": 0.8, "top_p": 0.95, "tensor_parallel": 1, "gpu_memory_utilization": 0.6},
+    "max_prompt_length": 3072,
+    "max_response_length": 512,
+    "epochs": 20,
+    "total_steps": None,
+    "save_freq": 20,
+    "test_freq": 5,
+    "keep_last": None,
+    "val_before_train": True,
+    "n_gpus_per_node": 1,
+    "nnodes": 1,
+    "project_name": "llmrnn_grpo",
+    "min_free_disk_gb": 1.0,
+    "verl": {"reward_manager": "naive", "reward_num_workers": 8, "extra_overrides": []},
+    "trl": {"num_threads": 1, "logging_steps": 1},
+    "resources": {"gpu": None, "mem_mb": 8000, "runtime": 120, "cpus_per_task": 2},
+}
+
+ENGINES = ("verl", "trl")
+KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
+SCHEDULERS = ("constant", "cosine")
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in (over or {}).items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def normalize(train_cfg: dict | None) -> dict:
+    """Fill defaults and check types/ranges that the schema cannot (one clear line per problem)."""
+    cfg = _merge(DEFAULTS, train_cfg or {})
+    unknown = sorted(set(cfg) - set(DEFAULTS))
+    if unknown:
+        raise InputError(f"train: unknown key(s) {unknown}; see config/README.md")
+    if cfg["engine"] not in ENGINES:
+        raise InputError(f"train.engine: {cfg['engine']!r} is not one of {list(ENGINES)}")
+    if cfg["kl"]["estimator"] not in KL_ESTIMATORS:
+        raise InputError(f"train.kl.estimator: {cfg['kl']['estimator']!r} is not one of {list(KL_ESTIMATORS)}")
+    if cfg["lr_scheduler"] not in SCHEDULERS:
+        raise InputError(f"train.lr_scheduler: {cfg['lr_scheduler']!r} is not one of {list(SCHEDULERS)}")
+    for path in ("group_size", "epochs", "max_prompt_length", "max_response_length", "n_gpus_per_node",
+                 "nnodes", "batch.train", "batch.mini", "batch.micro_per_gpu", "lora.rank"):
+        value = get(cfg, path)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InputError(f"train.{path}: expected a positive integer, got {value!r}")
+    if not cfg["lora"]["target_modules"]:
+        raise InputError("train.lora.target_modules: empty list")
+    return cfg
+
+
+def get(cfg: dict, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Batch arithmetic both engines share; `problems` is empty when the geometry is possible."""
+
+    n_gpus: int
+    prompts_per_step: int
+    responses_per_step: int
+    updates_per_step: int  # optimizer steps per rollout batch (train / mini)
+    responses_per_update_per_gpu: int  # mini x G / n_gpus
+    grad_accum: int  # micro batches per optimizer step on each GPU
+    problems: tuple[str, ...]
+
+    def as_dict(self) -> dict:
+        return {
+            "n_gpus": self.n_gpus,
+            "prompts_per_step": self.prompts_per_step,
+            "responses_per_step": self.responses_per_step,
+            "updates_per_step": self.updates_per_step,
+            "responses_per_update_per_gpu": self.responses_per_update_per_gpu,
+            "grad_accum": self.grad_accum,
+        }
+
+
+def geometry(cfg: dict, engine: str | None = None) -> Geometry:
+    """Check train x G vs mini/micro x GPUs the way verl's workers do (and TRL's GRPOConfig)."""
+    engine = engine or cfg["engine"]
+    n_gpus = 1 if engine == "trl" else cfg["n_gpus_per_node"] * cfg["nnodes"]
+    g = cfg["group_size"]
+    train, mini, micro = cfg["batch"]["train"], cfg["batch"]["mini"], cfg["batch"]["micro_per_gpu"]
+    problems: list[str] = []
+    if engine == "trl" and g < 2:
+        problems.append(f"train.group_size={g}: GRPO needs at least 2 rollouts per prompt (TRL refuses 1)")
+    if mini > train:
+        problems.append(f"train.batch.mini={mini} is larger than train.batch.train={train} (both count prompts)")
+    elif train % mini:
+        problems.append(
+            f"train.batch.train={train} is not a multiple of train.batch.mini={mini}: each step must split into "
+            "whole mini-batches"
+        )
+    per_gpu = mini * g // n_gpus if (mini * g) % n_gpus == 0 else None
+    if per_gpu is None:
+        problems.append(
+            f"train.batch.mini x group_size = {mini}x{g} = {mini * g} responses cannot be split evenly over "
+            f"{n_gpus} GPUs (n_gpus_per_node x nnodes)"
+        )
+        per_gpu = max(1, mini * g // n_gpus)
+    if per_gpu % micro:
+        problems.append(
+            f"train.batch.micro_per_gpu={micro} does not divide the {per_gpu} responses each GPU gets per "
+            f"optimizer step (batch.mini x group_size / GPUs = {mini}x{g}/{n_gpus})"
+        )
+    if engine == "verl":
+        tp = cfg["rollout"]["tensor_parallel"]
+        if cfg["n_gpus_per_node"] % tp:
+            problems.append(
+                f"train.rollout.tensor_parallel={tp} does not divide train.n_gpus_per_node={cfg['n_gpus_per_node']}"
+            )
+        if (train * g) % n_gpus:
+            problems.append(
+                f"train.batch.train x group_size = {train * g} responses cannot be split evenly over {n_gpus} GPUs"
+            )
+    return Geometry(
+        n_gpus=n_gpus,
+        prompts_per_step=train,
+        responses_per_step=train * g,
+        updates_per_step=max(1, train // mini) if mini <= train else 1,
+        responses_per_update_per_gpu=per_gpu,
+        grad_accum=max(1, per_gpu // micro),
+        problems=tuple(problems),
+    )
+
+
+def steps_per_epoch(cfg: dict, n_rows: int) -> int:
+    """verl's train dataloader uses drop_last=True; TRL's RepeatSampler drops the partial batch too."""
+    return n_rows // cfg["batch"]["train"]
+
+
+def planned_steps(cfg: dict, n_rows: int) -> int:
+    """Total rollout steps the run must reach (verl: len(dataloader) x epochs, capped by total_steps)."""
+    total = steps_per_epoch(cfg, n_rows) * cfg["epochs"]
+    if cfg.get("total_steps"):
+        total = min(total, int(cfg["total_steps"]))
+    return total
+
+
+def lr_at(cfg: dict, step: int, total: int) -> float:
+    """Learning rate at optimizer step `step` (1-based) for the configured schedule (verl and TRL agree)."""
+    lr, warm = float(cfg["lr"]), int(cfg["warmup_steps"] or 0)
+    if warm and step <= warm:
+        return lr * step / warm
+    if cfg["lr_scheduler"] == "cosine" and total > warm:
+        progress = (step - warm) / max(1, total - warm)
+        return lr * 0.5 * (1 + math.cos(math.pi * progress))
+    return lr

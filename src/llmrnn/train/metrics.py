@@ -1,0 +1,220 @@
+"""metrics.jsonl: one row per training step (and one per validation), the same keys from both engines.
+
+Row keys: step, kind ("train" | "val"), engine, reward_mean, reward_std, judge_fallback_rate, kl, entropy,
+response_length_mean, clip_ratio, grad_norm, lr, step_time_s (train rows); val_reward_mean,
+val_reward_std (val rows); raw (the engine's own keys for that step, numbers only).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+COMMON_KEYS = (
+    "reward_mean",
+    "reward_std",
+    "judge_fallback_rate",
+    "kl",
+    "entropy",
+    "response_length_mean",
+    "clip_ratio",
+    "grad_norm",
+    "lr",
+    "step_time_s",
+)
+
+# engine key -> common key, first match wins
+TRL_MAP = {
+    "reward_mean": ("reward",),
+    "reward_std": ("reward_std",),
+    "judge_fallback_rate": ("judge_fallback_rate", "judge/fallback_rate"),
+    "kl": ("kl",),
+    "entropy": ("entropy",),
+    "response_length_mean": ("completions/mean_length",),
+    "clip_ratio": ("clip_ratio/region_mean",),
+    "grad_norm": ("grad_norm",),
+    "lr": ("learning_rate",),
+    "step_time_s": ("step_time_s",),
+}
+TRL_VAL_MAP = {"val_reward_mean": ("eval_reward",), "val_reward_std": ("eval_reward_std",)}
+
+VERL_MAP = {
+    "reward_mean": ("critic/score/mean", "critic/rewards/mean"),
+    "reward_std": ("critic/score/std", "llmrnn/reward_std"),
+    "judge_fallback_rate": ("llmrnn/judge_fallback_rate",),
+    "kl": ("actor/kl_loss", "actor/ppo_kl"),
+    "entropy": ("actor/entropy",),
+    "response_length_mean": ("response_length/mean",),
+    "clip_ratio": ("actor/pg_clipfrac",),
+    "grad_norm": ("actor/grad_norm",),
+    "lr": ("actor/lr",),
+    "step_time_s": ("timing_s/step",),
+}
+
+
+def _num(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def _pick(raw: dict, names: Iterable[str]) -> float | None:
+    for name in names:
+        if name in raw:
+            value = _num(raw[name])
+            if value is not None:
+                return value
+    return None
+
+
+def numeric(raw: dict) -> dict:
+    return {k: v for k, v in ((k, _num(v)) for k, v in raw.items()) if v is not None}
+
+
+def trl_row(step: int, logs: dict) -> dict:
+    raw = numeric(logs)
+    if any(k.startswith("eval_") for k in raw):
+        row = {"step": step, "kind": "val", "engine": "trl"}
+        row.update({k: _pick(raw, names) for k, names in TRL_VAL_MAP.items()})
+    else:
+        row = {"step": step, "kind": "train", "engine": "trl"}
+        row.update({k: _pick(raw, names) for k, names in TRL_MAP.items()})
+    row["raw"] = raw
+    return row
+
+
+def verl_rows(step: int, data: dict) -> list[dict]:
+    """verl logs one dict per step; validation metrics (val-core/..., val-aux/...) ride in the same dict."""
+    raw = numeric(data)
+    rows = []
+    train = {k: v for k, v in raw.items() if not k.startswith("val-")}
+    if any(k.startswith(("critic/", "actor/", "timing_s/")) for k in train):
+        row = {"step": step, "kind": "train", "engine": "verl"}
+        row.update({k: _pick(train, names) for k, names in VERL_MAP.items()})
+        row["raw"] = train
+        rows.append(row)
+    val = {k: v for k, v in raw.items() if k.startswith("val-")}
+    if val:
+        means = [v for k, v in val.items() if k.startswith("val-core/") and "/reward/mean" in k]
+        rows.append(
+            {
+                "step": step,
+                "kind": "val",
+                "engine": "verl",
+                "val_reward_mean": means[0] if means else None,
+                "val_reward_std": None,
+                "raw": val,
+            }
+        )
+    return rows
+
+
+class MetricsWriter:
+    """Appends rows to metrics.jsonl, flushed per row so progress is visible while training runs."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def truncate_after(self, step: int) -> int:
+        """Drop rows past `step` (a resumed run redoes them); returns how many were dropped."""
+        if not self.path.exists():
+            return 0
+        keep, dropped = [], 0
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a kill
+                dropped += 1
+                continue
+            if int(row.get("step", 0)) <= step:
+                keep.append(line)
+            else:
+                dropped += 1
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+        os.replace(tmp, self.path)
+        return dropped
+
+    def append(self, row: dict) -> None:
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row, sort_keys=True) + "\n")
+            fh.flush()
+
+
+def read_rows(path: str | os.PathLike) -> list[dict]:
+    rows = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            rows.append(json.loads(line))
+    return rows
+
+
+def progress_line(row: dict, total: int) -> str:
+    def f(key: str) -> str:
+        value = row.get(key)
+        return "-" if value is None else f"{value:.4g}"
+
+    if row["kind"] == "val":
+        return f"val   step {row['step']}/{total}: reward {f('val_reward_mean')}"
+    return (
+        f"train step {row['step']}/{total}: reward {f('reward_mean')} +- {f('reward_std')}, kl {f('kl')}, "
+        f"entropy {f('entropy')}, len {f('response_length_mean')}, grad {f('grad_norm')}, lr {f('lr')}, "
+        f"{f('step_time_s')} s"
+    )
+
+
+def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
+    """reward.png (train mean +- std, val mean) and kl.png from metrics.jsonl."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from llmrnn import io
+
+    rows = read_rows(metrics_path)
+    train = [r for r in rows if r["kind"] == "train"]
+    val = [r for r in rows if r["kind"] == "val" and r.get("val_reward_mean") is not None]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    pts = [(r["step"], r["reward_mean"], r.get("reward_std") or 0.0) for r in train if r.get("reward_mean") is not None]
+    if pts:
+        xs, ys, sd = zip(*pts)
+        ax.plot(xs, ys, marker=".", label="train reward (mean)")
+        ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.2,
+                        label="+- std within step")
+    if val:
+        ax.plot([r["step"] for r in val], [r["val_reward_mean"] for r in val], marker="o", label="val reward")
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.set_title("GRPO reward")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    with io.atomic_path(out / "reward.png") as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    written.append(out / "reward.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    kl = [(r["step"], r["kl"]) for r in train if r.get("kl") is not None]
+    if kl:
+        ax.plot(*zip(*kl), marker=".", color="tab:red")
+    ax.set_xlabel("step")
+    ax.set_ylabel("KL to reference")
+    ax.set_title("KL (policy vs frozen base)")
+    fig.tight_layout()
+    with io.atomic_path(out / "kl.png") as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    written.append(out / "kl.png")
+    return written

@@ -1,0 +1,363 @@
+"""TRL engine: GRPOTrainer on CPU (or one GPU) with the shared knobs, the same parquet and reward.
+
+Mapping (verl units -> TRL, one process): num_generations = G; per_device_train_batch_size = micro;
+gradient_accumulation_steps = mini x G / micro; steps_per_generation = train x G / micro (so one
+generation batch = `batch.train` prompts x G, and it makes train/mini optimizer steps); beta = KL coef
+(TRL's KL is the k3 = low_var_kl estimator, always in the loss); entropy_coef; max_grad_norm = grad
+clip. TRL's global step counts OPTIMIZER steps: save_freq/test_freq/total_steps are multiplied by
+train/mini (1 in the reference).
+
+Resume: the latest COMPLETE checkpoint (trainer_state.json parses, adapter + optimizer present) is
+resumed with resume_from_checkpoint; the train sampler's order is a function of (seed, epoch), so the
+resumed run sees exactly the batches the uninterrupted run would (TRL's own sampler restarts its
+random stream on resume, which replays/skips prompts past epoch 0).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from llmrnn import io
+from llmrnn.errors import CheckFailed, InputError
+from llmrnn.train import config as tcfg
+from llmrnn.train import data as tdata
+from llmrnn.train.metrics import MetricsWriter, progress_line, trl_row
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REWARD = "llmrnn.reward:trl_reward_func"
+CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+# ----------------------------------------------------------------------------- reward function
+def load_callable(spec: str) -> Callable:
+    """'pkg.module:func' or '/path/file.py:func'."""
+    if ":" not in spec:
+        raise InputError(f"reward function {spec!r}: expected 'module:function' or 'file.py:function'")
+    target, name = spec.rsplit(":", 1)
+    try:
+        if target.endswith(".py"):
+            mod_spec = importlib.util.spec_from_file_location(Path(target).stem, target)
+            if mod_spec is None or mod_spec.loader is None:
+                raise ImportError(target)
+            module = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except (ImportError, FileNotFoundError) as exc:
+        raise InputError(f"reward function {spec!r}: cannot import {target}: {exc}") from exc
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise InputError(f"reward function {spec!r}: {target} has no function {name}")
+    return fn
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def checkpoint_complete(path: Path) -> bool:
+    """HF writes trainer_state.json last (after adapter, optimizer, rng); it must parse and name the step."""
+    match = CKPT_RE.match(path.name)
+    state = path / "trainer_state.json"
+    if not match or not state.is_file() or not (path / "optimizer.pt").is_file():
+        return False
+    if not any(path.glob("adapter_model.*")):
+        return False
+    try:
+        step = json.loads(state.read_text(encoding="utf-8"))["global_step"]
+    except (json.JSONDecodeError, KeyError, OSError):
+        return False
+    return int(step) == int(match.group(1))
+
+
+def latest_checkpoint(ckpt_dir: Path, prune: bool = True) -> Path | None:
+    """The newest complete checkpoint; incomplete ones (a kill mid-save) are removed when `prune`."""
+    if not ckpt_dir.is_dir():
+        return None
+    found = sorted(
+        (p for p in ckpt_dir.iterdir() if p.is_dir() and CKPT_RE.match(p.name)),
+        key=lambda p: int(CKPT_RE.match(p.name).group(1)),
+    )
+    best = None
+    for path in found:
+        if checkpoint_complete(path):
+            best = path
+        elif prune:
+            log.warning("removing incomplete checkpoint %s (killed while saving)", path)
+            shutil.rmtree(path, ignore_errors=True)
+    return best
+
+
+def _truncate_jsonl(path: Path, step: int, key: str = "step") -> None:
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if int(json.loads(line)[key]) <= step:
+                keep.append(line)
+        except (json.JSONDecodeError, KeyError, ValueError):
+            continue
+    io.write_text(path, "".join(f"{line}\n" for line in keep))
+
+
+# ----------------------------------------------------------------------------- main entry
+def train(
+    cfg: dict,
+    train_parquet: str | os.PathLike,
+    val_parquet: str | os.PathLike | None,
+    model_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    reward_spec: str = DEFAULT_REWARD,
+    callbacks: list | None = None,
+) -> dict:
+    """Run (or resume) GRPO with TRL; returns a summary. Raises CheckFailed if the planned steps were not reached."""
+    cfg = tcfg.normalize(cfg)
+    out = Path(out_dir)
+    ckpt_dir = out / "checkpoints"
+    # live files sit beside the checkpoints (Snakemake deletes a rule's outputs before rerunning it, and a
+    # resumed run must keep the rows of the steps it does not redo); outputs are copied at the end
+    metrics_path = out / "state" / "metrics.jsonl"
+    trace_path = out / "state" / "data_trace.jsonl"
+
+    threads = int(cfg["trl"]["num_threads"])
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    import warnings
+
+    import torch
+
+    torch.set_num_threads(threads)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer.utils import RepeatSampler
+
+    geo = tcfg.geometry(cfg, "trl")
+    if geo.problems:
+        raise CheckFailed("train: " + "; ".join(geo.problems))
+    if not cfg["kl"]["in_loss"]:
+        raise InputError("train.kl.in_loss=false (KL in the reward) is verl-only; TRL puts KL in the loss")
+    if cfg["kl"]["estimator"] not in ("low_var_kl", "k3"):
+        log.warning("TRL's KL is the k3 (low_var_kl) estimator; train.kl.estimator=%s applies to verl only",
+                    cfg["kl"]["estimator"])
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+    def load(path, split):
+        rows = tdata.read_rows(path)
+        lengths = tdata.prompt_lengths(rows, tokenizer)
+        kept = [r for r, n in zip(rows, lengths) if n <= cfg["max_prompt_length"]]
+        if len(kept) < len(rows):
+            log.warning("%s: dropped %d of %d rows longer than max_prompt_length=%d (as verl does)",
+                        split, len(rows) - len(kept), len(rows), cfg["max_prompt_length"])
+        for i, row in enumerate(kept):
+            row["extra_info"] = dict(row.get("extra_info") or {}, index=tdata.row_index(row, i))
+        return kept
+
+    train_rows = load(train_parquet, "train")
+    planned = tcfg.planned_steps(cfg, len(train_rows))
+    if planned < 1:
+        raise CheckFailed(
+            f"train: {len(train_rows)} usable train rows make no full batch of train.batch.train="
+            f"{cfg['batch']['train']} prompts"
+        )
+    upd = geo.updates_per_step
+    max_steps = planned * upd
+    val_rows = load(val_parquet, "val") if val_parquet and cfg["test_freq"] else []
+    train_ds = Dataset.from_list(train_rows)
+    val_ds = Dataset.from_list(val_rows) if val_rows else None
+
+    reward_fn = load_callable(reward_spec)
+    cuda = torch.cuda.is_available()
+    g = cfg["group_size"]
+    micro = cfg["batch"]["micro_per_gpu"]
+    args = GRPOConfig(
+        output_dir=str(ckpt_dir),
+        seed=int(cfg["seed"]),
+        data_seed=int(cfg["seed"]),
+        use_cpu=not cuda,
+        bf16=bool(cuda and torch.cuda.is_bf16_supported()),
+        fp16=False,
+        learning_rate=float(cfg["lr"]),
+        lr_scheduler_type=cfg["lr_scheduler"],
+        warmup_steps=int(cfg["warmup_steps"] or 0) * upd,
+        weight_decay=0.0,
+        max_grad_norm=float(cfg["grad_clip"]),
+        beta=float(cfg["kl"]["coef"]),
+        entropy_coef=float(cfg["entropy_coef"]),
+        num_generations=g,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=geo.grad_accum,
+        steps_per_generation=cfg["batch"]["train"] * g // micro,
+        max_completion_length=int(cfg["max_response_length"]),
+        temperature=float(cfg["rollout"]["temperature"]),
+        top_p=float(cfg["rollout"]["top_p"]),
+        num_train_epochs=float(cfg["epochs"]),
+        max_steps=max_steps,
+        save_strategy="steps",
+        save_steps=int(cfg["save_freq"]) * upd if cfg["save_freq"] else max_steps,
+        save_total_limit=cfg["keep_last"],
+        eval_strategy="steps" if val_ds is not None else "no",
+        eval_steps=int(cfg["test_freq"]) * upd if val_ds is not None else None,
+        eval_on_start=bool(val_ds is not None and cfg["val_before_train"]),
+        per_device_eval_batch_size=g,
+        num_generations_eval=g,
+        logging_steps=int(cfg["trl"]["logging_steps"]),
+        report_to=[],
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        shuffle_dataset=True,
+    )
+    lora = LoraConfig(
+        r=int(cfg["lora"]["rank"]),
+        lora_alpha=int(cfg["lora"]["alpha"]),
+        lora_dropout=float(cfg["lora"]["dropout"]),
+        target_modules=list(cfg["lora"]["target_modules"]),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+    resume = latest_checkpoint(ckpt_dir)
+    resume_step = 0
+    if resume is not None:
+        resume_step = json.loads((resume / "trainer_state.json").read_text())["global_step"]
+        log.info("resuming from %s (step %d of %d)", resume, resume_step, max_steps)
+    else:
+        log.info("starting GRPO from step 0 (%d steps planned)", max_steps)
+    writer = MetricsWriter(metrics_path)
+    dropped = writer.truncate_after(resume_step)
+    if dropped:
+        log.info("metrics.jsonl: dropped %d rows past step %d (they are redone)", dropped, resume_step)
+    _truncate_jsonl(trace_path, resume_step)
+
+    holder: dict[str, Any] = {}
+
+    def judge(prompts, completions, **kw):
+        state = kw.get("trainer_state")
+        trainer = holder.get("trainer")
+        training = bool(trainer is not None and trainer.model.training)
+        scores = reward_fn(prompts, completions, **kw)
+        if training and state is not None:
+            indices = [int((e or {}).get("index", -1)) for e in kw.get("extra_info", [])]
+            with open(trace_path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"step": state.global_step + 1, "indices": indices}) + "\n")
+        return scores
+
+    judge.__name__ = "judge"
+
+    class EpochSampler(RepeatSampler):
+        """RepeatSampler whose permutation depends on (seed, epoch) only: resume-safe data order."""
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = int(epoch)
+
+        def __iter__(self):
+            if self.shuffle:
+                self.generator.manual_seed(int(self.seed or 0) * 1_000_003 + getattr(self, "epoch", 0))
+            return super().__iter__()
+
+    class Trainer(GRPOTrainer):
+        def _get_train_sampler(self, dataset=None):
+            base = super()._get_train_sampler(dataset)
+            return EpochSampler(
+                data_source=base.data_source,
+                mini_repeat_count=base.mini_repeat_count,
+                batch_size=base.batch_size,
+                repeat_count=base.repeat_count,
+                shuffle=base.shuffle,
+                seed=base.seed,
+            )
+
+    class Progress(TrainerCallback):
+        def __init__(self):
+            self.t0 = None
+            self.last = None
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.last = time.perf_counter() - self.t0 if self.t0 else None
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            logs = dict(logs or {})
+            if not any(k in logs for k in ("reward", "eval_reward", "loss")):
+                return
+            if "eval_reward" not in logs and self.last is not None:
+                logs["step_time_s"] = self.last
+            row = trl_row(state.global_step, logs)
+            writer.append(row)
+            log.info(progress_line(row, max_steps))
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    trainer = Trainer(
+        model=model,
+        reward_funcs=[judge],
+        args=args,
+        train_dataset=train_ds,
+        eval_dataset=val_ds,
+        processing_class=tokenizer,
+        peft_config=lora,
+        callbacks=[Progress(), *(callbacks or [])],
+    )
+    trainer.remove_callback(PrinterCallback)  # our Progress callback logs one line per step instead
+    holder["trainer"] = trainer
+    t0 = time.perf_counter()
+    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    reached = int(trainer.state.global_step)
+    if reached != max_steps:
+        raise CheckFailed(
+            f"train: GRPO stopped at step {reached} of {max_steps} planned; the run is not complete"
+        )
+
+    finish_metrics(metrics_path, out / "metrics.jsonl")
+    adapter_dir = out / "adapter"
+    with io.atomic_dir(adapter_dir) as tmp:
+        trainer.model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    check_adapter(adapter_dir, cfg)
+    summary = {
+        "engine": "trl",
+        "steps": reached,
+        "planned_steps": max_steps,
+        "resumed_from_step": resume_step,
+        "train_rows": len(train_rows),
+        "val_rows": len(val_rows),
+        "seconds": round(time.perf_counter() - t0, 2),
+        "geometry": geo.as_dict(),
+    }
+    log.info("GRPO done: %d/%d steps, adapter at %s", reached, max_steps, adapter_dir)
+    return summary
+
+
+def finish_metrics(live: Path, final: Path) -> None:
+    """Copy the live metrics to the rule's output (atomically); refuse an empty log."""
+    text = live.read_text(encoding="utf-8") if live.exists() else ""
+    if not any(line.strip() for line in text.splitlines()):
+        raise CheckFailed(f"{live}: no metrics were logged; the run did not train")
+    io.write_text(final, text)
+
+
+def check_adapter(adapter_dir: Path, cfg: dict) -> dict:
+    """The adapter's config must carry the training-time rank and alpha (merge uses it)."""
+    conf_path = adapter_dir / "adapter_config.json"
+    if not conf_path.is_file():
+        raise CheckFailed(f"{conf_path}: missing; no LoRA adapter was written")
+    conf = json.loads(conf_path.read_text(encoding="utf-8"))
+    want = {"r": int(cfg["lora"]["rank"]), "lora_alpha": int(cfg["lora"]["alpha"])}
+    got = {k: conf.get(k) for k in want}
+    if got != want:
+        raise CheckFailed(f"{conf_path}: r/lora_alpha {got} differ from train.lora {want}")
+    return conf

@@ -1,0 +1,321 @@
+"""verl engine: `python -m verl.trainer.main_ppo` with Hydra overrides built from the `train` section.
+
+Valid for verl 0.7.1 (the reference container) and 0.9.x; tests/verl/ composes verl's own
+`ppo_trainer` config with these overrides in separate venvs of both releases (FINDINGS §4-5):
+- reward goes through `reward.custom_reward_function.{path,name,reward_kwargs}` + `reward.reward_manager.name`
+  (the old top-level `custom_reward_function.*` composes in 0.9 but is silently ignored there);
+- rollout.name has no default; both log_prob micro batch sizes are required; LoRA wants
+  `rollout.load_format=safetensors` (and layered_summon);
+- prompts longer than data.max_prompt_length are filtered (filter_overlong_prompts): preflight counts them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from llmrnn import io
+from llmrnn.errors import CheckFailed, InputError
+from llmrnn.train import config as tcfg
+from llmrnn.train.metrics import MetricsWriter, progress_line, verl_rows
+
+log = logging.getLogger(__name__)
+
+REWARD_MODULE = "llmrnn.reward"
+REWARD_NAME = "compute_score"
+SUPPORTED = ("0.7", "0.8", "0.9")
+POLL_S = 10.0
+
+
+def _hydra_value(value) -> str:
+    """Render a Python value as a Hydra override value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    text = str(value)
+    if re.fullmatch(r"[A-Za-z0-9_./@:+-]+", text) and text not in ("true", "false", "null"):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def series(version: str | None) -> str:
+    """'0.7.1' -> '0.7'; None -> the installed verl's series (falls back to the reference 0.7)."""
+    if version in (None, "", "auto"):
+        try:
+            from importlib.metadata import version as dist_version
+
+            version = dist_version("verl")
+        except Exception:  # noqa: BLE001 - not installed in this env: build for the reference release
+            version = "0.7.1"
+    parts = str(version).split(".")
+    short = ".".join(parts[:2])
+    if short not in SUPPORTED:
+        raise InputError(f"verl {version}: unsupported; the overrides are tested for verl {list(SUPPORTED)}")
+    return short
+
+
+def reward_module_path() -> str:
+    """`pkg://llmrnn.reward`: verl imports it as a package module. A FILE path would be exec'd under a
+    made-up name that is not in sys.modules, and `@dataclass` in llmrnn.reward then fails to load
+    (checked in tests/verl against verl 0.7.1 and 0.9.1)."""
+    return f"pkg://{REWARD_MODULE}"
+
+
+def build_overrides(
+    cfg: dict,
+    *,
+    train_parquet: str,
+    val_parquet: str | None,
+    model_dir: str,
+    out_dir: str,
+    experiment_name: str,
+    endpoint_file: str | None = None,
+    verl_version: str | None = None,
+    reward_path: str | None = None,
+    reward_name: str = REWARD_NAME,
+) -> list[str]:
+    """The Hydra overrides for main_ppo (list of 'key=value'), for the given verl release series."""
+    cfg = tcfg.normalize(cfg)
+    ver = series(verl_version)
+    out = Path(out_dir)
+    b, r, lora, kl = cfg["batch"], cfg["rollout"], cfg["lora"], cfg["kl"]
+    ov: dict[str, object] = {
+        "algorithm.adv_estimator": "grpo",
+        "algorithm.use_kl_in_reward": not kl["in_loss"],
+        "data.train_files": str(train_parquet),
+        "data.val_files": str(val_parquet or train_parquet),
+        "data.train_batch_size": b["train"],
+        "data.max_prompt_length": cfg["max_prompt_length"],
+        "data.max_response_length": cfg["max_response_length"],
+        "data.filter_overlong_prompts": True,
+        "data.truncation": "error",
+        "data.seed": cfg["seed"],
+        "actor_rollout_ref.model.path": str(model_dir),
+        "actor_rollout_ref.model.lora_rank": lora["rank"],
+        "actor_rollout_ref.model.lora_alpha": lora["alpha"],
+        "actor_rollout_ref.model.target_modules": list(lora["target_modules"]),
+        "actor_rollout_ref.actor.optim.lr": float(cfg["lr"]),
+        "actor_rollout_ref.actor.optim.lr_warmup_steps": int(cfg["warmup_steps"] or 0),
+        "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": 0.0,
+        "actor_rollout_ref.actor.optim.lr_scheduler_type": cfg["lr_scheduler"],
+        "actor_rollout_ref.actor.ppo_mini_batch_size": b["mini"],
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": b["micro_per_gpu"],
+        "actor_rollout_ref.actor.use_kl_loss": bool(kl["in_loss"]),
+        "actor_rollout_ref.actor.kl_loss_coef": float(kl["coef"]),
+        "actor_rollout_ref.actor.kl_loss_type": kl["estimator"],
+        "actor_rollout_ref.actor.entropy_coeff": float(cfg["entropy_coef"]),
+        "actor_rollout_ref.actor.grad_clip": float(cfg["grad_clip"]),
+        "actor_rollout_ref.actor.data_loader_seed": cfg["seed"],
+        "actor_rollout_ref.rollout.name": "vllm",
+        "actor_rollout_ref.rollout.n": cfg["group_size"],
+        "actor_rollout_ref.rollout.temperature": float(r["temperature"]),
+        "actor_rollout_ref.rollout.top_p": float(r["top_p"]),
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": r["tensor_parallel"],
+        "actor_rollout_ref.rollout.gpu_memory_utilization": float(r["gpu_memory_utilization"]),
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": b["micro_per_gpu"],
+        "actor_rollout_ref.rollout.load_format": "safetensors",
+        "actor_rollout_ref.rollout.layered_summon": True,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": b["micro_per_gpu"],
+        "reward.custom_reward_function.path": reward_path or reward_module_path(),
+        "reward.custom_reward_function.name": reward_name,
+        "reward.reward_manager.name": cfg["verl"]["reward_manager"],
+        "reward.num_workers": cfg["verl"]["reward_num_workers"],
+        "trainer.n_gpus_per_node": cfg["n_gpus_per_node"],
+        "trainer.nnodes": cfg["nnodes"],
+        "trainer.total_epochs": cfg["epochs"],
+        "trainer.save_freq": cfg["save_freq"],
+        "trainer.test_freq": cfg["test_freq"] if val_parquet else -1,
+        "trainer.val_before_train": bool(cfg["val_before_train"] and val_parquet),
+        "trainer.resume_mode": "auto",
+        "trainer.default_local_dir": str(out / "checkpoints"),
+        "trainer.rollout_data_dir": str(out / "rollouts"),
+        "trainer.logger": ["console", "file"],
+        "trainer.project_name": cfg["project_name"],
+        "trainer.experiment_name": experiment_name,
+        "trainer.max_actor_ckpt_to_keep": cfg["keep_last"],
+    }
+    if not kl["in_loss"]:
+        ov["algorithm.kl_penalty"] = kl["estimator"]
+        ov["algorithm.kl_ctrl.kl_coef"] = float(kl["coef"])
+    if cfg["total_steps"]:
+        ov["trainer.total_training_steps"] = int(cfg["total_steps"])
+    # reward_kwargs is not in verl's default config: a new key needs Hydra's '+'
+    # numeric_only: verl aggregates the extra keys compute_score returns, so they must be numbers
+    kwargs: dict[str, object] = {"audit_dir": str(out / "audit"), "numeric_only": True}
+    if endpoint_file:
+        kwargs["endpoint_file"] = str(endpoint_file)
+    items = [f"{k}={_hydra_value(v)}" for k, v in ov.items()]
+    items += [f"+reward.custom_reward_function.reward_kwargs.{k}={_hydra_value(v)}" for k, v in kwargs.items()]
+    items += [str(x) for x in cfg["verl"]["extra_overrides"]]
+    del ver  # one key set serves 0.7-0.9 today; branch here when a release renames a key
+    return items
+
+
+def command(overrides: list[str], python: str | None = None) -> list[str]:
+    return [python or sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
+
+
+# ----------------------------------------------------------------------------- running + outputs
+def latest_step(ckpt_dir: Path) -> int:
+    marker = ckpt_dir / "latest_checkpointed_iteration.txt"
+    if not marker.is_file():
+        return 0
+    try:
+        return int(marker.read_text().strip())
+    except ValueError:
+        return 0
+
+
+def count_rows(path: str) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def _follow_metrics(log_path: Path, writer: MetricsWriter, seen: set[int], total: int,
+                    rollout_dir: Path | None = None) -> None:
+    """Turn new lines of verl's file logger into metrics.jsonl rows (+ rollout dump stats)."""
+    if not log_path.exists():
+        return
+    for line in log_path.read_text(encoding="utf-8").splitlines():
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        step = int(item.get("step", 0))
+        if step in seen:
+            continue
+        seen.add(step)
+        data = dict(item.get("data") or {})
+        if rollout_dir is not None:
+            data.update(rollout_stats(rollout_dir, step))
+        for row in verl_rows(step, data):
+            writer.append(row)
+            log.info(progress_line(row, total))
+
+
+def rollout_stats(rollout_dir: Path, step: int) -> dict:
+    """reward std and judge fallback rate of one step from verl's rollout dump ({step}.jsonl)."""
+    path = rollout_dir / f"{step}.jsonl"
+    if not path.is_file():
+        return {}
+    scores, fallbacks = [], []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(item.get("score"), (int, float)):
+            scores.append(float(item["score"]))
+        flag = item.get("parse_fallback", item.get("judge_fallback"))  # llmrnn.reward numeric_only flag
+        if isinstance(flag, (int, float, bool)):
+            fallbacks.append(bool(flag))
+    out = {}
+    if scores:
+        mean = sum(scores) / len(scores)
+        out["llmrnn/reward_std"] = (sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5
+    if fallbacks:
+        out["llmrnn/judge_fallback_rate"] = sum(fallbacks) / len(fallbacks)
+    return out
+
+
+def run(
+    cfg: dict,
+    *,
+    train_parquet: str,
+    val_parquet: str | None,
+    model_dir: str,
+    out_dir: str,
+    experiment_name: str,
+    endpoint_file: str | None,
+    python: str | None = None,
+    verl_version: str | None = None,
+) -> dict:
+    """Run main_ppo (resuming from the latest checkpoint), stream its metrics, verify it finished, copy the adapter."""
+    cfg = tcfg.normalize(cfg)
+    out = Path(out_dir)
+    ckpt_dir = out / "checkpoints"
+    n_rows = count_rows(train_parquet)
+    planned = tcfg.planned_steps(cfg, n_rows)
+    if planned < 1:
+        raise CheckFailed(f"train: {n_rows} train rows make no full batch of {cfg['batch']['train']} prompts")
+    start = latest_step(ckpt_dir)
+    writer = MetricsWriter(out / "state" / "metrics.jsonl")  # live; copied to metrics.jsonl at the end
+    writer.truncate_after(start)
+    log.info("verl: %s from step %d of %d", "resuming" if start else "starting", start, planned)
+    overrides = build_overrides(
+        cfg,
+        train_parquet=train_parquet,
+        val_parquet=val_parquet,
+        model_dir=model_dir,
+        out_dir=out_dir,
+        experiment_name=experiment_name,
+        endpoint_file=endpoint_file,
+        verl_version=verl_version,
+    )
+    file_log = out / "state" / "verl_metrics.jsonl"
+    if file_log.exists():  # verl's FileLogger opens it with "wb": keep the previous attempt's lines
+        with open(out / "state" / "verl_metrics.previous.jsonl", "ab") as fh:
+            fh.write(file_log.read_bytes())
+    env = dict(os.environ, VERL_FILE_LOGGER_PATH=str(file_log), LLMRNN_AUDIT_DIR=str(out / "audit"))
+    if endpoint_file:
+        env["LLMRNN_JUDGE_ENDPOINT"] = str(endpoint_file)
+    # CUDA_VISIBLE_DEVICES was narrowed by llmrnn.gpus.assign("train", ...) in the CLI (judge GPUs taken last)
+    cmd = command(overrides, python)
+    io.write_text(out / "state" / "verl_command.sh", " ".join(_shell_quote(c) for c in cmd) + "\n")
+    # verl's console logger prints progress on stdout: send it to our stderr (the rule's log)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=sys.stderr)
+    seen: set[int] = set(range(1, start + 1))
+    try:
+        while proc.poll() is None:
+            time.sleep(POLL_S)
+            _follow_metrics(file_log, writer, seen, planned, out / "rollouts")
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+        raise
+    _follow_metrics(file_log, writer, seen, planned, out / "rollouts")
+    if proc.returncode != 0:
+        raise CheckFailed(f"train: verl main_ppo exited with {proc.returncode}; rerun resumes from its last checkpoint")
+    reached = latest_step(ckpt_dir)
+    if reached != planned:
+        raise CheckFailed(
+            f"train: verl stopped at step {reached} of {planned} planned "
+            f"({ckpt_dir}/latest_checkpointed_iteration.txt); the run is not complete"
+        )
+    from llmrnn.train.trl_engine import finish_metrics
+
+    finish_metrics(out / "state" / "metrics.jsonl", out / "metrics.jsonl")
+    copy_adapter(ckpt_dir / f"global_step_{reached}" / "actor" / "lora_adapter", out / "adapter", cfg)
+    return {"engine": "verl", "steps": reached, "planned_steps": planned, "resumed_from_step": start,
+            "train_rows": n_rows}
+
+
+def copy_adapter(src: Path, dst: Path, cfg: dict) -> None:
+    """verl's actor/lora_adapter carries the real alpha (model_merger's copy says 0: FINDINGS §5)."""
+    from llmrnn.train.trl_engine import check_adapter
+
+    if not (src / "adapter_config.json").is_file():
+        raise CheckFailed(f"{src}: no lora_adapter in the final verl checkpoint")
+    with io.atomic_dir(dst) as tmp:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+    check_adapter(dst, cfg)
+
+
+def _shell_quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)

@@ -1,0 +1,176 @@
+"""Test helpers for the judge/reward/preflight tests: a real HTTP server on 127.0.0.1 whose answers are
+scripted (the judge MODEL is the fake part: a test decides what it says; HTTP, auth, JSON and timing are
+real), endpoint/rubric files, and TrajectorySteps."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+KEY = "test-key-123"
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # listen() backlog: the default 5 drops SYNs under 100+ concurrent calls
+
+
+def chat_payload(text: str, logprobs: list | None = None) -> dict:
+    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop",
+              "logprobs": {"content": logprobs} if logprobs is not None else None}
+    return {"id": "x", "object": "chat.completion", "model": "judge", "choices": [choice]}
+
+
+class ScriptedJudge:
+    """OpenAI-style server: `respond(body) -> text | (status, dict)`; optional fixed delay; counts hits."""
+
+    def __init__(self, respond: Callable[[dict], object], delay_s: float = 0.0, key: str | None = KEY,
+                 health: bool = True):
+        self.respond = respond
+        self.delay_s = delay_s
+        self.hits = 0
+        self.dead = False
+        self.inflight = 0
+        self.max_inflight = 0
+        self.bodies: list[dict] = []
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body go out as separate writes
+
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status: int, obj: dict) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path == "/health":
+                    self._send(200 if health else 503, {"status": "ok"})
+                elif self.path == "/v1/models":
+                    self._send(200, {"data": [{"id": "judge"}]})
+                else:
+                    self._send(404, {"error": "no"})
+
+            def do_POST(self):
+                if outer.dead:  # a killed server: drop the connection without answering
+                    self.close_connection = True
+                    return
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                with outer._lock:
+                    outer.hits += 1
+                    outer.bodies.append(body)
+                if key and self.headers.get("Authorization") != f"Bearer {key}":
+                    self._send(401, {"error": "bad key"})
+                    return
+                with outer._lock:
+                    outer.inflight += 1
+                    outer.max_inflight = max(outer.max_inflight, outer.inflight)
+                try:
+                    if outer.delay_s:
+                        time.sleep(outer.delay_s)
+                    out = outer.respond(body)
+                finally:
+                    with outer._lock:
+                        outer.inflight -= 1
+                if isinstance(out, tuple):
+                    self._send(*out)
+                else:
+                    self._send(200, chat_payload(str(out)))
+
+        self.server = _Server(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.dead = True
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def prompt_of(body: dict) -> str:
+    return "\n".join(m["content"] for m in body.get("messages", []) if m["role"] == "user")
+
+
+def write_endpoint(tmp: Path, port: int, rubric: Path, key: str | None = KEY, pid: int | None = None) -> Path:
+    jdir = tmp / "judge"
+    jdir.mkdir(parents=True, exist_ok=True)
+    key_file = None
+    if key:
+        key_file = jdir / "api_key"
+        key_file.write_text(key + "\n")
+        os.chmod(key_file, 0o600)
+    ep = jdir / "endpoint.json"
+    ep.write_text(json.dumps({"url": f"http://127.0.0.1:{port}/v1", "model": "judge",
+                              "api_key_file": str(key_file) if key_file else None, "rubric": str(rubric),
+                              "pid": pid or os.getpid()}))
+    return ep
+
+
+def write_rubric(tmp: Path, *, score_method: str = "text", prefix: str = "", model: str = "judge-model",
+                 source: str = "hub", max_tokens: int = 64, engine: str = "llmrnn") -> Path:
+    """The default rubric's text with test-specific request/judge settings."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(OmegaConf.load(REPO / "config/rubrics/outcome_v2_smollm2.yaml"))
+    raw["judge"] = {"model": model, "source": source, "served_model_name": "judge"}
+    raw["serving"]["engine"] = engine
+    raw["request"].update(score_method=score_method, assistant_prefix=prefix, max_tokens=max_tokens)
+    raw["pairwise"]["assistant_prefix"] = ""
+    path = tmp / "rubric.yaml"
+    OmegaConf.save(OmegaConf.create(raw), path)
+    return path
+
+
+def make_step(i: int = 0, ref: str = "CKD stage 3 and hypertension; watch heart failure.",
+              prev: str = "") -> dict:
+    return {
+        "patient_id": f"p{i}", "visit_index": 0, "visit_id": f"v{i}", "update_prompt": "Rewrite the memory.",
+        "h_prev": json.dumps({"evolving_summary": prev}), "h_ref": json.dumps({"evolving_summary": ref}),
+        "visit": {"chief_complaint": "dyspnea"}, "next_visit": {"chief_complaint": "edema"},
+        "prediction": {"top_5_diagnoses": ["pneumonia"], "primary_diagnosis": "pneumonia"},
+        "evaluation": {"primary_correct": False, "any_top5_correct": False, "missed_diagnoses": [],
+                       "why_missed": "", "improvement_suggestions": ""},
+        "next_prediction": {"top_5_diagnoses": ["copd"], "primary_diagnosis": "copd"},
+        "next_evaluation": {"primary_correct": False, "missed_diagnoses": ["heart failure"]},
+        "ground_truth_diagnoses": ["pneumonia"],
+        "next_ground_truth_diagnoses": ["Heart failure", "CKD stage 3"],
+    }
+
+
+def memory(text: str) -> str:
+    return json.dumps({"evolving_summary": text})
+
+
+def write_parquet(path: Path, steps: list[dict]) -> Path:
+    import pandas as pd
+
+    rows = []
+    for k, step in enumerate(steps):
+        rows.append({
+            "prompt": [{"role": "user", "content": step["update_prompt"]}],
+            "data_source": "llm_as_rnn_memory_update", "ability": "clinical_summary",
+            "reward_model": {"style": "rubric", "ground_truth": json.dumps(step)},
+            "extra_info": {"split": "train", "patient_id": step["patient_id"], "visit_index": step["visit_index"],
+                           "visit_id": step["visit_id"], "index": k},
+        })
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(path)
+    return path

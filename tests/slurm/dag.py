@@ -1,0 +1,165 @@
+"""Helpers for tests that read Snakemake's dry-run output and the SLURM profile (no SLURM needed)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
+# The SLURM client commands; a PATH without them is what a laptop without SLURM has.
+SLURM_COMMANDS = {
+    "sinfo", "squeue", "sbatch", "sacct", "scontrol", "srun", "scancel", "sacctmgr", "salloc",
+    "sattach", "sbcast", "sstat", "sprio", "sshare", "sreport", "strigger", "sdiag", "scrontab",
+}
+# Extra parts of the repository a workflow run may need besides conftest.WORKFLOW_PARTS.
+EXTRA_PARTS = ["envs", "scripts"]
+
+_RULE = re.compile(r"^(?:local)?rule (\w+):\s*$")
+_JOBID = re.compile(r"^\s+jobid: (\d+)\s*$")
+_RES = re.compile(r"^\s+resources: (.*)$")
+
+
+@dataclass
+class DryJob:
+    rule: str
+    jobid: int | None = None
+    resources: dict[str, str] = field(default_factory=dict)
+    shell: str | None = None
+
+
+def parse_dry_run(text: str) -> list[DryJob]:
+    """The jobs of a `snakemake -n -p` output, with their resources and shell command."""
+    jobs: list[DryJob] = []
+    current: DryJob | None = None
+    for line in text.splitlines():
+        m = _RULE.match(line)
+        if m:
+            current = DryJob(m.group(1))
+            jobs.append(current)
+            continue
+        if current is None:
+            continue
+        if (m := _JOBID.match(line)) and current.jobid is None:
+            current.jobid = int(m.group(1))
+        elif m := _RES.match(line):
+            for item in m.group(1).split(", "):
+                key, _, value = item.partition("=")
+                current.resources[key.strip()] = value.strip()
+        elif line.startswith("Shell command: "):
+            cmd = line[len("Shell command: "):].strip()
+            current.shell = None if cmd == "None" else cmd
+    return jobs
+
+
+def job_counts(text: str) -> dict[str, int]:
+    """rule -> count from the 'Job stats' table of a dry run ({} when nothing is to be done)."""
+    counts: dict[str, int] = {}
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip().startswith("job") and line.split()[-1:] == ["count"]:
+            for row in lines[i + 2:]:
+                parts = row.split()
+                if len(parts) != 2 or not parts[1].isdigit() or parts[0] == "total":
+                    break
+                counts[parts[0]] = int(parts[1])
+            break
+    return counts
+
+
+def no_slurm_path(tmp: Path) -> str:
+    """A PATH with this venv and every command of the current PATH except the SLURM client."""
+    shim = tmp / "no-slurm-bin"
+    shim.mkdir(exist_ok=True)
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        if not d or not Path(d).is_dir():
+            continue
+        for exe in Path(d).iterdir():
+            target = shim / exe.name
+            if exe.name in SLURM_COMMANDS or target.exists() or target.is_symlink():
+                continue
+            if exe.is_file() and os.access(exe, os.X_OK):
+                target.symlink_to(exe)
+    return f"{Path(sys.executable).parent}{os.pathsep}{shim}"
+
+
+def load_profile(env: dict[str, str] | None = None) -> dict:
+    """profiles/slurm/config.yaml rendered the way Snakemake renders it (YTE), under env."""
+    import yte
+
+    saved = dict(os.environ)
+    try:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        with open(PROFILE) as stream:
+            return yte.process_yaml(stream, require_use_yte=True)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def unquote(value):
+    return value[1:-1] if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] == "'" else value
+
+
+def gpu_rules(profile: dict) -> dict[str, int]:
+    """rule -> GPUs requested, for the rules the profile sends to the GPU partition."""
+    gpu_partition = None
+    out = {}
+    for rule, res in profile.get("set-resources", {}).items():
+        if "gpu" in res:
+            out[rule] = int(res["gpu"])
+            gpu_partition = unquote(res.get("slurm_partition"))
+    assert gpu_partition, "profile maps no rule to a GPU partition"
+    return out
+
+
+def copy_extra_parts(workdir: Path) -> None:
+    for part in EXTRA_PARTS:
+        src = REPO / part
+        if src.is_dir() and not (workdir / part).exists():
+            shutil.copytree(src, workdir / part)
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+# The embedded default shrunk to the fewest rows that still exercise every stage, for the tests that
+# run the whole workflow to check WHERE and WHETHER jobs run (not results). Keys the config lacks are
+# left out (see present()), so the override never invents a key the schema would reject.
+SMALL = {
+    "split": {"val_size": 2, "train_size": 4},
+    "trajectories": {"shards": 1, "max_visits": 3},
+    "eval": {"max_patients": 3, "shards": 1, "baselines": []},
+    "train": {"total_steps": 2, "save_freq": 2},
+}
+
+
+def present(cfg: dict, override: dict) -> dict:
+    """The part of override whose keys exist in cfg."""
+    out = {}
+    for key, value in override.items():
+        if key not in cfg:
+            continue
+        if isinstance(value, dict) and isinstance(cfg[key], dict):
+            if sub := present(cfg[key], value):
+                out[key] = sub
+        elif not isinstance(value, dict):
+            out[key] = value
+    return out
+
+
+def write_small_config(workdir: Path) -> str:
+    """small.yaml in workdir (layer it over config/config.yaml); returns its name."""
+    import yaml
+
+    default = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    (workdir / "small.yaml").write_text(yaml.safe_dump(present(default, SMALL)))
+    return "small.yaml"

@@ -1,0 +1,157 @@
+"""profiles/slurm without SLURM: the literal dry run maps GPU rules to A100 nodes, CPU rules to CPU nodes.
+
+These run everywhere (no daemons): Snakemake plans the jobs with the slurm executor's resources, on a
+PATH from which the SLURM client commands were removed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.slurm.dag import (
+    REPO,
+    copy_extra_parts,
+    gpu_rules,
+    load_profile,
+    no_slurm_path,
+    parse_dry_run,
+    run,
+    unquote,
+)
+
+pytestmark = pytest.mark.slow
+
+# The documented install (README "Running on SLURM"): makes `snakemake --profile slurm all` work.
+INSTALL_ONE_LINER = 'mkdir -p ~/.config/snakemake && ln -sfn "$PWD/profiles/slurm" ~/.config/snakemake/slurm'
+
+
+def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMRNN_", "SLURM_", "XDG_"))}
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env.update(HOME=str(home), PATH=no_slurm_path(tmp_path), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    env.update(extra)
+    return env
+
+
+def _prepare_reproduce_inputs(workdir: Path) -> None:
+    """The reproduction's cohort is credentialed MIMIC-IV; a synthetic file in its place lets the
+    literal dry run plan the whole DAG."""
+    from llmrnn.cohort import dump_cohort, synthesize_cohort
+
+    cfg = yaml.safe_load((workdir / "config" / "reproduce.yaml").read_text())
+    source = cfg.get("cohort", {}).get("source", "synthetic")
+    if source != "synthetic":
+        path = workdir / source
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(dump_cohort(synthesize_cohort(30, seed=3)))
+
+
+def _dry_run(workdir: Path, env: dict[str, str], *args: str) -> str:
+    exe = str(Path(env["PATH"].split(os.pathsep)[0]) / "snakemake")
+    proc = run([exe, *args], cwd=workdir, env=env)
+    assert proc.returncode == 0, f"snakemake {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc.stdout + proc.stderr
+
+
+def _defined_rules(workdir: Path, env: dict[str, str]) -> set[str]:
+    out = _dry_run(workdir, env, "--list-rules", "--configfile", "config/config.yaml")
+    return {line.strip() for line in out.splitlines() if re.fullmatch(r"\s*\w+\s*", line)}
+
+
+def _assert_placement(text: str, profile: dict, gpu_partition: str, cpu_partition: str) -> list[str]:
+    jobs = [j for j in parse_dry_run(text) if j.shell is not None]
+    assert jobs, f"no job with a command in the dry run:\n{text[-3000:]}"
+    gpus = gpu_rules(profile)
+    seen_gpu = []
+    for job in jobs:
+        res = job.resources
+        if job.rule in gpus:
+            assert res.get("slurm_partition") == gpu_partition, (job.rule, res)
+            assert int(res.get("gpu", -1)) == gpus[job.rule], (job.rule, res)
+            if gpus[job.rule] > 0:
+                assert res.get("gpu_model") == "a100", (job.rule, res)
+                seen_gpu.append(job.rule)
+        else:
+            assert res.get("slurm_partition") == cpu_partition, (job.rule, res)
+            assert int(res.get("gpu", 0) or 0) == 0, (job.rule, res)
+    return seen_gpu
+
+
+def test_literal_dry_run_without_slurm_maps_gpu_rules_to_a100(workflow_dir, tmp_path):
+    copy_extra_parts(workflow_dir)
+    _prepare_reproduce_inputs(workflow_dir)
+    env = _clean_env(tmp_path)
+    text = _dry_run(workflow_dir, env, "--profile", "profiles/slurm", "-n", "all")
+    assert "This was a dry-run" in text
+    profile = load_profile(env)
+    seen_gpu = _assert_placement(text, profile, "gpu-a100", "cpu")
+    # once the training stage exists, `all` must contain GPU jobs (train_grpo and its group at least)
+    if "train_grpo" in _defined_rules(workflow_dir, env):
+        assert "train_grpo" in seen_gpu and "judge_server" in seen_gpu, seen_gpu
+
+
+def test_env_vars_adapt_the_profile_without_editing_it(workflow_dir, tmp_path):
+    env = _clean_env(
+        tmp_path,
+        LLMRNN_SLURM_CPU_PARTITION="all",  # a name that is also a Python builtin: must stay a string
+        LLMRNN_SLURM_GPU_PARTITION="a100-80g",
+        LLMRNN_SLURM_ACCOUNT="proj42",
+        LLMRNN_SLURM_CONSTRAINT="a100_80gb",
+        LLMRNN_CONFIGFILE="config/config.yaml",
+    )
+    text = _dry_run(workflow_dir, env, "--profile", "profiles/slurm", "-n", "all")
+    jobs = [j for j in parse_dry_run(text) if j.shell is not None]
+    assert jobs
+    for job in jobs:
+        assert job.resources.get("slurm_account") == "proj42", job
+    profile = load_profile(env)
+    assert profile["slurm-no-account"] is False
+    assert unquote(profile["set-resources"]["train_grpo"]["constraint"]) == "a100_80gb"
+    assert profile["configfile"] == ["config/config.yaml"]
+    _assert_placement(text, profile, "a100-80g", "all")
+
+
+def test_profile_defaults_and_switches():
+    profile = load_profile({"PATH": os.environ["PATH"]})
+    assert profile["executor"] == "slurm"
+    assert profile["configfile"] == ["config/reproduce.yaml"]
+    assert profile["slurm-no-account"] is True
+    assert "software-deployment-method" not in profile and "slurm-status-command" not in profile
+    assert unquote(profile["default-resources"]["slurm_partition"]) == "cpu"
+    gpus = gpu_rules(profile)
+    assert gpus["train_grpo"] == 2 and gpus["judge_server"] == 1  # the reference layout
+    assert {profile["groups"][r] for r in ("judge_server", "preflight", "train_grpo")} == {"train_node"}
+    switched = load_profile({"LLMRNN_SDM": "apptainer conda", "LLMRNN_SLURM_STATUS": "squeue",
+                             "LLMRNN_TRAIN_GPUS": "4", "LLMRNN_TRAIN_NODES": "2"})
+    assert switched["software-deployment-method"] == ["apptainer", "conda"]
+    assert switched["slurm-status-command"] == "squeue"
+    assert switched["set-resources"]["train_grpo"]["gpu"] == 4
+    assert switched["set-resources"]["train_grpo"]["nodes"] == 2
+
+
+def test_every_rule_declaring_a_gpu_is_mapped_by_the_profile():
+    """A GPU rule the profile does not know would silently land on a CPU node."""
+    mapped = set(gpu_rules(load_profile({})))
+    unmapped = []
+    for smk in sorted((REPO / "rules").glob("*.smk")):
+        for name, body in re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", smk.read_text(), re.MULTILINE | re.DOTALL):
+            if re.search(r"^\s+gpu\s*=", body, re.MULTILINE) and name not in mapped:
+                unmapped.append(f"{smk.name}:{name}")
+    assert not unmapped, f"GPU rules missing from profiles/slurm set-resources: {unmapped}"
+
+
+def test_documented_install_makes_bare_profile_name_work(workflow_dir, tmp_path):
+    env = _clean_env(tmp_path, LLMRNN_CONFIGFILE="config/config.yaml")
+    subprocess.run(["bash", "-c", INSTALL_ONE_LINER], cwd=workflow_dir, env=env, check=True)
+    assert (Path(env["HOME"]) / ".config/snakemake/slurm/config.yaml").is_file()
+    text = _dry_run(workflow_dir, env, "--profile", "slurm", "-n", "all")
+    assert "slurm_partition=cpu" in text
+    readme = (REPO / "README.md").read_text() if (REPO / "README.md").exists() else ""
+    assert INSTALL_ONE_LINER in readme, "README must show the profile install one-liner"

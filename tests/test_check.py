@@ -1,0 +1,119 @@
+"""`llmrnn check`: every problem of a config and its inputs, listed at once, before anything is queued."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from llmrnn import check
+from llmrnn.cli import main
+
+
+@pytest.fixture
+def in_workflow(workflow_dir, monkeypatch):
+    monkeypatch.chdir(workflow_dir)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "LLMRNN_TRAIN_GPUS", "LLMRNN_TRAIN_NODES", "LLMRNN_JUDGE_GPUS"):
+        monkeypatch.delenv(var, raising=False)
+    return workflow_dir
+
+
+def _write(path, data):
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_default_config_passes(in_workflow, capsys):
+    assert main(["check"]) == 0
+    assert "llmrnn check: OK" in capsys.readouterr().out
+
+
+def test_all_problems_listed_at_once(in_workflow, tmp_path, capsys):
+    bad_cohort = tmp_path / "cohort.json"
+    bad_cohort.write_text(json.dumps([{"subject_id": 1, "visits": [{"visit_id": 9}]}]))
+    override = _write(tmp_path / "bad.yaml", {
+        "split": {"seed": "forty-two", "val_sise": 3},             # two schema problems
+        "cohort": {"source": str(bad_cohort)},                      # a record without its fields
+        "release": {"upload": True, "repo_id": "not a repo"},      # no token, bad repo id
+    })
+    out = tmp_path / "report.json"
+    assert main(["check", "--configfile", override, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    report = json.loads(out.read_text())
+    assert report["ok"] is False
+    problems = report["problems"]
+    assert any(p.startswith("config: split") and "val_sise" in p for p in problems), problems
+    assert any(p.startswith("config: split.seed") for p in problems), problems
+    assert any(p.startswith("cohort.source:") and "patient 1" in p for p in problems), problems
+    assert any("HF_TOKEN" in p for p in problems), problems
+    assert any("release.repo_id" in p for p in problems), problems
+    assert f"{len(problems)} problem(s)" in err
+    for p in problems:
+        assert f"  - {p}" in err
+
+
+def test_missing_cohort_and_too_small_cohort(in_workflow, tmp_path):
+    from llmrnn.cohort import dump_cohort, synthesize_cohort
+
+    assert check.check_cohort({"cohort": {"source": "nope.json"}}) == [
+        "cohort.source: nope.json does not exist (the cleaned cohort JSON in LLM-as-RNN format)"
+    ]
+    small = tmp_path / "small.json"
+    small.write_text(dump_cohort(synthesize_cohort(5, seed=1)))
+    problems = check.check_cohort({"cohort": {"source": str(small)}, "split": {"val_size": 4, "train_size": 6}})
+    assert len(problems) == 1 and "split needs at least 11" in problems[0]
+
+
+def test_model_folder_needs_weights_and_chat_template(tiny_model_dir, tmp_path):
+    assert check.chat_template_problem(tiny_model_dir, "models.tiny") is None
+    broken = tmp_path / "no-template"
+    shutil.copytree(tiny_model_dir, broken)
+    for name in ("chat_template.jinja", "chat_template.json"):
+        (broken / name).unlink(missing_ok=True)
+    tok = json.loads((broken / "tokenizer_config.json").read_text())
+    tok.pop("chat_template", None)
+    (broken / "tokenizer_config.json").write_text(json.dumps(tok))
+    assert "no chat template" in check.chat_template_problem(broken, "models.x")
+    assert "not a HF model folder" in check.chat_template_problem(tmp_path, "models.y")
+
+
+def test_unprepared_hub_model_offline_is_a_problem(in_workflow):
+    problems = check.check_models({"models": {"big": {"source": "hub", "repo_id": "org/never-downloaded"}},
+                                   "roles": {"memory": {"model": "missing-name"}}})
+    assert any("org/never-downloaded" in p and "HF_HUB_OFFLINE" in p for p in problems), problems
+    assert any(p.startswith("roles.memory.model: missing-name") for p in problems), problems
+
+
+def test_batch_geometry_and_profile_gpus(in_workflow, monkeypatch):
+    pytest.importorskip("llmrnn.train.config")
+    cfg = {"train": {"engine": "verl", "n_gpus_per_node": 4, "group_size": 8,
+                     "batch": {"train": 16, "mini": 12, "micro_per_gpu": 4}}}
+    problems = check.check_training(cfg)
+    assert any("train.batch.train=16 is not a multiple of train.batch.mini=12" in p for p in problems), problems
+    assert any("LLMRNN_TRAIN_GPUS=4" in p for p in problems), problems
+    monkeypatch.setenv("LLMRNN_TRAIN_GPUS", "4")
+    assert not any("LLMRNN_TRAIN_GPUS" in p for p in check.check_training(cfg))
+
+
+def test_verl_command_composes_against_installed_verl():
+    pytest.importorskip("verl", reason="verl lives in the GPU env (scripts/make_verl_env.sh), not in .venv")
+    assert check.compose_verl(["trainer.total_epochs=1"]) == []
+    assert check.compose_verl(["trainer.no_such_key=1"])
+
+
+def test_check_target_in_the_workflow(workflow_dir, monkeypatch):
+    from tests.conftest import snakemake
+
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+
+    proc = snakemake(workflow_dir, "check")
+    assert "llmrnn check: OK" in (workflow_dir / "logs" / "demo" / "check.log").read_text()
+    bad = workflow_dir / "config" / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"release": {"upload": True}}))
+    proc = snakemake(workflow_dir, "check", "--configfile", "config/bad.yaml", check=False)
+    assert proc.returncode != 0
+    assert "HF_TOKEN" in (workflow_dir / "logs" / "demo" / "check.log").read_text()

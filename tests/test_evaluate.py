@@ -1,0 +1,261 @@
+"""Held-out metrics on handcrafted predictions: grading, Acc@1/Acc@5, per-visit accuracy, unparsable rates,
+memory length, comparison vs base; and sharding does not change the metrics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmrnn import evaluate
+from llmrnn.errors import InputError
+
+CFG = {
+    "final_judge": {"mode": "matcher", "matcher": {"threshold": 0.5, "primary_target": "first"}},
+    "grade_visits": "all",
+    "stats": {"bootstrap": {"samples": 2000, "seed": 0}, "mcnemar_exact_below": 25},
+}
+TRUTH = ["congestive heart failure", "type 2 diabetes mellitus"]
+RIGHT = {"primary_diagnosis": "CHF", "top_5_diagnoses": ["CHF", "anemia"]}
+TOP5_ONLY = {"primary_diagnosis": "anemia", "top_5_diagnoses": ["anemia", "T2DM"]}
+WRONG = {"primary_diagnosis": "hip fracture", "top_5_diagnoses": ["hip fracture"]}
+
+
+def visit(i, prediction, memory=None, ok=True):
+    return {
+        "visit_index": i,
+        "visit_id": f"v{i}",
+        "ground_truth": TRUTH,
+        "prediction": prediction if ok else None,
+        "prediction_ok": ok,
+        "evaluation_ok": True,
+        "memory_ok": None if memory is None else True,
+        "memory_words": None if memory is None else evaluate.memory_words(memory),
+    }
+
+
+def patient(pid, last, n_visits=3, memory='{"evolving_summary": "one two three four"}', first_ok=True):
+    visits = [visit(i, WRONG, memory, ok=first_ok if i == 0 else True) for i in range(n_visits - 1)]
+    visits.append(visit(n_visits - 1, last, memory))
+    return {"patient_id": pid, "variant": "x", "visits": visits}
+
+
+@pytest.fixture
+def records():
+    # base: 2 of 6 primary right, 3 of 6 top-5 right; trained: 5 of 6 primary right, 6 of 6 top-5 right
+    base = [patient(f"p{i}", p) for i, p in enumerate([RIGHT, RIGHT, TOP5_ONLY, WRONG, WRONG, WRONG])]
+    trained = [patient(f"p{i}", p, first_ok=i != 0) for i, p in enumerate([RIGHT] * 5 + [TOP5_ONLY])]
+    judge = evaluate.FinalJudge(CFG["final_judge"])
+    return {
+        "base": evaluate.grade_records(base, judge),
+        "trained": evaluate.grade_records(trained, judge),
+    }
+
+
+def write(tmp_path, records, shards):
+    out = {}
+    for variant, recs in records.items():
+        for k in range(shards):
+            path = tmp_path / f"{variant}_{shards}_{k}.jsonl"
+            evaluate.write_jsonl(path, evaluate.shard_of(recs, k, shards))
+            out.setdefault(variant, []).append(path)
+    return out
+
+
+def test_metrics_on_handcrafted_predictions(tmp_path, records):
+    metrics, comparison = evaluate.gather(write(tmp_path, records, 1), CFG)
+    base, trained = metrics["variants"]["base"], metrics["variants"]["trained"]
+    assert (base["acc_at_1"]["correct"], base["acc_at_5"]["correct"], base["n_patients"]) == (2, 3, 6)
+    assert base["acc_at_1"]["value"] == pytest.approx(2 / 6)
+    assert trained["acc_at_1"]["value"] == pytest.approx(5 / 6)
+    assert trained["acc_at_5"]["value"] == 1.0
+    lo, hi = base["acc_at_1"]["ci95"]
+    assert lo < 2 / 6 < hi
+    # earlier visits were all WRONG: per-visit accuracy is 0 there, the last index carries the result
+    by_visit = {r["visit_index"]: r for r in trained["by_visit_index"]}
+    assert by_visit[0]["acc_at_1"] == 0.0 and by_visit[2]["acc_at_1"] == pytest.approx(5 / 6)
+    assert by_visit[0]["n"] == 6
+    # one of 18 trained predictions was unparsable; every memory is 4 words
+    assert trained["unparsable"]["prediction"] == {"rate": pytest.approx(1 / 18), "n": 18}
+    assert base["unparsable"]["prediction"]["rate"] == 0.0
+    assert trained["memory_words"]["mean"] == 4
+    c = comparison["comparisons"]["trained"]
+    assert c["a"] == "base" and c["b"] == "trained" and c["n_pairs"] == 6
+    assert c["acc_at_1"]["diff"] == pytest.approx(3 / 6)
+    assert c["acc_at_1"]["ci95"][0] <= 0.5 <= c["acc_at_1"]["ci95"][1]
+    # McNemar: 3 patients only trained got right, none only base -> exact p = 2 * (1/2)^3 = 0.25
+    mc = c["acc_at_1"]["mcnemar"]
+    assert (mc["only_b_correct"], mc["only_a_correct"], mc["method"]) == (3, 0, "exact binomial")
+    assert mc["p_value"] == pytest.approx(0.25)
+
+
+def test_shards_gather_to_the_same_metrics_as_one_shard(tmp_path, records):
+    one = evaluate.gather(write(tmp_path, records, 1), CFG)
+    many = evaluate.gather(write(tmp_path, records, 4), CFG)
+    assert json.dumps(one, sort_keys=True) == json.dumps(many, sort_keys=True)
+
+
+def test_gather_refuses_unpaired_or_duplicated_patients(tmp_path, records):
+    records["trained"] = records["trained"][:-1]
+    with pytest.raises(InputError, match="different patients"):
+        evaluate.gather(write(tmp_path, records, 1), CFG)
+    records["trained"] = records["base"] + records["base"][:1]
+    with pytest.raises(InputError, match="more than one shard"):
+        evaluate.gather(write(tmp_path, records, 2), CFG)
+
+
+def test_grade_last_visit_only(records):
+    recs = [patient("q", RIGHT)]
+    evaluate.grade_records(recs, evaluate.FinalJudge(CFG["final_judge"]), visits="last")
+    assert recs[0]["visits"][0]["grade"] is None
+    assert recs[0]["visits"][-1]["grade"]["primary_correct"] is True
+
+
+def test_select_and_shard_patients():
+    pts = [{"subject_id": i} for i in range(10)]
+    chosen = evaluate.select_patients(pts, 4, seed=1)
+    assert len(chosen) == 4 and chosen == evaluate.select_patients(pts, 4, seed=1)
+    assert [p["subject_id"] for p in chosen] == sorted(p["subject_id"] for p in chosen)
+    assert evaluate.select_patients(pts, None, seed=1) == pts
+    parts = [evaluate.shard_of(pts, k, 3) for k in range(3)]
+    assert [p for part in parts for p in part] == pts and {len(p) for p in parts} == {3, 4}
+    assert evaluate.shard_of(pts[:2], 0, 3) == []  # more shards than patients: empty shards
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"primary_correct": true, "any_top5_correct": false}', (True, True, True)),
+        ('Sure!\n```json\n{"primary_correct": "false", "any_top5_correct": "true"}\n```', (False, True, True)),
+        ('{"diagnosis_evaluation": {"primary_correct": false, "any_top5_correct": false}}', (False, False, True)),
+        ("I think it is correct.", (False, False, False)),
+        ('{"primary_correct": "maybe", "any_top5_correct": true}', (False, False, False)),
+    ],
+)
+def test_parse_judge_verdict(text, expected):
+    v = evaluate.parse_judge_verdict(text)
+    assert (v["primary_correct"], v["any_top5_correct"], v["judge_ok"]) == expected
+
+
+def test_memory_words():
+    assert evaluate.memory_words('{"evolving_summary": "a b c"}') == 3
+    assert evaluate.memory_words("not json at all") == 4
+    assert evaluate.memory_words(None) is None
+
+
+# ----------------------------------------------------------------------------- real forward pass (tiny model)
+def run_evaluate_cli(argv: list[str]) -> None:
+    """`llmrnn evaluate ...` through the stage's own argparse registration."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    evaluate.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["evaluate", *argv])
+    args.func(args)
+
+
+@pytest.mark.slow
+def test_real_shards_gather_to_the_same_metrics_as_one_shard(tmp_path, tiny_model_dir):
+    """The tiny model through the real forward pass: 1 shard vs 3 shards give identical metrics."""
+    from llmrnn.cohort import dump_cohort, synthesize_cohort
+
+    test_split = tmp_path / "test.json"
+    test_split.write_text(dump_cohort(synthesize_cohort(7, seed=3)))
+    role = {"model": str(tiny_model_dir), "backend": "transformers", "temperature": 0.8, "top_p": 0.95,
+            "max_tokens": 12, "batch_size": 4}
+    cfg = {
+        "eval": {"max_patients": 5, "patient_seed": 0, "seed": 11},
+        "roles": {r: dict(role) for r in ("prediction", "evaluation", "memory")},
+    }
+    grade_cfg = json.dumps(CFG)
+    results = {}
+    for shards in (1, 3):
+        graded = []
+        for variant in ("base", "trained", "zero_shot"):
+            for k in range(shards):
+                shard = tmp_path / f"k{shards}" / variant / f"shard_{k}.jsonl"
+                memory = ["--memory-model", str(tiny_model_dir)] if variant == "trained" else []
+                run_evaluate_cli(["shard", "--test", str(test_split), "--variant", variant, *memory,
+                                  "--shard", str(k), "--shards", str(shards), "--out", str(shard),
+                                  "--prompts", str(evaluate_prompts_file()),
+                                  "--cfg", json.dumps(cfg)])
+                out = shard.with_name(f"graded_{k}.jsonl")
+                run_evaluate_cli(["grade", "--shard", str(shard), "--out", str(out), "--cfg", grade_cfg])
+                graded.append(str(out))
+        metrics, comparison = tmp_path / f"m{shards}.json", tmp_path / f"c{shards}.json"
+        run_evaluate_cli(["gather", "--graded", *graded, "--metrics", str(metrics), "--comparison",
+                          str(comparison), "--cfg", grade_cfg])
+        results[shards] = (json.loads(metrics.read_text()), json.loads(comparison.read_text()))
+    assert results[1] == results[3]
+    m = results[1][0]["variants"]
+    assert set(m) == {"base", "trained", "zero_shot"}
+    assert m["base"]["n_patients"] == 5
+    # the memory variants wrote memories; zero_shot never calls the memory model
+    assert m["base"]["memory_words"]["n"] > 0 and m["zero_shot"]["memory_words"] is None
+    assert m["zero_shot"]["unparsable"]["memory"]["n"] == 0
+    # same memory weights + same seeds -> base and trained agree pair by pair
+    assert results[1][1]["comparisons"]["trained"]["acc_at_5"]["mcnemar"]["p_value"] == 1.0
+    # not only the (mostly zero) accuracies: every raw output of the tiny model is the same, whatever the shard
+    def raw_outputs(shards, variant):
+        rows = [r for f in sorted((tmp_path / f"k{shards}" / variant).glob("shard_*.jsonl"))
+                for r in evaluate.read_jsonl(f)]
+        return {r["patient_id"]: [(v["prediction_raw"], v["evaluation_raw"], v.get("memory_raw")) for v in r["visits"]]
+                for r in rows}
+
+    for variant in ("base", "zero_shot"):
+        one = raw_outputs(1, variant)
+        assert len(one) == 5 and any(v[0] for visits in one.values() for v in visits)
+        assert raw_outputs(3, variant) == one
+
+
+def evaluate_prompts_file():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parents[1] / "config" / "prompts" / "llmrnn.yaml"
+
+
+# ----------------------------------------------------------------------------- LLM final judge over HTTP
+def test_llm_final_judge_through_the_openai_backend(monkeypatch):
+    """A real OpenAI-compatible HTTP server on 127.0.0.1 whose judge MODEL is scripted (the fake part):
+    prompts carry the prediction and ground truth, the key comes from the named environment variable,
+    answers are parsed, a garbled answer counts as unparsable, unparsable predictions are not sent."""
+    from tests.judge_helpers import KEY, ScriptedJudge, prompt_of
+
+    def respond(body):
+        text = prompt_of(body)
+        if "garble" in text:
+            return "I cannot decide."
+        primary = '"primary_diagnosis": "anemia"' in text and "1. anemia" in text
+        return json.dumps({"primary_correct": primary, "any_top5_correct": True})
+
+    monkeypatch.setenv("TEST_FINAL_JUDGE_KEY", KEY)
+    with ScriptedJudge(respond) as server:
+        cfg = {
+            "mode": "llm",
+            "llm": {"url": f"http://127.0.0.1:{server.port}/v1", "model": "judge", "api_key_env": "TEST_FINAL_JUDGE_KEY",
+                    "temperature": 0.0, "max_tokens": 32, "batch_size": 2, "timeout_s": 10},
+        }
+        judge = evaluate.FinalJudge(cfg)
+        grades = judge.grade_many([
+            ({"primary_diagnosis": "anemia", "top_5_diagnoses": ["anemia"]}, ["anemia", "ckd"]),
+            ({"primary_diagnosis": "syncope", "top_5_diagnoses": ["anemia"]}, ["anemia"]),
+            ({"primary_diagnosis": "garble", "top_5_diagnoses": []}, ["anemia"]),
+            (None, ["anemia"]),
+        ])
+        assert server.hits == 3  # the unparsable prediction is graded wrong without a request
+        assert server.bodies[0]["temperature"] == 0.0 and server.bodies[0]["model"] == "judge"
+    assert [(g["primary_correct"], g["any_top5_correct"], g["judge_ok"]) for g in grades] == [
+        (True, True, True),
+        (False, True, True),
+        (False, False, False),
+        (False, False, True),
+    ]
+    assert judge.describe()["mode"] == "llm"
+
+
+def test_llm_final_judge_missing_key_is_one_clear_error(monkeypatch):
+    monkeypatch.delenv("NOPE_KEY", raising=False)
+    judge = evaluate.FinalJudge({"mode": "llm", "llm": {"url": "http://127.0.0.1:9/v1", "model": "m",
+                                                         "api_key_env": "NOPE_KEY"}})
+    with pytest.raises(InputError, match="NOPE_KEY"):
+        judge.grade_many([({"primary_diagnosis": "x"}, ["y"])])

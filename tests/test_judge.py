@@ -1,0 +1,209 @@
+"""The judge server (launcher + our CPU server with a tiny real model), the endpoint wait, the client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmrnn.errors import CheckFailed
+from llmrnn.judge import (
+    Endpoint,
+    JudgeClient,
+    JudgeRequestError,
+    JudgeUnavailable,
+    free_port,
+    server_command,
+    wait_for_endpoint,
+)
+from llmrnn.reward import compute_score
+from llmrnn.rubric import load_rubric
+from tests.judge_helpers import REPO, ScriptedJudge, make_step, memory, write_endpoint, write_rubric
+
+
+def _launch(rubric: Path, endpoint: Path, log: Path) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    return subprocess.Popen(
+        [sys.executable, "-m", "llmrnn.cli", "judge", "server", "--rubric", str(rubric), "--endpoint", str(endpoint)],
+        stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
+    )
+
+
+def _gone(pid: int, timeout: float = 30) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.slow
+def test_real_cpu_judge_server_end_to_end(tmp_path, tiny_model_dir):
+    rubric = write_rubric(tmp_path, score_method="expected", prefix="Score:", model=str(tiny_model_dir),
+                          source="path", max_tokens=3)
+    endpoint = tmp_path / "run" / "judge" / "endpoint.json"
+    log = tmp_path / "judge_server.log"
+    launcher = _launch(rubric, endpoint, log)
+    try:
+        # The consumer starts with the service (as under Snakemake): the file says "starting" until the
+        # server answers; wait_for_endpoint returns only a ready, healthy endpoint.
+        ep = wait_for_endpoint(endpoint, timeout_s=120, poll_s=0.2)
+        data = json.loads(endpoint.read_text())
+        assert data["status"] == "ready" and "judge healthy" in log.read_text()
+        assert data["url"].startswith("http://127.0.0.1:") and data["url"].endswith("/v1")
+        assert data["model"] == "judge" and data["rubric"] == str(rubric) and data["pid"] != launcher.pid
+        key_file = Path(data["api_key_file"])
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        key = key_file.read_text().strip()
+        assert len(key) >= 32
+
+        # Auth: /health is open, /v1 needs the per-run key.
+        assert httpx.get(f"{ep.base_url}/health").status_code == 200
+        assert httpx.get(f"{ep.url}/models").status_code == 401
+        assert httpx.get(f"{ep.url}/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        client = JudgeClient(ep, timeout_s=60, retries=0)
+        payload, _, _ = client.post("/completions", {"model": "judge", "prompt": "Score:", "max_tokens": 2,
+                                                     "temperature": 0, "logprobs": 5})
+        lp = payload["choices"][0]["logprobs"]
+        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) >= 1
+        assert all(len(top) == 5 for top in lp["top_logprobs"])
+        payload, _, _ = client.post("/chat/completions", {
+            "model": "judge", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0,
+            "logprobs": True, "top_logprobs": 3, "n": 2})
+        assert len(payload["choices"]) == 2
+        entry = payload["choices"][0]["logprobs"]["content"][0]
+        assert entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 3
+        with pytest.raises(JudgeRequestError, match="max_model_len"):
+            client.post("/completions", {"model": "judge", "prompt": "word " * 5000, "max_tokens": 2})
+        client.close()
+
+        # Score rows through the reward, concurrently; audit file is 0600 with the full record.
+        audit = tmp_path / "run" / "train" / "audit"
+        step = json.dumps(make_step())
+        results = [compute_score("llm_as_rnn_memory_update", memory(f"memory {i}: heart failure"), step,
+                                 {"index": 0}, endpoint_file=str(endpoint), audit_dir=str(audit))
+                   for i in range(3)]
+        assert all(r["judge_calls"] == 1 and r["valid_json"] for r in results)
+        assert all(r["parse_method"] in ("expected", "score_line", "short_digit", "fallback") for r in results)
+        files = list(audit.glob("calls_*.jsonl"))
+        assert len(files) == 1 and stat.S_IMODE(files[0].stat().st_mode) == 0o600
+        records = [json.loads(line) for line in files[0].read_text().splitlines()]
+        assert len(records) == 3
+        assert records[0]["rollout"] == memory("memory 0: heart failure")
+        assert "memory 0: heart failure" in records[0]["judge"][0]["prompt"]
+        assert isinstance(records[0]["judge"][0]["response"], str) and records[0]["score"] == results[0]["score"]
+        assert key not in log.read_text() and key not in files[0].read_text()
+
+        # Shutdown: SIGTERM (what Snakemake sends a service) stops server and launcher, removes the key.
+        server_pid = data["pid"]
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(60) == 0
+        assert _gone(server_pid)
+        assert not key_file.exists()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def test_launcher_failure_is_reported_to_waiting_consumers(tmp_path):
+    rubric = write_rubric(tmp_path, model=str(tmp_path / "no-such-model"), source="path")
+    endpoint = tmp_path / "judge" / "endpoint.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmrnn.cli", "judge", "server", "--rubric", str(rubric), "--endpoint", str(endpoint)],
+        check=False, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 3 and "no-such-model" in proc.stderr and "Traceback" not in proc.stderr
+    data = json.loads(endpoint.read_text())
+    assert data["status"] == "failed" and "no-such-model" in data["error"]
+    # A consumer fails fast with the launcher's message, not after its timeout.
+    with pytest.raises(CheckFailed, match="judge server failed to start: .*no-such-model"):
+        wait_for_endpoint(endpoint, timeout_s=30, poll_s=0.1)
+    # ... also via the error file when the endpoint file is gone (Snakemake removes service outputs).
+    endpoint.unlink()
+    os.utime(endpoint.parent / "server_error.txt")
+    with pytest.raises(CheckFailed, match="judge server failed to start: .*no-such-model"):
+        wait_for_endpoint(endpoint, timeout_s=30, poll_s=0.1)
+
+
+def test_wait_times_out_clearly_on_a_stale_endpoint(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    ep = write_endpoint(tmp_path, free_port(), REPO / "config/rubrics/outcome_v2_smollm2.yaml", pid=dead.pid)
+    with pytest.raises(CheckFailed, match=r"not healthy after 1 s .*pid .* not running"):
+        wait_for_endpoint(ep, timeout_s=1, poll_s=0.2)
+
+
+def test_wait_polls_until_health_answers(tmp_path):
+    rubric = REPO / "config/rubrics/outcome_v2_smollm2.yaml"
+    with ScriptedJudge(lambda body: "Score: 5") as judge:
+        ep = write_endpoint(tmp_path, judge.port, rubric)
+        assert wait_for_endpoint(ep, timeout_s=10).url == f"http://127.0.0.1:{judge.port}/v1"
+    with ScriptedJudge(lambda body: "Score: 5", health=False) as judge:
+        ep = write_endpoint(tmp_path, judge.port, rubric)
+        with pytest.raises(CheckFailed, match="/health does not answer"):
+            wait_for_endpoint(ep, timeout_s=1, poll_s=0.2)
+
+
+def test_vllm_command_from_the_reproduce_rubric_keeps_the_key_off_argv(tmp_path):
+    rubric = load_rubric(REPO / "config/rubrics/rubric_v2_rubricarm_scalar.yaml")
+    key = tmp_path / "api_key"
+    key.write_text("secret-xyz\n")
+    argv, env, name = server_command(rubric, "OpenRubrics/RubricARM-8B-Judge", 8123, key)
+    assert argv[:3] == ["vllm", "serve", "OpenRubrics/RubricARM-8B-Judge"]
+    joined = " ".join(argv)
+    for part in ("--host 127.0.0.1", "--port 8123", "--max-model-len 12000", "--gpu-memory-utilization 0.9",
+                 "--dtype bfloat16", "--served-model-name OpenRubrics/RubricARM-8B-Judge"):
+        assert part in joined
+    assert "secret-xyz" not in joined and env == {"VLLM_API_KEY": "secret-xyz"}
+    assert name == "OpenRubrics/RubricARM-8B-Judge"
+
+
+# --------------------------------------------------------------------------- client retries
+def _endpoint(port: int) -> Endpoint:
+    return Endpoint(url=f"http://127.0.0.1:{port}/v1", model="judge", api_key_file=None, rubric="r")
+
+
+def _client(port: int, retries: int = 2, timeout: float = 5.0) -> JudgeClient:
+    return JudgeClient(_endpoint(port), timeout_s=timeout, retries=retries, backoff_s=0.01, backoff_max_s=0.05)
+
+
+def test_refused_connection_is_retried_then_raises():
+    with pytest.raises(JudgeUnavailable, match="failed 3 times; last error: ConnectError"):
+        _client(free_port()).post("/chat/completions", {})
+
+
+def test_timeout_is_retried_then_raises():
+    with ScriptedJudge(lambda body: "Score: 5", delay_s=1.0, key=None) as judge:
+        with pytest.raises(JudgeUnavailable, match="timeout"):
+            _client(judge.port, retries=1, timeout=0.2).post("/chat/completions", {})
+        assert judge.hits == 2
+
+
+def test_http_500_is_retried_then_raises_and_recovers_when_the_server_does():
+    with ScriptedJudge(lambda body: (500, {"error": "boom"}), key=None) as judge:
+        with pytest.raises(JudgeUnavailable, match="HTTP 500"):
+            _client(judge.port, retries=3).post("/chat/completions", {})
+        assert judge.hits == 4
+    answers = iter([(503, {"error": "busy"}), (500, {"error": "boom"})])
+    with ScriptedJudge(lambda body: next(answers, "Score: 6"), key=None) as judge:
+        payload, _, retries = _client(judge.port, retries=3).post("/chat/completions", {})
+        assert retries == 2 and payload["choices"][0]["message"]["content"] == "Score: 6"
+
+
+def test_client_errors_are_not_retried():
+    with ScriptedJudge(lambda body: (400, {"error": "bad request"}), key=None) as judge:
+        with pytest.raises(JudgeRequestError, match="HTTP 400"):
+            _client(judge.port, retries=3).post("/chat/completions", {})
+        assert judge.hits == 1

@@ -1,0 +1,165 @@
+"""Merge stage: a real LoRA adapter on the tiny model, PEFT merge, every check, and the ways a merge goes wrong."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmrnn import merge
+from llmrnn.errors import CheckFailed
+
+LORA = {"train": {"lora": {"rank": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "up_proj"]}}}
+
+
+def _make_adapter(base: Path, out: Path, random_b: bool = True) -> Path:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    peft_model = get_peft_model(
+        model,
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], task_type="CAUSAL_LM",
+                   init_lora_weights=not random_b),  # False: lora_B random, as after training; True: B = 0
+    )
+    peft_model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """A real PEFT adapter (r=4, alpha=8) with non-zero lora_B, like one that training has moved."""
+    return _make_adapter(tiny_model_dir, tmp_path_factory.mktemp("adapter") / "adapter")
+
+
+def _set_alpha(adapter: Path, alpha) -> None:
+    cfg_path = adapter / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["lora_alpha"] = alpha
+    cfg_path.write_text(json.dumps(cfg))
+
+
+def test_merge_of_a_trl_adapter_passes_every_check(tiny_model_dir, adapter_dir, tmp_path):
+    out, check = tmp_path / "merged", tmp_path / "merge_check.json"
+    report = merge.run_merge(tiny_model_dir, adapter_dir, out, check, {"merge": {"dtype": "float32"}, **LORA})
+    on_disk = json.loads(check.read_text())
+    assert on_disk["ok"] is True and report["ok"] is True
+    checks = on_disk["checks"]
+    assert set(checks) == {"files", "adapter_loaded", "weights_differ", "logits_match", "reload_generate",
+                           "adapter_config"}
+    assert all(c["ok"] for c in checks.values())
+    # 2 layers x (q_proj, v_proj, up_proj) changed, nothing else
+    assert checks["weights_differ"]["changed_tensors"] == 6 == checks["weights_differ"]["expected_changed"]
+    assert checks["weights_differ"]["n_unexpected_changed"] == 0
+    assert checks["logits_match"]["max_abs_diff"] < 1e-4 < checks["logits_match"]["adapter_effect"]
+    assert checks["adapter_config"]["rank"] == 4 and checks["adapter_config"]["alpha"] == 8
+    assert checks["reload_generate"]["new_tokens"] > 0
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+            "tokenizer_config.json"} <= names
+    assert not any(n.startswith("adapter_") for n in names)
+    assert not list(tmp_path.glob(".merged.*"))  # no temp folder left behind
+
+
+def test_bfloat16_merge_is_checked_against_the_rounding_noise_floor(tiny_model_dir, adapter_dir, tmp_path):
+    report = merge.run_merge(tiny_model_dir, adapter_dir, tmp_path / "m", tmp_path / "c.json",
+                             {"merge": {"dtype": "bfloat16"}, **LORA})
+    lm = report["checks"]["logits_match"]
+    assert report["ok"] and lm["rounding_noise"] > 0 and lm["max_abs_diff"] <= lm["tolerance"]
+    assert report["checks"]["weights_differ"]["changed_tensors"] == 6  # bf16 casting alone changes nothing
+    assert report["dtype"] == "bfloat16"
+
+
+def test_verl_checkpoint_with_alpha_zero_is_repaired_from_the_training_config(tiny_model_dir, adapter_dir, tmp_path):
+    root = tmp_path / "checkpoints"
+    lora = root / "global_step_3" / "actor" / "lora_adapter"
+    shutil.copytree(adapter_dir, lora)
+    _set_alpha(lora, 0)  # what verl's model_merger writes (FINDINGS §5)
+    (root / "latest_checkpointed_iteration.txt").write_text("3\n")
+    report = merge.run_merge(tiny_model_dir, root, tmp_path / "m", tmp_path / "c.json", {"merge": {}, **LORA})
+    assert report["source_kind"] == "verl_lora_adapter"
+    assert report["adapter_resolved"] == str(lora)
+    ac = report["checks"]["adapter_config"]
+    assert ac["alpha_repaired"] is True and ac["original_alpha"] == 0 and ac["alpha"] == 8
+    # repaired merge equals the true one: logits match base+adapter with alpha 8
+    assert report["checks"]["logits_match"]["max_abs_diff"] < 1e-4
+
+
+def test_alpha_zero_without_a_configured_alpha_stops_with_a_clear_message(tiny_model_dir, adapter_dir, tmp_path):
+    broken = tmp_path / "adapter"
+    shutil.copytree(adapter_dir, broken)
+    _set_alpha(broken, 0)
+    with pytest.raises(CheckFailed, match=r"lora_alpha is 0 .*set train.lora_alpha"):
+        merge.run_merge(tiny_model_dir, broken, tmp_path / "merged", tmp_path / "c.json", {"merge": {}})
+    assert not (tmp_path / "merged").exists() and not (tmp_path / "c.json").exists()
+
+
+def test_alpha_mismatch_fails_and_leaves_no_merged_folder(tiny_model_dir, adapter_dir, tmp_path):
+    (tmp_path / "merged").mkdir()
+    (tmp_path / "merged" / "config.json").write_text("{}")  # a stale merge from an earlier run
+    cfg = {"merge": {}, "train": {"lora": {"rank": 4, "alpha": 16}}}
+    with pytest.raises(CheckFailed, match=r"adapter_config: alpha 8 != configured 16"):
+        merge.run_merge(tiny_model_dir, adapter_dir, tmp_path / "merged", tmp_path / "c.json", cfg)
+    assert not (tmp_path / "merged").exists() and not (tmp_path / "c.json").exists()
+    failed = json.loads((tmp_path / "c.failed.json").read_text())
+    assert failed["ok"] is False and failed["checks"]["adapter_config"]["ok"] is False
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".merged")]
+
+
+def test_base_weights_copied_as_merged_are_caught(tiny_model_dir, adapter_dir, tmp_path):
+    """What verl's model_merger hands back for a LoRA run: the base weights, byte for byte."""
+    fake_merged = tmp_path / "verl_merged"
+    shutil.copytree(tiny_model_dir, fake_merged)
+    with pytest.raises(CheckFailed, match=r"weights_differ: merged weights are identical to the base"):
+        merge.run_check(tiny_model_dir, adapter_dir, fake_merged, tmp_path / "c.json", {"merge": {}, **LORA})
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_an_adapter_that_never_moved_fails_with_a_hint(tiny_model_dir, tmp_path):
+    zero = _make_adapter(tiny_model_dir, tmp_path / "zero", random_b=False)
+    with pytest.raises(CheckFailed, match=r"identical to the base.*every lora_B tensor is zero"):
+        merge.run_merge(tiny_model_dir, zero, tmp_path / "m", tmp_path / "c.json", {"merge": {}, **LORA})
+
+
+def test_adapter_tensors_that_find_no_slot_are_reported(tiny_model_dir, adapter_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "renamed"
+    shutil.copytree(adapter_dir, bad)
+    weights = load_file(bad / "adapter_model.safetensors")
+    save_file({k.replace("q_proj", "qq_proj"): v for k, v in weights.items()}, bad / "adapter_model.safetensors")
+    with pytest.raises(CheckFailed, match=r"adapter_loaded: 4 adapter tensors found no slot"):
+        merge.run_merge(tiny_model_dir, bad, tmp_path / "m", tmp_path / "c.json", {"merge": {}, **LORA})
+
+
+def test_fsdp_full_finetune_needs_verl(tiny_model_dir, tmp_path, monkeypatch):
+    """A verl FSDP checkpoint cannot be produced here (no GPU); an empty shard file stands in for one."""
+    actor = tmp_path / "global_step_1" / "actor"
+    actor.mkdir(parents=True)
+    (actor / "model_world_size_1_rank_0.pt").write_bytes(b"")
+    src = merge.resolve_adapter(tmp_path / "global_step_1")
+    assert src.kind == "verl_fsdp_full"
+    monkeypatch.setattr(merge.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(CheckFailed, match=r"verl is not importable"):
+        merge.run_merge(tiny_model_dir, actor, tmp_path / "m", tmp_path / "c.json", {"merge": {}})
+    assert not (tmp_path / "m").exists()
+
+
+def test_cli_merge_run_exit_codes(tiny_model_dir, adapter_dir, tmp_path):
+    exe = Path(sys.executable).parent / "llmrnn"
+    base = [str(exe), "merge", "run", "--base", str(tiny_model_dir), "--adapter", str(adapter_dir),
+            "--out", str(tmp_path / "m"), "--check", str(tmp_path / "c.json")]
+    bad = subprocess.run(base + ["--cfg", json.dumps({"train": {"lora": {"rank": 8, "alpha": 8}}})],
+                         capture_output=True, text=True, check=False)
+    assert bad.returncode == 3
+    assert "merge check failed: adapter_config: rank 4 != configured 8" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    ok = subprocess.run(base + ["--cfg", json.dumps(LORA)], capture_output=True, text=True, check=False)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads((tmp_path / "c.json").read_text())["ok"] is True

@@ -1,0 +1,163 @@
+"""Preflight: a compliant judge passes with stats; a judge that never prints a score fails and says why;
+the real workflow (judge_server service + preflight) runs under Snakemake with a tiny model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from llmrnn.errors import CheckFailed
+from llmrnn.preflight import run_preflight, training_part
+from tests.conftest import snakemake
+from tests.judge_helpers import ScriptedJudge, make_step, write_endpoint, write_parquet, write_rubric
+
+CFG = {"reward": {"retries": 1, "backoff_s": 0.01, "health_timeout_s": 5},
+       "preflight": {"rows": 4, "max_fallback_rate": 0.25, "min_distinct_rewards": 3, "on_problem": "fail"}}
+
+
+def _steps(n=6):
+    return [make_step(i, ref=f"patient {i}: CKD stage {i % 5}, heart failure", prev=f"visit {i} note") for i in range(n)]
+
+
+def _setup(tmp_path, respond):
+    judge = ScriptedJudge(respond).__enter__()
+    rubric = write_rubric(tmp_path)
+    endpoint = write_endpoint(tmp_path, judge.port, rubric)
+    parquet = write_parquet(tmp_path / "trajectories" / "train.parquet", _steps())
+    return judge, endpoint, parquet
+
+
+def content_score(body):
+    text = body["messages"][0]["content"]
+    return f"Score: {1 + sum(map(ord, text)) % 9}"
+
+
+def test_compliant_judge_passes_with_stats(tmp_path):
+    judge, endpoint, parquet = _setup(tmp_path, content_score)
+    try:
+        out = tmp_path / "train" / "preflight.json"
+        report = run_preflight(str(parquet), str(endpoint), str(out), str(tmp_path / "audit"), CFG)
+    finally:
+        judge.__exit__(None, None, None)
+    saved = json.loads(out.read_text())
+    assert saved == json.loads(json.dumps(report))
+    assert saved["ok"] is True and saved["problems"] == []
+    j = saved["judge"]
+    assert j["rows"] == 4 and j["candidates"] == 12 and j["parse_methods"] == {"score_line": 12}
+    assert j["fallback_rate"] == 0.0 and j["reward"]["distinct"] >= 3 and j["reward"]["std"] > 0
+    assert j["latency_s"]["p50"] > 0 and j["latency_s"]["p95"] >= j["latency_s"]["p50"]
+    # the 4 empty-memory candidates share one judge prompt here (same next visit): judged once
+    assert j["rows_with_spread"] >= 1 and judge.hits == 9 and j["cache_hits"] == 3 and "training" in saved
+
+
+def test_judge_that_never_prints_a_score_fails_preflight_with_the_reason(tmp_path):
+    judge, endpoint, parquet = _setup(
+        tmp_path, lambda body: "This memory summarises the patient's history well and is clinically relevant.")
+    out = tmp_path / "train" / "preflight.json"
+    try:
+        with pytest.raises(CheckFailed) as err:
+            run_preflight(str(parquet), str(endpoint), str(out), str(tmp_path / "audit"), CFG)
+    finally:
+        judge.__exit__(None, None, None)
+    message = str(err.value)
+    assert "the judge does not follow the score format: 12/12 answers (100%) had no parseable score" in message
+    assert "the reward is (nearly) constant: 1 distinct value(s) [0.5]" in message
+    assert "This memory summarises" in message  # shows what the judge said
+    saved = json.loads(out.read_text())
+    assert saved["ok"] is False and len(saved["problems"]) == 2
+    assert saved["judge"]["parse_methods"] == {"fallback": 12} and saved["judge"]["fallback_rate"] == 1.0
+
+
+def test_warn_mode_records_problems_as_warnings(tmp_path):
+    judge, endpoint, parquet = _setup(tmp_path, lambda body: "no score here, just a long answer without a digit")
+    cfg = json.loads(json.dumps(CFG))
+    cfg["preflight"]["on_problem"] = "warn"
+    try:
+        report = run_preflight(str(parquet), str(endpoint), str(tmp_path / "p.json"), str(tmp_path / "a"), cfg)
+    finally:
+        judge.__exit__(None, None, None)
+    assert report["ok"] is True and report["problems"] == [] and len(report["warnings"]) >= 2
+
+
+def test_cli_failure_is_one_line_without_traceback(tmp_path):
+    judge, endpoint, parquet = _setup(tmp_path, lambda body: "I refuse to grade this memory summary today, sorry.")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "llmrnn.cli", "preflight", "run", "--train-parquet", str(parquet), "--endpoint",
+             str(endpoint), "--out", str(tmp_path / "p.json"), "--audit-dir", str(tmp_path / "a"),
+             "--cfg", json.dumps(CFG)], check=False, capture_output=True, text=True, timeout=120)
+    finally:
+        judge.__exit__(None, None, None)
+    assert proc.returncode == 3
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("llmrnn preflight: error: preflight failed: the judge does not follow the score format")
+    assert "Traceback" not in proc.stderr
+
+
+def test_training_part_adapter_passes_only_declared_arguments(monkeypatch):
+    import types
+
+    seen = {}
+
+    def training_checks(train_cfg, train_parquet, *, out_dir=None):
+        seen.update(train_cfg=train_cfg, train_parquet=train_parquet, out_dir=out_dir)
+        return {"problems": ["batch 16 not divisible by 3 GPUs"], "geometry": {}}
+
+    fake = types.ModuleType("llmrnn.train.preflight")
+    fake.training_checks = training_checks
+    monkeypatch.setitem(sys.modules, "llmrnn.train.preflight", fake)
+    result = training_part({"train_cfg": {"lr": 1}, "train_parquet": "t.parquet", "out_dir": "o", "judge_report": {}})
+    assert seen == {"train_cfg": {"lr": 1}, "train_parquet": "t.parquet", "out_dir": "o"}
+    assert result["problems"] == ["batch 16 not divisible by 3 GPUs"]
+    skipped = training_part({"train_parquet": "t.parquet"})  # no train config: skipped, and it says so
+    assert skipped["problems"] == [] and "train_cfg" in skipped["skipped"]
+
+
+def _port_closed(log_text: str) -> bool:
+    import re
+    import socket
+
+    port = int(re.search(r"on 127\.0\.0\.1:(\d+)", log_text).group(1))
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.mark.slow
+def test_workflow_runs_judge_service_and_preflight(workflow_dir, tiny_model_dir):
+    """Real snakemake: the judge_server service starts our CPU server with a tiny model, preflight waits on
+    its health and scores rows. The random tiny model never prints a score: with on_problem fail the run
+    stops with the reason; with warn it finishes; either way the service is gone afterwards."""
+    rubric = write_rubric(workflow_dir / "config", score_method="expected", prefix="Score:",
+                          model=str(tiny_model_dir), source="path", max_tokens=2)
+    run = workflow_dir / "results" / "t"
+    for split in ("train", "val"):
+        write_parquet(run / "trajectories" / f"{split}.parquet", _steps(3))
+    args = ["--allowed-rules", "judge_server", "preflight", "--", "results/t/train/preflight.json"]
+    log = workflow_dir / "logs" / "t" / "judge_server.log"
+    for on_problem in ("fail", "warn"):
+        (workflow_dir / f"{on_problem}.yaml").write_text(json.dumps({
+            "run_name": "t", "judge": {"rubric": str(rubric.relative_to(workflow_dir))},
+            "preflight": {"rows": 2, "on_problem": on_problem},
+            "roles": {"memory": {"model": str(tiny_model_dir)}},  # the policy whose tokenizer training checks use
+        }))
+        proc = snakemake(workflow_dir, "--configfile", f"{on_problem}.yaml", *args, check=False)
+        assert "judge healthy at http://127.0.0.1:" in log.read_text()
+        assert _port_closed(log.read_text())  # the server did not outlive the workflow
+        if on_problem == "fail":
+            # Snakemake SIGKILLs the service when a consumer fails; the server dies with its launcher
+            # (PR_SET_PDEATHSIG, port closed above); the key file of the dead server may remain.
+            assert proc.returncode != 0
+            message = (workflow_dir / "logs" / "t" / "preflight.log").read_text()
+            assert "preflight failed: the judge does not follow the score format: 6/6 answers" in message
+            assert not (run / "train" / "preflight.json").exists()
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((run / "train" / "preflight.json").read_text())
+    assert report["ok"] is True and report["judge"]["candidates"] == 6 and len(report["warnings"]) >= 1
+    assert "Terminating service job" in proc.stderr and "terminating the judge server" in log.read_text()
+    assert not (run / "judge" / "api_key").exists()  # graceful stop deletes the key
+    assert not (run / "judge" / "endpoint.json").exists()
+    audit = list((run / "train" / "preflight_audit").glob("calls_*.jsonl"))
+    assert len(audit) == 1 and len(audit[0].read_text().splitlines()) == 6

@@ -1,0 +1,136 @@
+"""Release stage: the generated model card (Hub metadata + sections), MANIFEST.json and the no-upload receipt."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from llmrnn import cohort, io, release
+from llmrnn.errors import CheckFailed, InputError
+
+KNOBS = {
+    "cohort": {"source": "synthetic", "synthetic": {"patients": 12, "seed": 3}},
+    "split": {"val_size": 2, "train_size": 4, "seed": 1},
+    "train": {"engine": "trl", "lr": 1e-5, "group_size": 4, "kl": {"coef": 0.001, "estimator": "low_var_kl"},
+              "lora": {"rank": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}},
+    "merge": {"dtype": "float32"},
+}
+
+
+def make_inputs(root: Path, merged_src: Path) -> dict:
+    """Release inputs as the upstream rules write them (merged folder, merge check, splits, metrics, rubric)."""
+    merged = root / "merged"
+    shutil.copytree(merged_src, merged)
+    check = {
+        "ok": True, "base": "resources/models/tiny", "source_kind": "peft_adapter", "dtype": "float32",
+        "checked_utc": "2026-01-01T00:00:00Z",
+        "checks": {
+            "weights_differ": {"ok": True, "changed_tensors": 4, "total_tensors": 20},
+            "logits_match": {"ok": True, "max_abs_diff": 1e-6, "tolerance": 1e-3, "adapter_effect": 0.5},
+            "adapter_config": {"ok": True, "rank": 4, "alpha": 8, "alpha_repaired": True, "original_alpha": 0,
+                               "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+        },
+    }
+    io.write_json(root / "merge_check.json", check)
+    patients = cohort.synthesize_cohort(12, 3)
+    parts = cohort.split_cohort(patients, cohort.SplitSizes(val=2, train=4, seed=1))
+    split_files = []
+    for name, part in parts.items():
+        io.write_text(root / f"{name}.json", cohort.dump_cohort(part))
+        split_files.append(str(root / f"{name}.json"))
+    io.write_json(root / "splits.json", {"seed": 1, "sizes": {n: len(p) for n, p in parts.items()},
+                                         "sha256": {n: io.sha256_file(root / f"{n}.json") for n in parts}})
+    rows = [{"step": s, "kind": "train", "engine": "trl", "reward_mean": 0.3 + 0.05 * s} for s in range(1, 5)]
+    rows.append({"step": 4, "kind": "val", "engine": "trl", "val_reward_mean": 0.41})
+    (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "rubric.yaml").write_text(
+        "name: demo_rubric\njudge: {model: smollm2-135m-instruct}\nserving: {engine: llmrnn}\n"
+        "rubric: be kind\ntemplate: '{candidate_memory}'\n"
+    )
+    return {"merged": merged, "merge_check": root / "merge_check.json", "splits": root / "splits.json",
+            "split_files": split_files, "metrics": root / "metrics.jsonl", "rubric": root / "rubric.yaml",
+            "patients": patients}
+
+
+def run_release(inputs: dict, out: Path, rel: dict | None = None, knobs: dict | None = None) -> dict:
+    cfg = {"run_name": "demo", "release": rel or {"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"},
+           "knobs": knobs or KNOBS}
+    return release.build_release(
+        merged=inputs["merged"], merge_check=inputs["merge_check"], splits=inputs["splits"],
+        split_files=inputs["split_files"], metrics=inputs["metrics"], rubric=inputs["rubric"], eval_metrics=None,
+        cfg=cfg, card_out=out / "README.md", manifest_out=out / "MANIFEST.json",
+        receipt_out=out / "upload_receipt.json",
+    )
+
+
+@pytest.fixture
+def inputs(tiny_model_dir, tmp_path) -> dict:
+    return make_inputs(tmp_path / "run", tiny_model_dir)
+
+
+def test_card_manifest_and_receipt(inputs, tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    out = tmp_path / "run" / "release"
+    receipt = run_release(inputs, out)
+
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\n")
+    meta = yaml.safe_load(card.split("---\n")[1])
+    assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert meta["library_name"] == "transformers" and meta["license"] == "apache-2.0"
+    assert {"grpo", "lora", "llmrnn"} <= set(meta["tags"])
+    for section in ("## Run identity", "## Base model and LoRA", "## GRPO settings", "## Reward", "## Data",
+                    "## How the workflow made it", "## Intended use", "## Limitations"):
+        assert section in card
+    assert "| `group_size` | 4 |" in card and "| `kl.estimator` | low_var_kl |" in card
+    assert "restored from train.lora.alpha" in card  # the repaired alpha is disclosed
+    assert "smollm2-135m-instruct" in card and "SYNTHETIC" in card
+    assert "from 0.35 to 0.5 over 4 logged steps" in card
+
+    manifest = json.loads((out / "MANIFEST.json").read_text())
+    assert manifest["knobs"] == KNOBS
+    canonical = json.dumps(KNOBS, sort_keys=True, separators=(",", ":")).encode()
+    assert manifest["config_sha256"] == hashlib.sha256(canonical).hexdigest()
+    assert manifest["splits"]["sha256"]["train"] == io.sha256_file(inputs["split_files"][0])
+    assert manifest["judge"]["model"] == "smollm2-135m-instruct"
+    assert manifest["judge"]["rubric_sha256"] == io.sha256_file(inputs["rubric"])
+    assert manifest["packages"]["torch"].startswith("2.") and manifest["packages"]["peft"]
+    assert set(manifest["git"]) >= {"sha", "dirty"}
+    assert manifest["model_files"]["model.safetensors"]["sha256"] == io.sha256_file(
+        inputs["merged"] / "model.safetensors")
+    assert manifest["training"]["reward_mean"]["last"] == pytest.approx(0.5)
+    assert manifest["adapter"]["alpha"] == 8 and manifest["adapter"]["alpha_repaired"] is True
+    assert manifest["timestamps"]["created_utc"].endswith("Z")
+
+    assert receipt["uploaded"] is False and "release.upload is off" in receipt["reason"]
+    assert json.loads((out / "upload_receipt.json").read_text())["phi_guard"]["ok"] is True
+    assert not list((tmp_path / "run").glob(".bundle.*"))  # staging removed
+
+
+def test_upload_on_without_token_says_so(inputs, tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    receipt = run_release(inputs, tmp_path / "rel", rel={"upload": True})
+    assert receipt["uploaded"] is False and "$HF_TOKEN is not set" in receipt["reason"]
+
+
+def test_failed_merge_check_is_not_released(inputs, tmp_path):
+    check = json.loads(inputs["merge_check"].read_text())
+    io.write_json(inputs["merge_check"], dict(check, ok=False))
+    with pytest.raises(InputError, match="merge check failed, nothing to release"):
+        run_release(inputs, tmp_path / "rel")
+    assert not (tmp_path / "rel").exists()
+
+
+def test_phi_in_the_card_stops_the_release_and_writes_nothing(inputs, tmp_path):
+    sid = inputs["patients"][0]["subject_id"]
+    rel = {"tags": ["llmrnn", f"patient-{sid}"]}  # a careless knob that would put an id into the card
+    with pytest.raises(CheckFailed, match=rf"PHI guard refused .*(README.md|MANIFEST.json): cohort identifier\(s\) {sid}"):
+        run_release(inputs, tmp_path / "rel", rel=rel)
+    assert not (tmp_path / "rel" / "README.md").exists()
+    assert not (tmp_path / "rel" / "upload_receipt.json").exists()

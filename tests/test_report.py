@@ -1,0 +1,93 @@
+"""Plots and summary table from metrics.json / comparison.json / train metrics.jsonl."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from llmrnn import evaluate, report
+from llmrnn.errors import InputError
+from llmrnn.io import write_json
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def run_report_cli(argv: list[str]) -> None:
+    """`llmrnn report ...` through the stage's own argparse registration (independent of other stages)."""
+    parser = argparse.ArgumentParser()
+    report.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["report", *argv])
+    args.func(args)
+
+
+def _metrics_and_comparison(tmp_path):
+    judge = evaluate.FinalJudge({"mode": "matcher"})
+    truth = ["anemia"]
+    graded = {}
+    for variant, hits in (("base", [1, 0, 0, 1]), ("trained", [1, 1, 0, 1])):
+        recs = [
+            {
+                "patient_id": f"p{i}",
+                "visits": [
+                    {"visit_index": 0, "ground_truth": truth, "prediction": {"primary_diagnosis": "x"},
+                     "prediction_ok": True, "memory_words": 10},
+                    {"visit_index": 1, "ground_truth": truth,
+                     "prediction": {"primary_diagnosis": "anemia" if h else "x"}, "prediction_ok": True,
+                     "memory_words": 20},
+                ],
+            }
+            for i, h in enumerate(hits)
+        ]
+        path = tmp_path / "eval" / variant / "graded_0.jsonl"
+        path.parent.mkdir(parents=True)
+        evaluate.write_jsonl(path, evaluate.grade_records(recs, judge))
+        graded[variant] = [path]
+    return evaluate.gather(graded, {"stats": {"bootstrap": {"samples": 200}}})
+
+
+def test_training_curves_read_defensively(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(
+        "\n".join(
+            [
+                json.dumps({"step": 1, "reward_mean": 0.5, "kl": 0.0}),
+                "not json",
+                json.dumps({"step": 2, "reward_mean": float("nan"), "kl": 0.01}),
+                json.dumps({"global_step": 3, "critic/score/mean": 0.7}),
+                json.dumps(["a list"]),
+            ]
+        )
+    )
+    curves = report.read_training_curves(path)
+    assert curves["reward"] == [(1.0, 0.5), (3.0, 0.7)]
+    assert curves["kl"] == [(1.0, 0.0), (2.0, 0.01)]
+    assert report.read_training_curves(tmp_path / "missing.jsonl") == {"reward": [], "kl": []}
+
+
+def test_plots_cli_writes_pngs_and_summary(tmp_path):
+    metrics, comparison = _metrics_and_comparison(tmp_path)
+    write_json(tmp_path / "metrics.json", metrics)
+    write_json(tmp_path / "comparison.json", comparison)
+    (tmp_path / "train.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.4, "kl": 0.001}) + "\n")
+    out = tmp_path / "plots"
+    run_report_cli(["plots", "--metrics", str(tmp_path / "metrics.json"), "--comparison",
+                    str(tmp_path / "comparison.json"), "--train-metrics", str(tmp_path / "train.jsonl"),
+                    "--outdir", str(out)])
+    for name in ("acc_bars.png", "acc_by_visit.png", "training.png"):
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG) and len(data) > 5000, name
+    rows = [line.split("\t") for line in (out / "summary.tsv").read_text().splitlines()]
+    assert rows[0][:3] == ["variant", "n", "acc@1"]
+    by_variant = {r[0]: r for r in rows[1:]}
+    assert by_variant["base"][2] == "0.500" and by_variant["trained"][2] == "0.750"
+    assert by_variant["trained"][6] == "0.250"  # acc@1 difference vs base
+    assert by_variant["base"][6] == ""  # no comparison of base with itself
+
+
+def test_plots_cli_missing_metrics_is_one_clear_error(tmp_path):
+    with pytest.raises(InputError, match="nope.json: not found"):
+        run_report_cli(["plots", "--metrics", str(tmp_path / "nope.json"), "--comparison",
+                        str(tmp_path / "nope2.json"), "--outdir", str(tmp_path / "p")])
+    assert not (tmp_path / "p").exists()

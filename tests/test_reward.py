@@ -1,0 +1,200 @@
+"""The reward against real local HTTP servers with scripted judge answers: every edge-table row end to
+end, outcome term, dedup, concurrency, retries-then-raise, pairwise (per sample and within a group)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import stat
+
+import pytest
+
+from llmrnn.errors import InputError
+from llmrnn.judge import JudgeUnavailable
+from llmrnn.reward import (
+    compute_score,
+    compute_score_batch,
+    outcome_share,
+    parse_memory,
+    reward_env,
+    trl_reward_func,
+)
+from tests.judge_helpers import ScriptedJudge, chat_payload, make_step, memory, write_endpoint, write_rubric
+
+DS = "llm_as_rnn_memory_update"
+STEP = json.dumps(make_step())
+
+
+@pytest.fixture
+def judge_env(tmp_path):
+    """(start(respond, **kw) -> (judge, kwargs for compute_score)); servers stop at teardown."""
+    started = []
+
+    def start(respond, score_method="text", prefix="", **server_kw):
+        judge = ScriptedJudge(respond, **server_kw).__enter__()
+        started.append(judge)
+        sub = tmp_path / f"s{len(started)}"
+        sub.mkdir()
+        rubric = write_rubric(sub, score_method=score_method, prefix=prefix)
+        endpoint = write_endpoint(sub, judge.port, rubric)
+        kw = {"endpoint_file": str(endpoint), "audit_dir": str(sub / "audit"),
+              "reward_cfg": {"retries": 2, "backoff_s": 0.01, "backoff_max_s": 0.02, "timeout_s": 5,
+                             "health_timeout_s": 5}}
+        return judge, kw
+
+    yield start
+    for judge in started:
+        judge.__exit__(None, None, None)
+
+
+# --------------------------------------------------------------------------- edge table, end to end
+def test_invalid_policy_json_scores_005_without_a_judge_call(judge_env):
+    judge, kw = judge_env(lambda body: "Score: 9")
+    for bad in ["not json", '{"summary": "x"}', "Here it is: {\"evolving_summary\": \"x\"}", "[1, 2]", ""]:
+        r = compute_score(DS, bad, STEP, {"index": 0}, **kw)
+        assert (r["score"], r["parse_method"], r["valid_json"]) == (0.05, "invalid_json", False)
+    assert judge.hits == 0
+
+
+@pytest.mark.parametrize("answer, score, method", [
+    ("Reasoning about renal history.\nScore: 7", 7 / 9, "score_line"),
+    ("8", 8 / 9, "short_digit"),
+    ("This memory is generally helpful but I will not give a number.", 0.5, "fallback"),
+])
+def test_judge_answer_rows(judge_env, answer, score, method):
+    judge, kw = judge_env(lambda body: answer)
+    r = compute_score(DS, memory("CKD stage 3."), STEP, {"index": 0}, **kw)
+    assert r["parse_method"] == method and math.isclose(r["score"], score) and judge.hits == 1
+    assert r["retries"] == 0 and r["judge_latency_s"] > 0
+
+
+def test_expected_score_from_logprobs(judge_env):
+    content = [{"token": "6", "logprob": math.log(0.6), "top_logprobs": [
+        {"token": "6", "logprob": math.log(0.6)}, {"token": "9", "logprob": math.log(0.4)}]}]
+    judge, kw = judge_env(lambda body: (200, chat_payload("6", content)), score_method="expected", prefix="Score:")
+    r = compute_score(DS, memory("CKD."), STEP, {"index": 0}, **kw)
+    assert r["parse_method"] == "expected" and math.isclose(r["score"], (0.6 * 6 + 0.4 * 9) / 9)
+    body = judge.bodies[0]
+    assert body["logprobs"] is True and body["messages"][-1]["content"] == "Score:" and body["temperature"] == 0
+
+
+def test_fenced_json_is_valid_policy_output():
+    assert parse_memory('```json\n{"evolving_summary": "a"}\n```') == "a"
+    assert parse_memory('{"evolving_summary": 3}') is None
+
+
+# --------------------------------------------------------------------------- outcome term
+def test_outcome_term_depends_on_the_candidate_memory(judge_env):
+    assert outcome_share("History of HEART-FAILURE.", ["Heart failure", "CKD stage 3"]) == 0.5
+    assert outcome_share("heart failures", ["heart failure"]) == 0.0  # whole-phrase match only
+    _judge, kw = judge_env(lambda body: "Score: 5")
+    kw["reward_cfg"]["outcome_epsilon"] = 0.2
+    good = compute_score(DS, memory("Heart failure; CKD stage 3."), STEP, {}, **kw)
+    poor = compute_score(DS, memory("Likes tennis."), STEP, {}, **kw)
+    assert math.isclose(good["score"], 5 / 9 + 0.2) and math.isclose(poor["score"], 5 / 9)
+
+
+# --------------------------------------------------------------------------- batching, dedup, audit
+def test_batch_is_concurrent_deduplicated_and_audited(judge_env, tmp_path):
+    judge, kw = judge_env(lambda body: f"Score: {1 + sum(map(ord, body['messages'][0]['content'])) % 9}",
+                          delay_s=0.2)
+    sols = [memory(f"candidate {i % 4}") for i in range(16)]  # 4 distinct candidates, 4 copies each
+    results = compute_score_batch([DS] * 16, sols, [STEP] * 16, [{"index": 0}] * 16, **kw)
+    assert judge.hits == 4  # identical judge prompts judged once
+    assert sum(r["cache_hits"] for r in results) == 12
+    assert judge.max_inflight > 1  # calls ran concurrently
+    assert len({round(r["score"], 6) for r in results}) > 1
+    audit = list((tmp_path / "s1" / "audit").glob("calls_*.jsonl"))
+    assert len(audit) == 1 and stat.S_IMODE(audit[0].stat().st_mode) == 0o600
+    assert stat.S_IMODE(audit[0].parent.stat().st_mode) == 0o700
+    lines = [json.loads(x) for x in audit[0].read_text().splitlines()]
+    assert len(lines) == 16 and lines[0]["rollout"] == sols[0] and lines[0]["judge"][0]["response"].startswith("Score")
+    numeric = compute_score_batch([DS], [sols[0]], [STEP], [{}], numeric_only=True, **kw)[0]
+    assert all(isinstance(v, (int, float)) for v in numeric.values()) and numeric["parse_score_line"] == 1.0
+
+
+# --------------------------------------------------------------------------- dead judge
+def test_judge_dying_mid_training_raises_instead_of_constant_rewards(judge_env):
+    judge, kw = judge_env(lambda body: "Score: 5")
+    assert compute_score(DS, memory("x"), STEP, {}, **kw)["score"] == 5 / 9
+    judge.__exit__(None, None, None)  # the server goes away: connection refused
+    with pytest.raises(JudgeUnavailable, match="failed 3 times"):
+        compute_score(DS, memory("y"), STEP, {}, **kw)
+
+
+def test_judge_answering_500_raises_after_retries(judge_env):
+    judge, kw = judge_env(lambda body: (500, {"error": "oom"}))
+    with pytest.raises(JudgeUnavailable, match="HTTP 500"):
+        compute_score(DS, memory("a"), STEP, {}, **kw)
+    assert judge.hits == 3  # 1 + 2 retries
+    with pytest.raises(JudgeUnavailable, match="HTTP 500"):  # a batch raises too (no partial rewards)
+        compute_score_batch([DS] * 2, [memory("b"), memory("c")], [STEP] * 2, [{}] * 2, **kw)
+
+
+def test_judge_timing_out_raises_after_retries(judge_env):
+    _judge, kw = judge_env(lambda body: "Score: 5", delay_s=1.0)
+    kw["reward_cfg"]["timeout_s"] = 0.2
+    with pytest.raises(JudgeUnavailable, match="timeout"):
+        compute_score(DS, memory("z"), STEP, {}, **kw)
+
+
+def test_missing_endpoint_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("LLMRNN_JUDGE_ENDPOINT", raising=False)
+    with pytest.raises(InputError, match="LLMRNN_JUDGE_ENDPOINT"):
+        compute_score(DS, memory("x"), STEP, {})
+
+
+# --------------------------------------------------------------------------- pairwise
+_PAIR = re.compile(r"Memory A:\n(.*?)\n\nMemory B:\n(.*?)\n\nReply", re.DOTALL)
+
+
+def _quality(text: str) -> int:
+    m = re.search(r"q(\d)", text)
+    return int(m.group(1)) if m else 0
+
+
+def prefers_quality(body: dict) -> str:
+    """A handcrafted judge: the memory with the higher qN wins; equal -> tie."""
+    a, b = _PAIR.search(body["messages"][0]["content"]).groups()
+    qa, qb = _quality(a), _quality(b)
+    return "Winner: A" if qa > qb else "Winner: B" if qb > qa else "Winner: tie"
+
+
+def test_pairwise_vs_reference_in_both_orders(judge_env):
+    judge, kw = judge_env(prefers_quality)
+    kw["reward_cfg"]["mode"] = "pairwise"
+    step = json.dumps(make_step(ref="reference q5"))
+    assert compute_score(DS, memory("better q9"), step, {}, **kw)["score"] == 1.0
+    assert compute_score(DS, memory("worse q1"), step, {}, **kw)["score"] == 0.0
+    assert compute_score(DS, memory("same q5"), step, {}, **kw)["score"] == 0.5
+    orders = {_PAIR.search(b["messages"][0]["content"]).groups() for b in judge.bodies[:2]}
+    assert orders == {("better q9", "reference q5"), ("reference q5", "better q9")}  # A/B and B/A
+
+
+def test_pairwise_cancels_position_bias_and_counts_unparsed(judge_env):
+    _judge, kw = judge_env(lambda body: "Winner: A")  # always picks the first position
+    kw["reward_cfg"]["mode"] = "pairwise"
+    r = compute_score(DS, memory("anything q9"), STEP, {}, **kw)
+    assert r["score"] == 0.5 and r["parse_method"] == "pairwise"
+    _judge2, kw2 = judge_env(lambda body: "Both are reasonable memories of this patient.")
+    kw2["reward_cfg"]["mode"] = "pairwise"
+    r = compute_score(DS, memory("anything"), STEP, {}, **kw2)
+    assert r["score"] == 0.5 and r["parse_method"] == "fallback"
+
+
+def test_pairwise_within_group_for_trl(judge_env, monkeypatch):
+    judge, kw = judge_env(prefers_quality)
+    cfg = dict(kw["reward_cfg"], mode="pairwise", pairwise_opponent="group")
+    for k, v in reward_env(kw["endpoint_file"], kw["audit_dir"], cfg).items():
+        monkeypatch.setenv(k, v)
+    step_a, step_b = json.dumps(make_step(0)), json.dumps(make_step(1))
+    completions = [[{"role": "assistant", "content": memory(t)}] for t in
+                   ("best q9", "mid q5", "worst q1", "other q2", "other q7")]
+    completions.insert(3, [{"role": "assistant", "content": "not json"}])
+    rm = [{"style": "rubric", "ground_truth": g} for g in (step_a,) * 4 + (step_b,) * 2]
+    extra = [{"split": "train", "index": 0}] * 4 + [{"split": "train", "index": 1}] * 2
+    scores = trl_reward_func(["p"] * 6, completions, reward_model=rm, extra_info=extra, data_source=[DS] * 6)
+    # group 0: q9 beats both (1.0), q5 beats one (0.5), q1 none (0.0); invalid JSON 0.05; group 1: 0 and 1
+    assert scores == [1.0, 0.5, 0.0, 0.05, 0.0, 1.0]
+    assert judge.hits == 2 * 3 + 2 * 1  # ordered pairs: 3*2 in group 0, 2*1 in group 1

@@ -1,0 +1,114 @@
+"""Rubric files: loading/validation, request rendering, and the judge-answer edge table."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from llmrnn.errors import InputError
+from llmrnn.rubric import (
+    expected_digit,
+    load_rubric,
+    pairwise_request,
+    parse_scalar,
+    parse_verdict,
+    scalar_request,
+)
+from tests.judge_helpers import REPO, make_step, memory
+
+DEFAULT = REPO / "config/rubrics/outcome_v2_smollm2.yaml"
+REPRO = REPO / "config/rubrics/rubric_v2_rubricarm_scalar.yaml"
+
+
+def test_shipped_rubrics_load_with_their_serving_settings():
+    d = load_rubric(DEFAULT)
+    assert (d.serving.engine, d.request.score_method, d.model_source) == ("llmrnn", "expected", "local")
+    r = load_rubric(REPRO)
+    assert r.model == "OpenRubrics/RubricARM-8B-Judge" and r.serving.engine == "vllm" and r.needs_gpu
+    assert (r.request.temperature, r.request.max_tokens, r.serving.max_model_len) == (0.0, 1500, 12000)
+    assert r.serving.gpu_memory_utilization == 0.9
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("serving:\n  engine: llmrnn", "serving:\n  engine: llamacpp"), "serving.engine"),
+    (("serving:\n", "serving:\n  colour: red\n"), "unknown key"),
+    (("{candidate_memory}", "{candidate_mem}"), "unknown field"),
+    (("host: 127.0.0.1", "host: 0.0.0.0"), "loopback"),
+    (("temperature: 0.0", "temperature: 0.7"), "greedily"),
+    (("engine: llmrnn ", "engine: transformers "), "transformers serve"),
+])
+def test_bad_rubric_is_one_clear_error(tmp_path, edit, message):
+    text = DEFAULT.read_text()
+    assert edit[0] in text
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace(edit[0], edit[1], 1))
+    with pytest.raises(InputError, match=message) as err:
+        load_rubric(bad)
+    assert str(bad) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_scalar_request_shows_candidate_and_next_visit_outcome():
+    rubric = load_rubric(DEFAULT)
+    req = scalar_request(rubric, make_step(), memory("Known heart failure."))
+    assert "Known heart failure." in req.prompt and "Heart failure; CKD stage 3" in req.prompt
+    assert "copd" in req.prompt  # next visit's predicted primary
+    msgs = req.body["messages"]
+    assert msgs[-1] == {"role": "assistant", "content": "Score: "} and req.body["continue_final_message"]
+    assert req.body["logprobs"] is True and req.body["top_logprobs"] == 20 and req.body["temperature"] == 0.0
+    pair = pairwise_request(rubric, make_step(), memory("AAA"), memory("BBB"))
+    assert pair.prompt.index("AAA") < pair.prompt.index("BBB")
+
+
+# --------------------------------------------------------------------------- the edge table
+@pytest.mark.parametrize("answer, score, method", [
+    ("The memory keeps the renal history.\nScore: 7", 7 / 9, "score_line"),
+    ("**Score:** 3", 3 / 9, "score_line"),
+    ("Clinical accuracy score: 2 ... long reasoning\nScore: 8\n", 8 / 9, "score_line"),  # last Score line
+    ("6", 6 / 9, "short_digit"),
+    ("I'd say 4 or 5", 5 / 9, "short_digit"),  # short (<20 chars): LAST digit
+    ("The memory is fine and relevant to the next visit, overall.", 0.5, "fallback"),
+    ("Clinical accuracy score: 3; completeness score: 2 and more words", 0.5, "fallback"),  # rubric-v1 bug
+    ("great", 0.5, "fallback"),
+])
+def test_edge_table(answer, score, method):
+    parsed = parse_scalar(answer)
+    assert parsed.parse_method == method
+    assert math.isclose(parsed.score, score)
+
+
+def test_score_line_continues_the_assistant_prefix():
+    assert parse_scalar(" 7", prefix="Score:").parse_method == "score_line"
+
+
+def _lp(token, logprob, top):
+    return {"token": token, "logprob": logprob, "top_logprobs": [{"token": t, "logprob": v} for t, v in top]}
+
+
+def test_expected_score_from_chat_logprobs_is_probability_weighted():
+    payload = {"choices": [{"message": {"content": " 7"}, "logprobs": {"content": [
+        _lp(" ", -0.1, [(" ", -0.1), ("x", -3)]),
+        _lp("7", math.log(0.5), [("7", math.log(0.5)), ("8", math.log(0.25)), ("3", math.log(0.25)), ("a", -1)]),
+    ]}}]}
+    value, probs = expected_digit(payload)
+    assert math.isclose(value, 0.5 * 7 + 0.25 * 8 + 0.25 * 3)
+    parsed = parse_scalar(" 7", payload=payload, prefix="Score:", use_logprobs=True)
+    assert parsed.parse_method == "expected" and math.isclose(parsed.score, value / 9)
+    assert probs == {"3": 0.25, "7": 0.5, "8": 0.25}
+
+
+def test_expected_score_from_completions_logprobs_and_no_digit_falls_back_to_text():
+    payload = {"choices": [{"text": "5", "logprobs": {"tokens": ["5"], "token_logprobs": [math.log(0.8)],
+                                                      "top_logprobs": [{"5": math.log(0.8), "9": math.log(0.2)}]}}]}
+    assert math.isclose(expected_digit(payload)[0], 5 * 0.8 + 9 * 0.2)
+    no_digit = {"choices": [{"message": {"content": "::"}, "logprobs": {"content": [_lp("::", -0.1, [("::", -0.1)])]}}]}
+    parsed = parse_scalar("::", payload=no_digit, prefix="Score:", use_logprobs=True)
+    assert parsed.parse_method == "fallback" and parsed.score == 0.5
+
+
+@pytest.mark.parametrize("answer, verdict", [
+    ("Winner: A", "A"), ("reasoning...\nWinner: **B**", "B"), ("winner: tie", "tie"), ("I like both", None),
+    ("Response A is long.\nWinner: Response B", "B"),
+])
+def test_pairwise_verdicts(answer, verdict):
+    assert parse_verdict(answer, load_rubric(REPRO)) == verdict

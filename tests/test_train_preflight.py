@@ -1,0 +1,113 @@
+"""Training preflight: impossible batch geometry, overlong prompts, LR schedule, GPUs, disk."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmrnn.train import config as tcfg
+from llmrnn.train.preflight import training_checks
+from tests.verl.rows import make_rows, write_parquet
+
+GOOD = {"engine": "trl", "group_size": 4, "batch": {"train": 2, "mini": 2, "micro_per_gpu": 4},
+        "max_prompt_length": 256, "max_response_length": 16, "epochs": 2}
+
+
+@pytest.fixture
+def parquets(tmp_path):
+    return (write_parquet(tmp_path / "train.parquet", make_rows(8)),
+            write_parquet(tmp_path / "val.parquet", make_rows(2, split="val", seed=1)))
+
+
+def _cfg(**over):
+    cfg = json.loads(json.dumps(GOOD))
+    for key, value in over.items():
+        if isinstance(value, dict):
+            cfg.setdefault(key, {}).update(value)
+        else:
+            cfg[key] = value
+    return cfg
+
+
+def test_good_config_passes_with_numbers(parquets, tiny_model_dir, tmp_path):
+    res = training_checks(_cfg(), *parquets, tiny_model_dir, out_dir=tmp_path / "train")
+    assert res["ok"], res["problems"]
+    assert res["data"]["train"]["rows"] == 8 and res["data"]["train"]["overlong_rows"] == 0
+    assert res["data"]["steps_per_epoch"] == 4 and res["data"]["planned_steps"] == 8
+    assert res["geometry"]["grad_accum"] == 2  # 2 prompts x 4 rollouts / micro 4
+    assert res["lr_schedule"]["lr_first_step"] == res["lr_schedule"]["lr_last_step"] == 3e-6
+    assert res["disk"]["free_gb"] > 0
+
+
+def test_reference_geometry_is_possible():
+    # 16 prompts x G=8 on 2 GPUs: 64 responses per GPU per update, micro 4 -> 16 micro steps
+    geo = tcfg.geometry(tcfg.normalize({"n_gpus_per_node": 2, "rollout": {"tensor_parallel": 2}}))
+    assert geo.problems == () and geo.grad_accum == 16 and geo.responses_per_step == 128
+
+
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        ({"batch": {"micro_per_gpu": 3}}, "micro_per_gpu=3 does not divide the 8 responses"),
+        ({"batch": {"train": 2, "mini": 4}}, "batch.mini=4 is larger than train.batch.train=2"),
+        ({"batch": {"train": 6, "mini": 4, "micro_per_gpu": 4}}, "not a multiple of train.batch.mini=4"),
+        ({"group_size": 1}, "at least 2 rollouts"),
+        ({"engine": "verl", "n_gpus_per_node": 3, "group_size": 4, "rollout": {"tensor_parallel": 1}},
+         "cannot be split evenly over 3 GPUs"),
+        ({"engine": "verl", "n_gpus_per_node": 2, "rollout": {"tensor_parallel": 4}},
+         "tensor_parallel=4 does not divide"),
+    ],
+)
+def test_impossible_geometry_is_rejected(parquets, tiny_model_dir, over, message):
+    res = training_checks(_cfg(**over), *parquets, tiny_model_dir, gpus_available=8)
+    assert not res["ok"]
+    assert any(message in p for p in res["problems"]), res["problems"]
+
+
+def test_overlong_prompts_are_counted_and_rejected(tmp_path, tiny_model_dir):
+    train = write_parquet(tmp_path / "train.parquet", make_rows(9, long_every=3, long_words=120))
+    val = write_parquet(tmp_path / "val.parquet", make_rows(2, split="val"))
+    res = training_checks(_cfg(max_prompt_length=100), train, val, tiny_model_dir)
+    assert not res["ok"]
+    assert res["data"]["train"]["overlong_rows"] == 3 and res["data"]["val"]["overlong_rows"] == 0
+    assert [e["row"] for e in res["data"]["train"]["overlong_examples"]] == [2, 5, 8]
+    (problem,) = [p for p in res["problems"] if "max_prompt_length" in p]
+    assert "3 of 9 prompts exceed train.max_prompt_length=100" in problem and "silently drop" in problem
+    # the same data passes when the limit fits the longest prompt
+    longest = res["data"]["train"]["prompt_tokens_max"]
+    assert training_checks(_cfg(max_prompt_length=longest), train, val, tiny_model_dir)["ok"]
+
+
+def test_too_few_rows_lr_warmup_gpus_and_disk(parquets, tiny_model_dir):
+    res = training_checks(_cfg(batch={"train": 16, "mini": 16, "micro_per_gpu": 4}), *parquets, tiny_model_dir)
+    assert any("fewer than one batch" in p for p in res["problems"])
+    res = training_checks(_cfg(warmup_steps=8), *parquets, tiny_model_dir)
+    assert any("warmup_steps=8 >= the run's 8 optimizer steps" in p for p in res["problems"])
+    res = training_checks(_cfg(engine="verl", n_gpus_per_node=2), *parquets, tiny_model_dir, gpus_available=0)
+    assert any("n_gpus_per_node=2 but 0 GPU(s)" in p for p in res["problems"])
+    res = training_checks(_cfg(min_free_disk_gb=1e9), *parquets, tiny_model_dir)
+    assert any("min_free_disk_gb" in p for p in res["problems"])
+
+
+def test_cli_exits_nonzero_with_clear_message(parquets, tiny_model_dir, tmp_path):
+    out = tmp_path / "pre.json"
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "llmrnn"), "train", "preflight", "--cfg",
+         json.dumps({"train": _cfg(batch={"micro_per_gpu": 3})}), "--train", parquets[0], "--val", parquets[1],
+         "--model", str(tiny_model_dir), "--out", str(out)],
+        capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 3
+    assert "preflight: train.batch.micro_per_gpu=3 does not divide" in proc.stderr
+    assert json.loads(out.read_text())["ok"] is False
+
+
+def test_unknown_knob_is_an_input_error():
+    from llmrnn.errors import InputError
+
+    with pytest.raises(InputError, match="unknown key"):
+        tcfg.normalize({"group_sise": 4})

@@ -1,0 +1,155 @@
+"""TRL engine on the tiny model: adapter + metrics from the config's knobs, kill + resume, early end fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llmrnn.errors import CheckFailed
+from llmrnn.train.trl_engine import checkpoint_complete
+from tests.verl.rows import make_rows, write_parquet
+
+STANDIN = f"{Path(__file__).parent / 'verl' / 'rows.py'}:standin_reward"  # test stand-in for the judge reward
+LLMRNN = str(Path(sys.executable).parent / "llmrnn")
+
+
+def tiny_cfg(**over) -> dict:
+    cfg = {
+        "engine": "trl",
+        "seed": 3,
+        "lora": {"rank": 8, "alpha": 24},
+        "lr": 1e-3,
+        "group_size": 4,
+        "batch": {"train": 2, "mini": 2, "micro_per_gpu": 4},
+        "max_prompt_length": 256,
+        "max_response_length": 12,
+        "epochs": 2,
+        "save_freq": 2,
+        "test_freq": 2,
+        "keep_last": 2,
+    }
+    cfg.update(over)
+    return cfg
+
+
+@pytest.fixture
+def parquets(tmp_path):
+    return (
+        write_parquet(tmp_path / "train.parquet", make_rows(8)),
+        write_parquet(tmp_path / "val.parquet", make_rows(2, split="val", seed=1)),
+    )
+
+
+def _run_cli(cfg, parquets, model, out, **kw):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [LLMRNN, "train", "run", "--cfg", json.dumps({"train": cfg}), "--train", parquets[0], "--val",
+           parquets[1], "--model", str(model), "--out", str(out), "--reward-func", STANDIN]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def _trace(out: Path) -> dict[int, list[int]]:
+    rows = [json.loads(x) for x in (out / "state" / "data_trace.jsonl").read_text().splitlines()]
+    return {r["step"]: r["indices"] for r in rows}
+
+
+@pytest.mark.slow
+def test_trl_writes_adapter_metrics_and_plots(tmp_path, tiny_model_dir, parquets):
+    out = tmp_path / "train"
+    proc = _run_cli(tiny_cfg(), parquets, tiny_model_dir, out)
+    log, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, log
+    conf = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert (conf["r"], conf["lora_alpha"]) == (8, 24)
+    assert sorted(conf["target_modules"]) == sorted(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    val = [r for r in rows if r["kind"] == "val"]
+    assert [r["step"] for r in train] == list(range(1, 9))  # 8 rows / 2 per step x 2 epochs
+    for key in ("reward_mean", "reward_std", "kl", "entropy", "response_length_mean", "grad_norm", "lr",
+                "step_time_s", "clip_ratio"):
+        assert all(r[key] is not None for r in train), key
+    assert {r["step"] for r in val} >= {2, 4, 6, 8} and all(r["val_reward_mean"] > 0 for r in val)
+    assert "train step 8/8" in log  # progress visible in the log
+    # keep_last=2: only the two newest checkpoints stay
+    assert sorted(p.name for p in (out / "checkpoints").glob("checkpoint-*")) == ["checkpoint-6", "checkpoint-8"]
+    assert (out / "plots" / "reward.png").stat().st_size > 1000 and (out / "plots" / "kl.png").exists()
+    # the LoRA moved: B matrices start at zero and are non-zero after training
+    from safetensors.torch import load_file
+
+    weights = load_file(out / "adapter" / "adapter_model.safetensors")
+    lora_b = [t for k, t in weights.items() if "lora_B" in k]
+    assert lora_b and max(float(t.abs().max()) for t in lora_b) > 0
+    assert json.loads((out / "summary.json").read_text())["steps"] == 8
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_at_the_right_step_and_data_position(tmp_path, tiny_model_dir, parquets):
+    cfg = tiny_cfg(epochs=4, test_freq=0, save_freq=2, keep_last=None)  # 16 steps
+    ref = tmp_path / "reference"
+    proc = _run_cli(cfg, parquets, tiny_model_dir, ref)
+    log, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, log
+
+    out = tmp_path / "killed"
+    proc = _run_cli(cfg, parquets, tiny_model_dir, out, start_new_session=True)
+    deadline = time.time() + 300
+    ckpt = out / "checkpoints" / "checkpoint-6"  # a checkpoint in epoch 2: data order must survive epochs
+    while not checkpoint_complete(ckpt):  # trainer_state.json is written last; wait until it parses
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / "adapter").exists()  # a killed run leaves nothing that looks complete
+    killed_steps = max(_trace(out))
+
+    proc = _run_cli(cfg, parquets, tiny_model_dir, out)
+    log, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, log
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from_step"] >= 6 and summary["steps"] == 16
+    assert f"resuming from {out / 'checkpoints'}" in log
+    # the step counter continued: the resumed process trained only the steps after the checkpoint
+    assert f"train step {summary['resumed_from_step']}/16" not in log
+    assert f"train step {summary['resumed_from_step'] + 1}/16" in log
+    # metrics: every step exactly once (rows past the checkpoint were redone, not duplicated)
+    train_steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()
+                   if json.loads(x)["kind"] == "train"]
+    assert train_steps == list(range(1, 17))
+    # data position: every step saw exactly the prompts of the uninterrupted run
+    assert _trace(out) == _trace(ref)
+    assert killed_steps >= 6
+
+
+class _StopAt:
+    """A TrainerCallback that ends training early (what a crash-free but short run looks like)."""
+
+    def __init__(self, step):
+        from transformers import TrainerCallback
+
+        self.__class__ = type("StopAt", (TrainerCallback,), {"on_step_end": self._stop})
+        self.step = step
+
+    def _stop(self, args, state, control, **kw):
+        if state.global_step >= self.step:
+            control.should_training_stop = True
+
+
+@pytest.mark.slow
+def test_run_that_ends_early_is_not_complete(tmp_path, tiny_model_dir, parquets):
+    from llmrnn.train import trl_engine
+
+    out = tmp_path / "train"
+    with pytest.raises(CheckFailed, match="stopped at step 3 of 8"):
+        trl_engine.train(tiny_cfg(test_freq=0), parquets[0], parquets[1], tiny_model_dir, out,
+                         reward_spec=STANDIN, callbacks=[_StopAt(3)])
+    assert not (out / "adapter").exists()

@@ -1,0 +1,175 @@
+"""verl engine: our main_ppo overrides against verl's own config for 0.7.1 and 0.9.1 (separate venvs made by
+scripts/make_verl_env.sh; `make test` builds them), plus the run wrapper with a stand-in for main_ppo."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from llmrnn.errors import CheckFailed
+from llmrnn.train import verl_cmd
+from tests.verl.rows import make_rows, write_parquet
+
+REPO = Path(__file__).resolve().parents[1]
+VERSIONS = ["0.7.1", "0.9.1"]
+REFERENCE = {"n_gpus_per_node": 2, "rollout": {"tensor_parallel": 2}}  # reproduce.yaml's layout
+
+
+def verl_python(version: str) -> Path:
+    py = REPO / f".venv-verl-{version}" / "bin" / "python"
+    if not py.exists():
+        pytest.skip(f"no verl {version} venv: run scripts/make_verl_env.sh {version} (make test builds it)")
+    return py
+
+
+def check(version, tmp_path, model, cfg, extra=()):
+    train = write_parquet(tmp_path / "train.parquet", make_rows(6))
+    val = write_parquet(tmp_path / "val.parquet", make_rows(2, split="val"))
+    overrides = verl_cmd.build_overrides(
+        cfg, train_parquet=train, val_parquet=val, model_dir=str(model), out_dir=str(tmp_path / "train"),
+        experiment_name="t", endpoint_file=str(tmp_path / "endpoint.json"), verl_version=version,
+    ) + list(extra)
+    path = tmp_path / "overrides.json"
+    path.write_text(json.dumps(overrides))
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), HF_HUB_OFFLINE="1")
+    return subprocess.run(
+        [str(verl_python(version)), str(REPO / "tests" / "verl" / "check_verl.py"), "--overrides", str(path),
+         "--model", str(model), "--parquet", train],
+        capture_output=True, text=True, env=env, timeout=600, check=False,
+    )
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("version", VERSIONS)
+def test_overrides_compose_and_validate_in_real_verl(version, tmp_path, tiny_model_dir):
+    proc = check(version, tmp_path, tiny_model_dir, dict(REFERENCE, lora={"rank": 16, "alpha": 32}))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["verl"] == version
+    assert (report["lora_rank"], report["lora_alpha"]) == (16, 32)
+    assert report["adv_estimator"] == "grpo" and report["rollout_n"] == 8 and report["rollout_name"] == "vllm"
+    assert report["use_kl_loss"] is True and report["kl_loss_type"] == "low_var_kl"
+    assert report["load_format"] == "safetensors"
+    # verl's own loader resolved OUR reward function (not verl's default scorer) with our kwargs
+    assert report["reward_fn"] == "llmrnn.reward.compute_score"
+    assert report["reward_kwargs"]["endpoint_file"].endswith("endpoint.json")
+    assert report["reward_kwargs"]["numeric_only"] is True
+    assert report["default_local_dir"].endswith("train/checkpoints") and report["resume_mode"] == "auto"
+    assert report["logger"] == ["console", "file"]
+    # our parquet loads through verl's RLHFDataset with a chat-template tokenizer
+    assert report["dataset_rows"] == 6 and report["item_data_source"] == "llm_as_rnn_memory_update"
+    assert report["item_ground_truth_is_json"] is True
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("version", VERSIONS)
+def test_misspelled_key_fails(version, tmp_path, tiny_model_dir):
+    proc = check(version, tmp_path, tiny_model_dir, REFERENCE, extra=["actor_rollout_ref.actor.kl_los_coef=0.1"])
+    assert proc.returncode != 0
+    assert "kl_los_coef" in proc.stderr and "Could not override" in proc.stderr
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("version", VERSIONS)
+def test_micro_batch_verl_only_checks_on_the_gpu_node_is_caught_by_preflight(version, tmp_path, tiny_model_dir):
+    """verl checks mini x n / GPUs % micro only inside the FSDP worker (fsdp_workers.py), i.e. after the job
+    got its GPUs; its config-level validation lets it through. Our preflight rejects it before the queue."""
+    from llmrnn.train import config as tcfg
+
+    cfg = dict(REFERENCE, batch={"train": 16, "mini": 16, "micro_per_gpu": 3})
+    proc = check(version, tmp_path, tiny_model_dir, cfg)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    problems = tcfg.geometry(tcfg.normalize(cfg)).problems
+    assert any("micro_per_gpu=3 does not divide the 64 responses" in p for p in problems)
+
+
+def test_overrides_use_the_reward_keys_that_work_in_both_releases():
+    ov = verl_cmd.build_overrides({}, train_parquet="t.parquet", val_parquet="v.parquet", model_dir="m",
+                                  out_dir="o", experiment_name="e", verl_version="0.9.1")
+    keys = [o.split("=", 1)[0] for o in ov]
+    assert not any(k.startswith(("custom_reward_function", "+custom_reward_function")) for k in keys)
+    assert "reward.custom_reward_function.path=pkg://llmrnn.reward" in ov
+    assert "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4" in ov
+    assert "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4" in ov
+    with pytest.raises(Exception, match="unsupported"):
+        verl_cmd.build_overrides({}, train_parquet="t", val_parquet=None, model_dir="m", out_dir="o",
+                                 experiment_name="e", verl_version="0.3.0")
+
+
+# ----------------------------------------------------------------------------- the run wrapper
+FAKE_MAIN_PPO = textwrap.dedent(
+    '''
+    """STAND-IN for `python -m verl.trainer.main_ppo` (verl cannot train without a GPU): writes what verl
+    writes - file-logger lines, rollout dumps, global_step_N/actor/lora_adapter, latest_checkpointed_iteration."""
+    import json, os, sys
+    args = dict(a.split("=", 1) for a in sys.argv[3:] if "=" in a)
+    out = args["trainer.default_local_dir"]
+    stop = int(os.environ.get("FAKE_STOP_AT", "0"))
+    total = int(os.environ["FAKE_TOTAL"])
+    start = int(open(os.path.join(out, "latest_checkpointed_iteration.txt")).read()) if os.path.exists(
+        os.path.join(out, "latest_checkpointed_iteration.txt")) else 0
+    log = open(os.environ["VERL_FILE_LOGGER_PATH"], "w")
+    os.makedirs(args["trainer.rollout_data_dir"], exist_ok=True)
+    for step in range(start + 1, total + 1):
+        with open(os.path.join(args["trainer.rollout_data_dir"], f"{step}.jsonl"), "w") as fh:
+            for s, fb in ((0.2, 0.0), (0.6, 1.0)):
+                fh.write(json.dumps({"score": s, "parse_fallback": fb, "step": step}) + "\\n")
+        data = {"critic/score/mean": 0.4, "actor/kl_loss": 0.01 * step, "actor/entropy": 1.0,
+                "response_length/mean": 50, "actor/pg_clipfrac": 0.0, "actor/grad_norm": 0.5,
+                "actor/lr": float(args["actor_rollout_ref.actor.optim.lr"]), "timing_s/step": 2.0}
+        if step % int(args["trainer.test_freq"]) == 0:
+            data["val-core/llm_as_rnn_memory_update/reward/mean@1"] = 0.5
+        log.write(json.dumps({"step": step, "data": data}) + "\\n")
+        log.flush()
+        if step == stop:
+            sys.exit(0)  # ends early but exits 0: the failure mode the wrapper must catch
+        d = os.path.join(out, f"global_step_{step}", "actor", "lora_adapter")
+        os.makedirs(d, exist_ok=True)
+        json.dump({"r": int(args["actor_rollout_ref.model.lora_rank"]),
+                   "lora_alpha": int(args["actor_rollout_ref.model.lora_alpha"])},
+                  open(os.path.join(d, "adapter_config.json"), "w"))
+        open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w").write(str(step))
+    '''
+)
+
+
+def test_verl_run_streams_metrics_checks_completion_and_copies_adapter(tmp_path, monkeypatch):
+    fake_dir = tmp_path / "fake"
+    (fake_dir / "verl" / "trainer").mkdir(parents=True)
+    (fake_dir / "verl" / "__init__.py").write_text("")
+    (fake_dir / "verl" / "trainer" / "__init__.py").write_text("")
+    (fake_dir / "verl" / "trainer" / "main_ppo.py").write_text(FAKE_MAIN_PPO)
+    monkeypatch.setenv("PYTHONPATH", str(fake_dir))
+    monkeypatch.setattr(verl_cmd, "POLL_S", 0.05)
+    train = write_parquet(tmp_path / "train.parquet", make_rows(8))
+    val = write_parquet(tmp_path / "val.parquet", make_rows(2, split="val"))
+    cfg = {"batch": {"train": 2, "mini": 2, "micro_per_gpu": 4}, "group_size": 4, "epochs": 2, "test_freq": 2,
+           "lora": {"rank": 8, "alpha": 16}}
+    out = tmp_path / "train"
+    kw = {"train_parquet": train, "val_parquet": val, "model_dir": "m", "out_dir": str(out),
+          "experiment_name": "e", "endpoint_file": None, "verl_version": "0.7.1"}
+
+    monkeypatch.setenv("FAKE_TOTAL", "8")
+    monkeypatch.setenv("FAKE_STOP_AT", "5")
+    with pytest.raises(CheckFailed, match="stopped at step 4 of 8"):
+        verl_cmd.run(cfg, **kw)
+    assert not (out / "adapter").exists()
+
+    monkeypatch.setenv("FAKE_STOP_AT", "0")
+    summary = verl_cmd.run(cfg, **kw)
+    assert summary["resumed_from_step"] == 4 and summary["steps"] == 8
+    conf = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert (conf["r"], conf["lora_alpha"]) == (8, 16)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(1, 9))
+    assert [r["step"] for r in rows if r["kind"] == "val"] == [2, 4, 6, 8]
+    first = rows[0]
+    assert first["reward_mean"] == 0.4 and first["reward_std"] == pytest.approx(0.2)
+    assert first["judge_fallback_rate"] == 0.5 and first["kl"] == pytest.approx(0.01)
+    assert "python" in (out / "state" / "verl_command.sh").read_text() and sys.executable

@@ -1,0 +1,113 @@
+"""Runs INSIDE a verl venv (scripts/make_verl_env.sh): checks our main_ppo overrides against verl itself.
+
+    .venv-verl-X/bin/python tests/verl/check_verl.py --overrides o.json --model DIR [--parquet P]
+
+1. composes verl/trainer/config `ppo_trainer` with the overrides through Hydra (an unknown key fails:
+   "Could not override ..."), then does what main_ppo does before it needs a GPU: migrate the legacy
+   reward keys, resolve, and verl's own validate_config (batch divisibility, micro batch sizes, actor
+   dataclass checks);
+2. checks that the knobs landed where verl reads them (the reward function through verl's own
+   get_custom_reward_fn, LoRA rank/alpha, GRPO, rollout n);
+3. loads the parquet through verl's RLHFDataset with the tokenizer of --model, with the composed data config.
+Prints one JSON line; exits non-zero on any failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _vllm_free_lora_rank_check() -> None:
+    """validate_config ends with verl's LoRA-rank check, whose module imports vllm at the top; vllm cannot
+    be installed on CPU, so load verl's OWN get_vllm_max_lora_rank (it needs no vllm) into that module name."""
+    import ast
+    import importlib.util
+    import types
+
+    spec = importlib.util.find_spec("verl.workers.rollout.vllm_rollout")
+    path = os.path.join(os.path.dirname(spec.origin), "utils.py")
+    with open(path, encoding="utf-8") as fh:
+        source = fh.read()
+    tree = ast.parse(source)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "get_vllm_max_lora_rank")
+    module = types.ModuleType("verl.workers.rollout.vllm_rollout.utils")
+    code = "from typing import Literal, get_args\n" + ast.get_source_segment(source, fn)
+    exec(code, module.__dict__)  # noqa: S102 - verl's own function source, see the docstring
+    sys.modules[module.__name__] = module
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--overrides", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--parquet", default=None)
+    args = ap.parse_args()
+    with open(args.overrides, encoding="utf-8") as fh:
+        overrides = json.load(fh)
+
+    import verl
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=overrides)
+
+    from verl.experimental.reward_loop import migrate_legacy_reward_impl
+
+    config = migrate_legacy_reward_impl(config)
+    OmegaConf.resolve(config)
+
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    _vllm_free_lora_rank_check()
+    use_ref = need_reference_policy(config)
+    validate_config(config=config, use_reference_policy=use_ref, use_critic=need_critic(config))
+
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    fn = get_custom_reward_fn(config)
+    assert fn is not None, "reward.custom_reward_function did not resolve to a function"
+    raw = getattr(fn, "args", [None])[0]
+    report = {
+        "verl": verl.__version__,
+        "adv_estimator": config.algorithm.adv_estimator,
+        "lora_rank": config.actor_rollout_ref.model.lora_rank,
+        "lora_alpha": config.actor_rollout_ref.model.lora_alpha,
+        "target_modules": list(config.actor_rollout_ref.model.target_modules),
+        "rollout_n": config.actor_rollout_ref.rollout.n,
+        "rollout_name": config.actor_rollout_ref.rollout.name,
+        "load_format": config.actor_rollout_ref.rollout.load_format,
+        "use_kl_loss": config.actor_rollout_ref.actor.use_kl_loss,
+        "kl_loss_type": config.actor_rollout_ref.actor.kl_loss_type,
+        "use_reference_policy": bool(use_ref),
+        "reward_fn": f"{getattr(raw, '__module__', '?')}.{getattr(raw, '__name__', '?')}",
+        "reward_kwargs": dict(getattr(fn, "args", [None, {}])[1]) if len(getattr(fn, "args", [])) > 1 else {},
+        "reward_manager": config.reward.reward_manager.name,
+        "default_local_dir": config.trainer.default_local_dir,
+        "resume_mode": config.trainer.resume_mode,
+        "logger": list(config.trainer.logger),
+    }
+    if args.parquet:
+        from transformers import AutoTokenizer
+        from verl.utils.dataset.rl_dataset import RLHFDataset
+
+        tok = AutoTokenizer.from_pretrained(args.model)
+        ds = RLHFDataset(data_files=[args.parquet], tokenizer=tok, config=config.data, processor=None)
+        item = ds[0]
+        report["dataset_rows"] = len(ds)
+        report["dataset_keys"] = sorted(item)
+        report["item_data_source"] = item.get("data_source")
+        report["item_ground_truth_is_json"] = isinstance(
+            json.loads(item["reward_model"]["ground_truth"]), dict
+        )
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

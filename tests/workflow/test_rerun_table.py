@@ -1,0 +1,232 @@
+"""Rerun table (DESIGN.md §6): after one real run of `all`, each change reruns exactly the stages that
+depend on it, and nothing else. Asserted by dry runs with params/code/input/mtime triggers.
+
+Data-driven: a row names its change and the rules that must rerun. Expected rules that the workflow
+does not run (yet) are dropped from the row; a row whose change needs a config key or rule that does
+not exist is skipped with the reason. Every rule in the run that a row does not name must NOT rerun.
+test_wrong_expectation_fails shows the check catches a wrong row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, WORKFLOW_PARTS
+from tests.slurm.dag import EXTRA_PARTS, parse_dry_run, run, write_small_config
+
+pytestmark = pytest.mark.slow
+TRIGGERS = ["--rerun-triggers", "params", "code", "input", "mtime"]
+# Snakemake starts every member of the judge/preflight/trainer service group at once: train_grpo then
+# waits (up to --latency-wait) for preflight.json, which takes longer than the default 5 s here.
+GROUP_WAIT = ["--latency-wait", "180"]
+TRAINED_SIDE = {"train_grpo", "merge_model", "release", "eval_shard", "eval_grade", "eval_gather", "eval_plots",
+                "report"}
+JUDGED = {"judge_server", "preflight"}
+
+
+@dataclass
+class Row:
+    name: str
+    rerun: set[str]
+    config: dict | None = None  # merged over config/config.yaml through an extra --configfile
+    edit_file: Callable[[Path, dict], Path] | None = None  # edits a file of the workdir, returns it
+    edit_module: str | None = None  # a module of the package whose code changes (e.g. llmrnn.reward)
+    needs_rules: set[str] = field(default_factory=set)
+
+
+def _edit_rubric(work: Path, cfg: dict) -> Path:
+    """A real rubric change: reword the first long text of the rubric file named in the config."""
+    path = work / cfg["judge"]["rubric"]
+    data = yaml.safe_load(path.read_text())
+
+    def reword(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if isinstance(value, str) and len(value) > 40:
+                    node[key] = value + "\nBe strict."
+                    return True
+                if reword(value):
+                    return True
+        elif isinstance(node, list):
+            return any(reword(v) for v in node)
+        return False
+
+    assert reword(data), f"no rubric text to change in {path}"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+ROWS = [
+    Row("split seed", config={"split": {"seed": 4242}},
+        rerun={"split_cohort", "trajectory_shard", "dump_trajectories"} | JUDGED | TRAINED_SIDE),
+    Row("rubric change", edit_file=_edit_rubric, needs_rules={"judge_server"},
+        rerun=JUDGED | TRAINED_SIDE),
+    Row("training knob", config={"train": {"lr": 2.5e-6}}, needs_rules={"train_grpo"},
+        rerun=JUDGED | TRAINED_SIDE),
+    Row("eval knob", config={"eval": {"stats": {"bootstrap": {"samples": 1999}}}},
+        rerun={"eval_gather", "eval_plots", "report"}),
+    Row("release knob", config={"release": {"private": False}}, needs_rules={"release"}, rerun={"release"}),
+    Row("reward code", edit_module="llmrnn.reward", needs_rules={"preflight"},
+        rerun=JUDGED | TRAINED_SIDE),
+]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMRNN_")}
+    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1",
+               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.update(extra)
+    return env
+
+
+def _snakemake(work: Path, env: dict[str, str], *args: str, timeout: float = 600) -> str:
+    proc = run([str(Path(sys.executable).parent / "snakemake"), *GROUP_WAIT, "--cores", "2", *args],
+               cwd=work, env=env, timeout=timeout)
+    assert proc.returncode == 0, f"snakemake {' '.join(args)}:\n{proc.stdout[-5000:]}\n{proc.stderr[-5000:]}"
+    return proc.stdout + proc.stderr
+
+
+def _rules_to_run(text: str) -> set[str]:
+    return {job.rule for job in parse_dry_run(text) if job.shell is not None}
+
+
+@dataclass
+class Baseline:
+    work: Path
+    ran: set[str]  # rules the real run executed
+    config: dict
+    src: Path  # the package snapshot every snakemake call imports (PYTHONPATH)
+    configfiles: list[str]  # the layers of the baseline config
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory) -> Baseline:
+    work = tmp_path_factory.mktemp("rerun")
+    for part in dict.fromkeys(WORKFLOW_PARTS + EXTRA_PARTS):
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, work / part)
+        elif src.exists():
+            shutil.copy2(src, work / part)
+    # the package as of now, for every run here (its code hashes must not move under the table)
+    snapshot = tmp_path_factory.mktemp("pkg") / "src"
+    shutil.copytree(REPO / "src", snapshot, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    env = _env(PYTHONPATH=str(snapshot))
+    default = yaml.safe_load((work / "config" / "config.yaml").read_text())
+    files = ["config/config.yaml", write_small_config(work)]
+    ran = _rules_to_run(_snakemake(work, env, "-n", "-p", "all", "--configfile", *files))
+    _snakemake(work, env, "all", "--configfile", *files, timeout=3000)
+    left = _snakemake(work, env, "-n", "all", *TRIGGERS, "--configfile", *files)
+    assert "Nothing to be done" in left, f"a fresh run is not up to date:\n{left[-3000:]}"
+    return Baseline(work, ran, default, snapshot, files)
+
+
+
+def _has_path(cfg: dict, override: dict) -> str | None:
+    """The first key of override missing from the config, or None (new keys would fail the schema)."""
+    for key, value in override.items():
+        if key not in cfg:
+            return key
+        if isinstance(value, dict):
+            if not isinstance(cfg[key], dict):
+                return key
+            missing = _has_path(cfg[key], value)
+            if missing:
+                return f"{key}.{missing}"
+    return None
+
+
+@contextlib.contextmanager
+def _applied(row: Row, base: Baseline, tmp: Path) -> Iterator[tuple[list[str], dict[str, str]]]:
+    args: list[str] = []
+    env = _env(PYTHONPATH=str(base.src))
+    if row.config is not None:
+        override = tmp / "override.yaml"
+        override.write_text(yaml.safe_dump(row.config))
+        args += [str(override)]
+    if row.edit_module is not None:
+        src = tmp / "src"
+        shutil.copytree(base.src, src)
+        module = src / (row.edit_module.replace(".", "/") + ".py")
+        module.write_text(module.read_text() + "\n# a code change (rerun table test)\n")
+        env["PYTHONPATH"] = str(src)
+    # file edits touch only config/ (rubrics, prompts): snapshot it and restore content and mtimes
+    saved = [(p, p.read_bytes(), p.stat()) for p in (base.work / "config").rglob("*") if p.is_file()]
+    try:
+        if row.edit_file is not None:
+            edited = row.edit_file(base.work, base.config)
+            assert base.work / "config" in edited.parents, edited
+        yield args, env
+    finally:
+        for path, data, st in saved:
+            if path.read_bytes() != data:
+                path.write_bytes(data)
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def observed_reruns(row: Row, base: Baseline, tmp: Path) -> set[str]:
+    with _applied(row, base, tmp) as (args, env):
+        return _rules_to_run(_snakemake(base.work, env, "-n", "-p", "all", *TRIGGERS, "--configfile",
+                                        *base.configfiles, *args))
+
+
+def check_row(row: Row, base: Baseline, observed: set[str]) -> None:
+    expected = row.rerun & base.ran
+    unexpected = observed - expected
+    missing = expected - observed
+    assert not unexpected and not missing, (
+        f"{row.name}: rules that rerun but should not: {sorted(unexpected)}; "
+        f"rules that should rerun but do not: {sorted(missing)}"
+    )
+
+
+def _skip_reason(row: Row, base: Baseline) -> str | None:
+    if not row.rerun & base.ran:
+        return f"none of {sorted(row.rerun)} is in the workflow's `all` yet"
+    if row.needs_rules - base.ran:
+        return f"stage not in the workflow's `all` yet: {sorted(row.needs_rules - base.ran)}"
+    if row.config is not None and (missing := _has_path(base.config, row.config)):
+        return f"config key {missing} not in config/config.yaml yet"
+    if row.edit_file is not None and not base.config.get("judge", {}).get("rubric"):
+        return "no judge.rubric in the config yet"
+    if row.edit_module is not None:
+        import importlib.util
+
+        if importlib.util.find_spec(row.edit_module) is None:
+            return f"module {row.edit_module} does not exist yet"
+    return None
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_rerun_table(row: Row, baseline: Baseline, tmp_path):
+    reason = _skip_reason(row, baseline)
+    if reason:
+        pytest.skip(reason)
+    check_row(row, baseline, observed_reruns(row, baseline, tmp_path))
+
+
+def test_nothing_reruns_without_a_change(baseline: Baseline):
+    env = _env(PYTHONPATH=str(baseline.src))
+    text = _snakemake(baseline.work, env, "-n", "-p", "all", *TRIGGERS, "--configfile", *baseline.configfiles)
+    assert _rules_to_run(text) == set()
+
+
+def test_wrong_expectation_fails(baseline: Baseline, tmp_path):
+    """Meta-test: the table's check is not vacuous. A split-seed change claimed to rerun only
+    split_cohort (it reruns everything downstream) must fail, and so must a claim of an extra rule."""
+    row = ROWS[0]
+    observed = observed_reruns(row, baseline, tmp_path)
+    assert "split_cohort" in observed and len(observed) > 1, observed
+    with pytest.raises(AssertionError, match="should not"):
+        check_row(Row("wrong: only splits", rerun={"split_cohort"}), baseline, observed)
+    with pytest.raises(AssertionError, match="should rerun but do not"):
+        check_row(Row("wrong: cohort too", rerun=row.rerun | {"clean_cohort"}), baseline, observed)
