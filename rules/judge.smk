@@ -43,7 +43,8 @@ rule preflight:
         f"{LOGS}/preflight.log",
     conda:
         "../envs/cpu.yaml"
-    # 0: preflight mostly waits on the judge; it shares the service group with train_grpo, whose cores count.
+    # 0: preflight mostly waits on the judge; it shares the service group with train_grpo, whose cores
+    # count (llmrnn runs a 0-thread job single-threaded: cli.sanitize_thread_env).
     threads: 0
     params:
         cfg=preflight_cfg(),

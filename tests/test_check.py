@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 
 import pytest
 import yaml
 
 from llmrnn import check
 from llmrnn.cli import main
+from tests.conftest import REPO
 
 
 @pytest.fixture
@@ -98,10 +101,29 @@ def test_batch_geometry_and_profile_gpus(in_workflow, monkeypatch):
     assert not any("LLMRNN_TRAIN_GPUS" in p for p in check.check_training(cfg))
 
 
-def test_verl_command_composes_against_installed_verl():
-    pytest.importorskip("verl", reason="verl lives in the GPU env (scripts/make_verl_env.sh), not in .venv")
-    assert check.compose_verl(["trainer.total_epochs=1"]) == []
-    assert check.compose_verl(["trainer.no_such_key=1"])
+VERL_ENVS = sorted(REPO.glob(".venv-verl-*/bin/python"))
+VERL_PROBE = """
+import json, sys
+from llmrnn import check
+from llmrnn.train import config as tcfg
+good = tcfg.normalize({"engine": "verl", "n_gpus_per_node": 2})
+bad = tcfg.normalize({"engine": "verl", "n_gpus_per_node": 2,
+                      "verl": {"extra_overrides": ["trainer.no_such_key=1"]}})
+print(json.dumps([check.check_verl_command(good), check.check_verl_command(bad)]))
+"""
+
+
+@pytest.mark.skipif(not VERL_ENVS, reason="no verl env (scripts/make_verl_env.sh makes .venv-verl-<version>)")
+@pytest.mark.parametrize("python", VERL_ENVS, ids=[p.parts[-3] for p in VERL_ENVS])
+def test_verl_command_composes_against_installed_verl(python):
+    """The real verl config (0.7.1 / 0.9.x): our command composes; a typo'd pass-through key is caught."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    proc = subprocess.run([str(python), "-c", VERL_PROBE], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    good, bad = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert good == []
+    assert len(bad) == 1 and "trainer.no_such_key" in bad[0], bad
 
 
 def test_check_target_in_the_workflow(workflow_dir, monkeypatch):

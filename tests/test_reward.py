@@ -87,7 +87,9 @@ def test_fenced_json_is_valid_policy_output():
 # --------------------------------------------------------------------------- outcome term
 def test_outcome_term_depends_on_the_candidate_memory(judge_env):
     assert outcome_share("History of HEART-FAILURE.", ["Heart failure", "CKD stage 3"]) == 0.5
-    assert outcome_share("heart failures", ["heart failure"]) == 0.0  # whole-phrase match only
+    assert outcome_share("heart failures", ["heart failure"]) == 0.5  # whole words: "failures" is not "failure"
+    assert outcome_share("hyperkalemia due to ckd", ["hyperkalemia", "acute kidney injury"]) == 0.5
+    assert outcome_share("anything", []) == 0.0
     _judge, kw = judge_env(lambda body: "Score: 5")
     kw["reward_cfg"]["outcome_epsilon"] = 0.2
     good = compute_score(DS, memory("Heart failure; CKD stage 3."), STEP, {}, **kw)
@@ -198,3 +200,16 @@ def test_pairwise_within_group_for_trl(judge_env, monkeypatch):
     # group 0: q9 beats both (1.0), q5 beats one (0.5), q1 none (0.0); invalid JSON 0.05; group 1: 0 and 1
     assert scores == [1.0, 0.5, 0.0, 0.05, 0.0, 1.0]
     assert judge.hits == 2 * 3 + 2 * 1  # ordered pairs: 3*2 in group 0, 2*1 in group 1
+
+
+def test_outcome_term_on_output_that_is_not_json(judge_env):
+    judge, kw = judge_env(lambda body: "Score: 9")
+    step = json.dumps({"next_ground_truth_diagnoses": ["hyperkalemia", "type 2 diabetes mellitus"]})
+    assert compute_score(DS, "not json, hyperkalemia", step, {}, **kw)["score"] == 0.05  # epsilon 0: reference
+    kw["reward_cfg"]["outcome_epsilon"] = 0.2
+    full = compute_score(DS, "watch hyperkalemia and type 2 diabetes mellitus", step, {}, **kw)
+    part = compute_score(DS, "history of diabetes", step, {}, **kw)
+    none = compute_score(DS, "likes tennis", step, {}, **kw)
+    assert math.isclose(full["score"], 0.25) and math.isclose(part["score"], 0.05 + 0.2 * (0.25 / 2))
+    assert none["score"] == 0.05 and full["parse_method"] == "invalid_json"
+    assert judge.hits == 0  # never judged

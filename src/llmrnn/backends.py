@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -86,18 +87,111 @@ def json_closed(text: str) -> bool:
     return False
 
 
-def _json_stopper(tokenizer, prompt_len: int, prefixes: Sequence[str]):
-    """Stops a row as soon as its answer (response prefix + new tokens) closes its JSON object."""
+def _json_signature(text: str) -> str:
+    """What json_closed needs of a piece of text: its structural characters ({, }, ", \\), every run of
+    other characters shortened to one "x" (it only matters as the character a backslash escapes)."""
+    return re.sub(r'[^{}"\\]+', "x", text)
+
+
+def token_signatures(tokenizer) -> list[str | None]:
+    """Per vocabulary id: _json_signature of its text ("" for special tokens, which decoding skips), or None
+    when the token alone decodes to nothing. A token holding part of a multi-byte character decodes alone to
+    U+FFFD where the whole text has that character: both are non-structural, and structural characters are
+    single ASCII bytes, never part of a multi-byte character, so the signatures agree with the whole text's."""
+    size = max(len(tokenizer), max(tokenizer.get_vocab().values(), default=0) + 1)
+    ids = [[i] for i in range(size)]
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    raw = tokenizer.batch_decode(ids, skip_special_tokens=False)
+    sigs: list[str | None] = []
+    for text, full in zip(texts, raw):
+        if not text and full:
+            sigs.append("")  # skipped when decoding
+        elif not text:
+            sigs.append(None)
+        else:
+            sigs.append(_json_signature(text))
+    return sigs
+
+
+class JsonScanner:
+    """json_closed, fed incrementally: `feed(text)` returns True once a top-level {...} object has closed."""
+
+    __slots__ = ("closed", "depth", "escaped", "in_str", "started")
+
+    def __init__(self) -> None:
+        self.started, self.depth, self.in_str, self.escaped, self.closed = False, 0, False, False, False
+
+    def feed(self, text: str) -> bool:
+        if self.closed:
+            return True
+        for ch in text:
+            if not self.started:
+                if ch != "{":
+                    continue
+                self.started = True
+            if self.in_str:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_str = False
+            elif ch == '"':
+                self.in_str = True
+            elif ch == "{":
+                self.depth += 1
+            elif ch == "}":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.closed = True
+                    return True
+        return False
+
+
+def _json_stopper(tokenizer, prompt_len: int, prefixes: Sequence[str], signatures: Sequence[str | None]):
+    """Stops a row as soon as its answer (response prefix + new tokens) closes its JSON object.
+
+    Incremental: each step scans only the new token's signature (token_signatures) instead of decoding
+    every row's whole answer. A row whose token has no fixed signature, or whose incremental verdict the
+    full decode (checked once, when it first says closed) does not confirm, is decoded in full every
+    step from then on, as json_closed on the decoded text always did: the stopping decision is the same.
+    """
     import torch
     from transformers import StoppingCriteria
 
     class JsonDone(StoppingCriteria):
+        def __init__(self) -> None:
+            self.scanners = []
+            for prefix in prefixes:
+                sc = JsonScanner()
+                sc.feed(prefix)
+                self.scanners.append(sc)
+            self.exact = [False] * len(prefixes)
+            self.done = [False] * len(prefixes)
+            self.seen = prompt_len
+
+        def _exact(self, i: int, row) -> bool:
+            return json_closed(prefixes[i] + tokenizer.decode(row[prompt_len:], skip_special_tokens=True))
+
         def __call__(self, input_ids, scores, **kwargs):
-            done = [
-                json_closed(prefixes[i] + tokenizer.decode(row[prompt_len:], skip_special_tokens=True))
-                for i, row in enumerate(input_ids)
-            ]
-            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+            new = input_ids[:, self.seen :].tolist()
+            self.seen = input_ids.shape[1]
+            for i, toks in enumerate(new):
+                if self.done[i]:
+                    continue
+                if not self.exact[i]:
+                    sig = [signatures[t] if 0 <= t < len(signatures) else None for t in toks]
+                    if any(s is None for s in sig):
+                        self.exact[i] = True
+                    elif self.scanners[i].feed("".join(sig)):
+                        if self._exact(i, input_ids[i]):
+                            self.done[i] = True
+                        else:
+                            self.exact[i] = True
+                        continue
+                if self.exact[i]:
+                    self.done[i] = self._exact(i, input_ids[i])
+            return torch.tensor(self.done, dtype=torch.bool, device=input_ids.device)
 
     return JsonDone()
 
@@ -108,6 +202,10 @@ def _row_sampler(seeds: Sequence[int], temperature: float, top_p: float):
 
     Used with greedy decoding (do_sample=False): the processed scores are -inf except at the sampled
     token, so argmax picks it. Row i's draws depend only on seeds[i] and its own logits.
+    The draw is torch.multinomial(probs[i], 1, generator=g_i) computed the way torch does it for one
+    sample (argmax(p / q), q ~ Exp(1) drawn from g_i, aten Distributions.cpp), so the per-row work is
+    one exponential_ on a row of a preallocated buffer and the rest is vectorised over the batch;
+    the tokens are the ones torch.multinomial with the same generators gives.
     """
     import torch
     from transformers import LogitsProcessor
@@ -115,6 +213,7 @@ def _row_sampler(seeds: Sequence[int], temperature: float, top_p: float):
     class RowSampler(LogitsProcessor):
         def __init__(self) -> None:
             self.generators = [torch.Generator().manual_seed(int(s) & 0x7FFF_FFFF_FFFF_FFFF) for s in seeds]
+            self.noise = None
 
         def __call__(self, input_ids, scores):
             logits = scores.float() / max(temperature, 1e-5)
@@ -124,11 +223,12 @@ def _row_sampler(seeds: Sequence[int], temperature: float, top_p: float):
                 drop = (torch.cumsum(sorted_p, dim=-1) - sorted_p) > top_p
                 sorted_p = sorted_p.masked_fill(drop, 0.0)
                 probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-            forced = torch.full_like(scores, float("-inf"))
+            if self.noise is None or self.noise.shape != probs.shape:
+                self.noise = torch.empty(probs.shape, dtype=probs.dtype, device=probs.device)
             for i, gen in enumerate(self.generators):
-                token = torch.multinomial(probs[i], 1, generator=gen)
-                forced[i, token] = 0.0
-            return forced
+                self.noise[i].exponential_(1, generator=gen)
+            tokens = torch.div(probs, self.noise).argmax(dim=-1, keepdim=True)
+            return torch.full_like(scores, float("-inf")).scatter_(-1, tokens, 0.0)
 
     return RowSampler()
 
@@ -162,6 +262,13 @@ class TransformersBackend:
         self.eos_token_id = eos
         self.calls = 0
         self.sequences = 0
+        self._signatures: list[str | None] | None = None
+
+    @property
+    def signatures(self) -> list[str | None]:
+        if self._signatures is None:
+            self._signatures = token_signatures(self.tokenizer)
+        return self._signatures
 
     def render(self, conversations: Sequence[Messages]) -> list[str]:
         """Chat template; a final assistant message is continued (a response prefix), not closed."""
@@ -214,7 +321,9 @@ class TransformersBackend:
             stoppers = StoppingCriteriaList()
             if self.stop_at_json:
                 prefixes = [conversations[i][-1]["content"] if _continues(conversations[i]) else "" for i in idx]
-                stoppers.append(_json_stopper(self.tokenizer, enc["input_ids"].shape[1], prefixes))
+                stoppers.append(
+                    _json_stopper(self.tokenizer, enc["input_ids"].shape[1], prefixes, self.signatures)
+                )
             with torch.inference_mode():
                 generated = self.model.generate(
                     **enc, generation_config=config, logits_processor=processors, stopping_criteria=stoppers

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import sys
 
 from llmrnn.errors import LlmrnnError
@@ -52,7 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                   "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def sanitize_thread_env() -> None:
+    """Snakemake exports OMP_NUM_THREADS=<threads> to every job; a job scheduled with `threads: 0` (the
+    judge service and preflight, so they do not take the cores of the trainer in their group) would
+    hand libgomp a 0, which it rejects. Run such jobs single-threaded instead; before torch is imported."""
+    for var in THREAD_ENV_VARS:
+        if os.environ.get(var, "1").strip() in ("0", ""):
+            os.environ[var] = "1"
+
+
 def main(argv: list[str] | None = None) -> int:
+    sanitize_thread_env()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -141,13 +141,19 @@ def normalise(text: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9]+", " ", str(text).lower()).split())
 
 
+OUTCOME_STOPWORDS = frozenset("a an and of on the to in with for due from at by or".split())
+
+
 def outcome_share(memory: str, diagnoses: list[str] | None) -> float:
-    """Share of the next visit's ground-truth diagnoses that the memory mentions (normalised match)."""
-    wanted = [normalise(d) for d in diagnoses or [] if normalise(d)]
-    if not wanted:
+    """How much of the next visit's ground-truth diagnoses the memory anticipates: per diagnosis, the share
+    of its words the memory mentions (normalised, whole words, stop words ignored), averaged. Partial
+    credit keeps the signal graded, so candidates of one group rarely tie (GRPO needs differences)."""
+    words_of = [[w for w in normalise(d).split() if w not in OUTCOME_STOPWORDS] for d in diagnoses or []]
+    words_of = [w for w in words_of if w]
+    if not words_of:
         return 0.0
-    haystack = f" {normalise(memory)} "
-    return sum(f" {d} " in haystack for d in wanted) / len(wanted)
+    present = set(normalise(memory).split())
+    return sum(sum(w in present for w in words) / len(words) for words in words_of) / len(words_of)
 
 
 def _step(ground_truth: Any) -> dict:

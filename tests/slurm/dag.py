@@ -20,7 +20,7 @@ SLURM_COMMANDS = {
 # Extra parts of the repository a workflow run may need besides conftest.WORKFLOW_PARTS.
 EXTRA_PARTS = ["envs", "scripts"]
 
-_RULE = re.compile(r"^(?:local)?rule (\w+):\s*$")
+_RULE = re.compile(r"^\s*(?:local)?rule (\w+):\s*$")  # group members are indented
 _JOBID = re.compile(r"^\s+jobid: (\d+)\s*$")
 _RES = re.compile(r"^\s+resources: (.*)$")
 

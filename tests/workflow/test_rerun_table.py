@@ -10,6 +10,7 @@ test_wrong_expectation_fails shows the check catches a wrong row.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import sys
@@ -110,6 +111,14 @@ class Baseline:
 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory) -> Baseline:
+    """One real run of `all` (small config). LLMRNN_RERUN_BASELINE=<dir of an earlier baseline> reuses
+    it (for wiring new rows without a half-hour run; the dir is printed in the test's -s output)."""
+    reuse = os.environ.get("LLMRNN_RERUN_BASELINE")
+    if reuse and (Path(reuse) / "ran.json").is_file():
+        work = Path(reuse)
+        meta = json.loads((work / "ran.json").read_text())
+        default = yaml.safe_load((work / "config" / "config.yaml").read_text())
+        return Baseline(work, set(meta["ran"]), default, work / ".pkg" / "src", meta["configfiles"])
     work = tmp_path_factory.mktemp("rerun")
     for part in dict.fromkeys(WORKFLOW_PARTS + EXTRA_PARTS):
         src = REPO / part
@@ -118,7 +127,7 @@ def baseline(tmp_path_factory) -> Baseline:
         elif src.exists():
             shutil.copy2(src, work / part)
     # the package as of now, for every run here (its code hashes must not move under the table)
-    snapshot = tmp_path_factory.mktemp("pkg") / "src"
+    snapshot = work / ".pkg" / "src"
     shutil.copytree(REPO / "src", snapshot, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     env = _env(PYTHONPATH=str(snapshot))
     default = yaml.safe_load((work / "config" / "config.yaml").read_text())
@@ -127,9 +136,9 @@ def baseline(tmp_path_factory) -> Baseline:
     _snakemake(work, env, "all", "--configfile", *files, timeout=3000)
     left = _snakemake(work, env, "-n", "all", *TRIGGERS, "--configfile", *files)
     assert "Nothing to be done" in left, f"a fresh run is not up to date:\n{left[-3000:]}"
+    (work / "ran.json").write_text(json.dumps({"ran": sorted(ran), "configfiles": files}))
+    print(f"rerun table baseline: {work}")
     return Baseline(work, ran, default, snapshot, files)
-
-
 
 def _has_path(cfg: dict, override: dict) -> str | None:
     """The first key of override missing from the config, or None (new keys would fail the schema)."""
