@@ -141,7 +141,7 @@ def normalise(text: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9]+", " ", str(text).lower()).split())
 
 
-OUTCOME_STOPWORDS = frozenset("a an and of on the to in with for due from at by or".split())
+OUTCOME_STOPWORDS = frozenset(["a", "an", "and", "of", "on", "the", "to", "in", "with", "for", "due", "from", "at", "by", "or"])
 
 
 def outcome_share(memory: str, diagnoses: list[str] | None) -> float:
