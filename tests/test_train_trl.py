@@ -153,3 +153,21 @@ def test_run_that_ends_early_is_not_complete(tmp_path, tiny_model_dir, parquets)
         trl_engine.train(tiny_cfg(test_freq=0), parquets[0], parquets[1], tiny_model_dir, out,
                          reward_spec=STANDIN, callbacks=[_StopAt(3)])
     assert not (out / "adapter").exists()
+
+
+@pytest.mark.slow
+def test_changed_config_starts_over_instead_of_resuming(tmp_path, tiny_model_dir, parquets):
+    """Checkpoints are valid only for the run that wrote them: a rerun with a new knob must not resume."""
+    from llmrnn.train import trl_engine
+
+    out = tmp_path / "train"
+    with pytest.raises(CheckFailed):
+        trl_engine.train(tiny_cfg(test_freq=0), parquets[0], parquets[1], tiny_model_dir, out,
+                         reward_spec=STANDIN, callbacks=[_StopAt(3)])
+    assert trl_engine.latest_checkpoint(out / "checkpoints") is not None
+    same = trl_engine.train(tiny_cfg(test_freq=0), parquets[0], parquets[1], tiny_model_dir, out,
+                            reward_spec=STANDIN)
+    assert same["resumed_from_step"] == 2  # same config: resumes from its checkpoint
+    changed = trl_engine.train(tiny_cfg(test_freq=0, lr=5e-4), parquets[0], parquets[1], tiny_model_dir, out,
+                               reward_spec=STANDIN)
+    assert changed["resumed_from_step"] == 0 and changed["steps"] == 8

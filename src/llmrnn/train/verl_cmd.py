@@ -252,6 +252,10 @@ def run(
     planned = tcfg.planned_steps(cfg, n_rows)
     if planned < 1:
         raise CheckFailed(f"train: {n_rows} train rows make no full batch of {cfg['batch']['train']} prompts")
+    from llmrnn.train.trl_engine import discard_stale_checkpoints, run_fingerprint
+
+    # resume_mode=auto would resume any checkpoint it finds: keep only those of this exact run
+    discard_stale_checkpoints(out, run_fingerprint(cfg, train_parquet, model_dir, "verl"))
     start = latest_step(ckpt_dir)
     writer = MetricsWriter(out / "state" / "metrics.jsonl")  # live; copied to metrics.jsonl at the end
     writer.truncate_after(start)
