@@ -357,6 +357,11 @@ def run_server(rubric_path: str, endpoint_file: str, startup_timeout_s: float | 
     env.setdefault("HF_HUB_OFFLINE", "1")
     if env.get("OMP_NUM_THREADS") == "0":  # threads: 0 in the service rule; torch and vLLM want >= 1
         env["OMP_NUM_THREADS"] = "1"
+    if rubric.needs_gpu:
+        from llmrnn.gpus import assign
+
+        # one node, one group job: the judge takes the last GPU, train_grpo the others (disjoint)
+        assign("judge", judge_gpus=1, env=env)
     base_url = f"http://{rubric.serving.host}:{port}"
     log.info("starting judge (%s) on %s:%d: %s", rubric.serving.engine, rubric.serving.host, port,
              " ".join(argv[:4] + ["..."]))
