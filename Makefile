@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(RUNENV) snakemake --profile profiles/local --report report.html all
 
 test: $(STAMP) verl-envs
-	$(RUNENV) pytest -x -q --timeout 2400 --durations 15 tests
+	$(RUNENV) pytest -x -q --timeout 3600 --durations 15 tests
 
 lint: $(STAMP)
 	$(RUNENV) snakefmt --check Snakefile rules
