@@ -79,16 +79,10 @@ def _percentile(values: list[float], q: float) -> float | None:
 def load_rows(parquet: str | Path, k: int, seed: int) -> list[dict]:
     import pandas as pd
 
+    from llmrnn.train.data import read_rows  # one reader (and one set of messages) for trajectory parquets
+
     path = Path(parquet)
-    if not path.is_file():
-        raise InputError(f"{path}: train parquet not found")
-    try:
-        df = pd.read_parquet(path)
-    except Exception as exc:
-        raise InputError(f"{path}: not a readable parquet: {exc}") from exc
-    for col in ("reward_model", "extra_info", "data_source"):
-        if col not in df.columns:
-            raise InputError(f"{path}: column {col!r} missing (verl RLHFDataset format expected)")
+    df = pd.DataFrame(read_rows(path))
     if len(df) == 0:
         raise InputError(f"{path}: no rows")
     if len(df) > k:
