@@ -163,3 +163,80 @@ def test_stop_at_json_stops_rows_whose_prefix_is_already_a_complete_object(tiny_
 
     assert n_tokens(out[0]) <= 1  # the stopper fires at its first check, after one token
     assert n_tokens(unstopped) > 1
+
+
+SHARED = [
+    [{"role": "system", "content": "Answer with JSON only. " * 6},
+     {"role": "user", "content": f"patient {i}: " + "chronic kidney disease " * (1 + 2 * i)}]
+    for i in range(5)
+]
+
+
+def test_shared_prefix_prefill_gives_the_tokens_of_a_plain_prefill(tiny, monkeypatch):
+    """The batch's common prompt prefix is computed once, the rest in right-padded chunks; the sampled
+    tokens are those of HF generate prefilling the left-padded batch itself."""
+    seeds = [3, 1, 4, 1, 5]
+    before = tiny.prefill_tokens
+    ours = tiny.generate(SHARED, temperature=1.0, top_p=0.9, max_tokens=10, seeds=seeds)
+    computed = tiny.prefill_tokens - before
+    prompt_tokens = sum(tiny.prompt_lengths(SHARED))
+    assert computed < prompt_tokens - 3 * 40  # the ~50-token system prompt ran once per micro-batch of 2
+
+    def plain(rows, room=0):  # what generate does without our cache
+        return dict(tiny.tokenizer.pad({"input_ids": [list(r) for r in rows]}, return_tensors="pt"))
+
+    monkeypatch.setattr(tiny, "_prefill", plain)
+    theirs = tiny.generate(SHARED, temperature=1.0, top_p=0.9, max_tokens=10, seeds=seeds)
+    assert ours == theirs and len(set(ours)) > 1
+
+
+def test_preallocated_cache_grows_and_follows_batch_selection():
+    import torch
+
+    keys = torch.arange(2 * 1 * 3 * 2, dtype=torch.float32).reshape(2, 1, 3, 2)
+    cache = backends._preallocated_cache([(keys, keys + 100)], capacity=4)
+    layer = cache.layers[0]
+    for step in range(3):  # the third token overflows capacity 4: fresh, larger buffers
+        new = torch.full((2, 1, 1, 2), float(step))
+        k, v = layer.update(new, new + 100)
+    assert k.shape == (2, 1, 6, 2) and cache.get_seq_length() == 6
+    assert torch.equal(k[:, :, :3], keys) and torch.equal(v[:, :, 3:], torch.tensor([100.0, 101, 102])
+                                                          .view(1, 1, 3, 1).expand(2, 1, 3, 2))
+    layer.batch_select_indices(torch.tensor([1]))
+    k, _ = layer.update(torch.full((1, 1, 1, 2), 9.0), torch.zeros(1, 1, 1, 2))
+    assert k.shape == (1, 1, 7, 2) and torch.equal(k[0, :, :3], keys[1]) and k[0, 0, 6, 0] == 9.0
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9])
+def test_wide_rows_draw_the_multinomial_token_of_the_nucleus(top_p):
+    """Rows whose mass spreads beyond the top candidates take the full sort: their token is the one
+    torch.multinomial draws from the nucleus-filtered distribution with the row's own generator."""
+    import torch
+
+    torch.manual_seed(0)
+    scores = torch.randn(4, 300) * 0.3  # flat rows: 16 candidates never hold the nucleus
+    seeds = [7, 8, 9, 10]
+    out = backends._row_sampler(seeds, 1.0, top_p, candidates=16)(None, scores.clone())
+    probs = torch.softmax(scores, dim=-1)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    sorted_p = sorted_p.masked_fill((torch.cumsum(sorted_p, -1) - sorted_p) > top_p, 0.0)
+    nucleus = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    expected = [int(torch.multinomial(nucleus[i], 1, generator=torch.Generator().manual_seed(s)))
+                for i, s in enumerate(seeds)]
+    assert out.argmax(dim=-1).tolist() == expected
+
+
+def test_peaked_rows_sample_the_nucleus_from_their_candidates():
+    """A peaked row draws among its top candidates only: never outside the nucleus, and with the nucleus
+    distribution's frequencies (2000 seeded draws, so the counts are fixed, not flaky)."""
+    import torch
+
+    logits = torch.full((1, 500), -20.0)
+    logits[0, :4] = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))  # nucleus at top_p 0.9: tokens 0, 1, 2
+    seeds = list(range(2000))
+    sampler = backends._row_sampler(seeds, 1.0, 0.9, candidates=8)
+    tokens = sampler(None, logits.expand(len(seeds), -1).clone()).argmax(dim=-1)
+    counts = torch.bincount(tokens, minlength=4)[:4].tolist()
+    assert counts[3] == 0 and sum(counts) == len(seeds)
+    for got, p in zip(counts[:3], (0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95)):
+        assert abs(got / len(seeds) - p) < 0.04
