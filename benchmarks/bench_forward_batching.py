@@ -1,6 +1,6 @@
 """Forward pass batched across patients vs one patient at a time: same tiny model, backend, prompts.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_forward_batching.py --patients 64
+    .venv/bin/python benchmarks/bench_forward_batching.py --patients 64 [--threads 1,2]
 
 Both modes run llmrnn.rnn.run_forward with the same transformers backend (a tiny random Llama built in a
 temp dir, FINDINGS §2), the same prompt file and the same seeds; "batched" sends all patients of a visit
