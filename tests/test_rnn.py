@@ -179,3 +179,21 @@ def test_fallback_evaluation_matches_normalised_text():
     )
     assert ev["primary_correct"] and ev["any_top5_correct"]
     assert ev["missed_diagnoses"] == ["copd"]
+
+
+def test_shipped_templates_put_fixed_text_before_patient_data(prompts, tiny_backend):
+    """The batched engine prefills the prompt prefix a pass shares once: prediction and memory-update
+    prompts of different patients must share their instructions, not diverge at the first placeholder."""
+    import os
+
+    patients = synthesize_cohort(3, seed=4)
+    records = run_forward(patients, counting_roles(tiny_backend, [], max_tokens=4), prompts, seed=1)
+    update_prompts = [r["visits"][0]["update_prompt"] for r in records]
+    assert len(set(update_prompts)) == 3
+    assert len(os.path.commonprefix(update_prompts)) > 400  # the rewrite instructions and the JSON form
+    predictions = [
+        tiny_backend.render([prompts.prediction.messages({"memory": "m", "visit": prompts.render_visit(p["visits"][0]),
+                                                          "visit_number": 1})])[0]
+        for p in patients
+    ]
+    assert len(os.path.commonprefix(predictions)) > 200 + len(prompts.prediction.system)
