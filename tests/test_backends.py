@@ -240,3 +240,18 @@ def test_peaked_rows_sample_the_nucleus_from_their_candidates():
     assert counts[3] == 0 and sum(counts) == len(seeds)
     for got, p in zip(counts[:3], (0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95)):
         assert abs(got / len(seeds) - p) < 0.04
+
+
+def test_shared_prefix_is_stored_once_and_attended_like_per_row_copies(tiny_model_dir):
+    """CPU decode attends the batch's shared prefix from ONE stored copy (split softmax merged by log-sum-exp);
+    the tokens equal those of an engine that keeps a full copy of the prefix in every row's cache."""
+    split = backends.TransformersBackend(str(tiny_model_dir), batch_size=8)
+    copies = backends.TransformersBackend(str(tiny_model_dir), batch_size=8, shared_prefix_attention=False)
+    assert split.shared_prefix_attention and not copies.shared_prefix_attention
+    rows = split.tokenizer(split.render(SHARED), add_special_tokens=False)["input_ids"]
+    cache = split._prefill(rows, room=4)["past_key_values"]
+    shared = cache.layers[0].prefix[0].shape[-2]
+    assert shared > 40 and cache.layers[0].prefix[0].shape[0] == 1  # one copy, not one per row
+    assert cache.get_seq_length() == max(map(len, rows)) - 1 and cache.layers[0].keys.shape[-2] == cache.get_seq_length() - shared
+    seeds = [9, 8, 7, 6, 5]
+    assert split.generate(SHARED, 1.0, 0.9, 12, seeds=seeds) == copies.generate(SHARED, 1.0, 0.9, 12, seeds=seeds)

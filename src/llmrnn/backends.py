@@ -29,6 +29,7 @@ import random
 import re
 import time
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 from llmrnn.errors import InputError, LlmrnnError
@@ -197,22 +198,31 @@ def _json_stopper(tokenizer, prompt_len: int, prefixes: Sequence[str], signature
 
 
 # ----------------------------------------------------------------------------- transformers
-def _preallocated_cache(data: Sequence[tuple], capacity: int):
+_ACTIVE_CACHE: ContextVar[Any] = ContextVar("llmrnn_shared_prefix_cache", default=None)
+SHARED_PREFIX_ATTENTION = "llmrnn_shared_prefix"
+
+
+def _preallocated_cache(data: Sequence[tuple], capacity: int, prefix: Sequence[tuple] | None = None):
     """A DynamicCache whose layers write new keys/values into buffers sized for the whole generation.
 
     The stock DynamicLayer concatenates the whole cache every decode step (a full copy of batch x heads x
     length x dim per layer per token); here a step copies only the new token. Layers are views of the
-    buffers, so everything that reads `keys`/`values` (masks, lengths, crop, batch selection) sees the
-    same tensors a DynamicLayer would hold.
+    buffers, so everything that reads `keys`/`values` (lengths, crop, batch selection) sees the same
+    tensors a DynamicLayer would hold.
+    With `prefix` (per layer (keys, values) of shape [1, heads, P, dim]): every row's first P positions
+    are that one prefix, stored ONCE; `data` holds the positions after it. Lengths and mask sizes count
+    the prefix; `_shared_prefix_attention` reads it once per step for the whole batch.
     """
     import torch
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
     class PreallocatedLayer(DynamicLayer):
-        def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, shared: tuple | None) -> None:
             super().__init__()
             self.lazy_initialization(keys, values)
+            self.prefix = shared
+            self.prefix_length = 0 if shared is None else shared[0].shape[-2]
             self._kbuf = self._vbuf = None
             self._store(keys, values, max(capacity, keys.shape[-2]))
 
@@ -234,9 +244,76 @@ def _preallocated_cache(data: Sequence[tuple], capacity: int):
             self.keys, self.values = self._kbuf[:, :, : n + new], self._vbuf[:, :, : n + new]
             return self.keys, self.values
 
+        def get_seq_length(self) -> int:
+            return self.prefix_length + self.keys.shape[-2]
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return self.get_seq_length() + query_length, 0
+
+    prefix = prefix or [None] * len(data)
     cache = DynamicCache()
-    cache.layers = [PreallocatedLayer(k, v) for k, v in data]
+    cache.layers = [PreallocatedLayer(k, v, shared) for (k, v), shared in zip(data, prefix)]
     return cache
+
+
+def _shared_prefix_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """SDPA for a cache whose rows share one stored prefix (_preallocated_cache with `prefix`).
+
+    Decode step (one query token per row): attention over the prefix runs as ONE flash-attention call
+    with every row's query against the single prefix copy, attention over each row's own positions as a
+    second call, and the two are merged with their log-sum-exps (the split-softmax identity of
+    FlashAttention / cascade inference). The prefix is read once per step instead of once per row; on a
+    CPU the batch's whole cache no longer streams from memory every step. Anything else (no shared
+    prefix, several query tokens) is plain SDPA.
+    """
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cache = _ACTIVE_CACHE.get()
+    layer = cache.layers[module.layer_idx] if cache is not None else None
+    prefix = getattr(layer, "prefix", None)
+    if prefix is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    prefix_keys, prefix_values = prefix
+    batch, heads, q_len, dim = query.shape
+    if q_len != 1:  # not on generate's path after _prefill; correct, without the saving
+        full_k = torch.cat([prefix_keys.expand(batch, -1, -1, -1), key], dim=2)
+        full_v = torch.cat([prefix_values.expand(batch, -1, -1, -1), value], dim=2)
+        return sdpa_attention_forward(module, query, full_k, full_v, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    kv_heads, shared = key.shape[1], prefix_keys.shape[-2]
+    group = heads // kv_heads  # query head h reads key/value head h // group
+    scale = scaling if scaling is not None else dim**-0.5
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    q = query.reshape(batch, kv_heads, group, dim)
+    out_p, lse_p = flash(q.transpose(0, 1).reshape(1, kv_heads, batch * group, dim), prefix_keys, prefix_values,
+                         scale=scale)[:2]
+    mask = None
+    if attention_mask is not None:
+        mask = attention_mask[..., shared:]
+        if mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, float("-inf"))
+    out_r, lse_r = flash(q, key, value, attn_mask=mask, scale=scale)[:2]
+    out_p = out_p.reshape(kv_heads, batch, group, dim).transpose(0, 1)
+    lse_p = lse_p.reshape(kv_heads, batch, group).transpose(0, 1)
+    top = torch.maximum(lse_p, lse_r)
+    w_p, w_r = torch.exp(lse_p - top).unsqueeze(-1), torch.exp(lse_r - top).unsqueeze(-1)
+    out = (out_p * w_p + out_r * w_r) / (w_p + w_r)
+    return out.to(query.dtype).reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
+
+
+def _use_shared_prefix_attention(model) -> bool:
+    """Switch a CPU model from SDPA to _shared_prefix_attention (plain SDPA whenever no prefix is shared)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return False
+    AttentionInterface.register(SHARED_PREFIX_ATTENTION, _shared_prefix_attention)
+    AttentionMaskInterface.register(SHARED_PREFIX_ATTENTION, sdpa_mask)
+    model.set_attn_implementation(SHARED_PREFIX_ATTENTION)
+    return True
 
 
 def _row_sampler(seeds: Sequence[int], temperature: float, top_p: float, candidates: int = 128):
@@ -304,7 +381,7 @@ class TransformersBackend:
     """In-process HF model; one `generate` call = one batched pass over all conversations."""
 
     def __init__(self, model_path: str, device: str = "cpu", dtype: str = "float32", batch_size: int = 16,
-                 stop_at_json: bool = True, prefill_batch: int = 4):
+                 stop_at_json: bool = True, prefill_batch: int = 4, shared_prefix_attention: bool = True):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -325,6 +402,10 @@ class TransformersBackend:
         if isinstance(torch_dtype, str) and torch_dtype != "auto":
             torch_dtype = getattr(torch, torch_dtype)
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype).to(device).eval()
+        # the split prefix/rest attention uses the CPU flash kernel; elsewhere the prefix is copied per row
+        self.shared_prefix_attention = device == "cpu" and shared_prefix_attention and _use_shared_prefix_attention(
+            self.model
+        )
         gen = self.model.generation_config
         eos = gen.eos_token_id if gen.eos_token_id is not None else self.tokenizer.eos_token_id
         self.eos_token_id = eos
@@ -374,11 +455,18 @@ class TransformersBackend:
             first = rows[0]
             while shared < shortest - 1 and all(r[shared] == first[shared] for r in rows):
                 shared += 1
+        # with a stored shared prefix the padding goes between prefix and rest: [prefix][pad][rest]
+        cascade = bool(shared) and self.shared_prefix_attention
         input_ids = torch.full((len(rows), width), int(self.tokenizer.pad_token_id), dtype=torch.long)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, r in enumerate(rows):
             input_ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
             attention_mask[i, width - len(r) :] = 1
+            if cascade:
+                input_ids[i, :shared] = torch.tensor(r[:shared], dtype=torch.long)
+                input_ids[i, shared : width - len(r) + shared] = int(self.tokenizer.pad_token_id)
+                attention_mask[i, :shared] = 1
+                attention_mask[i, shared : width - len(r) + shared] = 0
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         self.prefill_tokens += shared + sum(len(r) - 1 - shared for r in rows)
         if shortest < 2:  # nothing to cache for a one-token prompt: generate prefills as usual
@@ -419,18 +507,19 @@ class TransformersBackend:
                 for j, i in enumerate(chunk):
                     keep = shared + len(rests[j])  # right padding: the row's own tokens come first
                     per_row[i] = [(k[j, :, :keep], v[j, :, :keep]) for k, v, *_ in out.past_key_values]
+            skip = shared if cascade else 0  # cached columns held by the stored prefix
             data = []
             for layer in range(layers):
                 k0, v0 = per_row[0][layer]
-                keys = k0.new_zeros((len(rows), k0.shape[0], width - 1, k0.shape[2]))
-                values = v0.new_zeros((len(rows), v0.shape[0], width - 1, v0.shape[2]))
+                keys = k0.new_zeros((len(rows), k0.shape[0], width - 1 - skip, k0.shape[2]))
+                values = v0.new_zeros((len(rows), v0.shape[0], width - 1 - skip, v0.shape[2]))
                 for i, r in enumerate(rows):
                     k, v = per_row[i][layer]
-                    keys[i, :, width - len(r) :] = k
-                    values[i, :, width - len(r) :] = v
+                    keys[i, :, width - len(r) :] = k[:, skip:]
+                    values[i, :, width - len(r) :] = v[:, skip:]
                 data.append((keys, values))
-        return {"input_ids": input_ids, "attention_mask": attention_mask,
-                "past_key_values": _preallocated_cache(data, width + room)}
+        cache = _preallocated_cache(data, width - skip + room, prefix=prefix_kv if cascade else None)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "past_key_values": cache}
 
     def generate(
         self,
@@ -472,10 +561,14 @@ class TransformersBackend:
                 stoppers.append(
                     _json_stopper(self.tokenizer, enc["input_ids"].shape[1], prefixes, self.signatures)
                 )
-            with torch.inference_mode():
-                generated = self.model.generate(
-                    **enc, generation_config=config, logits_processor=processors, stopping_criteria=stoppers
-                )
+            active = _ACTIVE_CACHE.set(enc.get("past_key_values"))
+            try:
+                with torch.inference_mode():
+                    generated = self.model.generate(
+                        **enc, generation_config=config, logits_processor=processors, stopping_criteria=stoppers
+                    )
+            finally:
+                _ACTIVE_CACHE.reset(active)
             new = generated[:, enc["input_ids"].shape[1] :]
             for i, row in zip(idx, new):
                 out[i] = self.tokenizer.decode(row, skip_special_tokens=True).strip()
