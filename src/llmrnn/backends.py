@@ -65,27 +65,7 @@ def _continues(conversation: Messages) -> bool:
 
 def json_closed(text: str) -> bool:
     """True once `text` holds a complete top-level {...} object (braces in strings ignored)."""
-    start = text.find("{")
-    if start == -1:
-        return False
-    depth, in_str, escaped = 0, False, False
-    for ch in text[start:]:
-        if in_str:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return True
-    return False
+    return JsonScanner().feed(text)
 
 
 def _json_signature(text: str) -> str:
@@ -455,31 +435,27 @@ class TransformersBackend:
             first = rows[0]
             while shared < shortest - 1 and all(r[shared] == first[shared] for r in rows):
                 shared += 1
-        # with a stored shared prefix the padding goes between prefix and rest: [prefix][pad][rest]
+        # left padding; with a stored shared prefix the padding goes between prefix and rest: [prefix][pad][rest]
         cascade = bool(shared) and self.shared_prefix_attention
-        input_ids = torch.full((len(rows), width), int(self.tokenizer.pad_token_id), dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            input_ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-            attention_mask[i, width - len(r) :] = 1
-            if cascade:
-                input_ids[i, :shared] = torch.tensor(r[:shared], dtype=torch.long)
-                input_ids[i, shared : width - len(r) + shared] = int(self.tokenizer.pad_token_id)
-                attention_mask[i, :shared] = 1
-                attention_mask[i, shared : width - len(r) + shared] = 0
-        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        head = shared if cascade else 0
+        pad_id = int(self.tokenizer.pad_token_id)
+        input_ids = torch.tensor(
+            [[*r[:head], *[pad_id] * (width - len(r)), *r[head:]] for r in rows], dtype=torch.long, device=self.device
+        )
+        attention_mask = torch.tensor(
+            [[1] * head + [0] * (width - len(r)) + [1] * (len(r) - head) for r in rows], dtype=torch.long,
+            device=self.device,
+        )
         self.prefill_tokens += shared + sum(len(r) - 1 - shared for r in rows)
         if shortest < 2:  # nothing to cache for a one-token prompt: generate prefills as usual
             return {"input_ids": input_ids, "attention_mask": attention_mask}
 
-        layers = len(self.model.model.layers) if hasattr(self.model, "model") else None
         prefix_kv = None
         with torch.inference_mode():
             if shared:
                 ids = torch.tensor([rows[0][:shared]], dtype=torch.long, device=self.device)
                 out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
                 prefix_kv = [(k, v) for k, v, *_ in out.past_key_values]
-                layers = len(prefix_kv)
             per_row: list[list[tuple]] = [[] for _ in rows]  # row -> [(k, v) per layer], shape [heads, len, dim]
             for start in range(0, len(rows), self.prefill_batch):
                 chunk = list(range(start, min(start + self.prefill_batch, len(rows))))
@@ -507,9 +483,9 @@ class TransformersBackend:
                 for j, i in enumerate(chunk):
                     keep = shared + len(rests[j])  # right padding: the row's own tokens come first
                     per_row[i] = [(k[j, :, :keep], v[j, :, :keep]) for k, v, *_ in out.past_key_values]
-            skip = shared if cascade else 0  # cached columns held by the stored prefix
+            skip = head  # cached columns held by the stored prefix
             data = []
-            for layer in range(layers):
+            for layer in range(len(per_row[0])):
                 k0, v0 = per_row[0][layer]
                 keys = k0.new_zeros((len(rows), k0.shape[0], width - 1 - skip, k0.shape[2]))
                 values = v0.new_zeros((len(rows), v0.shape[0], width - 1 - skip, v0.shape[2]))
