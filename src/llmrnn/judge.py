@@ -355,8 +355,6 @@ def run_server(rubric_path: str, endpoint_file: str, startup_timeout_s: float | 
     argv, extra_env, served_name = server_command(rubric, model, port, key_path)
     env = dict(os.environ, **extra_env)
     env.setdefault("HF_HUB_OFFLINE", "1")
-    if env.get("OMP_NUM_THREADS") == "0":  # threads: 0 in the service rule; torch and vLLM want >= 1
-        env["OMP_NUM_THREADS"] = "1"
     if rubric.needs_gpu:
         from llmrnn.gpus import assign
 
