@@ -41,6 +41,7 @@ rule train_grpo:
         judge_gpus=judge_gpus(),
         code=code_hash(
             "llmrnn.train",
+            "llmrnn.train.checkpoints",
             "llmrnn.train.config",
             "llmrnn.train.data",
             "llmrnn.train.metrics",

@@ -31,6 +31,7 @@ from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.train import config as tcfg
 from llmrnn.train import data as tdata
+from llmrnn.train.checkpoints import discard_stale_checkpoints, run_fingerprint
 from llmrnn.train.metrics import MetricsWriter, progress_line, trl_row
 
 log = logging.getLogger(__name__)
@@ -107,37 +108,6 @@ def _truncate_jsonl(path: Path, step: int, key: str = "step") -> None:
         except (json.JSONDecodeError, KeyError, ValueError):
             continue
     io.write_text(path, "".join(f"{line}\n" for line in keep))
-
-
-# ----------------------------------------------------------------------------- stale checkpoints
-def run_fingerprint(cfg: dict, train_parquet, model_dir, reward_spec: str) -> str:
-    """What a checkpoint is valid for: knobs, data, base model, reward config and the code that scores
-    and trains. A rerun after any of these changed must start over, not resume someone else's run."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    digest.update(json.dumps(cfg, sort_keys=True).encode())
-    digest.update(io.sha256_file(train_parquet).encode())
-    digest.update(str(Path(model_dir).resolve()).encode())
-    digest.update(reward_spec.encode())
-    digest.update(os.environ.get("LLMRNN_REWARD_CFG", "").encode())
-    for module in ("llmrnn.reward", "llmrnn.train.trl_engine"):
-        digest.update(Path(importlib.util.find_spec(module).origin).read_bytes())
-    return digest.hexdigest()
-
-
-def discard_stale_checkpoints(out: Path, fingerprint: str) -> None:
-    """Keep checkpoints/ and state/ only if they were written for this exact run (see run_fingerprint)."""
-    stamp = out / "checkpoints" / "RUN_FINGERPRINT"
-    if stamp.exists() and stamp.read_text().strip() != fingerprint:
-        log.warning("config, data or code changed since the checkpoints were written: starting from step 0")
-        shutil.rmtree(out / "checkpoints")
-        shutil.rmtree(out / "state", ignore_errors=True)
-    elif not stamp.exists() and (out / "checkpoints").is_dir():
-        log.warning("checkpoints without a run fingerprint (older llmrnn): starting from step 0")
-        shutil.rmtree(out / "checkpoints")
-        shutil.rmtree(out / "state", ignore_errors=True)
-    io.write_text(stamp, fingerprint + "\n")
 
 
 # ----------------------------------------------------------------------------- main entry
@@ -260,7 +230,7 @@ def train(
         task_type="CAUSAL_LM",
     )
 
-    discard_stale_checkpoints(out, run_fingerprint(cfg, train_parquet, model_dir, reward_spec))
+    discard_stale_checkpoints(out, run_fingerprint(cfg, train_parquet, model_dir, reward_spec, __name__))
     resume = latest_checkpoint(ckpt_dir)
     resume_step = 0
     if resume is not None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.train import config as tcfg
+from llmrnn.train.checkpoints import discard_stale_checkpoints, run_fingerprint
 from llmrnn.train.metrics import MetricsWriter, progress_line, verl_rows
 
 log = logging.getLogger(__name__)
@@ -252,10 +253,8 @@ def run(
     planned = tcfg.planned_steps(cfg, n_rows)
     if planned < 1:
         raise CheckFailed(f"train: {n_rows} train rows make no full batch of {cfg['batch']['train']} prompts")
-    from llmrnn.train.trl_engine import discard_stale_checkpoints, run_fingerprint
-
     # resume_mode=auto would resume any checkpoint it finds: keep only those of this exact run
-    discard_stale_checkpoints(out, run_fingerprint(cfg, train_parquet, model_dir, "verl"))
+    discard_stale_checkpoints(out, run_fingerprint(cfg, train_parquet, model_dir, "verl", __name__))
     start = latest_step(ckpt_dir)
     writer = MetricsWriter(out / "state" / "metrics.jsonl")  # live; copied to metrics.jsonl at the end
     writer.truncate_after(start)
