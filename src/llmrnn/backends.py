@@ -33,6 +33,7 @@ from contextvars import ContextVar
 from typing import Any, Protocol
 
 from llmrnn.errors import InputError, LlmrnnError
+from llmrnn.jsonparse import JsonScanner
 
 log = logging.getLogger(__name__)
 
@@ -92,41 +93,6 @@ def token_signatures(tokenizer) -> list[str | None]:
         else:
             sigs.append(_json_signature(text))
     return sigs
-
-
-class JsonScanner:
-    """json_closed, fed incrementally: `feed(text)` returns True once a top-level {...} object has closed."""
-
-    __slots__ = ("closed", "depth", "escaped", "in_str", "started")
-
-    def __init__(self) -> None:
-        self.started, self.depth, self.in_str, self.escaped, self.closed = False, 0, False, False, False
-
-    def feed(self, text: str) -> bool:
-        if self.closed:
-            return True
-        for ch in text:
-            if not self.started:
-                if ch != "{":
-                    continue
-                self.started = True
-            if self.in_str:
-                if self.escaped:
-                    self.escaped = False
-                elif ch == "\\":
-                    self.escaped = True
-                elif ch == '"':
-                    self.in_str = False
-            elif ch == '"':
-                self.in_str = True
-            elif ch == "{":
-                self.depth += 1
-            elif ch == "}":
-                self.depth -= 1
-                if self.depth == 0:
-                    self.closed = True
-                    return True
-        return False
 
 
 def _json_stopper(tokenizer, prompt_len: int, prefixes: Sequence[str], signatures: Sequence[str | None]):

@@ -31,28 +31,51 @@ def _loads(text: str) -> Any:
 _NOPE = object()
 
 
+class JsonScanner:
+    """Finds where the first top-level {...} object closes (braces inside JSON strings ignored), fed text
+    piece by piece: `feed(text)` returns True once it has closed; `end` is then the index, in the text of
+    that call, of the closing brace."""
+
+    __slots__ = ("closed", "depth", "end", "escaped", "in_str", "started")
+
+    def __init__(self) -> None:
+        self.started, self.depth, self.in_str, self.escaped, self.closed = False, 0, False, False, False
+        self.end = -1
+
+    def feed(self, text: str) -> bool:
+        if self.closed:
+            return True
+        for i, ch in enumerate(text):
+            if not self.started:
+                if ch != "{":
+                    continue
+                self.started = True
+            if self.in_str:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_str = False
+            elif ch == '"':
+                self.in_str = True
+            elif ch == "{":
+                self.depth += 1
+            elif ch == "}":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.closed, self.end = True, i
+                    return True
+        return False
+
+
 def _first_balanced(text: str) -> str | None:
     """The first {...} span whose braces balance (braces inside JSON strings are skipped)."""
     start = text.find("{")
     while start != -1:
-        depth, in_str, escaped = 0, False, False
-        for i in range(start, len(text)):
-            ch = text[i]
-            if in_str:
-                if escaped:
-                    escaped = False
-                elif ch == "\\":
-                    escaped = True
-                elif ch == '"':
-                    in_str = False
-            elif ch == '"':
-                in_str = True
-            elif ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[start : i + 1]
+        scanner = JsonScanner()
+        if scanner.feed(text[start:]):
+            return text[start : start + scanner.end + 1]
         start = text.find("{", start + 1)
     return None
 
