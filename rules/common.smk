@@ -9,6 +9,11 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from llmrnn.upload import env_problems
+
+# before validate: a schema error would echo a key typed in place of a variable name into the log
+if env_problems(config):
+    raise WorkflowError(f"config: {env_problems(config)[0]}")
 validate(config, schema="../workflow/schemas/config.schema.yaml")
 
 RUN = f"results/{config['run_name']}"

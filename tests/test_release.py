@@ -130,7 +130,8 @@ def test_failed_merge_check_is_not_released(inputs, tmp_path):
 def test_phi_in_the_card_stops_the_release_and_writes_nothing(inputs, tmp_path):
     sid = inputs["patients"][0]["subject_id"]
     rel = {"tags": ["llmrnn", f"patient-{sid}"]}  # a careless knob that would put an id into the card
-    with pytest.raises(CheckFailed, match=rf"PHI guard refused .*(README.md|MANIFEST.json): cohort identifier\(s\) {sid}"):
+    with pytest.raises(CheckFailed, match=r"PHI guard refused .*(README.md|MANIFEST.json).*: cohort identifier") as err:
         run_release(inputs, tmp_path / "rel", rel=rel)
+    assert str(sid) not in str(err.value)
     assert not (tmp_path / "rel" / "README.md").exists()
     assert not (tmp_path / "rel" / "upload_receipt.json").exists()

@@ -77,6 +77,8 @@ def load_config(paths: list[Path], schema_path: Path = SCHEMA) -> tuple[dict, li
     validator = jsonschema.Draft202012Validator(schema)
     for err in sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path)):
         where = ".".join(str(p) for p in err.absolute_path) or "<top>"
+        if where.endswith("_env"):
+            continue  # check_env_names says what is wrong without echoing a possible secret
         problems.append(f"config: {where}: {err.message}")
     _fill_defaults(config, schema)
     return config, problems
@@ -337,7 +339,15 @@ def check_upload(config: dict) -> list[str]:
     return problems
 
 
+def check_env_names(config: dict) -> list[str]:
+    """Every `*_env` value (api_key_env, token_env, ...) must be a variable NAME, never the secret itself."""
+    from llmrnn.upload import env_problems
+
+    return [f"config: {p}" for p in env_problems(config)]
+
+
 CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
+    ("secrets", check_env_names),
     ("cohort", check_cohort),
     ("models", check_models),
     ("judge", check_judge),

@@ -11,6 +11,7 @@ import importlib
 import json
 import logging
 import os
+import stat
 import sys
 
 from llmrnn.errors import LlmrnnError
@@ -66,8 +67,28 @@ def sanitize_thread_env() -> None:
             os.environ[var] = "1"
 
 
+# Stages whose logs can hold patient text (prompts, generations, refusals naming a file of the bundle).
+PATIENT_TEXT_COMMANDS = {"cohort", "trajectories", "judge", "preflight", "train", "merge", "release", "evaluate",
+                         "report"}
+
+
+def private_log_files() -> None:
+    """A rule's `2> {log}` file is created by the shell with the umask (usually world-readable); a stage
+    that touches patient text makes the log (and a redirected stdout) it writes to owner-only, 0600."""
+    for fd in (1, 2):
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+                os.fchmod(fd, 0o600)
+        except OSError:
+            continue
+
+
 def main(argv: list[str] | None = None) -> int:
     sanitize_thread_env()
+    command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    if command in PATIENT_TEXT_COMMANDS:  # before parsing: a usage error may quote an argument
+        private_log_files()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

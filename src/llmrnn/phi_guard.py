@@ -1,28 +1,51 @@
 """PHI guard: scan a release bundle (the exact folder that would be uploaded) for cohort data.
 
-It refuses (CheckFailed, one line naming the file and what was found) when the bundle holds:
-- a file type that is not model/card/manifest material (allow-list: safetensors, json, md, txt, jinja,
-  model, yaml, gitattributes); so audit logs (*.jsonl), parquet trajectories, pickles, logs never pass;
-- a file that looks like an audit log or a cohort file by name (audit, calls_*, cohort, cleaned, splits,
-  train/val/test.json), or whose bytes equal one of the split files;
-- a JSON file shaped like a cohort (records with subject_id + visits);
-- a patient identifier of the cohort (subject_id, visit_id) as a whole digit run in any text, including
-  the JSON header of safetensors files (tensor data is numbers, not text, and is not scanned);
-- clinical text of the cohort: any run of `min_words` consecutive words from a clinical section.
+Every file is either scanned by its structure or refused; nothing is skipped:
+- policy: a file type that is not model/card/manifest material (allow-list: safetensors, json, md, txt,
+  jinja, model, yaml, gitattributes), a name that looks like an audit log or cohort file, bytes equal to a
+  split file, JSON shaped like a cohort;
+- content, by structure: JSON values after json.loads (recursing; token ids and sizes in model metadata
+  are numbers, not identifiers), tokenizer vocab and merges entry by entry (an entry is flagged only when
+  it holds an identifier, never its id or rank), safetensors header + metadata + tensor bytes (strings
+  hidden in tensors), sentencepiece `tokenizer.model` pieces (protobuf), text decoded from UTF-8/16/32
+  (BOM or NUL pattern), gzip/bz2/xz decompressed, base64/hex/URL/HTML/backslash escapes decoded.
+  Anything that cannot be parsed as what it claims to be is refused;
+- identifiers: the cohort's subject/visit ids in any form: digits grouped (`12 345`, `12,345`, `12-345`),
+  other Unicode digits, full-width forms, string ids (`MRN-AB7731X`, also its id-like part `AB7731X`),
+  and in file names;
+- clinical text: `min_words` consecutive words of a clinical section, or a whole short line / list item
+  of at least `min_line_words` words (a medication list), matched on decoded text.
 
-Identifiers shorter than `min_id_digits` cannot be told apart from ordinary numbers (token ids, sizes,
-seeds) and are not matched by digits; the report says how many were skipped (MIMIC-IV ids are 8 digits,
-the synthetic cohort's are 8-9). Clinical text is still matched for those patients.
+Findings say what and where (file, offset or JSON path, kind) and never repeat the identifier or text.
+Identifiers shorter than `min_id_digits` characters cannot be told apart from ordinary numbers and are
+not matched; the report counts them. Clinical text is still matched for those patients.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import bz2
+import codecs
+import functools
+import gzip
+import html
 import json
 import logging
+import lzma
+import math
+import mmap
 import re
 import struct
-from collections.abc import Iterable
+import sys
+import unicodedata
+import urllib.parse
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from io import BytesIO
 from pathlib import Path
+from typing import Any
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
@@ -33,130 +56,614 @@ ALLOWED_SUFFIXES = {".safetensors", ".json", ".md", ".txt", ".jinja", ".model", 
 SUSPECT_NAME = re.compile(
     r"(audit|calls_|cohort|cleaned|splits?\b|^(train|val|test)\.json$|trajector|rollout|patient)", re.IGNORECASE
 )
-TEXT_SUFFIXES = ALLOWED_SUFFIXES - {".safetensors", ".model"}
-DIGITS = re.compile(r"(?<!\d)\d+(?!\d)")
-WORD = re.compile(r"[a-z0-9]+")
-ID_KEYS = ("subject_id", "visit_id", "hadm_id", "patient_id")
+ID_KEYS = ("subject_id", "visit_id", "hadm_id", "patient_id", "stay_id", "mrn")
+# JSON numbers under these keys are token ids, sizes or hyperparameters of the model, not identifiers
+SIZE_KEY = re.compile(r"(^|_)(size|bytes|length|len|embeddings|theta|window|dim|positions)$")
+TOKEN_ID_KEY = re.compile(r"(^|_)ids?$")  # in model metadata files: bos_token_id, eos_token_id, ids
+# one character that may sit inside an identifier written with grouping (12 345, 12,345, 12-345, MRN-AB7)
+ID_JOINERS = frozenset(" ,.-_'\u2019/\u00b7\u2010\u2012\u2013\u2014\u2212")
+ID_RUN = re.compile(r"\d+|[^\W\d_]+")
+WORD = re.compile(r"[^\W_]+")
+ITEM_SPLIT = re.compile(r"\n|;|\u2022|,\s")
+LIST_MARKER = re.compile(r"^\s*(?:[-*\u00b7]|\(?\d{1,2}[.)])\s+")
+MAX_DECOMPRESSED = 512 * 1024 * 1024
+MAGIC = [(b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"PK\x03\x04", "zip"),
+         (b"(\xb5/\xfd", "zstd"), (b"\x80\x02", "pickle"), (b"\x80\x03", "pickle"), (b"\x80\x04", "pickle"),
+         (b"\x80\x05", "pickle"), (b"%PDF", "pdf"), (b"\x7fELF", "executable"), (b"PAR1", "parquet"),
+         (b"\x93NUMPY", "numpy"), (b"SQLite format 3", "sqlite")]
+DECOMPRESS = {"gzip": gzip.decompress, "bzip2": bz2.decompress, "xz": lzma.decompress}
+B64_RUN = re.compile(r"(?:[A-Za-z0-9+/]{40,}\r?\n)+[A-Za-z0-9+/]+={0,2}|[A-Za-z0-9+/_-]{8,}={0,2}")
+CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
+HEX_RUN = re.compile(r"\b(?:[0-9a-fA-F]{2}){6,}\b")
+ST_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+             "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+ST_INT = {"I16": "<i2", "U16": "<u2", "I32": "<i4", "U32": "<u4", "I64": "<i8", "U64": "<u8",
+          "F16": "<f2", "F32": "<f4", "F64": "<f8"}
+MODEL_METADATA = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                  "special_tokens_map.json", "added_tokens.json", "model.safetensors.index.json",
+                  "adapter_config.json", "preprocessor_config.json"}
+
+
+# ----------------------------------------------------------------------------- normalisation
+@functools.cache
+def _digit_table() -> dict[int, str]:
+    """Every Unicode decimal digit (Arabic-Indic, Devanagari, full-width, ...) -> its ASCII digit."""
+    return {cp: str(unicodedata.decimal(chr(cp))) for cp in range(128, sys.maxunicode + 1)
+            if chr(cp).isdecimal()}
+
+
+def normalize(text: str) -> str:
+    """NFKC, every decimal digit as ASCII, casefolded: the form both the cohort and the bundle are compared in."""
+    return unicodedata.normalize("NFKC", text).translate(_digit_table()).casefold()
+
+
+def canonical_id(value: Any) -> str:
+    return "".join(ch for ch in normalize(str(value)) if ch.isalnum())
 
 
 def _words(text: str) -> list[str]:
-    return WORD.findall(text.lower())
+    return WORD.findall(normalize(text))
 
 
-def _shingles(words: list[str], k: int) -> Iterable[int]:
-    for i in range(len(words) - k + 1):
-        yield hash(" ".join(words[i : i + k]))
+# ----------------------------------------------------------------------------- cohort secrets
+@dataclass
+class Secrets:
+    ids: dict[str, str] = field(default_factory=dict)  # canonical id -> kind (subject_id, visit_id, ...)
+    too_short: set[str] = field(default_factory=set)
+    texts: list[str] = field(default_factory=list)
+    hashes: set[str] = field(default_factory=set)
+    min_words: int = 8
+    min_line_words: int = 4
+
+    @property
+    def max_len(self) -> int:
+        return max((len(i) for i in self.ids), default=0)
+
+    def add_id(self, key: str, value: Any, min_len: int) -> None:
+        if value is None or isinstance(value, bool):
+            return
+        full = canonical_id(value)
+        if len(full) < min_len:
+            self.too_short.add(full)
+            return
+        self.ids.setdefault(full, key)
+        # the id-like parts of a string id (MRN-AB7731X -> ab7731x): a card may drop the prefix
+        for part in re.split(r"[\W_]+", normalize(str(value))):
+            if len(part) >= min_len and any(c.isdigit() for c in part):
+                self.ids.setdefault(part, key)
 
 
-def load_cohort_secrets(split_files: Iterable[str | Path]) -> tuple[set[str], list[str], set[str]]:
-    """(identifiers as digit strings, clinical texts, sha256 of the split files) from the split files."""
-    ids: set[str] = set()
-    texts: list[str] = []
-    hashes: set[str] = set()
-    for path in split_files:
-        path = Path(path)
+def load_cohort_secrets(split_files: Iterable[str | Path], min_id_digits: int = 5) -> Secrets:
+    """Identifiers (canonical forms), clinical texts and sha256 of the split files."""
+    secrets = Secrets()
+    for path in map(Path, split_files):
         try:
             data = io.read_json(path)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise InputError(f"{path}: cannot read split file: {exc}") from exc
-        hashes.add(io.sha256_file(path))
-        for patient in data:
-            for key in ID_KEYS:
-                if patient.get(key) is not None:
-                    ids.add(str(patient[key]))
-            for visit in patient.get("visits", []):
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: cannot read split file: {type(exc).__name__}") from exc
+        secrets.hashes.add(io.sha256_file(path))
+        for patient in data if isinstance(data, list) else []:
+            for record in [patient, *patient.get("visits", [])]:
                 for key in ID_KEYS:
-                    if visit.get(key) is not None:
-                        ids.add(str(visit[key]))
-                for value in (visit.get("clinical_sections") or {}).values():
+                    secrets.add_id(key, record.get(key), min_id_digits)
+                sections = record.get("clinical_sections") or {}
+                for value in [*sections.values(), record.get("allergies")]:
                     if isinstance(value, str) and value.strip():
-                        texts.append(value)
-    return ids, texts, hashes
+                        secrets.texts.append(value)
+    secrets.too_short -= set(secrets.ids)
+    return secrets
 
 
-def _safetensors_header(path: Path) -> str:
-    with open(path, "rb") as fh:
-        head = fh.read(8)
-        if len(head) < 8:
-            return ""
-        (n,) = struct.unpack("<Q", head)
-        return fh.read(min(n, 100_000_000)).decode("utf-8", errors="replace")
+# ----------------------------------------------------------------------------- matching
+def find_ids(text: str, ids: dict[str, str], max_len: int) -> list[tuple[int, str]]:
+    """(offset in the normalised text, kind) of every identifier, with grouping characters allowed between
+    its letter/digit runs (`12 345`, `12,345`, `mrn-ab7731x`); a match starts and ends on run boundaries."""
+    if not ids:
+        return []
+    text = normalize(text)
+    runs = list(ID_RUN.finditer(text))
+    hits = []
+    for i, start in enumerate(runs):
+        joined = ""
+        for j in range(i, len(runs)):
+            if j > i:
+                gap = text[runs[j - 1].end():runs[j].start()]
+                if gap and not (len(gap) == 1 and gap in ID_JOINERS):
+                    break
+            joined += runs[j].group()
+            if len(joined) > max_len:
+                break
+            if joined in ids:
+                hits.append((start.start(), ids[joined]))
+                break
+    return hits
 
 
-def _looks_like_cohort(text: str) -> bool:
+def redact(name: str, secrets: Secrets) -> str:
+    """A name (file, tensor, JSON key) safe to print: identifier-bearing runs replaced by ***."""
+    if not find_ids(name, secrets.ids, secrets.max_len):
+        return name
+    return "".join("***" if find_ids(part, secrets.ids, secrets.max_len) else part
+                   for part in re.split(r"([^\W_]+)", name))
+
+
+def decoded_views(text: str, depth: int = 0) -> Iterator[tuple[str, str]]:
+    """(how, text) for every decoding of `text` that could hide an identifier or clinical text: backslash
+    escapes, HTML entities, URL escapes, base64 and hex runs (decoded payloads are decoded again)."""
+    if "\\" in text:
+        yield "backslash escapes", re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)),
+                                          re.sub(r"\\[nrtfbv]", " ", text))
+    if "&" in text and html.unescape(text) != text:
+        yield "HTML entities", html.unescape(text)
+    if "%" in text and urllib.parse.unquote(text) != text:
+        yield "URL escapes", urllib.parse.unquote(text)
+    if depth >= 2:
+        return
+    for m in B64_RUN.finditer(text):
+        payload = _b64(m.group())
+        inner = _payload_text(payload) if payload else None
+        if inner:
+            yield f"base64 at char {m.start()}", inner
+            yield from ((f"base64 at char {m.start()}, {how}", t) for how, t in decoded_views(inner, depth + 1))
+    for m in HEX_RUN.finditer(text):
+        inner = _payload_text(bytes.fromhex(m.group()))
+        if inner:
+            yield f"hex at char {m.start()}", inner
+
+
+def _b64(run: str) -> bytes | None:
+    compact = re.sub(r"\s+", "", run).rstrip("=")
+    if len(compact) % 4 == 1:
+        return None
+    padded = compact + "=" * (-len(compact) % 4)
+    try:
+        if "-" in padded or "_" in padded:
+            return base64.urlsafe_b64decode(padded)
+        return base64.b64decode(padded, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _payload_text(data: bytes) -> str | None:
+    """Decoded text of a payload (decompressed when it is gzip/bz2/xz), or None when it is not text."""
+    kind = sniff(data)
+    if kind in DECOMPRESS:
+        try:
+            data = _decompress(kind, data)
+        except (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error):
+            return None
+    text = decode_text(data)
+    if not text or sum(ch.isprintable() or ch.isspace() for ch in text) < 0.95 * len(text):
+        return None
+    return text
+
+
+def sniff(data: bytes) -> str | None:
+    return next((kind for magic, kind in MAGIC if data.startswith(magic)), None)
+
+
+def _decompress(kind: str, data: bytes) -> bytes:
+    if kind == "gzip":
+        with gzip.GzipFile(fileobj=BytesIO(data)) as fh:
+            out = fh.read(MAX_DECOMPRESSED + 1)
+    else:
+        out = DECOMPRESS[kind](data)
+    if len(out) > MAX_DECOMPRESSED:
+        raise ValueError("too large")
+    return out
+
+
+def decode_text(data: bytes) -> str | None:
+    """Text of UTF-8/16/32 bytes (BOM, else the NUL pattern of UTF-16), or None when it is not text."""
+    for bom, enc in ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+                     (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):
+        if data.startswith(bom):
+            encodings = [enc]
+            break
+    else:
+        encodings = ["utf-8"]
+        if len(data) % 2 == 0 and data.count(0) * 3 >= len(data):
+            even, odd = data[0::2].count(0), data[1::2].count(0)
+            encodings = ["utf-16-le" if odd > even else "utf-16-be", "utf-32"]
+    for enc in encodings:
+        try:
+            text = data.decode(enc)
+        except UnicodeDecodeError:
+            continue
+        if not CONTROL.search(text):
+            return text
+    return None
+
+
+# ----------------------------------------------------------------------------- the scan
+class Scan:
+    """Findings of one bundle; documents (decoded text) are kept for the clinical-text pass."""
+
+    def __init__(self, secrets: Secrets):
+        self.secrets = secrets
+        self.findings: list[str] = []
+        self.docs: list[tuple[str, str]] = []  # (where, decoded text)
+        self.max_len = secrets.max_len
+        self.numeric_only = all(i.isdigit() for i in secrets.ids)
+
+    def refuse(self, where: str, what: str) -> None:
+        self.findings.append(f"{where}: {what}")
+
+    def ids_in(self, where: str, text: str, docs: bool = True) -> None:
+        """Identifiers in `text` and in every decoding of it; the texts join the clinical-text pass."""
+        views = [("", text), *decoded_views(text)]
+        for how, view in views:
+            hits = find_ids(view, self.secrets.ids, self.max_len)
+            if hits:
+                offset, kind = hits[0]
+                more = f" (+{len(hits) - 1} more)" if len(hits) > 1 else ""
+                at = f"{how}, char {offset}" if how else f"char {offset}"
+                self.refuse(where, f"cohort identifier ({kind}) at {at}{more}")
+                break
+            if docs:
+                self.docs.append((f"{where}{' (' + how + ')' if how else ''}", view))
+
+    def number(self, where: str, value: float) -> None:
+        if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+            return
+        kind = self.secrets.ids.get(str(int(value)))
+        if kind:
+            self.refuse(where, f"cohort identifier ({kind}) as a JSON number")
+
+
+def _key_label(key: str, secrets: Secrets) -> str:
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,40}", key) and not find_ids(key, secrets.ids, secrets.max_len):
+        return f".{key}"
+    return "[a key]"
+
+
+def scan_json_value(scan: Scan, rel: str, value: Any, path: str = "$", key: str = "", skip_numbers: bool = False,
+                    lines: list[str] | None = None) -> None:
+    """Recurse through decoded JSON: every key and string is scanned as text, numbers as identifiers
+    unless they sit under a key that holds token ids or sizes of the model."""
+    lines = [] if lines is None else lines
+    if isinstance(value, dict):
+        token_ids = key == "added_tokens_decoder"
+        for k, v in value.items():
+            sub = f"{path}{_key_label(str(k), scan.secrets)}"
+            if not (token_ids and str(k).isdigit()):
+                scan.ids_in(f"{rel} key {sub}", str(k), docs=False)
+            scan_json_value(scan, rel, v, sub, str(k), skip_numbers, lines)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            scan_json_value(scan, rel, v, f"{path}[{i}]", key, skip_numbers, lines)
+    elif isinstance(value, str):
+        scan.ids_in(f"{rel} {path}", value)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        lowered = key.lower()
+        not_an_id = SIZE_KEY.search(lowered) or (skip_numbers and TOKEN_ID_KEY.search(lowered))
+        if lowered in ID_KEYS or not not_an_id:
+            scan.number(f"{rel} {path}", value)
+
+
+@functools.cache
+def _byte_level():
+    from tokenizers import decoders
+
+    return decoders.ByteLevel()
+
+
+def scan_vocab_entry(scan: Scan, where: str, piece: str) -> None:
+    """A tokenizer vocab entry: flagged only when it holds an identifier (its id or rank never is one)."""
+    texts = {piece, piece.replace("\u2581", " "), _byte_level().decode([piece])}
+    if scan.numeric_only and not any(ch.isdigit() for t in texts for ch in t):
+        return
+    for text in texts:
+        if find_ids(text, scan.secrets.ids, scan.max_len):
+            scan.refuse(where, "cohort identifier in a vocab entry")
+            return
+
+
+def scan_tokenizer_json(scan: Scan, rel: str, data: dict) -> None:
+    """tokenizer.json: vocab keys and merges entry by entry (never their ids/ranks); the rest as JSON."""
+    model = dict(data.get("model") or {})
+    vocab = model.pop("vocab", None) or {}
+    merges = model.pop("merges", None) or []
+    pieces = vocab.keys() if isinstance(vocab, dict) else [v[0] if isinstance(v, list) else v for v in vocab]
+    for n, piece in enumerate(pieces):
+        scan_vocab_entry(scan, f"{rel} vocab entry #{n}", str(piece))
+    for n, merge in enumerate(merges):
+        joined = "".join(merge) if isinstance(merge, list) else str(merge).replace(" ", "")
+        scan_vocab_entry(scan, f"{rel} merge #{n}", joined)
+    added = data.get("added_tokens") or []
+    for n, tok in enumerate(added):
+        scan_vocab_entry(scan, f"{rel} added token #{n}", str(tok.get("content", "")) if isinstance(tok, dict) else "")
+    rest = {k: v for k, v in data.items() if k not in ("model", "added_tokens")}
+    scan_json_value(scan, rel, {"model": model, **rest}, skip_numbers=True)
+
+
+def scan_json(scan: Scan, rel: str, name: str, text: str) -> None:
     try:
         data = json.loads(text)
-    except ValueError:
-        return False
+    except ValueError as exc:
+        scan.refuse(rel, f"not valid JSON (line {getattr(exc, 'lineno', '?')}); refused rather than skipped")
+        return
     records = data if isinstance(data, list) else [data]
-    return any(isinstance(r, dict) and "visits" in r and any(k in r for k in ID_KEYS) for r in records[:50])
+    if any(isinstance(r, dict) and "visits" in r and any(k in r for k in ID_KEYS) for r in records[:50]):
+        scan.refuse(rel, "JSON records with subject_id and visits (a cohort file)")
+    if isinstance(data, dict) and isinstance(data.get("model"), dict) and "vocab" in data["model"]:
+        scan_tokenizer_json(scan, rel, data)
+    else:
+        scan_json_value(scan, rel, data, skip_numbers=name in MODEL_METADATA)
+
+
+# ----------------------------------------------------------------------------- sentencepiece
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if i >= len(buf) or shift > 63:
+            raise ValueError("truncated varint")
+        b = buf[i]
+        value |= (b & 0x7F) << shift
+        i += 1
+        if not b & 0x80:
+            return value, i
+        shift += 7
+
+
+def protobuf_fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
+    """(field number, wire type, value) of one protobuf message; ValueError when it is not one."""
+    i = 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(buf, i)
+        elif wire in (1, 5):
+            size = 8 if wire == 1 else 4
+            value, i = buf[i:i + size], i + size
+        elif wire == 2:
+            size, i = _varint(buf, i)
+            value, i = buf[i:i + size], i + size
+        else:
+            raise ValueError(f"wire type {wire}")
+        if i > len(buf) or number == 0:
+            raise ValueError("truncated message")
+        yield number, wire, value
+
+
+# sentencepiece ModelProto: 1 pieces, 2 trainer_spec, 3 normalizer_spec, 4 self_test_data, 5 denormalizer_spec
+SP_STRING_FIELDS = {2: None, 3: {1, 6}, 4: None, 5: {1, 6}}  # None: every LEN field is a string (or a sample)
+
+
+def scan_sentencepiece(scan: Scan, rel: str, data: bytes) -> None:
+    """tokenizer.model: every piece as a vocab entry, every other string as text; refused if it does not
+    parse as a sentencepiece ModelProto."""
+    try:
+        for n, (number, wire, value) in enumerate(protobuf_fields(data)):
+            if wire != 2 or number not in (1, *SP_STRING_FIELDS):
+                raise ValueError(f"field {number} is not part of a sentencepiece model")
+            if number == 1:
+                piece = next((v for f, w, v in protobuf_fields(value) if f == 1 and w == 2), b"")
+                scan_vocab_entry(scan, f"{rel} piece #{n}", piece.decode("utf-8"))
+                continue
+            for sub, sub_wire, sub_value in protobuf_fields(value):
+                if sub_wire != 2:
+                    continue
+                if number == 4:  # self-test samples: input and expected strings
+                    strings = [v.decode("utf-8") for f, w, v in protobuf_fields(sub_value) if w == 2]
+                elif SP_STRING_FIELDS[number] is None or sub in SP_STRING_FIELDS[number]:
+                    strings = [sub_value.decode("utf-8")]
+                else:  # precompiled_charsmap: a binary trie followed by the normalised strings
+                    strings = [s for s in re.split(r"[\x00\ufffd]+", sub_value.decode("utf-8", "replace")) if s]
+                for s in strings:
+                    scan.ids_in(f"{rel} field {number}.{sub}", s)
+    except (ValueError, UnicodeDecodeError) as exc:
+        scan.refuse(rel, f"not a sentencepiece model ({exc}); refused rather than skipped")
+
+
+# ----------------------------------------------------------------------------- safetensors
+def _safetensors_layout(fh, size: int) -> tuple[int, dict]:
+    head = fh.read(8)
+    if len(head) < 8:
+        raise ValueError("shorter than its header length")
+    (n,) = struct.unpack("<Q", head)
+    if n > min(size - 8, 100_000_000):
+        raise ValueError("header length beyond the file")
+    header = json.loads(fh.read(n).decode("utf-8"))
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")  # noqa: TRY004 - one error type for a bad file
+    data_len = size - 8 - n
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            if not (isinstance(info, dict) and all(isinstance(v, str) for v in info.values())):
+                raise ValueError("__metadata__ is not a map of strings")
+            continue
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if dtype not in ST_DTYPES:
+            raise ValueError("unknown tensor dtype")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
+                and isinstance(offsets, list) and len(offsets) == 2):
+            raise ValueError("malformed tensor entry")
+        if offsets[1] - offsets[0] != math.prod(shape) * ST_DTYPES[dtype]:
+            raise ValueError("tensor size does not match its shape")
+        spans.append((offsets[0], offsets[1], name, dtype))
+    spans.sort()
+    end = 0
+    for start, stop, _, _ in spans:
+        if start != end:
+            raise ValueError("bytes between tensors")  # a gap could hide anything
+        end = stop
+    if end != data_len:
+        raise ValueError("bytes after the last tensor")
+    return 8 + n, {"header": header, "spans": spans}
+
+
+def _byte_patterns(secrets: Secrets) -> list[re.Pattern]:
+    digits = [i for i in secrets.ids if i.isdigit()]
+    alnum = [i for i in secrets.ids if not i.isdigit()]
+    pats = [re.compile(rb"[\x20-\x7e\t\n\r]{32,}")]  # text
+    if digits:
+        n = min(map(len, digits))
+        pats.append(re.compile(rb"[0-9](?:[0-9]|[ ,.'_-][0-9]){%d,}" % (n - 1)))
+    if alnum:
+        n = min(map(len, alnum))
+        pats.append(re.compile(rb"[A-Za-z0-9](?:[A-Za-z0-9]|[ _-][A-Za-z0-9]){%d,}" % (n - 1)))
+    return pats
+
+
+def _strings_in_bytes(scan: Scan, where: str, data, patterns: list[re.Pattern]) -> None:
+    for pat in patterns:
+        for m in pat.finditer(data):
+            before = len(scan.findings)
+            scan.ids_in(f"{where} byte {m.start()}", m.group().decode("ascii"))
+            if len(scan.findings) > before:
+                return
+
+
+def _code_points(data, dtype: str):
+    """Values of an integer (or integral float) tensor read as characters: ASCII bytes, others 0."""
+    import numpy as np
+
+    if dtype == "BF16":
+        values = (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    else:
+        values = np.frombuffer(data, dtype=ST_INT[dtype])
+    ok = (values >= 9) & (values < 127) & (values == np.floor(values))
+    return np.where(ok, values, 0).astype(np.uint8).tobytes()
+
+
+def scan_safetensors(scan: Scan, rel: str, path: Path) -> None:
+    """safetensors: the header must describe the file exactly; metadata and tensor names are scanned as
+    text and tensor bytes for strings (also tensors of character codes)."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as fh:
+            start, layout = _safetensors_layout(fh, size)
+    except (ValueError, UnicodeDecodeError, struct.error) as exc:
+        scan.refuse(rel, f"not a valid safetensors file ({exc}); refused rather than skipped")
+        return
+    for key, value in (layout["header"].get("__metadata__") or {}).items():
+        scan.ids_in(f"{rel} metadata key {_key_label(key, scan.secrets)}", f"{key}\n{value}")
+    patterns = _byte_patterns(scan.secrets)
+    if size == start:
+        return
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        for begin, stop, name, dtype in layout["spans"]:
+            label = redact(name, scan.secrets)
+            scan.ids_in(f"{rel} tensor name {label!r}", name, docs=False)
+            chunk = 64 * 1024 * 1024
+            for off in range(start + begin, start + stop, chunk):
+                data = mm[off:min(off + chunk, start + stop)]
+                _strings_in_bytes(scan, f"{rel} tensor {label!r}", data, patterns)
+                if dtype in ST_INT or dtype == "BF16":
+                    _strings_in_bytes(scan, f"{rel} tensor {label!r} as character codes",
+                                      _code_points(data[: len(data) - len(data) % ST_DTYPES[dtype]], dtype),
+                                      patterns)
+
+
+# ----------------------------------------------------------------------------- files
+def scan_blob(scan: Scan, rel: str, name: str, data: bytes, depth: int = 0) -> None:
+    """Bytes of a text-typed file (.json, .md, ...): decompressed when compressed, decoded, then scanned
+    by structure; anything else is refused."""
+    kind = sniff(data)
+    if kind in DECOMPRESS and depth < 2:
+        try:
+            inner = _decompress(kind, data)
+        except (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error):
+            scan.refuse(rel, f"{kind} data that does not decompress; refused")
+            return
+        scan_blob(scan, f"{rel} ({kind})", name.removesuffix(".gz"), inner, depth + 1)
+        return
+    if kind:
+        scan.refuse(rel, f"{kind} data in a file named as text; refused rather than skipped")
+        return
+    text = decode_text(data)
+    if text is None:
+        scan.refuse(rel, "neither UTF-8, UTF-16 nor UTF-32 text; refused rather than skipped")
+        return
+    if name.endswith(".json"):
+        scan_json(scan, rel, name, text)
+    else:
+        scan.ids_in(rel, text)
+
+
+def scan_file(scan: Scan, root: Path, path: Path, display: str) -> None:
+    rel = path.relative_to(root).as_posix()
+    name = path.name.lower()
+    suffix = path.suffix.lower() if path.suffix else name
+    if path.is_symlink() and not path.exists():
+        scan.refuse(display, "dangling link")
+    elif suffix not in ALLOWED_SUFFIXES and name != ".gitattributes":
+        scan.refuse(display, "file type not allowed in a release")
+    elif any(SUSPECT_NAME.search(part) for part in rel.split("/")):
+        scan.refuse(display, "name looks like an audit log or cohort file")
+    elif find_ids(rel, scan.secrets.ids, scan.max_len):
+        scan.refuse(display, "file name holds a cohort identifier")
+    elif io.sha256_file(path) in scan.secrets.hashes:
+        scan.refuse(display, "identical to a cohort split file")
+    elif suffix == ".safetensors":
+        scan_safetensors(scan, display, path)
+    elif suffix == ".model":
+        scan_sentencepiece(scan, display, path.read_bytes())
+    else:
+        scan_blob(scan, display, name, path.read_bytes())
+
+
+# ----------------------------------------------------------------------------- clinical text
+def _shingles(words: list[str], k: int) -> Iterator[tuple[int, str]]:
+    for i in range(len(words) - k + 1):
+        yield i, " ".join(words[i:i + k])
+
+
+def _cohort_phrases(secrets: Secrets) -> dict[int, set[str]]:
+    """Word sequences to look for, by length: every `min_words` window of every clinical text, and every
+    whole shorter line or list item of at least `min_line_words` words (medication lists, short sections)."""
+    k = secrets.min_words
+    phrases: dict[int, set[str]] = {k: set()}
+    for text in secrets.texts:
+        phrases[k].update(s for _, s in _shingles(_words(text), k))
+        for item in [text, *ITEM_SPLIT.split(text)]:
+            words = _words(LIST_MARKER.sub("", item))
+            if secrets.min_line_words <= len(words) < k:
+                phrases.setdefault(len(words), set()).add(" ".join(words))
+    return phrases
+
+
+def find_clinical_text(scan: Scan) -> None:
+    phrases = _cohort_phrases(scan.secrets)
+    flagged: set[str] = set()
+    for where, text in scan.docs:
+        file = where.split(" ")[0]
+        if file in flagged:
+            continue
+        words = _words(text)
+        for k, wanted in phrases.items():
+            hit = next((i for i, s in _shingles(words, k) if s in wanted), None)
+            if hit is not None:
+                scan.refuse(where, f"clinical text from the cohort ({k} words from word {hit} on)")
+                flagged.add(file)
+                break
 
 
 def scan_bundle(bundle: str | Path, split_files: Iterable[str | Path], min_words: int = 8,
-                min_id_digits: int = 5) -> dict:
+                min_id_digits: int = 5, min_line_words: int = 4) -> dict:
     """Scan every file under `bundle` (links followed); the report's `findings` lists what was found."""
     root = Path(bundle)
-    ids, texts, split_hashes = load_cohort_secrets(split_files)
-    scan_ids = {i for i in ids if len(i) >= min_id_digits}
+    secrets = load_cohort_secrets(split_files, min_id_digits)
+    secrets.min_words, secrets.min_line_words = min_words, min_line_words
     files = sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink())
-    findings: list[str] = []
-    texts_by_file: dict[str, str] = {}
-
+    scan = Scan(secrets)
     for path in files:
-        rel = path.relative_to(root).as_posix()
-        if path.is_symlink() and not path.exists():
-            findings.append(f"{rel}: dangling link")
-            continue
-        suffix = path.suffix.lower() if path.suffix else path.name.lower()
-        if suffix not in ALLOWED_SUFFIXES and path.name != ".gitattributes":
-            findings.append(f"{rel}: file type not allowed in a release ({suffix or 'no suffix'})")
-            continue
-        if any(SUSPECT_NAME.search(part) for part in rel.split("/")):
-            findings.append(f"{rel}: name looks like an audit log or cohort file")
-            continue
-        if io.sha256_file(path) in split_hashes:
-            findings.append(f"{rel}: identical to a cohort split file")
-            continue
-        if suffix == ".safetensors":
-            texts_by_file[rel] = _safetensors_header(path)
-        elif suffix in TEXT_SUFFIXES or path.name == ".gitattributes":
-            texts_by_file[rel] = path.read_text(encoding="utf-8", errors="replace")
-        if suffix == ".json" and _looks_like_cohort(texts_by_file.get(rel, "")):
-            findings.append(f"{rel}: JSON records with subject_id and visits (a cohort file)")
-
-    for rel, text in texts_by_file.items():
-        hits = sorted({d for d in DIGITS.findall(text) if d in scan_ids})
-        if hits:
-            findings.append(f"{rel}: cohort identifier(s) {', '.join(hits[:3])}")
-
-    # clinical text: shingles of the bundle's words, looked up for every clinical text of the cohort
-    bundle_shingles: dict[int, str] = {}
-    for rel, text in texts_by_file.items():
-        for sh in _shingles(_words(text), min_words):
-            bundle_shingles.setdefault(sh, rel)
-    text_hits: dict[str, str] = {}
-    if bundle_shingles:
-        for clinical in texts:
-            words = _words(clinical)
-            for i, sh in enumerate(_shingles(words, min_words)):
-                rel = bundle_shingles.get(sh)
-                if rel is not None and rel not in text_hits:
-                    text_hits[rel] = " ".join(words[i : i + min_words])
-    for rel, snippet in sorted(text_hits.items()):
-        findings.append(f"{rel}: clinical text from the cohort (\"{snippet[:60]}...\")")
-
-    report = {
-        "ok": not findings,
+        scan_file(scan, root, path, redact(path.relative_to(root).as_posix(), secrets))
+    find_clinical_text(scan)
+    return {
+        "ok": not scan.findings,
         "files_scanned": len(files),
-        "text_files": len(texts_by_file),
-        "identifiers_checked": len(scan_ids),
-        "identifiers_too_short_to_check": len(ids) - len(scan_ids),
-        "clinical_texts_checked": len(texts),
+        "identifiers_checked": len(secrets.ids),
+        "identifiers_too_short_to_check": len(secrets.too_short),
+        "clinical_texts_checked": len(secrets.texts),
         "min_words": min_words,
+        "min_line_words": min_line_words,
         "min_id_digits": min_id_digits,
-        "findings": findings,
+        "findings": scan.findings,
     }
-    return report
 
 
 def enforce(report: dict, bundle: str | Path) -> None:

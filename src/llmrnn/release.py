@@ -44,7 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "endpoint": None,
     "token_env": "HF_TOKEN",
     "hash_files": True,
-    "phi_guard": {"min_words": 8, "min_id_digits": 5},
+    "phi_guard": {"min_words": 8, "min_id_digits": 5, "min_line_words": 4},
 }
 
 
@@ -474,6 +474,9 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
                   metrics: str | Path | None, rubric: str | Path | None, eval_metrics: str | Path | None,
                   cfg: dict, card_out: str | Path, manifest_out: str | Path, receipt_out: str | Path) -> dict:
     merged = Path(merged)
+    secrets = upload.env_problems({"release": cfg.get("release") or {}, "knobs": cfg.get("knobs") or {}})
+    if secrets:  # before anything is written: the manifest copies both sections
+        raise InputError(f"release --cfg: {secrets[0]}")
     rel = settings(cfg.get("release"))
     run_name = cfg.get("run_name") or "run"
     knobs = cfg.get("knobs") or {}
@@ -535,7 +538,8 @@ def _cmd_build(args: argparse.Namespace) -> None:
 
 
 def _cmd_guard(args: argparse.Namespace) -> None:
-    report = phi_guard.scan_bundle(args.bundle, args.split_files, args.min_words, args.min_id_digits)
+    report = phi_guard.scan_bundle(args.bundle, args.split_files, args.min_words, args.min_id_digits,
+                                   args.min_line_words)
     print(json.dumps(report, indent=2))
     phi_guard.enforce(report, args.bundle)
 
@@ -564,4 +568,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split-files", nargs="+", required=True)
     p.add_argument("--min-words", type=int, default=8)
     p.add_argument("--min-id-digits", type=int, default=5)
+    p.add_argument("--min-line-words", type=int, default=4, help="a whole cohort line/list item this long is a finding")
     p.set_defaults(func=_cmd_guard)

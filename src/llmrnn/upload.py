@@ -8,11 +8,48 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 from llmrnn.errors import CheckFailed
 
 log = logging.getLogger(__name__)
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# prefixes of common credentials (Hub, OpenAI, GitHub, GitLab, Slack, AWS, Google, JWT)
+KEY_PREFIX = re.compile(r"(hf_|sk-|sk_|ghp_|gho_|ghs_|github_pat_|glpat-|xox[abprs]-|AKIA|AIza|eyJ)[A-Za-z0-9_-]{12,}")
+
+
+def env_name_problem(value: Any) -> str | None:
+    """Why `value` cannot be the NAME of an environment variable (None when it can). The message never
+    repeats the value: a key typed in place of the name must not reach a log or a file."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not ENV_NAME.fullmatch(value):
+        return "is not an environment variable NAME ([A-Za-z_][A-Za-z0-9_]*)"
+    mixed = any(c.islower() for c in value) and any(c.isupper() for c in value) and any(c.isdigit() for c in value)
+    if KEY_PREFIX.match(value) or (len(value) >= 20 and mixed) or len(value) > 64:
+        return "looks like a key, not the NAME of the variable that holds it"
+    return None
+
+
+def env_problems(tree: Any, path: str = "") -> list[str]:
+    """Every `*_env` value anywhere in a config tree that is not a plain variable name, by config path."""
+    out: list[str] = []
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            where = f"{path}.{key}" if path else str(key)
+            problem = env_name_problem(value) if str(key).endswith("_env") else None
+            if problem:
+                out.append(f"{where} {problem}; export the secret and put the variable's name here")
+            elif not str(key).endswith("_env"):
+                out += env_problems(value, where)
+    elif isinstance(tree, list):
+        for i, value in enumerate(tree):
+            out += env_problems(value, f"{path}[{i}]")
+    return out
 
 
 def token_from_env(env_name: str = "HF_TOKEN") -> str | None:
