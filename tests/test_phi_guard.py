@@ -103,3 +103,232 @@ def test_short_identifiers_are_counted_not_matched(bundle, tmp_path):
     path.write_text(json.dumps(small))
     report = phi_guard.scan_bundle(bundle, [path])  # MANIFEST.json holds "seed": 42: not a finding
     assert report["ok"] and report["identifiers_too_short_to_check"] == 2
+
+
+# ----------------------------------------------------------------------------- hostile and careless bundles
+SID = "90000005"  # subject_id of patients[5] of the `splits` fixture (synthetic ids start at 90000000)
+
+
+def _findings(bundle, files, **kw) -> list[str]:
+    return phi_guard.scan_bundle(bundle, files, **kw)["findings"]
+
+
+def _assert_refused_without_quoting(findings: list[str], start: str, *secrets: str) -> None:
+    assert any(f.startswith(start) for f in findings), findings
+    for secret in secrets:  # what and where, never the identifier or the text itself
+        assert all(secret not in f for f in findings), findings
+
+
+def test_fixture_id_is_what_the_tests_assume(splits):
+    assert str(splits[1][5]["subject_id"]) == SID
+
+
+@pytest.mark.parametrize("written", [
+    "90 000 005", "90,000,005", "90-000-005", "90.000.005", "90\u202f000\u202f005", "90'000'005",
+    "\u0669\u0660\u0660\u0660\u0660\u0660\u0660\u0665",  # Arabic-Indic digits
+    "\uff19\uff10\uff10\uff10\uff10\uff10\uff10\uff15",  # full-width digits
+    "\u096f\u0966\u0966\u0966\u0966\u0966\u0966\u096b",  # Devanagari digits
+    "id_90000005", "patient90000005",
+])
+def test_identifier_in_any_written_form_is_refused(bundle, splits, written):
+    files, _ = splits
+    (bundle / "README.md").write_text(f"# card\nExample patient {written} improved.\n", encoding="utf-8")
+    _assert_refused_without_quoting(_findings(bundle, files), "README.md: cohort identifier (subject_id)", written)
+
+
+def _write_split(path: Path, patients: list[dict]) -> list[Path]:
+    path.write_text(json.dumps(patients), encoding="utf-8")
+    return [path]
+
+
+MEDS = "metoprolol succinate 25 mg daily\nlisinopril 10 mg daily\natorvastatin 40 mg at bedtime"
+
+
+@pytest.fixture
+def string_id_cohort(tmp_path) -> list[Path]:
+    """A cohort with string ids (as the validator accepts) and a medication list of short lines."""
+    patients = [{"subject_id": "MRN-AB7731X", "visits": [{
+        "visit_id": "ENC-2024-55813", "visit_number": 1,
+        "clinical_sections": {"admission_medications": MEDS, "chief_complaint": "chest pain"}}]}]
+    return _write_split(tmp_path / "split.json", patients)
+
+
+@pytest.mark.parametrize("written", ["MRN-AB7731X", "mrn ab7731x", "AB7731X", "mrn_ab7731x",
+                                     "\uff2d\uff32\uff2e\uff0d\uff21\uff22\uff17\uff17\uff13\uff11\uff38",
+                                     "ENC 2024 55813"])
+def test_string_identifier_is_refused(bundle, string_id_cohort, written):
+    (bundle / "README.md").write_text(f"# card\nSee {written} for an example.\n", encoding="utf-8")
+    _assert_refused_without_quoting(_findings(bundle, string_id_cohort), "README.md: cohort identifier", written)
+
+
+def test_string_cohort_clean_bundle_passes(bundle, string_id_cohort):
+    assert _findings(bundle, string_id_cohort) == []
+
+
+def test_identifier_in_a_file_name_is_refused_and_not_repeated(bundle, splits):
+    files, _ = splits
+    (bundle / "examples").mkdir()
+    (bundle / "examples" / f"notes_{SID}.md").write_text("nothing here\n")
+    (bundle / f"p{SID}").mkdir()
+    (bundle / f"p{SID}" / "card.md").write_text("nothing here\n")
+    findings = _findings(bundle, files)
+    _assert_refused_without_quoting(findings, "examples/notes_***.md: file name holds a cohort identifier", SID)
+    assert any(f.startswith("***/card.md: file name") for f in findings)
+
+
+# sentencepiece's ModelProto written with the protobuf wire format (the sentencepiece package is not a
+# dependency): 1 = pieces {1 piece, 2 score, 3 type}, 2 = trainer_spec, 3 = normalizer_spec
+def _varint(n: int) -> bytes:
+    out = b""
+    while True:
+        out += bytes([(n & 0x7F) | (0x80 if n > 0x7F else 0)])
+        n >>= 7
+        if not n:
+            return out
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def sentencepiece_model(pieces: list[str], model_prefix: str = "spm") -> bytes:
+    import struct
+
+    out = b""
+    for i, piece in enumerate(pieces):
+        out += _field(1, _field(1, piece.encode()) + _varint(2 << 3 | 5) + struct.pack("<f", -i) + _varint(3 << 3) + b"\x01")
+    out += _field(2, _field(2, model_prefix.encode()) + _varint(3 << 3) + _varint(8000))
+    return out + _field(3, _field(1, b"nmt_nfkc") + _field(2, b"\x00\x01\x02binary trie\x00"))
+
+
+def test_sentencepiece_model_is_scanned_piece_by_piece(bundle, splits):
+    files, _ = splits
+    (bundle / "tokenizer.model").write_bytes(sentencepiece_model(["<unk>", "\u2581the", "\u2581heart", "12"]))
+    assert _findings(bundle, files) == []
+    (bundle / "tokenizer.model").write_bytes(sentencepiece_model(["<unk>", "\u2581the", f"\u2581{SID}"]))
+    _assert_refused_without_quoting(_findings(bundle, files), "tokenizer.model piece #2: cohort identifier", SID)
+    (bundle / "tokenizer.model").write_bytes(sentencepiece_model(["\u2581the"], model_prefix=f"/data/run_{SID}/spm"))
+    _assert_refused_without_quoting(_findings(bundle, files), "tokenizer.model field 2.2: cohort identifier", SID)
+    (bundle / "tokenizer.model").write_bytes(b"\x00garbage that is not a protobuf message" + SID.encode())
+    _assert_refused_without_quoting(_findings(bundle, files), "tokenizer.model: not a sentencepiece model", SID)
+
+
+def test_gzip_renamed_txt_is_decompressed_and_scanned(bundle, splits):
+    import gzip
+    import zipfile
+
+    files, _ = splits
+    (bundle / "notes.txt").write_bytes(gzip.compress(b"release notes: merged, nothing else\n"))
+    assert _findings(bundle, files) == []
+    (bundle / "notes.txt").write_bytes(gzip.compress(f"patient {SID} improved\n".encode()))
+    _assert_refused_without_quoting(_findings(bundle, files), "notes.txt (gzip): cohort identifier", SID)
+    with zipfile.ZipFile(bundle / "notes.txt", "w") as zf:
+        zf.writestr("a.txt", "anything")
+    assert any(f.startswith("notes.txt: zip data in a file named as text") for f in _findings(bundle, files))
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-8-sig"])
+def test_utf16_and_other_unicode_text_is_decoded(bundle, splits, encoding):
+    files, _ = splits
+    (bundle / "README.md").write_bytes(f"# card\nmerged model, nothing else\n".encode(encoding))
+    assert _findings(bundle, files) == []
+    (bundle / "README.md").write_bytes(f"# card\npatient {SID} improved\n".encode(encoding))
+    _assert_refused_without_quoting(_findings(bundle, files), "README.md: cohort identifier", SID)
+
+
+def test_binary_in_a_text_file_is_refused_not_skipped(bundle, splits):
+    files, _ = splits
+    (bundle / "notes.txt").write_bytes(bytes(range(256)) * 4)
+    assert any(f.startswith("notes.txt: neither UTF-8") for f in _findings(bundle, files))
+    (bundle / "extra.json").write_text("{not json")
+    assert any(f.startswith("extra.json: not valid JSON") for f in _findings(bundle, files))
+
+
+def test_base64_in_the_card_is_decoded_and_scanned(bundle, splits):
+    import base64
+
+    files, patients = splits
+    blob = base64.b64encode(f"patient {SID} improved".encode()).decode()
+    (bundle / "README.md").write_text(f"# card\nexample payload: {blob}\n")
+    _assert_refused_without_quoting(_findings(bundle, files), "README.md: cohort identifier (subject_id) at base64", SID, blob)
+    hpi = patients[3]["visits"][1]["clinical_sections"]["history_present_illness"]
+    wrapped = base64.encodebytes(hpi.encode()).decode()  # MIME: wrapped at 76 characters
+    (bundle / "README.md").write_text(f"# card\n\n```\n{wrapped}```\n")
+    _assert_refused_without_quoting(_findings(bundle, files), "README.md (base64 at char", hpi[:30])
+
+
+def test_strings_inside_tensors_are_found(bundle, splits):
+    import torch
+    from safetensors.torch import save_file
+
+    files, patients = splits
+    hpi = patients[3]["visits"][1]["clinical_sections"]["history_present_illness"]
+    save_file({"w": torch.zeros(4), "x": torch.tensor(list(f"id {SID};".encode()), dtype=torch.uint8)},
+              bundle / "extra.safetensors")
+    _assert_refused_without_quoting(_findings(bundle, files), "extra.safetensors tensor 'x' byte", SID)
+    save_file({"codes": torch.tensor([ord(c) for c in hpi], dtype=torch.int64)}, bundle / "extra.safetensors")
+    _assert_refused_without_quoting(_findings(bundle, files), "extra.safetensors tensor 'codes' as character codes", hpi[:30])
+
+
+def test_safetensors_that_does_not_describe_its_bytes_is_refused(bundle, splits):
+    import torch
+    from safetensors.torch import save_file
+
+    files, _ = splits
+    save_file({"w": torch.zeros(4)}, bundle / "extra.safetensors")
+    assert _findings(bundle, files) == []
+    with open(bundle / "extra.safetensors", "ab") as fh:  # bytes no tensor accounts for
+        fh.write(b"\x00hidden payload\x00")
+    assert any(f.startswith("extra.safetensors: not a valid safetensors file (bytes after the last tensor)")
+               for f in _findings(bundle, files))
+    (bundle / "extra.safetensors").write_bytes(b"\x1f\x8b\x08 not safetensors at all")
+    assert any(f.startswith("extra.safetensors: not a valid safetensors file") for f in _findings(bundle, files))
+
+
+@pytest.fixture
+def five_digit_cohort(tmp_path) -> list[Path]:
+    patients = [{"subject_id": 10000 + p, "visits": [{"visit_id": 10100 + 3 * p + v, "visit_number": v + 1,
+                                                      "clinical_sections": {"chief_complaint": "cough"}}
+                                                     for v in range(3)]} for p in range(12)]
+    return _write_split(tmp_path / "split.json", patients)
+
+
+def test_stock_tokenizer_token_ids_are_not_identifiers(tmp_path, five_digit_cohort):
+    """A 12k-entry vocabulary has token ids 10000..10135 like the cohort's 5-digit ids: not a finding."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    b = tmp_path / "bundle"
+    b.mkdir()
+    vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, 12000)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<|im_end|>"])  # id 12000
+    tok.save(str(b / "tokenizer.json"))
+    (b / "tokenizer_config.json").write_text(json.dumps(
+        {"added_tokens_decoder": {"10005": {"content": "<|x|>", "special": True}}, "eos_token": "<|im_end|>"}))
+    (b / "config.json").write_text(json.dumps({"vocab_size": 12001, "bos_token_id": 10005,
+                                               "eos_token_id": [10006, 10007], "intermediate_size": 10008}))
+    (b / "MANIFEST.json").write_text(json.dumps({"model_files": {"tokenizer.json": {"bytes": 10009}}}))
+    assert _findings(b, five_digit_cohort) == []
+    vocab["\u012010005"] = 12001  # a byte-level vocab entry that IS a cohort id (" 10005")
+    Tokenizer(models.WordLevel(vocab, unk_token="[UNK]")).save(str(b / "tokenizer.json"))
+    _assert_refused_without_quoting(_findings(b, five_digit_cohort), "tokenizer.json vocab entry #", "10005")
+
+
+def test_clinical_text_in_json_is_matched_after_unescaping(bundle, splits):
+    files, patients = splits
+    dx = next(v["clinical_sections"]["discharge_diagnosis"] for p in patients for v in p["visits"]
+              if len(v["clinical_sections"]["discharge_diagnosis"].split()) >= 12)  # short lines joined by \n
+    (bundle / "MANIFEST.json").write_text(json.dumps({"knobs": {"merge": {"probe_prompts": [dx]}}}))
+    _assert_refused_without_quoting(
+        _findings(bundle, files, min_line_words=20),  # the 8-word window alone, across the decoded \n
+        "MANIFEST.json $.knobs.merge.probe_prompts[0]: clinical text from the cohort", dx.split("\n")[0])
+
+
+def test_short_lines_of_a_medication_list_are_matched(bundle, string_id_cohort):
+    for line in MEDS.splitlines():
+        (bundle / "README.md").write_text(f"# card\n\nExample:\n- {line.upper()}\n")
+        _assert_refused_without_quoting(_findings(bundle, string_id_cohort), "README.md: clinical text from the cohort",
+                                        line, line.upper())
+    (bundle / "README.md").write_text("# card\n\nlisinopril is a drug.\n")
+    assert _findings(bundle, string_id_cohort) == []

@@ -349,12 +349,13 @@ def _byte_level():
 
 
 def scan_vocab_entry(scan: Scan, where: str, piece: str) -> None:
-    """A tokenizer vocab entry: flagged only when it holds an identifier (its id or rank never is one)."""
-    texts = {piece, piece.replace("\u2581", " "), _byte_level().decode([piece])}
+    """A tokenizer vocab entry: flagged only when it IS an identifier (byte-level or sentencepiece markers,
+    case and separators aside); `w10005` in a stock vocabulary is a word piece, and ids/ranks are never read."""
+    texts = {piece, _byte_level().decode([piece])}
     if scan.numeric_only and not any(ch.isdigit() for t in texts for ch in t):
         return
     for text in texts:
-        if find_ids(text, scan.secrets.ids, scan.max_len):
+        if canonical_id(text) in scan.secrets.ids:
             scan.refuse(where, "cohort identifier in a vocab entry")
             return
 
