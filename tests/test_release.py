@@ -135,3 +135,53 @@ def test_phi_in_the_card_stops_the_release_and_writes_nothing(inputs, tmp_path):
     assert str(sid) not in str(err.value)
     assert not (tmp_path / "rel" / "README.md").exists()
     assert not (tmp_path / "rel" / "upload_receipt.json").exists()
+
+
+def test_clinical_text_copied_from_the_config_into_the_manifest_is_refused(inputs, tmp_path):
+    """merge.probe_prompts land in MANIFEST.json's knobs: they are scanned like every other bundle file."""
+    dx = next(v["clinical_sections"]["discharge_diagnosis"] for p in inputs["patients"] for v in p["visits"]
+              if len(v["clinical_sections"]["discharge_diagnosis"].split()) >= 12)  # short lines joined by \n
+    knobs = dict(KNOBS, merge={"dtype": "float32", "probe_prompts": ["Summarise the memory.", dx]})
+    with pytest.raises(CheckFailed, match=r"MANIFEST.json \$.knobs.merge.probe_prompts\[1\]: clinical text") as err:
+        run_release(inputs, tmp_path / "rel", knobs=knobs)
+    assert dx.split("\n")[0] not in str(err.value) and not (tmp_path / "rel").exists()
+
+
+KEY = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
+
+
+@pytest.mark.parametrize("where", ["token_env", "api_key_env", "bad_name"])
+def test_a_key_typed_in_place_of_a_variable_name_is_refused(inputs, tmp_path, where, monkeypatch, caplog):
+    monkeypatch.setenv("HF_TOKEN", "irrelevant")
+    rel, knobs = {"upload": False}, json.loads(json.dumps(KNOBS))
+    if where == "token_env":
+        rel["token_env"] = KEY
+    elif where == "api_key_env":
+        knobs["models"] = {"roles": {"judge": {"backend": "openai", "api_key_env": "sk-proj-" + KEY[3:]}}}
+    else:
+        rel["token_env"] = "MY TOKEN=abc"  # not a variable name at all
+    with pytest.raises(InputError, match=r"_env (looks like a key|is not an environment variable NAME)") as err:
+        run_release(inputs, tmp_path / "rel", rel=rel, knobs=knobs)
+    assert KEY[3:] not in str(err.value) and "abc" not in str(err.value) and KEY[3:] not in caplog.text
+    assert not (tmp_path / "rel").exists()  # no manifest, no receipt
+
+
+def test_logs_of_patient_text_stages_are_private(inputs, tmp_path):
+    """`2> {log}` creates the log world-readable (umask 022); the llmrnn stage makes it 0600."""
+    import os
+    import subprocess
+    import sys
+
+    log = tmp_path / "guard.log"
+    log.write_text("")
+    os.chmod(log, 0o644)
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    (bundle / "README.md").write_text(f"patient {inputs['patients'][0]['subject_id']}\n")
+    with open(log, "a") as err:
+        proc = subprocess.run([sys.executable, "-m", "llmrnn.cli", "release", "guard", str(bundle), "--split-files",
+                               *inputs["split_files"]], stderr=err, stdout=subprocess.DEVNULL, check=False)
+    assert proc.returncode == 3
+    assert os.stat(log).st_mode & 0o777 == 0o600
+    text = log.read_text()
+    assert "cohort identifier (subject_id)" in text and str(inputs["patients"][0]["subject_id"]) not in text

@@ -162,3 +162,41 @@ def test_token_only_from_the_environment(monkeypatch):
     monkeypatch.setenv("MY_TOKEN", "  abc ")
     assert upload.token_from_env("MY_TOKEN") == "abc"
     assert Path(upload.__file__).read_text().count("write") == 0  # the module never writes files
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "LLMRNN_FINAL_JUDGE_API_KEY", "my_token", "_X", "OPENAI_API_KEY2"])
+def test_plain_variable_names_are_accepted(name):
+    assert upload.env_name_problem(name) is None
+
+
+@pytest.mark.parametrize("value", [TOKEN, "hf_AbCdEfGhIjKlMnOpQrStUvWx", "sk-proj-abcdefghijklmnop1234",
+                                   "ghp_16C7e42F292c6912E7710c838347Ae178B4a", "aB3dE5gH7jK9mN1pQ3sT5vX7",
+                                   "HF TOKEN", "1ABC", "$HF_TOKEN", "", 42])
+def test_keys_and_non_names_are_refused_without_being_repeated(value):
+    problem = upload.env_name_problem(value)
+    assert problem and (not isinstance(value, str) or not value or value not in problem)
+
+
+def test_check_and_schema_refuse_a_key_in_any_env_field_without_echoing_it(tmp_path, monkeypatch):
+    from llmrnn import check
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the schema is read from the workflow folder
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"run_name: x\nrelease: {{token_env: {TOKEN}}}\n"
+                   "eval: {final_judge: {llm: {api_key_env: 'sk-AbCd EfGh'}}}\n")
+    config, schema_problems = check.load_config([Path("config/config.yaml"), cfg])
+    assert schema_problems == []  # the schema's pattern errors would echo the value: check_env_names speaks
+    problems = check.check_env_names(config)
+    by_key = {p.split(" ")[1]: p for p in problems}
+    assert set(by_key) == {"release.token_env", "eval.final_judge.llm.api_key_env"}
+    assert "looks like a key" in by_key["release.token_env"]
+    assert "is not an environment variable NAME" in by_key["eval.final_judge.llm.api_key_env"]
+    assert all(TOKEN not in p and "AbCd" not in p for p in problems)
+
+    import jsonschema
+    import yaml
+
+    schema = yaml.safe_load(Path("workflow/schemas/config.schema.yaml").read_text())
+    token_env = schema["properties"]["release"]["properties"]["token_env"]
+    assert not jsonschema.Draft202012Validator(token_env).is_valid(TOKEN)
+    assert jsonschema.Draft202012Validator(token_env).is_valid("HF_TOKEN")
