@@ -230,7 +230,7 @@ def test_gzip_renamed_txt_is_decompressed_and_scanned(bundle, splits):
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-8-sig"])
 def test_utf16_and_other_unicode_text_is_decoded(bundle, splits, encoding):
     files, _ = splits
-    (bundle / "README.md").write_bytes(f"# card\nmerged model, nothing else\n".encode(encoding))
+    (bundle / "README.md").write_bytes("# card\nmerged model, nothing else\n".encode(encoding))
     assert _findings(bundle, files) == []
     (bundle / "README.md").write_bytes(f"# card\npatient {SID} improved\n".encode(encoding))
     _assert_refused_without_quoting(_findings(bundle, files), "README.md: cohort identifier", SID)
@@ -332,3 +332,13 @@ def test_short_lines_of_a_medication_list_are_matched(bundle, string_id_cohort):
                                         line, line.upper())
     (bundle / "README.md").write_text("# card\n\nlisinopril is a drug.\n")
     assert _findings(bundle, string_id_cohort) == []
+
+
+def test_unicode_digits_as_character_codes_in_a_tensor_are_found(bundle, splits):
+    import torch
+    from safetensors.torch import save_file
+
+    files, _ = splits
+    arabic = "\u0669\u0660\u0660\u0660\u0660\u0660\u0660\u0665"  # the subject id in Arabic-Indic digits
+    save_file({"codes": torch.tensor([ord(c) for c in f"id {arabic}"], dtype=torch.int32)}, bundle / "x.safetensors")
+    _assert_refused_without_quoting(_findings(bundle, files), "x.safetensors tensor 'codes' as character codes", SID)

@@ -60,8 +60,8 @@ ID_KEYS = ("subject_id", "visit_id", "hadm_id", "patient_id", "stay_id", "mrn")
 # JSON numbers under these keys are token ids, sizes or hyperparameters of the model, not identifiers
 SIZE_KEY = re.compile(r"(^|_)(size|bytes|length|len|embeddings|theta|window|dim|positions)$")
 TOKEN_ID_KEY = re.compile(r"(^|_)ids?$")  # in model metadata files: bos_token_id, eos_token_id, ids
-# one character that may sit inside an identifier written with grouping (12 345, 12,345, 12-345, MRN-AB7)
-ID_JOINERS = frozenset(" ,.-_'\u2019/\u00b7\u2010\u2012\u2013\u2014\u2212")
+# up to two of these may sit inside an identifier written with grouping (12 345, 12,345, 12-345, MRN-AB7)
+ID_JOINERS = frozenset(" \t\r\n,.-_'\u2019/\u00b7\u2010\u2012\u2013\u2014\u2212")
 ID_RUN = re.compile(r"\d+|[^\W\d_]+")
 WORD = re.compile(r"[^\W_]+")
 ITEM_SPLIT = re.compile(r"\n|;|\u2022|,\s")
@@ -86,15 +86,23 @@ MODEL_METADATA = {"config.json", "generation_config.json", "tokenizer.json", "to
 
 # ----------------------------------------------------------------------------- normalisation
 @functools.cache
-def _digit_table() -> dict[int, str]:
-    """Every Unicode decimal digit (Arabic-Indic, Devanagari, full-width, ...) -> its ASCII digit."""
-    return {cp: str(unicodedata.decimal(chr(cp))) for cp in range(128, sys.maxunicode + 1)
-            if chr(cp).isdecimal()}
+def _char_table() -> dict[int, str | None]:
+    """Every Unicode decimal digit (Arabic-Indic, Devanagari, Thai, ...) -> its ASCII digit; invisible
+    format characters (zero-width space, soft hyphen, word joiner) -> removed."""
+    table: dict[int, str | None] = {}
+    for cp in range(128, sys.maxunicode + 1):
+        ch = chr(cp)
+        if ch.isdecimal():
+            table[cp] = str(unicodedata.decimal(ch))
+        elif unicodedata.category(ch) == "Cf":
+            table[cp] = None
+    return table
 
 
 def normalize(text: str) -> str:
-    """NFKC, every decimal digit as ASCII, casefolded: the form both the cohort and the bundle are compared in."""
-    return unicodedata.normalize("NFKC", text).translate(_digit_table()).casefold()
+    """NFKC, every decimal digit as ASCII, no invisible characters, casefolded: the form both the cohort
+    and the bundle are compared in."""
+    return unicodedata.normalize("NFKC", text.translate(_char_table())).translate(_char_table()).casefold()
 
 
 def canonical_id(value: Any) -> str:
@@ -168,7 +176,7 @@ def find_ids(text: str, ids: dict[str, str], max_len: int) -> list[tuple[int, st
         for j in range(i, len(runs)):
             if j > i:
                 gap = text[runs[j - 1].end():runs[j].start()]
-                if gap and not (len(gap) == 1 and gap in ID_JOINERS):
+                if len(gap) > 2 or not set(gap) <= ID_JOINERS:
                     break
             joined += runs[j].group()
             if len(joined) > max_len:
@@ -496,38 +504,60 @@ def _safetensors_layout(fh, size: int) -> tuple[int, dict]:
     return 8 + n, {"header": header, "spans": spans}
 
 
-def _byte_patterns(secrets: Secrets) -> list[re.Pattern]:
-    digits = [i for i in secrets.ids if i.isdigit()]
-    alnum = [i for i in secrets.ids if not i.isdigit()]
-    pats = [re.compile(rb"[\x20-\x7e\t\n\r]{32,}")]  # text
+def _byte_classes(secrets: Secrets) -> list[tuple[bytes, int]]:
+    """(allowed bytes, minimum run) of the byte runs worth decoding: ASCII text, digits with grouping
+    characters, letters and digits (string ids)."""
+    digits = [len(i) for i in secrets.ids if i.isdigit()]
+    alnum = [len(i) for i in secrets.ids if not i.isdigit()]
+    classes = [(bytes(range(0x20, 0x7F)) + b"\t\n\r", 32)]
     if digits:
-        n = min(map(len, digits))
-        pats.append(re.compile(rb"[0-9](?:[0-9]|[ ,.'_-][0-9]){%d,}" % (n - 1)))
+        classes.append((b"0123456789 ,.'_-", min(digits)))
     if alnum:
-        n = min(map(len, alnum))
-        pats.append(re.compile(rb"[A-Za-z0-9](?:[A-Za-z0-9]|[ _-][A-Za-z0-9]){%d,}" % (n - 1)))
-    return pats
+        classes.append((b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ _-", min(alnum)))
+    return classes
 
 
-def _strings_in_bytes(scan: Scan, where: str, data, patterns: list[re.Pattern]) -> None:
-    for pat in patterns:
-        for m in pat.finditer(data):
+def _strings_in_bytes(scan: Scan, where: str, data: bytes, classes: list[tuple[bytes, int]]) -> None:
+    """Runs of text-like bytes, each scanned as text (bytes.translate + a regex over the result keep a
+    multi-GB tensor at C speed)."""
+    for allowed, min_len in classes:
+        marks = data.translate(bytes(0x31 if b in allowed else 0x30 for b in range(256)))
+        start = marks.find(b"1" * min_len)
+        while start >= 0:
+            stop = marks.find(b"0", start)
+            stop = len(marks) if stop < 0 else stop
             before = len(scan.findings)
-            scan.ids_in(f"{where} byte {m.start()}", m.group().decode("ascii"))
+            scan.ids_in(f"{where} byte {start}", data[start:stop].decode("ascii"))
             if len(scan.findings) > before:
                 return
+            start = marks.find(b"1" * min_len, stop)
+
+
+@functools.cache
+def _digit_code_points():
+    import numpy as np
+
+    pairs = sorted((cp, int(v)) for cp, v in _char_table().items() if v is not None)
+    return np.array([cp for cp, _ in pairs]), np.array([v for _, v in pairs])
 
 
 def _code_points(data, dtype: str):
-    """Values of an integer (or integral float) tensor read as characters: ASCII bytes, others 0."""
+    """Values of an integer (or integral float) tensor read as characters: ASCII as is, other Unicode
+    digits as ASCII digits, anything else 0."""
     import numpy as np
 
     if dtype == "BF16":
         values = (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
     else:
         values = np.frombuffer(data, dtype=ST_INT[dtype])
-    ok = (values >= 9) & (values < 127) & (values == np.floor(values))
-    return np.where(ok, values, 0).astype(np.uint8).tobytes()
+    integral = np.isfinite(values) & (values == np.floor(values)) if values.dtype.kind == "f" else True
+    codes = np.where(integral & (values >= 0) & (values <= sys.maxunicode), values, 0).astype(np.int64)
+    big = np.flatnonzero(codes >= 127)
+    if big.size:
+        cps, digits = _digit_code_points()
+        at = np.clip(np.searchsorted(cps, codes[big]), 0, len(cps) - 1)
+        codes[big] = np.where(cps[at] == codes[big], digits[at] + 0x30, 0)
+    return np.where((codes >= 9) & (codes < 127), codes, 0).astype(np.uint8).tobytes()
 
 
 def scan_safetensors(scan: Scan, rel: str, path: Path) -> None:
@@ -542,7 +572,7 @@ def scan_safetensors(scan: Scan, rel: str, path: Path) -> None:
         return
     for key, value in (layout["header"].get("__metadata__") or {}).items():
         scan.ids_in(f"{rel} metadata key {_key_label(key, scan.secrets)}", f"{key}\n{value}")
-    patterns = _byte_patterns(scan.secrets)
+    classes = _byte_classes(scan.secrets)
     if size == start:
         return
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
@@ -552,11 +582,11 @@ def scan_safetensors(scan: Scan, rel: str, path: Path) -> None:
             chunk = 64 * 1024 * 1024
             for off in range(start + begin, start + stop, chunk):
                 data = mm[off:min(off + chunk, start + stop)]
-                _strings_in_bytes(scan, f"{rel} tensor {label!r}", data, patterns)
+                _strings_in_bytes(scan, f"{rel} tensor {label!r}", data, classes)
                 if dtype in ST_INT or dtype == "BF16":
                     _strings_in_bytes(scan, f"{rel} tensor {label!r} as character codes",
                                       _code_points(data[: len(data) - len(data) % ST_DTYPES[dtype]], dtype),
-                                      patterns)
+                                      classes)
 
 
 # ----------------------------------------------------------------------------- files
