@@ -342,3 +342,17 @@ def test_unicode_digits_as_character_codes_in_a_tensor_are_found(bundle, splits)
     arabic = "\u0669\u0660\u0660\u0660\u0660\u0660\u0660\u0665"  # the subject id in Arabic-Indic digits
     save_file({"codes": torch.tensor([ord(c) for c in f"id {arabic}"], dtype=torch.int32)}, bundle / "x.safetensors")
     _assert_refused_without_quoting(_findings(bundle, files), "x.safetensors tensor 'codes' as character codes", SID)
+
+
+def test_json_tricks_are_scanned_or_refused(bundle, splits, tmp_path):
+    files, _ = splits
+    (bundle / "extra.json").write_text(f'{{"note": "patient {SID}", "note": "nothing"}}')  # json.loads keeps the last
+    _assert_refused_without_quoting(_findings(bundle, files), "extra.json $.note: cohort identifier", SID)
+    (bundle / "extra.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert any(f.startswith("extra.json: JSON nested too deeply") for f in _findings(bundle, files))
+    (bundle / "extra.json").unlink()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "notes.md").write_text(f"patient {SID}\n")
+    (bundle / "docs").symlink_to(outside, target_is_directory=True)
+    assert any(f.startswith("docs: a linked folder") for f in _findings(bundle, files))

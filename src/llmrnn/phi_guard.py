@@ -386,12 +386,30 @@ def scan_tokenizer_json(scan: Scan, rel: str, data: dict) -> None:
     scan_json_value(scan, rel, {"model": model, **rest}, skip_numbers=True)
 
 
+def _keep_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """json.loads keeps only the last of repeated keys; a value hidden under the first must be seen too."""
+    out: dict = {}
+    for key, value in pairs:
+        out[key if key not in out else f"{key}\x00duplicate {len(out)}"] = value
+    return out
+
+
 def scan_json(scan: Scan, rel: str, name: str, text: str) -> None:
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_keep_duplicate_keys)
     except ValueError as exc:
         scan.refuse(rel, f"not valid JSON (line {getattr(exc, 'lineno', '?')}); refused rather than skipped")
         return
+    except RecursionError:
+        scan.refuse(rel, "JSON nested too deeply to scan; refused rather than skipped")
+        return
+    try:
+        _scan_json_data(scan, rel, name, data)
+    except RecursionError:
+        scan.refuse(rel, "JSON nested too deeply to scan; refused rather than skipped")
+
+
+def _scan_json_data(scan: Scan, rel: str, name: str, data: Any) -> None:
     records = data if isinstance(data, list) else [data]
     if any(isinstance(r, dict) and "visits" in r and any(k in r for k in ID_KEYS) for r in records[:50]):
         scan.refuse(rel, "JSON records with subject_id and visits (a cohort file)")
@@ -616,11 +634,20 @@ def scan_blob(scan: Scan, rel: str, name: str, data: bytes, depth: int = 0) -> N
 
 
 def scan_file(scan: Scan, root: Path, path: Path, display: str) -> None:
+    try:
+        _scan_file(scan, root, path, display)
+    except OSError as exc:
+        scan.refuse(display, f"cannot be read ({type(exc).__name__}); refused rather than skipped")
+
+
+def _scan_file(scan: Scan, root: Path, path: Path, display: str) -> None:
     rel = path.relative_to(root).as_posix()
     name = path.name.lower()
     suffix = path.suffix.lower() if path.suffix else name
     if path.is_symlink() and not path.exists():
         scan.refuse(display, "dangling link")
+    elif path.is_dir():
+        scan.refuse(display, "a linked folder (its files would be uploaded unscanned)")
     elif suffix not in ALLOWED_SUFFIXES and name != ".gitattributes":
         scan.refuse(display, "file type not allowed in a release")
     elif any(SUSPECT_NAME.search(part) for part in rel.split("/")):
