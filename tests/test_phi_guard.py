@@ -356,3 +356,25 @@ def test_json_tricks_are_scanned_or_refused(bundle, splits, tmp_path):
     (outside / "notes.md").write_text(f"patient {SID}\n")
     (bundle / "docs").symlink_to(outside, target_is_directory=True)
     assert any(f.startswith("docs: a linked folder") for f in _findings(bundle, files))
+
+
+def test_tiktoken_model_file_is_scanned_token_by_token(bundle, splits):
+    import base64
+
+    files, _ = splits
+    lines = [base64.b64encode(t.encode()) + b" %d" % i for i, t in enumerate(["a", " the", "12", " heart"])]
+    (bundle / "tokenizer.model").write_bytes(b"\n".join(lines) + b"\n")
+    assert _findings(bundle, files) == []
+    lines.append(base64.b64encode(f" {SID}".encode()) + b" 4")
+    (bundle / "tokenizer.model").write_bytes(b"\n".join(lines) + b"\n")
+    _assert_refused_without_quoting(_findings(bundle, files), "tokenizer.model line 5: cohort identifier", SID)
+
+
+def test_clinical_text_in_an_added_token_is_found(bundle, splits):
+    files, patients = splits
+    hpi = patients[3]["visits"][1]["clinical_sections"]["history_present_illness"]
+    tok = json.loads((bundle / "tokenizer.json").read_text())
+    tok["added_tokens"].append({"id": 9999, "content": hpi, "special": False, "single_word": False, "lstrip": False,
+                                "rstrip": False, "normalized": True})
+    (bundle / "tokenizer.json").write_text(json.dumps(tok))
+    _assert_refused_without_quoting(_findings(bundle, files), "tokenizer.json added token #", hpi[:30])

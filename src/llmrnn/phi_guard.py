@@ -137,7 +137,9 @@ class Secrets:
         self.ids.setdefault(full, key)
         # the id-like parts of a string id (MRN-AB7731X -> ab7731x): a card may drop the prefix
         for part in re.split(r"[\W_]+", normalize(str(value))):
-            if len(part) >= min_len and any(c.isdigit() for c in part):
+            # a digits-only part must be long enough not to be a shard number (model-00001-of-00002)
+            needed = max(min_len, 6) if part.isdigit() else min_len
+            if len(part) >= needed and any(c.isdigit() for c in part):
                 self.ids.setdefault(part, key)
 
 
@@ -359,7 +361,10 @@ def _byte_level():
 def scan_vocab_entry(scan: Scan, where: str, piece: str) -> None:
     """A tokenizer vocab entry: flagged only when it IS an identifier (byte-level or sentencepiece markers,
     case and separators aside); `w10005` in a stock vocabulary is a word piece, and ids/ranks are never read."""
-    texts = {piece, _byte_level().decode([piece])}
+    texts = {piece, _byte_level().decode([piece]).replace("\u2581", " ")}
+    for text in texts:
+        if len(WORD.findall(text)) >= scan.secrets.min_line_words:  # a multi-word piece or added token
+            scan.docs.append((where, text))
     if scan.numeric_only and not any(ch.isdigit() for t in texts for ch in t):
         return
     for text in texts:
@@ -458,9 +463,23 @@ def protobuf_fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
 SP_STRING_FIELDS = {2: None, 3: {1, 6}, 4: None, 5: {1, 6}}  # None: every LEN field is a string (or a sample)
 
 
+TIKTOKEN_LINE = re.compile(rb"[A-Za-z0-9+/]*={0,2} \d+")
+
+
+def scan_tiktoken(scan: Scan, rel: str, data: bytes) -> None:
+    """A tiktoken BPE file (Llama 3's original tokenizer.model): `<base64 token> <rank>` per line."""
+    for n, line in enumerate(data.splitlines()):
+        piece = base64.b64decode(line.split(b" ")[0]).decode("utf-8", "replace")
+        scan_vocab_entry(scan, f"{rel} line {n + 1}", piece)
+
+
 def scan_sentencepiece(scan: Scan, rel: str, data: bytes) -> None:
     """tokenizer.model: every piece as a vocab entry, every other string as text; refused if it does not
-    parse as a sentencepiece ModelProto."""
+    parse as a sentencepiece ModelProto (or a tiktoken BPE file)."""
+    lines = data.splitlines()
+    if lines and all(TIKTOKEN_LINE.fullmatch(line) for line in lines):
+        scan_tiktoken(scan, rel, data)
+        return
     try:
         for n, (number, wire, value) in enumerate(protobuf_fields(data)):
             if wire != 2 or number not in (1, *SP_STRING_FIELDS):
