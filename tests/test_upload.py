@@ -200,3 +200,12 @@ def test_check_and_schema_refuse_a_key_in_any_env_field_without_echoing_it(tmp_p
     token_env = schema["properties"]["release"]["properties"]["token_env"]
     assert not jsonschema.Draft202012Validator(token_env).is_valid(TOKEN)
     assert jsonschema.Draft202012Validator(token_env).is_valid("HF_TOKEN")
+
+
+def test_openai_backend_does_not_echo_a_key_typed_as_api_key_env():
+    from llmrnn import backends
+    from llmrnn.errors import InputError
+
+    with pytest.raises(InputError, match="api_key_env looks like a key") as err:
+        backends.OpenAIBackend(url="http://127.0.0.1:1/v1", model="m", api_key_env=TOKEN)
+    assert TOKEN not in str(err.value)

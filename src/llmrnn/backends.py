@@ -575,6 +575,10 @@ class OpenAIBackend:
         if not model:
             raise InputError("roles: backend openai needs `model` (the served model name)")
         if api_key is None and api_key_env:
+            from llmrnn.upload import env_name_problem
+
+            if env_name_problem(api_key_env):  # a key typed in place of the name: never echo it
+                raise InputError(f"roles: api_key_env {env_name_problem(api_key_env)}")
             api_key = os.environ.get(api_key_env)
             if not api_key:
                 raise InputError(f"roles: api_key_env {api_key_env}: environment variable is not set")
