@@ -309,6 +309,9 @@ def test_stock_tokenizer_token_ids_are_not_identifiers(tmp_path, five_digit_coho
     (b / "config.json").write_text(json.dumps({"vocab_size": 12001, "bos_token_id": 10005,
                                                "eos_token_id": [10006, 10007], "intermediate_size": 10008}))
     (b / "MANIFEST.json").write_text(json.dumps({"model_files": {"tokenizer.json": {"bytes": 10009}}}))
+    (b / "vocab.json").write_text(json.dumps(vocab))  # the slow tokenizer's files of the same vocabulary
+    (b / "merges.txt").write_text("#version: 0.2\nw 1\nw1 0005\n")
+    (b / "vocab.txt").write_text("[PAD]\n100\n05\nw\n1\n0005\n")  # "100" + "05" glued would be an id
     assert _findings(b, five_digit_cohort) == []
     vocab["\u012010005"] = 12001  # a byte-level vocab entry that IS a cohort id (" 10005")
     Tokenizer(models.WordLevel(vocab, unk_token="[UNK]")).save(str(b / "tokenizer.json"))

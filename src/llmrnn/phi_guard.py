@@ -4,10 +4,12 @@ Every file is either scanned by its structure or refused; nothing is skipped:
 - policy: a file type that is not model/card/manifest material (allow-list: safetensors, json, md, txt,
   jinja, model, yaml, gitattributes), a name that looks like an audit log or cohort file, bytes equal to a
   split file, JSON shaped like a cohort;
-- content, by structure: JSON values after json.loads (recursing; token ids and sizes in model metadata
-  are numbers, not identifiers), tokenizer vocab and merges entry by entry (an entry is flagged only when
-  it holds an identifier, never its id or rank), safetensors header + metadata + tensor bytes (strings
-  hidden in tensors), sentencepiece `tokenizer.model` pieces (protobuf), text decoded from UTF-8/16/32
+- content, by structure: JSON values after json.loads (recursing, repeated keys kept; token ids and sizes
+  in model metadata are numbers, not identifiers), tokenizer vocab and merges entry by entry
+  (tokenizer.json, vocab.json, vocab.txt, merges.txt; an entry is flagged only when it IS an identifier,
+  its id or rank never is), safetensors header (it must describe the file's bytes exactly) + metadata +
+  tensor bytes (strings and character codes hidden in tensors), `tokenizer.model` pieces (sentencepiece
+  protobuf or tiktoken lines), text decoded from UTF-8/16/32
   (BOM or NUL pattern), gzip/bz2/xz decompressed, base64/hex/URL/HTML/backslash escapes decoded.
   Anything that cannot be parsed as what it claims to be is refused;
 - identifiers: the cohort's subject/visit ids in any form: digits grouped (`12 345`, `12,345`, `12-345`),
@@ -79,6 +81,8 @@ ST_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0":
              "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 ST_INT = {"I16": "<i2", "U16": "<u2", "I32": "<i4", "U32": "<u4", "I64": "<i8", "U64": "<u8",
           "F16": "<f2", "F32": "<f4", "F64": "<f8"}
+VOCAB_JSON = {"vocab.json", "added_tokens.json"}
+VOCAB_LINES = {"vocab.txt", "merges.txt"}
 MODEL_METADATA = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                   "special_tokens_map.json", "added_tokens.json", "model.safetensors.index.json",
                   "adapter_config.json", "preprocessor_config.json"}
@@ -420,6 +424,9 @@ def _scan_json_data(scan: Scan, rel: str, name: str, data: Any) -> None:
         scan.refuse(rel, "JSON records with subject_id and visits (a cohort file)")
     if isinstance(data, dict) and isinstance(data.get("model"), dict) and "vocab" in data["model"]:
         scan_tokenizer_json(scan, rel, data)
+    elif name in VOCAB_JSON and isinstance(data, dict):  # {token: id}: entries as vocab, ids never compared
+        for n, piece in enumerate(data):
+            scan_vocab_entry(scan, f"{rel} vocab entry #{n}", str(piece))
     else:
         scan_json_value(scan, rel, data, skip_numbers=name in MODEL_METADATA)
 
@@ -648,6 +655,9 @@ def scan_blob(scan: Scan, rel: str, name: str, data: bytes, depth: int = 0) -> N
         return
     if name.endswith(".json"):
         scan_json(scan, rel, name, text)
+    elif name in VOCAB_LINES:  # one vocab entry (vocab.txt) or merge pair (merges.txt) per line
+        for n, line in enumerate(text.splitlines()):
+            scan_vocab_entry(scan, f"{rel} line {n + 1}", line.replace(" ", "") if name == "merges.txt" else line)
     else:
         scan.ids_in(rel, text)
 
