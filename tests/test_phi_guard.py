@@ -381,3 +381,13 @@ def test_clinical_text_in_an_added_token_is_found(bundle, splits):
                                 "rstrip": False, "normalized": True})
     (bundle / "tokenizer.json").write_text(json.dumps(tok))
     _assert_refused_without_quoting(_findings(bundle, files), "tokenizer.json added token #", hpi[:30])
+
+
+def test_identifier_stored_as_a_tensor_value_is_found(bundle, splits):
+    import torch
+    from safetensors.torch import save_file
+
+    files, patients = splits
+    ids = torch.tensor([p["subject_id"] for p in patients[4:7]], dtype=torch.int64)
+    save_file({"w": torch.zeros(3), "ids": ids}, bundle / "extra.safetensors")
+    _assert_refused_without_quoting(_findings(bundle, files), "extra.safetensors tensor 'ids': cohort identifier", SID)

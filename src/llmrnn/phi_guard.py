@@ -604,6 +604,20 @@ def _code_points(data, dtype: str):
     return np.where((codes >= 9) & (codes < 127), codes, 0).astype(np.uint8).tobytes()
 
 
+def _id_values(scan: Scan, where: str, data: bytes, dtype: str) -> None:
+    """A numeric identifier stored as a tensor VALUE (an int64 tensor of subject ids)."""
+    import numpy as np
+
+    numeric = [int(i) for i in scan.secrets.ids if i.isdigit() and len(i) < 19]
+    if not numeric:
+        return
+    values = np.frombuffer(data, dtype=ST_INT[dtype])
+    hit = np.flatnonzero(np.isin(values, np.array(numeric, dtype=np.int64)))
+    if hit.size:
+        kind = scan.secrets.ids[str(int(values[hit[0]]))]
+        scan.refuse(where, f"cohort identifier ({kind}) as a tensor value at element {int(hit[0])}")
+
+
 def scan_safetensors(scan: Scan, rel: str, path: Path) -> None:
     """safetensors: the header must describe the file exactly; metadata and tensor names are scanned as
     text and tensor bytes for strings (also tensors of character codes)."""
@@ -627,6 +641,9 @@ def scan_safetensors(scan: Scan, rel: str, path: Path) -> None:
             for off in range(start + begin, start + stop, chunk):
                 data = mm[off:min(off + chunk, start + stop)]
                 _strings_in_bytes(scan, f"{rel} tensor {label!r}", data, classes)
+                # small integer tensors only: packed quantized weights are random integers, not records
+                if dtype in ("I16", "U16", "I32", "U32", "I64", "U64", "F64") and stop - begin <= 8 << 20:
+                    _id_values(scan, f"{rel} tensor {label!r}", data[: len(data) - len(data) % ST_DTYPES[dtype]], dtype)
                 if dtype in ST_INT or dtype == "BF16":
                     _strings_in_bytes(scan, f"{rel} tensor {label!r} as character codes",
                                       _code_points(data[: len(data) - len(data) % ST_DTYPES[dtype]], dtype),
