@@ -141,7 +141,7 @@ def _write_split(path: Path, patients: list[dict]) -> list[Path]:
     return [path]
 
 
-MEDS = "metoprolol succinate 25 mg daily\nlisinopril 10 mg daily\natorvastatin 40 mg at bedtime"
+MEDS = "metoprolol succinate 25 mg daily\nlisinopril 10 mg daily\natorvastatin 40 mg at bedtime\naspirin 81 mg"
 
 
 @pytest.fixture

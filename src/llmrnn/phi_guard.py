@@ -125,7 +125,7 @@ class Secrets:
     texts: list[str] = field(default_factory=list)
     hashes: set[str] = field(default_factory=set)
     min_words: int = 8
-    min_line_words: int = 4
+    min_line_words: int = 3
 
     @property
     def max_len(self) -> int:
@@ -747,7 +747,7 @@ def find_clinical_text(scan: Scan) -> None:
 
 
 def scan_bundle(bundle: str | Path, split_files: Iterable[str | Path], min_words: int = 8,
-                min_id_digits: int = 5, min_line_words: int = 4) -> dict:
+                min_id_digits: int = 5, min_line_words: int = 3) -> dict:
     """Scan every file under `bundle` (links followed); the report's `findings` lists what was found."""
     root = Path(bundle)
     secrets = load_cohort_secrets(split_files, min_id_digits)

@@ -44,7 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "endpoint": None,
     "token_env": "HF_TOKEN",
     "hash_files": True,
-    "phi_guard": {"min_words": 8, "min_id_digits": 5, "min_line_words": 4},
+    "phi_guard": {"min_words": 8, "min_id_digits": 5, "min_line_words": 3},
 }
 
 
@@ -568,5 +568,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split-files", nargs="+", required=True)
     p.add_argument("--min-words", type=int, default=8)
     p.add_argument("--min-id-digits", type=int, default=5)
-    p.add_argument("--min-line-words", type=int, default=4, help="a whole cohort line/list item this long is a finding")
+    p.add_argument("--min-line-words", type=int, default=3, help="a whole cohort line/list item this long is a finding")
     p.set_defaults(func=_cmd_guard)
