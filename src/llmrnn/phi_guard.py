@@ -716,34 +716,38 @@ def _shingles(words: list[str], k: int) -> Iterator[tuple[int, str]]:
         yield i, " ".join(words[i:i + k])
 
 
-def _cohort_phrases(secrets: Secrets) -> dict[int, set[str]]:
-    """Word sequences to look for, by length: every `min_words` window of every clinical text, and every
-    whole shorter line or list item of at least `min_line_words` words (medication lists, short sections)."""
+def _cohort_phrases(secrets: Secrets) -> Iterator[str]:
+    """Word sequences to look for, streamed (a real cohort is large, the bundle is small): every
+    `min_words` window of every clinical text, and every whole shorter line or list item of at least
+    `min_line_words` words (medication lists, short sections)."""
     k = secrets.min_words
-    phrases: dict[int, set[str]] = {k: set()}
     for text in secrets.texts:
-        phrases[k].update(s for _, s in _shingles(_words(text), k))
+        yield from (s for _, s in _shingles(_words(text), k))
         for item in [text, *ITEM_SPLIT.split(text)]:
             words = _words(LIST_MARKER.sub("", item))
             if secrets.min_line_words <= len(words) < k:
-                phrases.setdefault(len(words), set()).add(" ".join(words))
-    return phrases
+                yield " ".join(words)
 
 
 def find_clinical_text(scan: Scan) -> None:
-    phrases = _cohort_phrases(scan.secrets)
-    flagged: set[str] = set()
+    """Every word sequence of the bundle's decoded texts (lengths min_line_words..min_words) is hashed;
+    the cohort's phrases are looked up in that table."""
+    secrets = scan.secrets
+    lengths = range(min(secrets.min_line_words, secrets.min_words), secrets.min_words + 1)
+    table: dict[int, tuple[str, int, int]] = {}
     for where, text in scan.docs:
-        file = where.split(" ")[0]
-        if file in flagged:
-            continue
         words = _words(text)
-        for k, wanted in phrases.items():
-            hit = next((i for i, s in _shingles(words, k) if s in wanted), None)
-            if hit is not None:
-                scan.refuse(where, f"clinical text from the cohort ({k} words from word {hit} on)")
-                flagged.add(file)
-                break
+        for k in lengths:
+            for i, shingle in _shingles(words, k):
+                table.setdefault(hash(shingle), (where, k, i))
+    flagged: set[str] = set()
+    if table:
+        for phrase in _cohort_phrases(secrets):
+            hit = table.get(hash(phrase))
+            if hit and hit[0].split(" ")[0] not in flagged:
+                where, k, i = hit
+                scan.refuse(where, f"clinical text from the cohort ({k} words from word {i} on)")
+                flagged.add(where.split(" ")[0])
 
 
 def scan_bundle(bundle: str | Path, split_files: Iterable[str | Path], min_words: int = 8,
