@@ -391,3 +391,27 @@ def test_identifier_stored_as_a_tensor_value_is_found(bundle, splits):
     ids = torch.tensor([p["subject_id"] for p in patients[4:7]], dtype=torch.int64)
     save_file({"w": torch.zeros(3), "ids": ids}, bundle / "extra.safetensors")
     _assert_refused_without_quoting(_findings(bundle, files), "extra.safetensors tensor 'ids': cohort identifier", SID)
+
+
+def test_strings_inside_a_base64_image_in_the_card_are_found(bundle, splits):
+    import base64
+    import struct
+    import zlib
+
+    files, _ = splits
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))
+           + chunk(b"tEXt", b"Comment\x00patient " + SID.encode()) + chunk(b"IDAT", zlib.compress(b"\x00\x00"))
+           + chunk(b"IEND", b""))
+    (bundle / "README.md").write_text(f"# card\n![plot](data:image/png;base64,{base64.b64encode(png).decode()})\n")
+    _assert_refused_without_quoting(_findings(bundle, files), "README.md: cohort identifier (subject_id) at strings of base64", SID)
+
+
+@pytest.mark.parametrize("written", ["90**000**005", "90`000`005", "\u0669\u0660\u066c\u0660\u0660\u0660\u066c\u0660\u0660\u0665"])
+def test_identifier_split_by_markup_or_arabic_grouping_is_refused(bundle, splits, written):
+    files, _ = splits
+    (bundle / "README.md").write_text(f"# card\nExample {written}.\n", encoding="utf-8")
+    _assert_refused_without_quoting(_findings(bundle, files), "README.md: cohort identifier (subject_id)", written)

@@ -63,7 +63,7 @@ ID_KEYS = ("subject_id", "visit_id", "hadm_id", "patient_id", "stay_id", "mrn")
 SIZE_KEY = re.compile(r"(^|_)(size|bytes|length|len|embeddings|theta|window|dim|positions)$")
 TOKEN_ID_KEY = re.compile(r"(^|_)ids?$")  # in model metadata files: bos_token_id, eos_token_id, ids
 # up to two of these may sit inside an identifier written with grouping (12 345, 12,345, 12-345, MRN-AB7)
-ID_JOINERS = frozenset(" \t\r\n,.-_'\u2019/\u00b7\u2010\u2012\u2013\u2014\u2212")
+ID_JOINERS = frozenset(" \t\r\n,.-_'\u2019\u02bc/\u00b7\u2010\u2012\u2013\u2014\u2212\u066b\u066c*`~\\")
 ID_RUN = re.compile(r"\d+|[^\W\d_]+")
 WORD = re.compile(r"[^\W_]+")
 ITEM_SPLIT = re.compile(r"\n|;|\u2022|,\s")
@@ -219,6 +219,10 @@ def decoded_views(text: str, depth: int = 0) -> Iterator[tuple[str, str]]:
         if inner:
             yield f"base64 at char {m.start()}", inner
             yield from ((f"base64 at char {m.start()}, {how}", t) for how, t in decoded_views(inner, depth + 1))
+        elif payload and len(payload) >= 16:  # binary (an image, ...): the strings inside it
+            strings = [r.decode("ascii") for r in re.findall(rb"[\x20-\x7e]{5,}", payload)]
+            if strings:
+                yield f"strings of base64 at char {m.start()}", "\n".join(strings)
     for m in HEX_RUN.finditer(text):
         inner = _payload_text(bytes.fromhex(m.group()))
         if inner:
