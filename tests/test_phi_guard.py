@@ -415,3 +415,10 @@ def test_identifier_split_by_markup_or_arabic_grouping_is_refused(bundle, splits
     files, _ = splits
     (bundle / "README.md").write_text(f"# card\nExample {written}.\n", encoding="utf-8")
     _assert_refused_without_quoting(_findings(bundle, files), "README.md: cohort identifier (subject_id)", written)
+
+
+def test_a_credential_pasted_into_the_bundle_is_refused(bundle, splits):
+    files, _ = splits
+    key = "hf_AbCdEfGhIjKlMnOpQrStUvWx0123456789"
+    (bundle / "MANIFEST.json").write_text(json.dumps({"release": {"commit_message": f"token {key}"}}))
+    _assert_refused_without_quoting(_findings(bundle, files), "MANIFEST.json $.release.commit_message: a credential", key)

@@ -16,7 +16,8 @@ Every file is either scanned by its structure or refused; nothing is skipped:
   other Unicode digits, full-width forms, string ids (`MRN-AB7731X`, also its id-like part `AB7731X`),
   and in file names;
 - clinical text: `min_words` consecutive words of a clinical section, or a whole short line / list item
-  of at least `min_line_words` words (a medication list), matched on decoded text.
+  of at least `min_line_words` words (a medication list), matched on decoded text;
+- a credential-like string (hf_..., sk-..., ghp_..., AKIA...) pasted anywhere.
 
 Findings say what and where (file, offset or JSON path, kind) and never repeat the identifier or text.
 Identifiers shorter than `min_id_digits` characters cannot be told apart from ordinary numbers and are
@@ -68,6 +69,9 @@ ID_RUN = re.compile(r"\d+|[^\W\d_]+")
 WORD = re.compile(r"[^\W_]+")
 ITEM_SPLIT = re.compile(r"\n|;|\u2022|,\s")
 LIST_MARKER = re.compile(r"^\s*(?:[-*\u00b7]|\(?\d{1,2}[.)])\s+")
+# a Hub/OpenAI/GitHub/GitLab/Slack/AWS/Google credential pasted anywhere in the bundle (one digit at least)
+CREDENTIAL = re.compile(r"(?<![A-Za-z0-9])(hf_|sk-|sk_|ghp_|gho_|ghs_|github_pat_|glpat-|xox[abprs]-|AKIA|AIza)"
+                        r"(?=[A-Za-z_-]*[0-9])[A-Za-z0-9_-]{16,}")
 MAX_DECOMPRESSED = 512 * 1024 * 1024
 MAGIC = [(b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"PK\x03\x04", "zip"),
          (b"(\xb5/\xfd", "zstd"), (b"\x80\x02", "pickle"), (b"\x80\x03", "pickle"), (b"\x80\x04", "pickle"),
@@ -310,6 +314,9 @@ class Scan:
     def ids_in(self, where: str, text: str, docs: bool = True) -> None:
         """Identifiers in `text` and in every decoding of it; the texts join the clinical-text pass."""
         views = [("", text), *decoded_views(text)]
+        credential = CREDENTIAL.search(text)
+        if credential:
+            self.refuse(where, f"a credential-like string at char {credential.start()}")
         for how, view in views:
             hits = find_ids(view, self.secrets.ids, self.max_len)
             if hits:
