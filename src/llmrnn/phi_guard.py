@@ -161,7 +161,10 @@ def load_cohort_secrets(split_files: Iterable[str | Path], min_id_digits: int = 
             raise InputError(f"{path}: cannot read split file: {type(exc).__name__}") from exc
         secrets.hashes.add(io.sha256_file(path))
         for patient in data if isinstance(data, list) else []:
-            for record in [patient, *patient.get("visits", [])]:
+            visits = patient.get("visits") if isinstance(patient, dict) else None
+            for record in [patient, *(visits if isinstance(visits, list) else [])]:
+                if not isinstance(record, dict):
+                    continue
                 for key in ID_KEYS:
                     secrets.add_id(key, record.get(key), min_id_digits)
                 sections = record.get("clinical_sections") or {}
@@ -666,7 +669,8 @@ def scan_blob(scan: Scan, rel: str, name: str, data: bytes, depth: int = 0) -> N
     """Bytes of a text-typed file (.json, .md, ...): decompressed when compressed, decoded, then scanned
     by structure; anything else is refused."""
     kind = sniff(data)
-    if kind in DECOMPRESS and depth < 2:
+    text = decode_text(data)  # a text that merely starts like a magic number ("BZh...") stays text
+    if kind in DECOMPRESS and depth < 2 and text is None:
         try:
             inner = _decompress(kind, data)
         except (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error):
@@ -674,12 +678,9 @@ def scan_blob(scan: Scan, rel: str, name: str, data: bytes, depth: int = 0) -> N
             return
         scan_blob(scan, f"{rel} ({kind})", name.removesuffix(".gz"), inner, depth + 1)
         return
-    if kind:
-        scan.refuse(rel, f"{kind} data in a file named as text; refused rather than skipped")
-        return
-    text = decode_text(data)
     if text is None:
-        scan.refuse(rel, "neither UTF-8, UTF-16 nor UTF-32 text; refused rather than skipped")
+        what = f"{kind} data in a file named as text" if kind else "neither UTF-8, UTF-16 nor UTF-32 text"
+        scan.refuse(rel, f"{what}; refused rather than skipped")
         return
     if name.endswith(".json"):
         scan_json(scan, rel, name, text)
