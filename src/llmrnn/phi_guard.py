@@ -345,21 +345,20 @@ def _key_label(key: str, secrets: Secrets) -> str:
     return "[a key]"
 
 
-def scan_json_value(scan: Scan, rel: str, value: Any, path: str = "$", key: str = "", skip_numbers: bool = False,
-                    lines: list[str] | None = None) -> None:
+def scan_json_value(scan: Scan, rel: str, value: Any, path: str = "$", key: str = "",
+                    skip_numbers: bool = False) -> None:
     """Recurse through decoded JSON: every key and string is scanned as text, numbers as identifiers
     unless they sit under a key that holds token ids or sizes of the model."""
-    lines = [] if lines is None else lines
     if isinstance(value, dict):
         token_ids = key == "added_tokens_decoder"
         for k, v in value.items():
             sub = f"{path}{_key_label(str(k), scan.secrets)}"
             if not (token_ids and str(k).isdigit()):
                 scan.ids_in(f"{rel} key {sub}", str(k), docs=False)
-            scan_json_value(scan, rel, v, sub, str(k), skip_numbers, lines)
+            scan_json_value(scan, rel, v, sub, str(k), skip_numbers)
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            scan_json_value(scan, rel, v, f"{path}[{i}]", key, skip_numbers, lines)
+            scan_json_value(scan, rel, v, f"{path}[{i}]", key, skip_numbers)
     elif isinstance(value, str):
         scan.ids_in(f"{rel} {path}", value)
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -490,7 +489,11 @@ TIKTOKEN_LINE = re.compile(rb"[A-Za-z0-9+/]*={0,2} \d+")
 def scan_tiktoken(scan: Scan, rel: str, data: bytes) -> None:
     """A tiktoken BPE file (Llama 3's original tokenizer.model): `<base64 token> <rank>` per line."""
     for n, line in enumerate(data.splitlines()):
-        piece = base64.b64decode(line.split(b" ")[0]).decode("utf-8", "replace")
+        try:
+            piece = base64.b64decode(line.split(b" ")[0], validate=True).decode("utf-8", "replace")
+        except (binascii.Error, ValueError):
+            scan.refuse(rel, f"line {n + 1} is not base64 (not a tiktoken file); refused rather than skipped")
+            return
         scan_vocab_entry(scan, f"{rel} line {n + 1}", piece)
 
 
@@ -505,8 +508,11 @@ def scan_sentencepiece(scan: Scan, rel: str, data: bytes) -> None:
         for n, (number, wire, value) in enumerate(protobuf_fields(data)):
             if wire != 2 or number not in (1, *SP_STRING_FIELDS):
                 raise ValueError(f"field {number} is not part of a sentencepiece model")
-            if number == 1:
-                piece = next((v for f, w, v in protobuf_fields(value) if f == 1 and w == 2), b"")
+            if number == 1:  # SentencePiece {1 piece: string, 2 score: float, 3 type: enum}, nothing else
+                fields = list(protobuf_fields(value))
+                if any((f, w) not in ((1, 2), (2, 5), (3, 0)) for f, w, _ in fields):
+                    raise ValueError(f"piece #{n} holds a field a sentencepiece piece does not have")
+                piece = next((v for f, w, v in fields if f == 1), b"")
                 scan_vocab_entry(scan, f"{rel} piece #{n}", piece.decode("utf-8"))
                 continue
             for sub, sub_wire, sub_value in protobuf_fields(value):
