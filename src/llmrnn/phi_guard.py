@@ -548,11 +548,14 @@ def _safetensors_layout(fh, size: int) -> tuple[int, dict]:
             if not (isinstance(info, dict) and all(isinstance(v, str) for v in info.values())):
                 raise ValueError("__metadata__ is not a map of strings")
             continue
+        if not isinstance(info, dict):
+            raise ValueError("malformed tensor entry")  # noqa: TRY004 - one error type for a bad file
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
         if dtype not in ST_DTYPES:
             raise ValueError("unknown tensor dtype")
         if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
-                and isinstance(offsets, list) and len(offsets) == 2):
+                and isinstance(offsets, list) and len(offsets) == 2
+                and all(isinstance(o, int) and o >= 0 for o in offsets)):
             raise ValueError("malformed tensor entry")
         if offsets[1] - offsets[0] != math.prod(shape) * ST_DTYPES[dtype]:
             raise ValueError("tensor size does not match its shape")
@@ -645,8 +648,9 @@ def scan_safetensors(scan: Scan, rel: str, path: Path) -> None:
     try:
         with open(path, "rb") as fh:
             start, layout = _safetensors_layout(fh, size)
-    except (ValueError, UnicodeDecodeError, struct.error) as exc:
-        scan.refuse(rel, f"not a valid safetensors file ({exc}); refused rather than skipped")
+    except (ValueError, UnicodeDecodeError, struct.error, RecursionError) as exc:
+        reason = str(exc) if isinstance(exc, ValueError) and not isinstance(exc, json.JSONDecodeError) else "header"
+        scan.refuse(rel, f"not a valid safetensors file ({reason}); refused rather than skipped")
         return
     for key, value in (layout["header"].get("__metadata__") or {}).items():
         scan.ids_in(f"{rel} metadata key {_key_label(key, scan.secrets)}", f"{key}\n{value}")
