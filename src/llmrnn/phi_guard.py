@@ -60,8 +60,10 @@ SUSPECT_NAME = re.compile(
     r"(audit|calls_|cohort|cleaned|splits?\b|^(train|val|test)\.json$|trajector|rollout|patient)", re.IGNORECASE
 )
 ID_KEYS = ("subject_id", "visit_id", "hadm_id", "patient_id", "stay_id", "mrn")
-# JSON numbers under these keys are token ids, sizes or hyperparameters of the model, not identifiers
-SIZE_KEY = re.compile(r"(^|_)(size|bytes|length|len|embeddings|theta|window|dim|positions)$")
+# JSON numbers under these keys are sizes, seeds, ports or hyperparameters (a seed of 12345 is common),
+# not identifiers; and token ids in model metadata files
+SIZE_KEY = re.compile(r"(^|_)(size|bytes|length|len|embeddings|theta|window|dim|positions|mb|gb|runtime|samples"
+                      r"|tokens|seed|steps|port)$")
 TOKEN_ID_KEY = re.compile(r"(^|_)ids?$")  # in model metadata files: bos_token_id, eos_token_id, ids
 # up to two of these may sit inside an identifier written with grouping (12 345, 12,345, 12-345, MRN-AB7)
 ID_JOINERS = frozenset(" \t\r\n,.-_'\u2019\u02bc/\u00b7\u2010\u2012\u2013\u2014\u2212\u066b\u066c*`~\\")
