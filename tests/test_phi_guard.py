@@ -308,7 +308,8 @@ def test_stock_tokenizer_token_ids_are_not_identifiers(tmp_path, five_digit_coho
         {"added_tokens_decoder": {"10005": {"content": "<|x|>", "special": True}}, "eos_token": "<|im_end|>"}))
     (b / "config.json").write_text(json.dumps({"vocab_size": 12001, "bos_token_id": 10005,
                                                "eos_token_id": [10006, 10007], "intermediate_size": 10008}))
-    (b / "MANIFEST.json").write_text(json.dumps({"model_files": {"tokenizer.json": {"bytes": 10009}}}))
+    (b / "MANIFEST.json").write_text(json.dumps({"model_files": {"tokenizer.json": {"bytes": 10009}},
+                                                 "knobs": {"split": {"seed": 10010}}}))
     (b / "vocab.json").write_text(json.dumps(vocab))  # the slow tokenizer's files of the same vocabulary
     (b / "merges.txt").write_text("#version: 0.2\nw 1\nw1 0005\n")
     (b / "vocab.txt").write_text("[PAD]\n100\n05\nw\n1\n0005\n")  # "100" + "05" glued would be an id
