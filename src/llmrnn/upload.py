@@ -30,7 +30,10 @@ def env_name_problem(value: Any) -> str | None:
     if not isinstance(value, str) or not ENV_NAME.fullmatch(value):
         return "is not an environment variable NAME ([A-Za-z_][A-Za-z0-9_]*)"
     mixed = any(c.islower() for c in value) and any(c.isupper() for c in value) and any(c.isdigit() for c in value)
-    if KEY_PREFIX.match(value) or (len(value) >= 20 and mixed) or len(value) > 64:
+    # names are words joined by _; a key is a long run where letters and digits alternate at random
+    random_run = any(re.search(r"[A-Za-z]", run) and re.search(r"\d", run)
+                     for run in re.findall(r"[A-Za-z0-9]{16,}", value))
+    if KEY_PREFIX.match(value) or (len(value) >= 20 and mixed) or random_run or len(value) > 64:
         return "looks like a key, not the NAME of the variable that holds it"
     return None
 
