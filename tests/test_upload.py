@@ -164,13 +164,15 @@ def test_token_only_from_the_environment(monkeypatch):
     assert Path(upload.__file__).read_text().count("write") == 0  # the module never writes files
 
 
-@pytest.mark.parametrize("name", ["HF_TOKEN", "LLMRNN_FINAL_JUDGE_API_KEY", "my_token", "_X", "OPENAI_API_KEY2"])
+@pytest.mark.parametrize("name", ["HF_TOKEN", "LLMRNN_FINAL_JUDGE_API_KEY", "my_token", "_X", "OPENAI_API_KEY2",
+                                  "TOKEN_20240101", "AZURE_OPENAI_API_KEY_EASTUS2"])
 def test_plain_variable_names_are_accepted(name):
     assert upload.env_name_problem(name) is None
 
 
 @pytest.mark.parametrize("value", [TOKEN, "hf_AbCdEfGhIjKlMnOpQrStUvWx", "sk-proj-abcdefghijklmnop1234",
                                    "ghp_16C7e42F292c6912E7710c838347Ae178B4a", "aB3dE5gH7jK9mN1pQ3sT5vX7",
+                                   "abcd1234efgh5678ijkl",
                                    "HF TOKEN", "1ABC", "$HF_TOKEN", "", 42])
 def test_keys_and_non_names_are_refused_without_being_repeated(value):
     problem = upload.env_name_problem(value)
