@@ -287,14 +287,22 @@ WORKFLOW_STEPS = [
 
 
 def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
-    knobs, mc, ad, tr = manifest["knobs"], manifest["merge_check"], manifest["adapter"], manifest["training"]
-    judge, splits, git = manifest["judge"], manifest["splits"], manifest["git"]
-    train_cfg = knobs.get("train", {})
-    cohort_cfg = knobs.get("cohort", {})
-    synthetic = cohort_cfg.get("source", "synthetic") == "synthetic"
-    engine = train_cfg.get("engine") or tr.get("engine") or "-"
-    rw = tr.get("reward_mean") or {}
-    parts = [f"---\n{_metadata(rel)}\n---\n"]
+    """The model card: one section per helper below, in reading order."""
+    synthetic = manifest["knobs"].get("cohort", {}).get("source", "synthetic") == "synthetic"
+    parts: list[str] = []
+    _card_intro(parts, rel, repo_id, synthetic)
+    _card_identity(parts, manifest)
+    _card_model(parts, manifest)
+    _card_grpo_and_reward(parts, manifest)
+    _card_data(parts, manifest, synthetic)
+    _card_curve_and_eval(parts, manifest)
+    _card_usage(parts, repo_id)
+    _card_limits(parts, manifest, synthetic)
+    return "\n".join(parts)
+
+
+def _card_intro(parts: list[str], rel: dict, repo_id: str, synthetic: bool) -> None:
+    parts.append(f"---\n{_metadata(rel)}\n---\n")
     parts.append(f"# {repo_id.split('/')[-1]}\n")
     parts.append(
         "A memory-update model for the LLM-as-RNN clinical pipeline (arXiv 2601.13352). It reads the "
@@ -309,6 +317,12 @@ def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
             "config. The run shows that the whole pipeline works end to end; it says nothing about clinical "
             "quality.\n"
         )
+
+
+def _card_identity(parts: list[str], manifest: dict) -> None:
+    git, tr = manifest["git"], manifest["training"]
+    train_cfg = manifest["knobs"].get("train", {})
+    engine = train_cfg.get("engine") or tr.get("engine") or "-"
     dirty = {True: " (uncommitted changes)", False: " (clean)", None: ""}[git.get("dirty")]
     parts.append("## Run identity\n")
     parts.append(_table([
@@ -321,6 +335,9 @@ def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
         ("last step", tr.get("last_step")),
     ], ("field", "value")) + "\n")
 
+
+def _card_model(parts: list[str], manifest: dict) -> None:
+    mc, ad = manifest["merge_check"], manifest["adapter"]
     parts.append("## Base model and LoRA\n")
     targets = ad.get("target_modules")
     alpha_note = (f"{ad.get('alpha')} (the adapter file said {ad.get('original_alpha')!r}; restored from "
@@ -343,6 +360,10 @@ def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
         "used for the LoRA: it does not fold the adapter in and records lora_alpha as 0.\n"
     )
 
+
+def _card_grpo_and_reward(parts: list[str], manifest: dict) -> None:
+    knobs, judge = manifest["knobs"], manifest["judge"]
+    train_cfg = knobs.get("train", {})
     parts.append("## GRPO settings\n")
     parts.append(_table(_flatten({k: v for k, v in train_cfg.items() if k not in ("lora",)}), ("knob", "value")) + "\n")
 
@@ -363,6 +384,9 @@ def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
         "judge call is kept in a private audit log that is never part of a release.\n"
     )
 
+
+def _card_data(parts: list[str], manifest: dict, synthetic: bool) -> None:
+    splits, cohort_cfg = manifest["splits"], manifest["knobs"].get("cohort", {})
     parts.append("## Data\n")
     sizes = splits.get("sizes") or {}
     sha = splits.get("sha256") or {}
@@ -378,6 +402,10 @@ def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
         "included in this repository (the release bundle is scanned for both before upload).\n"
     )
 
+
+def _card_curve_and_eval(parts: list[str], manifest: dict) -> None:
+    tr = manifest["training"]
+    rw = tr.get("reward_mean") or {}
     parts.append("## Training curve\n")
     if rw:
         parts.append(
@@ -401,6 +429,8 @@ def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
             "base model (and baselines) as the memory model on the test split; see results/<run>/eval/.\n"
         )
 
+
+def _card_usage(parts: list[str], repo_id: str) -> None:
     parts.append("## How the workflow made it\n")
     parts.append("\n".join(f"{i}. `{rule}`: {text}." for i, (rule, text) in enumerate(WORKFLOW_STEPS, 1)) + "\n")
 
@@ -415,6 +445,9 @@ def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
         f"model = AutoModelForCausalLM.from_pretrained(\"{repo_id}\")\n```\n"
     )
 
+
+def _card_limits(parts: list[str], manifest: dict, synthetic: bool) -> None:
+    tr, sizes = manifest["training"], manifest["splits"].get("sizes") or {}
     parts.append("## Limitations\n")
     limits = [
         "Research artifact. It must not be used for the care of real patients.",
@@ -445,7 +478,6 @@ def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
         "check and the sha256 of every model file. Re-running `snakemake --configfile <config> all` in llmrnn at "
         "that commit rebuilds the same pipeline.\n"
     )
-    return "\n".join(parts)
 
 
 # ----------------------------------------------------------------------------- staging + upload
