@@ -207,97 +207,136 @@ def run_forward(
     """
     if memory not in MEMORY_MODES:
         raise InputError(f"run_forward: memory {memory!r}; expected one of {', '.join(MEMORY_MODES)}")
+    run = _ForwardRun(roles, prompts, memory, seed, update_last, stats if stats is not None else {})
     last_of = last_visit or (lambda p: len(p["visits"]) - 1)
     initial = jsonparse.memory_json(prompts.initial_memory)
-    states = []
-    for p in patients:
-        states.append({
-            "patient": p,
-            "pid": str(p["subject_id"]),
-            "last": min(last_of(p), len(p["visits"]) - 1),
-            "h": initial,
-            "history": [],
-            "records": [],
-        })
-    st = stats if stats is not None else {}
-    st.setdefault("calls", {r: 0 for r in ROLES})
-    st.setdefault("calls_per_step", [])
-    st.setdefault("outputs", {r: 0 for r in ROLES})
-    st.setdefault("unparsable", {r: 0 for r in ROLES})
-    st.setdefault("parse_methods", {r: {} for r in ROLES})
-    st.setdefault("seconds", {r: 0.0 for r in ROLES})
+    states = [
+        {"patient": p, "pid": str(p["subject_id"]), "last": min(last_of(p), len(p["visits"]) - 1),
+         "h": initial, "history": [], "records": []}
+        for p in patients
+    ]
     steps = max((s["last"] + 1 for s in states), default=0)
+    for t in range(steps):
+        t_step = time.time()
+        active = [s for s in states if t <= s["last"]]
+        n_updates = run.step(t, active)
+        log.info(
+            "%s: visit step %d/%d: %d patients, %d memory updates, %.1f s (unparsable so far: %s)",
+            label, t + 1, steps, len(active), n_updates, time.time() - t_step,
+            ", ".join(f"{k} {v}" for k, v in run.st["unparsable"].items()),
+        )
+    return [{"patient_id": s["pid"], "n_visits": len(s["patient"]["visits"]), "visits": s["records"]} for s in states]
 
-    def call(role: str, convs: list, keys: list[tuple[str, int]]) -> list[str]:
+
+class _ForwardRun:
+    """One visit step of the recurrence for every active patient: predict, evaluate, update the memory.
+
+    Each role is called once per step with the whole batch of patients (one engine call per role)."""
+
+    def __init__(self, roles: dict[str, Role], prompts: PromptSet, memory: str, seed: int, update_last: bool,
+                 st: dict) -> None:
+        self.roles, self.prompts, self.memory, self.seed, self.update_last = roles, prompts, memory, seed, update_last
+        self.st = st
+        st.setdefault("calls", {r: 0 for r in ROLES})
+        st.setdefault("calls_per_step", [])
+        st.setdefault("outputs", {r: 0 for r in ROLES})
+        st.setdefault("unparsable", {r: 0 for r in ROLES})
+        st.setdefault("parse_methods", {r: {} for r in ROLES})
+        st.setdefault("seconds", {r: 0.0 for r in ROLES})
+
+    def call(self, role: str, convs: list, keys: list[tuple[str, int]]) -> list[str]:
         if not convs:
             return []
         t0 = time.time()
-        out = roles[role].generate(convs, [row_seed(seed, pid, t, role) for pid, t in keys])
-        st["calls"][role] += 1
-        st["outputs"][role] += len(out)
-        st["seconds"][role] += time.time() - t0
+        out = self.roles[role].generate(convs, [row_seed(self.seed, pid, t, role) for pid, t in keys])
+        self.st["calls"][role] += 1
+        self.st["outputs"][role] += len(out)
+        self.st["seconds"][role] += time.time() - t0
+        self.step_calls[role] += 1
         return out
 
-    def count(role: str, ok: bool, method: str) -> None:
+    def count(self, role: str, ok: bool, method: str) -> None:
         if not ok:
-            st["unparsable"][role] += 1
-        st["parse_methods"][role][method] = st["parse_methods"][role].get(method, 0) + 1
+            self.st["unparsable"][role] += 1
+        methods = self.st["parse_methods"][role]
+        methods[method] = methods.get(method, 0) + 1
 
-    for t in range(steps):
-        active = [s for s in states if t <= s["last"]]
-        step_calls = {r: 0 for r in ROLES}
-        t_step = time.time()
-        recs = []
-        for s in active:
-            visit = s["patient"]["visits"][t]
-            truth = parse_diagnoses((visit.get("clinical_sections") or {}).get("discharge_diagnosis"))
-            if memory == "full_history":
-                shown = "\n\n".join(s["history"]) or prompts.initial_memory
-            else:
-                shown = summary_text(s["h"])
-            recs.append({
-                "visit_index": t,
-                "visit_id": str(visit.get("visit_id")),
-                "ground_truth": truth,
-                "h_prev": s["h"],
-                "_visit_text": prompts.render_visit(visit),
-                "_memory_text": shown,
-            })
-        # 1. prediction: (h_{t-1}, x_t) -> y_t
+    def step(self, t: int, active: list[dict]) -> int:
+        """Process visit t of every active patient; returns the number of memory updates made."""
+        self.step_calls = {r: 0 for r in ROLES}
+        recs = [self.start_record(s, t) for s in active]
+        keys = [(s["pid"], t) for s in active]
+        self.predict(t, recs, keys)
+        self.evaluate(t, recs, keys)
+        n_updates = self.update_memory(t, active, recs)
+        for s, r in zip(active, recs):
+            if self.memory == "full_history":
+                s["history"].append(
+                    f"Visit {t + 1}:\n{r['_visit_text']}\nDISCHARGE DIAGNOSES: {'; '.join(r['ground_truth'])}"
+                )
+            r.setdefault("memory_ok", None)
+            r.pop("_visit_text")
+            r.pop("_memory_text")
+            s["records"].append(r)
+        self.st["calls_per_step"].append(self.step_calls)
+        return n_updates
+
+    def start_record(self, s: dict, t: int) -> dict:
+        visit = s["patient"]["visits"][t]
+        truth = parse_diagnoses((visit.get("clinical_sections") or {}).get("discharge_diagnosis"))
+        if self.memory == "full_history":
+            shown = "\n\n".join(s["history"]) or self.prompts.initial_memory
+        else:
+            shown = summary_text(s["h"])
+        return {
+            "visit_index": t,
+            "visit_id": str(visit.get("visit_id")),
+            "ground_truth": truth,
+            "h_prev": s["h"],
+            "_visit_text": self.prompts.render_visit(visit),
+            "_memory_text": shown,
+            # full_history's memory is not h: keep what was shown (eval's memory recall reads it)
+            **({"memory_shown": shown} if self.memory == "full_history" else {}),
+        }
+
+    def predict(self, t: int, recs: list[dict], keys: list[tuple[str, int]]) -> None:
+        """(h_{t-1}, x_t) -> y_t"""
         convs = [
-            prompts.prediction.messages({"memory": r["_memory_text"], "visit": r["_visit_text"], "visit_number": t + 1})
+            self.prompts.prediction.messages(
+                {"memory": r["_memory_text"], "visit": r["_visit_text"], "visit_number": t + 1})
             for r in recs
         ]
-        raws = call("prediction", convs, [(s["pid"], t) for s in active])
-        step_calls["prediction"] += bool(convs)
-        for r, raw in zip(recs, raws):
+        for r, raw in zip(recs, self.call("prediction", convs, keys)):
             parsed, method = jsonparse.parse_prediction(raw)
             r.update(prediction_raw=raw, prediction=parsed, prediction_ok=parsed is not None, prediction_parse=method)
-            count("prediction", parsed is not None, method)
-        # 2. evaluation: (y_t, ground truth) -> e_t
+            self.count("prediction", parsed is not None, method)
+
+    def evaluate(self, t: int, recs: list[dict], keys: list[tuple[str, int]]) -> None:
+        """(y_t, ground truth) -> e_t; an unparsable evaluation falls back to the deterministic matcher."""
         convs = [
-            prompts.evaluation.messages({
+            self.prompts.evaluation.messages({
                 "prediction": show_json(r["prediction"]) if r["prediction"] else (r["prediction_raw"][:500] or "(none)"),
                 "ground_truth": "\n".join(f"{i + 1}. {d}" for i, d in enumerate(r["ground_truth"])),
                 "visit_number": t + 1,
             })
             for r in recs
         ]
-        raws = call("evaluation", convs, [(s["pid"], t) for s in active])
-        step_calls["evaluation"] += bool(convs)
-        for r, raw in zip(recs, raws):
+        for r, raw in zip(recs, self.call("evaluation", convs, keys)):
             parsed, method = jsonparse.parse_evaluation(raw)
             ok = parsed is not None
             if not ok:
                 parsed = fallback_evaluation(r["prediction"], r["ground_truth"])
             r.update(evaluation_raw=raw, evaluation=parsed, evaluation_ok=ok, evaluation_parse=method,
                      evaluation_source="model" if ok else "fallback_match")
-            count("evaluation", ok, method)
-        # 3. memory update: (h_{t-1}, x_t, y_t, e_t) -> h_t
-        upd = [(s, r) for s, r in zip(active, recs) if memory == "rnn" and (t < s["last"] or update_last)]
+            self.count("evaluation", ok, method)
+
+    def update_memory(self, t: int, active: list[dict], recs: list[dict]) -> int:
+        """(h_{t-1}, x_t, y_t, e_t) -> h_t; an unparsable memory keeps h_{t-1}."""
+        upd = [(s, r) for s, r in zip(active, recs)
+               if self.memory == "rnn" and (t < s["last"] or self.update_last)]
         convs = []
         for s, r in upd:
-            msgs = prompts.memory_update.messages({
+            msgs = self.prompts.memory_update.messages({
                 "memory": r["_memory_text"],
                 "visit": r["_visit_text"],
                 "prediction": show_json(r["prediction"] or EMPTY_PREDICTION),
@@ -306,29 +345,12 @@ def run_forward(
             })
             r["update_prompt"] = fold_messages(msgs)
             convs.append([{"role": "user", "content": r["update_prompt"]}])
-        raws = call("memory", convs, [(s["pid"], t) for s, _ in upd])
-        step_calls["memory"] += bool(convs)
-        for (s, r), raw in zip(upd, raws):
+        for (s, r), raw in zip(upd, self.call("memory", convs, [(s["pid"], t) for s, _ in upd])):
             summary, method = jsonparse.parse_memory(raw)
             ok = summary is not None
             h_new = jsonparse.memory_json(summary) if ok else r["h_prev"]
             r.update(memory_raw=raw, memory_ok=ok, memory_parse=method, h_new=h_new,
                      memory_fallback=None if ok else "kept_h_prev", memory_words=len(summary_text(h_new).split()))
-            count("memory", ok, method)
+            self.count("memory", ok, method)
             s["h"] = h_new
-        for s, r in zip(active, recs):
-            if memory == "full_history":
-                s["history"].append(
-                    f"Visit {t + 1}:\n{r['_visit_text']}\nDISCHARGE DIAGNOSES: {'; '.join(r['ground_truth'])}"
-                )
-            r.setdefault("memory_ok", None)
-            r.pop("_visit_text")
-            r.pop("_memory_text")
-            s["records"].append(r)
-        st["calls_per_step"].append(step_calls)
-        log.info(
-            "%s: visit step %d/%d: %d patients, %d memory updates, %.1f s (unparsable so far: %s)",
-            label, t + 1, steps, len(active), len(upd), time.time() - t_step,
-            ", ".join(f"{k} {v}" for k, v in st["unparsable"].items()),
-        )
-    return [{"patient_id": s["pid"], "n_visits": len(s["patient"]["visits"]), "visits": s["records"]} for s in states]
+        return len(upd)
