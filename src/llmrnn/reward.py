@@ -22,7 +22,9 @@ Scores:
   `pairwise_opponent: group` every valid candidate meets every other of its prompt group;
 - plus `outcome_epsilon` x the share of the next visit's ground-truth diagnoses that the CANDIDATE
   memory mentions (normalised text match), so the term differs within a group (epsilon 0 reproduces
-  the reference).
+  the reference);
+- outcome mode (for a judge too weak to rank memories, e.g. the CPU demo's): no judge call; the score
+  is that share alone, and output that is not the memory JSON scores 0.
 
 Transport failures are retried with backoff and then raise (JudgeUnavailable): a dead judge stops
 training instead of becoming a constant reward. Identical judge requests (duplicate candidates are
@@ -67,7 +69,7 @@ ENV_ENDPOINT = "LLMRNN_JUDGE_ENDPOINT"
 ENV_RUBRIC = "LLMRNN_RUBRIC"
 ENV_AUDIT = "LLMRNN_AUDIT_DIR"
 ENV_CFG = "LLMRNN_REWARD_CFG"
-MODES = ("scalar", "pairwise")
+MODES = ("scalar", "pairwise", "outcome")
 OPPONENTS = ("group", "reference")
 
 
@@ -298,7 +300,9 @@ class Scorer:
             memory = parse_memory(s["solution_str"])
             prepared.append({"step": step, "memory": memory, "sample": s})
         plan: list[tuple[int, JudgeRequest, bool]] = []  # (sample index, request, candidate is A)
-        if self.cfg.mode == "scalar":
+        if self.cfg.mode == "outcome":
+            pass  # outcome-only: no judge call (the memory's recall of the next visit's diagnoses is the score)
+        elif self.cfg.mode == "scalar":
             for i, p in enumerate(prepared):
                 if p["memory"] is not None:
                     plan.append((i, scalar_request(self.rubric, p["step"], p["memory"]), True))
@@ -351,7 +355,14 @@ class Scorer:
             "judge_latency_s": sum(c.latency_s for c, _ in calls), "retries": sum(c.retries for c, _ in calls),
             "judge_calls": len(calls), "cache_hits": sum(c.cache_hit for c, _ in calls),
         }
-        if memory is not None:
+        if self.cfg.mode == "outcome":
+            # Outcome-only (for a judge too weak to rank memories): score = the share of the next visit's
+            # diagnoses the candidate memory names; output that is not the memory JSON scores 0, below any
+            # valid memory, so the policy keeps the format h_t needs.
+            result["outcome"] = outcome_share(memory, step.get("next_ground_truth_diagnoses")) if memory is not None else 0.0
+            result["score"] = result["outcome"]
+            result["parse_method"] = "outcome" if memory is not None else "invalid_json"
+        elif memory is not None:
             if self.cfg.mode == "scalar":
                 result.update(self._scalar_result(calls[0][0]))
             else:
@@ -435,7 +446,7 @@ def _public(result: dict, numeric_only: bool) -> dict:
     if numeric_only:  # some trainers average every extra key: keep numbers, encode the method as flags
         method = out.pop("parse_method")
         out.pop("raw_score", None)
-        for m in ("expected", "score_line", "short_digit", "fallback", "invalid_json", "pairwise"):
+        for m in ("expected", "score_line", "short_digit", "fallback", "invalid_json", "pairwise", "outcome"):
             out[f"parse_{m}"] = float(method == m)
         out["valid_json"] = float(out["valid_json"])
     return out
