@@ -172,6 +172,7 @@ def eval_heldout_targets():
         f"{plots}/acc_bars.png",
         f"{plots}/acc_by_visit.png",
         f"{plots}/training.png",
+        f"{plots}/memory_recall.png",
         f"{plots}/summary.tsv",
     ]
 

@@ -23,6 +23,11 @@ rule eval_plots:
             category="Training",
             caption="../workflow/report/training.rst",
         ),
+        memory_recall=report(
+            f"{RUN}/eval/plots/memory_recall.png",
+            category="Held-out evaluation",
+            caption="../workflow/report/memory_recall.rst",
+        ),
         summary=report(
             f"{RUN}/eval/plots/summary.tsv",
             category="Held-out evaluation",
