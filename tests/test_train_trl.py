@@ -171,3 +171,19 @@ def test_changed_config_starts_over_instead_of_resuming(tmp_path, tiny_model_dir
     changed = trl_engine.train(tiny_cfg(test_freq=0, lr=5e-4), parquets[0], parquets[1], tiny_model_dir, out,
                                reward_spec=STANDIN)
     assert changed["resumed_from_step"] == 0 and changed["steps"] == 8
+
+
+def test_json_close_tokens_end_a_memory_rollout(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from llmrnn.reward import parse_memory
+    from llmrnn.train.trl_engine import json_close_token_ids
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    stops = json_close_token_ids(tok)
+    assert stops and tok.eos_token_id not in stops
+    assert all(tok.decode([i]).rstrip().endswith('"}') and "{" not in tok.decode([i]) for i in stops)
+    # a rollout cut right after its first stop token is exactly the memory JSON the reward parses
+    ids = tok('{"evolving_summary": "copd; chf"} and then some prose {"x": "y"}', add_special_tokens=False)["input_ids"]
+    first = next(k for k, i in enumerate(ids) if i in stops)
+    assert parse_memory(tok.decode(ids[: first + 1])) == "copd; chf"

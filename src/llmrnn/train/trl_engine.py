@@ -63,6 +63,18 @@ def load_callable(spec: str) -> Callable:
     return fn
 
 
+def json_close_token_ids(tokenizer) -> list[int]:
+    """Vocabulary ids whose text ends with '"}': the token that closes a one-level memory JSON
+    {"evolving_summary": "..."}. Used as extra EOS ids (train.trl.stop_at_json) so a rollout ends where
+    the forward pass's stop_at_json would end it, instead of running on to max_response_length."""
+    ids = []
+    for token_id in tokenizer.get_vocab().values():
+        text = tokenizer.decode([token_id], skip_special_tokens=True).rstrip()
+        if text.endswith('"}') and text.count("{") == 0:
+            ids.append(int(token_id))
+    return sorted(ids)
+
+
 # ----------------------------------------------------------------------------- checkpoints
 def checkpoint_complete(path: Path) -> bool:
     """HF writes trainer_state.json last (after adapter, optimizer, rng); it must parse and name the step."""
@@ -304,6 +316,11 @@ def train(
             log.info(progress_line(row, max_steps))
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if cfg["trl"]["stop_at_json"]:
+        # TRL takes its EOS ids (generation and completion mask) from the model's generation config
+        stops = json_close_token_ids(tokenizer)
+        model.generation_config.eos_token_id = [tokenizer.eos_token_id, *stops]
+        log.info("rollouts stop at the memory JSON's closing token (ids %s) or EOS", stops)
     trainer = Trainer(
         model=model,
         reward_funcs=[judge],
