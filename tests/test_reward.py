@@ -220,10 +220,11 @@ def test_outcome_mode_scores_the_next_visit_recall_without_the_judge(judge_env):
     kw["reward_cfg"]["mode"] = "outcome"
     step = json.dumps({"next_ground_truth_diagnoses": ["hyperkalemia", "type 2 diabetes mellitus"]})
     sols = [memory("hyperkalemia; type 2 diabetes mellitus"), memory("type 2 diabetes"), memory("none"),
-            "hyperkalemia; type 2 diabetes mellitus"]  # the last is not the memory JSON
-    results = compute_score_batch([DS] * 4, sols, [step] * 4, [{"index": 0}] * 4, numeric_only=True, **kw)
-    assert [r["score"] for r in results] == [1.0, pytest.approx(0.5 * 3 / 4), 0.0, 0.0]
-    assert [r["parse_outcome"] for r in results] == [1.0, 1.0, 1.0, 0.0]
+            "hyperkalemia; type 2 diabetes mellitus",  # not the memory JSON
+            'Sure: {"evolving_summary": "hyperkalemia"} done']  # the forward pass keeps this memory
+    results = compute_score_batch([DS] * 5, sols, [step] * 5, [{"index": 0}] * 5, numeric_only=True, **kw)
+    assert [r["score"] for r in results] == [1.0, pytest.approx(0.5 * 3 / 4), 0.0, 0.0, 0.5]
+    assert [r["parse_outcome"] for r in results] == [1.0, 1.0, 1.0, 0.0, 1.0]
     assert judge.hits == 0  # outcome mode never asks the judge
     with pytest.raises(InputError, match="reward.mode"):
         compute_score(DS, sols[0], step, {}, **{**kw, "reward_cfg": {"mode": "outcomes"}})

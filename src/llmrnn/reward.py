@@ -24,7 +24,8 @@ Scores:
   memory mentions (normalised text match), so the term differs within a group (epsilon 0 reproduces
   the reference);
 - outcome mode (for a judge too weak to rank memories, e.g. the CPU demo's): no judge call; the score
-  is that share alone, and output that is not the memory JSON scores 0.
+  is that share alone, for the memory the forward pass would keep (jsonparse's lenient parser, so the
+  reward and the eval's memory recall read the same h_t); output with no memory JSON scores 0.
 
 Transport failures are retried with backoff and then raise (JudgeUnavailable): a dead judge stops
 training instead of becoming a constant reward. Identical judge requests (duplicate candidates are
@@ -357,9 +358,13 @@ class Scorer:
         }
         if self.cfg.mode == "outcome":
             # Outcome-only (for a judge too weak to rank memories): score = the share of the next visit's
-            # diagnoses the candidate memory names; output that is not the memory JSON scores 0, below any
-            # valid memory, so the policy keeps the format h_t needs.
-            result["outcome"] = outcome_share(memory, step.get("next_ground_truth_diagnoses")) if memory is not None else 0.0
+            # diagnoses named by the memory the forward pass would carry (its lenient parser: the eval's
+            # memory recall reads the same h_t); output with no memory JSON scores 0, below any memory.
+            from llmrnn import jsonparse
+
+            memory, _ = jsonparse.parse_memory(s["solution_str"])
+            result["valid_json"] = memory is not None
+            result["outcome"] = outcome_share(memory, step.get("next_ground_truth_diagnoses")) if memory else 0.0
             result["score"] = result["outcome"]
             result["parse_method"] = "outcome" if memory is not None else "invalid_json"
         elif memory is not None:
