@@ -84,7 +84,10 @@ def eval_forward_cfg():
     roles/prompts sections (models and the prompt file are inputs). Grading and statistics knobs are
     left out, so changing them never reruns the forward pass.
     """
-    subset = {k: config["eval"][k] for k in ("max_patients", "max_visits", "patient_seed", "seed")}
+    subset = {
+        k: config["eval"][k]
+        for k in ("max_patients", "max_visits", "patient_seed", "seed")
+    }
     return json.dumps(
         {
             "eval": subset,
