@@ -172,6 +172,10 @@ def register(sub) -> None:
     v.add_argument("--json", action="store_true", help="print the overrides as a JSON list")
     v.set_defaults(func=cmd_verl_cmd)
 
+    from llmrnn.train import diagnose
+
+    diagnose.add_parser(tsub)
+
     pl = tsub.add_parser("plots", help="reward/KL plots from metrics.jsonl")
     pl.add_argument("--metrics", required=True)
     pl.add_argument("--out", required=True)
