@@ -3,7 +3,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import shlex
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -45,6 +44,11 @@ def raw_cohort_path(wildcards):
     source = config["cohort"]["source"]
     if source == "synthetic":
         return "resources/cohort/synthetic.json"
+    if "{" in source or "}" in source:
+        raise WorkflowError(
+            f"cohort.source: {source!r} contains a brace, which Snakemake reads as a wildcard; "
+            "rename the file or its folder"
+        )
     if not Path(source).exists():
         raise WorkflowError(
             f"cohort.source: {source} does not exist. Expected a JSON list of patients in the LLM-as-RNN "
@@ -52,6 +56,15 @@ def raw_cohort_path(wildcards):
             "build the file from your own PhysioNet copy, or set cohort.source: synthetic."
         )
     return source
+
+
+def raw_cohort_sha256(wildcards):
+    """params of clean_cohort: the user's cohort by content, so a replaced file reruns cleaning (and
+    splits) even when its mtime is older; None for the synthetic cohort (synth_cohort's params rerun it).
+    """
+    from llmrnn.cohort import source_sha256
+
+    return source_sha256(config["cohort"]["source"])
 
 
 def all_targets():
@@ -139,11 +152,10 @@ def eval_shard_inputs(wildcards):
 
 
 def eval_memory_arg(wildcards):
-    return (
-        f"--memory-model {eval_trained_model()}"
-        if wildcards.variant == "trained"
-        else ""
-    )
+    """Arguments as a list, so `{params.memory:q}` quotes each one."""
+    if wildcards.variant == "trained":
+        return ["--memory-model", eval_trained_model()]
+    return []
 
 
 def eval_shard_files(kind):
@@ -161,7 +173,8 @@ def eval_train_metrics():
 
 
 def eval_train_metrics_arg():
-    return " ".join(f"--train-metrics {p}" for p in eval_train_metrics())
+    """Arguments as a list, so `{params.train:q}` quotes each one."""
+    return [arg for p in eval_train_metrics() for arg in ("--train-metrics", p)]
 
 
 def eval_heldout_targets():
@@ -382,10 +395,11 @@ def release_targets():
 
 def check_configfiles():
     """The config files of this run in layering order (the Snakefile's, then --configfile
-    ones), for `llmrnn check` (rule check)."""
+    ones), for `llmrnn check` (rule check).
+    A list, so `{params.configfiles:q}` quotes each one."""
     cli = [str(f) for f in workflow.overwrite_configfiles or []]
     own = [str(f) for f in workflow.configfiles if str(f) not in cli]
-    return " ".join(shlex.quote(f) for f in own + cli)
+    return own + cli
 
 
 def workflow_container():

@@ -25,8 +25,8 @@ rule judge_server:
         code=code_hash("llmrnn.judge", "llmrnn.rubric"),
     shell:
         # exec: Snakemake's SIGTERM at the end of the consumers reaches the launcher, which stops the server.
-        "exec llmrnn judge server --rubric {input.rubric} --endpoint {output.endpoint} "
-        "--cfg {params.cfg:q} > {log} 2>&1"
+        "exec llmrnn judge server --rubric {input.rubric:q} --endpoint {output.endpoint:q} "
+        "--cfg {params.cfg:q} > {log:q} 2>&1"
 
 
 rule preflight:
@@ -56,6 +56,6 @@ rule preflight:
             "llmrnn.train.preflight",
         ),
     shell:
-        "llmrnn preflight run --train-parquet {input.train} --val-parquet {input.val} "
-        "--endpoint {input.endpoint} --out {output.report} --audit-dir {output.audit} "
-        "--tokenizer-dir {input.policy} --cfg {params.cfg:q} 2> {log}"
+        "llmrnn preflight run --train-parquet {input.train:q} --val-parquet {input.val:q} "
+        "--endpoint {input.endpoint:q} --out {output.report:q} --audit-dir {output.audit:q} "
+        "--tokenizer-dir {input.policy:q} --cfg {params.cfg:q} 2> {log:q}"

@@ -52,6 +52,6 @@ rule train_grpo:
             "llmrnn.judge",
         ),
     shell:
-        "llmrnn train run --cfg {params.cfg:q} --train {input.train} --val {input.val} "
-        "--model {input.model} --metrics {output.metrics} --endpoint {input.endpoint} "
-        "--preflight {input.preflight} --judge-gpus {params.judge_gpus} 2> {log}"
+        "llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
+        "--model {input.model:q} --metrics {output.metrics:q} --endpoint {input.endpoint:q} "
+        "--preflight {input.preflight:q} --judge-gpus {params.judge_gpus:q} 2> {log:q}"

@@ -33,9 +33,9 @@ rule trajectory_shard:
             "llmrnn.jsonparse",
         ),
     shell:
-        "llmrnn trajectories shard --split {wildcards.split} --split-file {input.split} "
-        "--shard {wildcards.k} --prompts {input.prompts} --threads {threads} "
-        "--out {output.part} --stats {output.stats} --cfg {params.cfg:q} 2> {log}"
+        "llmrnn trajectories shard --split {wildcards.split:q} --split-file {input.split:q} "
+        "--shard {wildcards.k:q} --prompts {input.prompts:q} --threads {threads:q} "
+        "--out {output.part:q} --stats {output.stats:q} --cfg {params.cfg:q} 2> {log:q}"
 
 
 rule dump_trajectories:
@@ -56,6 +56,6 @@ rule dump_trajectories:
         tokenizer=lambda w, input: model_folder(input.tokenizer[0]),
         code=code_hash("llmrnn.trajectories"),
     shell:
-        "llmrnn trajectories gather --split {wildcards.split} --parts {input.parts} "
-        "--stats {input.stats} --tokenizer {params.tokenizer} "
-        "--out {output.parquet} --summary {output.summary} 2> {log}"
+        "llmrnn trajectories gather --split {wildcards.split:q} --parts {input.parts:q} "
+        "--stats {input.stats:q} --tokenizer {params.tokenizer:q} "
+        "--out {output.parquet:q} --summary {output.summary:q} 2> {log:q}"

@@ -56,8 +56,13 @@ def write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> N
         tmp.write_text(text, encoding="utf-8")
 
 
+def json_text(obj: Any) -> str:
+    """The JSON text write_json writes (for write_texts)."""
+    return json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
+
+
 def write_json(path: str | os.PathLike, obj: Any, mode: int | None = None) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n", mode)
+    write_text(path, json_text(obj), mode)
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -75,3 +80,28 @@ def sha256_file(path: str | os.PathLike) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def write_texts(texts: dict[str | os.PathLike, str]) -> None:
+    """Write several files as one step: every temp is written first and renamed only when all are, so a
+    failure (full disk, unwritable folder) leaves none of them; an OSError becomes one InputError line
+    naming the path."""
+    from llmrnn.errors import InputError
+
+    temps: list[tuple[Path, Path]] = []
+    try:
+        for path, text in texts.items():
+            target = Path(path)
+            if target.is_dir():
+                raise InputError(f"{target}: is a directory; the output must be a file path")
+            try:
+                tmp = _tmp_beside(target)
+                temps.append((tmp, target))
+                tmp.write_text(text, encoding="utf-8")
+            except OSError as exc:
+                raise InputError(f"{target}: cannot write ({exc.strerror or type(exc).__name__})") from None
+        for tmp, target in temps:
+            os.replace(tmp, target)  # same folder as its temp: only fails where the temp write would have
+    finally:
+        for tmp, _ in temps:
+            tmp.unlink(missing_ok=True)
