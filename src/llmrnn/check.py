@@ -123,23 +123,35 @@ def hub_problem(repo_id: str, revision: str | None, what: str) -> str | None:
 
 # ----------------------------------------------------------------------------- checks
 def check_cohort(config: dict) -> list[str]:
-    from llmrnn.cohort import load_cohort
+    """The cohort loads, and the split sizes fit the CLEANED cohort (split_cohort's input), so a cohort
+    too small for the configured splits fails here, not hours later at split time."""
+    from llmrnn.cohort import clean_cohort, load_cohort, synthesize_cohort
     from llmrnn.errors import LlmrnnError
 
-    source = (config.get("cohort") or {}).get("source", "synthetic")
+    cohort = config.get("cohort") or {}
+    source = cohort.get("source", "synthetic")
     if source == "synthetic":
-        return []
-    if not Path(source).is_file():
-        return [f"cohort.source: {source} does not exist (the cleaned cohort JSON in LLM-as-RNN format)"]
-    try:
-        patients = load_cohort(source)
-    except LlmrnnError as exc:
-        return [f"cohort.source: {exc}"]
+        synth = cohort.get("synthetic") or {}
+        if "patients" not in synth or "seed" not in synth:
+            return []  # the schema check names the missing key
+        patients = synthesize_cohort(int(synth["patients"]), int(synth["seed"]))
+    else:
+        if "{" in source or "}" in source:
+            return [f"cohort.source: {source!r} contains a brace, which Snakemake reads as a wildcard; "
+                    "rename the file or its folder"]
+        if not Path(source).is_file():
+            return [f"cohort.source: {source} does not exist (the cleaned cohort JSON in LLM-as-RNN format)"]
+        try:
+            patients = load_cohort(source)
+        except LlmrnnError as exc:
+            return [f"cohort.source: {exc}"]
+    kept, _ = clean_cohort(patients)
     split = config.get("split") or {}
     need = int(split.get("val_size", 0)) + int(split.get("train_size", 0)) + 1
-    if len(patients) < need:
-        return [(f"cohort.source: {source} has {len(patients)} patients; split needs at least {need} "
-                 "(val_size + train_size + a test set)")]
+    if len(kept) < need:
+        return [(f"cohort.source: {source} has {len(kept)} patients after cleaning ({len(patients)} before); "
+                 f"split needs at least {need} (val_size {split.get('val_size', 0)} + train_size "
+                 f"{split.get('train_size', 0)} + a test set)")]
     return []
 
 

@@ -86,7 +86,7 @@ def _value_problem(value: Any) -> tuple[str, str] | None:
         children = item.items() if isinstance(item, dict) else enumerate(item) if isinstance(item, list) else ()
         for key, child in children:
             if isinstance(key, str) and (problem := _text_problem(key)):
-                return path, f"key: {problem}"
+                return (f"{path}.<key>" if path else "<key>"), f"{problem} (in a key; not repeated here)"
             stack.append((child, f"{path}.{key}" if path else str(key), depth + 1))
     return None
 
@@ -107,6 +107,10 @@ def _id_problem(value: Any, allow_empty: bool = False) -> str | None:
         return None if -INT64 <= value < INT64 else "integer does not fit in 64 bits"
     if len(value) > MAX_ID_CHARS:
         return f"{len(value)} characters, more than {MAX_ID_CHARS}"
+    if problem := _text_problem(value):
+        return problem
+    if not value.isprintable():
+        return "control or unprintable character (an id is one line of text)"
     for ch in value:
         if not ch.isascii() and unicodedata.category(ch) in ("Nd", "Nl", "No"):
             return f"non-ASCII digit U+{ord(ch):04X} ({unicodedata.name(ch, '?')}); ids use ASCII digits 0-9"
