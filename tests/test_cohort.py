@@ -194,13 +194,13 @@ def one_patient(pid: object = 1, **visit_fields: object) -> list[dict]:
 # careless exporter does.
 UNPROCESSABLE = {
     "lone surrogate in a section": (
-        '[{"subject_id": 1, "visits": [{"visit_id": 1, "visit_number": 1, '
-        '"clinical_sections": {"discharge_diagnosis": "x", "chief_complaint": "pain \\ud800"}}]}]',
+        ('[{"subject_id": 1, "visits": [{"visit_id": 1, "visit_number": 1, '
+        '"clinical_sections": {"discharge_diagnosis": "x", "chief_complaint": "pain \\ud800"}}]}]'),
         "patient 1 visit 0: clinical_sections.chief_complaint: lone surrogate",
     ),
     "lone surrogate in a key": (
-        '[{"subject_id": 1, "\\udc00x": 1, "visits": [{"visit_id": 1, "visit_number": 1, '
-        '"clinical_sections": {"discharge_diagnosis": "x"}}]}]',
+        ('[{"subject_id": 1, "\\udc00x": 1, "visits": [{"visit_id": 1, "visit_number": 1, '
+        '"clinical_sections": {"discharge_diagnosis": "x"}}]}]'),
         "patient 1: <key>: lone surrogate",
     ),
     "Arabic-Indic digit in subject_id": (one_patient("MRN-\u0661\u0662\u0663"), "subject_id: non-ASCII digit U+0661"),
@@ -221,18 +221,18 @@ UNPROCESSABLE = {
         "patient 5 visit 1: visit_id: duplicate 1000",
     ),
     "NaN in an extra patient field": (
-        '[{"subject_id": 6, "score": NaN, "visits": [{"visit_id": 1, "visit_number": 1, '
-        '"clinical_sections": {"discharge_diagnosis": "x"}}]}]',
+        ('[{"subject_id": 6, "score": NaN, "visits": [{"visit_id": 1, "visit_number": 1, '
+        '"clinical_sections": {"discharge_diagnosis": "x"}}]}]'),
         "patient 6: score: NaN is not a JSON number",
     ),
     "Infinity in an extra visit field": (
-        '[{"subject_id": 7, "visits": [{"visit_id": 1, "visit_number": 1, "los": {"days": [1, -Infinity]}, '
-        '"clinical_sections": {"discharge_diagnosis": "x"}}]}]',
+        ('[{"subject_id": 7, "visits": [{"visit_id": 1, "visit_number": 1, "los": {"days": [1, -Infinity]}, '
+        '"clinical_sections": {"discharge_diagnosis": "x"}}]}]'),
         "patient 7 visit 0: los.days.1: -Infinity is not a JSON number",
     ),
     "overflowing float": (
-        '[{"subject_id": 8, "visits": [{"visit_id": 1, "visit_number": 1, "w": 1e999, '
-        '"clinical_sections": {"discharge_diagnosis": "x"}}]}]',
+        ('[{"subject_id": 8, "visits": [{"visit_id": 1, "visit_number": 1, "w": 1e999, '
+        '"clinical_sections": {"discharge_diagnosis": "x"}}]}]'),
         "patient 8 visit 0: w: inf is not a JSON number",
     ),
     "empty cohort": ("[]", "top level: no patients (empty list)"),

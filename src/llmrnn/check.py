@@ -137,8 +137,8 @@ def check_cohort(config: dict) -> list[str]:
         patients = synthesize_cohort(int(synth["patients"]), int(synth["seed"]))
     else:
         if "{" in source or "}" in source:
-            return [f"cohort.source: {source!r} contains a brace, which Snakemake reads as a wildcard; "
-                    "rename the file or its folder"]
+            return [(f"cohort.source: {source!r} contains a brace, which Snakemake reads as a wildcard; "
+                    "rename the file or its folder")]
         if not Path(source).is_file():
             return [f"cohort.source: {source} does not exist (the cleaned cohort JSON in LLM-as-RNN format)"]
         try:
