@@ -9,7 +9,7 @@ import string
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RULE = re.compile(r"^rule (\w+):", re.M)
+RULE = re.compile(r"^rule (\w+):", re.MULTILINE)
 
 
 def shell_commands(smk: Path) -> dict[str, str]:
@@ -46,7 +46,7 @@ def test_every_shell_field_is_quoted():
     }
     # every rule with a shell: block was found (the scan cannot silently miss a stage file)
     with_shell = sum(
-        len(re.findall(r"^    shell:", smk.read_text(), re.M)) for smk in (REPO / "rules").glob("*.smk")
+        len(re.findall(r"^    shell:", smk.read_text(), re.MULTILINE)) for smk in (REPO / "rules").glob("*.smk")
     )
     assert len(commands) == with_shell >= 15, sorted(commands)
     unquoted = {name: fields for name, cmd in commands.items() if (fields := unquoted_fields(cmd))}

@@ -86,7 +86,8 @@ def test_replaced_cohort_with_older_mtime_reruns_cleaning_and_splits(workflow_di
     write_config(workflow_dir, cohort={"source": "cohort.json"}, split={"val_size": 3, "train_size": 4, "seed": 42})
     target = "results/demo/splits/splits.json"
     snakemake(workflow_dir, target)
-    assert "Nothing to be done" in (lambda p: p.stdout + p.stderr)(snakemake(workflow_dir, target, "-n"))
+    unchanged = snakemake(workflow_dir, target, "-n")
+    assert "Nothing to be done" in unchanged.stdout + unchanged.stderr
     # the user swaps in another cohort whose file is OLDER than every output (copied with its mtime)
     source.write_text(dump_cohort(synthesize_cohort(30, seed=4)))
     os.utime(source, (1_000_000_000, 1_000_000_000))
