@@ -13,8 +13,10 @@ Every file is either scanned by its structure or refused; nothing is skipped:
   (BOM or NUL pattern), gzip/bz2/xz decompressed, base64/hex/URL/HTML/backslash escapes decoded.
   Anything that cannot be parsed as what it claims to be is refused;
 - identifiers: the cohort's subject/visit ids in any form: digits grouped (`12 345`, `12,345`, `12-345`),
-  other Unicode digits, full-width forms, string ids (`MRN-AB7731X`, also its id-like part `AB7731X`),
-  and in file names;
+  other Unicode digits, full-width forms, look-alike letters of other scripts (Cyrillic `АВ7731Х`, via
+  Unicode's confusables data) and O/l typed for 0/1, string ids (`MRN-AB7731X`, also its id-like part
+  `AB7731X`), number literals by value (`0012345`, `0x3039`), `*_id` and signed JSON numbers, and in file
+  names;
 - clinical text: `min_words` consecutive words of a clinical section, or a whole short line / list item
   of at least `min_line_words` words (a medication list), matched on decoded text;
 - a credential-like string (hf_..., sk-..., ghp_..., AKIA...) pasted anywhere.
