@@ -239,6 +239,7 @@ UNPROCESSABLE = {
     "5000-digit integer id": ('[{"subject_id": ' + "7" * 5000 + ', "visits": []}]', "line 1: a number of 5000 digits"),
     "5000-digit text id": (one_patient("7" * 5000), "record 0: subject_id: 5000 characters, more than 128"),
     "id beyond int64": (one_patient(2**64), "record 0: subject_id: integer does not fit in 64 bits"),
+    "visit_number beyond int64": (one_patient(3, visit_number=-(2**70)), "patient 3 visit 0: visit_number: integer does"),
     "deep nesting in an extra field": (
         '[{"subject_id": 9, "x": ' + "[" * 50 + "]" * 50 + ', "visits": []}]',
         "patient 9: x" + ".0" * 32 + ": nested deeper than 32 levels",

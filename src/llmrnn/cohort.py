@@ -127,6 +127,8 @@ def _validate_visit(visit: Any, where: str, fail) -> None:
         fail(where, "visit_id", problem)
     if isinstance(visit["visit_number"], bool) or not isinstance(visit["visit_number"], int):
         fail(where, "visit_number", "expected an integer")
+    if not -INT64 <= visit["visit_number"] < INT64:
+        fail(where, "visit_number", "integer does not fit in 64 bits")
     for key in ("sex", "allergies"):
         if not _is_text_or_none(visit.get(key)):
             fail(where, key, "expected text")

@@ -100,3 +100,12 @@ def test_replaced_cohort_with_older_mtime_reruns_cleaning_and_splits(workflow_di
     assert report["source_sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
     summary = json.loads((workflow_dir / target).read_text())
     assert sum(summary["sizes"].values()) == report["patients_out"]
+
+
+def test_brace_in_cohort_path_is_refused_before_any_job(workflow_dir):
+    (workflow_dir / "data{x}").mkdir()
+    (workflow_dir / "data{x}" / "c.json").write_text(dump_cohort(synthesize_cohort(25, seed=3)))
+    write_config(workflow_dir, cohort={"source": "data{x}/c.json"})
+    proc = snakemake(workflow_dir, "results/demo/splits/splits.json", "-n", check=False)
+    assert proc.returncode != 0
+    assert "contains a brace, which Snakemake reads as a wildcard" in proc.stdout + proc.stderr
