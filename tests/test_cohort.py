@@ -210,11 +210,11 @@ UNPROCESSABLE = {
     "superscript digit in subject_id": (one_patient("A\u00b2"), "subject_id: non-ASCII digit U+00B2"),
     "duplicate visit_number": (
         [{"subject_id": 3, "visits": [visit(0), {**visit(1), "visit_number": 1}]}],
-        "patient 3 visit 1: visit_number: 1 is a duplicate of the previous visit's 1",
+        "patient 3 visit 1: visit_number: 1 repeats the previous visit's 1",
     ),
     "out-of-order visit_number": (
         [{"subject_id": 4, "visits": [visit(2), visit(0), visit(1)]}],
-        "patient 4 visit 1: visit_number: 1 is a out of order after the previous visit's 3",
+        "patient 4 visit 1: visit_number: 1 is lower than the previous visit's 3",
     ),
     "duplicate visit_id": (
         [{"subject_id": 5, "visits": [visit(0), {**visit(1), "visit_id": 1000}]}],
@@ -233,7 +233,7 @@ UNPROCESSABLE = {
     "overflowing float": (
         ('[{"subject_id": 8, "visits": [{"visit_id": 1, "visit_number": 1, "w": 1e999, '
         '"clinical_sections": {"discharge_diagnosis": "x"}}]}]'),
-        "patient 8 visit 0: w: inf is not a JSON number",
+        "patient 8 visit 0: w: 1e999 is not a JSON number",
     ),
     "empty cohort": ("[]", "top level: no patients (empty list)"),
     "5000-digit integer id": ('[{"subject_id": ' + "7" * 5000 + ', "visits": []}]', "line 1: a number of 5000 digits"),

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import random
+import re
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,14 +66,19 @@ def _is_text_or_none(value: Any) -> bool:
     return value is None or isinstance(value, str)
 
 
+SURROGATE = re.compile("[\ud800-\udfff]")  # a regex: a real cohort holds hundreds of MB of text
+
+
 def _text_problem(text: str) -> str | None:
-    if any("\ud800" <= ch <= "\udfff" for ch in text):
+    if SURROGATE.search(text):
         return "lone surrogate (\\ud800-\\udfff escape without its pair): not encodable text"
     return None
 
 
-def _value_problem(value: Any) -> tuple[str, str] | None:
-    """(relative field path, problem) of the first value no later stage can write back, else None."""
+def _value_problem(value: Any, leaves: bool = True) -> tuple[str, str] | None:
+    """(relative field path, problem) of the first value no later stage can write back, else None.
+    leaves=False checks nesting only (load_cohort knows when no leaf can be bad: most of the time of a
+    large cohort is its strings)."""
     stack: list[tuple[Any, str, int]] = [(value, "", 0)]
     while stack:
         item, path, depth = stack.pop()
@@ -87,7 +93,8 @@ def _value_problem(value: Any) -> tuple[str, str] | None:
         for key, child in children:
             if isinstance(key, str) and (problem := _text_problem(key)):
                 return (f"{path}.<key>" if path else "<key>"), f"{problem} (in a key; not repeated here)"
-            stack.append((child, f"{path}.{key}" if path else str(key), depth + 1))
+            if leaves or isinstance(child, (dict, list)):
+                stack.append((child, f"{path}.{key}" if path else str(key), depth + 1))
     return None
 
 
@@ -151,17 +158,18 @@ def _validate_visit_order(visits: list[dict], pid: Any, fail) -> None:
     for v_index, visit in enumerate(visits):
         if v_index and visit["visit_number"] <= visits[v_index - 1]["visit_number"]:
             previous = visits[v_index - 1]["visit_number"]
-            kind = "duplicate of" if visit["visit_number"] == previous else "out of order after"
+            how = "repeats" if visit["visit_number"] == previous else "is lower than"
             fail(_where(pid, v_index), "visit_number",
-                 f"{visit['visit_number']} is a {kind} the previous visit's {previous} (list visits in increasing "
+                 f"{visit['visit_number']} {how} the previous visit's {previous} (list visits in increasing "
                  "visit_number)")
         if str(visit["visit_id"]) in seen_ids:
             fail(_where(pid, v_index), "visit_id", f"duplicate {visit['visit_id']} within the patient")
         seen_ids.add(str(visit["visit_id"]))
 
 
-def validate_cohort(data: Any, source: str = "<cohort>") -> list[dict]:
-    """Check every record; raise InputError naming file, patient, visit and field for the first bad one."""
+def validate_cohort(data: Any, source: str = "<cohort>", check_leaves: bool = True) -> list[dict]:
+    """Check every record; raise InputError naming file, patient, visit and field for the first bad one.
+    check_leaves=False: no string or number can be bad (NaN, lone surrogate), only nesting is walked."""
 
     def fail(where: str, field: str, problem: str) -> None:
         raise InputError(f"{source}: {where}: {field}: {problem}")
@@ -182,7 +190,7 @@ def validate_cohort(data: Any, source: str = "<cohort>") -> list[dict]:
         if str(pid) in seen:
             fail(_where(pid), "subject_id", f"duplicate (record {p_index})")
         seen.add(str(pid))
-        if bad := _value_problem(patient):
+        if bad := _value_problem(patient, check_leaves):
             fail(*_locate(pid, bad[0]), bad[1])
         visits = patient.get("visits")
         if not isinstance(visits, list):
@@ -193,6 +201,9 @@ def validate_cohort(data: Any, source: str = "<cohort>") -> list[dict]:
             _validate_visit(visit, _where(pid, v_index), fail)
         _validate_visit_order(visits, pid, fail)
     return data
+
+
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")  # the UTF-8 decoder refuses raw ones
 
 
 def _parse_int(path: Path, text: str):
@@ -224,13 +235,23 @@ def load_cohort(path: str | Path) -> list[dict]:
         text = raw.decode("utf-8-sig")  # a UTF-8 BOM is valid UTF-8 JSON (editors on Windows write one)
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: byte {exc.start}: not UTF-8 text ({exc.reason})") from None
+    non_finite: list[_NonFinite] = []
+
+    def constant(name: str) -> _NonFinite:
+        non_finite.append(_NonFinite(name))
+        return non_finite[-1]
+
+    def parse_float(literal: str) -> float | _NonFinite:
+        value = float(literal)
+        return value if math.isfinite(value) else constant(literal)  # 1e999 overflows to inf
+
     try:
-        data = json.loads(text, parse_constant=_NonFinite, parse_int=_parse_int(path, text))
+        data = json.loads(text, parse_constant=constant, parse_float=parse_float, parse_int=_parse_int(path, text))
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: line {exc.lineno} column {exc.colno}: not JSON ({exc.msg})") from None
     except RecursionError:
         raise InputError(f"{path}: nested too deeply to parse (a record nests {MAX_DEPTH} levels at most)") from None
-    return validate_cohort(data, str(path))
+    return validate_cohort(data, str(path), check_leaves=bool(non_finite or SURROGATE_ESCAPE.search(text)))
 
 
 def dump_cohort(patients: list[dict]) -> str:
