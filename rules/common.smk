@@ -261,23 +261,6 @@ def role_model_markers():
     return [model_ready(n) for n in sorted(names)]
 
 
-def memory_model_dir():
-    """The base memory model (roles.memory.model): the policy GRPO trains and eval's `base` variant."""
-    ref = config["roles"]["memory"]["model"]
-    return f"{MODELS}/{ref}" if is_model_name(ref) else ref
-
-
-def memory_model_inputs():
-    """The memory model as an input of rules (its .ready marker, or the folder itself for a path)."""
-    ref = config["roles"]["memory"]["model"]
-    return [model_ready(ref)] if is_model_name(ref) else [ref]
-
-
-def model_folder(path):
-    """The HF folder of a model input (a .ready marker or the folder itself)."""
-    return os.path.dirname(path) if os.path.basename(path) == ".ready" else path
-
-
 def trajectories_cfg_json():
     """params of trajectory_shard: roles, the models they use, the trajectories knobs (not resources)."""
     used = {r["model"] for r in config["roles"].values()}
@@ -334,9 +317,10 @@ RELEASE_KNOB_SECTIONS = (
 NOT_A_KNOB = ("resources", "threads")
 
 
-def merge_base_input():
-    """The base the adapter is merged into: the memory model's .ready marker (a configured name) or its
-    folder (a path); `llmrnn merge run --base` takes either."""
+def memory_model_input():
+    """The base memory model (roles.memory.model) as a rule input: its .ready marker (a configured name)
+    or its folder (a path); the CLI takes either (llmrnn.models.model_folder). It is the policy GRPO
+    trains, the base the adapter is merged into and eval's `base` variant."""
     ref = config["roles"]["memory"]["model"]
     return model_ready(ref) if is_model_name(ref) else ref
 
@@ -345,12 +329,10 @@ def merge_cfg_json():
     """params of merge_model: the merge knobs (not resources) + the LoRA rank/alpha training asked for
     (the adapter is checked against them; an alpha of 0 is repaired from them)."""
     merge = {k: v for k, v in config["merge"].items() if k not in NOT_A_KNOB}
-    try:  # the values training really uses: its section with the train stage's own defaults filled in
-        from llmrnn.train.config import normalize
+    # the values training really uses: its section with the train stage's own defaults filled in
+    from llmrnn.train.config import normalize
 
-        lora = normalize(config.get("train"))["lora"]
-    except ImportError:
-        lora = config.get("train", {}).get("lora", {})
+    lora = normalize(config.get("train"))["lora"]
     wanted = {k: lora.get(k) for k in ("rank", "alpha")}
     return json.dumps({"merge": merge, "train": {"lora": wanted}}, sort_keys=True)
 

@@ -35,7 +35,7 @@ rule preflight:
         val=f"{RUN}/trajectories/val.parquet",
         endpoint=rules.judge_server.output.endpoint,
         rubric=config["judge"]["rubric"],
-        policy=merge_base_input(),
+        policy=memory_model_input(),
     output:
         report=f"{RUN}/train/preflight.json",
         audit=directory(f"{RUN}/train/preflight_audit"),

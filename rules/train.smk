@@ -9,7 +9,7 @@ rule train_grpo:
         val=f"{RUN}/trajectories/val.parquet",
         endpoint=rules.judge_server.output.endpoint,
         preflight=rules.preflight.output.report,
-        model=merge_base_input(),
+        model=memory_model_input(),
     output:
         adapter=directory(f"{RUN}/train/adapter"),
         metrics=f"{RUN}/train/metrics.jsonl",

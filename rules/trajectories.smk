@@ -42,7 +42,7 @@ rule dump_trajectories:
     input:
         parts=lambda w: trajectory_shard_files(w.split, "parquet"),
         stats=lambda w: trajectory_shard_files(w.split, "stats.json"),
-        tokenizer=memory_model_inputs(),
+        tokenizer=memory_model_input(),
     output:
         parquet=f"{RUN}/trajectories/{{split}}.parquet",
         summary=f"{RUN}/trajectories/{{split}}.summary.json",
@@ -53,9 +53,8 @@ rule dump_trajectories:
     conda:
         "../envs/cpu.yaml"
     params:
-        tokenizer=lambda w, input: model_folder(input.tokenizer[0]),
         code=code_hash("llmrnn.trajectories"),
     shell:
         "llmrnn trajectories gather --split {wildcards.split} --parts {input.parts} "
-        "--stats {input.stats} --tokenizer {params.tokenizer} "
+        "--stats {input.stats} --tokenizer {input.tokenizer} "
         "--out {output.parquet} --summary {output.summary} 2> {log}"

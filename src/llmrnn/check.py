@@ -22,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+from llmrnn.io import deep_merge
+
 log = logging.getLogger(__name__)
 
 SCHEMA = Path("workflow/schemas/config.schema.yaml")
@@ -29,17 +31,6 @@ DEFAULT_CONFIG = Path("config/config.yaml")
 
 
 # ----------------------------------------------------------------------------- config
-def merge(base: dict, over: dict) -> dict:
-    """Deep merge the way Snakemake layers --configfile files over the Snakefile's configfile."""
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
 def _fill_defaults(instance, schema: dict) -> None:
     """Schema `default:` values into the config (what snakemake.utils.validate(set_default=True) does)."""
     if not isinstance(instance, dict) or schema.get("type") not in (None, "object"):
@@ -69,7 +60,7 @@ def load_config(paths: list[Path], schema_path: Path = SCHEMA) -> tuple[dict, li
         if not isinstance(data, dict):
             problems.append(f"config: {path} must be a YAML mapping")
             continue
-        config = merge(config, data)
+        config = deep_merge(config, data)
     try:
         schema = yaml.safe_load(Path(schema_path).read_text())
     except FileNotFoundError:

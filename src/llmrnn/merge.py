@@ -103,9 +103,9 @@ def merge_settings(merge: dict | None) -> dict:
 # ----------------------------------------------------------------------------- locating inputs
 def base_dir_of(path: str | Path) -> Path:
     """`--base` may be the model folder or its `.ready` marker (the rule's input)."""
-    p = Path(path)
-    if p.is_file() and p.name == ".ready":
-        p = p.parent
+    from llmrnn.models import model_folder
+
+    p = model_folder(path)
     if not (p / "config.json").is_file():
         raise InputError(f"{p}: base model folder has no config.json (expected an HF model folder)")
     return p

@@ -98,14 +98,7 @@ def metrics_summary(path: str | Path | None) -> dict:
     """Summary of RUN/train/metrics.jsonl (rows: step, kind train|val, engine, reward_mean, ...)."""
     if not path or not Path(path).is_file():
         return {"rows": 0, "note": "no metrics file"}
-    rows = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}: line {n}: not JSON: {exc}") from exc
+    rows = io.read_jsonl(path)
     train = [r for r in rows if r.get("kind", "train") == "train"]
     val = [r for r in rows if r.get("kind") == "val"]
 

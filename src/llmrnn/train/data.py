@@ -11,7 +11,7 @@ from llmrnn.errors import InputError
 REQUIRED_COLUMNS = ("prompt", "data_source", "ability", "reward_model", "extra_info")
 
 
-def read_rows(path: str | os.PathLike) -> list[dict]:
+def read_trajectory_parquet(path: str | os.PathLike) -> list[dict]:
     """All rows of a trajectory parquet as dicts; a missing file or column is one clear line."""
     import pyarrow.parquet as pq
 
@@ -56,5 +56,5 @@ def row_index(row: dict, fallback: int) -> int:
 
 
 def describe(path: str | os.PathLike) -> str:
-    rows = read_rows(path)
+    rows = read_trajectory_parquet(path)
     return json.dumps({"rows": len(rows)})

@@ -148,14 +148,6 @@ class MetricsWriter:
             fh.flush()
 
 
-def read_rows(path: str | os.PathLike) -> list[dict]:
-    rows = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            rows.append(json.loads(line))
-    return rows
-
-
 def progress_line(row: dict, total: int) -> str:
     def f(key: str) -> str:
         value = row.get(key)
@@ -179,7 +171,7 @@ def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike) -> list[Pa
 
     from llmrnn import io
 
-    rows = read_rows(metrics_path)
+    rows = io.read_jsonl(metrics_path)
     train = [r for r in rows if r["kind"] == "train"]
     val = [r for r in rows if r["kind"] == "val" and r.get("val_reward_mean") is not None]
     out = Path(out_dir)
