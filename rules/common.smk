@@ -206,7 +206,7 @@ def train_gpus():
 
 
 def train_threads():
-    """TRL on CPU uses train.trl.num_threads (1 is fastest for small models: FINDINGS §1)."""
+    """TRL on CPU uses train.trl.num_threads (1 thread: 0.13-0.17 s per tiny GRPO step; 2: 0.14-9.7 s)."""
     t = config["train"]
     if t["engine"] == "trl":
         return t["trl"]["num_threads"]

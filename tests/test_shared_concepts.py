@@ -211,3 +211,28 @@ def test_schema_defaults_and_code_defaults_agree(section):
     for key in section.split("."):
         node = node["properties"][key]
     assert _code_defaults()[section] == _schema_defaults(node)
+
+
+# --------------------------------------------------------------------------- GPU counts: profile == config
+def test_slurm_profile_gpu_layout_is_the_reproduction_configs(monkeypatch):
+    """profiles/slurm selects config/reproduce.yaml; the GPUs and nodes it requests by default for the judge
+    and the trainer are the ones that config asks for, and `llmrnn check` knows the same defaults."""
+    from llmrnn import check
+    from llmrnn.rubric import load_rubric
+    from llmrnn.train.config import normalize
+    from tests.slurm.dag import load_profile
+
+    repo = SRC.parents[1]
+    for name in check.PROFILE_GPU_DEFAULTS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(repo)
+    config, problems = check.load_config([Path("config/config.yaml"), Path("config/reproduce.yaml")])
+    assert not [p for p in problems if "cohort" not in p], problems  # the MIMIC cohort is not shipped
+    train = normalize(config["train"])
+    judge_gpus = 1 if load_rubric(config["judge"]["rubric"]).needs_gpu else 0
+    requested = load_profile({"PATH": "/usr/bin"})["set-resources"]
+    assert (requested["train_grpo"]["gpu"], requested["train_grpo"]["nodes"], requested["judge_server"]["gpu"]) == (
+        train["n_gpus_per_node"], train["nnodes"], judge_gpus)
+    assert check.PROFILE_GPU_DEFAULTS == {"LLMRNN_TRAIN_GPUS": train["n_gpus_per_node"],
+                                          "LLMRNN_JUDGE_GPUS": judge_gpus, "LLMRNN_TRAIN_NODES": train["nnodes"]}
+    assert check.check_profile_gpus(config, train) == []

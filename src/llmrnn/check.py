@@ -282,21 +282,30 @@ def compose_verl(overrides: list[str]) -> list[str]:
     return []
 
 
+# What profiles/slurm requests when these are not exported (its defaults: the reproduction's layout);
+# tests/test_shared_concepts.py asserts they equal the rendered profile and config/reproduce.yaml.
+PROFILE_GPU_DEFAULTS = {"LLMRNN_TRAIN_GPUS": 2, "LLMRNN_JUDGE_GPUS": 1, "LLMRNN_TRAIN_NODES": 1}
+
+
+def _profile_value(name: str) -> int:
+    return int(os.environ.get(name, PROFILE_GPU_DEFAULTS[name]))
+
+
 def check_profile_gpus(config: dict, train_cfg: dict) -> list[str]:
     """profiles/slurm asks for LLMRNN_TRAIN_GPUS / LLMRNN_JUDGE_GPUS; they must match the config."""
     problems = []
-    profile_train = int(os.environ.get("LLMRNN_TRAIN_GPUS", "2"))
+    profile_train = _profile_value("LLMRNN_TRAIN_GPUS")
     want = int(train_cfg.get("n_gpus_per_node", profile_train))
     if want != profile_train:
         problems.append(f"train.n_gpus_per_node is {want} but profiles/slurm requests {profile_train} GPU(s) for "
                         f"train_grpo: export LLMRNN_TRAIN_GPUS={want}")
     nodes = int(train_cfg.get("nnodes", 1))
-    profile_nodes = int(os.environ.get("LLMRNN_TRAIN_NODES", "1"))
+    profile_nodes = _profile_value("LLMRNN_TRAIN_NODES")
     if nodes != profile_nodes:
         problems.append(f"train.nnodes is {nodes} but profiles/slurm requests {profile_nodes} node(s): "
                         f"export LLMRNN_TRAIN_NODES={nodes}")
     judge = _judge_gpus_needed(config)
-    profile_judge = int(os.environ.get("LLMRNN_JUDGE_GPUS", "1"))
+    profile_judge = _profile_value("LLMRNN_JUDGE_GPUS")
     if judge is not None and judge > profile_judge:
         problems.append(f"the judge needs {judge} GPU(s) but profiles/slurm requests {profile_judge}: "
                         f"export LLMRNN_JUDGE_GPUS={judge}")

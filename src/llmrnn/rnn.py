@@ -1,4 +1,4 @@
-"""The LLM-as-RNN forward pass, batched across patients (DESIGN.md §4).
+"""The LLM-as-RNN forward pass, batched across patients.
 
 For patient p at visit t:
     prediction model  (h_{t-1}, x_t)              -> y_t = {top_5_diagnoses, primary_diagnosis}

@@ -12,7 +12,7 @@ visit_index), numbers them (extra_info.index) and writes {split}.parquet + {spli
 (rows, patients, unparsable outputs per role, prompt token lengths p50/p95/max). An empty split is an
 error, so a val parquet with rows always exists when the DAG succeeds.
 
-Row format (verl RLHFDataset, DESIGN.md §4): see PARQUET_COLUMNS / parquet_schema().
+Row format (verl RLHFDataset): see PARQUET_COLUMNS / parquet_schema().
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reading the trajectory parquets (DESIGN §4 rows) and measuring prompts the way verl's RLHFDataset does."""
+"""Reading the trajectory parquets (verl RLHFDataset rows) and measuring prompts the way verl's RLHFDataset does."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def read_trajectory_parquet(path: str | os.PathLike) -> list[dict]:
         raise InputError(f"{p}: not a readable parquet file: {exc}") from exc
     missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
     if missing:
-        raise InputError(f"{p}: missing column(s) {missing}; expected the verl RLHFDataset layout (DESIGN §4)")
+        raise InputError(f"{p}: missing column(s) {missing}; expected the verl RLHFDataset layout")
     rows = table.to_pylist()
     for i, row in enumerate(rows):
         prompt = row["prompt"]

@@ -1,7 +1,7 @@
 """verl engine: `python -m verl.trainer.main_ppo` with Hydra overrides built from the `train` section.
 
 Valid for verl 0.7.1 (the reference container) and 0.9.x; tests/verl/ composes verl's own
-`ppo_trainer` config with these overrides in separate venvs of both releases (FINDINGS §4-5):
+`ppo_trainer` config with these overrides in separate venvs of both releases:
 - reward goes through `reward.custom_reward_function.{path,name,reward_kwargs}` + `reward.reward_manager.name`
   (the old top-level `custom_reward_function.*` composes in 0.9 but is silently ignored there);
 - rollout.name has no default; both log_prob micro batch sizes are required; LoRA wants
@@ -298,7 +298,7 @@ def run(
 
 
 def copy_adapter(src: Path, dst: Path, cfg: dict) -> None:
-    """verl's actor/lora_adapter carries the real alpha (model_merger's copy says 0: FINDINGS §5)."""
+    """verl's actor/lora_adapter carries the real alpha (model_merger's copy says 0)."""
     from llmrnn.train.trl_engine import check_adapter
 
     if not (src / "adapter_config.json").is_file():
