@@ -318,7 +318,7 @@ NOT_A_KNOB = ("resources", "threads")
 
 
 def memory_model_input():
-    """The base memory model (roles.memory.model) as a rule input: its .ready marker (a configured name)
+    """The base memory model (roles.memory.model) as an input of rules; its .ready marker (a configured name)
     or its folder (a path); the CLI takes either (llmrnn.models.model_folder). It is the policy GRPO
     trains, the base the adapter is merged into and eval's `base` variant."""
     ref = config["roles"]["memory"]["model"]

@@ -135,11 +135,11 @@ def check_cohort(config: dict) -> list[str]:
 
 
 def _model_problem(name: str, spec: dict) -> str | None:
-    from llmrnn.models import model_dir
+    from llmrnn.models import READY, model_dir
 
     what = f"models.{name}"
     prepared = model_dir(name)
-    if (prepared / ".ready").is_file():
+    if (prepared / READY).is_file():
         return chat_template_problem(prepared, what)
     source = spec.get("source")
     if source == "local" or spec.get("path"):

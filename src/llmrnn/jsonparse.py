@@ -187,13 +187,21 @@ def _as_list(value: Any) -> list[str]:
     return [t.strip() for t in re.split(r"[;\n]", text) if t.strip()] if text else []
 
 
-def parse_prediction(text: str | None) -> tuple[dict | None, str]:
-    """{"top_5_diagnoses": [<=5 str], "primary_diagnosis": str} or None."""
+def _json_object(text: str | None) -> tuple[dict | None, str]:
+    """The JSON object in a role's output, or (None, why not): "unparsable" or "not_object"."""
     obj, method = parse_json(text)
     if obj is None:
         return None, method
     if not isinstance(obj, dict):
         return None, "not_object"
+    return obj, method
+
+
+def parse_prediction(text: str | None) -> tuple[dict | None, str]:
+    """{"top_5_diagnoses": [<=5 str], "primary_diagnosis": str} or None."""
+    obj, method = _json_object(text)
+    if obj is None:
+        return None, method
     top5 = _as_list(obj.get("top_5_diagnoses", obj.get("top_5", obj.get("diagnoses"))))
     primary_raw = obj.get("primary_diagnosis", obj.get("primary"))
     while isinstance(primary_raw, list) and primary_raw:  # ["x"] or [["x"]]: the first name
@@ -213,11 +221,9 @@ EVALUATION_KEYS = ("primary_correct", "any_top5_correct", "missed_diagnoses", "w
 
 def parse_evaluation(text: str | None) -> tuple[dict | None, str]:
     """{primary_correct, any_top5_correct, missed_diagnoses, why_missed, improvement_suggestions} or None."""
-    obj, method = parse_json(text)
+    obj, method = _json_object(text)
     if obj is None:
         return None, method
-    if not isinstance(obj, dict):
-        return None, "not_object"
     if isinstance(obj.get("diagnosis_evaluation"), dict):  # the reference's nested shape
         obj = {**obj, **obj["diagnosis_evaluation"]}
     primary = as_bool(obj.get("primary_correct"))
@@ -251,12 +257,12 @@ def parse_memory(text: str | None, strict: bool = False) -> tuple[str | None, st
         if obj is _NOPE:
             return None, UNPARSABLE
         method = "fenced" if fenced else "plain"
+        if not isinstance(obj, dict):
+            return None, "not_object"
     else:
-        obj, method = parse_json(text)
+        obj, method = _json_object(text)
         if obj is None:
             return None, method
-    if not isinstance(obj, dict):
-        return None, "not_object"
     summary = obj.get("evolving_summary")
     if isinstance(summary, (dict, list)) and not strict:
         summary = json.dumps(summary, ensure_ascii=False)

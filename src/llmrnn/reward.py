@@ -14,7 +14,8 @@ LLMRNN_REWARD_CFG. The rubric defaults to the one the endpoint file names; the a
 RUN/train/audit beside RUN/judge/endpoint.json.
 
 Scores:
-- policy output that is not a JSON object {"evolving_summary": "<text>"} -> 0.05, no judge call;
+- policy output that is not exactly a JSON object {"evolving_summary": "<text>"} (optionally in one
+  ```json fence; `jsonparse.parse_memory(strict=True)`) -> 0.05, no judge call;
 - scalar mode: judge answer -> rubric.parse_scalar (edge table: expected digit | Score: N | short
   digit | 0.5 fallback), scaled to (0, 1];
 - pairwise mode: candidate vs an opponent in both orders (A/B then B/A, cancelling position bias);
@@ -22,8 +23,8 @@ Scores:
   Per sample (verl) the opponent is the trajectory's reference memory h_ref; in batch functions with
   `pairwise_opponent: group` every valid candidate meets every other of its prompt group;
 - plus `outcome_epsilon` x the share of the next visit's ground-truth diagnoses that the CANDIDATE
-  memory mentions (normalised text match), so the term differs within a group (epsilon 0 reproduces
-  the reference).
+  memory mentions (`matching.anticipated_share`: the held-out matcher's normalisation), so the term
+  differs within a group (epsilon 0 reproduces the reference).
 
 Transport failures are retried with backoff and then raise (JudgeUnavailable): a dead judge stops
 training instead of becoming a constant reward. Identical judge requests (duplicate candidates are
