@@ -109,6 +109,18 @@ def test_one_jsonl_reader_names_file_and_line(tmp_path):
     assert path.read_text(encoding="utf-8") == '{"a": 2, "b": 1}\n'
 
 
+def test_resumed_training_drops_metrics_past_its_step_and_a_cut_off_line(tmp_path):
+    from llmrnn.train.metrics import MetricsWriter
+
+    writer = MetricsWriter(tmp_path / "metrics.jsonl")
+    for step in (1, 2, 3):
+        writer.append({"step": step, "kind": "train"})
+    with open(writer.path, "a", encoding="utf-8") as fh:
+        fh.write('{"step": 4, "ki')  # killed mid-line
+    assert writer.truncate_after(2) == 2
+    assert [r["step"] for r in io.read_jsonl(writer.path)] == [1, 2]
+
+
 def test_ready_marker_stands_for_its_model_folder(tmp_path):
     assert models.model_folder(tmp_path / "m" / ".ready") == tmp_path / "m"
     assert models.model_folder(tmp_path / "m") == tmp_path / "m"
