@@ -104,9 +104,10 @@ def eval_code_hash(step):
             "llmrnn.prompts",
             "llmrnn.jsonparse",
             "llmrnn.cohort",
+            "llmrnn.trajectories",
         ]
     if step == "grade" and config["eval"]["final_judge"]["mode"] == "llm":
-        modules += ["llmrnn.backends"]
+        modules += ["llmrnn.backends", "llmrnn.jsonparse"]
     return code_hash(*modules)
 
 

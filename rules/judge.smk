@@ -54,6 +54,10 @@ rule preflight:
             "llmrnn.rubric",
             "llmrnn.judge",
             "llmrnn.train.preflight",
+            "llmrnn.jsonparse",
+            "llmrnn.matching",
+            "llmrnn.stats",
+            "llmrnn.models",
         ),
     shell:
         "llmrnn preflight run --train-parquet {input.train} --val-parquet {input.val} "

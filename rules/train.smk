@@ -50,6 +50,9 @@ rule train_grpo:
             "llmrnn.reward",
             "llmrnn.rubric",
             "llmrnn.judge",
+            "llmrnn.jsonparse",
+            "llmrnn.matching",
+            "llmrnn.models",
         ),
     shell:
         "llmrnn train run --cfg {params.cfg:q} --train {input.train} --val {input.val} "

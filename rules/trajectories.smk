@@ -31,6 +31,7 @@ rule trajectory_shard:
             "llmrnn.backends",
             "llmrnn.prompts",
             "llmrnn.jsonparse",
+            "llmrnn.matching",
         ),
     shell:
         "llmrnn trajectories shard --split {wildcards.split} --split-file {input.split} "
@@ -53,7 +54,7 @@ rule dump_trajectories:
     conda:
         "../envs/cpu.yaml"
     params:
-        code=code_hash("llmrnn.trajectories"),
+        code=code_hash("llmrnn.trajectories", "llmrnn.stats", "llmrnn.models"),
     shell:
         "llmrnn trajectories gather --split {wildcards.split} --parts {input.parts} "
         "--stats {input.stats} --tokenizer {input.tokenizer} "
