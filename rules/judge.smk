@@ -35,7 +35,7 @@ rule preflight:
         val=f"{RUN}/trajectories/val.parquet",
         endpoint=rules.judge_server.output.endpoint,
         rubric=config["judge"]["rubric"],
-        policy=merge_base_input(),
+        policy=memory_model_input(),
     output:
         report=f"{RUN}/train/preflight.json",
         audit=directory(f"{RUN}/train/preflight_audit"),
@@ -54,6 +54,10 @@ rule preflight:
             "llmrnn.rubric",
             "llmrnn.judge",
             "llmrnn.train.preflight",
+            "llmrnn.jsonparse",
+            "llmrnn.matching",
+            "llmrnn.stats",
+            "llmrnn.models",
         ),
     shell:
         "llmrnn preflight run --train-parquet {input.train:q} --val-parquet {input.val:q} "

@@ -4,7 +4,7 @@
 
 rule merge_model:
     input:
-        base=merge_base_input(),
+        base=memory_model_input(),
         adapter=f"{RUN}/train/adapter",
     output:
         merged=directory(f"{RUN}/merged"),

@@ -9,7 +9,7 @@ rule train_grpo:
         val=f"{RUN}/trajectories/val.parquet",
         endpoint=rules.judge_server.output.endpoint,
         preflight=rules.preflight.output.report,
-        model=merge_base_input(),
+        model=memory_model_input(),
     output:
         adapter=directory(f"{RUN}/train/adapter"),
         metrics=f"{RUN}/train/metrics.jsonl",
@@ -50,6 +50,9 @@ rule train_grpo:
             "llmrnn.reward",
             "llmrnn.rubric",
             "llmrnn.judge",
+            "llmrnn.jsonparse",
+            "llmrnn.matching",
+            "llmrnn.models",
         ),
     shell:
         "llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "

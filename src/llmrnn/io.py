@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from llmrnn.errors import InputError
 
 
 def _tmp_beside(path: Path) -> Path:
@@ -65,9 +68,43 @@ def write_json(path: str | os.PathLike, obj: Any, mode: int | None = None) -> No
     write_text(path, json_text(obj), mode)
 
 
+def deep_merge(base: dict, over: dict | None) -> dict:
+    """`over` layered onto `base` the way Snakemake layers --configfile files: mappings merge key by key,
+    anything else (lists included) replaces; neither input is changed."""
+    out = copy.deepcopy(base)
+    for key, value in (over or {}).items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
 def read_json(path: str | os.PathLike) -> Any:
     with open(path, encoding="utf-8") as fh:
         return json.load(fh)
+
+
+def read_jsonl(path: str | os.PathLike, skip_bad: bool = False) -> list[Any]:
+    """The values of a JSON-lines file, blank lines skipped. A line that is not JSON is an InputError
+    naming the file and line, or skipped with `skip_bad` (a log another process is still writing, or
+    one whose last line a kill cut off)."""
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                if not skip_bad:
+                    raise InputError(f"{path}: line {lineno}: not JSON ({exc.msg})") from None
+    return rows
+
+
+def write_jsonl(path: str | os.PathLike, rows: Iterable[Any], mode: int | None = None) -> None:
+    """One JSON value per line (keys sorted), written atomically."""
+    write_text(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows), mode)
 
 
 def sha256_bytes(data: bytes) -> str:
