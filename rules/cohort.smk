@@ -12,7 +12,7 @@ rule synth_cohort:
         code=code_hash("llmrnn.cohort"),
     shell:
         "llmrnn cohort synth --patients {params.patients} --seed {params.seed} "
-        "--out {output.cohort} 2> {log}"
+        "--out {output.cohort} --meta {output.meta} 2> {log}"
 
 
 rule clean_cohort:

@@ -59,6 +59,7 @@ def all_targets():
         f"{RUN}/splits/splits.json",
         *trajectory_targets(),
         f"{RUN}/train/preflight.json",
+        *rules.train_plots.output,  # called by rule all, after every rule file is included
         *release_targets(),
         *eval_heldout_targets(),
     ]
@@ -155,15 +156,6 @@ def eval_shard_files(kind):
     ]
 
 
-def eval_train_metrics():
-    """Training curves of this run's model; none when eval.trained_model names another model."""
-    return [] if config["eval"]["trained_model"] else [f"{RUN}/train/metrics.jsonl"]
-
-
-def eval_train_metrics_arg():
-    return " ".join(f"--train-metrics {p}" for p in eval_train_metrics())
-
-
 def eval_heldout_targets():
     plots = f"{RUN}/eval/plots"
     return [
@@ -171,7 +163,6 @@ def eval_heldout_targets():
         f"{RUN}/eval/comparison.json",
         f"{plots}/acc_bars.png",
         f"{plots}/acc_by_visit.png",
-        f"{plots}/training.png",
         f"{plots}/summary.tsv",
     ]
 

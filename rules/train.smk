@@ -14,16 +14,6 @@ rule train_grpo:
         adapter=directory(f"{RUN}/train/adapter"),
         metrics=f"{RUN}/train/metrics.jsonl",
         summary=f"{RUN}/train/summary.json",
-        reward_plot=report(
-            f"{RUN}/train/plots/reward.png",
-            caption="../workflow/report/train_reward.rst",
-            category="Training",
-        ),
-        kl_plot=report(
-            f"{RUN}/train/plots/kl.png",
-            caption="../workflow/report/train_kl.rst",
-            category="Training",
-        ),
     log:
         f"{LOGS}/train_grpo.log",
     conda:
@@ -37,6 +27,9 @@ rule train_grpo:
         runtime=config["train"]["resources"]["runtime"],
         cpus_per_task=config["train"]["resources"]["cpus_per_task"],
     params:
+        # checkpoints/, state/, audit/ beside the outputs but not outputs themselves: Snakemake deletes
+        # outputs before a rerun, and a rerun after a kill must find the checkpoints to resume
+        work=lambda w, output: os.path.dirname(output.metrics),
         cfg=cfg_json("train", "reward"),
         judge_gpus=judge_gpus(),
         code=code_hash(
@@ -53,5 +46,6 @@ rule train_grpo:
         ),
     shell:
         "llmrnn train run --cfg {params.cfg:q} --train {input.train} --val {input.val} "
-        "--model {input.model} --metrics {output.metrics} --endpoint {input.endpoint} "
+        "--model {input.model} --work-dir {params.work} --adapter {output.adapter} "
+        "--metrics {output.metrics} --summary {output.summary} --endpoint {input.endpoint} "
         "--preflight {input.preflight} --judge-gpus {params.judge_gpus} 2> {log}"

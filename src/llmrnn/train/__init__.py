@@ -1,9 +1,9 @@
 """Stage `train`: GRPO on the trajectory parquets with verl (GPU clusters) or TRL (CPU), one set of knobs.
 
-    llmrnn train run        --cfg JSON --train P --val P --model DIR --out RUN/train [--endpoint F]
+    llmrnn train run        --cfg JSON --train P --val P --model DIR --work-dir RUN/train --adapter D
+                            --metrics F --summary F [--endpoint F] [--preflight F]
     llmrnn train preflight  --cfg JSON --train P --val P --model DIR [--out F]     (training checks only)
     llmrnn train verl-cmd   --cfg JSON --train P --val P --model DIR --out-dir D   (print the main_ppo command)
-    llmrnn train plots      --metrics RUN/train/metrics.jsonl --out RUN/train/plots
 """
 
 from __future__ import annotations
@@ -39,52 +39,36 @@ def _model_dir(path: str) -> str:
 
 def cmd_run(args) -> int:
     from llmrnn import io
-    from llmrnn.errors import CheckFailed, InputError
+    from llmrnn.errors import CheckFailed
     from llmrnn.train import config as tcfg
 
     cfg = tcfg.normalize(_cfg(args))
-    if not args.out and not args.metrics:
-        raise InputError("train run: give --out DIR or --metrics DIR/metrics.jsonl")
-    out = Path(args.out) if args.out else Path(args.metrics).parent
-    if args.metrics and Path(args.metrics) != out / "metrics.jsonl":
-        raise InputError(f"train run: --metrics must be {out / 'metrics.jsonl'}")
     args.model = _model_dir(args.model)
-    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
     if args.preflight:
         pre = io.read_json(args.preflight)
         if not pre.get("ok", False):
             raise CheckFailed(f"{args.preflight}: preflight failed: " + "; ".join(pre.get("problems", [])))
-    os.environ["LLMRNN_AUDIT_DIR"] = str(out / "audit")
+    os.environ["LLMRNN_AUDIT_DIR"] = str(work / "audit")
     reward_cfg = (args.cfg or {}).get("reward")
     if reward_cfg is not None:  # the reward section travels with the train config (same scorer settings)
         os.environ["LLMRNN_REWARD_CFG"] = json.dumps(reward_cfg, sort_keys=True)
     if args.endpoint:
         os.environ["LLMRNN_JUDGE_ENDPOINT"] = str(args.endpoint)
     _assign_gpus(cfg, args.judge_gpus)
-    engine = args.engine or cfg["engine"]
-    if engine == "trl":
+    outputs = {"work_dir": str(work), "adapter_dir": args.adapter, "metrics_path": args.metrics}
+    if (args.engine or cfg["engine"]) == "trl":
         from llmrnn.train import trl_engine
 
-        summary = trl_engine.train(
-            cfg, args.train, args.val, args.model, out, reward_spec=args.reward_func or trl_engine.DEFAULT_REWARD
-        )
+        summary = trl_engine.train(cfg, args.train, args.val, args.model, **outputs,
+                                   reward_spec=args.reward_func or trl_engine.DEFAULT_REWARD)
     else:
         from llmrnn.train import verl_cmd
 
-        summary = verl_cmd.run(
-            cfg,
-            train_parquet=args.train,
-            val_parquet=args.val,
-            model_dir=args.model,
-            out_dir=str(out),
-            experiment_name=args.experiment or out.parent.name,
-            endpoint_file=args.endpoint,
-        )
-    from llmrnn.train.metrics import plot
-
-    if (out / "metrics.jsonl").exists():
-        plot(out / "metrics.jsonl", out / "plots")
-    io.write_json(out / "summary.json", summary)
+        summary = verl_cmd.run(cfg, train_parquet=args.train, val_parquet=args.val, model_dir=args.model, **outputs,
+                               experiment_name=args.experiment or work.parent.name, endpoint_file=args.endpoint)
+    io.write_json(args.summary, summary)
     return 0
 
 
@@ -123,14 +107,6 @@ def cmd_verl_cmd(args) -> int:
     return 0
 
 
-def cmd_plots(args) -> int:
-    from llmrnn.train.metrics import plot
-
-    for path in plot(args.metrics, args.out):
-        log.info("wrote %s", path)
-    return 0
-
-
 def register(sub) -> None:
     from llmrnn.cli import json_arg
 
@@ -143,10 +119,13 @@ def register(sub) -> None:
         q.add_argument("--val", default=None, help="val parquet")
         q.add_argument("--model", required=True, help="base model dir (HF, tokenizer with chat template)")
 
-    r = tsub.add_parser("run", help="train (resuming from the latest checkpoint) and write adapter/ + metrics")
+    r = tsub.add_parser("run", help="train (resuming from the latest checkpoint) and write the adapter, metrics and summary")
     common(r)
-    r.add_argument("--out", default=None, help="RUN/train directory (default: the folder of --metrics)")
-    r.add_argument("--metrics", default=None, help="RUN/train/metrics.jsonl (names the output folder)")
+    r.add_argument("--work-dir", required=True,
+                   help="checkpoints/, state/ and audit/ (kept across reruns, so a killed run resumes)")
+    r.add_argument("--adapter", required=True, help="output: the LoRA adapter folder")
+    r.add_argument("--metrics", required=True, help="output: metrics.jsonl (one row per step)")
+    r.add_argument("--summary", required=True, help="output: summary.json (steps, resume point, rows)")
     r.add_argument("--endpoint", default=None, help="judge endpoint.json (RUN/judge/endpoint.json)")
     r.add_argument("--preflight", default=None, help="preflight.json that must say ok")
     r.add_argument("--engine", choices=("verl", "trl"), default=None, help="override train.engine")
@@ -171,8 +150,3 @@ def register(sub) -> None:
     v.add_argument("--python", default=sys.executable)
     v.add_argument("--json", action="store_true", help="print the overrides as a JSON list")
     v.set_defaults(func=cmd_verl_cmd)
-
-    pl = tsub.add_parser("plots", help="reward/KL plots from metrics.jsonl")
-    pl.add_argument("--metrics", required=True)
-    pl.add_argument("--out", required=True)
-    pl.set_defaults(func=cmd_plots)
