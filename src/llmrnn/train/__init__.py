@@ -2,7 +2,6 @@
 
     llmrnn train run        --cfg JSON --train P --val P --model DIR --work-dir RUN/train --adapter D
                             --metrics F --summary F [--endpoint F] [--preflight F]
-    llmrnn train preflight  --cfg JSON --train P --val P --model DIR [--out F]     (training checks only)
     llmrnn train verl-cmd   --cfg JSON --train P --val P --model DIR --out-dir D   (print the main_ppo command)
 """
 
@@ -72,21 +71,6 @@ def cmd_run(args) -> int:
     return 0
 
 
-def cmd_preflight(args) -> int:
-    from llmrnn import io
-    from llmrnn.train.preflight import training_checks
-
-    result = training_checks(
-        _cfg(args), args.train, args.val, _model_dir(args.model), out_dir=args.out_dir, gpus_available=args.gpus
-    )
-    if args.out:
-        io.write_json(args.out, result)
-    for problem in result["problems"]:
-        log.error("preflight: %s", problem)
-    print(json.dumps(result, indent=2))
-    return 0 if result["ok"] else 3
-
-
 def cmd_verl_cmd(args) -> int:
     from llmrnn.train import verl_cmd
 
@@ -133,13 +117,6 @@ def register(sub) -> None:
     r.add_argument("--experiment", default=None, help="verl experiment name (default: run name)")
     r.add_argument("--judge-gpus", type=int, default=0, help="GPUs the judge holds on this node (taken last)")
     r.set_defaults(func=cmd_run)
-
-    q = tsub.add_parser("preflight", help="training checks: batch geometry, prompt lengths, LR, GPUs, disk")
-    common(q)
-    q.add_argument("--out", default=None, help="write the JSON result here")
-    q.add_argument("--out-dir", default=None, help="where checkpoints will go (free disk check)")
-    q.add_argument("--gpus", type=int, default=None, help="GPUs available (default: detect)")
-    q.set_defaults(func=cmd_preflight)
 
     v = tsub.add_parser("verl-cmd", help="print the verl main_ppo command built from the config")
     common(v)
