@@ -102,6 +102,7 @@ def eval_code_hash(step):
         modules += [
             "llmrnn.rnn",
             "llmrnn.backends",
+            "llmrnn.prefix_engine",
             "llmrnn.prompts",
             "llmrnn.jsonparse",
             "llmrnn.cohort",
