@@ -58,8 +58,9 @@ def all_targets():
     return [
         f"{RUN}/splits/splits.json",
         *trajectory_targets(),
-        f"{RUN}/train/preflight.json",
-        *rules.train_plots.output,  # called by rule all, after every rule file is included
+        # rules.X: all_targets is called by rule all, after every rule file is included
+        rules.preflight.output.report,
+        *rules.train_plots.output,
         *release_targets(),
         *eval_heldout_targets(),
     ]
