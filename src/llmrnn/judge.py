@@ -15,8 +15,8 @@ Engines (rubric `serving.engine`):
   transformers model on CPU) with /health, /v1/models, /v1/completions, /v1/chat/completions, Bearer
   auth, n, and logprobs/top_logprobs. It exists because the embedded default's small judge needs the
   probability-weighted digit score (G-Eval style) for input-dependent rewards, and `transformers serve`
-  rejects/ignores `logprobs`, `n` and has no API key (FINDINGS §6; transformers 5.23 lists them as
-  unsupported fields). Concurrent requests are batched (left-padded) into one generate call.
+  rejects/ignores `logprobs`, `n` and has no API key (transformers 5.23 lists them as unsupported
+  fields). Concurrent requests are batched (left-padded) into one generate call.
 - `transformers`: `transformers serve` (text scores only, no key enforcement); kept for completeness.
 
 Consumers call `wait_for_endpoint()` (the file may appear late or be stale: they poll health, with a

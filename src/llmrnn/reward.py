@@ -1,6 +1,7 @@
 """The GRPO reward: a rubric judge over HTTP, the reference's edge table, pairwise mode, outcome term.
 
-Entry points (DESIGN §4 / FINDINGS §5):
+Entry points (verl calls compute_score(data_source=, solution_str=, ground_truth=, extra_info=,
+**reward_kwargs) and accepts a float or a dict with "score"; TRL passes dataset columns as keywords):
 - `compute_score(data_source, solution_str, ground_truth, extra_info, **kw)`: verl's per-sample
   signature; returns a dict with "score" and diagnostics (parse_method, judge_latency_s, retries, ...).
 - `compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos, **kw)`: verl's batch
@@ -9,11 +10,12 @@ Entry points (DESIGN §4 / FINDINGS §5):
 
 Where the judge is: kwargs `endpoint_file=`, `rubric_file=`, `audit_dir=`, `reward_cfg=` (dict or JSON
 of config section `reward`), else env LLMRNN_JUDGE_ENDPOINT / LLMRNN_RUBRIC / LLMRNN_AUDIT_DIR /
-LLMRNN_REWARD_CFG. The rubric defaults to the one the endpoint file names; the audit dir defaults to
-RUN/train/audit beside RUN/judge/endpoint.json.
+LLMRNN_REWARD_CFG. The rubric defaults to the one the endpoint file names; the audit dir has no default
+(the caller names it: RUN/train/audit for training, RUN/train/preflight_audit for preflight).
 
 Scores:
-- policy output that is not a JSON object {"evolving_summary": "<text>"} -> 0.05, no judge call;
+- policy output that is not exactly a JSON object {"evolving_summary": "<text>"} (optionally in one
+  ```json fence; `jsonparse.parse_memory(strict=True)`) -> 0.05, no judge call;
 - scalar mode: judge answer -> rubric.parse_scalar (edge table: expected digit | Score: N | short
   digit | 0.5 fallback), scaled to (0, 1];
 - pairwise mode: candidate vs an opponent in both orders (A/B then B/A, cancelling position bias);
@@ -21,8 +23,8 @@ Scores:
   Per sample (verl) the opponent is the trajectory's reference memory h_ref; in batch functions with
   `pairwise_opponent: group` every valid candidate meets every other of its prompt group;
 - plus `outcome_epsilon` x the share of the next visit's ground-truth diagnoses that the CANDIDATE
-  memory mentions (normalised text match), so the term differs within a group (epsilon 0 reproduces
-  the reference);
+  memory mentions (`matching.anticipated_share`: the held-out matcher's normalisation), so the term
+  differs within a group (epsilon 0 reproduces the reference);
 - outcome mode (for a judge too weak to rank memories, e.g. the CPU demo's): no judge call; the score
   is that share alone, for the memory the forward pass would keep (jsonparse's lenient parser, so the
   reward and the eval's memory recall read the same h_t); output with no memory JSON scores 0.
@@ -39,7 +41,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -48,8 +49,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from llmrnn import jsonparse
 from llmrnn.errors import InputError
 from llmrnn.judge import Endpoint, JudgeClient, wait_for_endpoint
+from llmrnn.matching import anticipated_share
 from llmrnn.rubric import (
     FALLBACK_SCORE,
     JudgeRequest,
@@ -62,10 +65,10 @@ from llmrnn.rubric import (
     response_text,
     scalar_request,
 )
+from llmrnn.trajectories import DATA_SOURCE
 
 log = logging.getLogger(__name__)
 
-DATA_SOURCE = "llm_as_rnn_memory_update"
 ENV_ENDPOINT = "LLMRNN_JUDGE_ENDPOINT"
 ENV_RUBRIC = "LLMRNN_RUBRIC"
 ENV_AUDIT = "LLMRNN_AUDIT_DIR"
@@ -117,46 +120,8 @@ class RewardConfig:
 
 
 # ----------------------------------------------------------------------------- policy output + outcome
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL | re.IGNORECASE)
-
-
-def parse_memory(solution_str: str) -> str | None:
-    """The evolving summary if the policy output is a JSON object {"evolving_summary": str}, else None.
-
-    The whole output (optionally inside one ```json fence) must be that object: prose around it is
-    invalid, as in the reference ("policy output is not valid JSON -> 0.05")."""
-    if not isinstance(solution_str, str):
-        return None
-    text = solution_str.strip()
-    fenced = _FENCE.match(text)
-    if fenced:
-        text = fenced.group(1)
-    try:
-        obj = json.loads(text)
-    except (json.JSONDecodeError, ValueError):
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("evolving_summary"), str):
-        return None
-    return obj["evolving_summary"]
-
-
-def normalise(text: str) -> str:
-    return " ".join(re.sub(r"[^a-z0-9]+", " ", str(text).lower()).split())
-
-
-OUTCOME_STOPWORDS = frozenset(["a", "an", "and", "of", "on", "the", "to", "in", "with", "for", "due", "from", "at", "by", "or"])
-
-
-def outcome_share(memory: str, diagnoses: list[str] | None) -> float:
-    """How much of the next visit's ground-truth diagnoses the memory anticipates: per diagnosis, the share
-    of its words the memory mentions (normalised, whole words, stop words ignored), averaged. Partial
-    credit keeps the signal graded, so candidates of one group rarely tie (GRPO needs differences)."""
-    words_of = [[w for w in normalise(d).split() if w not in OUTCOME_STOPWORDS] for d in diagnoses or []]
-    words_of = [w for w in words_of if w]
-    if not words_of:
-        return 0.0
-    present = set(normalise(memory).split())
-    return sum(sum(w in present for w in words) / len(words) for words in words_of) / len(words_of)
+# The next visit's diagnoses the candidate memory anticipates, matched as the held-out judge matches.
+outcome_share = anticipated_share
 
 
 def _step(ground_truth: Any) -> dict:
@@ -212,14 +177,12 @@ class JudgeCall:
 class Scorer:
     """Judge endpoint + rubric + thread pool + request cache + audit, shared by all entry points."""
 
-    def __init__(self, endpoint_file: str | Path, rubric_file: str | Path | None = None,
-                 audit_dir: str | Path | None = None, cfg: RewardConfig | None = None):
+    def __init__(self, endpoint_file: str | Path, rubric_file: str | Path | None,
+                 audit_dir: str | Path, cfg: RewardConfig | None = None):
         self.cfg = cfg or RewardConfig()
         self.endpoint_file = Path(endpoint_file)
         self.endpoint: Endpoint = wait_for_endpoint(self.endpoint_file, self.cfg.health_timeout_s)
         self.rubric: Rubric = load_rubric(rubric_file or self.endpoint.rubric)
-        if audit_dir is None:
-            audit_dir = self.endpoint_file.resolve().parent.parent / "train" / "audit"
         self.audit = AuditLog(audit_dir)
         self.client = JudgeClient(
             self.endpoint, timeout_s=self.cfg.timeout_s, retries=self.cfg.retries,
@@ -298,7 +261,9 @@ class Scorer:
         prepared = []
         for s in samples:
             step = _step(s["ground_truth"])
-            memory = parse_memory(s["solution_str"])
+            # strict, as in the reference: prose around the JSON is invalid policy output (0.05)
+            text = s["solution_str"] if isinstance(s["solution_str"], str) else None
+            memory = jsonparse.parse_memory(text, strict=True)[0]
             prepared.append({"step": step, "memory": memory, "sample": s})
         plan: list[tuple[int, JudgeRequest, bool]] = []  # (sample index, request, candidate is A)
         if self.cfg.mode == "outcome":
@@ -360,8 +325,6 @@ class Scorer:
             # Outcome-only (for a judge too weak to rank memories): score = the share of the next visit's
             # diagnoses named by the memory the forward pass would carry (its lenient parser: the eval's
             # memory recall reads the same h_t); output with no memory JSON scores 0, below any memory.
-            from llmrnn import jsonparse
-
             memory, _ = jsonparse.parse_memory(s["solution_str"])
             result["valid_json"] = memory is not None
             result["outcome"] = outcome_share(memory, step.get("next_ground_truth_diagnoses")) if memory else 0.0
@@ -417,7 +380,9 @@ def get_scorer(endpoint_file: str | None = None, rubric_file: str | None = None,
     if not endpoint_file:
         raise InputError(f"reward: no judge endpoint: pass endpoint_file= or set {ENV_ENDPOINT}")
     rubric_file = rubric_file or os.environ.get(ENV_RUBRIC) or None
-    audit_dir = audit_dir or os.environ.get(ENV_AUDIT) or None
+    audit_dir = audit_dir or os.environ.get(ENV_AUDIT)
+    if not audit_dir:  # every judge call is audited: the caller says where (train: RUN/train/audit)
+        raise InputError(f"reward: no audit directory: pass audit_dir= or set {ENV_AUDIT}")
     cfg = RewardConfig.from_any(reward_cfg if reward_cfg is not None else os.environ.get(ENV_CFG))
     key = (str(endpoint_file), str(rubric_file), str(audit_dir), json.dumps(asdict(cfg), sort_keys=True), os.getpid())
     with _SCORERS_LOCK:
@@ -428,10 +393,13 @@ def get_scorer(endpoint_file: str | None = None, rubric_file: str | None = None,
     return scorer
 
 
-def reward_env(endpoint_file: str, audit_dir: str, reward_cfg: dict | None = None,
+def reward_env(endpoint_file: str | os.PathLike | None, audit_dir: str | os.PathLike, reward_cfg: dict | None = None,
                rubric_file: str | None = None) -> dict[str, str]:
-    """Environment variables that point compute_score / trl_reward_func at the judge (for train)."""
-    env = {ENV_ENDPOINT: str(endpoint_file), ENV_AUDIT: str(audit_dir)}
+    """Environment variables that point compute_score / trl_reward_func at the judge (for train; verl's
+    reward workers inherit them). Only what is given is set."""
+    env = {ENV_AUDIT: str(audit_dir)}
+    if endpoint_file:
+        env[ENV_ENDPOINT] = str(endpoint_file)
     if reward_cfg is not None:
         env[ENV_CFG] = json.dumps(reward_cfg, sort_keys=True)
     if rubric_file:

@@ -6,7 +6,7 @@ max_model_len, gpu_memory_utilization, dtype). The judge server rule and the rew
 so they cannot drift apart (the reference kept rubric + model + serving in one YAML for that reason).
 
 This module loads and validates a rubric (omegaconf; an unknown key is an error), renders judge
-requests from a TrajectoryStep, and parses judge answers by the reference's edge table (DESIGN §4):
+requests from a TrajectoryStep, and parses judge answers by the reference's edge table:
 
 | condition                                         | score                    | parse_method   |
 |---------------------------------------------------|--------------------------|----------------|
@@ -171,7 +171,7 @@ def load_rubric(path: str | Path) -> Rubric:
     if request.score_method == "expected" and serving.engine == "transformers":
         raise InputError(
             f"{p}: request.score_method: expected needs logprobs, which `transformers serve` ignores "
-            "(FINDINGS §6); use serving.engine: llmrnn or vllm"
+            "(transformers 5.23 lists logprobs as unsupported); use serving.engine: llmrnn or vllm"
         )
     if request.temperature != 0:
         raise InputError(f"{p}: request.temperature: the judge samples greedily (0), got {request.temperature}")
