@@ -183,7 +183,7 @@ def test_changed_config_starts_over_instead_of_resuming(tmp_path, tiny_model_dir
 def test_json_close_tokens_end_a_memory_rollout(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from llmrnn.reward import parse_memory
+    from llmrnn.jsonparse import parse_memory
     from llmrnn.train.trl_engine import json_close_token_ids
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -193,4 +193,4 @@ def test_json_close_tokens_end_a_memory_rollout(tiny_model_dir):
     # a rollout cut right after its first stop token is exactly the memory JSON the reward parses
     ids = tok('{"evolving_summary": "copd; chf"} and then some prose {"x": "y"}', add_special_tokens=False)["input_ids"]
     first = next(k for k, i in enumerate(ids) if i in stops)
-    assert parse_memory(tok.decode(ids[: first + 1])) == "copd; chf"
+    assert parse_memory(tok.decode(ids[: first + 1]), strict=True)[0] == "copd; chf"
