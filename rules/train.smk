@@ -37,7 +37,8 @@ rule train_grpo:
         runtime=config["train"]["resources"]["runtime"],
         cpus_per_task=config["train"]["resources"]["cpus_per_task"],
     params:
-        cfg=cfg_json("train", "reward"),
+        # preflight: its max_fallback_rate/fallback_window also guard the reward during training
+        cfg=cfg_json("train", "reward", "preflight"),
         judge_gpus=judge_gpus(),
         code=code_hash(
             "llmrnn.train",
@@ -49,7 +50,9 @@ rule train_grpo:
             "llmrnn.train.verl_cmd",
             "llmrnn.reward",
             "llmrnn.rubric",
-            "llmrnn.judge",
+            "llmrnn.judge.client",
+            "llmrnn.retry",
+            "llmrnn.preflight",
         ),
     shell:
         "llmrnn train run --cfg {params.cfg:q} --train {input.train} --val {input.val} "

@@ -15,15 +15,8 @@ import httpx
 import pytest
 
 from llmrnn.errors import CheckFailed
-from llmrnn.judge import (
-    Endpoint,
-    JudgeClient,
-    JudgeRequestError,
-    JudgeUnavailable,
-    free_port,
-    server_command,
-    wait_for_endpoint,
-)
+from llmrnn.judge.client import Endpoint, JudgeClient, JudgeRequestError, JudgeUnavailable, wait_for_endpoint
+from llmrnn.judge.launcher import NotOurServer, free_port, readiness, server_command
 from llmrnn.reward import compute_score
 from llmrnn.rubric import load_rubric
 from tests.judge_helpers import REPO, ScriptedJudge, make_step, memory, write_endpoint, write_rubric
@@ -60,7 +53,7 @@ def test_real_cpu_judge_server_end_to_end(tmp_path, tiny_model_dir):
         # server answers; wait_for_endpoint returns only a ready, healthy endpoint.
         ep = wait_for_endpoint(endpoint, timeout_s=120, poll_s=0.2)
         data = json.loads(endpoint.read_text())
-        assert data["status"] == "ready" and "judge healthy" in log.read_text()
+        assert data["status"] == "ready" and "judge ready at" in log.read_text()
         assert data["url"].startswith("http://127.0.0.1:") and data["url"].endswith("/v1")
         assert data["model"] == "judge" and data["rubric"] == str(rubric) and data["pid"] != launcher.pid
         key_file = Path(data["api_key_file"])
@@ -73,19 +66,22 @@ def test_real_cpu_judge_server_end_to_end(tmp_path, tiny_model_dir):
         assert httpx.get(f"{ep.url}/models").status_code == 401
         assert httpx.get(f"{ep.url}/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
         client = JudgeClient(ep, timeout_s=60, retries=0)
-        payload, _, _ = client.post("/completions", {"model": "judge", "prompt": "Score:", "max_tokens": 2,
-                                                     "temperature": 0, "logprobs": 5})
-        lp = payload["choices"][0]["logprobs"]
-        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) >= 1
-        assert all(len(top) == 5 for top in lp["top_logprobs"])
         payload, _, _ = client.post("/chat/completions", {
-            "model": "judge", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0,
+            "model": "judge", "messages": [{"role": "user", "content": "Rate it"}, {"role": "assistant",
+                                                                                   "content": "Score:"}],
+            "continue_final_message": True, "add_generation_prompt": False, "max_tokens": 3, "temperature": 0,
             "logprobs": True, "top_logprobs": 3, "n": 2})
         assert len(payload["choices"]) == 2
-        entry = payload["choices"][0]["logprobs"]["content"][0]
-        assert entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 3
+        assert payload["choices"][0]["message"]["content"] == payload["choices"][1]["message"]["content"]
+        entries = payload["choices"][0]["logprobs"]["content"]
+        assert entries and all(e["logprob"] <= 0 and len(e["top_logprobs"]) == 3 for e in entries)
+        # greedy: each answer token is the most likely one at its position (teacher-forced logprobs agree)
+        assert all(e["top_logprobs"][0]["logprob"] >= e["logprob"] - 1e-4 for e in entries)
         with pytest.raises(JudgeRequestError, match="max_model_len"):
-            client.post("/completions", {"model": "judge", "prompt": "word " * 5000, "max_tokens": 2})
+            client.post("/chat/completions", {"model": "judge", "messages": [{"role": "user", "content": "word " * 5000}],
+                                              "max_tokens": 2})
+        with pytest.raises(JudgeRequestError, match="HTTP 404"):  # raw-prompt completions: vLLM only
+            client.post("/completions", {"model": "judge", "prompt": "Score:", "max_tokens": 2})
         client.close()
 
         # Score rows through the reward, concurrently; audit file is 0600 with the full record.

@@ -119,7 +119,7 @@ FAKE_MAIN_PPO = textwrap.dedent(
     for step in range(start + 1, total + 1):
         with open(os.path.join(args["trainer.rollout_data_dir"], f"{step}.jsonl"), "w") as fh:
             for s, fb in ((0.2, 0.0), (0.6, 1.0)):
-                fh.write(json.dumps({"score": s, "parse_fallback": fb, "step": step}) + "\\n")
+                fh.write(json.dumps({"score": s, "parse_fallback": fb, "valid_json": 1.0, "step": step}) + "\\n")
         data = {"critic/score/mean": 0.4, "actor/kl_loss": 0.01 * step, "actor/entropy": 1.0,
                 "response_length/mean": 50, "actor/pg_clipfrac": 0.0, "actor/grad_norm": 0.5,
                 "actor/lr": float(args["actor_rollout_ref.actor.optim.lr"]), "timing_s/step": 2.0}

@@ -37,6 +37,17 @@ def _model_dir(path: str) -> str:
     return str(p.parent) if p.name == ".ready" else str(p)
 
 
+def _guard_fallbacks(cfg: dict, audit_dir: Path) -> None:
+    """Turn on the reward's fallback guard for this run (every scoring process inherits the environment)
+    with the preflight's threshold, and forget the stop reason of an earlier attempt."""
+    from llmrnn.preflight import PreflightConfig
+    from llmrnn.reward import STOP_REASON_FILE, guard_env
+
+    pre = PreflightConfig.from_dict(cfg.get("preflight"))
+    os.environ.update(guard_env(pre.max_fallback_rate, pre.fallback_window))
+    (audit_dir / STOP_REASON_FILE).unlink(missing_ok=True)
+
+
 def cmd_run(args) -> int:
     from llmrnn import io
     from llmrnn.errors import CheckFailed, InputError
@@ -55,6 +66,7 @@ def cmd_run(args) -> int:
         if not pre.get("ok", False):
             raise CheckFailed(f"{args.preflight}: preflight failed: " + "; ".join(pre.get("problems", [])))
     os.environ["LLMRNN_AUDIT_DIR"] = str(out / "audit")
+    _guard_fallbacks(args.cfg or {}, out / "audit")
     reward_cfg = (args.cfg or {}).get("reward")
     if reward_cfg is not None:  # the reward section travels with the train config (same scorer settings)
         os.environ["LLMRNN_REWARD_CFG"] = json.dumps(reward_cfg, sort_keys=True)
