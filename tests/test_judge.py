@@ -62,7 +62,7 @@ def test_real_cpu_judge_server_end_to_end(tmp_path, tiny_model_dir):
         # server answers; wait_for_endpoint returns only a ready, healthy endpoint.
         ep = wait_for_endpoint(endpoint, timeout_s=120, poll_s=0.2)
         data = json.loads(endpoint.read_text())
-        assert data["status"] == "ready" and "judge ready at" in log.read_text()
+        assert data["status"] == "ready" and "judge healthy at" in log.read_text()
         assert data["url"].startswith("http://127.0.0.1:") and data["url"].endswith("/v1")
         assert data["model"] == "judge" and data["rubric"] == str(rubric) and data["pid"] != launcher.pid
         key_file = Path(data["api_key_file"])

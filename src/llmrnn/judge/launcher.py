@@ -219,7 +219,7 @@ def run_server(rubric_path: str, endpoint_file: str, startup_timeout_s: float | 
                            startup_timeout_s or rubric.serving.startup_timeout_s):
             return 0
         pub.write(status="ready")
-        log.info("judge ready at %s/v1 (model %s); endpoint %s", base_url, served_name, pub.path)
+        log.info("judge healthy at %s/v1 (model %s); endpoint %s is ready", base_url, served_name, pub.path)
         _serve_until_stopped(proc, pub, stop)
         return 0
     finally:
