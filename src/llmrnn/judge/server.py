@@ -107,16 +107,17 @@ class Engine:
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         model = self.backend.model
+        keep = max(len(a) for a in answers) + 1  # only the answer positions need the vocabulary projection
         with torch.inference_mode():
             logits = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
-                           position_ids=positions.to(model.device)).logits.float()
+                           position_ids=positions.to(model.device), logits_to_keep=keep).logits.float()
         out = []
         for i, answer in enumerate(answers):
             entries = []
             for step, tid in enumerate(answer):
-                # the logits at position t predict token t+1: the answer's step-th token is predicted by
-                # the position just before it (left padding shifts every row to end at `width`)
-                lp = torch.log_softmax(logits[i, width - len(answer) - 1 + step], dim=-1)
+                # position t predicts token t+1: the answer's step-th token comes from the position before
+                # it; rows end together (left padding), and `logits` holds the last `keep` positions
+                lp = torch.log_softmax(logits[i, keep - len(answer) - 1 + step], dim=-1)
                 top = torch.topk(lp, k=max(1, top_k))
                 entries.append({"token": self.tok.decode([tid]), "logprob": float(lp[tid]),
                                 "top": [(self.tok.decode([int(t)]), float(v)) for v, t in zip(top.values, top.indices)]})
