@@ -312,6 +312,13 @@ def check_profile_gpus(config: dict, train_cfg: dict) -> list[str]:
     return problems
 
 
+def check_gpu_stack(config: dict) -> list[str]:
+    """verl/vLLM releases installed here that the config cannot use; more than one training node."""
+    from llmrnn.gpu_stack import stack_problems
+
+    return stack_problems(config)
+
+
 def check_upload(config: dict) -> list[str]:
     rel = config.get("release") or {}
     if not rel.get("upload"):
@@ -352,6 +359,7 @@ CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
     ("models", check_models),
     ("judge", check_judge),
     ("training", check_training),
+    ("gpu stack", check_gpu_stack),
     ("upload", check_upload),
 ]
 

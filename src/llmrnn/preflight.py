@@ -247,7 +247,7 @@ def run_preflight(train_parquet: str, endpoint_file: str, out: str, audit_dir: s
     training = training_part({
         "train_cfg": cfg.get("train"), "train_parquet": train_parquet, "val_parquet": val_parquet,
         "tokenizer_dir": tokenizer_dir, "out_dir": str(Path(out).parent), "endpoint_file": endpoint_file,
-        "judge_report": judge_report,
+        "judge_report": judge_report, "check_gpus": False,  # a 0-GPU job step: `train run` counts them
     })
     problems, warnings = [], []
     (problems if pcfg.on_problem == "fail" else warnings).extend(judge_problems)

@@ -62,6 +62,12 @@ def cmd_run(args) -> int:
         os.environ["LLMRNN_JUDGE_ENDPOINT"] = str(args.endpoint)
     _assign_gpus(cfg, args.judge_gpus)
     engine = args.engine or cfg["engine"]
+    if engine == "verl":  # here, in the job that holds the GPUs (preflight's step holds none)
+        from llmrnn import gpu_stack
+        from llmrnn.train.preflight import visible_gpus
+
+        gpu_stack.require_verl()
+        gpu_stack.require_gpus(cfg["n_gpus_per_node"], visible_gpus())
     if engine == "trl":
         from llmrnn.train import trl_engine
 

@@ -12,6 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
+from llmrnn.gpu_stack import checkpoint_disk_gb
 from llmrnn.train import config as tcfg
 from llmrnn.train import data as tdata
 
@@ -46,8 +47,12 @@ def training_checks(
     out_dir: str | os.PathLike | None = None,
     gpus_available: int | None = None,
     max_dropped_fraction: float = 0.0,
+    check_gpus: bool = True,
 ) -> dict:
-    """Batch geometry, prompt lengths vs max_prompt_length, LR schedule, GPUs, free disk."""
+    """Batch geometry, prompt lengths vs max_prompt_length, LR schedule, GPUs, free disk.
+
+    check_gpus=False where the caller holds no GPU by design (the preflight step of the training group):
+    `train run` counts them itself before verl starts."""
     from transformers import AutoTokenizer
 
     cfg = tcfg.normalize(train_cfg)
@@ -125,7 +130,9 @@ def training_checks(
     need = 0 if engine == "trl" else cfg["n_gpus_per_node"]
     have = visible_gpus() if gpus_available is None else int(gpus_available)
     gpus = {"engine": engine, "requested_per_node": need, "nnodes": cfg["nnodes"], "available_here": have}
-    if engine == "verl" and have < need:
+    if not check_gpus:
+        gpus["checked_by"] = "train run (the training job)"
+    elif engine == "verl" and have < need:
         problems.append(
             f"train.n_gpus_per_node={need} but {have} GPU(s) are visible here (verl cannot train on CPU; "
             "use train.engine: trl, or run on a GPU node)"
@@ -138,11 +145,17 @@ def training_checks(
         probe = probe.parent
     free_gb = shutil.disk_usage(probe).free / 1e9
     disk = {"path": str(target), "free_gb": round(free_gb, 2), "min_free_gb": cfg["min_free_disk_gb"]}
-    if free_gb < float(cfg["min_free_disk_gb"]):
-        problems.append(
-            f"only {free_gb:.1f} GB free at {probe}; train.min_free_disk_gb={cfg['min_free_disk_gb']} needed for "
-            "checkpoints"
-        )
+    need_gb, why = float(cfg["min_free_disk_gb"]), f"train.min_free_disk_gb={cfg['min_free_disk_gb']}"
+    if engine == "verl":  # verl's checkpoints hold the full fp32 actor: sized from the model, not a constant
+        ckpt_gb, kept = checkpoint_disk_gb(tokenizer_dir, cfg["keep_last"], planned, cfg["save_freq"])
+        disk.update(checkpoints_kept=kept, checkpoints_gb=ckpt_gb)
+        if ckpt_gb > need_gb:
+            need_gb, why = ckpt_gb, (f"{kept} checkpoint(s) kept (train.keep_last={cfg['keep_last']}) x "
+                                     f"{ckpt_gb / kept:.1f} GB (fp32 weights of {tokenizer_dir})")
+    disk["min_free_gb"] = need_gb
+    if free_gb < need_gb:
+        problems.append(f"only {free_gb:.1f} GB free at {probe}; {need_gb:.1f} GB needed for {why}: free disk "
+                        "or set train.keep_last")
 
     return {
         "ok": not problems,
