@@ -12,7 +12,7 @@ rule judge_server:
     log:
         f"{LOGS}/judge_server.log",
     conda:
-        "../envs/vllm.yaml" if judge_gpus() else "../envs/cpu.yaml"
+        conda_env("judge")
     # 0: the service must not take the cores its consumers (same group) need; `-n --cores 1` stays valid.
     threads: 0
     resources:
@@ -42,7 +42,7 @@ rule preflight:
     log:
         f"{LOGS}/preflight.log",
     conda:
-        "../envs/cpu.yaml"
+        conda_env("cpu")
     # 0: preflight mostly waits on the judge; it shares the service group with train_grpo, whose cores
     # count (llmrnn runs a 0-thread job single-threaded: cli.sanitize_thread_env).
     threads: 0

@@ -31,7 +31,7 @@ rule eval_plots:
     log:
         f"{LOGS}/eval/plots.log",
     conda:
-        "../envs/data.yaml"
+        conda_env("data")
     params:
         outdir=lambda w, output: os.path.dirname(output.bars),
         train=eval_train_metrics_arg(),

@@ -220,6 +220,10 @@ def check_judge(config: dict) -> list[str]:
         if rubric.model not in models:
             return [f"{what}: {rubric.model} is not a model in the config's `models` section"]
         return []
+    from llmrnn.judge import judge_model_dir
+
+    if (judge_model_dir(rubric) / ".ready").is_file():  # prepare_judge_model already made the local copy
+        return []
     if rubric.model_source == "path":
         p = Path(rubric.model)
         return [] if p.is_dir() else [f"{what}: folder {rubric.model} does not exist"]

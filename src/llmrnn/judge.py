@@ -30,6 +30,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -237,21 +238,44 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def resolve_model(rubric: Rubric) -> str:
-    """Where the server loads the judge model from: a local model dir, a path, or a hub id (vLLM)."""
-    if rubric.model_source == "hub":
-        return rubric.model
+JUDGE_MODELS_ROOT = Path("resources/judge_models")
+
+
+def judge_model_dir(rubric: Rubric) -> Path:
+    """The local copy the server loads: resources/models/<name> for `source: local` (prepare_base_model),
+    the folder itself for `source: path`, resources/judge_models/<slug> for `source: hub`
+    (prepare_judge_model downloads it once)."""
+    if rubric.model_source == "local":
+        from llmrnn.models import model_dir
+
+        return Path(model_dir(rubric.model))
     if rubric.model_source == "path":
-        path = Path(rubric.model)
-    else:
-        try:
-            from llmrnn.models import model_dir  # TRAJ's helper (contract: resources/models/<name>)
-        except ImportError:
-            path = Path("resources/models") / rubric.model
-        else:
-            path = Path(model_dir(rubric.model))
+        return Path(rubric.model)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "--", rubric.model.strip("/")).strip("-.") or "judge"
+    return JUDGE_MODELS_ROOT / slug
+
+
+def prepare_judge_model(rubric_path: str, marker: str | Path) -> dict:
+    """Download a `source: hub` judge model (HF_TOKEN from the environment for gated repos)."""
+    from llmrnn.models import READY, prepare_model
+
+    rubric = load_rubric(rubric_path)
+    if rubric.model_source != "hub":
+        raise InputError(f"{rubric.path}: judge.source {rubric.model_source}: {rubric.model} is no Hub model; "
+                         "nothing to download")
+    want = judge_model_dir(rubric) / READY
+    if Path(marker) != want:
+        raise InputError(f"--out {marker}: the judge model of {rubric.path} goes to {want}")
+    return prepare_model("judge", {"source": "hub", "repo_id": rubric.model}, marker)
+
+
+def resolve_model(rubric: Rubric) -> str:
+    """The local folder the server loads the judge model from (never a hub id: the server runs offline)."""
+    path = judge_model_dir(rubric)
     if not (path / "config.json").is_file():
-        raise InputError(f"{rubric.path}: judge.model: {path} is not a HF model directory (no config.json)")
+        made_by = {"local": "; prepare_base_model makes it", "hub": "; prepare_judge_model downloads it"}
+        raise InputError(f"{rubric.path}: judge.model: {path} is not a HF model directory (no config.json)"
+                         f"{made_by.get(rubric.model_source, '')}")
     return str(path)
 
 
@@ -354,7 +378,7 @@ def run_server(rubric_path: str, endpoint_file: str, startup_timeout_s: float | 
     port = rubric.serving.port or free_port(rubric.serving.host)
     argv, extra_env, served_name = server_command(rubric, model, port, key_path)
     env = dict(os.environ, **extra_env)
-    env.setdefault("HF_HUB_OFFLINE", "1")
+    env["HF_HUB_OFFLINE"] = "1"  # only the local copy (prepare_judge_model / prepare_base_model)
     if rubric.needs_gpu:
         from llmrnn.gpus import assign
 
@@ -698,6 +722,11 @@ def _cmd_serve(args) -> int:
                  args.max_model_len, args.dtype)
 
 
+def _cmd_prepare_model(args) -> int:
+    prepare_judge_model(args.rubric, args.out)
+    return 0
+
+
 def _cmd_wait(args) -> int:
     ep = wait_for_endpoint(args.endpoint, args.timeout)
     print(ep.url)
@@ -725,6 +754,11 @@ def register(sub) -> None:
     v.add_argument("--max-model-len", type=int, default=4096)
     v.add_argument("--dtype", default="float32")
     v.set_defaults(func=_cmd_serve)
+
+    m = jsub.add_parser("prepare-model", help="download the rubric's judge model (source: hub) once")
+    m.add_argument("--rubric", required=True, help="config/rubrics/<x>.yaml")
+    m.add_argument("--out", required=True, help="output: resources/judge_models/<slug>/.ready")
+    m.set_defaults(func=_cmd_prepare_model)
 
     w = jsub.add_parser("wait", help="wait until the endpoint is healthy; print its URL")
     w.add_argument("--endpoint", required=True)

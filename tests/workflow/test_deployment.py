@@ -1,6 +1,7 @@
-"""The apptainer route of profiles/slurm: a real Snakemake run with `--sdm apptainer` and the profile's
-apptainer-args, with a recording FAKE `apptainer` on PATH (tests/fake_bin/apptainer; no container runtime
-here). The recorded `apptainer exec` has `--nv` (GPUs inside) and binds the HF cache as HF_HOME."""
+"""Software deployment on a cluster, without its runtimes (FAKE `apptainer` and `conda` from tests/fake_bin):
+- apptainer: a real Snakemake run with `--sdm apptainer` and profiles/slurm's apptainer-args; the recorded
+  `apptainer exec` has `--nv` (GPUs inside) and binds the HF cache as HF_HOME;
+- conda: the envs/*.yaml Snakemake plans for each job (rules/common.smk conda_env)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,22 @@ def test_apptainer_exec_gets_nv_and_the_hf_cache(workflow_dir, tmp_path, monkeyp
     assert f"HF_HOME={hf_home}" in argv
     assert str(image) in argv
     assert "llmrnn check: OK" in (workflow_dir / "logs" / "demo" / "check.log").read_text()
+
+
+def _conda_envs(workflow_dir, monkeypatch, *args: str) -> set[str]:
+    monkeypatch.setenv("PATH", f"{REPO / 'tests' / 'fake_bin'}{os.pathsep}{os.environ['PATH']}")
+    proc = snakemake(workflow_dir, "--list-conda-envs", *args)
+    return {line.split()[0] for line in proc.stdout.splitlines() if line.startswith("envs/")}
+
+
+def test_eval_shard_gets_the_vllm_env_when_the_roles_use_vllm(workflow_dir, monkeypatch):
+    from tests.slurm.test_profile import _prepare_reproduce_inputs
+
+    _prepare_reproduce_inputs(workflow_dir)
+    shard = "results/phase1_v2judge_repro/eval/base/shard_0.jsonl"  # upstream: split (data), models (cpu)
+    assert _conda_envs(workflow_dir, monkeypatch, "--configfile", "config/reproduce.yaml", "--", shard) == {
+        "envs/data.yaml", "envs/cpu.yaml", "envs/vllm.yaml"}
+    assert "envs/verl.yaml" in _conda_envs(workflow_dir, monkeypatch, "--configfile", "config/reproduce.yaml")
+    # the embedded default: transformers backend and TRL, no GPU env anywhere
+    assert _conda_envs(workflow_dir, monkeypatch, "--", "results/demo/eval/base/shard_0.jsonl") == {
+        "envs/data.yaml", "envs/cpu.yaml"}
