@@ -3,7 +3,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import shlex
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -45,6 +44,11 @@ def raw_cohort_path(wildcards):
     source = config["cohort"]["source"]
     if source == "synthetic":
         return "resources/cohort/synthetic.json"
+    if "{" in source or "}" in source:
+        raise WorkflowError(
+            f"cohort.source: {source!r} contains a brace, which Snakemake reads as a wildcard; "
+            "rename the file or its folder"
+        )
     if not Path(source).exists():
         raise WorkflowError(
             f"cohort.source: {source} does not exist. Expected a JSON list of patients in the LLM-as-RNN "
@@ -52,6 +56,15 @@ def raw_cohort_path(wildcards):
             "build the file from your own PhysioNet copy, or set cohort.source: synthetic."
         )
     return source
+
+
+def raw_cohort_sha256(wildcards):
+    """params of clean_cohort: the user's cohort by content, so a replaced file reruns cleaning (and
+    splits) even when its mtime is older; None for the synthetic cohort (synth_cohort's params rerun it).
+    """
+    from llmrnn.cohort import source_sha256
+
+    return source_sha256(config["cohort"]["source"])
 
 
 def all_targets():
@@ -104,9 +117,10 @@ def eval_code_hash(step):
             "llmrnn.prompts",
             "llmrnn.jsonparse",
             "llmrnn.cohort",
+            "llmrnn.trajectories",
         ]
     if step == "grade" and config["eval"]["final_judge"]["mode"] == "llm":
-        modules += ["llmrnn.backends"]
+        modules += ["llmrnn.backends", "llmrnn.jsonparse"]
     return code_hash(*modules)
 
 
@@ -139,11 +153,10 @@ def eval_shard_inputs(wildcards):
 
 
 def eval_memory_arg(wildcards):
-    return (
-        f"--memory-model {eval_trained_model()}"
-        if wildcards.variant == "trained"
-        else ""
-    )
+    """Arguments as a list, so `{params.memory:q}` quotes each one."""
+    if wildcards.variant == "trained":
+        return ["--memory-model", eval_trained_model()]
+    return []
 
 
 def eval_shard_files(kind):
@@ -161,7 +174,8 @@ def eval_train_metrics():
 
 
 def eval_train_metrics_arg():
-    return " ".join(f"--train-metrics {p}" for p in eval_train_metrics())
+    """Arguments as a list, so `{params.train:q}` quotes each one."""
+    return [arg for p in eval_train_metrics() for arg in ("--train-metrics", p)]
 
 
 def eval_heldout_targets():
@@ -206,7 +220,7 @@ def train_gpus():
 
 
 def train_threads():
-    """TRL on CPU uses train.trl.num_threads (1 is fastest for small models: FINDINGS §1)."""
+    """TRL on CPU uses train.trl.num_threads (1 thread: 0.13-0.17 s per tiny GRPO step; 2: 0.14-9.7 s)."""
     t = config["train"]
     if t["engine"] == "trl":
         return t["trl"]["num_threads"]
@@ -259,23 +273,6 @@ def role_model_markers():
         and is_model_name(role["model"])
     }
     return [model_ready(n) for n in sorted(names)]
-
-
-def memory_model_dir():
-    """The base memory model (roles.memory.model): the policy GRPO trains and eval's `base` variant."""
-    ref = config["roles"]["memory"]["model"]
-    return f"{MODELS}/{ref}" if is_model_name(ref) else ref
-
-
-def memory_model_inputs():
-    """The memory model as an input of rules (its .ready marker, or the folder itself for a path)."""
-    ref = config["roles"]["memory"]["model"]
-    return [model_ready(ref)] if is_model_name(ref) else [ref]
-
-
-def model_folder(path):
-    """The HF folder of a model input (a .ready marker or the folder itself)."""
-    return os.path.dirname(path) if os.path.basename(path) == ".ready" else path
 
 
 def trajectories_cfg_json():
@@ -334,9 +331,10 @@ RELEASE_KNOB_SECTIONS = (
 NOT_A_KNOB = ("resources", "threads")
 
 
-def merge_base_input():
-    """The base the adapter is merged into: the memory model's .ready marker (a configured name) or its
-    folder (a path); `llmrnn merge run --base` takes either."""
+def memory_model_input():
+    """The base memory model (roles.memory.model) as an input of rules; its .ready marker (a configured name)
+    or its folder (a path); the CLI takes either (llmrnn.models.model_folder). It is the policy GRPO
+    trains, the base the adapter is merged into and eval's `base` variant."""
     ref = config["roles"]["memory"]["model"]
     return model_ready(ref) if is_model_name(ref) else ref
 
@@ -345,12 +343,10 @@ def merge_cfg_json():
     """params of merge_model: the merge knobs (not resources) + the LoRA rank/alpha training asked for
     (the adapter is checked against them; an alpha of 0 is repaired from them)."""
     merge = {k: v for k, v in config["merge"].items() if k not in NOT_A_KNOB}
-    try:  # the values training really uses: its section with the train stage's own defaults filled in
-        from llmrnn.train.config import normalize
+    # the values training really uses: its section with the train stage's own defaults filled in
+    from llmrnn.train.config import normalize
 
-        lora = normalize(config.get("train"))["lora"]
-    except ImportError:
-        lora = config.get("train", {}).get("lora", {})
+    lora = normalize(config.get("train"))["lora"]
     wanted = {k: lora.get(k) for k in ("rank", "alpha")}
     return json.dumps({"merge": merge, "train": {"lora": wanted}}, sort_keys=True)
 
@@ -382,10 +378,11 @@ def release_targets():
 
 def check_configfiles():
     """The config files of this run in layering order (the Snakefile's, then --configfile
-    ones), for `llmrnn check` (rule check)."""
+    ones), for `llmrnn check` (rule check).
+    A list, so `{params.configfiles:q}` quotes each one."""
     cli = [str(f) for f in workflow.overwrite_configfiles or []]
     own = [str(f) for f in workflow.configfiles if str(f) not in cli]
-    return " ".join(shlex.quote(f) for f in own + cli)
+    return own + cli
 
 
 def workflow_container():

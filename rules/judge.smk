@@ -28,13 +28,14 @@ rule judge_server:
             "llmrnn.judge.launcher",
             "llmrnn.judge.server",
             "llmrnn.backends",
+            "llmrnn.models",
             "llmrnn.retry",
             "llmrnn.rubric",
         ),
     shell:
         # exec: Snakemake's SIGTERM at the end of the consumers reaches the launcher, which stops the server.
-        "exec llmrnn judge server --rubric {input.rubric} --endpoint {output.endpoint} "
-        "--cfg {params.cfg:q} > {log} 2>&1"
+        "exec llmrnn judge server --rubric {input.rubric:q} --endpoint {output.endpoint:q} "
+        "--cfg {params.cfg:q} > {log:q} 2>&1"
 
 
 rule preflight:
@@ -43,7 +44,7 @@ rule preflight:
         val=f"{RUN}/trajectories/val.parquet",
         endpoint=rules.judge_server.output.endpoint,
         rubric=config["judge"]["rubric"],
-        policy=merge_base_input(),
+        policy=memory_model_input(),
     output:
         report=f"{RUN}/train/preflight.json",
         audit=directory(f"{RUN}/train/preflight_audit"),
@@ -63,8 +64,12 @@ rule preflight:
             "llmrnn.judge.client",
             "llmrnn.retry",
             "llmrnn.train.preflight",
+            "llmrnn.jsonparse",
+            "llmrnn.matching",
+            "llmrnn.stats",
+            "llmrnn.models",
         ),
     shell:
-        "llmrnn preflight run --train-parquet {input.train} --val-parquet {input.val} "
-        "--endpoint {input.endpoint} --out {output.report} --audit-dir {output.audit} "
-        "--tokenizer-dir {input.policy} --cfg {params.cfg:q} 2> {log}"
+        "llmrnn preflight run --train-parquet {input.train:q} --val-parquet {input.val:q} "
+        "--endpoint {input.endpoint:q} --out {output.report:q} --audit-dir {output.audit:q} "
+        "--tokenizer-dir {input.policy:q} --cfg {params.cfg:q} 2> {log:q}"

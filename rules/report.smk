@@ -37,5 +37,5 @@ rule eval_plots:
         train=eval_train_metrics_arg(),
         code=code_hash("llmrnn.report"),
     shell:
-        "llmrnn report plots --metrics {input.metrics} --comparison {input.comparison} "
-        "{params.train} --outdir {params.outdir} 2> {log}"
+        "llmrnn report plots --metrics {input.metrics:q} --comparison {input.comparison:q} "
+        "{params.train:q} --outdir {params.outdir:q} 2> {log:q}"

@@ -9,7 +9,7 @@ rule train_grpo:
         val=f"{RUN}/trajectories/val.parquet",
         endpoint=rules.judge_server.output.endpoint,
         preflight=rules.preflight.output.report,
-        model=merge_base_input(),
+        model=memory_model_input(),
     output:
         adapter=directory(f"{RUN}/train/adapter"),
         metrics=f"{RUN}/train/metrics.jsonl",
@@ -50,11 +50,15 @@ rule train_grpo:
             "llmrnn.train.verl_cmd",
             "llmrnn.reward",
             "llmrnn.rubric",
+            "llmrnn.judge",
             "llmrnn.judge.client",
             "llmrnn.retry",
             "llmrnn.preflight",
+            "llmrnn.jsonparse",
+            "llmrnn.matching",
+            "llmrnn.models",
         ),
     shell:
-        "llmrnn train run --cfg {params.cfg:q} --train {input.train} --val {input.val} "
-        "--model {input.model} --metrics {output.metrics} --endpoint {input.endpoint} "
-        "--preflight {input.preflight} --judge-gpus {params.judge_gpus} 2> {log}"
+        "llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
+        "--model {input.model:q} --metrics {output.metrics:q} --endpoint {input.endpoint:q} "
+        "--preflight {input.preflight:q} --judge-gpus {params.judge_gpus:q} 2> {log:q}"

@@ -97,23 +97,11 @@ def test_cli_failure_is_one_line_without_traceback(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_training_part_adapter_passes_only_declared_arguments(monkeypatch):
-    import types
-
-    seen = {}
-
-    def training_checks(train_cfg, train_parquet, *, out_dir=None):
-        seen.update(train_cfg=train_cfg, train_parquet=train_parquet, out_dir=out_dir)
-        return {"problems": ["batch 16 not divisible by 3 GPUs"], "geometry": {}}
-
-    fake = types.ModuleType("llmrnn.train.preflight")
-    fake.training_checks = training_checks
-    monkeypatch.setitem(sys.modules, "llmrnn.train.preflight", fake)
-    result = training_part({"train_cfg": {"lr": 1}, "train_parquet": "t.parquet", "out_dir": "o", "judge_report": {}})
-    assert seen == {"train_cfg": {"lr": 1}, "train_parquet": "t.parquet", "out_dir": "o"}
-    assert result["problems"] == ["batch 16 not divisible by 3 GPUs"]
-    skipped = training_part({"train_parquet": "t.parquet"})  # no train config: skipped, and it says so
+def test_training_part_without_train_config_or_tokenizer_is_skipped_and_says_so():
+    skipped = training_part(None, "t.parquet", None, "tok", "o")
     assert skipped["problems"] == [] and "train_cfg" in skipped["skipped"]
+    skipped = training_part({"engine": "trl"}, "t.parquet", None, None, "o")
+    assert skipped["problems"] == [] and "tokenizer_dir" in skipped["skipped"] and skipped["warnings"]
 
 
 def _port_closed(log_text: str) -> bool:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from llmrnn import evaluate, report
+from llmrnn import evaluate, io, report
 from llmrnn.errors import InputError
 from llmrnn.io import write_json
 
@@ -42,7 +42,7 @@ def _metrics_and_comparison(tmp_path):
         ]
         path = tmp_path / "eval" / variant / "graded_0.jsonl"
         path.parent.mkdir(parents=True)
-        evaluate.write_jsonl(path, evaluate.grade_records(recs, judge))
+        io.write_jsonl(path, evaluate.grade_records(recs, judge))
         graded[variant] = [path]
     return evaluate.gather(graded, {"stats": {"bootstrap": {"samples": 200}}})
 

@@ -21,7 +21,6 @@ from llmrnn.reward import (
     fallback_rate,
     guard_env,
     outcome_share,
-    parse_memory,
     reward_env,
     trl_reward_func,
 )
@@ -84,16 +83,20 @@ def test_expected_score_from_logprobs(judge_env):
     assert body["logprobs"] is True and body["messages"][-1]["content"] == "Score:" and body["temperature"] == 0
 
 
-def test_fenced_json_is_valid_policy_output():
-    assert parse_memory('```json\n{"evolving_summary": "a"}\n```') == "a"
-    assert parse_memory('{"evolving_summary": 3}') is None
+def test_fenced_json_is_valid_policy_output(judge_env):
+    judge, kw = judge_env(lambda body: "Score: 9")
+    assert compute_score(DS, '```json\n{"evolving_summary": "a"}\n```', STEP, {}, **kw)["score"] == 1.0
+    assert compute_score(DS, '{"evolving_summary": 3}', STEP, {}, **kw)["parse_method"] == "invalid_json"
+    assert judge.hits == 1
 
 
 # --------------------------------------------------------------------------- outcome term
 def test_outcome_term_depends_on_the_candidate_memory(judge_env):
     assert outcome_share("History of HEART-FAILURE.", ["Heart failure", "CKD stage 3"]) == 0.5
-    assert outcome_share("heart failures", ["heart failure"]) == 0.5  # whole words: "failures" is not "failure"
-    assert outcome_share("hyperkalemia due to ckd", ["hyperkalemia", "acute kidney injury"]) == 0.5
+    assert outcome_share("heart failures", ["heart failure"]) == 1.0  # the held-out matcher's plural stem
+    # abbreviations expand as the matcher expands them: CKD shares "kidney" with acute kidney injury, no more
+    assert math.isclose(outcome_share("hyperkalemia due to ckd", ["hyperkalemia", "acute kidney injury"]), (1 + 1 / 3) / 2)
+    assert outcome_share("CHF", ["congestive heart failure"]) == 1.0
     assert outcome_share("anything", []) == 0.0
     _judge, kw = judge_env(lambda body: "Score: 5")
     kw["reward_cfg"]["outcome_epsilon"] = 0.2
@@ -215,7 +218,8 @@ def test_outcome_term_on_output_that_is_not_json(judge_env):
     full = compute_score(DS, "watch hyperkalemia and type 2 diabetes mellitus", step, {}, **kw)
     part = compute_score(DS, "history of diabetes", step, {}, **kw)
     none = compute_score(DS, "likes tennis", step, {}, **kw)
-    assert math.isclose(full["score"], 0.25) and math.isclose(part["score"], 0.05 + 0.2 * (0.25 / 2))
+    # "type" carries no diagnostic content for the matcher: diabetes covers 1/3 of type 2 diabetes mellitus
+    assert math.isclose(full["score"], 0.25) and math.isclose(part["score"], 0.05 + 0.2 * (1 / 3 / 2))
     assert none["score"] == 0.05 and full["parse_method"] == "invalid_json"
     assert judge.hits == 0  # never judged
 

@@ -15,14 +15,12 @@ Judge problems: a fallback rate above `preflight.max_fallback_rate` (the judge i
 score: the reference authors saw most scalar-coerced rewards fall back to 0.5) or fewer than
 `preflight.min_distinct_rewards` distinct rewards (a constant reward trains nothing). With
 `preflight.on_problem: fail` they stop the DAG with one line saying why; `warn` records them as
-warnings. The training part comes from `llmrnn.train.preflight.training_checks(...)` when that
-module exists (owned by the train stage); its problems always count.
+warnings. The training part comes from `llmrnn.train.preflight.training_checks(...)` (owned by the
+train stage); its problems always count.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 import logging
 import math
@@ -34,6 +32,8 @@ from typing import Any
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
+from llmrnn.models import model_folder
+from llmrnn.stats import percentile
 
 log = logging.getLogger(__name__)
 
@@ -70,22 +70,15 @@ class PreflightConfig:
         return cfg
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def load_rows(parquet: str | Path, k: int, seed: int) -> list[dict]:
     import pandas as pd
 
-    from llmrnn.train.data import read_rows  # one reader (and one set of messages) for trajectory parquets
+    from llmrnn.train.data import (
+        read_trajectory_parquet,  # one reader (and one set of messages) for trajectory parquets
+    )
 
     path = Path(parquet)
-    df = pd.DataFrame(read_rows(path))
+    df = pd.DataFrame(read_trajectory_parquet(path))
     if len(df) == 0:
         raise InputError(f"{path}: no rows")
     if len(df) > k:
@@ -155,7 +148,7 @@ def judge_checks(scorer, rows: list[dict], cfg: PreflightConfig) -> tuple[dict, 
         "reward": {"mean": mean, "std": std, "min": min(rewards), "max": max(rewards),
                    "distinct": len(distinct), "values": distinct[:50]},
         "rows_with_spread": spread_rows,
-        "latency_s": {"p50": _percentile(latencies, 0.5), "p95": _percentile(latencies, 0.95)},
+        "latency_s": {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95)},
         "http_calls": scorer.counts["http_calls"],
         "cache_hits": scorer.counts["cache_hits"],
         "elapsed_s": elapsed,
@@ -190,43 +183,28 @@ def _first_answer(scorer, result: dict) -> str:
     del result
     path = scorer.audit.path
     try:
-        for line in path.read_text(encoding="utf-8").splitlines():
-            rec = json.loads(line)
-            if rec.get("parse_method") == "fallback" and rec.get("judge"):
-                return rec["judge"][0]["response"][:80]
-    except (OSError, json.JSONDecodeError):
-        pass
+        records = io.read_jsonl(path, skip_bad=True)
+    except OSError:
+        return "?"
+    for rec in records:
+        if rec.get("parse_method") == "fallback" and rec.get("judge"):
+            return rec["judge"][0]["response"][:80]
     return "?"
 
 
 # ----------------------------------------------------------------------------- training part (train stage)
-def training_part(context: dict) -> dict:
-    """Adapter to the train stage's checks: `llmrnn.train.preflight.training_checks(**kw)` returning
-    {"problems": [...], ...}. Only the keyword arguments it declares are passed (it may take **kw)."""
-    try:
-        module = importlib.import_module("llmrnn.train.preflight")
-    except ModuleNotFoundError as exc:
-        if exc.name in ("llmrnn.train", "llmrnn.train.preflight"):
-            return {"skipped": "llmrnn.train.preflight is not available: no training checks run", "problems": []}
-        raise
-    checks = getattr(module, "training_checks", None)
-    if checks is None:
-        return {"skipped": "llmrnn.train.preflight has no training_checks(): no training checks run", "problems": []}
-    params = inspect.signature(checks).parameters
-    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    kwargs = {k: v for k, v in context.items() if v is not None and (takes_all or k in params)}
-    missing = [name for name, p in params.items()
-               if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-               and name not in kwargs]
+def training_part(train_cfg: dict | None, train_parquet: str, val_parquet: str | None,
+                  tokenizer_dir: str | None, out_dir: str) -> dict:
+    """The train stage's checks (`llmrnn.train.preflight.training_checks`); skipped, and said so, when the
+    rule gives no train config or no tokenizer (the prompt lengths need the policy's tokenizer)."""
+    from llmrnn.train.preflight import training_checks
+
+    missing = [name for name, value in (("train_cfg", train_cfg), ("tokenizer_dir", tokenizer_dir)) if value is None]
     if missing:
         return {"skipped": f"training checks not run: no value for {', '.join(missing)} "
                            "(the preflight rule passes --tokenizer-dir and the train config)",
                 "problems": [], "warnings": [f"training checks skipped (missing {', '.join(missing)})"]}
-    result = checks(**kwargs)
-    if not isinstance(result, dict) or not isinstance(result.get("problems", []), list):
-        raise CheckFailed("llmrnn.train.preflight.training_checks must return a dict with a 'problems' list")
-    result.setdefault("problems", [])
-    return result
+    return training_checks(train_cfg, train_parquet, val_parquet, tokenizer_dir, out_dir=out_dir)
 
 
 # ----------------------------------------------------------------------------- command
@@ -237,8 +215,8 @@ def run_preflight(train_parquet: str, endpoint_file: str, out: str, audit_dir: s
     pcfg = PreflightConfig.from_dict(cfg.get("preflight"))
     rcfg = RewardConfig.from_any(cfg.get("reward") or {})
     judge_cfg = cfg.get("judge") or {}
-    if tokenizer_dir and Path(tokenizer_dir).name == ".ready":  # a model's marker stands for its folder
-        tokenizer_dir = str(Path(tokenizer_dir).parent)
+    if tokenizer_dir:
+        tokenizer_dir = str(model_folder(tokenizer_dir))
     rows = load_rows(train_parquet, pcfg.rows, pcfg.seed)
     scorer = Scorer(endpoint_file, judge_cfg.get("rubric") or None, audit_dir, rcfg)
     try:
@@ -247,11 +225,7 @@ def run_preflight(train_parquet: str, endpoint_file: str, out: str, audit_dir: s
         scorer.close()
     log.info("judge preflight: %s", json.dumps({k: judge_report[k] for k in
                                                 ("parse_methods", "fallback_rate", "reward", "latency_s")}))
-    training = training_part({
-        "train_cfg": cfg.get("train"), "train_parquet": train_parquet, "val_parquet": val_parquet,
-        "tokenizer_dir": tokenizer_dir, "out_dir": str(Path(out).parent), "endpoint_file": endpoint_file,
-        "judge_report": judge_report,
-    })
+    training = training_part(cfg.get("train"), train_parquet, val_parquet, tokenizer_dir, str(Path(out).parent))
     problems, warnings = [], []
     (problems if pcfg.on_problem == "fail" else warnings).extend(judge_problems)
     problems.extend(f"training: {p}" for p in training.get("problems", []))

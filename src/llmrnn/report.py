@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 from pathlib import Path
@@ -99,20 +98,15 @@ def read_training_curves(path: str | Path | None) -> dict[str, list[tuple[float,
     curves: dict[str, list[tuple[float, float]]] = {"reward": [], "kl": []}
     if path is None or not Path(path).is_file():
         return curves
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(row, dict):
-                continue
-            step = _pick(row, TRAIN_KEYS["step"])
-            step = float(lineno) if step is None else step
-            for name in ("reward", "kl"):
-                value = _pick(row, TRAIN_KEYS[name])
-                if value is not None:
-                    curves[name].append((step, value))
+    for index, row in enumerate(io.read_jsonl(path, skip_bad=True)):
+        if not isinstance(row, dict):
+            continue
+        step = _pick(row, TRAIN_KEYS["step"])
+        step = float(index) if step is None else step
+        for name in ("reward", "kl"):
+            value = _pick(row, TRAIN_KEYS[name])
+            if value is not None:
+                curves[name].append((step, value))
     return curves
 
 

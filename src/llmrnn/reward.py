@@ -1,6 +1,7 @@
 """The GRPO reward: a rubric judge over HTTP, the reference's edge table, pairwise mode, outcome term.
 
-Entry points (DESIGN §4 / FINDINGS §5):
+Entry points (verl calls compute_score(data_source=, solution_str=, ground_truth=, extra_info=,
+**reward_kwargs) and accepts a float or a dict with "score"; TRL passes dataset columns as keywords):
 - `compute_score(data_source, solution_str, ground_truth, extra_info, **kw)`: verl's per-sample
   signature; returns a dict with "score" and diagnostics (parse_method, judge_latency_s, retries, ...).
 - `compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos, **kw)`: verl's batch
@@ -13,7 +14,8 @@ LLMRNN_REWARD_CFG. The rubric defaults to the one the endpoint file names; the a
 RUN/train/audit beside RUN/judge/endpoint.json.
 
 Scores:
-- policy output that is not a JSON object {"evolving_summary": "<text>"} -> 0.05, no judge call;
+- policy output that is not exactly a JSON object {"evolving_summary": "<text>"} (optionally in one
+  ```json fence; `jsonparse.parse_memory(strict=True)`) -> 0.05, no judge call;
 - scalar mode: judge answer -> rubric.parse_scalar (edge table: expected digit | Score: N | short
   digit | 0.5 fallback), scaled to (0, 1];
 - pairwise mode: candidate vs an opponent in both orders (A/B then B/A, cancelling position bias);
@@ -21,16 +23,16 @@ Scores:
   Per sample (verl) the opponent is the trajectory's reference memory h_ref; in batch functions with
   `pairwise_opponent: group` every valid candidate meets every other of its prompt group;
 - plus `outcome_epsilon` x the share of the next visit's ground-truth diagnoses that the CANDIDATE
-  memory mentions (normalised text match), so the term differs within a group (epsilon 0 reproduces
-  the reference).
+  memory mentions (`matching.anticipated_share`: the held-out matcher's normalisation), so the term
+  differs within a group (epsilon 0 reproduces the reference).
 
 Transport failures (refused, timeout, 5xx, and 200 answers with no choices, empty content or
 malformed logprobs: rubric.response_problem) are retried with backoff and then raise
 (JudgeUnavailable): a dead judge stops training instead of becoming a constant reward. During training
 (LLMRNN_FALLBACK_GUARD set by `llmrnn train run`) a FallbackGuard raises JudgeDegraded when more than
 preflight.max_fallback_rate of the last preflight.fallback_window judged samples fell back to 0.5; the
-reason is also left in the audit dir (stop_reason.txt) for the train command to report. Identical judge requests (duplicate candidates are
-common in a group) are sent once: an LRU of in-flight/finished calls, counted as `cache_hit`. Every
+reason is also left in the audit dir (stop_reason.txt) for the train command to report. Identical
+judge requests (duplicate candidates are common in a group) are sent once: an LRU of in-flight/finished calls, counted as `cache_hit`. Every
 scored sample is appended to RUN/train/audit/calls_<pid>.jsonl (mode 0600): rollout text, judge
 prompts, judge answers, reward, timings.
 """
@@ -40,7 +42,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 import time
 from collections import OrderedDict, deque
@@ -50,8 +51,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from llmrnn import jsonparse
 from llmrnn.errors import InputError, LlmrnnError
 from llmrnn.judge.client import Endpoint, JudgeClient, JudgeUnavailable, wait_for_endpoint
+from llmrnn.matching import anticipated_share
 from llmrnn.rubric import (
     FALLBACK_SCORE,
     JudgeRequest,
@@ -65,10 +68,10 @@ from llmrnn.rubric import (
     response_text,
     scalar_request,
 )
+from llmrnn.trajectories import DATA_SOURCE
 
 log = logging.getLogger(__name__)
 
-DATA_SOURCE = "llm_as_rnn_memory_update"
 ENV_ENDPOINT = "LLMRNN_JUDGE_ENDPOINT"
 ENV_RUBRIC = "LLMRNN_RUBRIC"
 ENV_AUDIT = "LLMRNN_AUDIT_DIR"
@@ -122,46 +125,8 @@ class RewardConfig:
 
 
 # ----------------------------------------------------------------------------- policy output + outcome
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL | re.IGNORECASE)
-
-
-def parse_memory(solution_str: str) -> str | None:
-    """The evolving summary if the policy output is a JSON object {"evolving_summary": str}, else None.
-
-    The whole output (optionally inside one ```json fence) must be that object: prose around it is
-    invalid, as in the reference ("policy output is not valid JSON -> 0.05")."""
-    if not isinstance(solution_str, str):
-        return None
-    text = solution_str.strip()
-    fenced = _FENCE.match(text)
-    if fenced:
-        text = fenced.group(1)
-    try:
-        obj = json.loads(text)
-    except (json.JSONDecodeError, ValueError):
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("evolving_summary"), str):
-        return None
-    return obj["evolving_summary"]
-
-
-def normalise(text: str) -> str:
-    return " ".join(re.sub(r"[^a-z0-9]+", " ", str(text).lower()).split())
-
-
-OUTCOME_STOPWORDS = frozenset(["a", "an", "and", "of", "on", "the", "to", "in", "with", "for", "due", "from", "at", "by", "or"])
-
-
-def outcome_share(memory: str, diagnoses: list[str] | None) -> float:
-    """How much of the next visit's ground-truth diagnoses the memory anticipates: per diagnosis, the share
-    of its words the memory mentions (normalised, whole words, stop words ignored), averaged. Partial
-    credit keeps the signal graded, so candidates of one group rarely tie (GRPO needs differences)."""
-    words_of = [[w for w in normalise(d).split() if w not in OUTCOME_STOPWORDS] for d in diagnoses or []]
-    words_of = [w for w in words_of if w]
-    if not words_of:
-        return 0.0
-    present = set(normalise(memory).split())
-    return sum(sum(w in present for w in words) / len(words) for words in words_of) / len(words_of)
+# The next visit's diagnoses the candidate memory anticipates, matched as the held-out judge matches.
+outcome_share = anticipated_share
 
 
 def _step(ground_truth: Any) -> dict:
@@ -370,7 +335,9 @@ class Scorer:
         prepared = []
         for s in samples:
             step = _step(s["ground_truth"])
-            memory = parse_memory(s["solution_str"])
+            # strict, as in the reference: prose around the JSON is invalid policy output (0.05)
+            text = s["solution_str"] if isinstance(s["solution_str"], str) else None
+            memory = jsonparse.parse_memory(text, strict=True)[0]
             prepared.append({"step": step, "memory": memory, "sample": s})
         plan: list[tuple[int, JudgeRequest, bool]] = []  # (sample index, request, candidate is A)
         if self.cfg.mode == "scalar":
@@ -503,10 +470,13 @@ def get_scorer(endpoint_file: str | None = None, rubric_file: str | None = None,
     return scorer
 
 
-def reward_env(endpoint_file: str, audit_dir: str, reward_cfg: dict | None = None,
+def reward_env(endpoint_file: str | os.PathLike | None, audit_dir: str | os.PathLike, reward_cfg: dict | None = None,
                rubric_file: str | None = None) -> dict[str, str]:
-    """Environment variables that point compute_score / trl_reward_func at the judge (for train)."""
-    env = {ENV_ENDPOINT: str(endpoint_file), ENV_AUDIT: str(audit_dir)}
+    """Environment variables that point compute_score / trl_reward_func at the judge (for train; verl's
+    reward workers inherit them). Only what is given is set."""
+    env = {ENV_AUDIT: str(audit_dir)}
+    if endpoint_file:
+        env[ENV_ENDPOINT] = str(endpoint_file)
     if reward_cfg is not None:
         env[ENV_CFG] = json.dumps(reward_cfg, sort_keys=True)
     if rubric_file:

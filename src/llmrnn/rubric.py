@@ -6,7 +6,7 @@ max_model_len, gpu_memory_utilization, dtype). The judge server rule and the rew
 so they cannot drift apart (the reference kept rubric + model + serving in one YAML for that reason).
 
 This module loads and validates a rubric (omegaconf; an unknown key is an error), renders judge
-requests from a TrajectoryStep, and parses judge answers by the reference's edge table (DESIGN §4):
+requests from a TrajectoryStep, and parses judge answers by the reference's edge table:
 
 | condition                                         | score                    | parse_method   |
 |---------------------------------------------------|--------------------------|----------------|

@@ -52,7 +52,7 @@ def planned_jobs(workdir, configfile) -> dict[str, int]:
 
 @pytest.mark.slow
 def test_eval_heldout_report_and_eval_only_reruns(workflow_dir, tiny_model_dir, tmp_path):
-    from llmrnn.tiny import build_tiny_model
+    from tests.tiny_model import build_tiny_model
 
     trained = build_tiny_model(tmp_path / "trained-tiny", seed=1)
     base_cfg = write_test_config(workflow_dir, tiny_model_dir, trained)

@@ -1,4 +1,4 @@
-"""Rerun table (DESIGN.md §6): after one real run of `all`, each change reruns exactly the stages that
+"""Rerun table: after one real run of `all`, each change reruns exactly the stages that
 depend on it, and nothing else. Asserted by dry runs with params/code/input/mtime triggers.
 
 Data-driven: a row names its change and the rules that must rerun. Expected rules that the workflow

@@ -15,6 +15,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from llmrnn.models import model_folder
+
 log = logging.getLogger(__name__)
 
 
@@ -31,12 +33,6 @@ def _assign_gpus(cfg: dict, judge_gpus: int) -> None:
     assign("train", judge_gpus=judge_gpus, train_gpus=train_gpus)
 
 
-def _model_dir(path: str) -> str:
-    """A model folder, or its `.ready` marker (the prepare_base_model output) standing for it."""
-    p = Path(path)
-    return str(p.parent) if p.name == ".ready" else str(p)
-
-
 def _guard_fallbacks(cfg: dict, audit_dir: Path) -> None:
     """Turn on the reward's fallback guard for this run (every scoring process inherits the environment)
     with the preflight's threshold, and forget the stop reason of an earlier attempt."""
@@ -51,6 +47,7 @@ def _guard_fallbacks(cfg: dict, audit_dir: Path) -> None:
 def cmd_run(args) -> int:
     from llmrnn import io
     from llmrnn.errors import CheckFailed, InputError
+    from llmrnn.reward import reward_env
     from llmrnn.train import config as tcfg
 
     cfg = tcfg.normalize(_cfg(args))
@@ -59,19 +56,15 @@ def cmd_run(args) -> int:
     out = Path(args.out) if args.out else Path(args.metrics).parent
     if args.metrics and Path(args.metrics) != out / "metrics.jsonl":
         raise InputError(f"train run: --metrics must be {out / 'metrics.jsonl'}")
-    args.model = _model_dir(args.model)
+    args.model = str(model_folder(args.model))
     out.mkdir(parents=True, exist_ok=True)
     if args.preflight:
         pre = io.read_json(args.preflight)
         if not pre.get("ok", False):
             raise CheckFailed(f"{args.preflight}: preflight failed: " + "; ".join(pre.get("problems", [])))
-    os.environ["LLMRNN_AUDIT_DIR"] = str(out / "audit")
+    # the reward section travels with the train config (same scorer settings)
+    os.environ.update(reward_env(args.endpoint, out / "audit", (args.cfg or {}).get("reward")))
     _guard_fallbacks(args.cfg or {}, out / "audit")
-    reward_cfg = (args.cfg or {}).get("reward")
-    if reward_cfg is not None:  # the reward section travels with the train config (same scorer settings)
-        os.environ["LLMRNN_REWARD_CFG"] = json.dumps(reward_cfg, sort_keys=True)
-    if args.endpoint:
-        os.environ["LLMRNN_JUDGE_ENDPOINT"] = str(args.endpoint)
     _assign_gpus(cfg, args.judge_gpus)
     engine = args.engine or cfg["engine"]
     if engine == "trl":
@@ -105,7 +98,7 @@ def cmd_preflight(args) -> int:
     from llmrnn.train.preflight import training_checks
 
     result = training_checks(
-        _cfg(args), args.train, args.val, _model_dir(args.model), out_dir=args.out_dir, gpus_available=args.gpus
+        _cfg(args), args.train, args.val, str(model_folder(args.model)), out_dir=args.out_dir, gpus_available=args.gpus
     )
     if args.out:
         io.write_json(args.out, result)

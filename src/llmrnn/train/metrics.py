@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from llmrnn import io
+
 COMMON_KEYS = (
     "reward_mean",
     "reward_std",
@@ -126,34 +128,16 @@ class MetricsWriter:
         """Drop rows past `step` (a resumed run redoes them); returns how many were dropped."""
         if not self.path.exists():
             return 0
-        keep, dropped = [], 0
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by a kill
-                dropped += 1
-                continue
-            if int(row.get("step", 0)) <= step:
-                keep.append(line)
-            else:
-                dropped += 1
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
-        os.replace(tmp, self.path)
-        return dropped
+        written = sum(1 for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip())
+        # a line a kill cut off is not JSON: dropped with the rows past `step`
+        keep = [row for row in io.read_jsonl(self.path, skip_bad=True) if int(row.get("step", 0)) <= step]
+        io.write_jsonl(self.path, keep)
+        return written - len(keep)
 
     def append(self, row: dict) -> None:
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row, sort_keys=True) + "\n")
             fh.flush()
-
-
-def read_rows(path: str | os.PathLike) -> list[dict]:
-    rows = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            rows.append(json.loads(line))
-    return rows
 
 
 def progress_line(row: dict, total: int) -> str:
@@ -177,9 +161,7 @@ def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike) -> list[Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from llmrnn import io
-
-    rows = read_rows(metrics_path)
+    rows = io.read_jsonl(metrics_path)
     train = [r for r in rows if r["kind"] == "train"]
     val = [r for r in rows if r["kind"] == "val" and r.get("val_reward_mean") is not None]
     out = Path(out_dir)

@@ -33,7 +33,7 @@ def visible_gpus() -> int:
 
 
 def _lengths(path, tokenizer):
-    rows = tdata.read_rows(path)
+    rows = tdata.read_trajectory_parquet(path)
     return rows, tdata.prompt_lengths(rows, tokenizer)
 
 

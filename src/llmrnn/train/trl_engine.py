@@ -97,19 +97,6 @@ def latest_checkpoint(ckpt_dir: Path, prune: bool = True) -> Path | None:
     return best
 
 
-def _truncate_jsonl(path: Path, step: int, key: str = "step") -> None:
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            if int(json.loads(line)[key]) <= step:
-                keep.append(line)
-        except (json.JSONDecodeError, KeyError, ValueError):
-            continue
-    io.write_text(path, "".join(f"{line}\n" for line in keep))
-
-
 # ----------------------------------------------------------------------------- main entry
 def train(
     cfg: dict,
@@ -157,7 +144,7 @@ def train(
         tokenizer.pad_token = tokenizer.eos_token
 
     def load(path, split):
-        rows = tdata.read_rows(path)
+        rows = tdata.read_trajectory_parquet(path)
         lengths = tdata.prompt_lengths(rows, tokenizer)
         kept = [r for r, n in zip(rows, lengths) if n <= cfg["max_prompt_length"]]
         if len(kept) < len(rows):
@@ -242,7 +229,7 @@ def train(
     dropped = writer.truncate_after(resume_step)
     if dropped:
         log.info("metrics.jsonl: dropped %d rows past step %d (they are redone)", dropped, resume_step)
-    _truncate_jsonl(trace_path, resume_step)
+    MetricsWriter(trace_path).truncate_after(resume_step)
 
     holder: dict[str, Any] = {}
 

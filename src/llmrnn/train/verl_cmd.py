@@ -1,7 +1,7 @@
 """verl engine: `python -m verl.trainer.main_ppo` with Hydra overrides built from the `train` section.
 
 Valid for verl 0.7.1 (the reference container) and 0.9.x; tests/verl/ composes verl's own
-`ppo_trainer` config with these overrides in separate venvs of both releases (FINDINGS §4-5):
+`ppo_trainer` config with these overrides in separate venvs of both releases:
 - reward goes through `reward.custom_reward_function.{path,name,reward_kwargs}` + `reward.reward_manager.name`
   (the old top-level `custom_reward_function.*` composes in 0.9 but is silently ignored there);
 - rollout.name has no default; both log_prob micro batch sizes are required; LoRA wants
@@ -11,7 +11,6 @@ Valid for verl 0.7.1 (the reference container) and 0.9.x; tests/verl/ composes v
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
+from llmrnn.reward import reward_env
 from llmrnn.train import config as tcfg
 from llmrnn.train.checkpoints import discard_stale_checkpoints, run_fingerprint
 from llmrnn.train.metrics import MetricsWriter, progress_line, verl_rows
@@ -191,11 +191,7 @@ def _follow_metrics(log_path: Path, writer: MetricsWriter, seen: set[int], total
     """Turn new lines of verl's file logger into metrics.jsonl rows (+ rollout dump stats)."""
     if not log_path.exists():
         return
-    for line in log_path.read_text(encoding="utf-8").splitlines():
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for item in io.read_jsonl(log_path, skip_bad=True):  # verl is still writing it
         step = int(item.get("step", 0))
         if step in seen:
             continue
@@ -216,11 +212,7 @@ def rollout_stats(rollout_dir: Path, step: int) -> dict:
     if not path.is_file():
         return {}
     scores, fallbacks = [], []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for item in io.read_jsonl(path, skip_bad=True):
         if isinstance(item.get("score"), (int, float)):
             scores.append(float(item["score"]))
         if isinstance(item.get("parse_fallback"), (int, float, bool)):  # llmrnn.reward numeric_only flags
@@ -275,9 +267,7 @@ def run(
     if file_log.exists():  # verl's FileLogger opens it with "wb": keep the previous attempt's lines
         with open(out / "state" / "verl_metrics.previous.jsonl", "ab") as fh:
             fh.write(file_log.read_bytes())
-    env = dict(os.environ, VERL_FILE_LOGGER_PATH=str(file_log), LLMRNN_AUDIT_DIR=str(out / "audit"))
-    if endpoint_file:
-        env["LLMRNN_JUDGE_ENDPOINT"] = str(endpoint_file)
+    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(file_log), **reward_env(endpoint_file, out / "audit")}
     # CUDA_VISIBLE_DEVICES was narrowed by llmrnn.gpus.assign("train", ...) in the CLI (judge GPUs taken last)
     cmd = command(overrides, python)
     io.write_text(out / "state" / "verl_command.sh", " ".join(_shell_quote(c) for c in cmd) + "\n")
@@ -320,7 +310,7 @@ def _stop_reason(audit_dir: Path) -> str:
 
 
 def copy_adapter(src: Path, dst: Path, cfg: dict) -> None:
-    """verl's actor/lora_adapter carries the real alpha (model_merger's copy says 0: FINDINGS §5)."""
+    """verl's actor/lora_adapter carries the real alpha (model_merger's copy says 0)."""
     from llmrnn.train.trl_engine import check_adapter
 
     if not (src / "adapter_config.json").is_file():
