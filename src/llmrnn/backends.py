@@ -175,15 +175,9 @@ class TransformersBackend:
     ) -> list[str]:
         return [text for text, _ in self.generate_scored(conversations, temperature, top_p, max_tokens, seeds)]
 
-    def generate_scored(
-        self,
-        conversations: Sequence[Messages],
-        temperature: float,
-        top_p: float,
-        max_tokens: int,
-        seeds: Sequence[int] | None = None,
-        top_logprobs: int | None = None,
-    ) -> list[tuple[str, list[dict] | None]]:
+    def generate_scored(self, conversations: Sequence[Messages], temperature: float, top_p: float, max_tokens: int,
+                        seeds: Sequence[int] | None = None, top_logprobs: int | None = None
+                        ) -> list[tuple[str, list[dict] | None]]:
         """`generate`, plus with `top_logprobs` = k per generated token {token, logprob, top: [(token,
         logprob)] * k} from the model's own distribution at that step (before temperature/top-p, as vLLM
         reports them): what an OpenAI-compatible server returns as logprobs (llmrnn.judge.server)."""
