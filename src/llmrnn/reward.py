@@ -34,10 +34,10 @@ malformed logprobs: rubric.response_problem) are retried with backoff and then r
 (JudgeUnavailable): a dead judge stops training instead of becoming a constant reward. During training
 (LLMRNN_FALLBACK_GUARD set by `llmrnn train run`) a FallbackGuard raises JudgeDegraded when more than
 preflight.max_fallback_rate of the last preflight.fallback_window judged samples fell back to 0.5; the
-reason is also left in the audit dir (stop_reason.txt) for the train command to report. Identical judge requests (duplicate candidates are
-common in a group) are sent once: an LRU of in-flight/finished calls, counted as `cache_hit`. Every
-scored sample is appended to RUN/train/audit/calls_<pid>.jsonl (mode 0600): rollout text, judge
-prompts, judge answers, reward, timings.
+reason is also left in the audit dir (stop_reason.txt) for the train command to report. Identical
+judge requests (duplicate candidates are common in a group) are sent once: an LRU of in-flight/finished
+calls, counted as `cache_hit`. Every scored sample is appended to RUN/train/audit/calls_<pid>.jsonl
+(mode 0600): rollout text, judge prompts, judge answers, reward, timings.
 """
 
 from __future__ import annotations
