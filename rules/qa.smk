@@ -1,0 +1,243 @@
+# The qa recipe (recipe: qa): QA data -> optional LoRA SFT warm start (merged + verified) -> GRPO with
+# verifiable rewards (the shared train stage) -> merge_model / release (shared) -> pass@k evaluation of
+# base vs SFT vs GRPO. Helpers (qa_*) live in rules/common.smk.
+
+
+rule qa_synth:
+    input:
+        cohort="resources/cohort/synthetic.json",
+    output:
+        questions=f"{QA_SYNTH}/synthetic.jsonl",
+        ood=f"{QA_SYNTH}/synthetic_ood.jsonl",
+    log:
+        "logs/qa_synth.log",
+    conda:
+        "../envs/data.yaml"
+    params:
+        cfg=json.dumps({"synthetic": config["qa"]["synthetic"]}, sort_keys=True),
+        code=code_hash("llmrnn.qa.synth", "llmrnn.qa.data"),
+    shell:
+        "llmrnn qa synth --cohort {input.cohort} --out {output.questions} --ood {output.ood} "
+        "--cfg {params.cfg:q} 2> {log}"
+
+
+rule qa_data:
+    input:
+        source=qa_source_path,
+        ood=qa_ood_path,
+    output:
+        train=f"{QA}/train.jsonl",
+        val=f"{QA}/val.jsonl",
+        test=f"{QA}/test.jsonl",
+        ood=f"{QA}/ood.jsonl",
+        train_parquet=f"{QA}/train.parquet",
+        val_parquet=f"{QA}/val.parquet",
+        sft_train=f"{QA}/sft_train.jsonl",
+        sft_val=f"{QA}/sft_val.jsonl",
+        summary=f"{QA}/splits.json",
+    log:
+        f"{LOGS}/qa_data.log",
+    conda:
+        "../envs/data.yaml"
+    params:
+        sources=qa_source_arg,
+        out_dir=QA,
+        cfg=qa_data_cfg(),
+        code=code_hash("llmrnn.qa.data", "llmrnn.qa.rewards"),
+    shell:
+        "llmrnn qa data {params.sources} --out-dir {params.out_dir} --cfg {params.cfg:q} 2> {log}"
+
+
+rule qa_sft:
+    input:
+        train=rules.qa_data.output.sft_train,
+        val=rules.qa_data.output.sft_val,
+        model=qa_model_input(),
+    output:
+        adapter=directory(f"{QA}/sft/adapter"),
+        metrics=f"{QA}/sft/metrics.jsonl",
+        summary=f"{QA}/sft/summary.json",
+    log:
+        f"{LOGS}/qa_sft.log",
+    conda:
+        "../envs/cpu.yaml"
+    threads: config["qa"]["sft"]["num_threads"]
+    resources:
+        gpu=config["qa"]["sft"]["resources"]["gpu"],
+        mem_mb=config["qa"]["sft"]["resources"]["mem_mb"],
+        runtime=config["qa"]["sft"]["resources"]["runtime"],
+        cpus_per_task=config["qa"]["sft"]["resources"]["cpus_per_task"],
+    params:
+        out_dir=f"{QA}/sft",
+        cfg=qa_sft_cfg(),
+        code=code_hash("llmrnn.qa.sft", "llmrnn.train.trl_engine"),
+    shell:
+        "llmrnn qa sft --train {input.train} --val {input.val} --model {input.model} "
+        "--out-dir {params.out_dir} --cfg {params.cfg:q} 2> {log}"
+
+
+rule qa_merge_sft:
+    input:
+        base=qa_model_input(),
+        adapter=rules.qa_sft.output.adapter,
+    output:
+        merged=directory(f"{QA}/sft/merged"),
+        check=f"{QA}/sft/merge_check.json",
+    log:
+        f"{LOGS}/qa_merge_sft.log",
+    conda:
+        "../envs/cpu.yaml"
+    threads: config["merge"]["resources"]["cpus_per_task"]
+    resources:
+        gpu=config["merge"]["resources"]["gpu"],
+        mem_mb=config["merge"]["resources"]["mem_mb"],
+        runtime=config["merge"]["resources"]["runtime"],
+        cpus_per_task=config["merge"]["resources"]["cpus_per_task"],
+    params:
+        cfg=qa_sft_merge_cfg(),
+        code=code_hash("llmrnn.merge"),
+    shell:
+        "llmrnn merge run --base {input.base} --adapter {input.adapter} --out {output.merged} "
+        "--check {output.check} --cfg {params.cfg:q} 2> {log}"
+
+
+rule qa_preflight:
+    input:
+        train=rules.qa_data.output.train_parquet,
+        val=rules.qa_data.output.val_parquet,
+        policy=qa_policy_input(),
+    output:
+        report=f"{RUN}/train/qa_preflight.json",
+    log:
+        f"{LOGS}/qa_preflight.log",
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        cfg=cfg_json("train"),
+        out_dir=f"{RUN}/train",
+        code=code_hash("llmrnn.train.preflight", "llmrnn.train.config"),
+    shell:
+        "llmrnn train preflight --cfg {params.cfg:q} --train {input.train} --val {input.val} "
+        "--model {input.policy} --out-dir {params.out_dir} --out {output.report} > {log} 2>&1"
+
+
+rule qa_train_grpo:
+    input:
+        unpack(qa_judge_input),
+        train=rules.qa_data.output.train_parquet,
+        val=rules.qa_data.output.val_parquet,
+        preflight=rules.qa_preflight.output.report,
+        model=qa_policy_input(),
+    output:
+        adapter=directory(f"{RUN}/train/adapter"),
+        metrics=f"{RUN}/train/metrics.jsonl",
+        summary=f"{RUN}/train/summary.json",
+    log:
+        f"{LOGS}/qa_train_grpo.log",
+    conda:
+        "../envs/verl.yaml"
+        if config["train"]["engine"] == "verl"
+        else "../envs/cpu.yaml"
+    threads: train_threads()
+    resources:
+        gpu=train_gpus(),
+        mem_mb=config["train"]["resources"]["mem_mb"],
+        runtime=config["train"]["resources"]["runtime"],
+        cpus_per_task=config["train"]["resources"]["cpus_per_task"],
+    params:
+        cfg=qa_train_cfg(),
+        endpoint=qa_endpoint_arg,
+        code=code_hash(
+            "llmrnn.train",
+            "llmrnn.train.checkpoints",
+            "llmrnn.train.config",
+            "llmrnn.train.data",
+            "llmrnn.train.metrics",
+            "llmrnn.train.trl_engine",
+            "llmrnn.train.verl_cmd",
+            "llmrnn.qa.rewards",
+        ),
+    shell:
+        "llmrnn train run --cfg {params.cfg:q} --train {input.train} --val {input.val} "
+        "--model {input.model} --metrics {output.metrics} --preflight {input.preflight} "
+        "--reward-func llmrnn.qa.rewards:trl_reward_func {params.endpoint} 2> {log}"
+
+
+rule qa_eval_model:
+    input:
+        questions=f"{QA}/{{split}}.jsonl",
+        model=qa_eval_model,
+    output:
+        f"{QA_EVAL}/{{variant}}/{{split}}.jsonl",
+    log:
+        f"{LOGS}/eval/{{variant}}/{{split}}.log",
+    wildcard_constraints:
+        variant=QA_VARIANT_PATTERN,
+        split="test|ood",
+    conda:
+        "../envs/cpu.yaml"
+    threads: config["qa"]["eval"]["resources"]["cpus_per_task"]
+    resources:
+        gpu=config["qa"]["eval"]["resources"]["gpu"],
+        mem_mb=config["qa"]["eval"]["resources"]["mem_mb"],
+        runtime=config["qa"]["eval"]["resources"]["runtime"],
+        cpus_per_task=config["qa"]["eval"]["resources"]["cpus_per_task"],
+    params:
+        model=lambda w, input: model_folder(input.model[0]),
+        cfg=qa_eval_cfg(),
+        code=code_hash("llmrnn.qa.evaluate", "llmrnn.qa.rewards", "llmrnn.qa.data"),
+    shell:
+        "llmrnn qa eval --model {params.model} --questions {input.questions} --variant {wildcards.variant} "
+        "--split {wildcards.split} --threads {threads} --out {output} --cfg {params.cfg:q} 2> {log}"
+
+
+rule qa_eval_gather:
+    input:
+        qa_eval_files(),
+    output:
+        metrics=f"{QA_EVAL}/metrics.json",
+        comparison=f"{QA_EVAL}/comparison.json",
+    log:
+        f"{LOGS}/eval/gather.log",
+    conda:
+        "../envs/data.yaml"
+    params:
+        cfg=qa_eval_cfg(),
+        code=code_hash("llmrnn.qa.evaluate", "llmrnn.stats"),
+    shell:
+        "llmrnn qa gather --inputs {input} --metrics {output.metrics} "
+        "--comparison {output.comparison} --cfg {params.cfg:q} 2> {log}"
+
+
+rule qa_report:
+    input:
+        metrics=rules.qa_eval_gather.output.metrics,
+        comparison=rules.qa_eval_gather.output.comparison,
+        files=qa_eval_files(),
+    output:
+        plot=report(
+            f"{QA_EVAL}/plots/pass_at_k.png",
+            category="Held-out evaluation",
+            caption="../workflow/report/qa_pass_at_k.rst",
+        ),
+        summary=report(
+            f"{QA_EVAL}/plots/summary.tsv",
+            category="Held-out evaluation",
+            caption="../workflow/report/qa_summary.rst",
+        ),
+        questions=f"{QA_EVAL}/plots/questions.tsv",
+    log:
+        f"{LOGS}/eval/qa_report.log",
+    conda:
+        "../envs/data.yaml"
+    params:
+        outdir=lambda w, output: os.path.dirname(output.plot),
+        code=code_hash("llmrnn.qa.report", "llmrnn.report"),
+    shell:
+        "llmrnn qa report --metrics {input.metrics} --comparison {input.comparison} "
+        "--inputs {input.files} --outdir {params.outdir} 2> {log}"
+
+
+rule eval_heldout:
+    input:
+        qa_eval_targets(),
