@@ -150,7 +150,8 @@ def exact_match(solution: str, reference: str, options: dict | None = None, tag:
     answer, method = extract_answer(solution, tag)
     got = normalize_answer(answer, options)
     want = normalize_answer(reference, options)
-    return {"exact_match": float(bool(got) and got == want), "extracted": answer, "extract_method": method,
+    valid = not options or want in {str(k).strip().lower() for k in options}  # else no answer can be right
+    return {"exact_match": float(bool(got) and got == want and valid), "extracted": answer, "extract_method": method,
             "normalized": got}
 
 
