@@ -111,8 +111,13 @@ def normalise_record(raw: Any, fields: dict, where: str) -> dict:
 
 
 def load_records(source: str, fields: dict | None = None, dataset: dict | None = None) -> list[dict]:
-    fields = {**FIELD_DEFAULTS, **(fields or {})}
     raw, label = read_source(source, dataset)
+    return load_records_from(raw, fields, label)
+
+
+def load_records_from(raw: list, fields: dict | None = None, label: str = "records") -> list[dict]:
+    """Normalised records from raw dicts; ids default to the position, groups to the id."""
+    fields = {**FIELD_DEFAULTS, **(fields or {})}
     records = [normalise_record(r, fields, f"{label}: record {i}") for i, r in enumerate(raw)]
     for i, rec in enumerate(records):
         rec["id"] = rec["id"] or f"q{i:06d}"
