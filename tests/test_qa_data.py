@@ -91,8 +91,8 @@ def test_datasets_folder_source(tmp_path):
 BAD = [
     ('[{"qid": 1, "a": "B"}]', "record 0 (id 1): q: missing"),
     ('[{"qid": 1, "q": "what is it?", "a": "B", "choices": 5}]', "record 0 (id 1): options: expected"),
-    ('[{"qid": 1, "q": "what is it?", "a": "B", "choices": ["x", "y"]}, '
-     '{"qid": 1, "q": "what else?", "a": "A", "choices": ["x", "y"]}]', "id 1: appears more than once"),
+    (('[{"qid": 1, "q": "what is it?", "a": "B", "choices": ["x", "y"]}, '
+      '{"qid": 1, "q": "what else?", "a": "A", "choices": ["x", "y"]}]'), "id 1: appears more than once"),
     ('{"qid": 1}', "expected a JSON list"),
     ("[{oops", "not JSON"),
 ]
@@ -104,7 +104,8 @@ def test_bad_records_are_one_line_and_nothing_is_written(tmp_path, text, message
     src.write_text(text)
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "llmrnn.cli", "qa", "data", "--source", str(src),
-                           "--out-dir", str(out), "--cfg", json.dumps(CFG)], capture_output=True, text=True)
+                           "--out-dir", str(out), "--cfg", json.dumps(CFG)], check=False, capture_output=True,
+                          text=True)
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and message in lines[0] and str(src) in lines[0], proc.stderr

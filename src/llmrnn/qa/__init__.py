@@ -52,7 +52,7 @@ def cmd_sft(args) -> int:
 def cmd_eval(args) -> int:
     from llmrnn.qa.evaluate import evaluate_model
 
-    model = args.model[:-len("/.ready")] if args.model.endswith("/.ready") else args.model
+    model = args.model.removesuffix("/.ready")
     evaluate_model(model, args.questions, args.out, args.variant, args.split, _cfg(args, "eval"), args.threads)
     return 0
 

@@ -49,7 +49,7 @@ def read_source(source: str, dataset: dict | None = None) -> tuple[list[Any], st
                 ds = ds[dataset.get("split", "train")] if hasattr(ds, "keys") else ds
             else:
                 ds = load_dataset(name, dataset.get("config"), split=dataset.get("split", "train"))
-        except Exception as exc:  # noqa: BLE001 - any loader failure is one line for the user
+        except Exception as exc:
             raise InputError(f"{source}: cannot load the dataset: {str(exc).splitlines()[0]}") from exc
         return list(ds), source
     path = Path(source)

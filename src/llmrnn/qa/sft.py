@@ -60,6 +60,18 @@ def _pairs(path: str | os.PathLike) -> list[dict]:
     return rows
 
 
+def _progress_callback():
+    from transformers import TrainerCallback
+
+    class Progress(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and ("loss" in logs or "eval_loss" in logs):
+                shown = {k: round(v, 4) for k, v in logs.items() if isinstance(v, float)}
+                log.info("sft step %d/%d %s", state.global_step, state.max_steps, shown)
+
+    return Progress()
+
+
 def train_sft(cfg: dict, train_file: str, val_file: str | None, model_dir: str, out_dir: str) -> dict:
     """Train the LoRA; writes OUT/adapter, OUT/metrics.jsonl, OUT/summary.json."""
     cfg = settings(cfg)
@@ -68,7 +80,7 @@ def train_sft(cfg: dict, train_file: str, val_file: str | None, model_dir: str, 
     torch.set_num_threads(int(cfg["num_threads"]))
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
     from llmrnn.train.trl_engine import check_adapter
@@ -105,7 +117,8 @@ def train_sft(cfg: dict, train_file: str, val_file: str | None, model_dir: str, 
                       bias="none", task_type="CAUSAL_LM")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     trainer = SFTTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=val_ds,
-                         processing_class=tokenizer, peft_config=lora)
+                         processing_class=tokenizer, peft_config=lora, callbacks=[_progress_callback()])
+    trainer.remove_callback(PrinterCallback)  # it prints dicts to stdout; one log line per step instead
     t0 = time.perf_counter()
     trainer.train()
     history = [h for h in trainer.state.log_history if "loss" in h or "eval_loss" in h]

@@ -16,6 +16,7 @@ random stream on resume, which replays/skips prompts past epoch 0).
 from __future__ import annotations
 
 import importlib
+import itertools
 import importlib.util
 import json
 import logging
@@ -251,6 +252,12 @@ def train(
         trainer = holder.get("trainer")
         training = bool(trainer is not None and trainer.model.training)
         scores = reward_fn(prompts, completions, **kw)
+        if training:  # the latest batch, dumped at the next save (SampleDump)
+            holder["samples"] = [
+                {"prompt": _text(p), "completion": _text(c), "reward": float(r),
+                 "index": int((e or {}).get("index", -1))}
+                for p, c, r, e in zip(prompts, completions, scores, kw.get("extra_info") or [{}] * len(prompts))
+            ]
         if training and state is not None:
             indices = [int((e or {}).get("index", -1)) for e in kw.get("extra_info", [])]
             with open(trace_path, "a", encoding="utf-8") as fh:
@@ -282,6 +289,31 @@ def train(
                 seed=base.seed,
             )
 
+    class SampleDump(TrainerCallback):
+        """At each save: the latest rollout batch (prompt, completion, reward) to samples/step_N.jsonl, 0600
+        (prompts can hold patient text)."""
+
+        def on_save(self, args, state, control, **kw):
+            if holder.get("samples"):
+                dump_samples(out / "samples", state.global_step // upd, holder["samples"])
+
+    class EarlyStop(TrainerCallback):
+        """Stop when the held-out reward fell `patience` validations in a row (train.early_stopping)."""
+
+        def __init__(self):
+            self.history: list[float] = []
+
+        def on_evaluate(self, args, state, control, metrics=None, **kw):
+            value = (metrics or {}).get("eval_reward")
+            if value is None or not cfg["early_stopping"]["enabled"]:
+                return
+            self.history.append(float(value))
+            if falls_in_a_row(self.history, int(cfg["early_stopping"]["patience"])):
+                holder["early_stopped"] = state.global_step
+                log.warning("early stopping at step %d: val reward fell %d times in a row (%s)",
+                            state.global_step // upd, cfg["early_stopping"]["patience"], self.history)
+                control.should_training_stop = True
+
     class Progress(TrainerCallback):
         def __init__(self):
             self.t0 = None
@@ -312,14 +344,14 @@ def train(
         eval_dataset=val_ds,
         processing_class=tokenizer,
         peft_config=lora,
-        callbacks=[Progress(), *(callbacks or [])],
+        callbacks=[Progress(), SampleDump(), EarlyStop(), *(callbacks or [])],
     )
     trainer.remove_callback(PrinterCallback)  # our Progress callback logs one line per step instead
     holder["trainer"] = trainer
     t0 = time.perf_counter()
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     reached = int(trainer.state.global_step)
-    if reached != max_steps:
+    if reached != max_steps and holder.get("early_stopped") != reached:
         raise CheckFailed(
             f"train: GRPO stopped at step {reached} of {max_steps} planned; the run is not complete"
         )
@@ -335,6 +367,7 @@ def train(
         "steps": reached,
         "planned_steps": max_steps,
         "resumed_from_step": resume_step,
+        "early_stopped_at_step": holder["early_stopped"] // upd if holder.get("early_stopped") else None,
         "train_rows": len(train_rows),
         "val_rows": len(val_rows),
         "seconds": round(time.perf_counter() - t0, 2),
@@ -342,6 +375,29 @@ def train(
     }
     log.info("GRPO done: %d/%d steps, adapter at %s", reached, max_steps, adapter_dir)
     return summary
+
+
+def _text(value: Any) -> str:
+    """A prompt/completion as text (TRL passes chat message lists for conversational rows)."""
+    if isinstance(value, list):
+        return "\n".join(f"{m.get('role')}: {m.get('content')}" if isinstance(m, dict) else str(m) for m in value)
+    return str(value)
+
+
+def dump_samples(folder: Path, step: int, samples: list[dict]) -> Path:
+    path = folder / f"step_{step:06d}.jsonl"
+    folder.mkdir(parents=True, exist_ok=True)
+    io.write_text(path, "".join(json.dumps({"step": step, **s}, ensure_ascii=False) + "\n" for s in samples),
+                  mode=0o600)
+    return path
+
+
+def falls_in_a_row(history: list[float], patience: int) -> bool:
+    """True when each of the last `patience` values is below the one before it."""
+    if len(history) <= patience:
+        return False
+    tail = history[-(patience + 1):]
+    return all(b < a for a, b in itertools.pairwise(tail))
 
 
 def finish_metrics(live: Path, final: Path) -> None:
