@@ -16,8 +16,8 @@ random stream on resume, which replays/skips prompts past epoch 0).
 from __future__ import annotations
 
 import importlib
-import itertools
 import importlib.util
+import itertools
 import json
 import logging
 import os
