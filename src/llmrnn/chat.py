@@ -63,7 +63,7 @@ def run_chat(args: argparse.Namespace, stdin=None, stdout=None) -> int:
             continue
         for name, gen in gens.items():
             histories[name].append({"role": "user", "content": text})
-            reply = _answer(gen, histories[name], args)
+            reply = _answer(gen, histories[name], args) or "(empty answer)"
             histories[name].append({"role": "assistant", "content": reply})
             print(f"[{name}] {reply}" if len(gens) > 1 else reply, file=stdout, flush=True)
 

@@ -127,6 +127,7 @@ def _metric(outcomes: list[bool], mode: str) -> dict:
 
     n, c = len(outcomes), sum(outcomes)
     lo, hi = wilson_ci(c, n)
+    lo, hi = (0.0 if c == 0 else lo), (1.0 if c == n else hi)  # exact ends (float error gave 5e-17 at 0/n)
     return {"mode": mode, "value": c / n if n else None, "correct": c, "n": n, "ci95": [lo, hi]}
 
 
