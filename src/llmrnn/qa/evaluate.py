@@ -55,7 +55,10 @@ class Generator:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        cuda = torch.cuda.is_available()
+        self.device = "cuda" if cuda else "cpu"
+        dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(self.device).eval()
 
     def generate(self, chats: list[list[dict]], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
                  max_new_tokens: int = 96, seed: int = 0) -> list[list[str]]:
@@ -65,7 +68,7 @@ class Generator:
         if temperature == 0 and n != 1:
             raise ValueError("greedy decoding gives one answer: n must be 1")
         texts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
         torch.manual_seed(seed)
         kwargs = {"do_sample": False} if temperature == 0 else {
             "do_sample": True, "temperature": temperature, "top_p": top_p, "num_return_sequences": n}

@@ -239,7 +239,9 @@ def parse_ground_truth(ground_truth: Any) -> dict:
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
                   **kwargs) -> dict:
-    """verl's reward signature; returns {"score", one key per component, extraction diagnostics}."""
+    """verl's reward signature; returns {"score", one key per component, extraction diagnostics}.
+    numeric_only=True (verl averages every key it gets back) drops the text diagnostics."""
+    numeric_only = bool(kwargs.pop("numeric_only", False))
     cfg = reward_config(kwargs.pop("reward_cfg", None))
     gt = parse_ground_truth(ground_truth)
     weights = cfg["weights"]
@@ -256,6 +258,8 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
         parts["judge"], out["judge_parse_method"] = judge_score(
             str(gt.get("question", "")), str(gt["answer"]), answer, cfg, **kwargs)
     score = sum(weights[name] * value for name, value in parts.items())
+    if numeric_only:
+        out = {"extracted_by_tag": float(out["extract_method"] == "tag")}
     return {"score": float(score), **parts, **out}
 
 

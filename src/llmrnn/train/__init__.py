@@ -79,6 +79,8 @@ def cmd_run(args) -> int:
             out_dir=str(out),
             experiment_name=args.experiment or out.parent.name,
             endpoint_file=args.endpoint,
+            # --reward-func names the TRL function; verl calls compute_score of the same module
+            reward_module=args.reward_func.split(":", 1)[0] if args.reward_func else None,
         )
     from llmrnn.train.metrics import plot
 
