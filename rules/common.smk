@@ -414,7 +414,7 @@ def recipe_is(name):
 
 
 def qa_model_input():
-    """The qa base model as a rule input: its .ready marker (a configured name) or its folder."""
+    """The qa base model as an input: its .ready marker (a configured name) or its folder."""
     ref = config["qa"]["model"]
     return model_ready(ref) if is_model_name(ref) else ref
 

@@ -41,7 +41,7 @@ rule qa_data:
         "../envs/data.yaml"
     params:
         sources=qa_source_arg,
-        out_dir=QA,
+        out_dir=lambda w, output: os.path.dirname(output.summary),
         cfg=qa_data_cfg(),
         code=code_hash("llmrnn.qa.data", "llmrnn.qa.rewards"),
     shell:
@@ -68,7 +68,7 @@ rule qa_sft:
         runtime=config["qa"]["sft"]["resources"]["runtime"],
         cpus_per_task=config["qa"]["sft"]["resources"]["cpus_per_task"],
     params:
-        out_dir=f"{QA}/sft",
+        out_dir=lambda w, output: os.path.dirname(output.summary),
         cfg=qa_sft_cfg(),
         code=code_hash("llmrnn.qa.sft", "llmrnn.train.trl_engine"),
     shell:
@@ -114,7 +114,7 @@ rule qa_preflight:
         "../envs/cpu.yaml"
     params:
         cfg=cfg_json("train"),
-        out_dir=f"{RUN}/train",
+        out_dir=lambda w, output: os.path.dirname(output.report),
         code=code_hash("llmrnn.train.preflight", "llmrnn.train.config"),
     shell:
         "llmrnn train preflight --cfg {params.cfg:q} --train {input.train} --val {input.val} "
