@@ -371,6 +371,12 @@ def release_cfg_json():
         for s in RELEASE_KNOB_SECTIONS
         if s in config
     }
+    if recipe_is("qa"):  # only then: the memory head's manifest (and params) stay as they were
+        knobs["recipe"] = config["recipe"]
+        knobs["qa"] = {k: v for k, v in config["qa"].items() if k != "eval"}
+        knobs["qa"]["sft"] = {
+            k: v for k, v in config["qa"]["sft"].items() if k not in NOT_A_KNOB
+        }
     return json.dumps(
         {"run_name": config["run_name"], "release": config["release"], "knobs": knobs},
         sort_keys=True,
