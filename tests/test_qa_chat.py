@@ -85,5 +85,5 @@ def test_chat_refuses_a_folder_that_is_no_model(tmp_path):
     proc = subprocess.run([LLMRNN, "chat", "--model", str(tmp_path)], input="", capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"llmrnn chat: error: {tmp_path}: not an HF model folder "
-                                                "(no config.json)"]
+    want = f"llmrnn chat: error: {tmp_path}: not an HF model folder (no config.json)"
+    assert proc.stderr.strip().splitlines() == [want]
