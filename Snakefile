@@ -31,6 +31,7 @@ include: "rules/judge.smk"
 
 if recipe_is("memory_head"):
 
+    include: "rules/preflight.smk"
     include: "rules/train.smk"
 
 else:
@@ -55,3 +56,9 @@ rule all:
     default_target: True
     input:
         all_targets(),
+
+
+# the held-out evaluation of either recipe (memory head: rules/evaluate.smk; qa: rules/qa.smk)
+rule eval_heldout:
+    input:
+        eval_heldout_targets(),

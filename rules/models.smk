@@ -18,4 +18,4 @@ rule prepare_base_model:
         cfg=model_cfg_json,
         code=code_hash("llmrnn.models"),
     shell:
-        "llmrnn models prepare --name {wildcards.name} --cfg {params.cfg:q} --out {output.marker} 2> {log}"
+        "llmrnn models prepare --name {wildcards.name:q} --cfg {params.cfg:q} --out {output.marker:q} 2> {log:q}"

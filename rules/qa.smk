@@ -17,8 +17,8 @@ rule qa_synth:
         cfg=json.dumps({"synthetic": config["qa"]["synthetic"]}, sort_keys=True),
         code=code_hash("llmrnn.qa.synth", "llmrnn.qa.data"),
     shell:
-        "llmrnn qa synth --cohort {input.cohort} --out {output.questions} --ood {output.ood} "
-        "--cfg {params.cfg:q} 2> {log}"
+        "llmrnn qa synth --cohort {input.cohort:q} --out {output.questions:q} --ood {output.ood:q} "
+        "--cfg {params.cfg:q} 2> {log:q}"
 
 
 rule qa_data:
@@ -40,12 +40,15 @@ rule qa_data:
     conda:
         "../envs/data.yaml"
     params:
-        sources=qa_source_arg,
-        out_dir=lambda w, output: os.path.dirname(output.summary),
+        source=qa_source_param,
+        ood=qa_ood_param,
         cfg=qa_data_cfg(),
         code=code_hash("llmrnn.qa.data", "llmrnn.qa.rewards"),
     shell:
-        "llmrnn qa data {params.sources} --out-dir {params.out_dir} --cfg {params.cfg:q} 2> {log}"
+        "llmrnn qa data --source {params.source:q} --ood {params.ood:q} --cfg {params.cfg:q} "
+        "--train {output.train:q} --val {output.val:q} --test {output.test:q} --ood-out {output.ood:q} "
+        "--train-parquet {output.train_parquet:q} --val-parquet {output.val_parquet:q} "
+        "--sft-train {output.sft_train:q} --sft-val {output.sft_val:q} --summary {output.summary:q} 2> {log:q}"
 
 
 rule qa_sft:
@@ -68,12 +71,12 @@ rule qa_sft:
         runtime=config["qa"]["sft"]["resources"]["runtime"],
         cpus_per_task=config["qa"]["sft"]["resources"]["cpus_per_task"],
     params:
-        out_dir=lambda w, output: os.path.dirname(output.summary),
         cfg=qa_sft_cfg(),
         code=code_hash("llmrnn.qa.sft", "llmrnn.train.trl_engine"),
     shell:
-        "llmrnn qa sft --train {input.train} --val {input.val} --model {input.model} "
-        "--out-dir {params.out_dir} --cfg {params.cfg:q} 2> {log}"
+        "llmrnn qa sft --train {input.train:q} --val {input.val:q} --model {input.model:q} "
+        "--adapter {output.adapter:q} --metrics {output.metrics:q} --summary {output.summary:q} "
+        "--cfg {params.cfg:q} 2> {log:q}"
 
 
 rule qa_merge_sft:
@@ -97,8 +100,8 @@ rule qa_merge_sft:
         cfg=qa_sft_merge_cfg(),
         code=code_hash("llmrnn.merge"),
     shell:
-        "llmrnn merge run --base {input.base} --adapter {input.adapter} --out {output.merged} "
-        "--check {output.check} --cfg {params.cfg:q} 2> {log}"
+        "llmrnn merge run --base {input.base:q} --adapter {input.adapter:q} --out {output.merged:q} "
+        "--check {output.check:q} --cfg {params.cfg:q} 2> {log:q}"
 
 
 rule qa_preflight:
@@ -115,10 +118,10 @@ rule qa_preflight:
     params:
         cfg=cfg_json("train"),
         out_dir=lambda w, output: os.path.dirname(output.report),
-        code=code_hash("llmrnn.train.preflight", "llmrnn.train.config"),
+        code=code_hash("llmrnn.preflight", "llmrnn.train.config", "llmrnn.train.data"),
     shell:
-        "llmrnn train preflight --cfg {params.cfg:q} --train {input.train} --val {input.val} "
-        "--model {input.policy} --out-dir {params.out_dir} --out {output.report} > {log} 2>&1"
+        "llmrnn preflight training --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
+        "--model {input.policy:q} --out-dir {params.out_dir:q} --out {output.report:q} > {log:q} 2>&1"
 
 
 rule qa_train_grpo:
@@ -145,8 +148,10 @@ rule qa_train_grpo:
         runtime=config["train"]["resources"]["runtime"],
         cpus_per_task=config["train"]["resources"]["cpus_per_task"],
     params:
+        # checkpoints/, state/, samples/ beside the outputs (kept across reruns so a killed run resumes)
+        work=lambda w, output: os.path.dirname(output.metrics),
         cfg=qa_train_cfg(),
-        endpoint=qa_endpoint_arg,
+        endpoint=qa_endpoint_param,
         code=code_hash(
             "llmrnn.train",
             "llmrnn.train.checkpoints",
@@ -158,15 +163,16 @@ rule qa_train_grpo:
             "llmrnn.qa.rewards",
         ),
     shell:
-        "llmrnn train run --cfg {params.cfg:q} --train {input.train} --val {input.val} "
-        "--model {input.model} --metrics {output.metrics} --preflight {input.preflight} "
-        "--reward-func llmrnn.qa.rewards:trl_reward_func {params.endpoint} 2> {log}"
+        "llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
+        "--model {input.model:q} --work-dir {params.work:q} --adapter {output.adapter:q} "
+        "--metrics {output.metrics:q} --summary {output.summary:q} --preflight {input.preflight:q} "
+        "--endpoint {params.endpoint:q} --reward-func llmrnn.qa.rewards:trl_reward_func 2> {log:q}"
 
 
 rule qa_eval_model:
     input:
+        unpack(qa_eval_model),
         questions=f"{QA}/{{split}}.jsonl",
-        model=qa_eval_model,
     output:
         f"{QA_EVAL}/{{variant}}/{{split}}.jsonl",
     log:
@@ -183,12 +189,12 @@ rule qa_eval_model:
         runtime=config["qa"]["eval"]["resources"]["runtime"],
         cpus_per_task=config["qa"]["eval"]["resources"]["cpus_per_task"],
     params:
-        model=lambda w, input: model_folder(input.model[0]),
         cfg=qa_eval_cfg(),
         code=code_hash("llmrnn.qa.evaluate", "llmrnn.qa.rewards", "llmrnn.qa.data"),
     shell:
-        "llmrnn qa eval --model {params.model} --questions {input.questions} --variant {wildcards.variant} "
-        "--split {wildcards.split} --threads {threads} --out {output} --cfg {params.cfg:q} 2> {log}"
+        "llmrnn qa eval --model {input.model:q} --questions {input.questions:q} "
+        "--variant {wildcards.variant:q} --split {wildcards.split:q} --threads {threads:q} --out {output:q} "
+        "--cfg {params.cfg:q} 2> {log:q}"
 
 
 rule qa_eval_gather:
@@ -205,8 +211,8 @@ rule qa_eval_gather:
         cfg=qa_eval_cfg(),
         code=code_hash("llmrnn.qa.evaluate", "llmrnn.stats"),
     shell:
-        "llmrnn qa gather --inputs {input} --metrics {output.metrics} "
-        "--comparison {output.comparison} --cfg {params.cfg:q} 2> {log}"
+        "llmrnn qa gather --inputs {input:q} --metrics {output.metrics:q} "
+        "--comparison {output.comparison:q} --cfg {params.cfg:q} 2> {log:q}"
 
 
 rule qa_report:
@@ -231,13 +237,8 @@ rule qa_report:
     conda:
         "../envs/data.yaml"
     params:
-        outdir=lambda w, output: os.path.dirname(output.plot),
         code=code_hash("llmrnn.qa.report", "llmrnn.report"),
     shell:
-        "llmrnn qa report --metrics {input.metrics} --comparison {input.comparison} "
-        "--inputs {input.files} --outdir {params.outdir} 2> {log}"
-
-
-rule eval_heldout:
-    input:
-        qa_eval_targets(),
+        "llmrnn qa report --metrics {input.metrics:q} --comparison {input.comparison:q} "
+        "--inputs {input.files:q} --plot {output.plot:q} --summary {output.summary:q} "
+        "--questions {output.questions:q} 2> {log:q}"

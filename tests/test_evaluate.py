@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from llmrnn import evaluate
+from llmrnn import evaluate, io
 from llmrnn.errors import InputError
 
 CFG = {
@@ -57,7 +57,7 @@ def write(tmp_path, records, shards):
     for variant, recs in records.items():
         for k in range(shards):
             path = tmp_path / f"{variant}_{shards}_{k}.jsonl"
-            evaluate.write_jsonl(path, evaluate.shard_of(recs, k, shards))
+            io.write_jsonl(path, recs[k::shards])  # any split of the patients
             out.setdefault(variant, []).append(path)
     return out
 
@@ -112,14 +112,17 @@ def test_grade_last_visit_only(records):
 
 
 def test_select_and_shard_patients():
-    pts = [{"subject_id": i} for i in range(10)]
+    pts = [{"subject_id": i, "visits": [{}] * (1 + i % 3)} for i in range(10)]
     chosen = evaluate.select_patients(pts, 4, seed=1)
     assert len(chosen) == 4 and chosen == evaluate.select_patients(pts, 4, seed=1)
     assert [p["subject_id"] for p in chosen] == sorted(p["subject_id"] for p in chosen)
     assert evaluate.select_patients(pts, None, seed=1) == pts
-    parts = [evaluate.shard_of(pts, k, 3) for k in range(3)]
-    assert [p for part in parts for p in part] == pts and {len(p) for p in parts} == {3, 4}
-    assert evaluate.shard_of(pts[:2], 0, 3) == []  # more shards than patients: empty shards
+    parts = [evaluate.shard_of(pts, k, 3) for k in range(3)]  # the trajectories' policy: balanced by visits
+    assert sorted(p["subject_id"] for part in parts for p in part) == list(range(10))
+    assert {sum(len(p["visits"]) for p in part) for part in parts} <= {6, 7}
+    assert [len(evaluate.shard_of(pts[:2], k, 3)) for k in range(3)] == [1, 1, 0]  # more shards than patients
+    with pytest.raises(InputError, match="shard 3 out of range for 3 shards"):
+        evaluate.shard_of(pts, 3, 3)
 
 
 @pytest.mark.parametrize(
@@ -198,7 +201,7 @@ def test_real_shards_gather_to_the_same_metrics_as_one_shard(tmp_path, tiny_mode
     # not only the (mostly zero) accuracies: every raw output of the tiny model is the same, whatever the shard
     def raw_outputs(shards, variant):
         rows = [r for f in sorted((tmp_path / f"k{shards}" / variant).glob("shard_*.jsonl"))
-                for r in evaluate.read_jsonl(f)]
+                for r in io.read_jsonl(f)]
         return {r["patient_id"]: [(v["prediction_raw"], v["evaluation_raw"], v.get("memory_raw")) for v in r["visits"]]
                 for r in rows}
 

@@ -64,8 +64,8 @@ def test_prepare_writes_parquets_sft_and_hashes(tmp_path):
     ood = tmp_path / "ood.json"
     ood.write_text(json.dumps(records(3) + [{"qid": "o1", "q": "A different question about gout?", "a": "B",
                                              "choices": ["x", "gout"], "pid": "z"}]))
-    summary = D.prepare(CFG, tmp_path / "out", str(src), str(ood))
     out = tmp_path / "out"
+    summary = D.prepare(CFG, D.output_paths(out), str(src), str(ood))
     assert summary["sizes"] == {"train": 14, "val": 4, "test": 6, "ood": 1}  # OOD repeats of train dropped
     for name in ("train", "val", "test", "ood"):
         assert summary["sha256"][name] == io.sha256_file(out / f"{name}.jsonl")
@@ -103,9 +103,10 @@ def test_bad_records_are_one_line_and_nothing_is_written(tmp_path, text, message
     src = tmp_path / "bad.json"
     src.write_text(text)
     out = tmp_path / "out"
+    paths = D.output_paths(out)
+    args = [a for k, v in paths.items() for a in (f"--{k.replace('_', '-')}" if k != "ood" else "--ood-out", v)]
     proc = subprocess.run([sys.executable, "-m", "llmrnn.cli", "qa", "data", "--source", str(src),
-                           "--out-dir", str(out), "--cfg", json.dumps(CFG)], check=False, capture_output=True,
-                          text=True)
+                           "--cfg", json.dumps(CFG), *args], check=False, capture_output=True, text=True)
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and message in lines[0] and str(src) in lines[0], proc.stderr

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from llmrnn import io
 from llmrnn.errors import InputError
 from llmrnn.qa import evaluate as E
 from llmrnn.stats import wilson_ci
@@ -29,7 +30,7 @@ def test_evaluate_model_writes_both_modes_per_question(tmp_path, tiny_model_dir)
     out = tmp_path / "base_test.jsonl"
     cfg = {"k": 3, "temperature": 1.0, "max_new_tokens": 8, "batch_size": 2}
     head = E.evaluate_model(str(tiny_model_dir), str(write_questions(tmp_path)), str(out), "base", "test", cfg)
-    rows = E.read_jsonl(out)
+    rows = io.read_jsonl(out)
     assert head["questions"] == 5 and rows[0]["header"]["variant"] == "base"
     for row in rows[1:]:
         assert len(row["samples"]) == 3 and row["greedy"]["text"] is not None
@@ -38,7 +39,7 @@ def test_evaluate_model_writes_both_modes_per_question(tmp_path, tiny_model_dir)
     # greedy is deterministic: a second run gives the same greedy answers; samples follow the seed
     E.evaluate_model(str(tiny_model_dir), str(write_questions(tmp_path)), str(tmp_path / "again.jsonl"), "base",
                      "test", cfg)
-    again = E.read_jsonl(tmp_path / "again.jsonl")
+    again = io.read_jsonl(tmp_path / "again.jsonl")
     assert [r["greedy"]["text"] for r in rows[1:]] == [r["greedy"]["text"] for r in again[1:]]
     assert [r["samples"] for r in rows[1:]] == [r["samples"] for r in again[1:]]
     with pytest.raises(InputError, match="temperature > 0"):
@@ -90,7 +91,9 @@ def test_report_files(tmp_path):
     metrics, comparison = E.gather(files, {"stats": {"bootstrap": {"samples": 100, "seed": 0}}})
     (tmp_path / "m.json").write_text(json.dumps(metrics))
     (tmp_path / "c.json").write_text(json.dumps(comparison))
-    write_report(str(tmp_path / "m.json"), str(tmp_path / "c.json"), files, str(tmp_path / "plots"))
+    plots = tmp_path / "plots"
+    write_report(str(tmp_path / "m.json"), str(tmp_path / "c.json"), files, str(plots / "pass_at_k.png"),
+                 str(plots / "summary.tsv"), str(plots / "questions.tsv"))
     assert (tmp_path / "plots/pass_at_k.png").read_bytes().startswith(b"\x89PNG")
     summary = (tmp_path / "plots/summary.tsv").read_text().splitlines()
     assert summary[1].startswith("test\tbase\tgreedy_pass@1\tgreedy: temperature 0, n 1\t0.3333")

@@ -62,7 +62,7 @@ def run_release(inputs: dict, out: Path, rel: dict | None = None, knobs: dict | 
            "knobs": knobs or KNOBS}
     return release.build_release(
         merged=inputs["merged"], merge_check=inputs["merge_check"], splits=inputs["splits"],
-        split_files=inputs["split_files"], metrics=inputs["metrics"], rubric=inputs["rubric"], eval_metrics=None,
+        split_files=inputs["split_files"], metrics=inputs["metrics"], rubric=inputs["rubric"],
         cfg=cfg, card_out=out / "README.md", manifest_out=out / "MANIFEST.json",
         receipt_out=out / "upload_receipt.json",
     )

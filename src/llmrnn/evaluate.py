@@ -20,12 +20,12 @@ import json
 import logging
 import random
 import statistics
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from llmrnn import io
+from llmrnn import io, jsonparse
 from llmrnn.errors import InputError
+from llmrnn.trajectories import shard_of
 
 log = logging.getLogger(__name__)
 
@@ -54,46 +54,13 @@ def select_patients(patients: list[dict], max_patients: int | None, seed: int) -
     return [patients[i] for i in keep]
 
 
-def shard_of(patients: list[dict], shard: int, shards: int) -> list[dict]:
-    """Contiguous, balanced blocks: shard k of K gets patients [k*n//K, (k+1)*n//K)."""
-    if not 0 <= shard < shards:
-        raise InputError(f"eval: shard {shard} out of range for {shards} shards")
-    n = len(patients)
-    return patients[shard * n // shards : (shard + 1) * n // shards]
-
-
-# ----------------------------------------------------------------------------- shard records
-def read_jsonl(path: str | Path) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}: line {lineno}: not JSON ({exc.msg})") from None
-    return rows
-
-
-def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
-    io.write_text(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
-
-
 def memory_words(text: Any) -> int | None:
     """Length of a memory h_t in words (its evolving_summary when it is the JSON form)."""
+    from llmrnn.rnn import summary_text
+
     if text is None:
         return None
-    if isinstance(text, dict):
-        text = text.get("evolving_summary", json.dumps(text))
-    elif isinstance(text, str):
-        try:
-            obj = json.loads(text)
-            if isinstance(obj, dict) and isinstance(obj.get("evolving_summary"), str):
-                text = obj["evolving_summary"]
-        except json.JSONDecodeError:
-            pass
-    return len(str(text).split())
+    return len(str(summary_text(text if isinstance(text, str) else json.dumps(text))).split())
 
 
 # ----------------------------------------------------------------------------- grading
@@ -217,38 +184,14 @@ Answer with JSON only: {{"primary_correct": true or false, "any_top5_correct": t
 
 def parse_judge_verdict(text: str) -> dict:
     """{"primary_correct", "any_top5_correct"} from a judge answer; unparsable -> both False, judge_ok False."""
-    obj = _first_json_object(text or "")
+    obj, _method = jsonparse.parse_json(text)
     if isinstance(obj, dict):
         obj = obj.get("diagnosis_evaluation", obj)
     if isinstance(obj, dict) and "primary_correct" in obj and "any_top5_correct" in obj:
-        p1, p5 = _as_bool(obj["primary_correct"]), _as_bool(obj["any_top5_correct"])
+        p1, p5 = jsonparse.as_bool(obj["primary_correct"]), jsonparse.as_bool(obj["any_top5_correct"])
         if p1 is not None and p5 is not None:
             return {"primary_correct": p1, "any_top5_correct": p5 or p1, "judge_ok": True}
     return {"primary_correct": False, "any_top5_correct": False, "judge_ok": False}
-
-
-def _as_bool(value: Any) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "yes", "1"):
-        return True
-    if isinstance(value, str) and value.strip().lower() in ("false", "no", "0"):
-        return False
-    if isinstance(value, (int, float)) and value in (0, 1):
-        return bool(value)
-    return None
-
-
-def _first_json_object(text: str) -> Any:
-    """The first decodable JSON object in a text (models wrap JSON in prose or code fences)."""
-    decoder = json.JSONDecoder()
-    for start in (i for i, ch in enumerate(text) if ch == "{"):
-        try:
-            obj, _ = decoder.raw_decode(text, start)
-            return obj
-        except json.JSONDecodeError:
-            continue
-    return None
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -353,7 +296,7 @@ def gather(graded: dict[str, list[Path]], cfg: dict) -> tuple[dict, dict]:
     """{variant: [graded shard files]} -> (metrics, comparison)."""
     per_variant = {}
     for variant, paths in graded.items():
-        records = [rec for p in sorted(paths, key=str) for rec in read_jsonl(p)]
+        records = [rec for p in sorted(paths, key=str) for rec in io.read_jsonl(p)]
         _check_patients(variant, records)
         per_variant[variant] = records
     judge = FinalJudge(cfg.get("final_judge", {}))
@@ -421,23 +364,23 @@ def _cmd_shard(args: argparse.Namespace) -> None:
     if "roles" not in cfg:
         raise InputError("evaluate shard: --cfg has no 'roles' section")
     patients = select_patients(load_cohort(args.test), ev.get("max_patients"), int(ev.get("patient_seed", 0)))
-    part = shard_of(patients, args.shard, args.shards)
+    part = shard_of(patients, args.shard, args.shards)  # the trajectories' policy: balanced by visits
     label = f"eval {args.variant} shard {args.shard + 1}/{args.shards}"
     log.info("%s: %d of %d selected test patients", label, len(part), len(patients))
     results, stats = run_shard(
         part, args.variant, cfg["roles"], args.prompts, int(ev.get("seed", 0)),
         memory_model=args.memory_model, label=label,
     ) if part else ([], {})
-    write_jsonl(args.out, results)
+    io.write_jsonl(args.out, results)
     log.info("%s: done; backend calls %s, unparsable %s", label, stats.get("calls"), stats.get("unparsable"))
 
 
 def _cmd_grade(args: argparse.Namespace) -> None:
     cfg = args.cfg
-    records = read_jsonl(args.shard)
+    records = io.read_jsonl(args.shard)
     judge = FinalJudge(cfg.get("final_judge", {}))
     grade_records(records, judge, visits=cfg.get("grade_visits", "all"))
-    write_jsonl(args.out, records)
+    io.write_jsonl(args.out, records)
     log.info("graded %d patients of %s with the %s final judge", len(records), args.shard, judge.mode)
 
 

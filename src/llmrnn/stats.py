@@ -8,6 +8,16 @@ from collections.abc import Sequence
 Z95 = 1.959963984540054
 
 
+def percentile(values: Sequence[float], q: float, method: str = "linear") -> float | None:
+    """The q-th percentile (q in [0, 100]) of `values`, None when empty. `method` is numpy's: "linear"
+    interpolates; "inverted_cdf" is the nearest rank (always an observed value, e.g. a token length)."""
+    import numpy as np
+
+    if len(values) == 0:
+        return None
+    return np.percentile(np.asarray(values), q, method=method).item()
+
+
 def wilson_ci(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
     """Wilson score 95% interval of a proportion correct/n; (0, 1) when n == 0."""
     if n == 0:

@@ -1,4 +1,4 @@
-"""Real SLURM (ci/slurm/up.sh): the workflow through profiles/slurm lands GPU rules on gpu-a100 with a
+"""Real SLURM (.ci/slurm/up.sh): the workflow through profiles/slurm lands GPU rules on gpu-a100 with a
 GPU request and CPU rules on cpu, the judge/trainer group is one job with disjoint GPUs, and every
 target is produced."""
 

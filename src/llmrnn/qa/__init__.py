@@ -1,11 +1,11 @@
 """Stage `qa`: the second recipe (medical QA with verifiable rewards, optional SFT warm start, pass@k eval).
 
     llmrnn qa synth   --cohort resources/cohort/synthetic.json --out Q.jsonl --ood O.jsonl --cfg JSON
-    llmrnn qa data    --source Q --ood O --out-dir RUN/qa --cfg JSON   (filters, splits, parquets, SFT file)
-    llmrnn qa sft     --train sft_train.jsonl --val sft_val.jsonl --model DIR --out-dir RUN/sft --cfg JSON
+    llmrnn qa data    --source Q [--ood O] --cfg JSON --train ... --summary splits.json  (every output named)
+    llmrnn qa sft     --train sft_train.jsonl --val sft_val.jsonl --model DIR --adapter D --metrics M --summary S
     llmrnn qa eval    --model DIR --questions test.jsonl --variant V --split S --out F --cfg JSON
     llmrnn qa gather  --inputs F... --metrics M --comparison C --cfg JSON
-    llmrnn qa report  --metrics M --comparison C --inputs F... --outdir D
+    llmrnn qa report  --metrics M --comparison C --inputs F... --plot P --summary S --questions Q
 GRPO uses the shared train stage (`llmrnn train run --reward-func llmrnn.qa.rewards:trl_reward_func`),
 merges use `llmrnn merge run`, the release `llmrnn release build`.
 """
@@ -36,16 +36,17 @@ def cmd_synth(args) -> int:
 
 
 def cmd_data(args) -> int:
-    from llmrnn.qa.data import prepare
+    from llmrnn.qa.data import OUTPUTS, prepare
 
-    prepare(args.cfg, args.out_dir, args.source, args.ood)
+    prepare(args.cfg, {k: getattr(args, k) for k in OUTPUTS}, args.source, args.ood_source or None)
     return 0
 
 
 def cmd_sft(args) -> int:
     from llmrnn.qa.sft import train_sft
 
-    train_sft(_cfg(args, "sft"), args.train, args.val, args.model, args.out_dir)
+    train_sft(_cfg(args, "sft"), args.train, args.val, args.model, adapter_dir=args.adapter,
+              metrics_path=args.metrics, summary_path=args.summary)
     return 0
 
 
@@ -70,7 +71,7 @@ def cmd_gather(args) -> int:
 def cmd_report(args) -> int:
     from llmrnn.qa.report import write_report
 
-    for path in write_report(args.metrics, args.comparison, args.inputs, args.outdir):
+    for path in write_report(args.metrics, args.comparison, args.inputs, args.plot, args.summary, args.questions):
         log.info("wrote %s", path)
     return 0
 
@@ -90,16 +91,22 @@ def register(sub) -> None:
 
     d = q.add_parser("data", help="filter, split and write the RL parquets + SFT files")
     d.add_argument("--source", required=True, help="JSON / JSONL file, or hf:<dataset name or path>")
-    d.add_argument("--ood", default=None, help="optional OOD question set (same fields)")
-    d.add_argument("--out-dir", required=True)
+    d.add_argument("--ood", default=None, dest="ood_source",
+                   help="optional OOD question set (same fields); empty = none")
     d.add_argument("--cfg", type=json_arg, required=True, help="the qa section (fields, filter, split, prompt)")
+    for name in ("train", "val", "test", "ood-out", "train-parquet", "val-parquet", "sft-train", "sft-val",
+                 "summary"):
+        d.add_argument(f"--{name}", required=True, dest=name.replace("-out", "").replace("-", "_"),
+                       help=f"output: {name}")
     d.set_defaults(func=cmd_data)
 
     f = q.add_parser("sft", help="LoRA SFT warm start (TRL SFTTrainer)")
     f.add_argument("--train", required=True)
     f.add_argument("--val", default=None)
     f.add_argument("--model", required=True, help="base model folder or its .ready marker")
-    f.add_argument("--out-dir", required=True)
+    f.add_argument("--adapter", required=True, help="output: the LoRA adapter folder")
+    f.add_argument("--metrics", required=True, help="output: metrics.jsonl")
+    f.add_argument("--summary", required=True, help="output: summary.json")
     f.add_argument("--cfg", type=json_arg, required=True)
     f.set_defaults(func=cmd_sft)
 
@@ -124,5 +131,7 @@ def register(sub) -> None:
     r.add_argument("--metrics", required=True)
     r.add_argument("--comparison", required=True)
     r.add_argument("--inputs", nargs="+", required=True)
-    r.add_argument("--outdir", required=True)
+    r.add_argument("--plot", required=True, help="output: pass_at_k.png")
+    r.add_argument("--summary", required=True, help="output: summary.tsv")
+    r.add_argument("--questions", required=True, help="output: questions.tsv (per-question answers, 0600)")
     r.set_defaults(func=cmd_report)

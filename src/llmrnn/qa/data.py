@@ -219,9 +219,9 @@ def rl_rows(records: list[dict], split: str, system: str) -> list[dict]:
 
 
 def write_jsonl(path: str | os.PathLike, rows: list[dict]) -> str:
-    text = "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rows)
-    io.write_text(path, text)
-    return io.sha256_bytes(text.encode("utf-8"))
+    """io.write_jsonl, returning the sha256 of what was written (recorded in splits.json)."""
+    io.write_jsonl(path, rows)
+    return io.sha256_file(path)
 
 
 def write_parquet(path: str | os.PathLike, rows: list[dict]) -> None:
@@ -234,9 +234,15 @@ def write_parquet(path: str | os.PathLike, rows: list[dict]) -> None:
         pq.write_table(pa.Table.from_pylist(rows), tmp)
 
 
-def prepare(cfg: dict, out_dir: str | os.PathLike, source: str, ood: str | None = None) -> dict:
-    """The whole stage; everything is written only after every record was read and checked."""
-    out = Path(out_dir)
+OUTPUTS = ("train", "val", "test", "ood", "train_parquet", "val_parquet", "sft_train", "sft_val", "summary")
+
+
+def prepare(cfg: dict, outputs: dict[str, str], source: str, ood: str | None = None) -> dict:
+    """The whole stage; everything is written only after every record was read and checked.
+    `outputs` names each file (keys: OUTPUTS)."""
+    missing = [k for k in OUTPUTS if not outputs.get(k)]
+    if missing:
+        raise InputError(f"qa data: output path(s) missing: {missing}")
     fields, dataset = cfg.get("fields"), cfg.get("dataset")
     records, counts = filter_records(load_records(source, fields, dataset), cfg.get("filter"))
     split_cfg = cfg.get("split") or {}
@@ -249,11 +255,11 @@ def prepare(cfg: dict, out_dir: str | os.PathLike, source: str, ood: str | None 
         seen = {normalize_text(r["question"]) for r in records}
         ood_records = [r for r in ood_records if normalize_text(r["question"]) not in seen]
     system = (cfg.get("prompt") or {}).get("system") or SYSTEM_PROMPT
-    hashes = {name: write_jsonl(out / f"{name}.jsonl", part) for name, part in splits.items()}
-    hashes["ood"] = write_jsonl(out / "ood.jsonl", ood_records)
+    hashes = {name: write_jsonl(outputs[name], part) for name, part in splits.items()}
+    hashes["ood"] = write_jsonl(outputs["ood"], ood_records)
     for name in ("train", "val"):
-        write_parquet(out / f"{name}.parquet", rl_rows(splits[name], name, system))
-        write_jsonl(out / f"sft_{name}.jsonl",
+        write_parquet(outputs[f"{name}_parquet"], rl_rows(splits[name], name, system))
+        write_jsonl(outputs[f"sft_{name}"],
                     [{"messages": [*messages(r, system), {"role": "assistant", "content": target_text(r)}]}
                      for r in splits[name]])
     summary = {
@@ -266,6 +272,13 @@ def prepare(cfg: dict, out_dir: str | os.PathLike, source: str, ood: str | None 
         "overlap": 0,
         "ood_filter": ood_counts,
     }
-    io.write_json(out / "splits.json", summary)
+    io.write_json(outputs["summary"], summary)
     log.info("qa data: %s", json.dumps(summary["sizes"]))
     return summary
+
+
+def output_paths(out_dir: str | os.PathLike) -> dict[str, str]:
+    """The stage's files under one folder, by the names the rule gives them (for tests and scripts)."""
+    out = Path(out_dir)
+    names = {"train_parquet": "train.parquet", "val_parquet": "val.parquet", "summary": "splits.json"}
+    return {k: str(out / names.get(k, f"{k}.jsonl")) for k in OUTPUTS}

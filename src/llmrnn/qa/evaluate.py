@@ -12,7 +12,6 @@ outcomes and a paired bootstrap CI of the difference.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import InputError
+from llmrnn.models import model_folder
 from llmrnn.qa.data import messages
 from llmrnn.qa.rewards import exact_match
 
@@ -31,17 +31,6 @@ EVAL_DEFAULTS = {"k": 4, "temperature": 0.8, "top_p": 0.95, "max_new_tokens": 96
 METRICS = ("greedy_pass@1", "sampling_pass@k")
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    rows = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}: line {n}: not JSON: {exc.msg}") from exc
-    return rows
-
-
 class Generator:
     """A chat model answering prompts with transformers (CPU or one GPU), greedy or sampled."""
 
@@ -50,6 +39,7 @@ class Generator:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(max(1, threads))
+        model_dir = model_folder(model_dir)
         if not (Path(model_dir) / "config.json").is_file():
             raise InputError(f"{model_dir}: not an HF model folder (no config.json)")
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
@@ -91,7 +81,7 @@ def evaluate_model(model_dir: str, questions: str, out: str, variant: str, split
     cfg = {**EVAL_DEFAULTS, **(cfg or {})}
     if int(cfg["k"]) < 1 or not float(cfg["temperature"]) > 0:
         raise InputError("qa.eval: k must be >= 1 and temperature > 0 (sampling_pass@k samples; greedy is T=0)")
-    records = read_jsonl(questions)
+    records = io.read_jsonl(questions)
     if cfg["max_questions"]:
         records = records[: int(cfg["max_questions"])]
     rows = []
@@ -120,7 +110,7 @@ def evaluate_model(model_dir: str, questions: str, out: str, variant: str, split
             log.info("%s/%s: %d/%d questions", variant, split, len(rows), len(records))
     header = {"variant": variant, "split": split, "model": str(model_dir), "questions": len(rows),
               "seconds": round(time.perf_counter() - t0, 2), "cfg": cfg}
-    io.write_text(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in [{"header": header}, *rows]))
+    io.write_jsonl(out, [{"header": header}, *rows])
     return header
 
 
@@ -144,7 +134,7 @@ def gather(files: list[str], cfg: dict) -> tuple[dict, dict]:
              "sampling_pass@k": f"sampling: temperature {cfg['temperature']}, top_p {cfg['top_p']}, n {cfg['k']}"}
     by: dict[str, dict[str, dict[str, dict]]] = {}
     for path in files:
-        rows = read_jsonl(path)
+        rows = io.read_jsonl(path)
         if not rows or "header" not in rows[0]:
             raise InputError(f"{path}: not a qa eval file (no header line)")
         head = rows[0]["header"]

@@ -8,16 +8,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from llmrnn import io
-from llmrnn.qa.evaluate import METRICS, _variant_order, read_jsonl
+from llmrnn.qa.evaluate import METRICS, _variant_order
 from llmrnn.report import _plt, _save
 
 COLORS = {"base": "#7f7f7f", "sft": "#ff7f0e", "grpo": "#1f77b4"}
 
 
-def plot_pass(metrics: dict, out: str | Path) -> None:
+def plot_pass(metrics: dict, out: str) -> None:
     plt = _plt()
     splits = sorted(metrics["splits"])
     fig, axes = plt.subplots(1, len(splits), figsize=(5.5 * len(splits), 3.8), squeeze=False)
@@ -65,7 +63,7 @@ def questions_tsv(files: list[str]) -> str:
     answers: dict[tuple[str, str], dict[str, str]] = {}
     variants: set[str] = set()
     for path in files:
-        rows = read_jsonl(path)
+        rows = io.read_jsonl(path)
         head = rows[0]["header"]
         variants.add(head["variant"])
         for r in rows[1:]:
@@ -79,10 +77,10 @@ def questions_tsv(files: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(metrics_path: str, comparison_path: str, files: list[str], outdir: str) -> list[Path]:
+def write_report(metrics_path: str, comparison_path: str, files: list[str], plot: str, summary: str,
+                 questions: str) -> list[str]:
     metrics, comparison = io.read_json(metrics_path), io.read_json(comparison_path)
-    out = Path(outdir)
-    plot_pass(metrics, out / "pass_at_k.png")
-    io.write_text(out / "summary.tsv", summary_tsv(metrics, comparison))
-    io.write_text(out / "questions.tsv", questions_tsv(files), mode=0o600)
-    return [out / "pass_at_k.png", out / "summary.tsv", out / "questions.tsv"]
+    plot_pass(metrics, plot)
+    io.write_text(summary, summary_tsv(metrics, comparison))
+    io.write_text(questions, questions_tsv(files), mode=0o600)  # model answers to (patient-derived) questions
+    return [plot, summary, questions]

@@ -47,10 +47,8 @@ def settings(cfg: dict | None) -> dict:
 
 
 def _pairs(path: str | os.PathLike) -> list[dict]:
-    from llmrnn.qa.evaluate import read_jsonl
-
     rows = []
-    for i, row in enumerate(read_jsonl(path)):
+    for i, row in enumerate(io.read_jsonl(path)):
         msgs = row.get("messages")
         if not isinstance(msgs, list) or len(msgs) < 2 or msgs[-1].get("role") != "assistant":
             raise InputError(f"{path}: row {i}: messages: expected chat messages ending with the assistant answer")
@@ -72,8 +70,9 @@ def _progress_callback():
     return Progress()
 
 
-def train_sft(cfg: dict, train_file: str, val_file: str | None, model_dir: str, out_dir: str) -> dict:
-    """Train the LoRA; writes OUT/adapter, OUT/metrics.jsonl, OUT/summary.json."""
+def train_sft(cfg: dict, train_file: str, val_file: str | None, model_dir: str, *, adapter_dir: str,
+              metrics_path: str, summary_path: str) -> dict:
+    """Train the LoRA; writes the adapter folder, metrics.jsonl (one row per logged step) and summary.json."""
     cfg = settings(cfg)
     import torch
 
@@ -83,10 +82,11 @@ def train_sft(cfg: dict, train_file: str, val_file: str | None, model_dir: str, 
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
-    from llmrnn.train.trl_engine import check_adapter
+    from llmrnn.models import model_folder
+    from llmrnn.train.trl_engine import export_adapter
 
-    out = Path(out_dir)
-    model_dir = str(Path(model_dir).parent if Path(model_dir).name == ".ready" else model_dir)
+    model_dir = str(model_folder(model_dir))
+    work = Path(adapter_dir).parent / "sft_checkpoints"  # beside the outputs; save_strategy "no" keeps it empty
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -94,7 +94,7 @@ def train_sft(cfg: dict, train_file: str, val_file: str | None, model_dir: str, 
     val_ds = Dataset.from_list(_pairs(val_file)) if val_file else None
     cuda = torch.cuda.is_available()
     args = SFTConfig(
-        output_dir=str(out / "checkpoints"),
+        output_dir=str(work),
         seed=int(cfg["seed"]),
         use_cpu=not cuda,
         bf16=bool(cuda and torch.cuda.is_bf16_supported()),
@@ -124,18 +124,15 @@ def train_sft(cfg: dict, train_file: str, val_file: str | None, model_dir: str, 
     history = [h for h in trainer.state.log_history if "loss" in h or "eval_loss" in h]
     if not any("loss" in h for h in history):
         raise CheckFailed("qa sft: no training loss was logged; the run did not train")
-    io.write_text(out / "metrics.jsonl", "".join(
-        json.dumps({"step": h.get("step"), "kind": "val" if "eval_loss" in h else "train",
-                    **{k: v for k, v in h.items() if isinstance(v, (int, float))}}) + "\n" for h in history))
-    with io.atomic_dir(out / "adapter") as tmp:
-        trainer.model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-    check_adapter(out / "adapter", cfg)
+    io.write_jsonl(metrics_path, [
+        {"step": h.get("step"), "kind": "val" if "eval_loss" in h else "train",
+         **{k: v for k, v in h.items() if isinstance(v, (int, float))}} for h in history])
+    export_adapter(trainer.model, tokenizer, Path(adapter_dir), cfg)
     summary = {"engine": "trl-sft", "steps": int(trainer.state.global_step), "train_rows": len(train_ds),
                "val_rows": len(val_ds) if val_ds is not None else 0,
                "first_loss": next(h["loss"] for h in history if "loss" in h),
                "last_loss": [h["loss"] for h in history if "loss" in h][-1],
                "seconds": round(time.perf_counter() - t0, 2)}
-    io.write_json(out / "summary.json", summary)
+    io.write_json(summary_path, summary)
     log.info("SFT done: %s", json.dumps(summary))
     return summary

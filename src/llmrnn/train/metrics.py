@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from llmrnn import io
+
 COMMON_KEYS = (
     "reward_mean",
     "reward_std",
@@ -130,34 +132,16 @@ class MetricsWriter:
         """Drop rows past `step` (a resumed run redoes them); returns how many were dropped."""
         if not self.path.exists():
             return 0
-        keep, dropped = [], 0
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by a kill
-                dropped += 1
-                continue
-            if int(row.get("step", 0)) <= step:
-                keep.append(line)
-            else:
-                dropped += 1
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
-        os.replace(tmp, self.path)
-        return dropped
+        written = sum(1 for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip())
+        # a line a kill cut off is not JSON: dropped with the rows past `step`
+        keep = [row for row in io.read_jsonl(self.path, skip_bad=True) if int(row.get("step", 0)) <= step]
+        io.write_jsonl(self.path, keep)
+        return written - len(keep)
 
     def append(self, row: dict) -> None:
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row, sort_keys=True) + "\n")
             fh.flush()
-
-
-def read_rows(path: str | os.PathLike) -> list[dict]:
-    rows = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            rows.append(json.loads(line))
-    return rows
 
 
 def progress_line(row: dict, total: int) -> str:
@@ -172,53 +156,3 @@ def progress_line(row: dict, total: int) -> str:
         f"entropy {f('entropy')}, len {f('response_length_mean')}, grad {f('grad_norm')}, lr {f('lr')}, "
         f"{f('step_time_s')} s"
     )
-
-
-def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
-    """reward.png (train mean +- std, val mean) and kl.png from metrics.jsonl."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from llmrnn import io
-
-    rows = read_rows(metrics_path)
-    train = [r for r in rows if r["kind"] == "train"]
-    val = [r for r in rows if r["kind"] == "val" and r.get("val_reward_mean") is not None]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    pts = [(r["step"], r["reward_mean"], r.get("reward_std") or 0.0) for r in train if r.get("reward_mean") is not None]
-    if pts:
-        xs, ys, sd = zip(*pts)
-        ax.plot(xs, ys, marker=".", label="train reward (mean)")
-        ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.2,
-                        label="+- std within step")
-    if val:
-        ax.plot([r["step"] for r in val], [r["val_reward_mean"] for r in val], marker="o", label="val reward")
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax.set_title("GRPO reward")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    with io.atomic_path(out / "reward.png") as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
-    written.append(out / "reward.png")
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    kl = [(r["step"], r["kl"]) for r in train if r.get("kl") is not None]
-    if kl:
-        ax.plot(*zip(*kl), marker=".", color="tab:red")
-    ax.set_xlabel("step")
-    ax.set_ylabel("KL to reference")
-    ax.set_title("KL (policy vs frozen base)")
-    fig.tight_layout()
-    with io.atomic_path(out / "kl.png") as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
-    written.append(out / "kl.png")
-    return written
