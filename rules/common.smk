@@ -425,7 +425,7 @@ def qa_sft_enabled():
 
 
 def grpo_rule():
-    """The GRPO rule of this recipe (train_grpo or qa_train_grpo): merge_model and release read its
+    """The GRPO job of this recipe (train_grpo or qa_train_grpo): merge_model and release read its
     outputs through it. Called from rule bodies, after every rule file is included."""
     return rules.qa_train_grpo if recipe_is("qa") else rules.train_grpo
 

@@ -57,7 +57,7 @@ def test_splits_are_seeded_grouped_and_disjoint():
 
 
 def test_prepare_writes_parquets_sft_and_hashes(tmp_path):
-    from llmrnn.train.data import read_rows
+    from llmrnn.train.data import read_trajectory_parquet as read_rows
 
     src = tmp_path / "qa.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in records()))

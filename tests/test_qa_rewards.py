@@ -82,7 +82,9 @@ def test_weights_compose_and_unknown_keys_are_refused():
 
 
 def test_reward_config_comes_from_the_environment(monkeypatch):
-    monkeypatch.setenv(R.ENV_CFG, json.dumps({"weights": {"exact_match": 2.0}}))
+    from llmrnn.reward import ENV_CFG
+
+    monkeypatch.setenv(ENV_CFG, json.dumps({"weights": {"exact_match": 2.0}}))
     assert R.compute_score(R.DATA_SOURCE, "<answer>B</answer>", "B")["score"] == 2.0
 
 
@@ -135,7 +137,13 @@ def test_judge_reward_through_the_rubric_service(tmp_path):
         seen.append(prompt)
         return "Score: 9" if "gout" in prompt.split("Candidate", 1)[-1] else "Score: 0"
 
-    rubric = REPO / "config/rubrics/qa_correctness_smollm2.yaml"
+    import yaml
+
+    # the shipped qa rubric, read as text (the scripted judge returns no logprobs)
+    raw = yaml.safe_load((REPO / "config/rubrics/qa_correctness_smollm2.yaml").read_text())
+    raw["request"].update(score_method="text", assistant_prefix="")
+    rubric = tmp_path / "qa_rubric.yaml"
+    rubric.write_text(yaml.safe_dump(raw))
     with ScriptedJudge(respond) as judge:
         endpoint = write_endpoint(tmp_path, judge.port, rubric)
         cfg = {"weights": {"exact_match": 0.0, "judge": 1.0}}
@@ -144,7 +152,7 @@ def test_judge_reward_through_the_rubric_service(tmp_path):
         right = R.compute_score(R.DATA_SOURCE, "<answer>gout</answer>", gt, **kw)
         wrong = R.compute_score(R.DATA_SOURCE, "<answer>anemia</answer>", gt, **kw)
     assert right["judge"] == 1.0 and wrong["judge"] == 0.0
-    assert right["judge_parse_method"] != "fallback"  # the answer was read, not defaulted to 0.5
+    assert right["judge_parse_method"] == "score_line"
     assert "Which joint disease?" in seen[0]
     audit = list((tmp_path / "audit").glob("*.jsonl"))
     assert audit and (audit[0].stat().st_mode & 0o777) == 0o600

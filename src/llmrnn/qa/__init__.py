@@ -24,13 +24,13 @@ def _cfg(args, key: str) -> dict:
 
 def cmd_synth(args) -> int:
     from llmrnn.cohort import load_cohort
-    from llmrnn.qa.data import write_jsonl
+    from llmrnn.qa.data import write_hashed
     from llmrnn.qa.synth import questions_from_cohort
 
     cfg = _cfg(args, "synthetic")
     ind, ood = questions_from_cohort(load_cohort(args.cohort), int(cfg.get("seed", 0)), cfg.get("max_questions"))
-    write_jsonl(args.ood, ood)
-    write_jsonl(args.out, ind)
+    write_hashed(args.ood, ood)
+    write_hashed(args.out, ind)
     log.info("qa synth: %d questions, %d OOD", len(ind), len(ood))
     return 0
 

@@ -218,7 +218,7 @@ def rl_rows(records: list[dict], split: str, system: str) -> list[dict]:
     ]
 
 
-def write_jsonl(path: str | os.PathLike, rows: list[dict]) -> str:
+def write_hashed(path: str | os.PathLike, rows: list[dict]) -> str:
     """io.write_jsonl, returning the sha256 of what was written (recorded in splits.json)."""
     io.write_jsonl(path, rows)
     return io.sha256_file(path)
@@ -255,11 +255,11 @@ def prepare(cfg: dict, outputs: dict[str, str], source: str, ood: str | None = N
         seen = {normalize_text(r["question"]) for r in records}
         ood_records = [r for r in ood_records if normalize_text(r["question"]) not in seen]
     system = (cfg.get("prompt") or {}).get("system") or SYSTEM_PROMPT
-    hashes = {name: write_jsonl(outputs[name], part) for name, part in splits.items()}
-    hashes["ood"] = write_jsonl(outputs["ood"], ood_records)
+    hashes = {name: write_hashed(outputs[name], part) for name, part in splits.items()}
+    hashes["ood"] = write_hashed(outputs["ood"], ood_records)
     for name in ("train", "val"):
         write_parquet(outputs[f"{name}_parquet"], rl_rows(splits[name], name, system))
-        write_jsonl(outputs[f"sft_{name}"],
+        write_hashed(outputs[f"sft_{name}"],
                     [{"messages": [*messages(r, system), {"role": "assistant", "content": target_text(r)}]}
                      for r in splits[name]])
     summary = {

@@ -41,7 +41,6 @@ from typing import Any
 from llmrnn.errors import InputError
 
 DATA_SOURCE = "llmrnn_qa"
-ENV_CFG = "LLMRNN_REWARD_CFG"  # the train stage exports the reward section here (llmrnn.train.cmd_run)
 DEFAULT_WEIGHTS = {"exact_match": 1.0, "format": 0.0, "judge": 0.0, "fluency": 0.0}
 DEFAULT_TAGS = ("reasoning", "answer")
 DEFAULTS: dict[str, Any] = {
@@ -63,7 +62,9 @@ _PUNCT = str.maketrans({c: " " for c in string.punctuation})
 # ----------------------------------------------------------------------------- configuration
 def reward_config(value: Any = None) -> dict:
     """The reward settings: a dict, a JSON string, or (None) the environment; unknown keys are refused."""
-    if value is None:
+    if value is None:  # the train stage exports the reward section (llmrnn.reward.reward_env)
+        from llmrnn.reward import ENV_CFG
+
         value = os.environ.get(ENV_CFG) or "{}"
     if isinstance(value, str):
         try:
