@@ -12,7 +12,7 @@ rule qa_synth:
     log:
         "logs/qa_synth.log",
     conda:
-        "../envs/data.yaml"
+        conda_env("data")
     params:
         cfg=json.dumps({"synthetic": config["qa"]["synthetic"]}, sort_keys=True),
         code=code_hash("llmrnn.qa.synth", "llmrnn.qa.data"),
@@ -38,7 +38,7 @@ rule qa_data:
     log:
         f"{LOGS}/qa_data.log",
     conda:
-        "../envs/data.yaml"
+        conda_env("data")
     params:
         source=qa_source_param,
         ood=qa_ood_param,
@@ -63,7 +63,7 @@ rule qa_sft:
     log:
         f"{LOGS}/qa_sft.log",
     conda:
-        "../envs/cpu.yaml"
+        conda_env("cpu")
     threads: config["qa"]["sft"]["num_threads"]
     resources:
         gpu=config["qa"]["sft"]["resources"]["gpu"],
@@ -89,7 +89,7 @@ rule qa_merge_sft:
     log:
         f"{LOGS}/qa_merge_sft.log",
     conda:
-        "../envs/cpu.yaml"
+        conda_env("cpu")
     threads: config["merge"]["resources"]["cpus_per_task"]
     resources:
         gpu=config["merge"]["resources"]["gpu"],
@@ -114,7 +114,7 @@ rule qa_preflight:
     log:
         f"{LOGS}/qa_preflight.log",
     conda:
-        "../envs/cpu.yaml"
+        conda_env("cpu")
     params:
         cfg=cfg_json("train"),
         out_dir=lambda w, output: os.path.dirname(output.report),
@@ -138,9 +138,7 @@ rule qa_train_grpo:
     log:
         f"{LOGS}/qa_train_grpo.log",
     conda:
-        "../envs/verl.yaml"
-        if config["train"]["engine"] == "verl"
-        else "../envs/cpu.yaml"
+        conda_env("train")
     threads: train_threads()
     resources:
         gpu=train_gpus(),
@@ -181,7 +179,7 @@ rule qa_eval_model:
         variant=QA_VARIANT_PATTERN,
         split="test|ood",
     conda:
-        "../envs/cpu.yaml"
+        conda_env("cpu")
     threads: config["qa"]["eval"]["resources"]["cpus_per_task"]
     resources:
         gpu=config["qa"]["eval"]["resources"]["gpu"],
@@ -206,7 +204,7 @@ rule qa_eval_gather:
     log:
         f"{LOGS}/eval/gather.log",
     conda:
-        "../envs/data.yaml"
+        conda_env("data")
     params:
         cfg=qa_eval_cfg(),
         code=code_hash("llmrnn.qa.evaluate", "llmrnn.stats"),
@@ -235,7 +233,7 @@ rule qa_report:
     log:
         f"{LOGS}/eval/qa_report.log",
     conda:
-        "../envs/data.yaml"
+        conda_env("data")
     params:
         code=code_hash("llmrnn.qa.report", "llmrnn.report"),
     shell:
