@@ -11,7 +11,7 @@ rule judge_server:
     log:
         f"{LOGS}/judge_server.log",
     conda:
-        "../envs/vllm.yaml" if judge_gpus() else "../envs/cpu.yaml"
+        conda_env("judge")
     # 0: the service must not take the cores its consumers (same group) need; `-n --cores 1` stays valid.
     threads: 0
     resources:
@@ -21,7 +21,16 @@ rule judge_server:
         cpus_per_task=config["judge"]["resources"]["cpus_per_task"],
     params:
         cfg=cfg_json("judge"),
-        code=code_hash("llmrnn.judge", "llmrnn.rubric"),
+        code=code_hash(
+            "llmrnn.judge",
+            "llmrnn.judge.client",
+            "llmrnn.judge.launcher",
+            "llmrnn.judge.server",
+            "llmrnn.backends",
+            "llmrnn.models",
+            "llmrnn.retry",
+            "llmrnn.rubric",
+        ),
     shell:
         # exec: Snakemake's SIGTERM at the end of the consumers reaches the launcher, which stops the server.
         "exec llmrnn judge server --rubric {input.rubric:q} --endpoint {output.endpoint:q} "

@@ -16,7 +16,7 @@ rule preflight:
     log:
         f"{LOGS}/preflight.log",
     conda:
-        "../envs/cpu.yaml"
+        conda_env("cpu")
     # 0: preflight mostly waits on the judge; it shares the service group with train_grpo, whose cores
     # count (llmrnn runs a 0-thread job single-threaded: cli.sanitize_thread_env).
     threads: 0
@@ -26,7 +26,8 @@ rule preflight:
             "llmrnn.preflight",
             "llmrnn.reward",
             "llmrnn.rubric",
-            "llmrnn.judge",
+            "llmrnn.judge.client",
+            "llmrnn.retry",
             "llmrnn.train.config",
             "llmrnn.train.data",
             "llmrnn.jsonparse",

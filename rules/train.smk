@@ -17,9 +17,7 @@ rule train_grpo:
     log:
         f"{LOGS}/train_grpo.log",
     conda:
-        "../envs/verl.yaml"
-        if config["train"]["engine"] == "verl"
-        else "../envs/cpu.yaml"
+        conda_env("train")
     threads: train_threads()
     resources:
         gpu=train_gpus(),
@@ -30,7 +28,8 @@ rule train_grpo:
         # checkpoints/, state/, audit/ beside the outputs but not outputs themselves: Snakemake deletes
         # outputs before a rerun, and a rerun after a kill must find the checkpoints to resume
         work=lambda w, output: os.path.dirname(output.metrics),
-        cfg=cfg_json("train", "reward"),
+        # preflight: its max_fallback_rate/fallback_window also guard the reward during training
+        cfg=cfg_json("train", "reward", "preflight"),
         judge_gpus=judge_gpus(),
         code=code_hash(
             "llmrnn.train",
@@ -43,6 +42,9 @@ rule train_grpo:
             "llmrnn.reward",
             "llmrnn.rubric",
             "llmrnn.judge",
+            "llmrnn.judge.client",
+            "llmrnn.retry",
+            "llmrnn.preflight",
             "llmrnn.jsonparse",
             "llmrnn.matching",
             "llmrnn.models",

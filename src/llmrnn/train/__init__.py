@@ -32,6 +32,17 @@ def _assign_gpus(cfg: dict, judge_gpus: int) -> None:
     assign("train", judge_gpus=judge_gpus, train_gpus=train_gpus)
 
 
+def _guard_fallbacks(cfg: dict, audit_dir: Path) -> None:
+    """Turn on the reward's fallback guard for this run (every scoring process inherits the environment)
+    with the preflight's threshold, and forget the stop reason of an earlier attempt."""
+    from llmrnn.preflight import PreflightConfig
+    from llmrnn.reward import STOP_REASON_FILE, guard_env
+
+    pre = PreflightConfig.from_dict(cfg.get("preflight"))
+    os.environ.update(guard_env(pre.max_fallback_rate, pre.fallback_window))
+    (audit_dir / STOP_REASON_FILE).unlink(missing_ok=True)
+
+
 def cmd_run(args) -> int:
     from llmrnn import io
     from llmrnn.errors import CheckFailed
@@ -48,9 +59,17 @@ def cmd_run(args) -> int:
             raise CheckFailed(f"{args.preflight}: preflight failed: " + "; ".join(pre.get("problems", [])))
     # the reward section travels with the train config (same scorer settings)
     os.environ.update(reward_env(args.endpoint, work / "audit", (args.cfg or {}).get("reward")))
+    _guard_fallbacks(args.cfg or {}, work / "audit")
     _assign_gpus(cfg, args.judge_gpus)
     outputs = {"work_dir": str(work), "adapter_dir": args.adapter, "metrics_path": args.metrics}
-    if (args.engine or cfg["engine"]) == "trl":
+    engine = args.engine or cfg["engine"]
+    if engine == "verl":  # here, in the job that holds the GPUs (preflight's step holds none)
+        from llmrnn import gpu_stack
+        from llmrnn.preflight import visible_gpus
+
+        gpu_stack.require_verl()
+        gpu_stack.require_gpus(cfg["n_gpus_per_node"], visible_gpus())
+    if engine == "trl":
         from llmrnn.train import trl_engine
 
         summary = trl_engine.train(cfg, args.train, args.val, args.model, **outputs,
@@ -58,8 +77,11 @@ def cmd_run(args) -> int:
     else:
         from llmrnn.train import verl_cmd
 
+        # --reward-func names the TRL function; verl calls compute_score of the same module
+        reward_module = args.reward_func.split(":", 1)[0] if args.reward_func else None
         summary = verl_cmd.run(cfg, train_parquet=args.train, val_parquet=args.val, model_dir=args.model, **outputs,
-                               experiment_name=args.experiment or work.parent.name, endpoint_file=args.endpoint)
+                               experiment_name=args.experiment or work.parent.name, endpoint_file=args.endpoint,
+                               reward_module=reward_module)
     io.write_json(args.summary, summary)
     return 0
 
