@@ -8,27 +8,34 @@ import re
 import string
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 RULE = re.compile(r"^rule (\w+):", re.MULTILINE)
 
 
 def shell_commands(smk: Path) -> dict[str, str]:
-    """rule name -> its shell command (the string literals under `shell:`, joined as Python joins them)."""
+    """rule name -> its shell command: the block indented under `shell:`, read as ONE Python literal
+    (implicit concatenation, triple quotes). An f-string or any expression there is an error: it would
+    format config values into the command without `:q`."""
     commands: dict[str, str] = {}
     rule, lines = None, smk.read_text().splitlines()
     for i, line in enumerate(lines):
         if m := RULE.match(line):
             rule = m.group(1)
-        if line.strip() == "shell:":
-            parts = []
-            for body in lines[i + 1:]:
-                stripped = body.strip()
-                if stripped.startswith("#"):
-                    continue
-                if not stripped.startswith(('"', "'")):
-                    break
-                parts.append(ast.literal_eval(stripped))
-            commands[rule] = "".join(parts)
+        if line.strip() != "shell:":
+            continue
+        indent = len(line) - len(line.lstrip())
+        block = []
+        for body in lines[i + 1:]:
+            if body.strip() and len(body) - len(body.lstrip()) <= indent:
+                break
+            if not body.strip().startswith("#"):
+                block.append(body.strip())
+        try:
+            commands[rule] = ast.literal_eval("(\n" + "\n".join(block) + "\n)")
+        except (ValueError, SyntaxError) as exc:
+            raise AssertionError(f"{smk.name}: rule {rule}: shell is not a plain string literal ({exc})") from None
     return commands
 
 
@@ -56,4 +63,17 @@ def test_every_shell_field_is_quoted():
 def test_the_scan_sees_an_unquoted_field(tmp_path):
     smk = tmp_path / "x.smk"
     smk.write_text('rule x:\n    shell:\n        "tool --in {input.a:q} "\n        "--out {output} 2> {log:q}; echo ${{HOME}}"\n')
+    assert unquoted_fields(shell_commands(smk)["x"]) == ["output"]
+
+
+def test_the_scan_refuses_an_fstring_shell(tmp_path):
+    smk = tmp_path / "x.smk"
+    smk.write_text('rule x:\n    shell:\n        f"tool --in {config[\'path\']}"\n\n\nrule y:\n    input:\n')
+    with pytest.raises(AssertionError, match="rule x: shell is not a plain string literal"):
+        shell_commands(smk)
+
+
+def test_the_scan_reads_triple_quoted_shells(tmp_path):
+    smk = tmp_path / "x.smk"
+    smk.write_text('rule x:\n    shell:\n        """\n        tool {input:q} \\\n          {output}\n        """\n')
     assert unquoted_fields(shell_commands(smk)["x"]) == ["output"]
