@@ -12,7 +12,7 @@ rule synth_cohort:
         code=code_hash("llmrnn.cohort"),
     shell:
         "llmrnn cohort synth --patients {params.patients:q} --seed {params.seed:q} "
-        "--out {output.cohort:q} 2> {log:q}"
+        "--out {output.cohort:q} --meta {output.meta:q} 2> {log:q}"
 
 
 rule clean_cohort:

@@ -71,7 +71,9 @@ def all_targets():
     return [
         f"{RUN}/splits/splits.json",
         *trajectory_targets(),
-        f"{RUN}/train/preflight.json",
+        # rules.X: all_targets is called by rule all, after every rule file is included
+        rules.preflight.output.report,
+        *rules.train_plots.output,
         *release_targets(),
         *eval_heldout_targets(),
     ]
@@ -114,6 +116,7 @@ def eval_code_hash(step):
         modules += [
             "llmrnn.rnn",
             "llmrnn.backends",
+            "llmrnn.prefix_engine",
             "llmrnn.prompts",
             "llmrnn.jsonparse",
             "llmrnn.cohort",
@@ -168,16 +171,6 @@ def eval_shard_files(kind):
     ]
 
 
-def eval_train_metrics():
-    """Training curves of this run's model; none when eval.trained_model names another model."""
-    return [] if config["eval"]["trained_model"] else [f"{RUN}/train/metrics.jsonl"]
-
-
-def eval_train_metrics_arg():
-    """Arguments as a list, so `{params.train:q}` quotes each one."""
-    return [arg for p in eval_train_metrics() for arg in ("--train-metrics", p)]
-
-
 def eval_heldout_targets():
     plots = f"{RUN}/eval/plots"
     return [
@@ -185,7 +178,6 @@ def eval_heldout_targets():
         f"{RUN}/eval/comparison.json",
         f"{plots}/acc_bars.png",
         f"{plots}/acc_by_visit.png",
-        f"{plots}/training.png",
         f"{plots}/summary.tsv",
     ]
 

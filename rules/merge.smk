@@ -5,7 +5,7 @@
 rule merge_model:
     input:
         base=memory_model_input(),
-        adapter=f"{RUN}/train/adapter",
+        adapter=rules.train_grpo.output.adapter,
     output:
         merged=directory(f"{RUN}/merged"),
         check=f"{RUN}/merge_check.json",

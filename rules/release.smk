@@ -13,7 +13,7 @@ rule release:
             rules.split_cohort.output.val,
             rules.split_cohort.output.test,
         ],
-        metrics=f"{RUN}/train/metrics.jsonl",
+        metrics=rules.train_grpo.output.metrics,
         rubric=config["judge"]["rubric"],
     output:
         card=f"{RUN}/release/README.md",

@@ -1,12 +1,35 @@
-# Plots and the summary table of the held-out evaluation (and the training curves), marked for
-# `snakemake --report report.html`; captions in workflow/report/.
+# Every plot of the workflow, marked for `snakemake --report report.html`; captions in workflow/report/.
+
+
+rule train_plots:
+    input:
+        metrics=rules.train_grpo.output.metrics,
+    output:
+        reward=report(
+            f"{RUN}/train/plots/reward.png",
+            caption="../workflow/report/train_reward.rst",
+            category="Training",
+        ),
+        kl=report(
+            f"{RUN}/train/plots/kl.png",
+            caption="../workflow/report/train_kl.rst",
+            category="Training",
+        ),
+    log:
+        f"{LOGS}/train_plots.log",
+    conda:
+        "../envs/data.yaml"
+    params:
+        code=code_hash("llmrnn.report", "llmrnn.train.metrics"),
+    shell:
+        "llmrnn report training --metrics {input.metrics:q} --reward {output.reward:q} "
+        "--kl {output.kl:q} 2> {log:q}"
 
 
 rule eval_plots:
     input:
         metrics=rules.eval_gather.output.metrics,
         comparison=rules.eval_gather.output.comparison,
-        train=eval_train_metrics(),
     output:
         bars=report(
             f"{RUN}/eval/plots/acc_bars.png",
@@ -18,11 +41,6 @@ rule eval_plots:
             category="Held-out evaluation",
             caption="../workflow/report/acc_by_visit.rst",
         ),
-        training=report(
-            f"{RUN}/eval/plots/training.png",
-            category="Training",
-            caption="../workflow/report/training.rst",
-        ),
         summary=report(
             f"{RUN}/eval/plots/summary.tsv",
             category="Held-out evaluation",
@@ -33,9 +51,7 @@ rule eval_plots:
     conda:
         "../envs/data.yaml"
     params:
-        outdir=lambda w, output: os.path.dirname(output.bars),
-        train=eval_train_metrics_arg(),
         code=code_hash("llmrnn.report"),
     shell:
         "llmrnn report plots --metrics {input.metrics:q} --comparison {input.comparison:q} "
-        "{params.train:q} --outdir {params.outdir:q} 2> {log:q}"
+        "--bars {output.bars:q} --by-visit {output.by_visit:q} --summary {output.summary:q} 2> {log:q}"

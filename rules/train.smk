@@ -14,16 +14,6 @@ rule train_grpo:
         adapter=directory(f"{RUN}/train/adapter"),
         metrics=f"{RUN}/train/metrics.jsonl",
         summary=f"{RUN}/train/summary.json",
-        reward_plot=report(
-            f"{RUN}/train/plots/reward.png",
-            caption="../workflow/report/train_reward.rst",
-            category="Training",
-        ),
-        kl_plot=report(
-            f"{RUN}/train/plots/kl.png",
-            caption="../workflow/report/train_kl.rst",
-            category="Training",
-        ),
     log:
         f"{LOGS}/train_grpo.log",
     conda:
@@ -37,6 +27,9 @@ rule train_grpo:
         runtime=config["train"]["resources"]["runtime"],
         cpus_per_task=config["train"]["resources"]["cpus_per_task"],
     params:
+        # checkpoints/, state/, audit/ beside the outputs but not outputs themselves: Snakemake deletes
+        # outputs before a rerun, and a rerun after a kill must find the checkpoints to resume
+        work=lambda w, output: os.path.dirname(output.metrics),
         cfg=cfg_json("train", "reward"),
         judge_gpus=judge_gpus(),
         code=code_hash(
@@ -56,5 +49,6 @@ rule train_grpo:
         ),
     shell:
         "llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
-        "--model {input.model:q} --metrics {output.metrics:q} --endpoint {input.endpoint:q} "
+        "--model {input.model:q} --work-dir {params.work:q} --adapter {output.adapter:q} "
+        "--metrics {output.metrics:q} --summary {output.summary:q} --endpoint {input.endpoint:q} "
         "--preflight {input.preflight:q} --judge-gpus {params.judge_gpus:q} 2> {log:q}"

@@ -29,6 +29,7 @@ rule trajectory_shard:
             "llmrnn.trajectories",
             "llmrnn.rnn",
             "llmrnn.backends",
+            "llmrnn.prefix_engine",
             "llmrnn.prompts",
             "llmrnn.jsonparse",
             "llmrnn.matching",

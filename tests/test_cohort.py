@@ -124,7 +124,8 @@ def test_synthetic_cohort_is_deterministic_marked_and_longitudinal():
 
 def test_synthetic_cohort_has_patients_for_cleaning(tmp_path):
     path = tmp_path / "s.json"
-    assert main(["cohort", "synth", "--patients", "60", "--seed", "7", "--out", str(path)]) == 0
+    assert main(["cohort", "synth", "--patients", "60", "--seed", "7", "--out", str(path),
+                 "--meta", str(tmp_path / "s.json.meta.json")]) == 0
     patients = load_cohort(path)
     kept, report = clean_cohort(patients)
     assert report["patients_dropped_empty_diagnosis"] > 0

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from llmrnn.errors import CheckFailed
-from llmrnn.preflight import run_preflight, training_part
+from llmrnn.preflight import run_preflight
 from tests.conftest import snakemake
 from tests.judge_helpers import ScriptedJudge, make_step, write_endpoint, write_parquet, write_rubric
 
@@ -97,11 +97,19 @@ def test_cli_failure_is_one_line_without_traceback(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_training_part_without_train_config_or_tokenizer_is_skipped_and_says_so():
-    skipped = training_part(None, "t.parquet", None, "tok", "o")
-    assert skipped["problems"] == [] and "train_cfg" in skipped["skipped"]
-    skipped = training_part({"engine": "trl"}, "t.parquet", None, None, "o")
-    assert skipped["problems"] == [] and "tokenizer_dir" in skipped["skipped"] and skipped["warnings"]
+def test_training_problems_fail_preflight_even_when_the_judge_passes(tmp_path, tiny_model_dir):
+    judge, endpoint, parquet = _setup(tmp_path, content_score)
+    cfg = dict(CFG, train={"engine": "trl", "group_size": 4, "batch": {"train": 2, "mini": 2, "micro_per_gpu": 3}})
+    out = tmp_path / "train" / "preflight.json"
+    try:
+        with pytest.raises(CheckFailed, match="training: train.batch.micro_per_gpu=3 does not divide"):
+            run_preflight(str(parquet), str(endpoint), str(out), str(tmp_path / "audit"), cfg,
+                          tokenizer_dir=str(tiny_model_dir))
+    finally:
+        judge.__exit__(None, None, None)
+    saved = json.loads(out.read_text())
+    assert saved["ok"] is False and saved["judge"]["fallback_rate"] == 0.0
+    assert saved["training"]["geometry"]["responses_per_step"] == 8 and saved["training"]["data"]["train"]["rows"] == 6
 
 
 def _port_closed(log_text: str) -> bool:

@@ -150,6 +150,14 @@ def test_missing_endpoint_is_a_clear_error(monkeypatch):
         compute_score(DS, memory("x"), STEP, {})
 
 
+def test_missing_audit_dir_is_a_clear_error(monkeypatch, tmp_path):
+    """Every judge call is audited where the caller says; no path is guessed from the endpoint's."""
+    monkeypatch.delenv("LLMRNN_AUDIT_DIR", raising=False)
+    with pytest.raises(InputError, match="no audit directory: pass audit_dir= or set LLMRNN_AUDIT_DIR"):
+        compute_score(DS, memory("x"), STEP, {}, endpoint_file=str(tmp_path / "endpoint.json"))
+    assert list(tmp_path.iterdir()) == []
+
+
 # --------------------------------------------------------------------------- pairwise
 _PAIR = re.compile(r"Memory A:\n(.*?)\n\nMemory B:\n(.*?)\n\nReply", re.DOTALL)
 

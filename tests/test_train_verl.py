@@ -152,7 +152,8 @@ def test_verl_run_streams_metrics_checks_completion_and_copies_adapter(tmp_path,
     cfg = {"batch": {"train": 2, "mini": 2, "micro_per_gpu": 4}, "group_size": 4, "epochs": 2, "test_freq": 2,
            "lora": {"rank": 8, "alpha": 16}}
     out = tmp_path / "train"
-    kw = {"train_parquet": train, "val_parquet": val, "model_dir": "m", "out_dir": str(out),
+    kw = {"train_parquet": train, "val_parquet": val, "model_dir": "m", "work_dir": str(out),
+          "adapter_dir": out / "adapter", "metrics_path": out / "metrics.jsonl",
           "experiment_name": "e", "endpoint_file": None, "verl_version": "0.7.1"}
 
     monkeypatch.setenv("FAKE_TOTAL", "8")

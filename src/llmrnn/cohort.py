@@ -437,7 +437,7 @@ def _cmd_synth(args: argparse.Namespace) -> None:
         "seed": args.seed,
         "note": "SYNTHETIC cohort for demos and tests; no real patient data.",
     }
-    io.write_texts({args.out: dump_cohort(patients), f"{args.out}.meta.json": io.json_text(meta)})
+    io.write_texts({args.out: dump_cohort(patients), args.meta: io.json_text(meta)})
     log.info("wrote %d synthetic patients to %s", len(patients), args.out)
 
 
@@ -520,7 +520,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = csub.add_parser("synth", help="write a deterministic SYNTHETIC cohort")
     p.add_argument("--patients", type=int, required=True)
     p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="output: the cohort JSON")
+    p.add_argument("--meta", required=True, help="output: how it was made (generator, patients, seed)")
     p.set_defaults(func=_cmd_synth)
 
     p = csub.add_parser("validate", help="check every record of a cohort file")

@@ -15,8 +15,11 @@ Judge problems: a fallback rate above `preflight.max_fallback_rate` (the judge i
 score: the reference authors saw most scalar-coerced rewards fall back to 0.5) or fewer than
 `preflight.min_distinct_rewards` distinct rewards (a constant reward trains nothing). With
 `preflight.on_problem: fail` they stop the DAG with one line saying why; `warn` records them as
-warnings. The training part comes from `llmrnn.train.preflight.training_checks(...)` (owned by the
-train stage); its problems always count.
+warnings.
+
+Training problems (`training_checks`: batch geometry, prompt lengths vs max_prompt_length, LR
+schedule, GPUs, free disk; each one line saying what to change) always count. `llmrnn preflight
+training` runs them alone, without a judge.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, fields
@@ -189,19 +194,166 @@ def _first_answer(scorer, result: dict) -> str:
     return "?"
 
 
-# ----------------------------------------------------------------------------- training part (train stage)
-def training_part(train_cfg: dict | None, train_parquet: str, val_parquet: str | None,
-                  tokenizer_dir: str | None, out_dir: str) -> dict:
-    """The train stage's checks (`llmrnn.train.preflight.training_checks`); skipped, and said so, when the
-    rule gives no train config or no tokenizer (the prompt lengths need the policy's tokenizer)."""
-    from llmrnn.train.preflight import training_checks
+# ----------------------------------------------------------------------------- training checks
+def visible_gpus() -> int:
+    """GPUs this process can use (torch if importable, else CUDA_VISIBLE_DEVICES)."""
+    try:
+        import torch
 
-    missing = [name for name, value in (("train_cfg", train_cfg), ("tokenizer_dir", tokenizer_dir)) if value is None]
-    if missing:
-        return {"skipped": f"training checks not run: no value for {', '.join(missing)} "
-                           "(the preflight rule passes --tokenizer-dir and the train config)",
-                "problems": [], "warnings": [f"training checks skipped (missing {', '.join(missing)})"]}
-    return training_checks(train_cfg, train_parquet, val_parquet, tokenizer_dir, out_dir=out_dir)
+        return int(torch.cuda.device_count())
+    except Exception as exc:  # noqa: BLE001 - no torch: fall back to the environment
+        log.debug("torch GPU count unavailable: %s", exc)
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return len([x for x in env.split(",") if x.strip() and x.strip() != "-1"])
+    return 0
+
+
+def _split_lengths(split: str, path, tokenizer, limit: int, max_dropped_fraction: float) -> tuple[dict, int, list[str]]:
+    """Prompt lengths of one parquet vs max_prompt_length: (report, rows that fit, problems)."""
+    from llmrnn.train import data as tdata
+
+    rows = tdata.read_trajectory_parquet(path)
+    lengths = tdata.prompt_lengths(rows, tokenizer)
+    over = [i for i, n in enumerate(lengths) if n > limit]
+    report = {
+        "rows": len(rows),
+        "prompt_tokens_max": max(lengths) if lengths else 0,
+        "prompt_tokens_mean": round(sum(lengths) / len(lengths), 1) if lengths else 0,
+        "overlong_rows": len(over),
+        "overlong_examples": [
+            {"row": i, "tokens": lengths[i], **{k: (rows[i].get("extra_info") or {}).get(k)
+                                                for k in ("patient_id", "visit_index")}}
+            for i in over[:5]
+        ],
+    }
+    problems = []
+    if not rows:
+        problems.append(f"{split} parquet {path}: no rows")
+    elif over and len(over) / len(rows) > max_dropped_fraction:
+        problems.append(
+            f"{split} parquet {path}: {len(over)} of {len(rows)} prompts exceed train.max_prompt_length={limit} "
+            f"tokens (longest {max(lengths)}); verl would silently drop them: raise max_prompt_length or "
+            "shorten the prompts"
+        )
+    return report, len(rows) - len(over), problems
+
+
+def _data_checks(cfg: dict, train_parquet, val_parquet, tokenizer_dir, max_dropped_fraction: float):
+    """Prompt lengths of both splits and the steps the usable train rows make: (report, problems)."""
+    from transformers import AutoTokenizer
+
+    from llmrnn.train import config as tcfg
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    limit = cfg["max_prompt_length"]
+    data: dict = {"max_prompt_length": limit, "val": None}
+    data["train"], kept_train, problems = _split_lengths("train", train_parquet, tokenizer, limit,
+                                                         max_dropped_fraction)
+    if val_parquet is not None:
+        data["val"], _, val_problems = _split_lengths("val", val_parquet, tokenizer, limit, max_dropped_fraction)
+        problems += val_problems
+    elif cfg["test_freq"]:
+        problems.append("no val parquet: validation every train.test_freq steps needs one")
+    spe = tcfg.steps_per_epoch(cfg, kept_train)
+    data["steps_per_epoch"] = spe
+    data["planned_steps"] = tcfg.planned_steps(cfg, kept_train)
+    if kept_train and spe == 0:
+        problems.append(
+            f"train parquet: {kept_train} usable rows are fewer than one batch of train.batch.train="
+            f"{cfg['batch']['train']} prompts (the partial batch is dropped): no step would run"
+        )
+    return data, problems
+
+
+def _lr_checks(cfg: dict, planned: int, updates_per_step: int) -> tuple[dict, list[str]]:
+    """The optimizer steps the run makes and the LR it sees at the first/last one."""
+    from llmrnn.train import config as tcfg
+
+    updates = planned * updates_per_step
+    warm = int(cfg["warmup_steps"] or 0)
+    schedule = {
+        "scheduler": cfg["lr_scheduler"],
+        "peak_lr": float(cfg["lr"]),
+        "warmup_steps": warm,
+        "optimizer_steps": updates,
+        "lr_first_step": tcfg.lr_at(cfg, 1, updates) if updates else None,
+        "lr_last_step": tcfg.lr_at(cfg, updates, updates) if updates else None,
+    }
+    problems = []
+    if not float(cfg["lr"]) > 0:
+        problems.append(f"train.lr={cfg['lr']}: must be > 0")
+    if updates and warm >= updates:
+        problems.append(
+            f"train.warmup_steps={warm} >= the run's {updates} optimizer steps: the LR never reaches train.lr"
+        )
+    if cfg["save_freq"] and planned and cfg["save_freq"] > planned:
+        schedule["note"] = "save_freq > planned steps: only the final checkpoint is written"
+    return schedule, problems
+
+
+def _gpu_checks(cfg: dict, gpus_available: int | None) -> tuple[dict, list[str]]:
+    engine = cfg["engine"]
+    need = 0 if engine == "trl" else cfg["n_gpus_per_node"]
+    have = visible_gpus() if gpus_available is None else int(gpus_available)
+    gpus = {"engine": engine, "requested_per_node": need, "nnodes": cfg["nnodes"], "available_here": have}
+    problems = []
+    if engine == "verl" and have < need:
+        problems.append(
+            f"train.n_gpus_per_node={need} but {have} GPU(s) are visible here (verl cannot train on CPU; "
+            "use train.engine: trl, or run on a GPU node)"
+        )
+    return gpus, problems
+
+
+def _disk_checks(cfg: dict, target: Path) -> tuple[dict, list[str]]:
+    """Free disk for checkpoints where they will go (the nearest existing folder of `target`)."""
+    probe = target
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free_gb = shutil.disk_usage(probe).free / 1e9
+    disk = {"path": str(target), "free_gb": round(free_gb, 2), "min_free_gb": cfg["min_free_disk_gb"]}
+    problems = []
+    if free_gb < float(cfg["min_free_disk_gb"]):
+        problems.append(
+            f"only {free_gb:.1f} GB free at {probe}; train.min_free_disk_gb={cfg['min_free_disk_gb']} needed for "
+            "checkpoints"
+        )
+    return disk, problems
+
+
+def training_checks(
+    train_cfg: dict,
+    train_parquet: str | os.PathLike,
+    val_parquet: str | os.PathLike | None,
+    tokenizer_dir: str | os.PathLike,
+    *,
+    out_dir: str | os.PathLike | None = None,
+    gpus_available: int | None = None,
+    max_dropped_fraction: float = 0.0,
+) -> dict:
+    """Batch geometry, prompt lengths vs max_prompt_length, LR schedule, GPUs, free disk.
+
+    Returns {"ok", "problems": [...], "engine", "geometry", "data", "lr_schedule", "gpus", "disk"}."""
+    from llmrnn.train import config as tcfg
+
+    cfg = tcfg.normalize(train_cfg)
+    geo = tcfg.geometry(cfg)
+    data, data_problems = _data_checks(cfg, train_parquet, val_parquet, tokenizer_dir, max_dropped_fraction)
+    schedule, lr_problems = _lr_checks(cfg, data["planned_steps"], geo.updates_per_step)
+    gpus, gpu_problems = _gpu_checks(cfg, gpus_available)
+    disk, disk_problems = _disk_checks(cfg, Path(out_dir) if out_dir else Path(train_parquet).parent)
+    problems = [*geo.problems, *data_problems, *lr_problems, *gpu_problems, *disk_problems]
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "engine": cfg["engine"],
+        "geometry": geo.as_dict(),
+        "data": data,
+        "lr_schedule": schedule,
+        "gpus": gpus,
+        "disk": disk,
+    }
 
 
 # ----------------------------------------------------------------------------- command
@@ -222,7 +374,13 @@ def run_preflight(train_parquet: str, endpoint_file: str, out: str, audit_dir: s
         scorer.close()
     log.info("judge preflight: %s", json.dumps({k: judge_report[k] for k in
                                                 ("parse_methods", "fallback_rate", "reward", "latency_s")}))
-    training = training_part(cfg.get("train"), train_parquet, val_parquet, tokenizer_dir, str(Path(out).parent))
+    if cfg.get("train") is None or tokenizer_dir is None:
+        missing = "train config" if cfg.get("train") is None else "--tokenizer-dir"
+        training = {"skipped": f"training checks not run: no {missing} (the preflight rule passes both)",
+                    "problems": [], "warnings": [f"training checks skipped (no {missing})"]}
+    else:  # the disk check looks where checkpoints go: the folder of preflight.json (RUN/train)
+        training = training_checks(cfg["train"], train_parquet, val_parquet, tokenizer_dir,
+                                   out_dir=Path(out).parent)
     problems, warnings = [], []
     (problems if pcfg.on_problem == "fail" else warnings).extend(judge_problems)
     problems.extend(f"training: {p}" for p in training.get("problems", []))
@@ -235,6 +393,22 @@ def run_preflight(train_parquet: str, endpoint_file: str, out: str, audit_dir: s
     if problems:
         raise CheckFailed("preflight failed: " + " | ".join(problems))
     return report
+
+
+def _cmd_training(args) -> int:
+    from llmrnn.train import config as tcfg
+
+    cfg = args.cfg.get("train", args.cfg)
+    model = Path(args.model)
+    result = training_checks(tcfg.normalize(cfg), args.train, args.val,
+                             model.parent if model.name == ".ready" else model,  # a marker stands for its folder
+                             out_dir=args.out_dir, gpus_available=args.gpus)
+    if args.out:
+        io.write_json(args.out, result)
+    for problem in result["problems"]:
+        log.error("preflight: %s", problem)
+    print(json.dumps(result, indent=2))
+    return 0 if result["ok"] else 3
 
 
 def _cmd_run(args) -> int:
@@ -257,3 +431,14 @@ def register(sub) -> None:
     r.add_argument("--tokenizer-dir", default=None, help="policy base model dir (training checks: prompt lengths)")
     r.add_argument("--cfg", type=json_arg, default={}, help="JSON of sections judge, reward, preflight[, train]")
     r.set_defaults(func=_cmd_run)
+
+    t = psub.add_parser("training", help="training checks only (no judge): batch geometry, prompt lengths, LR, "
+                                         "GPUs, disk")
+    t.add_argument("--cfg", type=json_arg, required=True, help='JSON {"train": {...}} (config subset)')
+    t.add_argument("--train", required=True, help="train parquet")
+    t.add_argument("--val", default=None, help="val parquet")
+    t.add_argument("--model", required=True, help="policy base model dir (its tokenizer measures the prompts)")
+    t.add_argument("--out", default=None, help="write the JSON result here")
+    t.add_argument("--out-dir", default=None, help="where checkpoints will go (free disk check)")
+    t.add_argument("--gpus", type=int, default=None, help="GPUs available (default: detect)")
+    t.set_defaults(func=_cmd_training)

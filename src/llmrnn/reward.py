@@ -10,8 +10,8 @@ Entry points (verl calls compute_score(data_source=, solution_str=, ground_truth
 
 Where the judge is: kwargs `endpoint_file=`, `rubric_file=`, `audit_dir=`, `reward_cfg=` (dict or JSON
 of config section `reward`), else env LLMRNN_JUDGE_ENDPOINT / LLMRNN_RUBRIC / LLMRNN_AUDIT_DIR /
-LLMRNN_REWARD_CFG. The rubric defaults to the one the endpoint file names; the audit dir defaults to
-RUN/train/audit beside RUN/judge/endpoint.json.
+LLMRNN_REWARD_CFG. The rubric defaults to the one the endpoint file names; the audit dir has no default
+(the caller names it: RUN/train/audit for training, RUN/train/preflight_audit for preflight).
 
 Scores:
 - policy output that is not exactly a JSON object {"evolving_summary": "<text>"} (optionally in one
@@ -174,14 +174,12 @@ class JudgeCall:
 class Scorer:
     """Judge endpoint + rubric + thread pool + request cache + audit, shared by all entry points."""
 
-    def __init__(self, endpoint_file: str | Path, rubric_file: str | Path | None = None,
-                 audit_dir: str | Path | None = None, cfg: RewardConfig | None = None):
+    def __init__(self, endpoint_file: str | Path, rubric_file: str | Path | None,
+                 audit_dir: str | Path, cfg: RewardConfig | None = None):
         self.cfg = cfg or RewardConfig()
         self.endpoint_file = Path(endpoint_file)
         self.endpoint: Endpoint = wait_for_endpoint(self.endpoint_file, self.cfg.health_timeout_s)
         self.rubric: Rubric = load_rubric(rubric_file or self.endpoint.rubric)
-        if audit_dir is None:
-            audit_dir = self.endpoint_file.resolve().parent.parent / "train" / "audit"
         self.audit = AuditLog(audit_dir)
         self.client = JudgeClient(
             self.endpoint, timeout_s=self.cfg.timeout_s, retries=self.cfg.retries,
@@ -368,7 +366,9 @@ def get_scorer(endpoint_file: str | None = None, rubric_file: str | None = None,
     if not endpoint_file:
         raise InputError(f"reward: no judge endpoint: pass endpoint_file= or set {ENV_ENDPOINT}")
     rubric_file = rubric_file or os.environ.get(ENV_RUBRIC) or None
-    audit_dir = audit_dir or os.environ.get(ENV_AUDIT) or None
+    audit_dir = audit_dir or os.environ.get(ENV_AUDIT)
+    if not audit_dir:  # every judge call is audited: the caller says where (train: RUN/train/audit)
+        raise InputError(f"reward: no audit directory: pass audit_dir= or set {ENV_AUDIT}")
     cfg = RewardConfig.from_any(reward_cfg if reward_cfg is not None else os.environ.get(ENV_CFG))
     key = (str(endpoint_file), str(rubric_file), str(audit_dir), json.dumps(asdict(cfg), sort_keys=True), os.getpid())
     with _SCORERS_LOCK:

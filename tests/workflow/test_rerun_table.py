@@ -29,8 +29,8 @@ TRIGGERS = ["--rerun-triggers", "params", "code", "input", "mtime"]
 # Snakemake starts every member of the judge/preflight/trainer service group at once: train_grpo then
 # waits (up to --latency-wait) for preflight.json, which takes longer than the default 5 s here.
 GROUP_WAIT = ["--latency-wait", "180"]
-TRAINED_SIDE = {"train_grpo", "merge_model", "release", "eval_shard", "eval_grade", "eval_gather", "eval_plots",
-                "report"}
+TRAINED_SIDE = {"train_grpo", "train_plots", "merge_model", "release", "eval_shard", "eval_grade", "eval_gather",
+                "eval_plots", "report"}
 JUDGED = {"judge_server", "preflight"}
 
 

@@ -97,39 +97,9 @@ def latest_checkpoint(ckpt_dir: Path, prune: bool = True) -> Path | None:
     return best
 
 
-# ----------------------------------------------------------------------------- main entry
-def train(
-    cfg: dict,
-    train_parquet: str | os.PathLike,
-    val_parquet: str | os.PathLike | None,
-    model_dir: str | os.PathLike,
-    out_dir: str | os.PathLike,
-    reward_spec: str = DEFAULT_REWARD,
-    callbacks: list | None = None,
-) -> dict:
-    """Run (or resume) GRPO with TRL; returns a summary. Raises CheckFailed if the planned steps were not reached."""
-    cfg = tcfg.normalize(cfg)
-    out = Path(out_dir)
-    ckpt_dir = out / "checkpoints"
-    # live files sit beside the checkpoints (Snakemake deletes a rule's outputs before rerunning it, and a
-    # resumed run must keep the rows of the steps it does not redo); outputs are copied at the end
-    metrics_path = out / "state" / "metrics.jsonl"
-    trace_path = out / "state" / "data_trace.jsonl"
-
-    threads = int(cfg["trl"]["num_threads"])
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    import warnings
-
-    import torch
-
-    torch.set_num_threads(threads)
-    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-    from trl.trainer.utils import RepeatSampler
-
+# ----------------------------------------------------------------------------- pieces of a run
+def check_knobs(cfg: dict):
+    """The batch geometry TRL runs with; knobs TRL cannot honour are errors (or a warning for the estimator)."""
     geo = tcfg.geometry(cfg, "trl")
     if geo.problems:
         raise CheckFailed("train: " + "; ".join(geo.problems))
@@ -138,40 +108,32 @@ def train(
     if cfg["kl"]["estimator"] not in ("low_var_kl", "k3"):
         log.warning("TRL's KL is the k3 (low_var_kl) estimator; train.kl.estimator=%s applies to verl only",
                     cfg["kl"]["estimator"])
+    return geo
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
 
-    def load(path, split):
-        rows = tdata.read_trajectory_parquet(path)
-        lengths = tdata.prompt_lengths(rows, tokenizer)
-        kept = [r for r, n in zip(rows, lengths) if n <= cfg["max_prompt_length"]]
-        if len(kept) < len(rows):
-            log.warning("%s: dropped %d of %d rows longer than max_prompt_length=%d (as verl does)",
-                        split, len(rows) - len(kept), len(rows), cfg["max_prompt_length"])
-        for i, row in enumerate(kept):
-            row["extra_info"] = dict(row.get("extra_info") or {}, index=tdata.row_index(row, i))
-        return kept
+def load_rows(path: str | os.PathLike, split: str, tokenizer, max_prompt_length: int) -> list[dict]:
+    """Rows of a trajectory parquet, without prompts over max_prompt_length (dropped, as verl does)."""
+    rows = tdata.read_trajectory_parquet(path)
+    lengths = tdata.prompt_lengths(rows, tokenizer)
+    kept = [r for r, n in zip(rows, lengths) if n <= max_prompt_length]
+    if len(kept) < len(rows):
+        log.warning("%s: dropped %d of %d rows longer than max_prompt_length=%d (as verl does)",
+                    split, len(rows) - len(kept), len(rows), max_prompt_length)
+    for i, row in enumerate(kept):
+        row["extra_info"] = dict(row.get("extra_info") or {}, index=tdata.row_index(row, i))
+    return kept
 
-    train_rows = load(train_parquet, "train")
-    planned = tcfg.planned_steps(cfg, len(train_rows))
-    if planned < 1:
-        raise CheckFailed(
-            f"train: {len(train_rows)} usable train rows make no full batch of train.batch.train="
-            f"{cfg['batch']['train']} prompts"
-        )
-    upd = geo.updates_per_step
-    max_steps = planned * upd
-    val_rows = load(val_parquet, "val") if val_parquet and cfg["test_freq"] else []
-    train_ds = Dataset.from_list(train_rows)
-    val_ds = Dataset.from_list(val_rows) if val_rows else None
 
-    reward_fn = load_callable(reward_spec)
+def grpo_arguments(cfg: dict, geo, ckpt_dir: Path, max_steps: int, validate: bool):
+    """GRPOConfig from the shared knobs (the mapping in the module docstring)."""
+    import torch
+    from trl import GRPOConfig
+
     cuda = torch.cuda.is_available()
     g = cfg["group_size"]
     micro = cfg["batch"]["micro_per_gpu"]
-    args = GRPOConfig(
+    upd = geo.updates_per_step
+    return GRPOConfig(
         output_dir=str(ckpt_dir),
         seed=int(cfg["seed"]),
         data_seed=int(cfg["seed"]),
@@ -197,9 +159,9 @@ def train(
         save_strategy="steps",
         save_steps=int(cfg["save_freq"]) * upd if cfg["save_freq"] else max_steps,
         save_total_limit=cfg["keep_last"],
-        eval_strategy="steps" if val_ds is not None else "no",
-        eval_steps=int(cfg["test_freq"]) * upd if val_ds is not None else None,
-        eval_on_start=bool(val_ds is not None and cfg["val_before_train"]),
+        eval_strategy="steps" if validate else "no",
+        eval_steps=int(cfg["test_freq"]) * upd if validate else None,
+        eval_on_start=bool(validate and cfg["val_before_train"]),
         per_device_eval_batch_size=g,
         num_generations_eval=g,
         logging_steps=int(cfg["trl"]["logging_steps"]),
@@ -208,7 +170,12 @@ def train(
         dataloader_num_workers=0,
         shuffle_dataset=True,
     )
-    lora = LoraConfig(
+
+
+def lora_config(cfg: dict):
+    from peft import LoraConfig
+
+    return LoraConfig(
         r=int(cfg["lora"]["rank"]),
         lora_alpha=int(cfg["lora"]["alpha"]),
         lora_dropout=float(cfg["lora"]["dropout"]),
@@ -217,7 +184,9 @@ def train(
         task_type="CAUSAL_LM",
     )
 
-    discard_stale_checkpoints(out, run_fingerprint(cfg, train_parquet, model_dir, reward_spec, __name__))
+
+def resume_point(ckpt_dir: Path, writer: MetricsWriter, trace_path: Path, max_steps: int) -> tuple[Path | None, int]:
+    """The checkpoint to resume (None: from step 0) and its step; live rows past it are dropped (redone)."""
     resume = latest_checkpoint(ckpt_dir)
     resume_step = 0
     if resume is not None:
@@ -225,13 +194,16 @@ def train(
         log.info("resuming from %s (step %d of %d)", resume, resume_step, max_steps)
     else:
         log.info("starting GRPO from step 0 (%d steps planned)", max_steps)
-    writer = MetricsWriter(metrics_path)
     dropped = writer.truncate_after(resume_step)
     if dropped:
         log.info("metrics.jsonl: dropped %d rows past step %d (they are redone)", dropped, resume_step)
     MetricsWriter(trace_path).truncate_after(resume_step)
+    return resume, resume_step
 
-    holder: dict[str, Any] = {}
+
+def traced_reward(reward_fn: Callable, trace_path: Path, holder: dict) -> Callable:
+    """The reward TRL calls, appending the dataset indices of each TRAINING step to the data trace (the
+    resume test compares them with an uninterrupted run)."""
 
     def judge(prompts, completions, **kw):
         state = kw.get("trainer_state")
@@ -245,10 +217,15 @@ def train(
         return scores
 
     judge.__name__ = "judge"
+    return judge
+
+
+def resumable_trainer_class():
+    """GRPOTrainer whose train sampler's order depends on (seed, epoch) only: resume-safe data order."""
+    from trl import GRPOTrainer
+    from trl.trainer.utils import RepeatSampler
 
     class EpochSampler(RepeatSampler):
-        """RepeatSampler whose permutation depends on (seed, epoch) only: resume-safe data order."""
-
         def set_epoch(self, epoch: int) -> None:
             self.epoch = int(epoch)
 
@@ -268,6 +245,13 @@ def train(
                 shuffle=base.shuffle,
                 seed=base.seed,
             )
+
+    return Trainer
+
+
+def progress_callback(writer: MetricsWriter, max_steps: int):
+    """One metrics.jsonl row and one log line per logged step (with the step's wall time)."""
+    from transformers import TrainerCallback
 
     class Progress(TrainerCallback):
         def __init__(self):
@@ -290,16 +274,83 @@ def train(
             writer.append(row)
             log.info(progress_line(row, max_steps))
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    trainer = Trainer(
-        model=model,
-        reward_funcs=[judge],
-        args=args,
-        train_dataset=train_ds,
-        eval_dataset=val_ds,
+    return Progress()
+
+
+def export_adapter(model, tokenizer, adapter_dir: Path, cfg: dict) -> None:
+    """Write the LoRA adapter (+ tokenizer) atomically and check its rank/alpha."""
+    with io.atomic_dir(adapter_dir) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    check_adapter(adapter_dir, cfg)
+
+
+def _setup_threads(threads: int) -> None:
+    import warnings
+
+    import torch
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    torch.set_num_threads(threads)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
+
+
+# ----------------------------------------------------------------------------- main entry
+def train(
+    cfg: dict,
+    train_parquet: str | os.PathLike,
+    val_parquet: str | os.PathLike | None,
+    model_dir: str | os.PathLike,
+    *,
+    work_dir: str | os.PathLike,
+    adapter_dir: str | os.PathLike,
+    metrics_path: str | os.PathLike,
+    reward_spec: str = DEFAULT_REWARD,
+    callbacks: list | None = None,
+) -> dict:
+    """Run (or resume) GRPO with TRL; returns a summary. Raises CheckFailed if the planned steps were not reached.
+
+    work_dir holds checkpoints/ and state/ (live metrics, data trace): Snakemake deletes a rule's outputs
+    before rerunning it, and a resumed run must keep the rows of the steps it does not redo; the outputs
+    (adapter_dir, metrics_path) are written at the end.
+    """
+    cfg = tcfg.normalize(cfg)
+    work = Path(work_dir)
+    ckpt_dir = work / "checkpoints"
+    live_metrics = work / "state" / "metrics.jsonl"
+    trace_path = work / "state" / "data_trace.jsonl"
+    _setup_threads(int(cfg["trl"]["num_threads"]))
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
+
+    geo = check_knobs(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    train_rows = load_rows(train_parquet, "train", tokenizer, cfg["max_prompt_length"])
+    planned = tcfg.planned_steps(cfg, len(train_rows))
+    if planned < 1:
+        raise CheckFailed(
+            f"train: {len(train_rows)} usable train rows make no full batch of train.batch.train="
+            f"{cfg['batch']['train']} prompts"
+        )
+    max_steps = planned * geo.updates_per_step
+    val_rows = load_rows(val_parquet, "val", tokenizer, cfg["max_prompt_length"]) if val_parquet and cfg["test_freq"] else []
+
+    discard_stale_checkpoints(work, run_fingerprint(cfg, train_parquet, model_dir, reward_spec, __name__))
+    writer = MetricsWriter(live_metrics)
+    resume, resume_step = resume_point(ckpt_dir, writer, trace_path, max_steps)
+    holder: dict[str, Any] = {}
+    trainer = resumable_trainer_class()(
+        model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        reward_funcs=[traced_reward(load_callable(reward_spec), trace_path, holder)],
+        args=grpo_arguments(cfg, geo, ckpt_dir, max_steps, validate=bool(val_rows)),
+        train_dataset=Dataset.from_list(train_rows),
+        eval_dataset=Dataset.from_list(val_rows) if val_rows else None,
         processing_class=tokenizer,
-        peft_config=lora,
-        callbacks=[Progress(), *(callbacks or [])],
+        peft_config=lora_config(cfg),
+        callbacks=[progress_callback(writer, max_steps), *(callbacks or [])],
     )
     trainer.remove_callback(PrinterCallback)  # our Progress callback logs one line per step instead
     holder["trainer"] = trainer
@@ -311,13 +362,10 @@ def train(
             f"train: GRPO stopped at step {reached} of {max_steps} planned; the run is not complete"
         )
 
-    finish_metrics(metrics_path, out / "metrics.jsonl")
-    adapter_dir = out / "adapter"
-    with io.atomic_dir(adapter_dir) as tmp:
-        trainer.model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-    check_adapter(adapter_dir, cfg)
-    summary = {
+    finish_metrics(live_metrics, Path(metrics_path))
+    export_adapter(trainer.model, tokenizer, Path(adapter_dir), cfg)
+    log.info("GRPO done: %d/%d steps, adapter at %s", reached, max_steps, adapter_dir)
+    return {
         "engine": "trl",
         "steps": reached,
         "planned_steps": max_steps,
@@ -327,8 +375,6 @@ def train(
         "seconds": round(time.perf_counter() - t0, 2),
         "geometry": geo.as_dict(),
     }
-    log.info("GRPO done: %d/%d steps, adapter at %s", reached, max_steps, adapter_dir)
-    return summary
 
 
 def finish_metrics(live: Path, final: Path) -> None:

@@ -231,15 +231,20 @@ def run(
     train_parquet: str,
     val_parquet: str | None,
     model_dir: str,
-    out_dir: str,
+    work_dir: str,
+    adapter_dir: str | os.PathLike,
+    metrics_path: str | os.PathLike,
     experiment_name: str,
     endpoint_file: str | None,
     python: str | None = None,
     verl_version: str | None = None,
 ) -> dict:
-    """Run main_ppo (resuming from the latest checkpoint), stream its metrics, verify it finished, copy the adapter."""
+    """Run main_ppo (resuming from the latest checkpoint), stream its metrics, verify it finished, copy the adapter.
+
+    work_dir holds verl's checkpoints/, rollouts/, audit/ and state/ (live metrics); the outputs
+    (adapter_dir, metrics_path) are written once the run is complete."""
     cfg = tcfg.normalize(cfg)
-    out = Path(out_dir)
+    out = Path(work_dir)
     ckpt_dir = out / "checkpoints"
     n_rows = count_rows(train_parquet)
     planned = tcfg.planned_steps(cfg, n_rows)
@@ -256,7 +261,7 @@ def run(
         train_parquet=train_parquet,
         val_parquet=val_parquet,
         model_dir=model_dir,
-        out_dir=out_dir,
+        out_dir=work_dir,
         experiment_name=experiment_name,
         endpoint_file=endpoint_file,
         verl_version=verl_version,
@@ -291,8 +296,8 @@ def run(
         )
     from llmrnn.train.trl_engine import finish_metrics
 
-    finish_metrics(out / "state" / "metrics.jsonl", out / "metrics.jsonl")
-    copy_adapter(ckpt_dir / f"global_step_{reached}" / "actor" / "lora_adapter", out / "adapter", cfg)
+    finish_metrics(out / "state" / "metrics.jsonl", Path(metrics_path))
+    copy_adapter(ckpt_dir / f"global_step_{reached}" / "actor" / "lora_adapter", Path(adapter_dir), cfg)
     return {"engine": "verl", "steps": reached, "planned_steps": planned, "resumed_from_step": start,
             "train_rows": n_rows}
 

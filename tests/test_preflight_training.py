@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from llmrnn.preflight import training_checks
 from llmrnn.train import config as tcfg
-from llmrnn.train.preflight import training_checks
 from tests.verl.rows import make_rows, write_parquet
 
 GOOD = {"engine": "trl", "group_size": 4, "batch": {"train": 2, "mini": 2, "micro_per_gpu": 4},
@@ -96,7 +96,7 @@ def test_too_few_rows_lr_warmup_gpus_and_disk(parquets, tiny_model_dir):
 def test_cli_exits_nonzero_with_clear_message(parquets, tiny_model_dir, tmp_path):
     out = tmp_path / "pre.json"
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "llmrnn"), "train", "preflight", "--cfg",
+        [str(Path(sys.executable).parent / "llmrnn"), "preflight", "training", "--cfg",
          json.dumps({"train": _cfg(batch={"micro_per_gpu": 3})}), "--train", parquets[0], "--val", parquets[1],
          "--model", str(tiny_model_dir), "--out", str(out)],
         capture_output=True, text=True, check=False,
