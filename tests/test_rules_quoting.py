@@ -40,11 +40,16 @@ def shell_commands(smk: Path) -> dict[str, str]:
 
 
 def unquoted_fields(command: str) -> list[str]:
-    return [
+    """Fields without `:q`, and shell variables given a `:q` (`${{X:q}}` reaches bash as `${X:q}`, a
+    substitution error: `:q` belongs to Snakemake fields, not to escaped braces)."""
+    parsed = list(string.Formatter().parse(command))
+    fields = [
         field + (f":{spec}" if spec else "")
-        for _, field, spec, _ in string.Formatter().parse(command)
+        for _, field, spec, _ in parsed
         if field is not None and not (spec or "").endswith("q")
     ]
+    literal = "".join(text for text, *_ in parsed)
+    return fields + re.findall(r"\$\{[^}]*:q\}", literal)
 
 
 def test_every_shell_field_is_quoted():
@@ -64,6 +69,12 @@ def test_the_scan_sees_an_unquoted_field(tmp_path):
     smk = tmp_path / "x.smk"
     smk.write_text('rule x:\n    shell:\n        "tool --in {input.a:q} "\n        "--out {output} 2> {log:q}; echo ${{HOME}}"\n')
     assert unquoted_fields(shell_commands(smk)["x"]) == ["output"]
+
+
+def test_the_scan_sees_a_quoted_shell_variable(tmp_path):
+    smk = tmp_path / "x.smk"
+    smk.write_text('rule x:\n    shell:\n        "tool {input:q} | tee {log:q}; exit ${{PIPESTATUS[0]:q}}"\n')
+    assert unquoted_fields(shell_commands(smk)["x"]) == ["${PIPESTATUS[0]:q}"]
 
 
 def test_the_scan_refuses_an_fstring_shell(tmp_path):
