@@ -30,7 +30,8 @@ rule train_grpo:
         # checkpoints/, state/, audit/ beside the outputs but not outputs themselves: Snakemake deletes
         # outputs before a rerun, and a rerun after a kill must find the checkpoints to resume
         work=lambda w, output: os.path.dirname(output.metrics),
-        cfg=cfg_json("train", "reward"),
+        # preflight: its max_fallback_rate/fallback_window also guard the reward during training
+        cfg=cfg_json("train", "reward", "preflight"),
         judge_gpus=judge_gpus(),
         code=code_hash(
             "llmrnn.train",
@@ -42,7 +43,9 @@ rule train_grpo:
             "llmrnn.train.verl_cmd",
             "llmrnn.reward",
             "llmrnn.rubric",
-            "llmrnn.judge",
+            "llmrnn.judge.client",
+            "llmrnn.retry",
+            "llmrnn.preflight",
             "llmrnn.jsonparse",
             "llmrnn.matching",
             "llmrnn.models",

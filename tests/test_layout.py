@@ -9,14 +9,11 @@ import importlib
 import re
 from pathlib import Path
 
-import pytest
-
 from llmrnn import cli
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_FUNCTION_LINES = 100
 # Files still being split elsewhere (issue 13 item 5); remove an entry once the file is under the limit.
-LONG_FUNCTIONS_ALLOWED = {"src/llmrnn/judge.py"}
 
 
 def parse_rules(text: str, file: str) -> dict[str, dict]:
@@ -136,15 +133,5 @@ def test_no_function_is_longer_than_100_lines():
     lengths = function_lengths()
     assert len(lengths) > 100  # the walk really saw the package
     long = [f"{where} ({n} lines)" for n, where, rel in lengths
-            if n > MAX_FUNCTION_LINES and rel not in LONG_FUNCTIONS_ALLOWED]
+            if n > MAX_FUNCTION_LINES]
     assert not long, "split these where the parts have names of their own: " + "; ".join(long)
-
-
-@pytest.mark.parametrize("path", sorted(LONG_FUNCTIONS_ALLOWED))
-def test_exemptions_are_still_needed(path):
-    """An exemption goes once its file is split: it must not hide a future long function."""
-    if not (REPO / path).exists():
-        pytest.fail(f"{path} no longer exists: remove it from LONG_FUNCTIONS_ALLOWED")
-    assert any(n > MAX_FUNCTION_LINES for n, _, rel in function_lengths() if rel == path), (
-        f"{path} has no function over {MAX_FUNCTION_LINES} lines any more: remove it from LONG_FUNCTIONS_ALLOWED"
-    )

@@ -13,8 +13,13 @@ import pytest
 from llmrnn.errors import InputError
 from llmrnn.judge import JudgeUnavailable
 from llmrnn.reward import (
+    ENV_GUARD,
+    STOP_REASON_FILE,
+    JudgeDegraded,
     compute_score,
     compute_score_batch,
+    fallback_rate,
+    guard_env,
     outcome_share,
     reward_env,
     trl_reward_func,
@@ -225,3 +230,52 @@ def test_outcome_term_on_output_that_is_not_json(judge_env):
     assert math.isclose(full["score"], 0.25) and math.isclose(part["score"], 0.05 + 0.2 * (1 / 3 / 2))
     assert none["score"] == 0.05 and full["parse_method"] == "invalid_json"
     assert judge.hits == 0  # never judged
+
+
+# --------------------------------------------------------------------------- the fallback guard (training)
+def _vague_or_scored(body) -> str:
+    """The judge loses the format on memories that say 'vague' (the 0.5 fallback), scores the rest."""
+    prompt = "\n".join(m["content"] for m in body["messages"])
+    return "It is hard to say, the memory is quite unclear overall." if "vague" in prompt else "Score: 7"
+
+
+def _batch(texts: list[str]) -> dict:
+    n = len(texts)
+    return {"data_sources": [DS] * n, "solution_strs": texts, "ground_truths": [STEP] * n,
+            "extra_infos": [{"index": i} for i in range(n)]}
+
+
+def test_fallback_guard_stops_training_when_the_window_is_mostly_fallbacks(judge_env, monkeypatch, tmp_path):
+    monkeypatch.setenv(ENV_GUARD, guard_env(0.25, 8)[ENV_GUARD])
+    _, kw = judge_env(_vague_or_scored)
+    two_of_eight = [memory(f"vague {i}") for i in range(2)] + [memory(f"CKD {i}") for i in range(6)]
+    results = compute_score_batch(**_batch(two_of_eight), **kw)
+    assert [r["parse_method"] for r in results].count("fallback") == 2  # 25%: not above the limit
+    compute_score_batch(**_batch(["not json"] * 8), **kw)  # the policy's fault, not the judge's: not counted
+    four_of_eight = [memory(f"vague x{i}") for i in range(4)] + [memory(f"CKD x{i}") for i in range(4)]
+    with pytest.raises(JudgeDegraded, match=r"4 of the last 8 judged samples \(50%\) .*preflight\.max_fallback_rate 25%"):
+        compute_score_batch(**_batch(four_of_eight), **kw)
+    reason = (tmp_path / "s1" / "audit" / STOP_REASON_FILE).read_text()
+    assert "judge degraded during training" in reason and "vague" not in reason  # no judged text in it
+    with pytest.raises(JudgeDegraded):  # tripped: it stays stopped
+        compute_score(DS, memory("CKD again"), STEP, {"index": 0}, **kw)
+
+
+def test_without_the_guard_fallbacks_are_scored_not_stopped(judge_env, monkeypatch):
+    """Preflight measures the rate itself: outside training the guard is off."""
+    monkeypatch.delenv(ENV_GUARD, raising=False)
+    _, kw = judge_env(_vague_or_scored)
+    results = compute_score_batch(**_batch([memory(f"vague {i}") for i in range(70)]), **kw)
+    assert {r["parse_method"] for r in results} == {"fallback"} and fallback_rate(results) == 1.0
+
+
+def test_trl_reward_logs_the_fallback_rate_of_judged_samples(judge_env, monkeypatch):
+    monkeypatch.delenv(ENV_GUARD, raising=False)
+    _, kw = judge_env(_vague_or_scored)
+    logged: list[tuple[str, float]] = []
+    completions = [[{"role": "assistant", "content": text}] for text in
+                   [memory("vague a"), memory("CKD a"), memory("CKD b"), memory("CKD c"), "not json"]]
+    n = len(completions)
+    trl_reward_func(["p"] * n, completions, reward_model=[{"ground_truth": STEP}] * n,
+                    extra_info=[{"index": 0}] * n, log_metric=lambda name, value: logged.append((name, value)), **kw)
+    assert logged == [("judge_fallback_rate", 0.25)]  # 1 of the 4 judged; invalid JSON is not judged

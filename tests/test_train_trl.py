@@ -178,3 +178,50 @@ def test_changed_config_starts_over_instead_of_resuming(tmp_path, tiny_model_dir
     changed = trl_engine.train(tiny_cfg(test_freq=0, lr=5e-4), parquets[0], parquets[1], tiny_model_dir, **outputs(out),
                                reward_spec=STANDIN)
     assert changed["resumed_from_step"] == 0 and changed["steps"] == 8
+
+
+# --------------------------------------------------------------------------- the judge during training
+JSON_POLICY = f"{Path(__file__).parent / 'judge_helpers.py'}:json_policy_reward"
+
+
+def _judged_run(tmp_path, tiny_model_dir, parquets, respond, preflight: dict, **cfg_over):
+    """`llmrnn train run` with the real reward against a scripted judge on 127.0.0.1 -> (returncode, log, out)."""
+    from tests.judge_helpers import ScriptedJudge, write_endpoint, write_rubric
+
+    out = tmp_path / "train"
+    with ScriptedJudge(respond) as judge:
+        endpoint = write_endpoint(tmp_path, judge.port, write_rubric(tmp_path))
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        cfg = {"train": tiny_cfg(**cfg_over), "preflight": preflight,
+               "reward": {"retries": 1, "backoff_s": 0.01, "health_timeout_s": 10}}
+        proc = subprocess.run(
+            [LLMRNN, "train", "run", "--cfg", json.dumps(cfg), "--train", parquets[0], "--val", parquets[1],
+             "--model", str(tiny_model_dir), "--out", str(out), "--endpoint", str(endpoint),
+             "--reward-func", JSON_POLICY],
+            env=env, capture_output=True, text=True, timeout=900, check=False)
+    return proc.returncode, proc.stdout + proc.stderr, out
+
+
+@pytest.mark.slow
+def test_trl_records_the_judge_fallback_rate_per_step(tmp_path, tiny_model_dir, parquets):
+    # the judge loses the format on about half the memories (by a hash of the prompt: input-dependent)
+    def respond(body):
+        prompt = body["messages"][0]["content"]
+        return "Score: 6" if sum(map(ord, prompt)) % 2 else "A long answer that never states a score at all."
+
+    code, log, out = _judged_run(tmp_path, tiny_model_dir, parquets, respond,
+                                 {"max_fallback_rate": 1.0}, epochs=1, test_freq=0)
+    assert code == 0, log
+    train = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["judge_fallback_rate"] for r in train if r["kind"] == "train"]
+    assert len(rates) == 4 and all(r is not None and 0.0 <= r <= 1.0 for r in rates)
+    assert 0.0 < sum(rates) / len(rates) < 1.0
+
+
+@pytest.mark.slow
+def test_trl_stops_with_a_clear_reason_when_the_judge_degrades(tmp_path, tiny_model_dir, parquets):
+    code, log, out = _judged_run(tmp_path, tiny_model_dir, parquets, lambda body: "I cannot decide on this one.",
+                                 {"max_fallback_rate": 0.25, "fallback_window": 8}, test_freq=0)
+    assert code == 4, log
+    assert "judge degraded during training: 8 of the last 8 judged samples (100%)" in log
+    assert "Traceback" not in log and not (out / "adapter").exists()

@@ -244,6 +244,14 @@ class VLLMBackend:
 
 
 # ----------------------------------------------------------------------------- openai-compatible HTTP
+def _no_choices(payload) -> str | None:
+    """An answer without choices is no answer (retried, then BackendError), not an empty text."""
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return "the answer has no choices"
+    return None
+
+
 class OpenAIBackend:
     """Any OpenAI-compatible endpoint: POST {url}/chat/completions, `concurrency` requests in flight."""
 
@@ -271,24 +279,15 @@ class OpenAIBackend:
         self.sequences = 0
 
     def _one(self, client, body: dict) -> str:
-        import httpx
+        from llmrnn.retry import RequestRejected, RetriesExhausted, RetryPolicy
 
-        delay, last = 1.0, "no attempt"
-        for attempt in range(self.max_retries + 1):
-            try:
-                resp = client.post(f"{self.url}/chat/completions", json=body, headers=self.headers)
-                if resp.status_code == 200:
-                    data = resp.json()
-                    return ((data.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
-                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                if resp.status_code not in (408, 409, 429) and resp.status_code < 500:
-                    break  # a client error does not heal by retrying
-            except (httpx.HTTPError, ValueError) as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            if attempt < self.max_retries:
-                time.sleep(delay)
-                delay = min(delay * 2, 30.0)
-        raise BackendError(f"openai backend {self.url} (model {self.model}): request failed: {last}")
+        policy = RetryPolicy(retries=self.max_retries, backoff_s=1.0, backoff_max_s=30.0)
+        try:
+            data, _, _ = policy.post_json(client, f"{self.url}/chat/completions", body, headers=self.headers,
+                                          check=_no_choices)
+        except (RequestRejected, RetriesExhausted) as exc:
+            raise BackendError(f"openai backend {self.url} (model {self.model}): request {exc}") from None
+        return (data["choices"][0].get("message") or {}).get("content") or ""
 
     def generate(self, conversations, temperature, top_p, max_tokens, seeds=None) -> list[str]:
         from concurrent.futures import ThreadPoolExecutor

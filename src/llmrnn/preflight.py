@@ -54,6 +54,7 @@ class PreflightConfig:
     rows: int = 8
     seed: int = 0
     max_fallback_rate: float = 0.25
+    fallback_window: int = 64  # judged samples the training-time guard looks back over
     min_distinct_rewards: int = 3
     on_problem: str = "fail"  # fail | warn
 
@@ -69,6 +70,8 @@ class PreflightConfig:
             raise InputError(f"preflight.on_problem: {cfg.on_problem!r} is not one of fail, warn")
         if cfg.rows < 1:
             raise InputError("preflight.rows: must be >= 1")
+        if cfg.fallback_window < 1:
+            raise InputError("preflight.fallback_window: must be >= 1")
         return cfg
 
 

@@ -26,8 +26,12 @@ Scores:
   memory mentions (`matching.anticipated_share`: the held-out matcher's normalisation), so the term
   differs within a group (epsilon 0 reproduces the reference).
 
-Transport failures are retried with backoff and then raise (JudgeUnavailable): a dead judge stops
-training instead of becoming a constant reward. Identical judge requests (duplicate candidates are
+Transport failures (refused, timeout, 5xx, and 200 answers with no choices, empty content or
+malformed logprobs: rubric.response_problem) are retried with backoff and then raise
+(JudgeUnavailable): a dead judge stops training instead of becoming a constant reward. During training
+(LLMRNN_FALLBACK_GUARD set by `llmrnn train run`) a FallbackGuard raises JudgeDegraded when more than
+preflight.max_fallback_rate of the last preflight.fallback_window judged samples fell back to 0.5; the
+reason is also left in the audit dir (stop_reason.txt) for the train command to report. Identical judge requests (duplicate candidates are
 common in a group) are sent once: an LRU of in-flight/finished calls, counted as `cache_hit`. Every
 scored sample is appended to RUN/train/audit/calls_<pid>.jsonl (mode 0600): rollout text, judge
 prompts, judge answers, reward, timings.
@@ -40,15 +44,16 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from llmrnn import jsonparse
-from llmrnn.errors import InputError
-from llmrnn.judge import Endpoint, JudgeClient, wait_for_endpoint
+from llmrnn.errors import InputError, LlmrnnError
+from llmrnn.judge.client import Endpoint, JudgeClient, JudgeUnavailable, wait_for_endpoint
 from llmrnn.matching import anticipated_share
 from llmrnn.rubric import (
     FALLBACK_SCORE,
@@ -59,6 +64,7 @@ from llmrnn.rubric import (
     pairwise_request,
     parse_scalar,
     parse_verdict,
+    response_problem,
     response_text,
     scalar_request,
 )
@@ -70,6 +76,8 @@ ENV_ENDPOINT = "LLMRNN_JUDGE_ENDPOINT"
 ENV_RUBRIC = "LLMRNN_RUBRIC"
 ENV_AUDIT = "LLMRNN_AUDIT_DIR"
 ENV_CFG = "LLMRNN_REWARD_CFG"
+ENV_GUARD = "LLMRNN_FALLBACK_GUARD"  # JSON {"max_fallback_rate", "window"}: set for training only
+STOP_REASON_FILE = "stop_reason.txt"  # in the audit dir: why the reward stopped training (read by train)
 MODES = ("scalar", "pairwise")
 OPPONENTS = ("group", "reference")
 
@@ -160,6 +168,71 @@ class AuditLog:
             self._fh.flush()
 
 
+# ----------------------------------------------------------------------------- fallback guard
+class JudgeDegraded(LlmrnnError):
+    """Too many judge answers had no parseable score during training: the reward became a constant."""
+
+    exit_code = 4
+
+
+def fallback_rate(results: list[dict]) -> float | None:
+    """Share of judged samples (valid policy JSON, so the judge was asked) whose answer fell back to 0.5;
+    None when no sample was judged. Accepts the scorer's results or their numeric_only form."""
+    judged = [r for r in results if r.get("valid_json")]
+    if not judged:
+        return None
+    return sum(r.get("parse_method") == "fallback" or bool(r.get("parse_fallback")) for r in judged) / len(judged)
+
+
+class FallbackGuard:
+    """Stops training when, over the last `window` judged samples, more than `max_rate` fell back to 0.5.
+
+    Preflight checks the same rate once before training; a judge can degrade later (overloaded, a policy
+    that drifts into answers the rubric cannot score), and a constant 0.5 trains nothing while looking
+    like a healthy run. Once tripped, every later call raises too."""
+
+    def __init__(self, max_rate: float, window: int = 64):
+        if window < 1:
+            raise InputError(f"preflight.fallback_window: must be >= 1, got {window}")
+        self.max_rate = float(max_rate)
+        self.window = int(window)
+        self.recent: deque[bool] = deque(maxlen=self.window)
+        self.tripped: str | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_env(cls) -> FallbackGuard | None:
+        raw = os.environ.get(ENV_GUARD)
+        if not raw:
+            return None
+        try:
+            spec = json.loads(raw)
+            return cls(float(spec["max_fallback_rate"]), int(spec.get("window", 64)))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"{ENV_GUARD}: expected JSON {{\"max_fallback_rate\": x, \"window\": n}}: {exc}") from exc
+
+    def record(self, results: list[dict]) -> None:
+        with self._lock:
+            if self.tripped is None:
+                for r in results:
+                    if r.get("valid_json"):
+                        self.recent.append(r.get("parse_method") == "fallback")
+                n, bad = len(self.recent), sum(self.recent)
+                if n == self.window and bad / n > self.max_rate:
+                    self.tripped = (
+                        f"judge degraded during training: {bad} of the last {n} judged samples ({bad / n:.0%}) "
+                        f"had no parseable score and fell back to 0.5 (preflight.max_fallback_rate "
+                        f"{self.max_rate:.0%}); training stopped instead of learning from a constant reward"
+                    )
+            if self.tripped is not None:
+                raise JudgeDegraded(self.tripped)
+
+
+def guard_env(max_fallback_rate: float, window: int) -> dict[str, str]:
+    """The environment that turns the fallback guard on in every process that scores (train only)."""
+    return {ENV_GUARD: json.dumps({"max_fallback_rate": float(max_fallback_rate), "window": int(window)})}
+
+
 # ----------------------------------------------------------------------------- scorer
 @dataclass
 class JudgeCall:
@@ -190,6 +263,7 @@ class Scorer:
         self._cache: OrderedDict[str, Future] = OrderedDict()
         self._lock = threading.Lock()
         self.counts = {"judge_requests": 0, "http_calls": 0, "cache_hits": 0}
+        self.guard = FallbackGuard.from_env()
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -214,7 +288,8 @@ class Scorer:
                 self.counts["cache_hits"] += 1
         if owner:
             try:
-                payload, latency, retries = self.client.post(req.path, req.body)
+                check = partial(response_problem, logprobs=req.wants_logprobs)
+                payload, latency, retries = self.client.post(req.path, req.body, check=check)
                 text = response_text(payload)
             except BaseException as exc:
                 with self._lock:
@@ -269,15 +344,31 @@ class Scorer:
                     plan.append((i, scalar_request(self.rubric, p["step"], p["memory"]), True))
         else:
             plan = self._pairwise_plan(prepared, opponent)
-        calls = self.judge_many([req for _, req, _ in plan])
+        try:
+            calls = self.judge_many([req for _, req, _ in plan])
+        except JudgeUnavailable as exc:
+            self.stop_reason(str(exc))
+            raise
         per_sample: dict[int, list[tuple[JudgeCall, bool]]] = {}
         for (i, _, cand_a), call in zip(plan, calls):
             per_sample.setdefault(i, []).append((call, cand_a))
         elapsed = time.perf_counter() - t0
-        results = []
-        for i, p in enumerate(prepared):
-            results.append(self._finish(p, per_sample.get(i, []), elapsed))
+        results = [self._finish(p, per_sample.get(i, []), elapsed) for i, p in enumerate(prepared)]
+        if self.guard is not None:
+            try:
+                self.guard.record(results)
+            except JudgeDegraded as exc:
+                self.stop_reason(str(exc))
+                raise
         return results
+
+    def stop_reason(self, message: str) -> None:
+        """Leave the reason beside the audit: verl's reward workers die inside Ray, and the train
+        command reads this file to say why (the file holds no clinical text)."""
+        from llmrnn import io
+
+        self.audit.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        io.write_text(self.audit.directory / STOP_REASON_FILE, message + "\n")
 
     def _pairwise_plan(self, prepared: list[dict], opponent: str) -> list[tuple[int, JudgeRequest, bool]]:
         plan = []
@@ -454,7 +545,8 @@ def _completion_text(completion: Any) -> str:
 
 def trl_reward_func(prompts: list, completions: list, **columns) -> list[float]:
     """TRL GRPOTrainer reward function: dataset columns (reward_model, extra_info, data_source) arrive
-    as keyword lists; groups are the rows' generations (pairwise_opponent: group compares within them)."""
+    as keyword lists; groups are the rows' generations (pairwise_opponent: group compares within them).
+    The batch's judge fallback rate goes to TRL's `log_metric` (metrics.jsonl `judge_fallback_rate`)."""
     n = len(completions)
     reward_model = columns.get("reward_model") or [None] * n
     ground_truths = [rm.get("ground_truth") if isinstance(rm, dict) else rm for rm in reward_model]
@@ -464,4 +556,7 @@ def trl_reward_func(prompts: list, completions: list, **columns) -> list[float]:
     sources = columns.get("data_source") or [DATA_SOURCE] * n
     kw = {k: columns[k] for k in ("endpoint_file", "rubric_file", "audit_dir", "reward_cfg") if k in columns}
     results = compute_score_batch(sources, [_completion_text(c) for c in completions], ground_truths, extra, **kw)
+    rate = fallback_rate(results)
+    if rate is not None and callable(columns.get("log_metric")):  # TRL >= 1.x hands reward functions a logger
+        columns["log_metric"]("judge_fallback_rate", rate)
     return [float(r["score"]) for r in results]

@@ -32,6 +32,17 @@ def _assign_gpus(cfg: dict, judge_gpus: int) -> None:
     assign("train", judge_gpus=judge_gpus, train_gpus=train_gpus)
 
 
+def _guard_fallbacks(cfg: dict, audit_dir: Path) -> None:
+    """Turn on the reward's fallback guard for this run (every scoring process inherits the environment)
+    with the preflight's threshold, and forget the stop reason of an earlier attempt."""
+    from llmrnn.preflight import PreflightConfig
+    from llmrnn.reward import STOP_REASON_FILE, guard_env
+
+    pre = PreflightConfig.from_dict(cfg.get("preflight"))
+    os.environ.update(guard_env(pre.max_fallback_rate, pre.fallback_window))
+    (audit_dir / STOP_REASON_FILE).unlink(missing_ok=True)
+
+
 def cmd_run(args) -> int:
     from llmrnn import io
     from llmrnn.errors import CheckFailed
@@ -48,6 +59,7 @@ def cmd_run(args) -> int:
             raise CheckFailed(f"{args.preflight}: preflight failed: " + "; ".join(pre.get("problems", [])))
     # the reward section travels with the train config (same scorer settings)
     os.environ.update(reward_env(args.endpoint, work / "audit", (args.cfg or {}).get("reward")))
+    _guard_fallbacks(args.cfg or {}, work / "audit")
     _assign_gpus(cfg, args.judge_gpus)
     outputs = {"work_dir": str(work), "adapter_dir": args.adapter, "metrics_path": args.metrics}
     if (args.engine or cfg["engine"]) == "trl":

@@ -206,6 +206,8 @@ def _follow_metrics(log_path: Path, writer: MetricsWriter, seen: set[int], total
 
 def rollout_stats(rollout_dir: Path, step: int) -> dict:
     """reward std and judge fallback rate of one step from verl's rollout dump ({step}.jsonl)."""
+    from llmrnn.reward import fallback_rate
+
     path = rollout_dir / f"{step}.jsonl"
     if not path.is_file():
         return {}
@@ -213,15 +215,15 @@ def rollout_stats(rollout_dir: Path, step: int) -> dict:
     for item in io.read_jsonl(path, skip_bad=True):
         if isinstance(item.get("score"), (int, float)):
             scores.append(float(item["score"]))
-        flag = item.get("parse_fallback", item.get("judge_fallback"))  # llmrnn.reward numeric_only flag
-        if isinstance(flag, (int, float, bool)):
-            fallbacks.append(bool(flag))
+        if isinstance(item.get("parse_fallback"), (int, float, bool)):  # llmrnn.reward numeric_only flags
+            fallbacks.append(item)
     out = {}
     if scores:
         mean = sum(scores) / len(scores)
         out["llmrnn/reward_std"] = (sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5
-    if fallbacks:
-        out["llmrnn/judge_fallback_rate"] = sum(fallbacks) / len(fallbacks)
+    rate = fallback_rate(fallbacks)  # over judged samples only, as preflight and the guard count it
+    if rate is not None:
+        out["llmrnn/judge_fallback_rate"] = rate
     return out
 
 
@@ -287,7 +289,8 @@ def run(
         raise
     _follow_metrics(file_log, writer, seen, planned, out / "rollouts")
     if proc.returncode != 0:
-        raise CheckFailed(f"train: verl main_ppo exited with {proc.returncode}; rerun resumes from its last checkpoint")
+        raise CheckFailed(f"train: verl main_ppo exited with {proc.returncode}{_stop_reason(out / 'audit')}; "
+                          "rerun resumes from its last checkpoint")
     reached = latest_step(ckpt_dir)
     if reached != planned:
         raise CheckFailed(
@@ -300,6 +303,15 @@ def run(
     copy_adapter(ckpt_dir / f"global_step_{reached}" / "actor" / "lora_adapter", Path(adapter_dir), cfg)
     return {"engine": "verl", "steps": reached, "planned_steps": planned, "resumed_from_step": start,
             "train_rows": n_rows}
+
+
+def _stop_reason(audit_dir: Path) -> str:
+    """Why the reward stopped the run, when it did (the reward workers die inside Ray: their exception
+    reaches us only as main_ppo's exit code)."""
+    from llmrnn.reward import STOP_REASON_FILE
+
+    path = audit_dir / STOP_REASON_FILE
+    return f": {path.read_text(encoding='utf-8').strip()}" if path.is_file() else ""
 
 
 def copy_adapter(src: Path, dst: Path, cfg: dict) -> None:
