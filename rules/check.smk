@@ -9,7 +9,7 @@ rule check:
     log:
         f"{LOGS}/check.log",
     conda:
-        "../envs/data.yaml"
+        conda_env("data")
     params:
         configfiles=check_configfiles(),
     shell:
