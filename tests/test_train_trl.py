@@ -196,7 +196,9 @@ def _judged_run(tmp_path, tiny_model_dir, parquets, respond, preflight: dict, **
                "reward": {"retries": 1, "backoff_s": 0.01, "health_timeout_s": 10}}
         proc = subprocess.run(
             [LLMRNN, "train", "run", "--cfg", json.dumps(cfg), "--train", parquets[0], "--val", parquets[1],
-             "--model", str(tiny_model_dir), "--out", str(out), "--endpoint", str(endpoint),
+             "--model", str(tiny_model_dir), "--work-dir", str(out), "--adapter", str(out / "adapter"),
+             "--metrics", str(out / "metrics.jsonl"), "--summary", str(out / "summary.json"),
+             "--endpoint", str(endpoint),
              "--reward-func", JSON_POLICY],
             env=env, capture_output=True, text=True, timeout=900, check=False)
     return proc.returncode, proc.stdout + proc.stderr, out
