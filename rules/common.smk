@@ -191,11 +191,25 @@ def judge_rubric():
 
 
 def judge_model_input(wildcards):
-    """The .ready marker of a local judge model (built by prepare_base_model); none for hub/path models."""
+    """The .ready marker of the judge model's local copy (the server loads only that copy, offline):
+    prepare_base_model for `source: local`, prepare_judge_model for `source: hub`; none for a `path`.
+    """
     rubric = judge_rubric()
     if rubric.model_source == "local":
         return model_ready(rubric.model)
-    return []
+    if rubric.model_source == "path":
+        return []
+    from llmrnn.judge.launcher import judge_model_dir
+
+    return str(judge_model_dir(rubric) / ".ready")
+
+
+def judge_model_cfg_json():
+    """What the judge model's download depends on: its hub id (not the rubric's prompts)."""
+    rubric = judge_rubric()
+    return json.dumps(
+        {"model": rubric.model, "source": rubric.model_source}, sort_keys=True
+    )
 
 
 def judge_gpus():
@@ -284,9 +298,23 @@ def trajectories_cfg_json():
     )
 
 
-def trajectories_env():
-    vllm = any(r.get("backend") == "vllm" for r in config["roles"].values())
-    return "../envs/vllm.yaml" if vllm else "../envs/cpu.yaml"
+def conda_env(stage):
+    """The conda env file (--sdm conda) of every job, chosen in this one place. Stages: data (cohort,
+    report), cpu (models, merge, release, preflight), forward (trajectory and eval shards; vllm when a
+    role uses the vLLM backend), judge (vllm for a `vllm serve` judge), train (verl or cpu).
+    """
+    if stage == "forward":
+        vllm = any(r.get("backend") == "vllm" for r in config["roles"].values())
+        name = "vllm" if vllm else "cpu"
+    elif stage == "judge":
+        name = "vllm" if judge_gpus() else "cpu"
+    elif stage == "train":
+        name = "verl" if config["train"]["engine"] == "verl" else "cpu"
+    elif stage in ("data", "cpu"):
+        name = stage
+    else:
+        raise WorkflowError(f"conda_env: unknown stage {stage!r}")
+    return f"../envs/{name}.yaml"
 
 
 def trajectory_shard_files(split, ext):

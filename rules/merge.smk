@@ -12,7 +12,7 @@ rule merge_model:
     log:
         f"{LOGS}/merge_model.log",
     conda:
-        "../envs/cpu.yaml"
+        conda_env("cpu")
     threads: config["merge"]["resources"]["cpus_per_task"]
     resources:
         gpu=config["merge"]["resources"]["gpu"],

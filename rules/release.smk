@@ -22,7 +22,7 @@ rule release:
     log:
         f"{LOGS}/release.log",
     conda:
-        "../envs/cpu.yaml"
+        conda_env("cpu")
     params:
         cfg=release_cfg_json(),
         code=code_hash("llmrnn.release", "llmrnn.phi_guard", "llmrnn.upload"),

@@ -18,7 +18,7 @@ rule train_plots:
     log:
         f"{LOGS}/train_plots.log",
     conda:
-        "../envs/data.yaml"
+        conda_env("data")
     params:
         code=code_hash("llmrnn.report", "llmrnn.train.metrics"),
     shell:
@@ -49,7 +49,7 @@ rule eval_plots:
     log:
         f"{LOGS}/eval/plots.log",
     conda:
-        "../envs/data.yaml"
+        conda_env("data")
     params:
         code=code_hash("llmrnn.report"),
     shell:

@@ -167,6 +167,9 @@ def test_verl_run_streams_metrics_checks_completion_and_copies_adapter(tmp_path,
     assert summary["resumed_from_step"] == 4 and summary["steps"] == 8
     conf = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert (conf["r"], conf["lora_alpha"]) == (8, 16)
+    # rollout dumps hold patient text: verl runs under umask 077, so they are the owner's alone
+    assert (out / "rollouts" / "1.jsonl").stat().st_mode & 0o777 == 0o600
+    assert (out / "rollouts").stat().st_mode & 0o777 == 0o700
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(1, 9))
     assert [r["step"] for r in rows if r["kind"] == "val"] == [2, 4, 6, 8]

@@ -223,6 +223,10 @@ def check_judge(config: dict) -> list[str]:
         if rubric.model not in models:
             return [f"{what}: {rubric.model} is not a model in the config's `models` section"]
         return []
+    from llmrnn.judge.launcher import judge_model_dir
+
+    if (judge_model_dir(rubric) / ".ready").is_file():  # prepare_judge_model already made the local copy
+        return []
     if rubric.model_source == "path":
         p = Path(rubric.model)
         return [] if p.is_dir() else [f"{what}: folder {rubric.model} does not exist"]
@@ -324,6 +328,13 @@ def check_profile_gpus(config: dict, train_cfg: dict) -> list[str]:
     return problems
 
 
+def check_gpu_stack(config: dict) -> list[str]:
+    """verl/vLLM releases installed here that the config cannot use; more than one training node."""
+    from llmrnn.gpu_stack import stack_problems
+
+    return stack_problems(config)
+
+
 def check_upload(config: dict) -> list[str]:
     rel = config.get("release") or {}
     if not rel.get("upload"):
@@ -364,6 +375,7 @@ CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
     ("models", check_models),
     ("judge", check_judge),
     ("training", check_training),
+    ("gpu stack", check_gpu_stack),
     ("upload", check_upload),
 ]
 

@@ -62,7 +62,14 @@ def cmd_run(args) -> int:
     _guard_fallbacks(args.cfg or {}, work / "audit")
     _assign_gpus(cfg, args.judge_gpus)
     outputs = {"work_dir": str(work), "adapter_dir": args.adapter, "metrics_path": args.metrics}
-    if (args.engine or cfg["engine"]) == "trl":
+    engine = args.engine or cfg["engine"]
+    if engine == "verl":  # here, in the job that holds the GPUs (preflight's step holds none)
+        from llmrnn import gpu_stack
+        from llmrnn.preflight import visible_gpus
+
+        gpu_stack.require_verl()
+        gpu_stack.require_gpus(cfg["n_gpus_per_node"], visible_gpus())
+    if engine == "trl":
         from llmrnn.train import trl_engine
 
         summary = trl_engine.train(cfg, args.train, args.val, args.model, **outputs,

@@ -277,7 +277,8 @@ def run(
     cmd = command(overrides, python)
     io.write_text(out / "state" / "verl_command.sh", " ".join(_shell_quote(c) for c in cmd) + "\n")
     # verl's console logger prints progress on stdout: send it to our stderr (the rule's log)
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=sys.stderr)
+    # umask 077: verl's rollout dumps (trainer.rollout_data_dir) hold patient text; its Ray workers inherit it
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=sys.stderr, umask=0o077)
     seen: set[int] = set(range(1, start + 1))
     try:
         while proc.poll() is None:
