@@ -69,8 +69,3 @@ rule eval_gather:
     shell:
         "llmrnn evaluate gather --graded {input:q} --metrics {output.metrics:q} "
         "--comparison {output.comparison:q} --cfg {params.cfg:q} 2> {log:q}"
-
-
-rule eval_heldout:
-    input:
-        eval_heldout_targets(),

@@ -4,8 +4,8 @@
 
 rule merge_model:
     input:
-        base=memory_model_input(),
-        adapter=rules.train_grpo.output.adapter,
+        base=merge_base_input(),
+        adapter=grpo_rule().output.adapter,
     output:
         merged=directory(f"{RUN}/merged"),
         check=f"{RUN}/merge_check.json",

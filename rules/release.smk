@@ -13,7 +13,7 @@ rule release:
             rules.split_cohort.output.val,
             rules.split_cohort.output.test,
         ],
-        metrics=rules.train_grpo.output.metrics,
+        metrics=grpo_rule().output.metrics,
         rubric=config["judge"]["rubric"],
     output:
         card=f"{RUN}/release/README.md",

@@ -253,12 +253,13 @@ def check_training(config: dict) -> list[str]:
     except LlmrnnError as exc:
         return [f"train: {exc}"]
     if cfg.get("engine") == "verl":
-        problems += check_verl_command(cfg)
+        # the qa recipe's reward is llmrnn.qa.rewards.compute_score (same signature, other module)
+        problems += check_verl_command(cfg, "llmrnn.qa.rewards" if config.get("recipe") == "qa" else None)
         problems += check_profile_gpus(config, cfg)
     return problems
 
 
-def check_verl_command(cfg: dict) -> list[str]:
+def check_verl_command(cfg: dict, reward_module: str | None = None) -> list[str]:
     try:
         import verl  # noqa: F401
     except ImportError:
@@ -271,6 +272,7 @@ def check_verl_command(cfg: dict) -> list[str]:
         overrides = verl_cmd.build_overrides(
             cfg, train_parquet="train.parquet", val_parquet="val.parquet", model_dir="model",
             out_dir="out", experiment_name="check",
+            reward_path=f"pkg://{reward_module}" if reward_module else None,
         )
     except LlmrnnError as exc:
         return [f"train (verl command): {exc}"]

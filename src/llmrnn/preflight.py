@@ -269,6 +269,10 @@ def _data_checks(cfg: dict, train_parquet, val_parquet, tokenizer_dir, max_dropp
     return data, problems
 
 
+LR_CHECK_STEP = 20  # optimizer step at which the LR must have reached LR_MIN_FRACTION of train.lr
+LR_MIN_FRACTION = 0.3
+
+
 def _lr_checks(cfg: dict, planned: int, updates_per_step: int) -> tuple[dict, list[str]]:
     """The optimizer steps the run makes and the LR it sees at the first/last one."""
     from llmrnn.train import config as tcfg
@@ -290,6 +294,17 @@ def _lr_checks(cfg: dict, planned: int, updates_per_step: int) -> tuple[dict, li
         problems.append(
             f"train.warmup_steps={warm} >= the run's {updates} optimizer steps: the LR never reaches train.lr"
         )
+    # the schedule must reach useful values early: a run whose LR is still tiny after LR_CHECK_STEP updates
+    # (a long warmup, a cosine decaying over a short budget) spends its step budget learning nothing
+    check_step = min(LR_CHECK_STEP, updates)
+    if updates:
+        lr_check = tcfg.lr_at(cfg, check_step, updates)
+        schedule.update(check_step=check_step, lr_at_check_step=lr_check, min_fraction=LR_MIN_FRACTION)
+        if float(cfg["lr"]) > 0 and lr_check < LR_MIN_FRACTION * float(cfg["lr"]) and warm < updates:
+            problems.append(
+                f"LR schedule: at optimizer step {check_step} of {updates} the LR is {lr_check:.3g}, below "
+                f"{LR_MIN_FRACTION:.0%} of train.lr={cfg['lr']}: shorten train.warmup_steps or give the run more steps"
+            )
     if cfg["save_freq"] and planned and cfg["save_freq"] > planned:
         schedule["note"] = "save_freq > planned steps: only the final checkpoint is written"
     return schedule, problems

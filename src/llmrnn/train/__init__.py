@@ -77,8 +77,11 @@ def cmd_run(args) -> int:
     else:
         from llmrnn.train import verl_cmd
 
+        # --reward-func names the TRL function; verl calls compute_score of the same module
+        reward_module = args.reward_func.split(":", 1)[0] if args.reward_func else None
         summary = verl_cmd.run(cfg, train_parquet=args.train, val_parquet=args.val, model_dir=args.model, **outputs,
-                               experiment_name=args.experiment or work.parent.name, endpoint_file=args.endpoint)
+                               experiment_name=args.experiment or work.parent.name, endpoint_file=args.endpoint,
+                               reward_module=reward_module)
     io.write_json(args.summary, summary)
     return 0
 
@@ -139,3 +142,7 @@ def register(sub) -> None:
     v.add_argument("--python", default=sys.executable)
     v.add_argument("--json", action="store_true", help="print the overrides as a JSON list")
     v.set_defaults(func=cmd_verl_cmd)
+
+    from llmrnn.train import diagnose
+
+    diagnose.add_parser(tsub)

@@ -240,6 +240,7 @@ def run(
     endpoint_file: str | None,
     python: str | None = None,
     verl_version: str | None = None,
+    reward_module: str | None = None,
 ) -> dict:
     """Run main_ppo (resuming from the latest checkpoint), stream its metrics, verify it finished, copy the adapter.
 
@@ -267,6 +268,7 @@ def run(
         experiment_name=experiment_name,
         endpoint_file=endpoint_file,
         verl_version=verl_version,
+        reward_path=f"pkg://{reward_module}" if reward_module else None,
     )
     file_log = out / "state" / "verl_metrics.jsonl"
     if file_log.exists():  # verl's FileLogger opens it with "wb": keep the previous attempt's lines
