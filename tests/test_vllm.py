@@ -122,15 +122,16 @@ import json, sys
 from llmrnn import trajectories
 from llmrnn.backends import VLLMBackend
 from llmrnn.cli import main
-cfg, split, prompts, out = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+cfg, split, prompts, out, result = json.loads(sys.argv[1]), *sys.argv[2:6]
 rows, stats = trajectories.run_shard("train", split, 0, cfg, prompts)
 eval_cfg = {"eval": {"max_patients": 2, "patient_seed": 0, "seed": 11}, "roles": cfg["roles"]}
 rc = main(["evaluate", "shard", "--test", split, "--variant", "base", "--shard", "0", "--shards", "1",
            "--prompts", prompts, "--out", out, "--cfg", json.dumps(eval_cfg)])
 from llmrnn import backends
 engines = {type(e).__name__ for e in backends._POOL.values()}
-print(json.dumps({"rows": len(rows), "row_keys": sorted(rows[0]) if rows else [], "rc": rc,
-                  "engines": sorted(engines), "stats": stats}, default=str))
+# a file, not stdout: vLLM logs there too, also at shutdown
+open(result, "w").write(json.dumps({"rows": len(rows), "row_keys": sorted(rows[0]) if rows else [], "rc": rc,
+                                    "engines": sorted(engines), "stats": stats}, default=str))
 """
 
 
@@ -155,10 +156,11 @@ def test_vllm_backend_forward_pass_and_eval_shard_match_the_transformers_schema(
                "trajectories": {"shards": 1, "max_visits": 3, "seed": 3}}
         out = tmp_path / backend / "shard_0.jsonl"
         env = dict(_env(tmp_path), PYTHONPATH=str(REPO / "src"))
-        proc = subprocess.run([str(python), "-c", FORWARD, json.dumps(cfg), str(split), str(PROMPTS), str(out)],
-                              capture_output=True, text=True, env=env, timeout=1500, check=False)
+        result = tmp_path / backend / "result.json"
+        proc = subprocess.run([str(python), "-c", FORWARD, json.dumps(cfg), str(split), str(PROMPTS), str(out),
+                               str(result)], capture_output=True, text=True, env=env, timeout=1500, check=False)
         assert proc.returncode == 0, proc.stderr[-5000:]
-        outs[backend] = (json.loads(proc.stdout.strip().splitlines()[-1]),
+        outs[backend] = (json.loads(result.read_text()),
                          [json.loads(line) for line in out.read_text().splitlines()])
     (vllm_run, vllm_rows), (tf_run, tf_rows) = outs["vllm"], outs["transformers"]
     assert vllm_run["engines"] == ["VLLMBackend"] and tf_run["engines"] == ["TransformersBackend"]
