@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_forward_batching.py --patients 64 [--threads 1,2]
 
 Both modes run llmrnn.rnn.run_forward with the same transformers backend (a tiny random Llama built in a
-temp dir, FINDINGS §2), the same prompt file and the same seeds; "batched" sends all patients of a visit
+temp dir by tests/tiny_model.py), the same prompt file and the same seeds; "batched" sends all patients of a visit
 step in one call per role, "one at a time" calls run_forward once per patient. For each thread count
 (default: 1 and every core this process may use) it prints both wall times, the speed-up ratio (target:
 >= 5x at 64 patients on CPU) and the prompt tokens each mode ran through the model before decoding
@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the test model builder lives in tests/, not in the package
 
 
 def _thread_counts(text: str | None) -> list[int]:
@@ -45,7 +47,7 @@ def main() -> None:
     from llmrnn.cohort import synthesize_cohort
     from llmrnn.prompts import load_prompts
     from llmrnn.rnn import ROLES, Role, run_forward
-    from llmrnn.tiny import build_tiny_model
+    from tests.tiny_model import build_tiny_model
 
     prompts = load_prompts(args.prompts)
     patients = synthesize_cohort(args.patients, seed=0)

@@ -13,4 +13,4 @@ rule check:
     params:
         configfiles=check_configfiles(),
     shell:
-        "llmrnn check --configfile {params.configfiles} 2>&1 | tee {log}; exit ${{PIPESTATUS[0]}}"
+        "llmrnn check --configfile {params.configfiles:q} 2>&1 | tee {log:q}; exit ${{PIPESTATUS[0]}}"

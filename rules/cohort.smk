@@ -11,8 +11,8 @@ rule synth_cohort:
         seed=config["cohort"]["synthetic"]["seed"],
         code=code_hash("llmrnn.cohort"),
     shell:
-        "llmrnn cohort synth --patients {params.patients} --seed {params.seed} "
-        "--out {output.cohort} 2> {log}"
+        "llmrnn cohort synth --patients {params.patients:q} --seed {params.seed:q} "
+        "--out {output.cohort:q} --meta {output.meta:q} 2> {log:q}"
 
 
 rule clean_cohort:
@@ -26,10 +26,11 @@ rule clean_cohort:
     conda:
         conda_env("data")
     params:
+        raw_cohort_sha256=raw_cohort_sha256,
         code=code_hash("llmrnn.cohort"),
     shell:
-        "llmrnn cohort clean --cohort {input.cohort} --out {output.cleaned} "
-        "--report {output.report} 2> {log}"
+        "llmrnn cohort clean --cohort {input.cohort:q} --out {output.cleaned:q} "
+        "--report {output.report:q} 2> {log:q}"
 
 
 rule split_cohort:
@@ -48,6 +49,6 @@ rule split_cohort:
         cfg=json.dumps(config["split"], sort_keys=True),
         code=code_hash("llmrnn.cohort"),
     shell:
-        "llmrnn cohort split --cohort {input.cleaned} --train {output.train} --val {output.val} --test {output.test} "
-        "--summary {output.summary} "
-        "--cfg {params.cfg:q} 2> {log}"
+        "llmrnn cohort split --cohort {input.cleaned:q} --train {output.train:q} --val {output.val:q} --test {output.test:q} "
+        "--summary {output.summary:q} "
+        "--cfg {params.cfg:q} 2> {log:q}"

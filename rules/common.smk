@@ -3,7 +3,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import shlex
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -48,6 +47,11 @@ def raw_cohort_path(wildcards):
     source = config["cohort"]["source"]
     if source == "synthetic":
         return "resources/cohort/synthetic.json"
+    if "{" in source or "}" in source:
+        raise WorkflowError(
+            f"cohort.source: {source!r} contains a brace, which Snakemake reads as a wildcard; "
+            "rename the file or its folder"
+        )
     if not Path(source).exists():
         raise WorkflowError(
             f"cohort.source: {source} does not exist. Expected a JSON list of patients in the LLM-as-RNN "
@@ -57,11 +61,24 @@ def raw_cohort_path(wildcards):
     return source
 
 
+def raw_cohort_sha256(wildcards):
+    """params of clean_cohort: the user's cohort by content, so a replaced file reruns cleaning (and
+    splits) even when its mtime is older; None for the synthetic cohort (synth_cohort's params rerun it).
+    """
+    from llmrnn.cohort import source_sha256
+
+    return source_sha256(config["cohort"]["source"])
+
+
 def all_targets():
+    if recipe_is("qa"):
+        return qa_targets()
     return [
         f"{RUN}/splits/splits.json",
         *trajectory_targets(),
-        f"{RUN}/train/preflight.json",
+        # rules.X: all_targets is called by rule all, after every rule file is included
+        rules.preflight.output.report,
+        *rules.train_plots.output,
         *release_targets(),
         *eval_heldout_targets(),
     ]
@@ -87,7 +104,10 @@ def eval_forward_cfg():
     roles/prompts sections (models and the prompt file are inputs). Grading and statistics knobs are
     left out, so changing them never reruns the forward pass.
     """
-    subset = {k: config["eval"][k] for k in ("max_patients", "patient_seed", "seed")}
+    subset = {
+        k: config["eval"][k]
+        for k in ("max_patients", "max_visits", "patient_seed", "seed")
+    }
     return json.dumps(
         {
             "eval": subset,
@@ -104,12 +124,14 @@ def eval_code_hash(step):
         modules += [
             "llmrnn.rnn",
             "llmrnn.backends",
+            "llmrnn.prefix_engine",
             "llmrnn.prompts",
             "llmrnn.jsonparse",
             "llmrnn.cohort",
+            "llmrnn.trajectories",
         ]
     if step == "grade" and config["eval"]["final_judge"]["mode"] == "llm":
-        modules += ["llmrnn.backends"]
+        modules += ["llmrnn.backends", "llmrnn.jsonparse"]
     return code_hash(*modules)
 
 
@@ -142,11 +164,10 @@ def eval_shard_inputs(wildcards):
 
 
 def eval_memory_arg(wildcards):
-    return (
-        f"--memory-model {eval_trained_model()}"
-        if wildcards.variant == "trained"
-        else ""
-    )
+    """Arguments as a list, so `{params.memory:q}` quotes each one."""
+    if wildcards.variant == "trained":
+        return ["--memory-model", eval_trained_model()]
+    return []
 
 
 def eval_shard_files(kind):
@@ -158,23 +179,16 @@ def eval_shard_files(kind):
     ]
 
 
-def eval_train_metrics():
-    """Training curves of this run's model; none when eval.trained_model names another model."""
-    return [] if config["eval"]["trained_model"] else [f"{RUN}/train/metrics.jsonl"]
-
-
-def eval_train_metrics_arg():
-    return " ".join(f"--train-metrics {p}" for p in eval_train_metrics())
-
-
 def eval_heldout_targets():
+    if recipe_is("qa"):
+        return qa_eval_targets()
     plots = f"{RUN}/eval/plots"
     return [
         f"{RUN}/eval/metrics.json",
         f"{RUN}/eval/comparison.json",
         f"{plots}/acc_bars.png",
         f"{plots}/acc_by_visit.png",
-        f"{plots}/training.png",
+        f"{plots}/memory_recall.png",
         f"{plots}/summary.tsv",
     ]
 
@@ -196,7 +210,7 @@ def judge_model_input(wildcards):
         return model_ready(rubric.model)
     if rubric.model_source == "path":
         return []
-    from llmrnn.judge import judge_model_dir
+    from llmrnn.judge.launcher import judge_model_dir
 
     return str(judge_model_dir(rubric) / ".ready")
 
@@ -223,7 +237,7 @@ def train_gpus():
 
 
 def train_threads():
-    """TRL on CPU uses train.trl.num_threads (1 is fastest for small models: FINDINGS §1)."""
+    """TRL on CPU uses train.trl.num_threads (1 thread: 0.13-0.17 s per tiny GRPO step; 2: 0.14-9.7 s)."""
     t = config["train"]
     if t["engine"] == "trl":
         return t["trl"]["num_threads"]
@@ -276,23 +290,6 @@ def role_model_markers():
         and is_model_name(role["model"])
     }
     return [model_ready(n) for n in sorted(names)]
-
-
-def memory_model_dir():
-    """The base memory model (roles.memory.model): the policy GRPO trains and eval's `base` variant."""
-    ref = config["roles"]["memory"]["model"]
-    return f"{MODELS}/{ref}" if is_model_name(ref) else ref
-
-
-def memory_model_inputs():
-    """The memory model as an input of rules (its .ready marker, or the folder itself for a path)."""
-    ref = config["roles"]["memory"]["model"]
-    return [model_ready(ref)] if is_model_name(ref) else [ref]
-
-
-def model_folder(path):
-    """The HF folder of a model input (a .ready marker or the folder itself)."""
-    return os.path.dirname(path) if os.path.basename(path) == ".ready" else path
 
 
 def trajectories_cfg_json():
@@ -365,9 +362,10 @@ RELEASE_KNOB_SECTIONS = (
 NOT_A_KNOB = ("resources", "threads")
 
 
-def merge_base_input():
-    """The base the adapter is merged into: the memory model's .ready marker (a configured name) or its
-    folder (a path); `llmrnn merge run --base` takes either."""
+def memory_model_input():
+    """The base memory model (roles.memory.model) as an input of rules; its .ready marker (a configured name)
+    or its folder (a path); the CLI takes either (llmrnn.models.model_folder). It is the policy GRPO
+    trains, the base the adapter is merged into and eval's `base` variant."""
     ref = config["roles"]["memory"]["model"]
     return model_ready(ref) if is_model_name(ref) else ref
 
@@ -376,12 +374,10 @@ def merge_cfg_json():
     """params of merge_model: the merge knobs (not resources) + the LoRA rank/alpha training asked for
     (the adapter is checked against them; an alpha of 0 is repaired from them)."""
     merge = {k: v for k, v in config["merge"].items() if k not in NOT_A_KNOB}
-    try:  # the values training really uses: its section with the train stage's own defaults filled in
-        from llmrnn.train.config import normalize
+    # the values training really uses: its section with the train stage's own defaults filled in
+    from llmrnn.train.config import normalize
 
-        lora = normalize(config.get("train"))["lora"]
-    except ImportError:
-        lora = config.get("train", {}).get("lora", {})
+    lora = normalize(config.get("train"))["lora"]
     wanted = {k: lora.get(k) for k in ("rank", "alpha")}
     return json.dumps({"merge": merge, "train": {"lora": wanted}}, sort_keys=True)
 
@@ -397,6 +393,14 @@ def release_cfg_json():
         for s in RELEASE_KNOB_SECTIONS
         if s in config
     }
+    if recipe_is(
+        "qa"
+    ):  # only then: the memory head's manifest (and params) stay as they were
+        knobs["recipe"] = config["recipe"]
+        knobs["qa"] = {k: v for k, v in config["qa"].items() if k != "eval"}
+        knobs["qa"]["sft"] = {
+            k: v for k, v in config["qa"]["sft"].items() if k not in NOT_A_KNOB
+        }
     return json.dumps(
         {"run_name": config["run_name"], "release": config["release"], "knobs": knobs},
         sort_keys=True,
@@ -413,10 +417,11 @@ def release_targets():
 
 def check_configfiles():
     """The config files of this run in layering order (the Snakefile's, then --configfile
-    ones), for `llmrnn check` (rule check)."""
+    ones), for `llmrnn check` (rule check).
+    A list, so `{params.configfiles:q}` quotes each one."""
     cli = [str(f) for f in workflow.overwrite_configfiles or []]
     own = [str(f) for f in workflow.configfiles if str(f) not in cli]
-    return " ".join(shlex.quote(f) for f in own + cli)
+    return own + cli
 
 
 def workflow_container():
@@ -424,3 +429,174 @@ def workflow_container():
     from profiles/slurm/llmrnn-verl.def over the reference verl image); None: on the host.
     """
     return os.environ.get("LLMRNN_CONTAINER") or None
+
+
+# ----------------------------------------------------------------------------- recipes / qa
+# recipe: memory_head (the LLM-as-RNN DAG above) | qa (rules/qa.smk). Both share cohort, models, judge,
+# merge (merge_model, whose base is the recipe's policy) and release.
+QA = f"{RUN}/qa"
+QA_EVAL = f"{RUN}/eval"
+QA_VARIANT_PATTERN = "base|sft|grpo"
+QA_SYNTH = "resources/qa"
+
+
+def recipe_is(name):
+    return config["recipe"] == name
+
+
+def model_dir_of(path):
+    """The HF folder of a model input (its .ready marker or the folder itself), for a value in params."""
+    return os.path.dirname(path) if os.path.basename(path) == ".ready" else path
+
+
+def qa_model_input():
+    """The qa base model as an input: its .ready marker (a configured name) or its folder."""
+    ref = config["qa"]["model"]
+    return model_ready(ref) if is_model_name(ref) else ref
+
+
+def qa_sft_enabled():
+    return config["qa"]["sft"]["enabled"]
+
+
+def grpo_rule():
+    """The GRPO job of this recipe (train_grpo or qa_train_grpo): merge_model and release read its
+    outputs through it. Called from rule bodies, after every rule file is included."""
+    return rules.qa_train_grpo if recipe_is("qa") else rules.train_grpo
+
+
+def merge_base_input():
+    """The base merge_model folds the GRPO adapter into: the memory model, or (recipe qa) the model GRPO
+    started from."""
+    return qa_policy_input() if recipe_is("qa") else memory_model_input()
+
+
+def qa_policy_input():
+    """The model GRPO starts from: the merged SFT model when the warm start is on, else the base."""
+    return f"{QA}/sft/merged" if qa_sft_enabled() else qa_model_input()
+
+
+def qa_source_path(wildcards):
+    source = config["qa"]["source"]
+    if source == "synthetic":
+        return f"{QA_SYNTH}/synthetic.jsonl"
+    if source.startswith("hf:"):
+        return (
+            []
+        )  # a datasets name/path: resolved by the CLI, not a file Snakemake tracks
+    if not Path(source).exists():
+        raise WorkflowError(
+            f"qa.source: {source} does not exist (a JSON/JSONL QA file, hf:<dataset>, or synthetic)"
+        )
+    return source
+
+
+def qa_ood_path(wildcards):
+    ood = config["qa"]["ood"]
+    if ood == "synthetic":
+        return f"{QA_SYNTH}/synthetic_ood.jsonl"
+    return [] if not ood or ood.startswith("hf:") else ood
+
+
+def qa_source_param(wildcards, input):
+    """--source of `llmrnn qa data`: the tracked file, or the hf: name as configured."""
+    return getattr(input, "source", None) or config["qa"]["source"]
+
+
+def qa_ood_param(wildcards, input):
+    """--ood of `llmrnn qa data`: the tracked file, an hf: name, or "" (no OOD set)."""
+    return getattr(input, "ood", None) or config["qa"]["ood"] or ""
+
+
+def qa_data_cfg():
+    return json.dumps(
+        {
+            k: config["qa"][k]
+            for k in ("fields", "dataset", "filter", "split", "prompt")
+        },
+        sort_keys=True,
+    )
+
+
+def qa_sft_cfg():
+    return json.dumps({"sft": config["qa"]["sft"]}, sort_keys=True)
+
+
+def qa_sft_merge_cfg():
+    """params of qa_merge_sft: the merge knobs + the SFT LoRA rank/alpha the adapter is checked against."""
+    merge = {k: v for k, v in config["merge"].items() if k not in NOT_A_KNOB}
+    lora = config["qa"]["sft"]["lora"]
+    return json.dumps(
+        {"merge": merge, "train": {"lora": {k: lora[k] for k in ("rank", "alpha")}}},
+        sort_keys=True,
+    )
+
+
+def qa_train_cfg():
+    """params of qa_train_grpo: the shared train section + the qa reward (the fluency reward scores
+    under the qa base model; the judge reward reads qa.reward.rubric or judge.rubric).
+    """
+    reward = dict(config["qa"]["reward"])
+    reward["fluency_model"] = model_dir_of(qa_model_input())
+    reward["rubric"] = reward.get("rubric") or config["judge"]["rubric"]
+    return json.dumps({"train": config["train"], "reward": reward}, sort_keys=True)
+
+
+def qa_judge_input(wildcards):
+    """The judge service when the judge reward is on (else GRPO needs no judge)."""
+    return (
+        {"endpoint": f"{RUN}/judge/endpoint.json"}
+        if config["qa"]["reward"]["weights"]["judge"]
+        else {}
+    )
+
+
+def qa_endpoint_param(wildcards, input):
+    """--endpoint of GRPO: the judge's endpoint.json when the judge reward is on, else "" (none)."""
+    return input.endpoint if "endpoint" in input.keys() else ""
+
+
+def qa_variants():
+    return ["base", *(["sft"] if qa_sft_enabled() else []), "grpo"]
+
+
+def qa_eval_splits():
+    return ["test", *(["ood"] if config["qa"]["ood"] else [])]
+
+
+def qa_eval_model(wildcards):
+    """Inputs of qa_eval_model: the variant's model (and the merge check it must have passed)."""
+    if wildcards.variant == "base":
+        return {"model": qa_model_input()}
+    if wildcards.variant == "sft":
+        return {"model": f"{QA}/sft/merged", "check": f"{QA}/sft/merge_check.json"}
+    return {"model": f"{RUN}/merged", "check": f"{RUN}/merge_check.json"}
+
+
+def qa_eval_files():
+    return [
+        f"{QA_EVAL}/{variant}/{split}.jsonl"
+        for variant in qa_variants()
+        for split in qa_eval_splits()
+    ]
+
+
+def qa_eval_cfg():
+    return json.dumps(
+        {"eval": {k: v for k, v in config["qa"]["eval"].items() if k != "resources"}},
+        sort_keys=True,
+    )
+
+
+def qa_eval_targets():
+    return [
+        f"{QA_EVAL}/metrics.json",
+        f"{QA_EVAL}/comparison.json",
+        f"{QA_EVAL}/plots/pass_at_k.png",
+        f"{QA_EVAL}/plots/summary.tsv",
+        f"{QA_EVAL}/plots/questions.tsv",
+    ]
+
+
+def qa_targets():
+    return [f"{QA}/splits.json", *release_targets(), *qa_eval_targets()]

@@ -29,9 +29,9 @@ rule eval_shard:
         shards=config["eval"]["shards"],
         code=eval_code_hash("shard"),
     shell:
-        "llmrnn evaluate shard --test {input.test} --variant {wildcards.variant} {params.memory} "
-        "--prompts {input.prompts} --threads {threads} "
-        "--shard {wildcards.shard} --shards {params.shards} --out {output} --cfg {params.cfg:q} 2> {log}"
+        "llmrnn evaluate shard --test {input.test:q} --variant {wildcards.variant:q} {params.memory:q} "
+        "--prompts {input.prompts:q} --threads {threads:q} "
+        "--shard {wildcards.shard:q} --shards {params.shards:q} --out {output:q} --cfg {params.cfg:q} 2> {log:q}"
 
 
 rule eval_grade:
@@ -50,7 +50,7 @@ rule eval_grade:
         cfg=eval_cfg_json("final_judge", "grade_visits"),
         code=eval_code_hash("grade"),
     shell:
-        "llmrnn evaluate grade --shard {input} --out {output} --cfg {params.cfg:q} 2> {log}"
+        "llmrnn evaluate grade --shard {input:q} --out {output:q} --cfg {params.cfg:q} 2> {log:q}"
 
 
 rule eval_gather:
@@ -67,10 +67,5 @@ rule eval_gather:
         cfg=eval_cfg_json("final_judge", "stats"),
         code=code_hash("llmrnn.evaluate", "llmrnn.stats", "llmrnn.matching"),
     shell:
-        "llmrnn evaluate gather --graded {input} --metrics {output.metrics} "
-        "--comparison {output.comparison} --cfg {params.cfg:q} 2> {log}"
-
-
-rule eval_heldout:
-    input:
-        eval_heldout_targets(),
+        "llmrnn evaluate gather --graded {input:q} --metrics {output.metrics:q} "
+        "--comparison {output.comparison:q} --cfg {params.cfg:q} 2> {log:q}"

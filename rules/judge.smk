@@ -1,6 +1,5 @@
-# Judge server (a Snakemake service: it lives exactly as long as its consumers) and the preflight that
-# proves the real judge follows the score format before training. The rubric file is the single source
-# of truth for model, prompts, sampling and serving.
+# Judge server (a Snakemake service: it lives exactly as long as its consumers: preflight and train_grpo).
+# The rubric file is the single source of truth for model, prompts, sampling and serving.
 
 
 rule judge_server:
@@ -22,40 +21,17 @@ rule judge_server:
         cpus_per_task=config["judge"]["resources"]["cpus_per_task"],
     params:
         cfg=cfg_json("judge"),
-        code=code_hash("llmrnn.judge", "llmrnn.rubric"),
-    shell:
-        # exec: Snakemake's SIGTERM at the end of the consumers reaches the launcher, which stops the server.
-        "exec llmrnn judge server --rubric {input.rubric} --endpoint {output.endpoint} "
-        "--cfg {params.cfg:q} > {log} 2>&1"
-
-
-rule preflight:
-    input:
-        train=f"{RUN}/trajectories/train.parquet",
-        val=f"{RUN}/trajectories/val.parquet",
-        endpoint=rules.judge_server.output.endpoint,
-        rubric=config["judge"]["rubric"],
-        policy=merge_base_input(),
-    output:
-        report=f"{RUN}/train/preflight.json",
-        audit=directory(f"{RUN}/train/preflight_audit"),
-    log:
-        f"{LOGS}/preflight.log",
-    conda:
-        conda_env("cpu")
-    # 0: preflight mostly waits on the judge; it shares the service group with train_grpo, whose cores
-    # count (llmrnn runs a 0-thread job single-threaded: cli.sanitize_thread_env).
-    threads: 0
-    params:
-        cfg=preflight_cfg(),
         code=code_hash(
-            "llmrnn.preflight",
-            "llmrnn.reward",
-            "llmrnn.rubric",
             "llmrnn.judge",
-            "llmrnn.train.preflight",
+            "llmrnn.judge.client",
+            "llmrnn.judge.launcher",
+            "llmrnn.judge.server",
+            "llmrnn.backends",
+            "llmrnn.models",
+            "llmrnn.retry",
+            "llmrnn.rubric",
         ),
     shell:
-        "llmrnn preflight run --train-parquet {input.train} --val-parquet {input.val} "
-        "--endpoint {input.endpoint} --out {output.report} --audit-dir {output.audit} "
-        "--tokenizer-dir {input.policy} --cfg {params.cfg:q} 2> {log}"
+        # exec: Snakemake's SIGTERM at the end of the consumers reaches the launcher, which stops the server.
+        "exec llmrnn judge server --rubric {input.rubric:q} --endpoint {output.endpoint:q} "
+        "--cfg {params.cfg:q} > {log:q} 2>&1"

@@ -5,7 +5,7 @@
 rule merge_model:
     input:
         base=merge_base_input(),
-        adapter=f"{RUN}/train/adapter",
+        adapter=grpo_rule().output.adapter,
     output:
         merged=directory(f"{RUN}/merged"),
         check=f"{RUN}/merge_check.json",
@@ -23,5 +23,5 @@ rule merge_model:
         cfg=merge_cfg_json(),
         code=code_hash("llmrnn.merge"),
     shell:
-        "llmrnn merge run --base {input.base} --adapter {input.adapter} --out {output.merged} "
-        "--check {output.check} --cfg {params.cfg:q} 2> {log}"
+        "llmrnn merge run --base {input.base:q} --adapter {input.adapter:q} --out {output.merged:q} "
+        "--check {output.check:q} --cfg {params.cfg:q} 2> {log:q}"

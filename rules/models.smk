@@ -18,13 +18,13 @@ rule prepare_base_model:
         cfg=model_cfg_json,
         code=code_hash("llmrnn.models"),
     shell:
-        "llmrnn models prepare --name {wildcards.name} --cfg {params.cfg:q} --out {output.marker} 2> {log}"
+        "llmrnn models prepare --name {wildcards.name:q} --cfg {params.cfg:q} --out {output.marker:q} 2> {log:q}"
 
 
 # The judge model of a rubric with `judge.source: hub` as a file-tracked target: downloaded once with
 # huggingface_hub (HF_TOKEN from the environment for gated repos); the judge server then starts offline
-# from this copy only (`source: path` names a local folder; `local`, a model of prepare_base_model). A local rule: compute nodes often cannot reach
-# the Hub, the login node can.
+# from this copy only (`source: path` names a local folder; `local`, a model of prepare_base_model).
+# A local rule: compute nodes often cannot reach the Hub, the login node can.
 localrules:
     prepare_judge_model,
 

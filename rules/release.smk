@@ -13,7 +13,7 @@ rule release:
             rules.split_cohort.output.val,
             rules.split_cohort.output.test,
         ],
-        metrics=f"{RUN}/train/metrics.jsonl",
+        metrics=grpo_rule().output.metrics,
         rubric=config["judge"]["rubric"],
     output:
         card=f"{RUN}/release/README.md",
@@ -27,7 +27,7 @@ rule release:
         cfg=release_cfg_json(),
         code=code_hash("llmrnn.release", "llmrnn.phi_guard", "llmrnn.upload"),
     shell:
-        "llmrnn release build --merged {input.merged} --merge-check {input.check} "
-        "--splits {input.splits} --split-files {input.split_files} --metrics {input.metrics} "
-        "--rubric {input.rubric} --cfg {params.cfg:q} --card {output.card} "
-        "--manifest {output.manifest} --receipt {output.receipt} 2> {log}"
+        "llmrnn release build --merged {input.merged:q} --merge-check {input.check:q} "
+        "--splits {input.splits:q} --split-files {input.split_files:q} --metrics {input.metrics:q} "
+        "--rubric {input.rubric:q} --cfg {params.cfg:q} --card {output.card:q} "
+        "--manifest {output.manifest:q} --receipt {output.receipt:q} 2> {log:q}"

@@ -1,12 +1,35 @@
-# Plots and the summary table of the held-out evaluation (and the training curves), marked for
-# `snakemake --report report.html`; captions in workflow/report/.
+# Every plot of the workflow, marked for `snakemake --report report.html`; captions in workflow/report/.
+
+
+rule train_plots:
+    input:
+        metrics=rules.train_grpo.output.metrics,
+    output:
+        reward=report(
+            f"{RUN}/train/plots/reward.png",
+            caption="../workflow/report/train_reward.rst",
+            category="Training",
+        ),
+        kl=report(
+            f"{RUN}/train/plots/kl.png",
+            caption="../workflow/report/train_kl.rst",
+            category="Training",
+        ),
+    log:
+        f"{LOGS}/train_plots.log",
+    conda:
+        conda_env("data")
+    params:
+        code=code_hash("llmrnn.report", "llmrnn.train.metrics"),
+    shell:
+        "llmrnn report training --metrics {input.metrics:q} --reward {output.reward:q} "
+        "--kl {output.kl:q} 2> {log:q}"
 
 
 rule eval_plots:
     input:
         metrics=rules.eval_gather.output.metrics,
         comparison=rules.eval_gather.output.comparison,
-        train=eval_train_metrics(),
     output:
         bars=report(
             f"{RUN}/eval/plots/acc_bars.png",
@@ -18,10 +41,10 @@ rule eval_plots:
             category="Held-out evaluation",
             caption="../workflow/report/acc_by_visit.rst",
         ),
-        training=report(
-            f"{RUN}/eval/plots/training.png",
-            category="Training",
-            caption="../workflow/report/training.rst",
+        memory_recall=report(
+            f"{RUN}/eval/plots/memory_recall.png",
+            category="Held-out evaluation",
+            caption="../workflow/report/memory_recall.rst",
         ),
         summary=report(
             f"{RUN}/eval/plots/summary.tsv",
@@ -33,9 +56,8 @@ rule eval_plots:
     conda:
         conda_env("data")
     params:
-        outdir=lambda w, output: os.path.dirname(output.bars),
-        train=eval_train_metrics_arg(),
         code=code_hash("llmrnn.report"),
     shell:
-        "llmrnn report plots --metrics {input.metrics} --comparison {input.comparison} "
-        "{params.train} --outdir {params.outdir} 2> {log}"
+        "llmrnn report plots --metrics {input.metrics:q} --comparison {input.comparison:q} "
+        "--bars {output.bars:q} --by-visit {output.by_visit:q} "
+        "--memory-recall {output.memory_recall:q} --summary {output.summary:q} 2> {log:q}"

@@ -9,21 +9,11 @@ rule train_grpo:
         val=f"{RUN}/trajectories/val.parquet",
         endpoint=rules.judge_server.output.endpoint,
         preflight=rules.preflight.output.report,
-        model=merge_base_input(),
+        model=memory_model_input(),
     output:
         adapter=directory(f"{RUN}/train/adapter"),
         metrics=f"{RUN}/train/metrics.jsonl",
         summary=f"{RUN}/train/summary.json",
-        reward_plot=report(
-            f"{RUN}/train/plots/reward.png",
-            caption="../workflow/report/train_reward.rst",
-            category="Training",
-        ),
-        kl_plot=report(
-            f"{RUN}/train/plots/kl.png",
-            caption="../workflow/report/train_kl.rst",
-            category="Training",
-        ),
     log:
         f"{LOGS}/train_grpo.log",
     conda:
@@ -35,7 +25,11 @@ rule train_grpo:
         runtime=config["train"]["resources"]["runtime"],
         cpus_per_task=config["train"]["resources"]["cpus_per_task"],
     params:
-        cfg=cfg_json("train", "reward"),
+        # checkpoints/, state/, audit/ beside the outputs but not outputs themselves: Snakemake deletes
+        # outputs before a rerun, and a rerun after a kill must find the checkpoints to resume
+        work=lambda w, output: os.path.dirname(output.metrics),
+        # preflight: its max_fallback_rate/fallback_window also guard the reward during training
+        cfg=cfg_json("train", "reward", "preflight"),
         judge_gpus=judge_gpus(),
         code=code_hash(
             "llmrnn.train",
@@ -48,8 +42,15 @@ rule train_grpo:
             "llmrnn.reward",
             "llmrnn.rubric",
             "llmrnn.judge",
+            "llmrnn.judge.client",
+            "llmrnn.retry",
+            "llmrnn.preflight",
+            "llmrnn.jsonparse",
+            "llmrnn.matching",
+            "llmrnn.models",
         ),
     shell:
-        "llmrnn train run --cfg {params.cfg:q} --train {input.train} --val {input.val} "
-        "--model {input.model} --metrics {output.metrics} --endpoint {input.endpoint} "
-        "--preflight {input.preflight} --judge-gpus {params.judge_gpus} 2> {log}"
+        "llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
+        "--model {input.model:q} --work-dir {params.work:q} --adapter {output.adapter:q} "
+        "--metrics {output.metrics:q} --summary {output.summary:q} --endpoint {input.endpoint:q} "
+        "--preflight {input.preflight:q} --judge-gpus {params.judge_gpus:q} 2> {log:q}"

@@ -29,20 +29,22 @@ rule trajectory_shard:
             "llmrnn.trajectories",
             "llmrnn.rnn",
             "llmrnn.backends",
+            "llmrnn.prefix_engine",
             "llmrnn.prompts",
             "llmrnn.jsonparse",
+            "llmrnn.matching",
         ),
     shell:
-        "llmrnn trajectories shard --split {wildcards.split} --split-file {input.split} "
-        "--shard {wildcards.k} --prompts {input.prompts} --threads {threads} "
-        "--out {output.part} --stats {output.stats} --cfg {params.cfg:q} 2> {log}"
+        "llmrnn trajectories shard --split {wildcards.split:q} --split-file {input.split:q} "
+        "--shard {wildcards.k:q} --prompts {input.prompts:q} --threads {threads:q} "
+        "--out {output.part:q} --stats {output.stats:q} --cfg {params.cfg:q} 2> {log:q}"
 
 
 rule dump_trajectories:
     input:
         parts=lambda w: trajectory_shard_files(w.split, "parquet"),
         stats=lambda w: trajectory_shard_files(w.split, "stats.json"),
-        tokenizer=memory_model_inputs(),
+        tokenizer=memory_model_input(),
     output:
         parquet=f"{RUN}/trajectories/{{split}}.parquet",
         summary=f"{RUN}/trajectories/{{split}}.summary.json",
@@ -53,9 +55,8 @@ rule dump_trajectories:
     conda:
         conda_env("cpu")
     params:
-        tokenizer=lambda w, input: model_folder(input.tokenizer[0]),
-        code=code_hash("llmrnn.trajectories"),
+        code=code_hash("llmrnn.trajectories", "llmrnn.stats", "llmrnn.models"),
     shell:
-        "llmrnn trajectories gather --split {wildcards.split} --parts {input.parts} "
-        "--stats {input.stats} --tokenizer {params.tokenizer} "
-        "--out {output.parquet} --summary {output.summary} 2> {log}"
+        "llmrnn trajectories gather --split {wildcards.split:q} --parts {input.parts:q} "
+        "--stats {input.stats:q} --tokenizer {input.tokenizer:q} "
+        "--out {output.parquet:q} --summary {output.summary:q} 2> {log:q}"

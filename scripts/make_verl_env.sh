@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build a separate CPU venv with one verl release, for the tests that compose verl's own Hydra config
 # with our overrides and load our parquet through verl's RLHFDataset (tests/verl/). verl cannot train
-# on CPU, but it installs and these parts work (FINDINGS §4). Kept out of the main .venv: verl 0.7.1
+# on CPU (its rollout needs vllm/sglang on a GPU), but it installs and these parts work. Kept out of the main .venv: verl 0.7.1
 # pins numpy<2 (and pyarrow 26 then fails to import).
 #
 #   scripts/make_verl_env.sh 0.7.1        -> .venv-verl-0.7.1

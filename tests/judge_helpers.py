@@ -31,7 +31,7 @@ class ScriptedJudge:
     """OpenAI-style server: `respond(body) -> text | (status, dict)`; optional fixed delay; counts hits."""
 
     def __init__(self, respond: Callable[[dict], object], delay_s: float = 0.0, key: str | None = KEY,
-                 health: bool = True):
+                 health: bool = True, port: int = 0):
         self.respond = respond
         self.delay_s = delay_s
         self.hits = 0
@@ -39,6 +39,7 @@ class ScriptedJudge:
         self.inflight = 0
         self.max_inflight = 0
         self.bodies: list[dict] = []
+        self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Authorization header)
         self._lock = threading.Lock()
         outer = self
 
@@ -58,6 +59,8 @@ class ScriptedJudge:
                 self.wfile.write(data)
 
             def do_GET(self):
+                with outer._lock:
+                    outer.requests.append(("GET", self.path, self.headers.get("Authorization")))
                 if self.path == "/health":
                     self._send(200 if health else 503, {"status": "ok"})
                 elif self.path == "/v1/models":
@@ -71,6 +74,7 @@ class ScriptedJudge:
                     return
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 with outer._lock:
+                    outer.requests.append(("POST", self.path, self.headers.get("Authorization")))
                     outer.hits += 1
                     outer.bodies.append(body)
                 if key and self.headers.get("Authorization") != f"Bearer {key}":
@@ -91,7 +95,7 @@ class ScriptedJudge:
                 else:
                     self._send(200, chat_payload(str(out)))
 
-        self.server = _Server(("127.0.0.1", 0), Handler)
+        self.server = _Server(("127.0.0.1", port), Handler)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -174,3 +178,15 @@ def write_parquet(path: Path, steps: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_parquet(path)
     return path
+
+
+def json_policy_reward(prompts: list, completions: list, **columns) -> list[float]:
+    """llmrnn.reward.trl_reward_func with the policy's text wrapped into the memory JSON it should write.
+
+    STAND-IN for a policy that writes JSON: the tiny random test model never does, so no sample would
+    reach the judge. Reward, judge HTTP, parsing, guard and TRL's metric logging are the real ones."""
+    from llmrnn.reward import trl_reward_func
+
+    wrapped = [[{"role": "assistant", "content": memory(str(c[-1]["content"] if isinstance(c, list) else c))}]
+               for c in completions]
+    return trl_reward_func(prompts, wrapped, **columns)

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from llmrnn import backends
+from llmrnn import backends, prefix_engine
 from llmrnn.backends import BackendError, make_backend
 from llmrnn.errors import InputError
 
@@ -39,6 +39,24 @@ def test_transformers_seeded_sampling_is_per_row(tiny):
     assert any(a)  # sampled tokens of the random model decode to text
     c = tiny.generate(CONVS, temperature=1.0, top_p=0.9, max_tokens=8, seeds=[s + 1 for s in seeds])
     assert a != c
+
+
+def test_generate_scored_gives_the_same_texts_with_the_logprobs_of_the_tokens_drawn(tiny):
+    """The judge server's logprobs come from the same batched call: greedy picks each step's top token,
+    and the seeded samples are the ones `generate` draws."""
+    import math
+
+    scored = tiny.generate_scored(CONVS, 0.0, 1.0, 6, top_logprobs=3)
+    assert [text for text, _ in scored] == tiny.generate(CONVS, 0.0, 1.0, 6)
+    for text, entries in scored:
+        assert 1 <= len(entries) <= 6 and "".join(e["token"] for e in entries).strip() == text
+        for e in entries:
+            assert len(e["top"]) == 3 and e["top"][0][0] == e["token"]
+            assert math.isclose(e["top"][0][1], e["logprob"], abs_tol=1e-5) and e["logprob"] <= 0
+    seeds = [11, 22, 33, 44, 55]
+    sampled = tiny.generate_scored(CONVS, 1.0, 0.9, 6, seeds=seeds, top_logprobs=0)
+    assert [t for t, _ in sampled] == tiny.generate(CONVS, 1.0, 0.9, 6, seeds=seeds)
+    assert all(e["top"] == [] for _, entries in sampled for e in entries)
 
 
 def test_transformers_counts_calls_and_continues_a_response_prefix(tiny):
@@ -143,11 +161,11 @@ def test_openai_missing_key_env_is_an_input_error(monkeypatch):
 
 
 def test_json_closed():
-    assert backends.json_closed('{"a": "}"}')
-    assert not backends.json_closed('{"a": "}')
-    assert backends.json_closed('noise {"a": {"b": 1}} more')
-    assert not backends.json_closed('{"a": {"b": 1}')
-    assert not backends.json_closed("no braces")
+    assert prefix_engine.json_closed('{"a": "}"}')
+    assert not prefix_engine.json_closed('{"a": "}')
+    assert prefix_engine.json_closed('noise {"a": {"b": 1}} more')
+    assert not prefix_engine.json_closed('{"a": {"b": 1}')
+    assert not prefix_engine.json_closed("no braces")
 
 
 def test_stop_at_json_stops_rows_whose_prefix_is_already_a_complete_object(tiny_model_dir):
@@ -172,29 +190,55 @@ SHARED = [
 ]
 
 
-def test_shared_prefix_prefill_gives_the_tokens_of_a_plain_prefill(tiny, monkeypatch):
+@pytest.fixture(scope="module")
+def plain(tiny_model_dir):
+    """The same engine with `generation: generate`: plain model.generate() prefilling the padded batch."""
+    return make_backend({"backend": "transformers", "batch_size": 2, "generation": "generate"}, tiny_model_dir,
+                        cache=False)
+
+
+def test_shared_prefix_prefill_gives_the_tokens_of_a_plain_prefill(tiny, plain):
     """The batch's common prompt prefix is computed once, the rest in right-padded chunks; the sampled
-    tokens are those of HF generate prefilling the left-padded batch itself."""
+    tokens are those of HF generate prefilling the left-padded batch itself (generation: generate)."""
     seeds = [3, 1, 4, 1, 5]
     before = tiny.prefill_tokens
     ours = tiny.generate(SHARED, temperature=1.0, top_p=0.9, max_tokens=10, seeds=seeds)
     computed = tiny.prefill_tokens - before
     prompt_tokens = sum(tiny.prompt_lengths(SHARED))
     assert computed < prompt_tokens - 3 * 40  # the ~50-token system prompt ran once per micro-batch of 2
-
-    def plain(rows, room=0):  # what generate does without our cache
-        return dict(tiny.tokenizer.pad({"input_ids": [list(r) for r in rows]}, return_tensors="pt"))
-
-    monkeypatch.setattr(tiny, "_prefill", plain)
-    theirs = tiny.generate(SHARED, temperature=1.0, top_p=0.9, max_tokens=10, seeds=seeds)
+    before = plain.prefill_tokens
+    theirs = plain.generate(SHARED, temperature=1.0, top_p=0.9, max_tokens=10, seeds=seeds)
+    assert plain.prefill_tokens - before == prompt_tokens  # generate() ran every prompt token itself
     assert ours == theirs and len(set(ours)) > 1
+
+
+@pytest.mark.parametrize("stop_at_json", [True, False])
+def test_both_generation_settings_give_the_same_tokens(tiny_model_dir, stop_at_json):
+    """generation: prefix_cache (llmrnn.prefix_engine) and generation: generate (plain model.generate())
+    decode the same tokens, greedy and seeded; this guards a torch/transformers upgrade of either path."""
+    engines = [make_backend({"backend": "transformers", "batch_size": 4, "generation": g,
+                             "stop_at_json": stop_at_json}, tiny_model_dir, cache=False)
+               for g in ("prefix_cache", "generate")]
+    assert engines[0].shared_prefix_attention and not engines[1].shared_prefix_attention
+    conversations = SHARED + CONVS  # shared-prefix rows and rows without a common prefix, in one call
+    cached, plain = (e.generate(conversations, temperature=0.0, top_p=1.0, max_tokens=12) for e in engines)
+    assert cached == plain
+    seeds = list(range(100, 100 + len(conversations)))
+    cached, plain = (e.generate(conversations, temperature=1.0, top_p=0.9, max_tokens=12, seeds=seeds)
+                     for e in engines)
+    assert cached == plain and len(set(cached)) > 1  # the random model's samples differ row to row
+
+
+def test_unknown_generation_setting_is_one_clear_error(tiny_model_dir):
+    with pytest.raises(InputError, match="generation 'fast': expected one of prefix_cache, generate"):
+        make_backend({"backend": "transformers", "generation": "fast"}, tiny_model_dir, cache=False)
 
 
 def test_preallocated_cache_grows_and_follows_batch_selection():
     import torch
 
     keys = torch.arange(2 * 1 * 3 * 2, dtype=torch.float32).reshape(2, 1, 3, 2)
-    cache = backends._preallocated_cache([(keys, keys + 100)], capacity=4)
+    cache = prefix_engine.preallocated_cache([(keys, keys + 100)], capacity=4)
     layer = cache.layers[0]
     for step in range(3):  # the third token overflows capacity 4: fresh, larger buffers
         new = torch.full((2, 1, 1, 2), float(step))
@@ -216,7 +260,7 @@ def test_wide_rows_draw_the_multinomial_token_of_the_nucleus(top_p):
     torch.manual_seed(0)
     scores = torch.randn(4, 300) * 0.3  # flat rows: 16 candidates never hold the nucleus
     seeds = [7, 8, 9, 10]
-    out = backends._row_sampler(seeds, 1.0, top_p, candidates=16)(None, scores.clone())
+    out = prefix_engine.row_sampler(seeds, 1.0, top_p, candidates=16)(None, scores.clone())
     probs = torch.softmax(scores, dim=-1)
     sorted_p, order = torch.sort(probs, dim=-1, descending=True)
     sorted_p = sorted_p.masked_fill((torch.cumsum(sorted_p, -1) - sorted_p) > top_p, 0.0)
@@ -234,7 +278,7 @@ def test_peaked_rows_sample_the_nucleus_from_their_candidates():
     logits = torch.full((1, 500), -20.0)
     logits[0, :4] = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))  # nucleus at top_p 0.9: tokens 0, 1, 2
     seeds = list(range(2000))
-    sampler = backends._row_sampler(seeds, 1.0, 0.9, candidates=8)
+    sampler = prefix_engine.row_sampler(seeds, 1.0, 0.9, candidates=8)
     tokens = sampler(None, logits.expand(len(seeds), -1).clone()).argmax(dim=-1)
     counts = torch.bincount(tokens, minlength=4)[:4].tolist()
     assert counts[3] == 0 and sum(counts) == len(seeds)

@@ -139,3 +139,37 @@ def test_check_target_in_the_workflow(workflow_dir, monkeypatch):
     proc = snakemake(workflow_dir, "check", "--configfile", "config/bad.yaml", check=False)
     assert proc.returncode != 0
     assert "HF_TOKEN" in (workflow_dir / "logs" / "demo" / "check.log").read_text()
+
+
+def test_split_sizes_are_checked_against_the_cleaned_cohort(in_workflow, tmp_path):
+    from llmrnn.cohort import dump_cohort, synthesize_cohort
+
+    cohort = synthesize_cohort(12, seed=1)
+    for p in cohort[:3]:  # 3 patients cleaning drops: 12 on file, 9 to split
+        p["visits"][-1]["clinical_sections"]["discharge_diagnosis"] = ""
+    path = tmp_path / "c.json"
+    path.write_text(dump_cohort(cohort))
+    problems = check.check_cohort({"cohort": {"source": str(path)}, "split": {"val_size": 4, "train_size": 6}})
+    assert len(problems) == 1
+    assert "has 9 patients after cleaning (12 before); split needs at least 11" in problems[0]
+    assert check.check_cohort({"cohort": {"source": str(path)}, "split": {"val_size": 4, "train_size": 4}}) == []
+
+
+def test_synthetic_cohort_size_is_checked(in_workflow):
+    from llmrnn.cohort import clean_cohort, synthesize_cohort
+
+    kept = len(clean_cohort(synthesize_cohort(10, seed=3))[0])
+    cfg = {"cohort": {"source": "synthetic", "synthetic": {"patients": 10, "seed": 3}},
+           "split": {"val_size": kept, "train_size": 1}}
+    problems = check.check_cohort(cfg)
+    assert len(problems) == 1 and f"synthetic has {kept} patients after cleaning" in problems[0]
+    assert f"needs at least {kept + 2}" in problems[0]
+
+
+def test_brace_in_cohort_path_is_refused(in_workflow, tmp_path):
+    from llmrnn.cohort import dump_cohort, synthesize_cohort
+
+    path = tmp_path / "cohort{x}.json"
+    path.write_text(dump_cohort(synthesize_cohort(30, seed=1)))
+    problems = check.check_cohort({"cohort": {"source": str(path)}, "split": {"val_size": 2, "train_size": 2}})
+    assert len(problems) == 1 and "contains a brace, which Snakemake reads as a wildcard" in problems[0]

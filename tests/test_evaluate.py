@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from llmrnn import evaluate
+from llmrnn import evaluate, io
 from llmrnn.errors import InputError
 
 CFG = {
@@ -57,7 +57,7 @@ def write(tmp_path, records, shards):
     for variant, recs in records.items():
         for k in range(shards):
             path = tmp_path / f"{variant}_{shards}_{k}.jsonl"
-            evaluate.write_jsonl(path, evaluate.shard_of(recs, k, shards))
+            io.write_jsonl(path, recs[k::shards])  # any split of the patients
             out.setdefault(variant, []).append(path)
     return out
 
@@ -112,14 +112,17 @@ def test_grade_last_visit_only(records):
 
 
 def test_select_and_shard_patients():
-    pts = [{"subject_id": i} for i in range(10)]
+    pts = [{"subject_id": i, "visits": [{}] * (1 + i % 3)} for i in range(10)]
     chosen = evaluate.select_patients(pts, 4, seed=1)
     assert len(chosen) == 4 and chosen == evaluate.select_patients(pts, 4, seed=1)
     assert [p["subject_id"] for p in chosen] == sorted(p["subject_id"] for p in chosen)
     assert evaluate.select_patients(pts, None, seed=1) == pts
-    parts = [evaluate.shard_of(pts, k, 3) for k in range(3)]
-    assert [p for part in parts for p in part] == pts and {len(p) for p in parts} == {3, 4}
-    assert evaluate.shard_of(pts[:2], 0, 3) == []  # more shards than patients: empty shards
+    parts = [evaluate.shard_of(pts, k, 3) for k in range(3)]  # the trajectories' policy: balanced by visits
+    assert sorted(p["subject_id"] for part in parts for p in part) == list(range(10))
+    assert {sum(len(p["visits"]) for p in part) for part in parts} <= {6, 7}
+    assert [len(evaluate.shard_of(pts[:2], k, 3)) for k in range(3)] == [1, 1, 0]  # more shards than patients
+    with pytest.raises(InputError, match="shard 3 out of range for 3 shards"):
+        evaluate.shard_of(pts, 3, 3)
 
 
 @pytest.mark.parametrize(
@@ -198,7 +201,7 @@ def test_real_shards_gather_to_the_same_metrics_as_one_shard(tmp_path, tiny_mode
     # not only the (mostly zero) accuracies: every raw output of the tiny model is the same, whatever the shard
     def raw_outputs(shards, variant):
         rows = [r for f in sorted((tmp_path / f"k{shards}" / variant).glob("shard_*.jsonl"))
-                for r in evaluate.read_jsonl(f)]
+                for r in io.read_jsonl(f)]
         return {r["patient_id"]: [(v["prediction_raw"], v["evaluation_raw"], v.get("memory_raw")) for v in r["visits"]]
                 for r in rows}
 
@@ -259,3 +262,51 @@ def test_llm_final_judge_missing_key_is_one_clear_error(monkeypatch):
                                                          "api_key_env": "NOPE_KEY"}})
     with pytest.raises(InputError, match="NOPE_KEY"):
         judge.grade_many([({"primary_diagnosis": "x"}, ["y"])])
+
+
+# ----------------------------------------------------------------------------- memory recall (judge-free)
+def with_memories(record, summaries):
+    """Set h_prev of visits 1.. to the given evolving summaries (what the prediction model was shown)."""
+    for v, text in zip(record["visits"][1:], summaries):
+        v["h_prev"] = json.dumps({"evolving_summary": text})
+    return record
+
+
+def test_memory_recall_per_variant_and_paired_test(tmp_path, records):
+    # TRUTH = [congestive heart failure, type 2 diabetes mellitus] at every visit
+    for rec in records["base"]:
+        with_memories(rec, ["none", "congestive heart failure"])  # transitions 0 and 0.5 -> 0.25
+    for i, rec in enumerate(records["trained"]):
+        full = "congestive heart failure; type 2 diabetes mellitus"
+        with_memories(rec, [full, full] if i < 5 else ["none", "none"])  # 1.0 for five, 0.0 for p5
+    metrics, comparison = evaluate.gather(write(tmp_path, records, 2), CFG)
+    base = metrics["variants"]["base"]["memory_recall"]
+    assert base["value"] == pytest.approx(0.25)
+    assert base["by_visit_index"] == {"1": pytest.approx(0.0), "2": pytest.approx(0.5)}
+    assert (base["n_patients"], base["n_transitions"]) == (6, 12)
+    assert metrics["variants"]["trained"]["memory_recall"]["value"] == pytest.approx(5 / 6)
+    mr = comparison["comparisons"]["trained"]["memory_recall"]
+    assert (mr["a"], mr["b"], mr["n_pairs"]) == (pytest.approx(0.25), pytest.approx(5 / 6), 6)
+    assert mr["diff"] == pytest.approx(5 / 6 - 0.25)
+    assert mr["ci95"][0] < mr["diff"] < mr["ci95"][1] + 1e-12
+    w = mr["wilcoxon"]
+    assert (w["b_better"], w["a_better"], w["n_nonzero"]) == (5, 1, 6)
+    # exact two-sided signed-rank p for ranks: the one negative difference (0.25) has the smallest rank
+    assert w["p_value"] == pytest.approx(2 * 2 / 64)
+
+
+def test_memory_recall_of_baselines_uses_what_was_shown():
+    none_shown = with_memories(patient("p0", RIGHT), ["none", "none"])
+    history = patient("p0", RIGHT)
+    history["visits"][2]["memory_shown"] = "Visit 1: ... DISCHARGE DIAGNOSES: congestive heart failure; type 2 diabetes mellitus"
+    assert evaluate.recall_by_patient([none_shown]) == {"p0": 0.0}
+    assert evaluate.recall_by_patient([history]) == {"p0": pytest.approx(0.5)}  # visit 1 shown nothing
+    assert evaluate.memory_recall_metrics([patient("p1", RIGHT, n_visits=1)]) is None
+
+
+def test_wilcoxon_signed_rank_all_equal_is_not_a_finding():
+    from llmrnn.stats import wilcoxon_signed_rank
+
+    assert wilcoxon_signed_rank([0.5, 0.2], [0.5, 0.2])["p_value"] == 1.0
+    with pytest.raises(ValueError):
+        wilcoxon_signed_rank([0.1], [0.1, 0.2])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import stat
@@ -15,18 +16,19 @@ import httpx
 import pytest
 
 from llmrnn.errors import CheckFailed
-from llmrnn.judge import (
-    Endpoint,
-    JudgeClient,
-    JudgeRequestError,
-    JudgeUnavailable,
-    free_port,
-    server_command,
-    wait_for_endpoint,
-)
+from llmrnn.judge.client import Endpoint, JudgeClient, JudgeRequestError, JudgeUnavailable, wait_for_endpoint
+from llmrnn.judge.launcher import NotOurServer, free_port, readiness, server_command
 from llmrnn.reward import compute_score
 from llmrnn.rubric import load_rubric
-from tests.judge_helpers import REPO, ScriptedJudge, make_step, memory, write_endpoint, write_rubric
+from tests.judge_helpers import (
+    REPO,
+    ScriptedJudge,
+    chat_payload,
+    make_step,
+    memory,
+    write_endpoint,
+    write_rubric,
+)
 
 
 def _launch(rubric: Path, endpoint: Path, log: Path) -> subprocess.Popen:
@@ -60,7 +62,7 @@ def test_real_cpu_judge_server_end_to_end(tmp_path, tiny_model_dir):
         # server answers; wait_for_endpoint returns only a ready, healthy endpoint.
         ep = wait_for_endpoint(endpoint, timeout_s=120, poll_s=0.2)
         data = json.loads(endpoint.read_text())
-        assert data["status"] == "ready" and "judge healthy" in log.read_text()
+        assert data["status"] == "ready" and "judge healthy at" in log.read_text()
         assert data["url"].startswith("http://127.0.0.1:") and data["url"].endswith("/v1")
         assert data["model"] == "judge" and data["rubric"] == str(rubric) and data["pid"] != launcher.pid
         key_file = Path(data["api_key_file"])
@@ -73,19 +75,22 @@ def test_real_cpu_judge_server_end_to_end(tmp_path, tiny_model_dir):
         assert httpx.get(f"{ep.url}/models").status_code == 401
         assert httpx.get(f"{ep.url}/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
         client = JudgeClient(ep, timeout_s=60, retries=0)
-        payload, _, _ = client.post("/completions", {"model": "judge", "prompt": "Score:", "max_tokens": 2,
-                                                     "temperature": 0, "logprobs": 5})
-        lp = payload["choices"][0]["logprobs"]
-        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) >= 1
-        assert all(len(top) == 5 for top in lp["top_logprobs"])
         payload, _, _ = client.post("/chat/completions", {
-            "model": "judge", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0,
+            "model": "judge", "messages": [{"role": "user", "content": "Rate it"}, {"role": "assistant",
+                                                                                   "content": "Score:"}],
+            "continue_final_message": True, "add_generation_prompt": False, "max_tokens": 3, "temperature": 0,
             "logprobs": True, "top_logprobs": 3, "n": 2})
         assert len(payload["choices"]) == 2
-        entry = payload["choices"][0]["logprobs"]["content"][0]
-        assert entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 3
+        assert payload["choices"][0]["message"]["content"] == payload["choices"][1]["message"]["content"]
+        entries = payload["choices"][0]["logprobs"]["content"]
+        assert entries and all(e["logprob"] <= 0 and len(e["top_logprobs"]) == 3 for e in entries)
+        # greedy: each answer token is the most likely one at its position (teacher-forced logprobs agree)
+        assert all(e["top_logprobs"][0]["logprob"] >= e["logprob"] - 1e-4 for e in entries)
         with pytest.raises(JudgeRequestError, match="max_model_len"):
-            client.post("/completions", {"model": "judge", "prompt": "word " * 5000, "max_tokens": 2})
+            client.post("/chat/completions", {"model": "judge", "messages": [{"role": "user", "content": "word " * 5000}],
+                                              "max_tokens": 2})
+        with pytest.raises(JudgeRequestError, match="HTTP 404"):  # raw-prompt completions: vLLM only
+            client.post("/completions", {"model": "judge", "prompt": "Score:", "max_tokens": 2})
         client.close()
 
         # Score rows through the reward, concurrently; audit file is 0600 with the full record.
@@ -207,3 +212,109 @@ def test_client_errors_are_not_retried():
         with pytest.raises(JudgeRequestError, match="HTTP 400"):
             _client(judge.port, retries=3).post("/chat/completions", {})
         assert judge.hits == 1
+
+
+# --------------------------------------------------------------------------- answers that are no answer
+_LP_OK = [{"token": "7", "logprob": -0.2, "top_logprobs": [{"token": "7", "logprob": -0.2}, {"token": "8", "logprob": -1.8}]}]
+FAULTS = {
+    "empty content": lambda body: chat_payload(""),
+    "no choices": lambda body: {"id": "x", "object": "chat.completion", "choices": []},
+    "logprobs missing": lambda body: chat_payload("7"),
+    "logprobs malformed": lambda body: chat_payload("7", logprobs=[{"token": "7", "top_logprobs": "lots"}]),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_an_answer_without_content_is_retried_then_the_judge_is_unavailable(tmp_path, fault):
+    """A 200 with nothing usable is a transport failure, never the 0.5 fallback nor a bare ValueError."""
+    rubric = write_rubric(tmp_path, score_method="expected", prefix="Score:")
+    respond = FAULTS[fault]
+    with ScriptedJudge(lambda body: (200, respond(body))) as judge:
+        ep = write_endpoint(tmp_path, judge.port, rubric)
+        kw = {"endpoint_file": str(ep), "audit_dir": str(tmp_path / "audit"),
+              "reward_cfg": {"retries": 2, "backoff_s": 0.01, "backoff_max_s": 0.02}}
+        with pytest.raises(JudgeUnavailable, match="failed 3 times; last error: HTTP 200 but"):
+            compute_score("llm_as_rnn_memory_update", memory("CKD and heart failure"), json.dumps(make_step()),
+                          {"index": 0}, **kw)
+        assert judge.hits == 3
+    # the reason is left for the train command (verl's reward workers die inside Ray)
+    assert "failed 3 times" in (tmp_path / "audit" / "stop_reason.txt").read_text()
+
+
+def test_an_empty_answer_then_a_real_one_scores_the_real_one(tmp_path):
+    rubric = write_rubric(tmp_path, score_method="expected", prefix="Score:")
+    answers = iter([(200, chat_payload("")), (200, {"choices": []})])
+    with ScriptedJudge(lambda body: next(answers, (200, chat_payload("7", logprobs=_LP_OK)))) as judge:
+        ep = write_endpoint(tmp_path, judge.port, rubric)
+        result = compute_score("llm_as_rnn_memory_update", memory("CKD"), json.dumps(make_step()), {"index": 0},
+                               endpoint_file=str(ep), audit_dir=str(tmp_path / "audit"),
+                               reward_cfg={"retries": 3, "backoff_s": 0.01})
+    assert result["retries"] == 2 and result["parse_method"] == "expected"
+    assert result["score"] == pytest.approx((7 * math.exp(-0.2) + 8 * math.exp(-1.8))
+                                            / (math.exp(-0.2) + math.exp(-1.8)) / 9)
+
+
+# --------------------------------------------------------------------------- is it OUR server?
+def test_a_fixed_port_held_by_another_server_fails_before_the_model_loads(tmp_path):
+    """A server that ignores auth already listens on the rubric's fixed port: the launcher names the port
+    and stops before loading anything; the other server never sees our key or a prompt."""
+    model = tmp_path / "not-a-loadable-model"  # config.json only: loading it would fail differently
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with ScriptedJudge(lambda body: "Score: 9", key=None) as foreign:
+        rubric = write_rubric(tmp_path, model=str(model), source="path")
+        text = rubric.read_text().replace("port: 0", f"port: {foreign.port}")
+        assert f"port: {foreign.port}" in text
+        rubric.write_text(text)
+        endpoint = tmp_path / "judge" / "endpoint.json"
+        proc = subprocess.run([sys.executable, "-m", "llmrnn.cli", "judge", "server", "--rubric", str(rubric),
+                               "--endpoint", str(endpoint)], check=False, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 3 and "Traceback" not in proc.stderr
+        assert f"port {foreign.port} on 127.0.0.1 is already in use" in proc.stderr
+        data = json.loads(endpoint.read_text())
+        assert data["status"] == "failed" and str(foreign.port) in data["error"]
+        assert not (tmp_path / "judge" / "api_key").exists()
+        assert foreign.requests == [] and foreign.bodies == []
+
+
+def test_readiness_refuses_a_server_that_ignores_auth_without_sending_the_key():
+    with ScriptedJudge(lambda body: "Score: 9", key=None) as foreign:
+        base = f"http://127.0.0.1:{foreign.port}"
+        with pytest.raises(NotOurServer, match="without the API key"):
+            readiness(base, "our-secret-key", "judge")
+        assert all(auth is None for _, _, auth in foreign.requests) and foreign.bodies == []
+
+
+def test_readiness_refuses_a_server_that_takes_any_key(tmp_path):
+    """401 without a key but 200 with ANY key: a made-up key goes first, so ours is never sent."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[str | None] = []
+
+    class AnyKey(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization"))
+            ok = self.path == "/health" or self.headers.get("Authorization")
+            data = json.dumps({"data": [{"id": "judge"}]}).encode()
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), AnyKey)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(NotOurServer, match="accepts a made-up API key"):
+            readiness(f"http://127.0.0.1:{srv.server_address[1]}", "our-secret-key", "judge")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert seen and all("our-secret-key" not in (h or "") for h in seen)
+
+
+def test_readiness_keeps_waiting_while_nothing_answers():
+    assert readiness(f"http://127.0.0.1:{free_port()}", "k", "judge") is False

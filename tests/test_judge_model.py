@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from llmrnn.errors import InputError
-from llmrnn.judge import judge_model_dir, prepare_judge_model, resolve_model
+from llmrnn.judge.launcher import judge_model_dir, prepare_judge_model, resolve_model
 from llmrnn.rubric import load_rubric
 from tests.conftest import REPO
 

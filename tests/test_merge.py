@@ -80,7 +80,7 @@ def test_verl_checkpoint_with_alpha_zero_is_repaired_from_the_training_config(ti
     root = tmp_path / "checkpoints"
     lora = root / "global_step_3" / "actor" / "lora_adapter"
     shutil.copytree(adapter_dir, lora)
-    _set_alpha(lora, 0)  # what verl's model_merger writes (FINDINGS §5)
+    _set_alpha(lora, 0)  # what verl's model_merger writes for a LoRA run
     (root / "latest_checkpointed_iteration.txt").write_text("3\n")
     report = merge.run_merge(tiny_model_dir, root, tmp_path / "m", tmp_path / "c.json", {"merge": {}, **LORA})
     assert report["source_kind"] == "verl_lora_adapter"

@@ -423,3 +423,62 @@ def test_a_credential_pasted_into_the_bundle_is_refused(bundle, splits):
     key = "hf_AbCdEfGhIjKlMnOpQrStUvWx0123456789"
     (bundle / "MANIFEST.json").write_text(json.dumps({"release": {"commit_message": f"token {key}"}}))
     _assert_refused_without_quoting(_findings(bundle, files), "MANIFEST.json $.release.commit_message: a credential", key)
+
+
+# ----------------------------------------------------------------------------- look-alikes, numbers as ids
+@pytest.mark.parametrize("written", [
+    "\u041cRN-\u0410\u04127731\u0425",  # Cyrillic М, А, В, Х
+    "\u0410\u04127731\u0425",  # the id-like part alone, Cyrillic letters
+    "MRN-AB7731\u03a7",  # Greek capital chi for X
+    "\u13aa\u13f47731X",  # Cherokee letters that look like A and B
+])
+def test_string_identifier_with_look_alike_letters_is_refused(bundle, string_id_cohort, written):
+    (bundle / "README.md").write_text(f"# card\nSee {written} for an example.\n", encoding="utf-8")
+    _assert_refused_without_quoting(_findings(bundle, string_id_cohort), "README.md: cohort identifier", written)
+
+
+@pytest.mark.parametrize("written", [
+    "9OOOOOO5", "9oooooo5",  # Latin letter O for the digit zero
+    "9\u041e\u041e\u041e\u041e\u041e\u041e5",  # Cyrillic О
+    "9\u039f\u039f\u039f\u039f\u039f\u039f5",  # Greek omicron
+])
+def test_numeric_identifier_with_look_alike_letters_is_refused(bundle, splits, written):
+    files, _ = splits
+    (bundle / "README.md").write_text(f"# card\nExample patient {written} improved.\n", encoding="utf-8")
+    _assert_refused_without_quoting(_findings(bundle, files), "README.md: cohort identifier (subject_id)", written)
+
+
+@pytest.mark.parametrize(("name", "content"), [
+    ("config.json", {"record_id": int(SID)}),
+    ("generation_config.json", {"example_id": int(SID)}),
+    ("MANIFEST.json", {"example": {"case": -int(SID)}}),
+])
+def test_identifier_as_a_json_number_under_an_id_key_is_refused(bundle, splits, name, content):
+    files, _ = splits
+    data = json.loads((bundle / name).read_text()) if (bundle / name).exists() else {}
+    (bundle / name).write_text(json.dumps({**data, **content}))
+    _assert_refused_without_quoting(_findings(bundle, files), f"{name} $.", SID)
+    assert any("as a JSON number" in f for f in _findings(bundle, files))
+
+
+def test_token_ids_in_model_metadata_are_not_cohort_ids(bundle, tmp_path):
+    # a 5-digit cohort id equal to a token id of the model's own config is no finding
+    cohort_file = _write_split(tmp_path / "five.json", [
+        {"subject_id": 12801, "visits": [{"visit_id": 40960, "visit_number": 1, "clinical_sections": {}}]}])
+    cfg = json.loads((bundle / "config.json").read_text())
+    (bundle / "config.json").write_text(json.dumps({**cfg, "eos_token_id": [12801, 2], "image_token_id": 40960}))
+    assert _findings(bundle, cohort_file) == []
+
+
+@pytest.mark.parametrize("written", ["00" + SID, hex(int(SID)), "0" + SID + ".000", hex(int(SID)).upper().replace("X", "x")])
+def test_number_in_card_text_is_matched_by_its_value(bundle, splits, written):
+    files, _ = splits
+    (bundle / "README.md").write_text(f"# card\nlearning rate 3e-6, version 0.17.1, value {written}.\n")
+    _assert_refused_without_quoting(_findings(bundle, files), "README.md: cohort identifier (subject_id)", SID)
+
+
+def test_numbers_in_card_text_that_are_not_ids_pass(bundle, splits):
+    files, _ = splits
+    (bundle / "README.md").write_text(
+        "# card\nlearning rate 3e-6, 1e5 steps, version 0.17.1, 0x1F, 00042 and l10n/i18n.\n")
+    assert _findings(bundle, files) == []

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from llmrnn.errors import CheckFailed
-from llmrnn.preflight import run_preflight, training_part
+from llmrnn.preflight import run_preflight
 from tests.conftest import snakemake
 from tests.judge_helpers import (
     ScriptedJudge,
@@ -138,23 +138,19 @@ def test_cli_failure_is_one_line_without_traceback(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_training_part_adapter_passes_only_declared_arguments(monkeypatch):
-    import types
-
-    seen = {}
-
-    def training_checks(train_cfg, train_parquet, *, out_dir=None):
-        seen.update(train_cfg=train_cfg, train_parquet=train_parquet, out_dir=out_dir)
-        return {"problems": ["batch 16 not divisible by 3 GPUs"], "geometry": {}}
-
-    fake = types.ModuleType("llmrnn.train.preflight")
-    fake.training_checks = training_checks
-    monkeypatch.setitem(sys.modules, "llmrnn.train.preflight", fake)
-    result = training_part({"train_cfg": {"lr": 1}, "train_parquet": "t.parquet", "out_dir": "o", "judge_report": {}})
-    assert seen == {"train_cfg": {"lr": 1}, "train_parquet": "t.parquet", "out_dir": "o"}
-    assert result["problems"] == ["batch 16 not divisible by 3 GPUs"]
-    skipped = training_part({"train_parquet": "t.parquet"})  # no train config: skipped, and it says so
-    assert skipped["problems"] == [] and "train_cfg" in skipped["skipped"]
+def test_training_problems_fail_preflight_even_when_the_judge_passes(tmp_path, tiny_model_dir):
+    judge, endpoint, parquet = _setup(tmp_path, content_score)
+    cfg = dict(CFG, train={"engine": "trl", "group_size": 4, "batch": {"train": 2, "mini": 2, "micro_per_gpu": 3}})
+    out = tmp_path / "train" / "preflight.json"
+    try:
+        with pytest.raises(CheckFailed, match="training: train.batch.micro_per_gpu=3 does not divide"):
+            run_preflight(str(parquet), str(endpoint), str(out), str(tmp_path / "audit"), cfg,
+                          tokenizer_dir=str(tiny_model_dir))
+    finally:
+        judge.__exit__(None, None, None)
+    saved = json.loads(out.read_text())
+    assert saved["ok"] is False and saved["judge"]["fallback_rate"] == 0.0
+    assert saved["training"]["geometry"]["responses_per_step"] == 8 and saved["training"]["data"]["train"]["rows"] == 6
 
 
 def _port_closed(log_text: str) -> bool:

@@ -1,4 +1,4 @@
-"""Plots and summary table from metrics.json / comparison.json / train metrics.jsonl."""
+"""Plots and summary table from metrics.json / comparison.json, training curves from train metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from llmrnn import evaluate, report
+from llmrnn import evaluate, io, report
 from llmrnn.errors import InputError
 from llmrnn.io import write_json
 
@@ -35,47 +35,52 @@ def _metrics_and_comparison(tmp_path):
                      "prediction_ok": True, "memory_words": 10},
                     {"visit_index": 1, "ground_truth": truth,
                      "prediction": {"primary_diagnosis": "anemia" if h else "x"}, "prediction_ok": True,
-                     "memory_words": 20},
+                     "memory_words": 20,
+                     "h_prev": json.dumps({"evolving_summary": "anemia" if h and variant == "trained" else "x"})},
                 ],
             }
             for i, h in enumerate(hits)
         ]
         path = tmp_path / "eval" / variant / "graded_0.jsonl"
         path.parent.mkdir(parents=True)
-        evaluate.write_jsonl(path, evaluate.grade_records(recs, judge))
+        io.write_jsonl(path, evaluate.grade_records(recs, judge))
         graded[variant] = [path]
     return evaluate.gather(graded, {"stats": {"bootstrap": {"samples": 200}}})
 
 
-def test_training_curves_read_defensively(tmp_path):
+def test_training_cli_plots_reward_and_kl_from_metrics_rows(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    path.write_text(
-        "\n".join(
-            [
-                json.dumps({"step": 1, "reward_mean": 0.5, "kl": 0.0}),
-                "not json",
-                json.dumps({"step": 2, "reward_mean": float("nan"), "kl": 0.01}),
-                json.dumps({"global_step": 3, "critic/score/mean": 0.7}),
-                json.dumps(["a list"]),
-            ]
-        )
-    )
-    curves = report.read_training_curves(path)
-    assert curves["reward"] == [(1.0, 0.5), (3.0, 0.7)]
-    assert curves["kl"] == [(1.0, 0.0), (2.0, 0.01)]
-    assert report.read_training_curves(tmp_path / "missing.jsonl") == {"reward": [], "kl": []}
+    rows = [{"step": s, "kind": "train", "reward_mean": 0.1 * s, "reward_std": 0.05, "kl": 0.001 * s}
+            for s in (1, 2, 3)]
+    rows.append({"step": 3, "kind": "val", "val_reward_mean": 0.4})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    reward, kl = tmp_path / "plots" / "reward.png", tmp_path / "plots" / "kl.png"
+    run_report_cli(["training", "--metrics", str(path), "--reward", str(reward), "--kl", str(kl)])
+    for png in (reward, kl):
+        data = png.read_bytes()
+        assert data.startswith(PNG) and len(data) > 5000, png
+    assert sorted(p.name for p in reward.parent.iterdir()) == ["kl.png", "reward.png"]  # no temp files left
+
+
+def test_training_cli_missing_metrics_is_one_clear_error(tmp_path):
+    with pytest.raises(InputError, match="nope.jsonl: not found"):
+        run_report_cli(["training", "--metrics", str(tmp_path / "nope.jsonl"), "--reward",
+                        str(tmp_path / "p" / "r.png"), "--kl", str(tmp_path / "p" / "k.png")])
+    assert not (tmp_path / "p").exists()
 
 
 def test_plots_cli_writes_pngs_and_summary(tmp_path):
     metrics, comparison = _metrics_and_comparison(tmp_path)
     write_json(tmp_path / "metrics.json", metrics)
     write_json(tmp_path / "comparison.json", comparison)
-    (tmp_path / "train.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.4, "kl": 0.001}) + "\n")
     out = tmp_path / "plots"
     run_report_cli(["plots", "--metrics", str(tmp_path / "metrics.json"), "--comparison",
-                    str(tmp_path / "comparison.json"), "--train-metrics", str(tmp_path / "train.jsonl"),
-                    "--outdir", str(out)])
-    for name in ("acc_bars.png", "acc_by_visit.png", "training.png"):
+                    str(tmp_path / "comparison.json"), "--bars", str(out / "acc_bars.png"),
+                    "--by-visit", str(out / "acc_by_visit.png"), "--memory-recall", str(out / "memory_recall.png"),
+                    "--summary", str(out / "summary.tsv")])
+    assert sorted(p.name for p in out.iterdir()) == ["acc_bars.png", "acc_by_visit.png", "memory_recall.png",
+                                                     "summary.tsv"]
+    for name in ("acc_bars.png", "acc_by_visit.png", "memory_recall.png"):
         data = (out / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 5000, name
     rows = [line.split("\t") for line in (out / "summary.tsv").read_text().splitlines()]
@@ -84,10 +89,16 @@ def test_plots_cli_writes_pngs_and_summary(tmp_path):
     assert by_variant["base"][2] == "0.500" and by_variant["trained"][2] == "0.750"
     assert by_variant["trained"][6] == "0.250"  # acc@1 difference vs base
     assert by_variant["base"][6] == ""  # no comparison of base with itself
+    col = rows[0].index("memory recall")
+    assert (by_variant["base"][col], by_variant["trained"][col]) == ("0.000", "0.750")
+    assert by_variant["trained"][col + 1] == "0.750" and by_variant["base"][col + 1] == ""
+    assert float(by_variant["trained"][col + 3]) > 0.05  # three of four pairs differ: no paired test passes
 
 
 def test_plots_cli_missing_metrics_is_one_clear_error(tmp_path):
     with pytest.raises(InputError, match="nope.json: not found"):
         run_report_cli(["plots", "--metrics", str(tmp_path / "nope.json"), "--comparison",
-                        str(tmp_path / "nope2.json"), "--outdir", str(tmp_path / "p")])
+                        str(tmp_path / "nope2.json"), "--bars", str(tmp_path / "p" / "b.png"),
+                        "--by-visit", str(tmp_path / "p" / "v.png"), "--memory-recall", str(tmp_path / "p" / "m.png"),
+                        "--summary", str(tmp_path / "p" / "s.tsv")])
     assert not (tmp_path / "p").exists()

@@ -13,10 +13,14 @@ import pytest
 from llmrnn.errors import InputError
 from llmrnn.judge import JudgeUnavailable
 from llmrnn.reward import (
+    ENV_GUARD,
+    STOP_REASON_FILE,
+    JudgeDegraded,
     compute_score,
     compute_score_batch,
+    fallback_rate,
+    guard_env,
     outcome_share,
-    parse_memory,
     reward_env,
     trl_reward_func,
 )
@@ -79,16 +83,20 @@ def test_expected_score_from_logprobs(judge_env):
     assert body["logprobs"] is True and body["messages"][-1]["content"] == "Score:" and body["temperature"] == 0
 
 
-def test_fenced_json_is_valid_policy_output():
-    assert parse_memory('```json\n{"evolving_summary": "a"}\n```') == "a"
-    assert parse_memory('{"evolving_summary": 3}') is None
+def test_fenced_json_is_valid_policy_output(judge_env):
+    judge, kw = judge_env(lambda body: "Score: 9")
+    assert compute_score(DS, '```json\n{"evolving_summary": "a"}\n```', STEP, {}, **kw)["score"] == 1.0
+    assert compute_score(DS, '{"evolving_summary": 3}', STEP, {}, **kw)["parse_method"] == "invalid_json"
+    assert judge.hits == 1
 
 
 # --------------------------------------------------------------------------- outcome term
 def test_outcome_term_depends_on_the_candidate_memory(judge_env):
     assert outcome_share("History of HEART-FAILURE.", ["Heart failure", "CKD stage 3"]) == 0.5
-    assert outcome_share("heart failures", ["heart failure"]) == 0.5  # whole words: "failures" is not "failure"
-    assert outcome_share("hyperkalemia due to ckd", ["hyperkalemia", "acute kidney injury"]) == 0.5
+    assert outcome_share("heart failures", ["heart failure"]) == 1.0  # the held-out matcher's plural stem
+    # abbreviations expand as the matcher expands them: CKD shares "kidney" with acute kidney injury, no more
+    assert math.isclose(outcome_share("hyperkalemia due to ckd", ["hyperkalemia", "acute kidney injury"]), (1 + 1 / 3) / 2)
+    assert outcome_share("CHF", ["congestive heart failure"]) == 1.0
     assert outcome_share("anything", []) == 0.0
     _judge, kw = judge_env(lambda body: "Score: 5")
     kw["reward_cfg"]["outcome_epsilon"] = 0.2
@@ -145,6 +153,14 @@ def test_missing_endpoint_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("LLMRNN_JUDGE_ENDPOINT", raising=False)
     with pytest.raises(InputError, match="LLMRNN_JUDGE_ENDPOINT"):
         compute_score(DS, memory("x"), STEP, {})
+
+
+def test_missing_audit_dir_is_a_clear_error(monkeypatch, tmp_path):
+    """Every judge call is audited where the caller says; no path is guessed from the endpoint's."""
+    monkeypatch.delenv("LLMRNN_AUDIT_DIR", raising=False)
+    with pytest.raises(InputError, match="no audit directory: pass audit_dir= or set LLMRNN_AUDIT_DIR"):
+        compute_score(DS, memory("x"), STEP, {}, endpoint_file=str(tmp_path / "endpoint.json"))
+    assert list(tmp_path.iterdir()) == []
 
 
 # --------------------------------------------------------------------------- pairwise
@@ -210,6 +226,56 @@ def test_outcome_term_on_output_that_is_not_json(judge_env):
     full = compute_score(DS, "watch hyperkalemia and type 2 diabetes mellitus", step, {}, **kw)
     part = compute_score(DS, "history of diabetes", step, {}, **kw)
     none = compute_score(DS, "likes tennis", step, {}, **kw)
-    assert math.isclose(full["score"], 0.25) and math.isclose(part["score"], 0.05 + 0.2 * (0.25 / 2))
+    # "type" carries no diagnostic content for the matcher: diabetes covers 1/3 of type 2 diabetes mellitus
+    assert math.isclose(full["score"], 0.25) and math.isclose(part["score"], 0.05 + 0.2 * (1 / 3 / 2))
     assert none["score"] == 0.05 and full["parse_method"] == "invalid_json"
     assert judge.hits == 0  # never judged
+
+
+# --------------------------------------------------------------------------- the fallback guard (training)
+def _vague_or_scored(body) -> str:
+    """The judge loses the format on memories that say 'vague' (the 0.5 fallback), scores the rest."""
+    prompt = "\n".join(m["content"] for m in body["messages"])
+    return "It is hard to say, the memory is quite unclear overall." if "vague" in prompt else "Score: 7"
+
+
+def _batch(texts: list[str]) -> dict:
+    n = len(texts)
+    return {"data_sources": [DS] * n, "solution_strs": texts, "ground_truths": [STEP] * n,
+            "extra_infos": [{"index": i} for i in range(n)]}
+
+
+def test_fallback_guard_stops_training_when_the_window_is_mostly_fallbacks(judge_env, monkeypatch, tmp_path):
+    monkeypatch.setenv(ENV_GUARD, guard_env(0.25, 8)[ENV_GUARD])
+    _, kw = judge_env(_vague_or_scored)
+    two_of_eight = [memory(f"vague {i}") for i in range(2)] + [memory(f"CKD {i}") for i in range(6)]
+    results = compute_score_batch(**_batch(two_of_eight), **kw)
+    assert [r["parse_method"] for r in results].count("fallback") == 2  # 25%: not above the limit
+    compute_score_batch(**_batch(["not json"] * 8), **kw)  # the policy's fault, not the judge's: not counted
+    four_of_eight = [memory(f"vague x{i}") for i in range(4)] + [memory(f"CKD x{i}") for i in range(4)]
+    with pytest.raises(JudgeDegraded, match=r"4 of the last 8 judged samples \(50%\) .*preflight\.max_fallback_rate 25%"):
+        compute_score_batch(**_batch(four_of_eight), **kw)
+    reason = (tmp_path / "s1" / "audit" / STOP_REASON_FILE).read_text()
+    assert "judge degraded during training" in reason and "vague" not in reason  # no judged text in it
+    with pytest.raises(JudgeDegraded):  # tripped: it stays stopped
+        compute_score(DS, memory("CKD again"), STEP, {"index": 0}, **kw)
+
+
+def test_without_the_guard_fallbacks_are_scored_not_stopped(judge_env, monkeypatch):
+    """Preflight measures the rate itself: outside training the guard is off."""
+    monkeypatch.delenv(ENV_GUARD, raising=False)
+    _, kw = judge_env(_vague_or_scored)
+    results = compute_score_batch(**_batch([memory(f"vague {i}") for i in range(70)]), **kw)
+    assert {r["parse_method"] for r in results} == {"fallback"} and fallback_rate(results) == 1.0
+
+
+def test_trl_reward_logs_the_fallback_rate_of_judged_samples(judge_env, monkeypatch):
+    monkeypatch.delenv(ENV_GUARD, raising=False)
+    _, kw = judge_env(_vague_or_scored)
+    logged: list[tuple[str, float]] = []
+    completions = [[{"role": "assistant", "content": text}] for text in
+                   [memory("vague a"), memory("CKD a"), memory("CKD b"), memory("CKD c"), "not json"]]
+    n = len(completions)
+    trl_reward_func(["p"] * n, completions, reward_model=[{"ground_truth": STEP}] * n,
+                    extra_info=[{"index": 0}] * n, log_metric=lambda name, value: logged.append((name, value)), **kw)
+    assert logged == [("judge_fallback_rate", 0.25)]  # 1 of the 4 judged; invalid JSON is not judged

@@ -13,6 +13,7 @@ from llmrnn.rubric import (
     pairwise_request,
     parse_scalar,
     parse_verdict,
+    response_problem,
     scalar_request,
 )
 from tests.judge_helpers import REPO, make_step, memory
@@ -36,7 +37,8 @@ def test_shipped_rubrics_load_with_their_serving_settings():
     (("{candidate_memory}", "{candidate_mem}"), "unknown field"),
     (("host: 127.0.0.1", "host: 0.0.0.0"), "loopback"),
     (("temperature: 0.0", "temperature: 0.7"), "greedily"),
-    (("engine: llmrnn ", "engine: transformers "), "transformers serve"),
+    (("engine: llmrnn ", "engine: transformers "), "serving.engine"),
+    (("api: chat", "api: completions"), "completions .* needs serving.engine vllm"),
 ])
 def test_bad_rubric_is_one_clear_error(tmp_path, edit, message):
     text = DEFAULT.read_text()
@@ -112,3 +114,39 @@ def test_expected_score_from_completions_logprobs_and_no_digit_falls_back_to_tex
 ])
 def test_pairwise_verdicts(answer, verdict):
     assert parse_verdict(answer, load_rubric(REPRO)) == verdict
+
+
+# --------------------------------------------------------------------------- answers that are no answer
+_GOOD_LP = {"content": [_lp("7", -0.1, [("7", -0.1), ("8", -2.5)])]}
+
+
+@pytest.mark.parametrize("payload, logprobs, problem", [
+    ({"choices": []}, False, "no choices"),
+    ({"object": "error", "message": "overloaded"}, False, "no choices"),
+    ([1, 2], False, "not a JSON object"),
+    ({"choices": ["Score: 5"]}, False, "not an object"),
+    ({"choices": [{"message": "Score: 5"}]}, False, "message is not an object"),
+    ({"choices": [{"message": {"role": "assistant", "content": None}}]}, False, "no text content"),
+    ({"choices": [{"message": {"role": "assistant", "content": ""}}]}, False, "content is empty"),
+    ({"choices": [{"message": {"role": "assistant", "content": " \n"}}]}, False, "content is empty"),
+    ({"choices": [{"text": ""}]}, False, "content is empty"),
+    ({"choices": [{"message": {"content": "7"}, "logprobs": None}]}, True, "asked for but the answer has none"),
+    ({"choices": [{"message": {"content": "7"}, "logprobs": {"content": []}}]}, True, "content is missing"),
+    ({"choices": [{"message": {"content": "7"}, "logprobs": {"content": [{"token": "7"}]}}]}, True,
+     "no numeric logprob"),
+    ({"choices": [{"message": {"content": "7"}, "logprobs": {"content": [
+        {"token": "7", "logprob": -0.1, "top_logprobs": [{"logprob": -0.1}]}]}}]}, True, "top_logprobs"),
+    ({"choices": [{"text": "5", "logprobs": {"tokens": ["5"], "token_logprobs": []}}]}, True, "does not match"),
+    ({"choices": [{"text": "5", "logprobs": {"tokens": ["5"], "token_logprobs": [-0.2],
+                                             "top_logprobs": [{"5": "high"}]}}]}, True, "top_logprobs"),
+])
+def test_an_answer_without_content_or_usable_logprobs_is_a_problem(payload, logprobs, problem):
+    found = response_problem(payload, logprobs=logprobs)
+    assert found is not None and problem in found
+
+
+def test_real_answers_are_no_problem():
+    assert response_problem({"choices": [{"message": {"content": "Score: 5"}}]}) is None
+    assert response_problem({"choices": [{"message": {"content": "7"}, "logprobs": _GOOD_LP}]}, logprobs=True) is None
+    assert response_problem({"choices": [{"text": "5", "logprobs": {
+        "tokens": ["5"], "token_logprobs": [-0.2], "top_logprobs": [{"5": -0.2, "9": -1.8}]}}]}, logprobs=True) is None

@@ -119,7 +119,7 @@ FAKE_MAIN_PPO = textwrap.dedent(
     for step in range(start + 1, total + 1):
         with open(os.path.join(args["trainer.rollout_data_dir"], f"{step}.jsonl"), "w") as fh:
             for s, fb in ((0.2, 0.0), (0.6, 1.0)):
-                fh.write(json.dumps({"score": s, "parse_fallback": fb, "step": step}) + "\\n")
+                fh.write(json.dumps({"score": s, "parse_fallback": fb, "valid_json": 1.0, "step": step}) + "\\n")
         data = {"critic/score/mean": 0.4, "actor/kl_loss": 0.01 * step, "actor/entropy": 1.0,
                 "response_length/mean": 50, "actor/pg_clipfrac": 0.0, "actor/grad_norm": 0.5,
                 "actor/lr": float(args["actor_rollout_ref.actor.optim.lr"]), "timing_s/step": 2.0}
@@ -152,7 +152,8 @@ def test_verl_run_streams_metrics_checks_completion_and_copies_adapter(tmp_path,
     cfg = {"batch": {"train": 2, "mini": 2, "micro_per_gpu": 4}, "group_size": 4, "epochs": 2, "test_freq": 2,
            "lora": {"rank": 8, "alpha": 16}}
     out = tmp_path / "train"
-    kw = {"train_parquet": train, "val_parquet": val, "model_dir": "m", "out_dir": str(out),
+    kw = {"train_parquet": train, "val_parquet": val, "model_dir": "m", "work_dir": str(out),
+          "adapter_dir": out / "adapter", "metrics_path": out / "metrics.jsonl",
           "experiment_name": "e", "endpoint_file": None, "verl_version": "0.7.1"}
 
     monkeypatch.setenv("FAKE_TOTAL", "8")
@@ -176,3 +177,59 @@ def test_verl_run_streams_metrics_checks_completion_and_copies_adapter(tmp_path,
     assert first["reward_mean"] == 0.4 and first["reward_std"] == pytest.approx(0.2)
     assert first["judge_fallback_rate"] == 0.5 and first["kl"] == pytest.approx(0.01)
     assert "python" in (out / "state" / "verl_command.sh").read_text() and sys.executable
+
+
+FAKE_SCORING_MAIN_PPO = textwrap.dedent(
+    '''
+    """STAND-IN for `python -m verl.trainer.main_ppo` that scores like verl's reward workers: it calls
+    the configured compute_score once per sample with the reward_kwargs, dumps the results per step, and
+    dies with the exception when scoring raises (as a Ray worker takes main_ppo down)."""
+    import json, os, sys
+    from llmrnn.reward import compute_score
+    args = dict(a.split("=", 1) for a in sys.argv[3:] if "=" in a)
+    prefix = "+reward.custom_reward_function.reward_kwargs."
+    kwargs = {k[len(prefix):]: v for k, v in args.items() if k.startswith(prefix)}
+    kwargs["numeric_only"] = kwargs["numeric_only"] == "true"
+    log = open(os.environ["VERL_FILE_LOGGER_PATH"], "w")
+    os.makedirs(args["trainer.rollout_data_dir"], exist_ok=True)
+    gt = os.environ["FAKE_GROUND_TRUTH"]
+    for step in range(1, 4):
+        results = [compute_score("llm_as_rnn_memory_update", json.dumps({"evolving_summary": f"s{step} m{i}"}),
+                                 gt, {"index": i}, **kwargs) for i in range(4)]
+        with open(os.path.join(args["trainer.rollout_data_dir"], f"{step}.jsonl"), "w") as fh:
+            for r in results:
+                fh.write(json.dumps(dict(r, step=step)) + "\\n")
+        log.write(json.dumps({"step": step, "data": {"critic/score/mean": 0.5}}) + "\\n")
+        log.flush()
+    '''
+)
+
+
+def test_verl_run_stops_with_the_reason_the_reward_left(tmp_path, monkeypatch):
+    """The reward's fallback guard trips inside a (stand-in) verl worker: the run fails naming the reason,
+    and the steps before it carry their judge_fallback_rate from compute_score's numeric flags."""
+    from llmrnn.reward import ENV_GUARD, guard_env
+    from tests.judge_helpers import ScriptedJudge, make_step, write_endpoint, write_rubric
+
+    fake_dir = tmp_path / "fake"
+    (fake_dir / "verl" / "trainer").mkdir(parents=True)
+    (fake_dir / "verl" / "__init__.py").write_text("")
+    (fake_dir / "verl" / "trainer" / "__init__.py").write_text("")
+    (fake_dir / "verl" / "trainer" / "main_ppo.py").write_text(FAKE_SCORING_MAIN_PPO)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake_dir), str(REPO / "src")]))
+    monkeypatch.setenv("FAKE_GROUND_TRUTH", json.dumps(make_step()))
+    monkeypatch.setenv(ENV_GUARD, guard_env(0.5, 8)[ENV_GUARD])
+    monkeypatch.setattr(verl_cmd, "POLL_S", 0.05)
+    train = write_parquet(tmp_path / "train.parquet", make_rows(8))
+    cfg = {"batch": {"train": 2, "mini": 2, "micro_per_gpu": 4}, "group_size": 4, "epochs": 1, "test_freq": 0,
+           "lora": {"rank": 8, "alpha": 16}}
+    out = tmp_path / "train"
+    answers = iter(["Score: 7"] * 4 + ["no score in this answer, sorry"] * 100)
+    with ScriptedJudge(lambda body: next(answers)) as judge:
+        endpoint = write_endpoint(tmp_path, judge.port, write_rubric(tmp_path))
+        with pytest.raises(CheckFailed, match=r"exited with 1: judge degraded during training: 5 of the last 8"):
+            verl_cmd.run(cfg, train_parquet=train, val_parquet=None, model_dir="m", work_dir=str(out),
+                         adapter_dir=out / "adapter", metrics_path=out / "metrics.jsonl", experiment_name="e",
+                         endpoint_file=str(endpoint), verl_version="0.7.1")
+    rows = [json.loads(x) for x in (out / "state" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["judge_fallback_rate"] for r in rows if r["kind"] == "train"] == [0.0, 1.0]

@@ -1,4 +1,4 @@
-"""Trajectory parquets: verl columns and types (DESIGN §4), scatter/gather invariance, summaries, errors."""
+"""Trajectory parquets: verl columns and types, scatter/gather invariance, summaries, errors."""
 
 from __future__ import annotations
 

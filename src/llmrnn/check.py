@@ -22,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+from llmrnn.io import deep_merge
+
 log = logging.getLogger(__name__)
 
 SCHEMA = Path("workflow/schemas/config.schema.yaml")
@@ -29,17 +31,6 @@ DEFAULT_CONFIG = Path("config/config.yaml")
 
 
 # ----------------------------------------------------------------------------- config
-def merge(base: dict, over: dict) -> dict:
-    """Deep merge the way Snakemake layers --configfile files over the Snakefile's configfile."""
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
 def _fill_defaults(instance, schema: dict) -> None:
     """Schema `default:` values into the config (what snakemake.utils.validate(set_default=True) does)."""
     if not isinstance(instance, dict) or schema.get("type") not in (None, "object"):
@@ -69,7 +60,7 @@ def load_config(paths: list[Path], schema_path: Path = SCHEMA) -> tuple[dict, li
         if not isinstance(data, dict):
             problems.append(f"config: {path} must be a YAML mapping")
             continue
-        config = merge(config, data)
+        config = deep_merge(config, data)
     try:
         schema = yaml.safe_load(Path(schema_path).read_text())
     except FileNotFoundError:
@@ -123,32 +114,44 @@ def hub_problem(repo_id: str, revision: str | None, what: str) -> str | None:
 
 # ----------------------------------------------------------------------------- checks
 def check_cohort(config: dict) -> list[str]:
-    from llmrnn.cohort import load_cohort
+    """The cohort loads, and the split sizes fit the CLEANED cohort (split_cohort's input), so a cohort
+    too small for the configured splits fails here, not hours later at split time."""
+    from llmrnn.cohort import clean_cohort, load_cohort, synthesize_cohort
     from llmrnn.errors import LlmrnnError
 
-    source = (config.get("cohort") or {}).get("source", "synthetic")
+    cohort = config.get("cohort") or {}
+    source = cohort.get("source", "synthetic")
     if source == "synthetic":
-        return []
-    if not Path(source).is_file():
-        return [f"cohort.source: {source} does not exist (the cleaned cohort JSON in LLM-as-RNN format)"]
-    try:
-        patients = load_cohort(source)
-    except LlmrnnError as exc:
-        return [f"cohort.source: {exc}"]
+        synth = cohort.get("synthetic") or {}
+        if "patients" not in synth or "seed" not in synth:
+            return []  # the schema check names the missing key
+        patients = synthesize_cohort(int(synth["patients"]), int(synth["seed"]))
+    else:
+        if "{" in source or "}" in source:
+            return [(f"cohort.source: {source!r} contains a brace, which Snakemake reads as a wildcard; "
+                    "rename the file or its folder")]
+        if not Path(source).is_file():
+            return [f"cohort.source: {source} does not exist (the cleaned cohort JSON in LLM-as-RNN format)"]
+        try:
+            patients = load_cohort(source)
+        except LlmrnnError as exc:
+            return [f"cohort.source: {exc}"]
+    kept, _ = clean_cohort(patients)
     split = config.get("split") or {}
     need = int(split.get("val_size", 0)) + int(split.get("train_size", 0)) + 1
-    if len(patients) < need:
-        return [(f"cohort.source: {source} has {len(patients)} patients; split needs at least {need} "
-                 "(val_size + train_size + a test set)")]
+    if len(kept) < need:
+        return [(f"cohort.source: {source} has {len(kept)} patients after cleaning ({len(patients)} before); "
+                 f"split needs at least {need} (val_size {split.get('val_size', 0)} + train_size "
+                 f"{split.get('train_size', 0)} + a test set)")]
     return []
 
 
 def _model_problem(name: str, spec: dict) -> str | None:
-    from llmrnn.models import model_dir
+    from llmrnn.models import READY, model_dir
 
     what = f"models.{name}"
     prepared = model_dir(name)
-    if (prepared / ".ready").is_file():
+    if (prepared / READY).is_file():
         return chat_template_problem(prepared, what)
     source = spec.get("source")
     if source == "local" or spec.get("path"):
@@ -220,7 +223,7 @@ def check_judge(config: dict) -> list[str]:
         if rubric.model not in models:
             return [f"{what}: {rubric.model} is not a model in the config's `models` section"]
         return []
-    from llmrnn.judge import judge_model_dir
+    from llmrnn.judge.launcher import judge_model_dir
 
     if (judge_model_dir(rubric) / ".ready").is_file():  # prepare_judge_model already made the local copy
         return []
@@ -250,12 +253,13 @@ def check_training(config: dict) -> list[str]:
     except LlmrnnError as exc:
         return [f"train: {exc}"]
     if cfg.get("engine") == "verl":
-        problems += check_verl_command(cfg)
+        # the qa recipe's reward is llmrnn.qa.rewards.compute_score (same signature, other module)
+        problems += check_verl_command(cfg, "llmrnn.qa.rewards" if config.get("recipe") == "qa" else None)
         problems += check_profile_gpus(config, cfg)
     return problems
 
 
-def check_verl_command(cfg: dict) -> list[str]:
+def check_verl_command(cfg: dict, reward_module: str | None = None) -> list[str]:
     try:
         import verl  # noqa: F401
     except ImportError:
@@ -268,6 +272,7 @@ def check_verl_command(cfg: dict) -> list[str]:
         overrides = verl_cmd.build_overrides(
             cfg, train_parquet="train.parquet", val_parquet="val.parquet", model_dir="model",
             out_dir="out", experiment_name="check",
+            reward_path=f"pkg://{reward_module}" if reward_module else None,
         )
     except LlmrnnError as exc:
         return [f"train (verl command): {exc}"]
@@ -295,21 +300,30 @@ def compose_verl(overrides: list[str]) -> list[str]:
     return []
 
 
+# What profiles/slurm requests when these are not exported (its defaults: the reproduction's layout);
+# tests/test_shared_concepts.py asserts they equal the rendered profile and config/reproduce.yaml.
+PROFILE_GPU_DEFAULTS = {"LLMRNN_TRAIN_GPUS": 2, "LLMRNN_JUDGE_GPUS": 1, "LLMRNN_TRAIN_NODES": 1}
+
+
+def _profile_value(name: str) -> int:
+    return int(os.environ.get(name, PROFILE_GPU_DEFAULTS[name]))
+
+
 def check_profile_gpus(config: dict, train_cfg: dict) -> list[str]:
     """profiles/slurm asks for LLMRNN_TRAIN_GPUS / LLMRNN_JUDGE_GPUS; they must match the config."""
     problems = []
-    profile_train = int(os.environ.get("LLMRNN_TRAIN_GPUS", "2"))
+    profile_train = _profile_value("LLMRNN_TRAIN_GPUS")
     want = int(train_cfg.get("n_gpus_per_node", profile_train))
     if want != profile_train:
         problems.append(f"train.n_gpus_per_node is {want} but profiles/slurm requests {profile_train} GPU(s) for "
                         f"train_grpo: export LLMRNN_TRAIN_GPUS={want}")
     nodes = int(train_cfg.get("nnodes", 1))
-    profile_nodes = int(os.environ.get("LLMRNN_TRAIN_NODES", "1"))
+    profile_nodes = _profile_value("LLMRNN_TRAIN_NODES")
     if nodes != profile_nodes:
         problems.append(f"train.nnodes is {nodes} but profiles/slurm requests {profile_nodes} node(s): "
                         f"export LLMRNN_TRAIN_NODES={nodes}")
     judge = _judge_gpus_needed(config)
-    profile_judge = int(os.environ.get("LLMRNN_JUDGE_GPUS", "1"))
+    profile_judge = _profile_value("LLMRNN_JUDGE_GPUS")
     if judge is not None and judge > profile_judge:
         problems.append(f"the judge needs {judge} GPU(s) but profiles/slurm requests {profile_judge}: "
                         f"export LLMRNN_JUDGE_GPUS={judge}")

@@ -12,7 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import random
+import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,18 @@ REAL_DATA_HINT = (
 
 
 # ----------------------------------------------------------------------------- loading + validation
+MAX_DEPTH = 32  # a record nests 4 levels; deeper is an error, not a RecursionError later
+MAX_ID_CHARS = 128
+INT64 = 2**63  # ids end up in parquet int64 columns (trajectories)
+
+
+class _NonFinite:
+    """What json.loads returns for NaN/Infinity: kept as a marker so validation can name the field."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
 def _where(pid: Any, visit: int | None = None) -> str:
     return f"patient {pid}" + (f" visit {visit}" if visit is not None else "")
 
@@ -51,14 +66,118 @@ def _is_text_or_none(value: Any) -> bool:
     return value is None or isinstance(value, str)
 
 
-def validate_cohort(data: Any, source: str = "<cohort>") -> list[dict]:
-    """Check every record; raise InputError naming file, patient, visit and field for the first bad one."""
+SURROGATE = re.compile("[\ud800-\udfff]")  # a regex: a real cohort holds hundreds of MB of text
+
+
+def _text_problem(text: str) -> str | None:
+    if SURROGATE.search(text):
+        return "lone surrogate (\\ud800-\\udfff escape without its pair): not encodable text"
+    return None
+
+
+def _value_problem(value: Any, leaves: bool = True) -> tuple[str, str] | None:
+    """(relative field path, problem) of the first value no later stage can write back, else None.
+    leaves=False checks nesting only (load_cohort knows when no leaf can be bad: most of the time of a
+    large cohort is its strings)."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return path, f"nested deeper than {MAX_DEPTH} levels"
+        if isinstance(item, _NonFinite) or (isinstance(item, float) and not math.isfinite(item)):
+            name = item.name if isinstance(item, _NonFinite) else repr(item)
+            return path, f"{name} is not a JSON number (NaN/Infinity cannot be written back as JSON)"
+        if isinstance(item, str) and (problem := _text_problem(item)):
+            return path, problem
+        children = item.items() if isinstance(item, dict) else enumerate(item) if isinstance(item, list) else ()
+        for key, child in children:
+            if isinstance(key, str) and (problem := _text_problem(key)):
+                return (f"{path}.<key>" if path else "<key>"), f"{problem} (in a key; not repeated here)"
+            if leaves or isinstance(child, (dict, list)):
+                stack.append((child, f"{path}.{key}" if path else str(key), depth + 1))
+    return None
+
+
+def _locate(pid: Any, path: str) -> tuple[str, str]:
+    """("patient P visit N", "field.sub") from a path "visits.N.field.sub" found by _value_problem."""
+    parts = path.split(".")
+    if len(parts) > 2 and parts[0] == "visits" and parts[1].isdigit():
+        return _where(pid, int(parts[1])), ".".join(parts[2:])
+    return _where(pid), path or "patient"
+
+
+def _id_problem(value: Any, allow_empty: bool = False) -> str | None:
+    """Ids are ints that fit int64, or short text whose digits are ASCII (later stages parse them)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or (value == "" and not allow_empty):
+        return "expected an integer or non-empty text"
+    if isinstance(value, int):
+        return None if -INT64 <= value < INT64 else "integer does not fit in 64 bits"
+    if len(value) > MAX_ID_CHARS:
+        return f"{len(value)} characters, more than {MAX_ID_CHARS}"
+    if problem := _text_problem(value):
+        return problem
+    if not value.isprintable():
+        return "control or unprintable character (an id is one line of text)"
+    for ch in value:
+        if not ch.isascii() and unicodedata.category(ch) in ("Nd", "Nl", "No"):
+            return f"non-ASCII digit U+{ord(ch):04X} ({unicodedata.name(ch, '?')}); ids use ASCII digits 0-9"
+    return None
+
+
+def _validate_visit(visit: Any, where: str, fail) -> None:
+    if not isinstance(visit, dict):
+        fail(where, "visit", f"expected an object, got {type(visit).__name__}")
+    for key in ("visit_id", "visit_number"):
+        if key not in visit:
+            fail(where, key, "missing")
+    if problem := _id_problem(visit["visit_id"], allow_empty=True):
+        fail(where, "visit_id", problem)
+    if isinstance(visit["visit_number"], bool) or not isinstance(visit["visit_number"], int):
+        fail(where, "visit_number", "expected an integer")
+    if not -INT64 <= visit["visit_number"] < INT64:
+        fail(where, "visit_number", "integer does not fit in 64 bits")
+    for key in ("sex", "allergies"):
+        if not _is_text_or_none(visit.get(key)):
+            fail(where, key, "expected text")
+    sections = visit.get("clinical_sections")
+    if "clinical_sections" not in visit:
+        fail(where, "clinical_sections", "missing")
+    if not isinstance(sections, dict):
+        fail(where, "clinical_sections", f"expected an object, got {type(sections).__name__}")
+    if "discharge_diagnosis" not in sections:
+        fail(where, "clinical_sections.discharge_diagnosis", "missing")
+    for key, value in sections.items():
+        if not _is_text_or_none(value):
+            fail(where, f"clinical_sections.{key}", "expected text")
+
+
+def _validate_visit_order(visits: list[dict], pid: Any, fail) -> None:
+    """The recurrence runs in list order, so the list must BE the visit order: strictly increasing
+    visit_number, no visit_id twice."""
+    seen_ids: set[str] = set()
+    for v_index, visit in enumerate(visits):
+        if v_index and visit["visit_number"] <= visits[v_index - 1]["visit_number"]:
+            previous = visits[v_index - 1]["visit_number"]
+            how = "repeats" if visit["visit_number"] == previous else "is lower than"
+            fail(_where(pid, v_index), "visit_number",
+                 f"{visit['visit_number']} {how} the previous visit's {previous} (list visits in increasing "
+                 "visit_number)")
+        if str(visit["visit_id"]) in seen_ids:
+            fail(_where(pid, v_index), "visit_id", f"duplicate {visit['visit_id']} within the patient")
+        seen_ids.add(str(visit["visit_id"]))
+
+
+def validate_cohort(data: Any, source: str = "<cohort>", check_leaves: bool = True) -> list[dict]:
+    """Check every record; raise InputError naming file, patient, visit and field for the first bad one.
+    check_leaves=False: no string or number can be bad (NaN, lone surrogate), only nesting is walked."""
 
     def fail(where: str, field: str, problem: str) -> None:
         raise InputError(f"{source}: {where}: {field}: {problem}")
 
     if not isinstance(data, list):
         raise InputError(f"{source}: top level: expected a JSON list of patients, got {type(data).__name__}")
+    if not data:
+        raise InputError(f"{source}: top level: no patients (empty list)")
     seen: set[str] = set()
     for p_index, patient in enumerate(data):
         if not isinstance(patient, dict):
@@ -66,41 +185,37 @@ def validate_cohort(data: Any, source: str = "<cohort>") -> list[dict]:
         if "subject_id" not in patient:
             fail(f"record {p_index}", "subject_id", "missing")
         pid = patient["subject_id"]
-        if isinstance(pid, bool) or not isinstance(pid, (int, str)) or pid == "":
-            fail(f"record {p_index}", "subject_id", "expected an integer or non-empty text")
+        if problem := _id_problem(pid):
+            fail(f"record {p_index}", "subject_id", problem)
         if str(pid) in seen:
             fail(_where(pid), "subject_id", f"duplicate (record {p_index})")
         seen.add(str(pid))
+        if bad := _value_problem(patient, check_leaves):
+            fail(*_locate(pid, bad[0]), bad[1])
         visits = patient.get("visits")
         if not isinstance(visits, list):
             fail(_where(pid), "visits", f"expected a list, got {type(visits).__name__ if 'visits' in patient else 'nothing'}")
         if not visits:
             fail(_where(pid), "visits", "empty list")
         for v_index, visit in enumerate(visits):
-            where = _where(pid, v_index)
-            if not isinstance(visit, dict):
-                fail(where, "visit", f"expected an object, got {type(visit).__name__}")
-            for key in ("visit_id", "visit_number"):
-                if key not in visit:
-                    fail(where, key, "missing")
-            if isinstance(visit["visit_id"], bool) or not isinstance(visit["visit_id"], (int, str)):
-                fail(where, "visit_id", "expected an integer or text")
-            if isinstance(visit["visit_number"], bool) or not isinstance(visit["visit_number"], int):
-                fail(where, "visit_number", "expected an integer")
-            for key in ("sex", "allergies"):
-                if not _is_text_or_none(visit.get(key)):
-                    fail(where, key, "expected text")
-            sections = visit.get("clinical_sections")
-            if "clinical_sections" not in visit:
-                fail(where, "clinical_sections", "missing")
-            if not isinstance(sections, dict):
-                fail(where, "clinical_sections", f"expected an object, got {type(sections).__name__}")
-            if "discharge_diagnosis" not in sections:
-                fail(where, "clinical_sections.discharge_diagnosis", "missing")
-            for key, value in sections.items():
-                if not _is_text_or_none(value):
-                    fail(where, f"clinical_sections.{key}", "expected text")
+            _validate_visit(visit, _where(pid, v_index), fail)
+        _validate_visit_order(visits, pid, fail)
     return data
+
+
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")  # the UTF-8 decoder refuses raw ones
+
+
+def _parse_int(path: Path, text: str):
+    def parse(digits: str) -> int:
+        if len(digits.lstrip("-")) > MAX_ID_CHARS:
+            pos = text.find(digits)
+            line = text.count("\n", 0, pos) + 1
+            raise InputError(f"{path}: line {line}: a number of {len(digits.lstrip('-'))} digits; no field takes "
+                             f"more than {MAX_ID_CHARS}")
+        return int(digits)
+
+    return parse
 
 
 def load_cohort(path: str | Path) -> list[dict]:
@@ -108,18 +223,35 @@ def load_cohort(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: cohort file not found; {REAL_DATA_HINT}")
-    raw = path.read_bytes()
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not a cohort file; {REAL_DATA_HINT}")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the cohort file ({exc.strerror or type(exc).__name__})") from None
     if not raw.strip():
         raise InputError(f"{path}: empty file; {REAL_DATA_HINT}")
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a UTF-8 BOM is valid UTF-8 JSON (editors on Windows write one)
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: byte {exc.start}: not UTF-8 text ({exc.reason})") from None
+    non_finite: list[_NonFinite] = []
+
+    def constant(name: str) -> _NonFinite:
+        non_finite.append(_NonFinite(name))
+        return non_finite[-1]
+
+    def parse_float(literal: str) -> float | _NonFinite:
+        value = float(literal)
+        return value if math.isfinite(value) else constant(literal)  # 1e999 overflows to inf
+
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=constant, parse_float=parse_float, parse_int=_parse_int(path, text))
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: line {exc.lineno} column {exc.colno}: not JSON ({exc.msg})") from None
-    return validate_cohort(data, str(path))
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply to parse (a record nests {MAX_DEPTH} levels at most)") from None
+    return validate_cohort(data, str(path), check_leaves=bool(non_finite or SURROGATE_ESCAPE.search(text)))
 
 
 def dump_cohort(patients: list[dict]) -> str:
@@ -190,7 +322,8 @@ def split_cohort(patients: list[dict], sizes: SplitSizes) -> dict[str, list[dict
 
 # ----------------------------------------------------------------------------- synthetic cohort
 # Longitudinal structure a memory can exploit: chronic conditions recur at later visits, and complications
-# follow the diagnoses that cause them (diabetes -> foot ulcer, atrial fibrillation -> stroke, ...).
+# follow the diagnoses that cause them (diabetes -> foot ulcer, atrial fibrillation -> stroke, ...). All
+# chronic conditions are listed at the first visit only; later visits do not repeat them.
 CHRONIC = {
     "type 2 diabetes mellitus": ["diabetic foot ulcer", "diabetic ketoacidosis", "hypoglycemia"],
     "essential hypertension": ["hypertensive emergency", "hypertensive heart disease"],
@@ -264,7 +397,10 @@ def synthesize_cohort(n_patients: int, seed: int, empty_diagnosis_rate: float = 
             if rng.random() < empty_diagnosis_rate / max(n_visits, 1):
                 diagnosis = ""
             complaint = COMPLAINT.get(primary, f"symptoms of {primary}")
-            pmh = ", ".join(sorted(set(chronic + history))) if v else ", ".join(chronic)
+            # Later visits restate only the condition behind this admission and earlier admissions'
+            # diagnoses: the other chronic conditions (named at visit 1, recurring in later discharge
+            # diagnoses) are kept only by a memory.
+            pmh = ", ".join(sorted(set([base] + history))) if v else ", ".join(chronic)
             sections = {
                 "discharge_diagnosis": diagnosis,
                 "chief_complaint": complaint,
@@ -305,8 +441,7 @@ def _cmd_synth(args: argparse.Namespace) -> None:
         "seed": args.seed,
         "note": "SYNTHETIC cohort for demos and tests; no real patient data.",
     }
-    io.write_text(args.out, dump_cohort(patients))
-    io.write_json(f"{args.out}.meta.json", meta)
+    io.write_texts({args.out: dump_cohort(patients), args.meta: io.json_text(meta)})
     log.info("wrote %d synthetic patients to %s", len(patients), args.out)
 
 
@@ -315,17 +450,44 @@ def _cmd_validate(args: argparse.Namespace) -> None:
     print(f"{args.cohort}: ok, {len(patients)} patients, {sum(len(p['visits']) for p in patients)} visits")
 
 
+def _distinct_paths(args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    """Two arguments naming one file would overwrite each other (or the input) silently."""
+    seen: dict[Path, str] = {}
+    for name in names:
+        path = Path(getattr(args, name)).resolve()
+        if path in seen:
+            raise InputError(f"--{name} and --{seen[path]} name the same file {getattr(args, name)}; give each its own")
+        seen[path] = name
+
+
+def source_sha256(source: str) -> str | None:
+    """sha256 of a user's cohort file, None for the synthetic one (its params rerun it) or a missing file.
+
+    rules/common.smk passes it as a param of clean_cohort: a cohort replaced by a file with an older mtime
+    still reruns cleaning and everything after it.
+    """
+    if source == "synthetic" or not Path(source).is_file():
+        return None
+    return io.sha256_file(source)
+
+
 def _cmd_clean(args: argparse.Namespace) -> None:
+    _distinct_paths(args, ("cohort", "out", "report"))
     patients = load_cohort(args.cohort)
     kept, report = clean_cohort(patients)
+    if not kept:
+        raise InputError(
+            f"{args.cohort}: every patient was dropped ({report['patients_dropped_empty_diagnosis']} of "
+            f"{report['patients_in']} have a visit with an empty clinical_sections.discharge_diagnosis); nothing to split"
+        )
     report["source"] = str(args.cohort)
     report["source_sha256"] = io.sha256_file(args.cohort)
-    io.write_text(args.out, dump_cohort(kept))
-    io.write_json(args.report, report)
+    io.write_texts({args.out: dump_cohort(kept), args.report: io.json_text(report)})
     log.info("cleaned cohort: %d -> %d patients", report["patients_in"], report["patients_out"])
 
 
 def _cmd_split(args: argparse.Namespace) -> None:
+    _distinct_paths(args, ("cohort", "train", "val", "test", "summary"))
     cfg = args.cfg
     patients = load_cohort(args.cohort)
     sizes = SplitSizes(val=int(cfg["val_size"]), train=int(cfg["train_size"]), seed=int(cfg["seed"]))
@@ -340,9 +502,8 @@ def _cmd_split(args: argparse.Namespace) -> None:
         "overlap": 0,
         "order": "val sampled first, then train from the remainder; test is the rest",
     }
-    for name, text in texts.items():
-        io.write_text(getattr(args, name), text)
-    io.write_json(args.summary, summary)
+    files = {getattr(args, name): text for name, text in texts.items()}
+    io.write_texts({**files, args.summary: io.json_text(summary)})
     log.info("splits: %s", summary["sizes"])
 
 
@@ -355,7 +516,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = csub.add_parser("synth", help="write a deterministic SYNTHETIC cohort")
     p.add_argument("--patients", type=int, required=True)
     p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="output: the cohort JSON")
+    p.add_argument("--meta", required=True, help="output: how it was made (generator, patients, seed)")
     p.set_defaults(func=_cmd_synth)
 
     p = csub.add_parser("validate", help="check every record of a cohort file")

@@ -8,8 +8,12 @@ Three steps, each a Snakemake job:
           deterministic matcher (llmrnn.matching) or an LLM judge through the openai backend
           -> RUN/eval/<variant>/graded_<k>.jsonl
   gather  all graded shards -> RUN/eval/metrics.json (Acc@1/Acc@5 at each patient's last visit with
-          Wilson CIs, accuracy by visit index, unparsable rates per role, memory length) and
-          RUN/eval/comparison.json (each variant vs base: paired bootstrap CI of the difference, McNemar).
+          Wilson CIs, accuracy by visit index, unparsable rates per role, memory length, memory recall) and
+          RUN/eval/comparison.json (each variant vs base: paired bootstrap CI of the difference, McNemar;
+          memory recall: paired bootstrap CI + Wilcoxon signed-rank).
+Memory recall (judge-free): at every visit t >= 1, the share of visit t's discharge diagnoses that the
+memory shown to the prediction model (h_{t-1}) names (llmrnn.reward.outcome_share, the quantity the outcome
+reward pays for); a patient's value is the mean over its transitions.
 Metrics depend only on the union of shards, never on how patients were split across them.
 """
 
@@ -20,12 +24,12 @@ import json
 import logging
 import random
 import statistics
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from llmrnn import io
+from llmrnn import io, jsonparse
 from llmrnn.errors import InputError
+from llmrnn.trajectories import shard_of
 
 log = logging.getLogger(__name__)
 
@@ -54,46 +58,62 @@ def select_patients(patients: list[dict], max_patients: int | None, seed: int) -
     return [patients[i] for i in keep]
 
 
-def shard_of(patients: list[dict], shard: int, shards: int) -> list[dict]:
-    """Contiguous, balanced blocks: shard k of K gets patients [k*n//K, (k+1)*n//K)."""
-    if not 0 <= shard < shards:
-        raise InputError(f"eval: shard {shard} out of range for {shards} shards")
-    n = len(patients)
-    return patients[shard * n // shards : (shard + 1) * n // shards]
+def memory_shown(visit: dict) -> str:
+    """The memory the prediction model saw at this visit: h_{t-1}'s summary (rnn; the initial memory for
+    no-memory baselines) or the concatenated history (full_history)."""
+    from llmrnn.rnn import summary_text
+
+    if visit.get("memory_shown") is not None:
+        return str(visit["memory_shown"])
+    return summary_text(visit.get("h_prev") or "")
 
 
-# ----------------------------------------------------------------------------- shard records
-def read_jsonl(path: str | Path) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}: line {lineno}: not JSON ({exc.msg})") from None
-    return rows
+def patient_memory_recall(record: dict) -> list[tuple[int, float]]:
+    """(visit_index, recall) for every visit t >= 1 of a patient record with diagnoses."""
+    from llmrnn.reward import outcome_share
+
+    out = []
+    for i, v in enumerate(record["visits"]):
+        t = int(v.get("visit_index", i))
+        if t >= 1 and v.get("ground_truth"):
+            out.append((t, outcome_share(memory_shown(v), v["ground_truth"])))
+    return out
 
 
-def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
-    io.write_text(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
+def recall_by_patient(records: list[dict]) -> dict[str, float]:
+    """Patient id -> mean memory recall over its transitions (patients with none are left out)."""
+    out = {}
+    for rec in records:
+        values = [r for _, r in patient_memory_recall(rec)]
+        if values:
+            out[str(rec["patient_id"])] = statistics.fmean(values)
+    return out
+
+
+def memory_recall_metrics(records: list[dict]) -> dict | None:
+    per_patient = recall_by_patient(records)
+    if not per_patient:
+        return None
+    by_visit: dict[int, list[float]] = {}
+    for rec in records:
+        for t, r in patient_memory_recall(rec):
+            by_visit.setdefault(t, []).append(r)
+    return {
+        "value": statistics.fmean(per_patient.values()),
+        "unit": "patient (mean over its visit transitions)",
+        "n_patients": len(per_patient),
+        "n_transitions": sum(len(v) for v in by_visit.values()),
+        "by_visit_index": {str(t): statistics.fmean(v) for t, v in sorted(by_visit.items())},
+    }
 
 
 def memory_words(text: Any) -> int | None:
     """Length of a memory h_t in words (its evolving_summary when it is the JSON form)."""
+    from llmrnn.rnn import summary_text
+
     if text is None:
         return None
-    if isinstance(text, dict):
-        text = text.get("evolving_summary", json.dumps(text))
-    elif isinstance(text, str):
-        try:
-            obj = json.loads(text)
-            if isinstance(obj, dict) and isinstance(obj.get("evolving_summary"), str):
-                text = obj["evolving_summary"]
-        except json.JSONDecodeError:
-            pass
-    return len(str(text).split())
+    return len(str(summary_text(text if isinstance(text, str) else json.dumps(text))).split())
 
 
 # ----------------------------------------------------------------------------- grading
@@ -217,38 +237,14 @@ Answer with JSON only: {{"primary_correct": true or false, "any_top5_correct": t
 
 def parse_judge_verdict(text: str) -> dict:
     """{"primary_correct", "any_top5_correct"} from a judge answer; unparsable -> both False, judge_ok False."""
-    obj = _first_json_object(text or "")
+    obj, _method = jsonparse.parse_json(text)
     if isinstance(obj, dict):
         obj = obj.get("diagnosis_evaluation", obj)
     if isinstance(obj, dict) and "primary_correct" in obj and "any_top5_correct" in obj:
-        p1, p5 = _as_bool(obj["primary_correct"]), _as_bool(obj["any_top5_correct"])
+        p1, p5 = jsonparse.as_bool(obj["primary_correct"]), jsonparse.as_bool(obj["any_top5_correct"])
         if p1 is not None and p5 is not None:
             return {"primary_correct": p1, "any_top5_correct": p5 or p1, "judge_ok": True}
     return {"primary_correct": False, "any_top5_correct": False, "judge_ok": False}
-
-
-def _as_bool(value: Any) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "yes", "1"):
-        return True
-    if isinstance(value, str) and value.strip().lower() in ("false", "no", "0"):
-        return False
-    if isinstance(value, (int, float)) and value in (0, 1):
-        return bool(value)
-    return None
-
-
-def _first_json_object(text: str) -> Any:
-    """The first decodable JSON object in a text (models wrap JSON in prose or code fences)."""
-    decoder = json.JSONDecoder()
-    for start in (i for i, ch in enumerate(text) if ch == "{"):
-        try:
-            obj, _ = decoder.raw_decode(text, start)
-            return obj
-        except json.JSONDecodeError:
-            continue
-    return None
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -320,7 +316,29 @@ def variant_metrics(records: list[dict]) -> dict:
         if words
         else None
     )
+    out["memory_recall"] = memory_recall_metrics(records)
     return out
+
+
+def compare_memory_recall(reference: list[dict], other: list[dict], boot: dict) -> dict | None:
+    """Memory recall of `other` vs the reference on the patients both have transitions for."""
+    from llmrnn.stats import paired_bootstrap, wilcoxon_signed_rank
+
+    ref, oth = recall_by_patient(reference), recall_by_patient(other)
+    pids = sorted(set(ref) & set(oth))
+    if not pids:
+        return None
+    a, b = [ref[p] for p in pids], [oth[p] for p in pids]
+    bs = paired_bootstrap(a, b, samples=int(boot.get("samples", 10_000)), seed=int(boot.get("seed", 0)))
+    return {
+        "a": statistics.fmean(a),
+        "b": statistics.fmean(b),
+        "n_pairs": len(pids),
+        "diff": bs["diff"],
+        "ci95": bs["ci95"],
+        "bootstrap": {"samples": bs["samples"], "seed": bs["seed"], "se": bs.get("se")},
+        "wilcoxon": wilcoxon_signed_rank(a, b),
+    }
 
 
 def compare(reference: list[dict], other: list[dict], name: str, boot: dict, exact_below: int) -> dict:
@@ -346,6 +364,7 @@ def compare(reference: list[dict], other: list[dict], name: str, boot: dict, exa
             "bootstrap": {"samples": bs["samples"], "seed": bs["seed"], "se": bs.get("se")},
             "mcnemar": mcnemar(a, b, exact_below=exact_below),
         }
+    result["memory_recall"] = compare_memory_recall(reference, other, boot)
     return result
 
 
@@ -353,7 +372,7 @@ def gather(graded: dict[str, list[Path]], cfg: dict) -> tuple[dict, dict]:
     """{variant: [graded shard files]} -> (metrics, comparison)."""
     per_variant = {}
     for variant, paths in graded.items():
-        records = [rec for p in sorted(paths, key=str) for rec in read_jsonl(p)]
+        records = [rec for p in sorted(paths, key=str) for rec in io.read_jsonl(p)]
         _check_patients(variant, records)
         per_variant[variant] = records
     judge = FinalJudge(cfg.get("final_judge", {}))
@@ -421,23 +440,25 @@ def _cmd_shard(args: argparse.Namespace) -> None:
     if "roles" not in cfg:
         raise InputError("evaluate shard: --cfg has no 'roles' section")
     patients = select_patients(load_cohort(args.test), ev.get("max_patients"), int(ev.get("patient_seed", 0)))
-    part = shard_of(patients, args.shard, args.shards)
+    if ev.get("max_visits"):  # each patient's first N visits (the demo's budget); the patient sample is unchanged
+        patients = [{**p, "visits": p["visits"][: int(ev["max_visits"])]} for p in patients]
+    part = shard_of(patients, args.shard, args.shards)  # the trajectories' policy: balanced by visits
     label = f"eval {args.variant} shard {args.shard + 1}/{args.shards}"
     log.info("%s: %d of %d selected test patients", label, len(part), len(patients))
     results, stats = run_shard(
         part, args.variant, cfg["roles"], args.prompts, int(ev.get("seed", 0)),
         memory_model=args.memory_model, label=label,
     ) if part else ([], {})
-    write_jsonl(args.out, results)
+    io.write_jsonl(args.out, results)
     log.info("%s: done; backend calls %s, unparsable %s", label, stats.get("calls"), stats.get("unparsable"))
 
 
 def _cmd_grade(args: argparse.Namespace) -> None:
     cfg = args.cfg
-    records = read_jsonl(args.shard)
+    records = io.read_jsonl(args.shard)
     judge = FinalJudge(cfg.get("final_judge", {}))
     grade_records(records, judge, visits=cfg.get("grade_visits", "all"))
-    write_jsonl(args.out, records)
+    io.write_jsonl(args.out, records)
     log.info("graded %d patients of %s with the %s final judge", len(records), args.shard, judge.mode)
 
 
@@ -452,8 +473,9 @@ def _cmd_gather(args: argparse.Namespace) -> None:
     io.write_json(args.metrics, metrics)
     io.write_json(args.comparison, comparison)
     for v, m in metrics["variants"].items():
-        log.info("%s: Acc@1 %.3f Acc@5 %.3f (n=%d)", v, m["acc_at_1"]["value"] or 0, m["acc_at_5"]["value"] or 0,
-                 m["n_patients"])
+        recall = (m.get("memory_recall") or {}).get("value")
+        log.info("%s: Acc@1 %.3f Acc@5 %.3f memory recall %s (n=%d)", v, m["acc_at_1"]["value"] or 0,
+                 m["acc_at_5"]["value"] or 0, "n/a" if recall is None else f"{recall:.3f}", m["n_patients"])
 
 
 def register(sub: argparse._SubParsersAction) -> None:

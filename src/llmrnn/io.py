@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from llmrnn.errors import InputError
 
 
 def _tmp_beside(path: Path) -> Path:
@@ -56,13 +59,52 @@ def write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> N
         tmp.write_text(text, encoding="utf-8")
 
 
+def json_text(obj: Any) -> str:
+    """The JSON text write_json writes (for write_texts)."""
+    return json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
+
+
 def write_json(path: str | os.PathLike, obj: Any, mode: int | None = None) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n", mode)
+    write_text(path, json_text(obj), mode)
+
+
+def deep_merge(base: dict, over: dict | None) -> dict:
+    """`over` layered onto `base` the way Snakemake layers --configfile files: mappings merge key by key,
+    anything else (lists included) replaces; neither input is changed."""
+    out = copy.deepcopy(base)
+    for key, value in (over or {}).items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
 
 
 def read_json(path: str | os.PathLike) -> Any:
     with open(path, encoding="utf-8") as fh:
         return json.load(fh)
+
+
+def read_jsonl(path: str | os.PathLike, skip_bad: bool = False) -> list[Any]:
+    """The values of a JSON-lines file, blank lines skipped. A line that is not JSON is an InputError
+    naming the file and line, or skipped with `skip_bad` (a log another process is still writing, or
+    one whose last line a kill cut off)."""
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                if not skip_bad:
+                    raise InputError(f"{path}: line {lineno}: not JSON ({exc.msg})") from None
+    return rows
+
+
+def write_jsonl(path: str | os.PathLike, rows: Iterable[Any], mode: int | None = None) -> None:
+    """One JSON value per line (keys sorted), written atomically."""
+    write_text(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows), mode)
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -75,3 +117,28 @@ def sha256_file(path: str | os.PathLike) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def write_texts(texts: dict[str | os.PathLike, str]) -> None:
+    """Write several files as one step: every temp is written first and renamed only when all are, so a
+    failure (full disk, unwritable folder) leaves none of them; an OSError becomes one InputError line
+    naming the path."""
+    from llmrnn.errors import InputError
+
+    temps: list[tuple[Path, Path]] = []
+    try:
+        for path, text in texts.items():
+            target = Path(path)
+            if target.is_dir():
+                raise InputError(f"{target}: is a directory; the output must be a file path")
+            try:
+                tmp = _tmp_beside(target)
+                temps.append((tmp, target))
+                tmp.write_text(text, encoding="utf-8")
+            except OSError as exc:
+                raise InputError(f"{target}: cannot write ({exc.strerror or type(exc).__name__})") from None
+        for tmp, target in temps:
+            os.replace(tmp, target)  # same folder as its temp: only fails where the temp write would have
+    finally:
+        for tmp, _ in temps:
+            tmp.unlink(missing_ok=True)

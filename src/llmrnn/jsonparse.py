@@ -164,7 +164,7 @@ def _as_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False) if not isinstance(value, (int, float)) else str(value)
 
 
-def _as_bool(value: Any) -> bool | None:
+def as_bool(value: Any) -> bool | None:
     if isinstance(value, bool):
         return value
     if isinstance(value, (int, float)):
@@ -187,13 +187,21 @@ def _as_list(value: Any) -> list[str]:
     return [t.strip() for t in re.split(r"[;\n]", text) if t.strip()] if text else []
 
 
-def parse_prediction(text: str | None) -> tuple[dict | None, str]:
-    """{"top_5_diagnoses": [<=5 str], "primary_diagnosis": str} or None."""
+def _json_object(text: str | None) -> tuple[dict | None, str]:
+    """The JSON object in a role's output, or (None, why not): "unparsable" or "not_object"."""
     obj, method = parse_json(text)
     if obj is None:
         return None, method
     if not isinstance(obj, dict):
         return None, "not_object"
+    return obj, method
+
+
+def parse_prediction(text: str | None) -> tuple[dict | None, str]:
+    """{"top_5_diagnoses": [<=5 str], "primary_diagnosis": str} or None."""
+    obj, method = _json_object(text)
+    if obj is None:
+        return None, method
     top5 = _as_list(obj.get("top_5_diagnoses", obj.get("top_5", obj.get("diagnoses"))))
     primary_raw = obj.get("primary_diagnosis", obj.get("primary"))
     while isinstance(primary_raw, list) and primary_raw:  # ["x"] or [["x"]]: the first name
@@ -213,15 +221,13 @@ EVALUATION_KEYS = ("primary_correct", "any_top5_correct", "missed_diagnoses", "w
 
 def parse_evaluation(text: str | None) -> tuple[dict | None, str]:
     """{primary_correct, any_top5_correct, missed_diagnoses, why_missed, improvement_suggestions} or None."""
-    obj, method = parse_json(text)
+    obj, method = _json_object(text)
     if obj is None:
         return None, method
-    if not isinstance(obj, dict):
-        return None, "not_object"
     if isinstance(obj.get("diagnosis_evaluation"), dict):  # the reference's nested shape
         obj = {**obj, **obj["diagnosis_evaluation"]}
-    primary = _as_bool(obj.get("primary_correct"))
-    any5 = _as_bool(obj.get("any_top5_correct"))
+    primary = as_bool(obj.get("primary_correct"))
+    any5 = as_bool(obj.get("any_top5_correct"))
     if primary is None or any5 is None:
         return None, "missing:primary_correct" if primary is None else "missing:any_top5_correct"
     return {
@@ -233,17 +239,34 @@ def parse_evaluation(text: str | None) -> tuple[dict | None, str]:
     }, method
 
 
-def parse_memory(text: str | None) -> tuple[str | None, str]:
-    """The evolving summary text (non-empty) of a memory output {"evolving_summary": "..."}, or None."""
-    obj, method = parse_json(text)
-    if obj is None:
-        return None, method
-    if not isinstance(obj, dict):
-        return None, "not_object"
+WHOLE_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL | re.IGNORECASE)
+
+
+def parse_memory(text: str | None, strict: bool = False) -> tuple[str | None, str]:
+    """The evolving summary text of a memory output {"evolving_summary": "..."}, or None.
+
+    Lenient (the forward pass, which must go on): the object may sit in prose or be cut off, a non-text
+    summary is kept as its JSON, and an empty one is rejected (the pass then keeps h_{t-1}). strict (the
+    GRPO reward, as in the reference: "policy output is not valid JSON -> 0.05"): the whole output, or
+    one ```json fence around all of it, must be the object and the summary text; an empty text is a
+    valid (poor) memory for the judge to score. Whatever strict accepts non-empty, lenient accepts alike."""
+    if strict:
+        whole = (text or "").strip()
+        fenced = WHOLE_FENCE.match(whole)
+        obj = _loads(fenced.group(1) if fenced else whole) if whole else _NOPE
+        if obj is _NOPE:
+            return None, UNPARSABLE
+        method = "fenced" if fenced else "plain"
+        if not isinstance(obj, dict):
+            return None, "not_object"
+    else:
+        obj, method = _json_object(text)
+        if obj is None:
+            return None, method
     summary = obj.get("evolving_summary")
-    if isinstance(summary, (dict, list)):
+    if isinstance(summary, (dict, list)) and not strict:
         summary = json.dumps(summary, ensure_ascii=False)
-    if not isinstance(summary, str) or not summary.strip():
+    if not isinstance(summary, str) or not (strict or summary.strip()):
         return None, "missing:evolving_summary"
     return summary.strip(), method
 

@@ -91,6 +91,22 @@ def content_words(normalised: str) -> frozenset[str]:
     return frozenset(_stem(w) for w in normalised.split() if w not in STOPWORDS)
 
 
+def coverage(text: str, diagnosis: str) -> float | None:
+    """Share of a diagnosis's content words that `text` mentions (the normalisation `Matcher.match` uses);
+    None when the diagnosis has no content words."""
+    wanted = content_words(normalise(diagnosis))
+    if not wanted:
+        return None
+    return len(wanted & content_words(normalise(text))) / len(wanted)
+
+
+def anticipated_share(text: str, diagnoses: Iterable[str] | None) -> float:
+    """How much of a list of diagnoses a free text (a memory) anticipates: the mean `coverage` per diagnosis.
+    Partial credit keeps the signal graded, so memories of one GRPO group rarely tie."""
+    shares = [c for c in (coverage(text, d) for d in diagnoses or []) if c is not None]
+    return sum(shares) / len(shares) if shares else 0.0
+
+
 def diagnosis_name(item: Any) -> str:
     """A prediction item as text: plain text, or an object with name/diagnosis (the reference's format)."""
     if isinstance(item, dict):
@@ -148,3 +164,12 @@ class Matcher:
         primary_ok = bool(primary) and self.match_any([primary], targets)
         any5 = self.match_any([p for p in top5 if p], ground_truth) or primary_ok
         return {"primary_correct": primary_ok, "any_top5_correct": any5}
+
+    def missed(self, prediction: dict | None, ground_truth: list[str]) -> list[str]:
+        """The ground-truth diagnoses that neither the primary nor any top-5 prediction matches."""
+        prediction = prediction if isinstance(prediction, dict) else {}
+        top5 = prediction.get("top_5_diagnoses") or []
+        names = [diagnosis_name(x) for x in [*(top5 if isinstance(top5, list) else [top5])[:5],
+                                             prediction.get("primary_diagnosis")]]
+        names = [n for n in names if n]
+        return [t for t in ground_truth if not self.match_any(names, [t])]

@@ -9,8 +9,8 @@ Inputs it accepts (`--adapter`):
   merge --backend fsdp` (only when verl is importable: the gpu extra / envs/verl.yaml);
 - a full HF model folder (full fine-tune written by TRL): copied as is, then checked.
 
-verl's own merger is never used for LoRA: it leaves the base weights untouched and writes lora_alpha=0
-(FINDINGS §5). We merge with PEFT `merge_and_unload()`; an adapter whose alpha is 0 (or missing) is repaired
+verl's own merger is never used for LoRA: `python -m verl.model_merger merge` on a LoRA run leaves the
+base weights untouched and writes lora_alpha=0 (verl issues #3050, #4553, #5325, #7285). We merge with PEFT `merge_and_unload()`; an adapter whose alpha is 0 (or missing) is repaired
 from the training config (`train.lora_alpha`) and the repair is logged and recorded.
 
 Checks (merge_check.json, all must pass, else CheckFailed and no merged folder is left behind):
@@ -103,9 +103,9 @@ def merge_settings(merge: dict | None) -> dict:
 # ----------------------------------------------------------------------------- locating inputs
 def base_dir_of(path: str | Path) -> Path:
     """`--base` may be the model folder or its `.ready` marker (the rule's input)."""
-    p = Path(path)
-    if p.is_file() and p.name == ".ready":
-        p = p.parent
+    from llmrnn.models import model_folder
+
+    p = model_folder(path)
     if not (p / "config.json").is_file():
         raise InputError(f"{p}: base model folder has no config.json (expected an HF model folder)")
     return p
@@ -163,7 +163,7 @@ def repair_alpha(adapter_cfg: dict, configured: dict, source: str) -> tuple[dict
         alpha = configured.get("alpha")
         if not alpha:
             raise CheckFailed(
-                f"{source}: lora_alpha is {original!r} (verl's model_merger writes 0, FINDINGS §5) and the "
+                f"{source}: lora_alpha is {original!r} (verl's model_merger writes 0) and the "
                 "training config gives no lora_alpha to repair it from; set train.lora_alpha"
             )
         fixed["lora_alpha"] = alpha
@@ -446,7 +446,7 @@ def verify_merge(
     if lora and checks["adapter_loaded"]["nonzero_lora_B"] == 0:
         checks["weights_differ"]["hint"] = (
             "every lora_B tensor is zero: training never moved the adapter (equal rewards within each "
-            "group give GRPO no gradient, DESIGN §6)"
+            "group give GRPO no gradient)"
         )
 
     try:

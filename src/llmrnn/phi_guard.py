@@ -13,8 +13,10 @@ Every file is either scanned by its structure or refused; nothing is skipped:
   (BOM or NUL pattern), gzip/bz2/xz decompressed, base64/hex/URL/HTML/backslash escapes decoded.
   Anything that cannot be parsed as what it claims to be is refused;
 - identifiers: the cohort's subject/visit ids in any form: digits grouped (`12 345`, `12,345`, `12-345`),
-  other Unicode digits, full-width forms, string ids (`MRN-AB7731X`, also its id-like part `AB7731X`),
-  and in file names;
+  other Unicode digits, full-width forms, look-alike letters of other scripts (Cyrillic `АВ7731Х`, via
+  Unicode's confusables data) and O/l typed for 0/1, string ids (`MRN-AB7731X`, also its id-like part
+  `AB7731X`), number literals by value (`0012345`, `0x3039`), `*_id` and signed JSON numbers, and in file
+  names;
 - clinical text: `min_words` consecutive words of a clinical section, or a whole short line / list item
   of at least `min_line_words` words (a medication list), matched on decoded text;
 - a credential-like string (hf_..., sk-..., ghp_..., AKIA...) pasted anywhere.
@@ -30,6 +32,7 @@ import base64
 import binascii
 import bz2
 import codecs
+import decimal
 import functools
 import gzip
 import html
@@ -64,7 +67,9 @@ ID_KEYS = ("subject_id", "visit_id", "hadm_id", "patient_id", "stay_id", "mrn")
 # not identifiers; and token ids in model metadata files
 SIZE_KEY = re.compile(r"(^|_)(size|bytes|length|len|embeddings|theta|window|dim|positions|mb|gb|runtime|samples"
                       r"|tokens|seed|steps|port)$")
-TOKEN_ID_KEY = re.compile(r"(^|_)ids?$")  # in model metadata files: bos_token_id, eos_token_id, ids
+# in model metadata files: bos_token_id, eos_token_id, image_token_id, `id` of an added token; any other
+# `*_id` number (record_id, example_id) is compared with the cohort's ids
+TOKEN_ID_KEY = re.compile(r"^ids?$|(^|_)token(_type)?_ids?$")
 # up to two of these may sit inside an identifier written with grouping (12 345, 12,345, 12-345, MRN-AB7)
 ID_JOINERS = frozenset(" \t\r\n,.-_'\u2019\u02bc/\u00b7\u2010\u2012\u2013\u2014\u2212\u066b\u066c*`~\\")
 ID_RUN = re.compile(r"\d+|[^\W\d_]+")
@@ -109,10 +114,30 @@ def _char_table() -> dict[int, str | None]:
     return table
 
 
+@functools.cache
+def _confusable_table() -> dict[int, str]:
+    """Non-ASCII characters that look like an ASCII letter or digit -> that character (Unicode's
+    confusables data, UTS #39, as shipped by confusable-homoglyphs): Cyrillic `МRN-АВ7731Х` reads as
+    MRN-AB7731X. Applied after NFKC, so full-width and mathematical forms are already ASCII."""
+    from confusable_homoglyphs.utils import load
+
+    table: dict[int, str] = {}
+    for char, homoglyphs in load("confusables.json").items():
+        if len(char) != 1 or char.isascii() or char.isdecimal():
+            continue
+        for glyph in homoglyphs:
+            c = glyph["c"].strip("\u200e\u200f")
+            if len(c) == 1 and c.isascii() and c.isalnum():
+                table[ord(char)] = c
+                break
+    return table
+
+
 def normalize(text: str) -> str:
-    """NFKC, every decimal digit as ASCII, no invisible characters, casefolded: the form both the cohort
-    and the bundle are compared in."""
-    return unicodedata.normalize("NFKC", text.translate(_char_table())).translate(_char_table()).casefold()
+    """NFKC, every decimal digit as ASCII, no invisible characters, look-alike letters as the ASCII
+    letter or digit they imitate, casefolded: the form both the cohort and the bundle are compared in."""
+    nfkc = unicodedata.normalize("NFKC", text.translate(_char_table())).translate(_char_table())
+    return nfkc.translate(_confusable_table()).casefold()
 
 
 def canonical_id(value: Any) -> str:
@@ -200,6 +225,40 @@ def find_ids(text: str, ids: dict[str, str], max_len: int) -> list[tuple[int, st
                 hits.append((start.start(), ids[joined]))
                 break
     return hits
+
+
+NUMBER = re.compile(r"(?<![^\W_])(?<!\.)(?:0x[0-9a-f]+|\d+(?:\.\d+)?(?:e[-+]?\d{1,3})?)(?![^\W_])")
+DIGIT_LOOKALIKE = str.maketrans("oil", "011")
+LOOKALIKE_TOKEN = re.compile(r"[^\W_]*\d[^\W_]*")
+
+
+def find_numbers(text: str, ids: dict[str, str]) -> list[tuple[int, str]]:
+    """(offset, kind) of every number literal of normalised `text` whose integer VALUE is a numeric id:
+    leading zeros, a fraction of zeros, an exponent or hex spell the same number with other digits."""
+    hits = []
+    for m in NUMBER.finditer(text):
+        literal = m.group()
+        try:
+            value = int(literal, 16) if literal.startswith("0x") else decimal.Decimal(literal)
+        except (ValueError, decimal.InvalidOperation):
+            continue
+        if isinstance(value, decimal.Decimal):
+            if value != value.to_integral_value():
+                continue
+            value = int(value)
+        if kind := ids.get(str(value)):
+            hits.append((m.start(), kind))
+    return hits
+
+
+def letters_as_digits(text: str) -> str:
+    """Normalised text with o/i/l read as 0/1 inside tokens made of digits and those letters only (an id
+    typed 9OOOOOO5 or l2345678); words without a digit are left alone."""
+    def swap(m: re.Match) -> str:
+        token = m.group()
+        return token.translate(DIGIT_LOOKALIKE) if set(token) <= set("0123456789oil") else token
+
+    return LOOKALIKE_TOKEN.sub(swap, text)
 
 
 def redact(name: str, secrets: Secrets) -> str:
@@ -312,6 +371,7 @@ class Scan:
         self.docs: list[tuple[str, str]] = []  # (where, decoded text)
         self.max_len = secrets.max_len
         self.numeric_only = all(i.isdigit() for i in secrets.ids)
+        self.numeric_ids = any(i.isdigit() for i in secrets.ids)
 
     def refuse(self, where: str, what: str) -> None:
         self.findings.append(f"{where}: {what}")
@@ -323,20 +383,34 @@ class Scan:
         if credential:
             self.refuse(where, f"a credential-like string at char {credential.start()}")
         for how, view in views:
-            hits = find_ids(view, self.secrets.ids, self.max_len)
+            hits, form = self._id_hits(view)
             if hits:
                 offset, kind = hits[0]
                 more = f" (+{len(hits) - 1} more)" if len(hits) > 1 else ""
                 at = f"{how}, char {offset}" if how else f"char {offset}"
-                self.refuse(where, f"cohort identifier ({kind}) at {at}{more}")
+                self.refuse(where, f"cohort identifier ({kind}){form} at {at}{more}")
                 break
             if docs:
                 self.docs.append((f"{where}{' (' + how + ')' if how else ''}", view))
 
+    def _id_hits(self, view: str) -> tuple[list[tuple[int, str]], str]:
+        """Hits of the ids written as text, then as the VALUE of a number literal (0012345678,
+        1.2345678e7, 0xBC614E), then with digit look-alike letters read as digits (9OOOOOO5, l2345678)."""
+        hits = find_ids(view, self.secrets.ids, self.max_len)
+        if hits or not self.numeric_ids:
+            return hits, ""
+        normal = normalize(view)
+        if hits := find_numbers(normal, self.secrets.ids):
+            return hits, " as a number"
+        as_digits = letters_as_digits(normal)
+        if as_digits != normal and (hits := find_ids(as_digits, self.secrets.ids, self.max_len)):
+            return hits, " written with look-alike letters"
+        return [], ""
+
     def number(self, where: str, value: float) -> None:
         if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
             return
-        kind = self.secrets.ids.get(str(int(value)))
+        kind = self.secrets.ids.get(str(abs(int(value))))  # -12345678 is the id with a sign
         if kind:
             self.refuse(where, f"cohort identifier ({kind}) as a JSON number")
 

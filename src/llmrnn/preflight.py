@@ -15,17 +15,20 @@ Judge problems: a fallback rate above `preflight.max_fallback_rate` (the judge i
 score: the reference authors saw most scalar-coerced rewards fall back to 0.5) or fewer than
 `preflight.min_distinct_rewards` distinct rewards (a constant reward trains nothing). With
 `preflight.on_problem: fail` they stop the DAG with one line saying why; `warn` records them as
-warnings. The training part comes from `llmrnn.train.preflight.training_checks(...)` when that
-module exists (owned by the train stage); its problems always count.
+warnings.
+
+Training problems (`training_checks`: batch geometry, prompt lengths vs max_prompt_length, LR
+schedule, GPUs, free disk; each one line saying what to change) always count. `llmrnn preflight
+training` runs them alone, without a judge.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 import logging
 import math
+import os
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, fields
@@ -34,6 +37,8 @@ from typing import Any
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
+from llmrnn.models import model_folder
+from llmrnn.stats import percentile
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +54,7 @@ class PreflightConfig:
     rows: int = 8
     seed: int = 0
     max_fallback_rate: float = 0.25
+    fallback_window: int = 64  # judged samples the training-time guard looks back over
     min_distinct_rewards: int = 3
     on_problem: str = "fail"  # fail | warn
 
@@ -64,25 +70,20 @@ class PreflightConfig:
             raise InputError(f"preflight.on_problem: {cfg.on_problem!r} is not one of fail, warn")
         if cfg.rows < 1:
             raise InputError("preflight.rows: must be >= 1")
+        if cfg.fallback_window < 1:
+            raise InputError("preflight.fallback_window: must be >= 1")
         return cfg
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def load_rows(parquet: str | Path, k: int, seed: int) -> list[dict]:
     import pandas as pd
 
-    from llmrnn.train.data import read_rows  # one reader (and one set of messages) for trajectory parquets
+    from llmrnn.train.data import (
+        read_trajectory_parquet,  # one reader (and one set of messages) for trajectory parquets
+    )
 
     path = Path(parquet)
-    df = pd.DataFrame(read_rows(path))
+    df = pd.DataFrame(read_trajectory_parquet(path))
     if len(df) == 0:
         raise InputError(f"{path}: no rows")
     if len(df) > k:
@@ -154,7 +155,7 @@ def judge_checks(scorer, rows: list[dict], cfg: PreflightConfig) -> tuple[dict, 
         "reward": {"mean": mean, "std": std, "min": min(rewards), "max": max(rewards),
                    "distinct": len(distinct), "values": distinct[:50]},
         "rows_with_spread": spread_rows,
-        "latency_s": {"p50": _percentile(latencies, 0.5), "p95": _percentile(latencies, 0.95)},
+        "latency_s": {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95)},
         "http_calls": scorer.counts["http_calls"],
         "cache_hits": scorer.counts["cache_hits"],
         "elapsed_s": elapsed,
@@ -197,43 +198,206 @@ def _first_answer(scorer, result: dict) -> str:
     del result
     path = scorer.audit.path
     try:
-        for line in path.read_text(encoding="utf-8").splitlines():
-            rec = json.loads(line)
-            if rec.get("parse_method") == "fallback" and rec.get("judge"):
-                return rec["judge"][0]["response"][:80]
-    except (OSError, json.JSONDecodeError):
-        pass
+        records = io.read_jsonl(path, skip_bad=True)
+    except OSError:
+        return "?"
+    for rec in records:
+        if rec.get("parse_method") == "fallback" and rec.get("judge"):
+            return rec["judge"][0]["response"][:80]
     return "?"
 
 
-# ----------------------------------------------------------------------------- training part (train stage)
-def training_part(context: dict) -> dict:
-    """Adapter to the train stage's checks: `llmrnn.train.preflight.training_checks(**kw)` returning
-    {"problems": [...], ...}. Only the keyword arguments it declares are passed (it may take **kw)."""
+# ----------------------------------------------------------------------------- training checks
+def visible_gpus() -> int:
+    """GPUs this process can use (torch if importable, else CUDA_VISIBLE_DEVICES)."""
     try:
-        module = importlib.import_module("llmrnn.train.preflight")
-    except ModuleNotFoundError as exc:
-        if exc.name in ("llmrnn.train", "llmrnn.train.preflight"):
-            return {"skipped": "llmrnn.train.preflight is not available: no training checks run", "problems": []}
-        raise
-    checks = getattr(module, "training_checks", None)
-    if checks is None:
-        return {"skipped": "llmrnn.train.preflight has no training_checks(): no training checks run", "problems": []}
-    params = inspect.signature(checks).parameters
-    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    kwargs = {k: v for k, v in context.items() if v is not None and (takes_all or k in params)}
-    missing = [name for name, p in params.items()
-               if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-               and name not in kwargs]
-    if missing:
-        return {"skipped": f"training checks not run: no value for {', '.join(missing)} "
-                           "(the preflight rule passes --tokenizer-dir and the train config)",
-                "problems": [], "warnings": [f"training checks skipped (missing {', '.join(missing)})"]}
-    result = checks(**kwargs)
-    if not isinstance(result, dict) or not isinstance(result.get("problems", []), list):
-        raise CheckFailed("llmrnn.train.preflight.training_checks must return a dict with a 'problems' list")
-    result.setdefault("problems", [])
-    return result
+        import torch
+
+        return int(torch.cuda.device_count())
+    except Exception as exc:  # noqa: BLE001 - no torch: fall back to the environment
+        log.debug("torch GPU count unavailable: %s", exc)
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return len([x for x in env.split(",") if x.strip() and x.strip() != "-1"])
+    return 0
+
+
+def _split_lengths(split: str, path, tokenizer, limit: int, max_dropped_fraction: float) -> tuple[dict, int, list[str]]:
+    """Prompt lengths of one parquet vs max_prompt_length: (report, rows that fit, problems)."""
+    from llmrnn.train import data as tdata
+
+    rows = tdata.read_trajectory_parquet(path)
+    lengths = tdata.prompt_lengths(rows, tokenizer)
+    over = [i for i, n in enumerate(lengths) if n > limit]
+    report = {
+        "rows": len(rows),
+        "prompt_tokens_max": max(lengths) if lengths else 0,
+        "prompt_tokens_mean": round(sum(lengths) / len(lengths), 1) if lengths else 0,
+        "overlong_rows": len(over),
+        "overlong_examples": [
+            {"row": i, "tokens": lengths[i], **{k: (rows[i].get("extra_info") or {}).get(k)
+                                                for k in ("patient_id", "visit_index")}}
+            for i in over[:5]
+        ],
+    }
+    problems = []
+    if not rows:
+        problems.append(f"{split} parquet {path}: no rows")
+    elif over and len(over) / len(rows) > max_dropped_fraction:
+        problems.append(
+            f"{split} parquet {path}: {len(over)} of {len(rows)} prompts exceed train.max_prompt_length={limit} "
+            f"tokens (longest {max(lengths)}); verl would silently drop them: raise max_prompt_length or "
+            "shorten the prompts"
+        )
+    return report, len(rows) - len(over), problems
+
+
+def _data_checks(cfg: dict, train_parquet, val_parquet, tokenizer_dir, max_dropped_fraction: float):
+    """Prompt lengths of both splits and the steps the usable train rows make: (report, problems)."""
+    from transformers import AutoTokenizer
+
+    from llmrnn.train import config as tcfg
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    limit = cfg["max_prompt_length"]
+    data: dict = {"max_prompt_length": limit, "val": None}
+    data["train"], kept_train, problems = _split_lengths("train", train_parquet, tokenizer, limit,
+                                                         max_dropped_fraction)
+    if val_parquet is not None:
+        data["val"], _, val_problems = _split_lengths("val", val_parquet, tokenizer, limit, max_dropped_fraction)
+        problems += val_problems
+    elif cfg["test_freq"]:
+        problems.append("no val parquet: validation every train.test_freq steps needs one")
+    spe = tcfg.steps_per_epoch(cfg, kept_train)
+    data["steps_per_epoch"] = spe
+    data["planned_steps"] = tcfg.planned_steps(cfg, kept_train)
+    if kept_train and spe == 0:
+        problems.append(
+            f"train parquet: {kept_train} usable rows are fewer than one batch of train.batch.train="
+            f"{cfg['batch']['train']} prompts (the partial batch is dropped): no step would run"
+        )
+    return data, problems
+
+
+LR_CHECK_STEP = 20  # optimizer step at which the LR must have reached LR_MIN_FRACTION of train.lr
+LR_MIN_FRACTION = 0.3
+
+
+def _lr_checks(cfg: dict, planned: int, updates_per_step: int) -> tuple[dict, list[str]]:
+    """The optimizer steps the run makes and the LR it sees at the first/last one."""
+    from llmrnn.train import config as tcfg
+
+    updates = planned * updates_per_step
+    warm = int(cfg["warmup_steps"] or 0)
+    schedule = {
+        "scheduler": cfg["lr_scheduler"],
+        "peak_lr": float(cfg["lr"]),
+        "warmup_steps": warm,
+        "optimizer_steps": updates,
+        "lr_first_step": tcfg.lr_at(cfg, 1, updates) if updates else None,
+        "lr_last_step": tcfg.lr_at(cfg, updates, updates) if updates else None,
+    }
+    problems = []
+    if not float(cfg["lr"]) > 0:
+        problems.append(f"train.lr={cfg['lr']}: must be > 0")
+    if updates and warm >= updates:
+        problems.append(
+            f"train.warmup_steps={warm} >= the run's {updates} optimizer steps: the LR never reaches train.lr"
+        )
+    # the schedule must reach useful values early: a run whose LR is still tiny after LR_CHECK_STEP updates
+    # (a long warmup, a cosine decaying over a short budget) spends its step budget learning nothing
+    check_step = min(LR_CHECK_STEP, updates)
+    if updates:
+        lr_check = tcfg.lr_at(cfg, check_step, updates)
+        schedule.update(check_step=check_step, lr_at_check_step=lr_check, min_fraction=LR_MIN_FRACTION)
+        if float(cfg["lr"]) > 0 and lr_check < LR_MIN_FRACTION * float(cfg["lr"]) and warm < updates:
+            problems.append(
+                f"LR schedule: at optimizer step {check_step} of {updates} the LR is {lr_check:.3g}, below "
+                f"{LR_MIN_FRACTION:.0%} of train.lr={cfg['lr']}: shorten train.warmup_steps or give the run more steps"
+            )
+    if cfg["save_freq"] and planned and cfg["save_freq"] > planned:
+        schedule["note"] = "save_freq > planned steps: only the final checkpoint is written"
+    return schedule, problems
+
+
+def _gpu_checks(cfg: dict, gpus_available: int | None, check_gpus: bool = True) -> tuple[dict, list[str]]:
+    engine = cfg["engine"]
+    need = 0 if engine == "trl" else cfg["n_gpus_per_node"]
+    have = visible_gpus() if gpus_available is None else int(gpus_available)
+    gpus = {"engine": engine, "requested_per_node": need, "nnodes": cfg["nnodes"], "available_here": have}
+    problems = []
+    if not check_gpus:
+        gpus["checked_by"] = "train run (the training job)"
+    elif engine == "verl" and have < need:
+        problems.append(
+            f"train.n_gpus_per_node={need} but {have} GPU(s) are visible here (verl cannot train on CPU; "
+            "use train.engine: trl, or run on a GPU node)"
+        )
+    return gpus, problems
+
+
+def _disk_checks(cfg: dict, target: Path, model_dir, planned: int) -> tuple[dict, list[str]]:
+    """Free disk for checkpoints where they will go (the nearest existing folder of `target`). verl's
+    checkpoints hold the full fp32 actor, so its need is sized from the model x checkpoints kept."""
+    from llmrnn.gpu_stack import checkpoint_disk_gb
+
+    probe = target
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free_gb = shutil.disk_usage(probe).free / 1e9
+    disk = {"path": str(target), "free_gb": round(free_gb, 2)}
+    need_gb, why = float(cfg["min_free_disk_gb"]), f"train.min_free_disk_gb={cfg['min_free_disk_gb']}"
+    if cfg["engine"] == "verl":
+        ckpt_gb, kept = checkpoint_disk_gb(model_dir, cfg["keep_last"], planned, cfg["save_freq"])
+        disk.update(checkpoints_kept=kept, checkpoints_gb=ckpt_gb)
+        if ckpt_gb > need_gb:
+            need_gb, why = ckpt_gb, (f"{kept} checkpoint(s) kept (train.keep_last={cfg['keep_last']}) x "
+                                     f"{ckpt_gb / kept:.1f} GB (fp32 weights of {model_dir})")
+    disk["min_free_gb"] = need_gb
+    problems = []
+    if free_gb < need_gb:
+        problems.append(f"only {free_gb:.1f} GB free at {probe}; {need_gb:.1f} GB needed for {why}: free disk "
+                        "or set train.keep_last")
+    return disk, problems
+
+
+def training_checks(
+    train_cfg: dict,
+    train_parquet: str | os.PathLike,
+    val_parquet: str | os.PathLike | None,
+    tokenizer_dir: str | os.PathLike,
+    *,
+    out_dir: str | os.PathLike | None = None,
+    gpus_available: int | None = None,
+    max_dropped_fraction: float = 0.0,
+    check_gpus: bool = True,
+) -> dict:
+    """Batch geometry, prompt lengths vs max_prompt_length, LR schedule, GPUs, free disk.
+
+    check_gpus=False where the caller holds no GPU by design (the preflight step of the training group):
+    `train run` counts them itself before verl starts.
+
+    Returns {"ok", "problems": [...], "engine", "geometry", "data", "lr_schedule", "gpus", "disk"}."""
+    from llmrnn.train import config as tcfg
+
+    cfg = tcfg.normalize(train_cfg)
+    geo = tcfg.geometry(cfg)
+    data, data_problems = _data_checks(cfg, train_parquet, val_parquet, tokenizer_dir, max_dropped_fraction)
+    schedule, lr_problems = _lr_checks(cfg, data["planned_steps"], geo.updates_per_step)
+    gpus, gpu_problems = _gpu_checks(cfg, gpus_available, check_gpus)
+    disk, disk_problems = _disk_checks(cfg, Path(out_dir) if out_dir else Path(train_parquet).parent,
+                                       tokenizer_dir, data["planned_steps"])
+    problems = [*geo.problems, *data_problems, *lr_problems, *gpu_problems, *disk_problems]
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "engine": cfg["engine"],
+        "geometry": geo.as_dict(),
+        "data": data,
+        "lr_schedule": schedule,
+        "gpus": gpus,
+        "disk": disk,
+    }
 
 
 # ----------------------------------------------------------------------------- command
@@ -244,8 +408,8 @@ def run_preflight(train_parquet: str, endpoint_file: str, out: str, audit_dir: s
     pcfg = PreflightConfig.from_dict(cfg.get("preflight"))
     rcfg = RewardConfig.from_any(cfg.get("reward") or {})
     judge_cfg = cfg.get("judge") or {}
-    if tokenizer_dir and Path(tokenizer_dir).name == ".ready":  # a model's marker stands for its folder
-        tokenizer_dir = str(Path(tokenizer_dir).parent)
+    if tokenizer_dir:
+        tokenizer_dir = str(model_folder(tokenizer_dir))
     rows = load_rows(train_parquet, pcfg.rows, pcfg.seed)
     scorer = Scorer(endpoint_file, judge_cfg.get("rubric") or None, audit_dir, rcfg)
     try:
@@ -254,11 +418,14 @@ def run_preflight(train_parquet: str, endpoint_file: str, out: str, audit_dir: s
         scorer.close()
     log.info("judge preflight: %s", json.dumps({k: judge_report[k] for k in
                                                 ("parse_methods", "fallback_rate", "reward", "latency_s")}))
-    training = training_part({
-        "train_cfg": cfg.get("train"), "train_parquet": train_parquet, "val_parquet": val_parquet,
-        "tokenizer_dir": tokenizer_dir, "out_dir": str(Path(out).parent), "endpoint_file": endpoint_file,
-        "judge_report": judge_report, "check_gpus": False,  # a 0-GPU job step: `train run` counts them
-    })
+    if cfg.get("train") is None or tokenizer_dir is None:
+        missing = "train config" if cfg.get("train") is None else "--tokenizer-dir"
+        training = {"skipped": f"training checks not run: no {missing} (the preflight rule passes both)",
+                    "problems": [], "warnings": [f"training checks skipped (no {missing})"]}
+    else:  # the disk check looks where checkpoints go: the folder of preflight.json (RUN/train)
+        training = training_checks(cfg["train"], train_parquet, val_parquet, tokenizer_dir,
+                                   out_dir=Path(out).parent,
+                                   check_gpus=False)  # a 0-GPU job step: `train run` counts them
     problems, warnings = [], []
     (problems if pcfg.on_problem == "fail" else warnings).extend(judge_problems)
     problems.extend(f"training: {p}" for p in training.get("problems", []))
@@ -271,6 +438,22 @@ def run_preflight(train_parquet: str, endpoint_file: str, out: str, audit_dir: s
     if problems:
         raise CheckFailed("preflight failed: " + " | ".join(problems))
     return report
+
+
+def _cmd_training(args) -> int:
+    from llmrnn.train import config as tcfg
+
+    cfg = args.cfg.get("train", args.cfg)
+    model = Path(args.model)
+    result = training_checks(tcfg.normalize(cfg), args.train, args.val,
+                             model.parent if model.name == ".ready" else model,  # a marker stands for its folder
+                             out_dir=args.out_dir, gpus_available=args.gpus)
+    if args.out:
+        io.write_json(args.out, result)
+    for problem in result["problems"]:
+        log.error("preflight: %s", problem)
+    print(json.dumps(result, indent=2))
+    return 0 if result["ok"] else 3
 
 
 def _cmd_run(args) -> int:
@@ -293,3 +476,14 @@ def register(sub) -> None:
     r.add_argument("--tokenizer-dir", default=None, help="policy base model dir (training checks: prompt lengths)")
     r.add_argument("--cfg", type=json_arg, default={}, help="JSON of sections judge, reward, preflight[, train]")
     r.set_defaults(func=_cmd_run)
+
+    t = psub.add_parser("training", help="training checks only (no judge): batch geometry, prompt lengths, LR, "
+                                         "GPUs, disk")
+    t.add_argument("--cfg", type=json_arg, required=True, help='JSON {"train": {...}} (config subset)')
+    t.add_argument("--train", required=True, help="train parquet")
+    t.add_argument("--val", default=None, help="val parquet")
+    t.add_argument("--model", required=True, help="policy base model dir (its tokenizer measures the prompts)")
+    t.add_argument("--out", default=None, help="write the JSON result here")
+    t.add_argument("--out-dir", default=None, help="where checkpoints will go (free disk check)")
+    t.add_argument("--gpus", type=int, default=None, help="GPUs available (default: detect)")
+    t.set_defaults(func=_cmd_training)

@@ -98,14 +98,7 @@ def metrics_summary(path: str | Path | None) -> dict:
     """Summary of RUN/train/metrics.jsonl (rows: step, kind train|val, engine, reward_mean, ...)."""
     if not path or not Path(path).is_file():
         return {"rows": 0, "note": "no metrics file"}
-    rows = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}: line {n}: not JSON: {exc}") from exc
+    rows = io.read_jsonl(path)
     train = [r for r in rows if r.get("kind", "train") == "train"]
     val = [r for r in rows if r.get("kind") == "val"]
 
@@ -169,7 +162,7 @@ def file_hashes(folder: Path, enabled: bool) -> dict:
 
 # ----------------------------------------------------------------------------- manifest + card
 def build_manifest(*, run_name: str, knobs: dict, rel: dict, merge_check: dict, splits: dict, metrics: dict,
-                   rubric: dict, merged: Path, inputs: dict, eval_metrics: dict | None) -> dict:
+                   rubric: dict, merged: Path, inputs: dict) -> dict:
     checks = merge_check.get("checks", {})
     adapter = checks.get("adapter_config", {})
     return {
@@ -217,7 +210,6 @@ def build_manifest(*, run_name: str, knobs: dict, rel: dict, merge_check: dict, 
             "sha256": io.sha256_file(inputs["merge_check"]),
         },
         "training": metrics,
-        "eval": eval_metrics,
         "packages": package_versions(),
         "packages_note": "versions in the environment that ran `llmrnn release`; training may use its own env",
         "inputs_sha256": {k: io.sha256_file(v) for k, v in inputs.items() if v and Path(v).is_file()},
@@ -290,7 +282,10 @@ def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
     """The model card: one section per helper below, in reading order."""
     synthetic = manifest["knobs"].get("cohort", {}).get("source", "synthetic") == "synthetic"
     parts: list[str] = []
-    _card_intro(parts, rel, repo_id, synthetic)
+    if manifest["knobs"].get("recipe") == "qa":
+        _card_intro_qa(parts, rel, repo_id, manifest["knobs"].get("qa", {}))
+    else:
+        _card_intro(parts, rel, repo_id, synthetic)
     _card_identity(parts, manifest)
     _card_model(parts, manifest)
     _card_grpo_and_reward(parts, manifest)
@@ -316,6 +311,25 @@ def _card_intro(parts: list[str], rel: dict, repo_id: str, synthetic: bool) -> N
             "> **Demo build.** This model was trained on the SYNTHETIC cohort of the embedded llmrnn "
             "config. The run shows that the whole pipeline works end to end; it says nothing about clinical "
             "quality.\n"
+        )
+
+
+def _card_intro_qa(parts: list[str], rel: dict, repo_id: str, qa: dict) -> None:
+    """recipe: qa: a question-answering model (SFT warm start + GRPO on verifiable rewards)."""
+    parts.append(f"---\n{_metadata(rel)}\n---\n")
+    parts.append(f"# {repo_id.split('/')[-1]}\n")
+    sft = "a LoRA SFT warm start, then " if (qa.get("sft") or {}).get("enabled", True) else ""
+    weights = ", ".join(f"{k} {v}" for k, v in ((qa.get("reward") or {}).get("weights") or {}).items() if v)
+    parts.append(
+        "A medical question-answering model trained by the llmrnn `qa` recipe: "
+        f"{sft}GRPO with verifiable rewards (weights: {weights or 'see the manifest'}). It answers as "
+        "`<reasoning>...</reasoning><answer>...</answer>`. The adapters are folded into the weights: load it "
+        "as a plain transformers causal LM.\n"
+    )
+    if qa.get("source", "synthetic") == "synthetic":
+        parts.append(
+            "> **Demo build.** Trained on multiple-choice questions made from the SYNTHETIC cohort of llmrnn; "
+            "it shows that the pipeline works end to end and says nothing about medical quality.\n"
         )
 
 
@@ -420,14 +434,12 @@ def _card_curve_and_eval(parts: list[str], manifest: dict) -> None:
     else:
         parts.append("No training rewards were logged.\n")
 
+    # The release never waits for (or reruns with) the evaluation, so the card only points at it.
     parts.append("## Held-out evaluation\n")
-    if manifest.get("eval"):
-        parts.append(_table(_flatten(manifest["eval"])[:30], ("metric", "value")) + "\n")
-    else:
-        parts.append(
-            "Not part of this release step. The workflow target `eval_heldout` compares this model with the "
-            "base model (and baselines) as the memory model on the test split; see results/<run>/eval/.\n"
-        )
+    parts.append(
+        "Not part of this release step. The workflow target `eval_heldout` compares this model with the "
+        "base model (and baselines) as the memory model on the test split; see results/<run>/eval/.\n"
+    )
 
 
 def _card_usage(parts: list[str], repo_id: str) -> None:
@@ -503,7 +515,7 @@ def stage_bundle(merged: Path, card: str, manifest: dict, parent: Path) -> Path:
 
 
 def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | Path, split_files: list[str],
-                  metrics: str | Path | None, rubric: str | Path | None, eval_metrics: str | Path | None,
+                  metrics: str | Path | None, rubric: str | Path | None,
                   cfg: dict, card_out: str | Path, manifest_out: str | Path, receipt_out: str | Path) -> dict:
     merged = Path(merged)
     secrets = upload.env_problems({"release": cfg.get("release") or {}, "knobs": cfg.get("knobs") or {}})
@@ -523,7 +535,6 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
     manifest = build_manifest(
         run_name=run_name, knobs=knobs, rel=rel, merge_check=check, splits=io.read_json(splits),
         metrics=metrics_summary(metrics), rubric=rubric_info(rubric), merged=merged, inputs=inputs,
-        eval_metrics=io.read_json(eval_metrics) if eval_metrics else None,
     )
     card = render_card(manifest, rel, repo_id)
     release_dir = Path(card_out).parent
@@ -564,7 +575,7 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
 def _cmd_build(args: argparse.Namespace) -> None:
     build_release(
         merged=args.merged, merge_check=args.merge_check, splits=args.splits, split_files=args.split_files,
-        metrics=args.metrics, rubric=args.rubric or None, eval_metrics=args.eval_metrics, cfg=args.cfg,
+        metrics=args.metrics, rubric=args.rubric or None, cfg=args.cfg,
         card_out=args.card, manifest_out=args.manifest, receipt_out=args.receipt,
     )
 
@@ -588,7 +599,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split-files", nargs="+", required=True, help="train/val/test split JSONs (for the PHI guard)")
     p.add_argument("--metrics", help="RUN/train/metrics.jsonl")
     p.add_argument("--rubric", help="the rubric YAML (judge model)")
-    p.add_argument("--eval-metrics", help="RUN/eval/metrics.json (optional; the DAG does not pass it)")
     p.add_argument("--cfg", type=json_arg, required=True, help='JSON: {"run_name", "release", "knobs"}')
     p.add_argument("--card", required=True)
     p.add_argument("--manifest", required=True)

@@ -1,17 +1,20 @@
-"""Stage `report`: plots of the held-out evaluation and of training, for `snakemake --report`.
+"""Stage `report`: every plot of the workflow, for `snakemake --report`.
 
-  acc_bars.png        Acc@1 / Acc@5 per variant with Wilson 95% CIs (from RUN/eval/metrics.json)
+`llmrnn report plots` (rule eval_plots), from RUN/eval/metrics.json + comparison.json:
+  acc_bars.png        Acc@1 / Acc@5 per variant with Wilson 95% CIs
   acc_by_visit.png    accuracy by visit index per variant (does memory help as visits accumulate?)
-  training.png        reward and KL per training step (from RUN/train/metrics.jsonl; keys read defensively)
+  memory_recall.png   memory recall of the next visit's diagnoses per variant and by visit, with the paired
+                      trained-vs-base difference (bootstrap CI, Wilcoxon p) in the title
   summary.tsv         one row per variant: Acc@1/Acc@5 with CIs and, vs base, the difference, CI and McNemar p
+`llmrnn report training` (rule train_plots), from RUN/train/metrics.jsonl (llmrnn.train.metrics rows):
+  reward.png          train reward mean +- within-step std, and the val reward
+  kl.png              KL of the policy to the frozen base
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +23,6 @@ from llmrnn.errors import InputError
 
 log = logging.getLogger(__name__)
 
-# Accepted spellings of each training curve in metrics.jsonl (TRL and verl name them differently).
-TRAIN_KEYS = {
-    "step": ["step", "global_step", "training/global_step"],
-    "reward": ["reward_mean", "reward", "critic/score/mean", "critic/rewards/mean", "rewards/mean"],
-    "kl": ["kl", "actor/kl_loss", "actor/ppo_kl", "objective/kl", "kl_mean"],
-}
 COLORS = {"base": "#7f7f7f", "trained": "#1f77b4", "zero_shot": "#ff7f0e", "full_history": "#2ca02c"}
 
 
@@ -86,50 +83,68 @@ def plot_by_visit(metrics: dict, out: str | Path) -> None:
     plt.close(fig)
 
 
-def _pick(row: dict, names: list[str]) -> float | None:
-    for name in names:
-        value = row.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            return float(value)
-    return None
-
-
-def read_training_curves(path: str | Path | None) -> dict[str, list[tuple[float, float]]]:
-    """{reward: [(step, value)], kl: [...]} from metrics.jsonl; missing file, bad lines or keys are skipped."""
-    curves: dict[str, list[tuple[float, float]]] = {"reward": [], "kl": []}
-    if path is None or not Path(path).is_file():
-        return curves
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(row, dict):
-                continue
-            step = _pick(row, TRAIN_KEYS["step"])
-            step = float(lineno) if step is None else step
-            for name in ("reward", "kl"):
-                value = _pick(row, TRAIN_KEYS[name])
-                if value is not None:
-                    curves[name].append((step, value))
-    return curves
-
-
-def plot_training(metrics_jsonl: str | Path | None, out: str | Path) -> None:
+def plot_memory_recall(metrics: dict, comparison: dict, out: str | Path) -> None:
     plt = _plt()
-    curves = read_training_curves(metrics_jsonl)
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-    for ax, (name, label) in zip(axes, (("reward", "mean reward"), ("kl", "KL to reference"))):
-        points = curves[name]
-        if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 50 else None)
-        else:
-            ax.text(0.5, 0.5, f"no {name} values in\n{metrics_jsonl}", ha="center", va="center",
-                    transform=ax.transAxes, fontsize=8)
-        ax.set_xlabel("training step")
-        ax.set_title(label)
-        ax.grid(alpha=0.3)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    recall = {v: m.get("memory_recall") for v, m in metrics["variants"].items()}
+    shown = [v for v, r in recall.items() if r]
+    axes[0].bar(range(len(shown)), [recall[v]["value"] for v in shown], color=[COLORS.get(v, "#9467bd") for v in shown],
+                edgecolor="black", alpha=0.8)
+    for i, v in enumerate(shown):
+        axes[0].text(i, recall[v]["value"] + 0.02, f"{recall[v]['value']:.2f}", ha="center", fontsize=8)
+    axes[0].set_xticks(range(len(shown)), shown)
+    axes[0].set_ylim(0, 1.05)
+    axes[0].set_ylabel("share of next-visit diagnoses named")
+    for v in shown:
+        pts = sorted((int(t), x) for t, x in recall[v]["by_visit_index"].items())
+        axes[1].plot([t + 1 for t, _ in pts], [x for _, x in pts], marker="o", label=v, color=COLORS.get(v))
+    axes[1].set_xlabel("visit number (memory written before it)")
+    axes[1].set_ylim(-0.05, 1.05)
+    axes[1].grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    c = (comparison.get("comparisons", {}).get("trained") or {}).get("memory_recall")
+    title = "Held-out memory recall"
+    if c:
+        lo, hi = c["ci95"]
+        title += (f": trained - base = {_fmt(c['diff'])} [95% CI {_fmt(lo)}, {_fmt(hi)}], "
+                  f"Wilcoxon p = {_fmt(c['wilcoxon']['p_value'], 4)}, n = {c['n_pairs']}")
+    fig.suptitle(title, fontsize=9)
+    _save(fig, out)
+    plt.close(fig)
+
+
+def plot_reward(rows: list[dict], out: str | Path) -> None:
+    """Train reward mean +- within-step std, and the val reward, per step."""
+    plt = _plt()
+    train = [r for r in rows if r["kind"] == "train" and r.get("reward_mean") is not None]
+    val = [r for r in rows if r["kind"] == "val" and r.get("val_reward_mean") is not None]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if train:
+        xs = [r["step"] for r in train]
+        ys = [r["reward_mean"] for r in train]
+        sd = [r.get("reward_std") or 0.0 for r in train]
+        ax.plot(xs, ys, marker=".", label="train reward (mean)")
+        ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.2,
+                        label="+- std within step")
+    if val:
+        ax.plot([r["step"] for r in val], [r["val_reward_mean"] for r in val], marker="o", label="val reward")
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.set_title("GRPO reward")
+    ax.legend(fontsize=8)
+    _save(fig, out)
+    plt.close(fig)
+
+
+def plot_kl(rows: list[dict], out: str | Path) -> None:
+    plt = _plt()
+    kl = [(r["step"], r["kl"]) for r in rows if r["kind"] == "train" and r.get("kl") is not None]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if kl:
+        ax.plot(*zip(*kl), marker=".", color="tab:red")
+    ax.set_xlabel("step")
+    ax.set_ylabel("KL to reference")
+    ax.set_title("KL (policy vs frozen base)")
     _save(fig, out)
     plt.close(fig)
 
@@ -141,7 +156,8 @@ def _fmt(x: Any, digits: int = 3) -> str:
 def summary_table(metrics: dict, comparison: dict) -> str:
     head = ["variant", "n", "acc@1", "acc@1 95% CI", "acc@5", "acc@5 95% CI",
             "acc@1 diff vs base", "diff 95% CI", "McNemar p (acc@1)",
-            "acc@5 diff vs base", "diff 95% CI", "McNemar p (acc@5)"]
+            "acc@5 diff vs base", "diff 95% CI", "McNemar p (acc@5)",
+            "memory recall", "recall diff vs base", "diff 95% CI", "Wilcoxon p (recall)"]
     lines = ["\t".join(head)]
     for v, m in metrics["variants"].items():
         row = [v, str(m["n_patients"])]
@@ -154,6 +170,10 @@ def summary_table(metrics: dict, comparison: dict) -> str:
                 row += [_fmt(c[metric]["diff"]), f"[{_fmt(lo)}, {_fmt(hi)}]", _fmt(c[metric]["mcnemar"]["p_value"], 4)]
             else:
                 row += ["", "", ""]
+        row.append(_fmt((m.get("memory_recall") or {}).get("value")))
+        mr = (c or {}).get("memory_recall")
+        row += ([_fmt(mr["diff"]), f"[{_fmt(mr['ci95'][0])}, {_fmt(mr['ci95'][1])}]", _fmt(mr["wilcoxon"]["p_value"], 4)]
+                if mr else ["", "", ""])
         lines.append("\t".join(row))
     return "\n".join(lines) + "\n"
 
@@ -164,21 +184,35 @@ def _cmd_plots(args: argparse.Namespace) -> None:
             raise InputError(f"{path}: not found (run the evaluation first: snakemake eval_heldout)")
     metrics = io.read_json(args.metrics)
     comparison = io.read_json(args.comparison)
-    out = Path(args.outdir)
-    out.mkdir(parents=True, exist_ok=True)
-    plot_accuracy(metrics, out / "acc_bars.png")
-    plot_by_visit(metrics, out / "acc_by_visit.png")
-    plot_training(args.train_metrics, out / "training.png")
-    io.write_text(out / "summary.tsv", summary_table(metrics, comparison))
-    log.info("wrote plots and summary to %s", out)
+    plot_accuracy(metrics, args.bars)
+    plot_by_visit(metrics, args.by_visit)
+    plot_memory_recall(metrics, comparison, args.memory_recall)
+    io.write_text(args.summary, summary_table(metrics, comparison))
+    log.info("wrote %s, %s, %s, %s", args.bars, args.by_visit, args.memory_recall, args.summary)
+
+
+def _cmd_training(args: argparse.Namespace) -> None:
+    if not Path(args.metrics).is_file():
+        raise InputError(f"{args.metrics}: not found (run the training first: snakemake train_grpo)")
+    rows = io.read_jsonl(args.metrics)
+    plot_reward(rows, args.reward)
+    plot_kl(rows, args.kl)
+    log.info("wrote %s, %s", args.reward, args.kl)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     rep = sub.add_parser("report", help="plots and tables for the Snakemake report")
     rsub = rep.add_subparsers(dest="report_command", required=True)
-    p = rsub.add_parser("plots", help="accuracy bars, accuracy by visit, training curves, summary table")
+    p = rsub.add_parser("plots", help="held-out evaluation: accuracy bars, accuracy by visit, summary table")
     p.add_argument("--metrics", required=True, help="RUN/eval/metrics.json")
     p.add_argument("--comparison", required=True, help="RUN/eval/comparison.json")
-    p.add_argument("--train-metrics", default=None, help="RUN/train/metrics.jsonl (optional)")
-    p.add_argument("--outdir", required=True, help="writes acc_bars.png, acc_by_visit.png, training.png, summary.tsv")
+    p.add_argument("--bars", required=True, help="output: accuracy bars (png)")
+    p.add_argument("--by-visit", required=True, help="output: accuracy by visit (png)")
+    p.add_argument("--memory-recall", required=True, help="output: memory recall per variant and by visit (png)")
+    p.add_argument("--summary", required=True, help="output: summary table (tsv)")
     p.set_defaults(func=_cmd_plots)
+    t = rsub.add_parser("training", help="training curves: reward and KL per step")
+    t.add_argument("--metrics", required=True, help="RUN/train/metrics.jsonl")
+    t.add_argument("--reward", required=True, help="output: reward curve (png)")
+    t.add_argument("--kl", required=True, help="output: KL curve (png)")
+    t.set_defaults(func=_cmd_training)

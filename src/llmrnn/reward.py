@@ -1,6 +1,7 @@
 """The GRPO reward: a rubric judge over HTTP, the reference's edge table, pairwise mode, outcome term.
 
-Entry points (DESIGN §4 / FINDINGS §5):
+Entry points (verl calls compute_score(data_source=, solution_str=, ground_truth=, extra_info=,
+**reward_kwargs) and accepts a float or a dict with "score"; TRL passes dataset columns as keywords):
 - `compute_score(data_source, solution_str, ground_truth, extra_info, **kw)`: verl's per-sample
   signature; returns a dict with "score" and diagnostics (parse_method, judge_latency_s, retries, ...).
 - `compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos, **kw)`: verl's batch
@@ -9,11 +10,12 @@ Entry points (DESIGN §4 / FINDINGS §5):
 
 Where the judge is: kwargs `endpoint_file=`, `rubric_file=`, `audit_dir=`, `reward_cfg=` (dict or JSON
 of config section `reward`), else env LLMRNN_JUDGE_ENDPOINT / LLMRNN_RUBRIC / LLMRNN_AUDIT_DIR /
-LLMRNN_REWARD_CFG. The rubric defaults to the one the endpoint file names; the audit dir defaults to
-RUN/train/audit beside RUN/judge/endpoint.json.
+LLMRNN_REWARD_CFG. The rubric defaults to the one the endpoint file names; the audit dir has no default
+(the caller names it: RUN/train/audit for training, RUN/train/preflight_audit for preflight).
 
 Scores:
-- policy output that is not a JSON object {"evolving_summary": "<text>"} -> 0.05, no judge call;
+- policy output that is not exactly a JSON object {"evolving_summary": "<text>"} (optionally in one
+  ```json fence; `jsonparse.parse_memory(strict=True)`) -> 0.05, no judge call;
 - scalar mode: judge answer -> rubric.parse_scalar (edge table: expected digit | Score: N | short
   digit | 0.5 fallback), scaled to (0, 1];
 - pairwise mode: candidate vs an opponent in both orders (A/B then B/A, cancelling position bias);
@@ -21,14 +23,21 @@ Scores:
   Per sample (verl) the opponent is the trajectory's reference memory h_ref; in batch functions with
   `pairwise_opponent: group` every valid candidate meets every other of its prompt group;
 - plus `outcome_epsilon` x the share of the next visit's ground-truth diagnoses that the CANDIDATE
-  memory mentions (normalised text match), so the term differs within a group (epsilon 0 reproduces
-  the reference).
+  memory mentions (`matching.anticipated_share`: the held-out matcher's normalisation), so the term
+  differs within a group (epsilon 0 reproduces the reference);
+- outcome mode (for a judge too weak to rank memories, e.g. the CPU demo's): no judge call; the score
+  is that share alone, for the memory the forward pass would keep (jsonparse's lenient parser, so the
+  reward and the eval's memory recall read the same h_t); output with no memory JSON scores 0.
 
-Transport failures are retried with backoff and then raise (JudgeUnavailable): a dead judge stops
-training instead of becoming a constant reward. Identical judge requests (duplicate candidates are
-common in a group) are sent once: an LRU of in-flight/finished calls, counted as `cache_hit`. Every
-scored sample is appended to RUN/train/audit/calls_<pid>.jsonl (mode 0600): rollout text, judge
-prompts, judge answers, reward, timings.
+Transport failures (refused, timeout, 5xx, and 200 answers with no choices, empty content or
+malformed logprobs: rubric.response_problem) are retried with backoff and then raise
+(JudgeUnavailable): a dead judge stops training instead of becoming a constant reward. During training
+(LLMRNN_FALLBACK_GUARD set by `llmrnn train run`) a FallbackGuard raises JudgeDegraded when more than
+preflight.max_fallback_rate of the last preflight.fallback_window judged samples fell back to 0.5; the
+reason is also left in the audit dir (stop_reason.txt) for the train command to report. Identical
+judge requests (duplicate candidates are common in a group) are sent once: an LRU of in-flight/finished
+calls, counted as `cache_hit`. Every scored sample is appended to RUN/train/audit/calls_<pid>.jsonl
+(mode 0600): rollout text, judge prompts, judge answers, reward, timings.
 """
 
 from __future__ import annotations
@@ -36,17 +45,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from llmrnn.errors import InputError
-from llmrnn.judge import Endpoint, JudgeClient, wait_for_endpoint
+from llmrnn import jsonparse
+from llmrnn.errors import InputError, LlmrnnError
+from llmrnn.judge.client import Endpoint, JudgeClient, JudgeUnavailable, wait_for_endpoint
+from llmrnn.matching import anticipated_share
 from llmrnn.rubric import (
     FALLBACK_SCORE,
     JudgeRequest,
@@ -56,18 +67,21 @@ from llmrnn.rubric import (
     pairwise_request,
     parse_scalar,
     parse_verdict,
+    response_problem,
     response_text,
     scalar_request,
 )
+from llmrnn.trajectories import DATA_SOURCE
 
 log = logging.getLogger(__name__)
 
-DATA_SOURCE = "llm_as_rnn_memory_update"
 ENV_ENDPOINT = "LLMRNN_JUDGE_ENDPOINT"
 ENV_RUBRIC = "LLMRNN_RUBRIC"
 ENV_AUDIT = "LLMRNN_AUDIT_DIR"
 ENV_CFG = "LLMRNN_REWARD_CFG"
-MODES = ("scalar", "pairwise")
+ENV_GUARD = "LLMRNN_FALLBACK_GUARD"  # JSON {"max_fallback_rate", "window"}: set for training only
+STOP_REASON_FILE = "stop_reason.txt"  # in the audit dir: why the reward stopped training (read by train)
+MODES = ("scalar", "pairwise", "outcome")
 OPPONENTS = ("group", "reference")
 
 
@@ -114,46 +128,8 @@ class RewardConfig:
 
 
 # ----------------------------------------------------------------------------- policy output + outcome
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL | re.IGNORECASE)
-
-
-def parse_memory(solution_str: str) -> str | None:
-    """The evolving summary if the policy output is a JSON object {"evolving_summary": str}, else None.
-
-    The whole output (optionally inside one ```json fence) must be that object: prose around it is
-    invalid, as in the reference ("policy output is not valid JSON -> 0.05")."""
-    if not isinstance(solution_str, str):
-        return None
-    text = solution_str.strip()
-    fenced = _FENCE.match(text)
-    if fenced:
-        text = fenced.group(1)
-    try:
-        obj = json.loads(text)
-    except (json.JSONDecodeError, ValueError):
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("evolving_summary"), str):
-        return None
-    return obj["evolving_summary"]
-
-
-def normalise(text: str) -> str:
-    return " ".join(re.sub(r"[^a-z0-9]+", " ", str(text).lower()).split())
-
-
-OUTCOME_STOPWORDS = frozenset(["a", "an", "and", "of", "on", "the", "to", "in", "with", "for", "due", "from", "at", "by", "or"])
-
-
-def outcome_share(memory: str, diagnoses: list[str] | None) -> float:
-    """How much of the next visit's ground-truth diagnoses the memory anticipates: per diagnosis, the share
-    of its words the memory mentions (normalised, whole words, stop words ignored), averaged. Partial
-    credit keeps the signal graded, so candidates of one group rarely tie (GRPO needs differences)."""
-    words_of = [[w for w in normalise(d).split() if w not in OUTCOME_STOPWORDS] for d in diagnoses or []]
-    words_of = [w for w in words_of if w]
-    if not words_of:
-        return 0.0
-    present = set(normalise(memory).split())
-    return sum(sum(w in present for w in words) / len(words) for words in words_of) / len(words_of)
+# The next visit's diagnoses the candidate memory anticipates, matched as the held-out judge matches.
+outcome_share = anticipated_share
 
 
 def _step(ground_truth: Any) -> dict:
@@ -195,6 +171,71 @@ class AuditLog:
             self._fh.flush()
 
 
+# ----------------------------------------------------------------------------- fallback guard
+class JudgeDegraded(LlmrnnError):
+    """Too many judge answers had no parseable score during training: the reward became a constant."""
+
+    exit_code = 4
+
+
+def fallback_rate(results: list[dict]) -> float | None:
+    """Share of judged samples (valid policy JSON, so the judge was asked) whose answer fell back to 0.5;
+    None when no sample was judged. Accepts the scorer's results or their numeric_only form."""
+    judged = [r for r in results if r.get("valid_json")]
+    if not judged:
+        return None
+    return sum(r.get("parse_method") == "fallback" or bool(r.get("parse_fallback")) for r in judged) / len(judged)
+
+
+class FallbackGuard:
+    """Stops training when, over the last `window` judged samples, more than `max_rate` fell back to 0.5.
+
+    Preflight checks the same rate once before training; a judge can degrade later (overloaded, a policy
+    that drifts into answers the rubric cannot score), and a constant 0.5 trains nothing while looking
+    like a healthy run. Once tripped, every later call raises too."""
+
+    def __init__(self, max_rate: float, window: int = 64):
+        if window < 1:
+            raise InputError(f"preflight.fallback_window: must be >= 1, got {window}")
+        self.max_rate = float(max_rate)
+        self.window = int(window)
+        self.recent: deque[bool] = deque(maxlen=self.window)
+        self.tripped: str | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_env(cls) -> FallbackGuard | None:
+        raw = os.environ.get(ENV_GUARD)
+        if not raw:
+            return None
+        try:
+            spec = json.loads(raw)
+            return cls(float(spec["max_fallback_rate"]), int(spec.get("window", 64)))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"{ENV_GUARD}: expected JSON {{\"max_fallback_rate\": x, \"window\": n}}: {exc}") from exc
+
+    def record(self, results: list[dict]) -> None:
+        with self._lock:
+            if self.tripped is None:
+                for r in results:
+                    if r.get("valid_json"):
+                        self.recent.append(r.get("parse_method") == "fallback")
+                n, bad = len(self.recent), sum(self.recent)
+                if n == self.window and bad / n > self.max_rate:
+                    self.tripped = (
+                        f"judge degraded during training: {bad} of the last {n} judged samples ({bad / n:.0%}) "
+                        f"had no parseable score and fell back to 0.5 (preflight.max_fallback_rate "
+                        f"{self.max_rate:.0%}); training stopped instead of learning from a constant reward"
+                    )
+            if self.tripped is not None:
+                raise JudgeDegraded(self.tripped)
+
+
+def guard_env(max_fallback_rate: float, window: int) -> dict[str, str]:
+    """The environment that turns the fallback guard on in every process that scores (train only)."""
+    return {ENV_GUARD: json.dumps({"max_fallback_rate": float(max_fallback_rate), "window": int(window)})}
+
+
 # ----------------------------------------------------------------------------- scorer
 @dataclass
 class JudgeCall:
@@ -209,14 +250,12 @@ class JudgeCall:
 class Scorer:
     """Judge endpoint + rubric + thread pool + request cache + audit, shared by all entry points."""
 
-    def __init__(self, endpoint_file: str | Path, rubric_file: str | Path | None = None,
-                 audit_dir: str | Path | None = None, cfg: RewardConfig | None = None):
+    def __init__(self, endpoint_file: str | Path, rubric_file: str | Path | None,
+                 audit_dir: str | Path, cfg: RewardConfig | None = None):
         self.cfg = cfg or RewardConfig()
         self.endpoint_file = Path(endpoint_file)
         self.endpoint: Endpoint = wait_for_endpoint(self.endpoint_file, self.cfg.health_timeout_s)
         self.rubric: Rubric = load_rubric(rubric_file or self.endpoint.rubric)
-        if audit_dir is None:
-            audit_dir = self.endpoint_file.resolve().parent.parent / "train" / "audit"
         self.audit = AuditLog(audit_dir)
         self.client = JudgeClient(
             self.endpoint, timeout_s=self.cfg.timeout_s, retries=self.cfg.retries,
@@ -227,6 +266,7 @@ class Scorer:
         self._cache: OrderedDict[str, Future] = OrderedDict()
         self._lock = threading.Lock()
         self.counts = {"judge_requests": 0, "http_calls": 0, "cache_hits": 0}
+        self.guard = FallbackGuard.from_env()
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -251,7 +291,8 @@ class Scorer:
                 self.counts["cache_hits"] += 1
         if owner:
             try:
-                payload, latency, retries = self.client.post(req.path, req.body)
+                check = partial(response_problem, logprobs=req.wants_logprobs)
+                payload, latency, retries = self.client.post(req.path, req.body, check=check)
                 text = response_text(payload)
             except BaseException as exc:
                 with self._lock:
@@ -295,24 +336,44 @@ class Scorer:
         prepared = []
         for s in samples:
             step = _step(s["ground_truth"])
-            memory = parse_memory(s["solution_str"])
+            # strict, as in the reference: prose around the JSON is invalid policy output (0.05)
+            text = s["solution_str"] if isinstance(s["solution_str"], str) else None
+            memory = jsonparse.parse_memory(text, strict=True)[0]
             prepared.append({"step": step, "memory": memory, "sample": s})
         plan: list[tuple[int, JudgeRequest, bool]] = []  # (sample index, request, candidate is A)
-        if self.cfg.mode == "scalar":
+        if self.cfg.mode == "outcome":
+            pass  # outcome-only: no judge call (the memory's recall of the next visit's diagnoses is the score)
+        elif self.cfg.mode == "scalar":
             for i, p in enumerate(prepared):
                 if p["memory"] is not None:
                     plan.append((i, scalar_request(self.rubric, p["step"], p["memory"]), True))
         else:
             plan = self._pairwise_plan(prepared, opponent)
-        calls = self.judge_many([req for _, req, _ in plan])
+        try:
+            calls = self.judge_many([req for _, req, _ in plan])
+        except JudgeUnavailable as exc:
+            self.stop_reason(str(exc))
+            raise
         per_sample: dict[int, list[tuple[JudgeCall, bool]]] = {}
         for (i, _, cand_a), call in zip(plan, calls):
             per_sample.setdefault(i, []).append((call, cand_a))
         elapsed = time.perf_counter() - t0
-        results = []
-        for i, p in enumerate(prepared):
-            results.append(self._finish(p, per_sample.get(i, []), elapsed))
+        results = [self._finish(p, per_sample.get(i, []), elapsed) for i, p in enumerate(prepared)]
+        if self.guard is not None:
+            try:
+                self.guard.record(results)
+            except JudgeDegraded as exc:
+                self.stop_reason(str(exc))
+                raise
         return results
+
+    def stop_reason(self, message: str) -> None:
+        """Leave the reason beside the audit: verl's reward workers die inside Ray, and the train
+        command reads this file to say why (the file holds no clinical text)."""
+        from llmrnn import io
+
+        self.audit.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        io.write_text(self.audit.directory / STOP_REASON_FILE, message + "\n")
 
     def _pairwise_plan(self, prepared: list[dict], opponent: str) -> list[tuple[int, JudgeRequest, bool]]:
         plan = []
@@ -351,7 +412,16 @@ class Scorer:
             "judge_latency_s": sum(c.latency_s for c, _ in calls), "retries": sum(c.retries for c, _ in calls),
             "judge_calls": len(calls), "cache_hits": sum(c.cache_hit for c, _ in calls),
         }
-        if memory is not None:
+        if self.cfg.mode == "outcome":
+            # Outcome-only (for a judge too weak to rank memories): score = the share of the next visit's
+            # diagnoses named by the memory the forward pass would carry (its lenient parser: the eval's
+            # memory recall reads the same h_t); output with no memory JSON scores 0, below any memory.
+            memory, _ = jsonparse.parse_memory(s["solution_str"])
+            result["valid_json"] = memory is not None
+            result["outcome"] = outcome_share(memory, step.get("next_ground_truth_diagnoses")) if memory else 0.0
+            result["score"] = result["outcome"]
+            result["parse_method"] = "outcome" if memory is not None else "invalid_json"
+        elif memory is not None:
             if self.cfg.mode == "scalar":
                 result.update(self._scalar_result(calls[0][0]))
                 unscored = [calls[0][0]] if result["parse_method"] == "fallback" else []
@@ -414,7 +484,9 @@ def get_scorer(endpoint_file: str | None = None, rubric_file: str | None = None,
     if not endpoint_file:
         raise InputError(f"reward: no judge endpoint: pass endpoint_file= or set {ENV_ENDPOINT}")
     rubric_file = rubric_file or os.environ.get(ENV_RUBRIC) or None
-    audit_dir = audit_dir or os.environ.get(ENV_AUDIT) or None
+    audit_dir = audit_dir or os.environ.get(ENV_AUDIT)
+    if not audit_dir:  # every judge call is audited: the caller says where (train: RUN/train/audit)
+        raise InputError(f"reward: no audit directory: pass audit_dir= or set {ENV_AUDIT}")
     cfg = RewardConfig.from_any(reward_cfg if reward_cfg is not None else os.environ.get(ENV_CFG))
     key = (str(endpoint_file), str(rubric_file), str(audit_dir), json.dumps(asdict(cfg), sort_keys=True), os.getpid())
     with _SCORERS_LOCK:
@@ -425,10 +497,13 @@ def get_scorer(endpoint_file: str | None = None, rubric_file: str | None = None,
     return scorer
 
 
-def reward_env(endpoint_file: str, audit_dir: str, reward_cfg: dict | None = None,
+def reward_env(endpoint_file: str | os.PathLike | None, audit_dir: str | os.PathLike, reward_cfg: dict | None = None,
                rubric_file: str | None = None) -> dict[str, str]:
-    """Environment variables that point compute_score / trl_reward_func at the judge (for train)."""
-    env = {ENV_ENDPOINT: str(endpoint_file), ENV_AUDIT: str(audit_dir)}
+    """Environment variables that point compute_score / trl_reward_func at the judge (for train; verl's
+    reward workers inherit them). Only what is given is set."""
+    env = {ENV_AUDIT: str(audit_dir)}
+    if endpoint_file:
+        env[ENV_ENDPOINT] = str(endpoint_file)
     if reward_cfg is not None:
         env[ENV_CFG] = json.dumps(reward_cfg, sort_keys=True)
     if rubric_file:
@@ -448,7 +523,7 @@ def _public(result: dict, numeric_only: bool) -> dict:
     if numeric_only:  # some trainers average every extra key: keep numbers, encode the method as flags
         method = out.pop("parse_method")
         out.pop("raw_score", None)
-        for m in ("expected", "score_line", "short_digit", "fallback", "invalid_json", "pairwise"):
+        for m in ("expected", "score_line", "short_digit", "fallback", "invalid_json", "pairwise", "outcome"):
             out[f"parse_{m}"] = float(method == m)
         out["valid_json"] = float(out["valid_json"])
     return out
@@ -497,7 +572,8 @@ def _completion_text(completion: Any) -> str:
 
 def trl_reward_func(prompts: list, completions: list, **columns) -> list[float]:
     """TRL GRPOTrainer reward function: dataset columns (reward_model, extra_info, data_source) arrive
-    as keyword lists; groups are the rows' generations (pairwise_opponent: group compares within them)."""
+    as keyword lists; groups are the rows' generations (pairwise_opponent: group compares within them).
+    The batch's judge fallback rate goes to TRL's `log_metric` (metrics.jsonl `judge_fallback_rate`)."""
     n = len(completions)
     reward_model = columns.get("reward_model") or [None] * n
     ground_truths = [rm.get("ground_truth") if isinstance(rm, dict) else rm for rm in reward_model]
@@ -507,4 +583,7 @@ def trl_reward_func(prompts: list, completions: list, **columns) -> list[float]:
     sources = columns.get("data_source") or [DATA_SOURCE] * n
     kw = {k: columns[k] for k in ("endpoint_file", "rubric_file", "audit_dir", "reward_cfg") if k in columns}
     results = compute_score_batch(sources, [_completion_text(c) for c in completions], ground_truths, extra, **kw)
+    rate = fallback_rate(results)
+    if rate is not None and callable(columns.get("log_metric")):  # TRL >= 1.x hands reward functions a logger
+        columns["log_metric"]("judge_fallback_rate", rate)
     return [float(r["score"]) for r in results]

@@ -1,4 +1,4 @@
-"""The LLM-as-RNN forward pass, batched across patients (DESIGN.md §4).
+"""The LLM-as-RNN forward pass, batched across patients.
 
 For patient p at visit t:
     prediction model  (h_{t-1}, x_t)              -> y_t = {top_5_diagnoses, primary_diagnosis}
@@ -9,7 +9,7 @@ in ONE batched call per role (at most 3 backend calls per step, whatever the num
 
 Small models often write unparsable JSON; the pass never stops for it, it records and counts it:
   prediction unparsable -> an empty prediction is shown to the evaluation model (prediction_ok False);
-  evaluation unparsable -> a rule-based evaluation (normalised text match against the ground truth) is
+  evaluation unparsable -> a rule-based evaluation (llmrnn.matching against the ground truth) is
                            used downstream (evaluation_ok False, evaluation_source "fallback_match");
   memory unparsable     -> h_t = h_{t-1} (memory_ok False, memory_fallback "kept_h_prev").
 Memory modes: "rnn" (the memory model writes h_t), "none" (h stays the initial memory; no memory
@@ -31,6 +31,7 @@ from typing import Any
 
 from llmrnn import jsonparse
 from llmrnn.errors import InputError
+from llmrnn.matching import Matcher
 from llmrnn.prompts import PromptSet, show_json
 
 log = logging.getLogger(__name__)
@@ -81,27 +82,14 @@ def parse_diagnoses(text: str | None) -> list[str]:
     return names
 
 
-def _norm(text: str) -> str:
-    return " ".join(re.sub(r"[^a-z0-9]+", " ", str(text).lower()).split())
-
-
-def _same(a: str, b: str) -> bool:
-    a, b = _norm(a), _norm(b)
-    return bool(a and b) and (a == b or (len(a) > 3 and a in b) or (len(b) > 3 and b in a))
-
-
 def fallback_evaluation(prediction: dict | None, truth: Sequence[str]) -> dict:
-    """A rule-based e_t (normalised text match) used when the evaluation model's output is unparsable."""
-    pred = prediction or EMPTY_PREDICTION
-    top5 = list(pred.get("top_5_diagnoses") or [])
-    primary = pred.get("primary_diagnosis") or ""
-    primary_ok = bool(truth) and _same(primary, truth[0])
-    hits = [t for t in truth if any(_same(p, t) for p in [*top5, primary])]
-    missed = [t for t in truth if t not in hits]
+    """A rule-based e_t used when the evaluation model's output is unparsable: the held-out matcher's
+    verdict (llmrnn.matching), so the forward pass and the final judge call the same prediction correct."""
+    matcher = Matcher()
+    grade = matcher.grade(prediction or EMPTY_PREDICTION, list(truth))
     return {
-        "primary_correct": primary_ok,
-        "any_top5_correct": primary_ok or bool(hits),
-        "missed_diagnoses": missed,
+        **grade,
+        "missed_diagnoses": matcher.missed(prediction, list(truth)),
         "why_missed": "",
         "improvement_suggestions": "",
     }
@@ -341,6 +329,8 @@ class _ForwardRun:
                 "visit": r["_visit_text"],
                 "prediction": show_json(r["prediction"] or EMPTY_PREDICTION),
                 "evaluation": show_json(r["evaluation"]),
+                # the evaluation's missed diagnoses as plain names (short prompts for small models)
+                "missed_diagnoses": "; ".join(map(str, r["evaluation"].get("missed_diagnoses") or [])) or "none",
                 "visit_number": t + 1,
             })
             r["update_prompt"] = fold_messages(msgs)

@@ -6,7 +6,7 @@ max_model_len, gpu_memory_utilization, dtype). The judge server rule and the rew
 so they cannot drift apart (the reference kept rubric + model + serving in one YAML for that reason).
 
 This module loads and validates a rubric (omegaconf; an unknown key is an error), renders judge
-requests from a TrajectoryStep, and parses judge answers by the reference's edge table (DESIGN §4):
+requests from a TrajectoryStep, and parses judge answers by the reference's edge table:
 
 | condition                                         | score                    | parse_method   |
 |---------------------------------------------------|--------------------------|----------------|
@@ -30,7 +30,7 @@ from typing import Any
 
 from llmrnn.errors import InputError
 
-ENGINES = ("llmrnn", "vllm", "transformers")
+ENGINES = ("llmrnn", "vllm")
 APIS = ("chat", "completions")
 SCORE_METHODS = ("text", "expected")
 SHORT_ANSWER_CHARS = 20
@@ -168,10 +168,10 @@ def load_rubric(path: str | Path) -> Rubric:
         raise InputError(f"{p}: request.api: {request.api!r} is not one of {', '.join(APIS)}")
     if request.score_method not in SCORE_METHODS:
         raise InputError(f"{p}: request.score_method: {request.score_method!r} is not one of text, expected")
-    if request.score_method == "expected" and serving.engine == "transformers":
+    if request.api == "completions" and serving.engine == "llmrnn":
         raise InputError(
-            f"{p}: request.score_method: expected needs logprobs, which `transformers serve` ignores "
-            "(FINDINGS §6); use serving.engine: llmrnn or vllm"
+            f"{p}: request.api: completions (a raw prompt) needs serving.engine vllm; the llmrnn engine "
+            "serves /v1/chat/completions"
         )
     if request.temperature != 0:
         raise InputError(f"{p}: request.temperature: the judge samples greedily (0), got {request.temperature}")
@@ -294,6 +294,10 @@ class JudgeRequest:
     prompt: str
     prefix: str
 
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.body.get("logprobs") not in (None, False)
+
     def key(self) -> str:
         import hashlib
 
@@ -327,15 +331,74 @@ def pairwise_request(rubric: Rubric, step: dict, memory_a: str, memory_b: str) -
 
 
 # ----------------------------------------------------------------------------- parsing
+def _lp_entry_problem(entry: Any) -> str | None:
+    if not isinstance(entry, dict) or not isinstance(entry.get("token"), str):
+        return "a logprobs entry has no token"
+    if not _finite(entry.get("logprob")):
+        return "a logprobs entry has no numeric logprob"
+    tops = entry.get("top_logprobs") or []
+    if not isinstance(tops, list) or any(
+            not isinstance(t, dict) or not isinstance(t.get("token"), str) or not _finite(t.get("logprob"))
+            for t in tops):
+        return "top_logprobs is not a list of {token, logprob}"
+    return None
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _logprobs_problem(lp: Any, chat: bool) -> str | None:
+    if not isinstance(lp, dict):
+        return "logprobs were asked for but the answer has none"
+    if chat:
+        content = lp.get("content")
+        if not isinstance(content, list) or not content:
+            return "logprobs.content is missing or empty"
+        return next((p for p in map(_lp_entry_problem, content) if p), None)
+    tokens, values, tops = lp.get("tokens"), lp.get("token_logprobs"), lp.get("top_logprobs")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        return "logprobs.tokens is missing or empty"
+    if not isinstance(values, list) or len(values) != len(tokens):
+        return "logprobs.token_logprobs does not match logprobs.tokens"
+    if not isinstance(tops, list) or any(t is not None and (not isinstance(t, dict) or not all(
+            isinstance(k, str) and _finite(v) for k, v in t.items())) for t in tops):
+        return "logprobs.top_logprobs is not a list of {token: logprob}"
+    return None
+
+
+def response_problem(payload: Any, logprobs: bool = False) -> str | None:
+    """Why a judge's HTTP 200 payload is no answer at all (None when it is one): no choices, a choice
+    without text, empty content, or missing/malformed logprobs when they were asked for. Such payloads
+    are transport-level failures (the client retries, then raises JudgeUnavailable), never a parsed
+    score: a server that answers nothing must not turn into the 0.5 fallback."""
+    if not isinstance(payload, dict):
+        return "the answer is not a JSON object"
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return "the answer has no choices"
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        return "choices[0] is not an object"
+    chat = "message" in choice
+    if chat and not isinstance(choice["message"], dict):
+        return "choices[0].message is not an object"
+    text = choice["message"].get("content") if chat else choice.get("text")
+    if not isinstance(text, str):
+        return "choices[0] has no text content"
+    if not text.strip():
+        return "the answer's content is empty"
+    if logprobs:
+        return _logprobs_problem(choice.get("logprobs"), chat)
+    return None
+
+
 def response_text(payload: dict) -> str:
-    """The first choice's text from an OpenAI chat or completions response."""
-    try:
-        choice = payload["choices"][0]
-    except (KeyError, IndexError, TypeError) as exc:
-        raise ValueError(f"judge response has no choices: {str(payload)[:200]}") from exc
+    """The first choice's text from an OpenAI chat or completions response that passed response_problem."""
+    choice = payload["choices"][0]
     if "message" in choice:
-        return (choice["message"] or {}).get("content") or ""
-    return choice.get("text") or ""
+        return choice["message"]["content"]
+    return choice["text"]
 
 
 def _position_alternatives(payload: dict) -> list[tuple[str, dict[str, float]]]:

@@ -12,7 +12,7 @@ visit_index), numbers them (extra_info.index) and writes {split}.parquet + {spli
 (rows, patients, unparsable outputs per role, prompt token lengths p50/p95/max). An empty split is an
 error, so a val parquet with rows always exists when the DAG succeeds.
 
-Row format (verl RLHFDataset, DESIGN.md §4): see PARQUET_COLUMNS / parquet_schema().
+Row format (verl RLHFDataset): see PARQUET_COLUMNS / parquet_schema().
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Any
 
 from llmrnn import io
 from llmrnn.errors import InputError
+from llmrnn.stats import percentile
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,13 @@ def assign_shards(patients: list[dict], shards: int) -> list[list[dict]]:
         parts[k].append(p)
         load[k] += len(p["visits"])
     return [sorted(part, key=lambda p: patient_key(p["subject_id"])) for part in parts]
+
+
+def shard_of(patients: list[dict], shard: int, shards: int) -> list[dict]:
+    """Shard `shard` of `shards` (the one sharding policy of the forward pass: trajectories and eval)."""
+    if not 0 <= shard < shards:
+        raise InputError(f"shard {shard} out of range for {shards} shards")
+    return assign_shards(patients, shards)[shard]
 
 
 # ----------------------------------------------------------------------------- rows
@@ -174,15 +181,13 @@ def run_shard(split: str, split_file: str | Path, shard: int, cfg: dict, prompts
     tcfg = cfg["trajectories"]
     prompts = load_prompts(prompts_file)
     patients, skipped = eligible_patients(load_cohort(split_file), tcfg.get("max_visits"))
-    parts = assign_shards(patients, int(tcfg["shards"]))
-    if not 0 <= shard < len(parts):
-        raise InputError(f"--shard {shard}: out of range for {len(parts)} shards")
-    mine = parts[shard]
+    shards = int(tcfg["shards"])
+    mine = shard_of(patients, shard, shards)
     stats: dict = {}
     t0 = time.time()
     if mine:
         roles = roles or make_roles(cfg["roles"])
-        log.info("%s shard %d/%d: %d patients, %d visits", split, shard + 1, len(parts), len(mine),
+        log.info("%s shard %d/%d: %d patients, %d visits", split, shard + 1, shards, len(mine),
                  sum(len(p["visits"]) for p in mine))
         results = run_forward(
             mine, roles, prompts, memory="rnn", seed=int(tcfg.get("seed", 0)),
@@ -190,10 +195,10 @@ def run_shard(split: str, split_file: str | Path, shard: int, cfg: dict, prompts
         )
         rows = trajectory_rows(split, mine, results)
     else:
-        log.info("%s shard %d/%d: no patients", split, shard + 1, len(parts))
+        log.info("%s shard %d/%d: no patients", split, shard + 1, shards)
         rows = []
     stats.update(
-        split=split, shard=shard, shards=len(parts), patients=len(mine), rows=len(rows),
+        split=split, shard=shard, shards=shards, patients=len(mine), rows=len(rows),
         patients_skipped_short=skipped if shard == 0 else 0, seconds=round(time.time() - t0, 2),
     )
     return rows, stats
@@ -212,20 +217,15 @@ def _cmd_shard(args: argparse.Namespace) -> None:
 
 
 # ----------------------------------------------------------------------------- gather
-def _percentile(values: list[int], q: float) -> int | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
-    return ordered[k]
-
-
 def prompt_token_lengths(rows: list[dict], tokenizer_dir: str | Path | None) -> tuple[list[int], str]:
     """Token length of each row's prompt as the trainer sees it (chat template of the memory model)."""
     if tokenizer_dir is None:
         return [len(r["prompt"][0]["content"]) for r in rows], "characters (no tokenizer given)"
     from transformers import AutoTokenizer
 
+    from llmrnn.models import model_folder
+
+    tokenizer_dir = model_folder(tokenizer_dir)  # the rule passes the model's .ready marker
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows]
     ids = tok(texts, add_special_tokens=False)["input_ids"] if texts else []
@@ -272,8 +272,8 @@ def gather(split: str, parts: list[str | Path], stats_files: list[str | Path],
         ),
         "prompt_length": {
             "unit": unit,
-            "p50": _percentile(lengths, 50),
-            "p95": _percentile(lengths, 95),
+            "p50": percentile(lengths, 50, "inverted_cdf"),
+            "p95": percentile(lengths, 95, "inverted_cdf"),
             "max": max(lengths),
         },
         "rows_with_memory_fallback": sum(

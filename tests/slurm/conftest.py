@@ -1,4 +1,4 @@
-"""A real single-node SLURM (ci/slurm/up.sh) for the tests marked `slurm`; skipped, with the reason,
+"""A real single-node SLURM (.ci/slurm/up.sh) for the tests marked `slurm`; skipped, with the reason,
 where it cannot run (not root, no Debian packages, daemons do not come up)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from tests.slurm.dag import REPO
 
-UP = REPO / "ci" / "slurm" / "up.sh"
-DOWN = REPO / "ci" / "slurm" / "down.sh"
+UP = REPO / ".ci" / "slurm" / "up.sh"
+DOWN = REPO / ".ci" / "slurm" / "down.sh"
 
 
 def _cluster_up() -> bool:
@@ -36,7 +36,7 @@ def slurm_cluster():
     proc = subprocess.run(["bash", str(UP)], check=False, capture_output=True, text=True, timeout=900)
     if proc.returncode == 2:
         pytest.skip(f"cannot set up a local SLURM: {proc.stderr.strip().splitlines()[-1:]}")
-    assert proc.returncode == 0, f"ci/slurm/up.sh failed:\n{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == 0, f".ci/slurm/up.sh failed:\n{proc.stdout}\n{proc.stderr}"
     assert _cluster_up(), "SLURM came up without the cpu/gpu-a100 partitions"
     try:
         yield

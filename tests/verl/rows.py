@@ -1,4 +1,4 @@
-"""Trajectory parquet rows in the DESIGN §4 / verl RLHFDataset layout, for the train tests.
+"""Trajectory parquet rows in the verl RLHFDataset layout, for the train tests.
 
 Written with pyarrow only, so the verl venvs (tests/verl/check_verl.py) can use it too. When TRAJ's
 writer `llmrnn.trajectories` offers one, tests/test_train_*.py prefer it (see `write_parquet`).

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+from pathlib import Path
 
+import pytest
 import yaml
 
+from llmrnn.cohort import dump_cohort, synthesize_cohort
 from tests.conftest import snakemake
 
 
@@ -55,3 +60,52 @@ def test_bad_cohort_stops_with_one_line_and_no_outputs(workflow_dir):
     log = (workflow_dir / "logs/demo/clean_cohort.log").read_text()
     assert "bad.json: patient 9: visits: expected a list, got str" in log
     assert not (workflow_dir / "results/demo/cohort/cleaned.json").exists()
+
+
+@pytest.mark.slow
+def test_hostile_cohort_path_is_quoted_and_nothing_executes(workflow_dir, tmp_path_factory):
+    # a path with spaces, both quote kinds, a semicolon and command substitutions: unquoted, the clean
+    # rule split it into several arguments and ran the $(...) parts
+    outside = tmp_path_factory.mktemp("hostile") / "my data $(touch PWNED_DIR)"
+    outside.mkdir()
+    source = outside / """co'hort "v1"; touch PWNED_SEMI $(touch PWNED) `touch PWNED_TICK`.json"""
+    source.write_text(dump_cohort(synthesize_cohort(25, seed=3)))
+    write_config(workflow_dir, cohort={"source": str(source)}, split={"val_size": 3, "train_size": 4, "seed": 42})
+    snakemake(workflow_dir, "results/demo/splits/splits.json")
+    report = json.loads((workflow_dir / "results/demo/cohort/cleaning_report.json").read_text())
+    summary = json.loads((workflow_dir / "results/demo/splits/splits.json").read_text())
+    assert report["source"] == str(source)
+    assert summary["sizes"]["test"] == report["patients_out"] - 7
+    planted = [p for root in (workflow_dir, outside.parent, Path.cwd()) for p in root.rglob("PWNED*")]
+    assert planted == []
+
+
+def test_replaced_cohort_with_older_mtime_reruns_cleaning_and_splits(workflow_dir):
+    source = workflow_dir / "cohort.json"
+    source.write_text(dump_cohort(synthesize_cohort(25, seed=3)))
+    write_config(workflow_dir, cohort={"source": "cohort.json"}, split={"val_size": 3, "train_size": 4, "seed": 42})
+    target = "results/demo/splits/splits.json"
+    snakemake(workflow_dir, target)
+    unchanged = snakemake(workflow_dir, target, "-n")
+    assert "Nothing to be done" in unchanged.stdout + unchanged.stderr
+    # the user swaps in another cohort whose file is OLDER than every output (copied with its mtime)
+    source.write_text(dump_cohort(synthesize_cohort(30, seed=4)))
+    os.utime(source, (1_000_000_000, 1_000_000_000))
+    dry = snakemake(workflow_dir, target, "-n")
+    planned = dry.stdout + dry.stderr
+    assert "clean_cohort" in planned and "split_cohort" in planned, planned
+    snakemake(workflow_dir, target)
+    report = json.loads((workflow_dir / "results/demo/cohort/cleaning_report.json").read_text())
+    assert report["patients_in"] == 30
+    assert report["source_sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+    summary = json.loads((workflow_dir / target).read_text())
+    assert sum(summary["sizes"].values()) == report["patients_out"]
+
+
+def test_brace_in_cohort_path_is_refused_before_any_job(workflow_dir):
+    (workflow_dir / "data{x}").mkdir()
+    (workflow_dir / "data{x}" / "c.json").write_text(dump_cohort(synthesize_cohort(25, seed=3)))
+    write_config(workflow_dir, cohort={"source": "data{x}/c.json"})
+    proc = snakemake(workflow_dir, "results/demo/splits/splits.json", "-n", check=False)
+    assert proc.returncode != 0
+    assert "contains a brace, which Snakemake reads as a wildcard" in proc.stdout + proc.stderr

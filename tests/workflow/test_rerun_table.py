@@ -1,4 +1,4 @@
-"""Rerun table (DESIGN.md §6): after one real run of `all`, each change reruns exactly the stages that
+"""Rerun table: after one real run of `all`, each change reruns exactly the stages that
 depend on it, and nothing else. Asserted by dry runs with params/code/input/mtime triggers.
 
 Data-driven: a row names its change and the rules that must rerun. Expected rules that the workflow
@@ -24,13 +24,13 @@ import yaml
 from tests.conftest import REPO, WORKFLOW_PARTS
 from tests.slurm.dag import EXTRA_PARTS, parse_dry_run, run, write_small_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 TRIGGERS = ["--rerun-triggers", "params", "code", "input", "mtime"]
 # Snakemake starts every member of the judge/preflight/trainer service group at once: train_grpo then
 # waits (up to --latency-wait) for preflight.json, which takes longer than the default 5 s here.
 GROUP_WAIT = ["--latency-wait", "180"]
-TRAINED_SIDE = {"train_grpo", "merge_model", "release", "eval_shard", "eval_grade", "eval_gather", "eval_plots",
-                "report"}
+TRAINED_SIDE = {"train_grpo", "train_plots", "merge_model", "release", "eval_shard", "eval_grade", "eval_gather",
+                "eval_plots", "report"}
 JUDGED = {"judge_server", "preflight"}
 
 

@@ -1,9 +1,8 @@
 """Stage `train`: GRPO on the trajectory parquets with verl (GPU clusters) or TRL (CPU), one set of knobs.
 
-    llmrnn train run        --cfg JSON --train P --val P --model DIR --out RUN/train [--endpoint F]
-    llmrnn train preflight  --cfg JSON --train P --val P --model DIR [--out F]     (training checks only)
+    llmrnn train run        --cfg JSON --train P --val P --model DIR --work-dir RUN/train --adapter D
+                            --metrics F --summary F [--endpoint F] [--preflight F]
     llmrnn train verl-cmd   --cfg JSON --train P --val P --model DIR --out-dir D   (print the main_ppo command)
-    llmrnn train plots      --metrics RUN/train/metrics.jsonl --out RUN/train/plots
 """
 
 from __future__ import annotations
@@ -14,6 +13,8 @@ import os
 import shlex
 import sys
 from pathlib import Path
+
+from llmrnn.models import model_folder
 
 log = logging.getLogger(__name__)
 
@@ -31,82 +32,58 @@ def _assign_gpus(cfg: dict, judge_gpus: int) -> None:
     assign("train", judge_gpus=judge_gpus, train_gpus=train_gpus)
 
 
-def _model_dir(path: str) -> str:
-    """A model folder, or its `.ready` marker (the prepare_base_model output) standing for it."""
-    p = Path(path)
-    return str(p.parent) if p.name == ".ready" else str(p)
+def _guard_fallbacks(cfg: dict, audit_dir: Path) -> None:
+    """Turn on the reward's fallback guard for this run (every scoring process inherits the environment)
+    with the preflight's threshold, and forget the stop reason of an earlier attempt."""
+    from llmrnn.preflight import PreflightConfig
+    from llmrnn.reward import STOP_REASON_FILE, guard_env
+
+    pre = PreflightConfig.from_dict(cfg.get("preflight"))
+    os.environ.update(guard_env(pre.max_fallback_rate, pre.fallback_window))
+    (audit_dir / STOP_REASON_FILE).unlink(missing_ok=True)
 
 
 def cmd_run(args) -> int:
     from llmrnn import io
-    from llmrnn.errors import CheckFailed, InputError
+    from llmrnn.errors import CheckFailed
+    from llmrnn.reward import reward_env
     from llmrnn.train import config as tcfg
 
     cfg = tcfg.normalize(_cfg(args))
-    if not args.out and not args.metrics:
-        raise InputError("train run: give --out DIR or --metrics DIR/metrics.jsonl")
-    out = Path(args.out) if args.out else Path(args.metrics).parent
-    if args.metrics and Path(args.metrics) != out / "metrics.jsonl":
-        raise InputError(f"train run: --metrics must be {out / 'metrics.jsonl'}")
-    args.model = _model_dir(args.model)
-    out.mkdir(parents=True, exist_ok=True)
+    args.model = str(model_folder(args.model))
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
     if args.preflight:
         pre = io.read_json(args.preflight)
         if not pre.get("ok", False):
             raise CheckFailed(f"{args.preflight}: preflight failed: " + "; ".join(pre.get("problems", [])))
-    os.environ["LLMRNN_AUDIT_DIR"] = str(out / "audit")
-    reward_cfg = (args.cfg or {}).get("reward")
-    if reward_cfg is not None:  # the reward section travels with the train config (same scorer settings)
-        os.environ["LLMRNN_REWARD_CFG"] = json.dumps(reward_cfg, sort_keys=True)
-    if args.endpoint:
-        os.environ["LLMRNN_JUDGE_ENDPOINT"] = str(args.endpoint)
+    # the reward section travels with the train config (same scorer settings)
+    os.environ.update(reward_env(args.endpoint, work / "audit", (args.cfg or {}).get("reward")))
+    _guard_fallbacks(args.cfg or {}, work / "audit")
     _assign_gpus(cfg, args.judge_gpus)
+    outputs = {"work_dir": str(work), "adapter_dir": args.adapter, "metrics_path": args.metrics}
     engine = args.engine or cfg["engine"]
     if engine == "verl":  # here, in the job that holds the GPUs (preflight's step holds none)
         from llmrnn import gpu_stack
-        from llmrnn.train.preflight import visible_gpus
+        from llmrnn.preflight import visible_gpus
 
         gpu_stack.require_verl()
         gpu_stack.require_gpus(cfg["n_gpus_per_node"], visible_gpus())
     if engine == "trl":
         from llmrnn.train import trl_engine
 
-        summary = trl_engine.train(
-            cfg, args.train, args.val, args.model, out, reward_spec=args.reward_func or trl_engine.DEFAULT_REWARD
-        )
+        summary = trl_engine.train(cfg, args.train, args.val, args.model, **outputs,
+                                   reward_spec=args.reward_func or trl_engine.DEFAULT_REWARD)
     else:
         from llmrnn.train import verl_cmd
 
-        summary = verl_cmd.run(
-            cfg,
-            train_parquet=args.train,
-            val_parquet=args.val,
-            model_dir=args.model,
-            out_dir=str(out),
-            experiment_name=args.experiment or out.parent.name,
-            endpoint_file=args.endpoint,
-        )
-    from llmrnn.train.metrics import plot
-
-    if (out / "metrics.jsonl").exists():
-        plot(out / "metrics.jsonl", out / "plots")
-    io.write_json(out / "summary.json", summary)
+        # --reward-func names the TRL function; verl calls compute_score of the same module
+        reward_module = args.reward_func.split(":", 1)[0] if args.reward_func else None
+        summary = verl_cmd.run(cfg, train_parquet=args.train, val_parquet=args.val, model_dir=args.model, **outputs,
+                               experiment_name=args.experiment or work.parent.name, endpoint_file=args.endpoint,
+                               reward_module=reward_module)
+    io.write_json(args.summary, summary)
     return 0
-
-
-def cmd_preflight(args) -> int:
-    from llmrnn import io
-    from llmrnn.train.preflight import training_checks
-
-    result = training_checks(
-        _cfg(args), args.train, args.val, _model_dir(args.model), out_dir=args.out_dir, gpus_available=args.gpus
-    )
-    if args.out:
-        io.write_json(args.out, result)
-    for problem in result["problems"]:
-        log.error("preflight: %s", problem)
-    print(json.dumps(result, indent=2))
-    return 0 if result["ok"] else 3
 
 
 def cmd_verl_cmd(args) -> int:
@@ -129,14 +106,6 @@ def cmd_verl_cmd(args) -> int:
     return 0
 
 
-def cmd_plots(args) -> int:
-    from llmrnn.train.metrics import plot
-
-    for path in plot(args.metrics, args.out):
-        log.info("wrote %s", path)
-    return 0
-
-
 def register(sub) -> None:
     from llmrnn.cli import json_arg
 
@@ -149,10 +118,13 @@ def register(sub) -> None:
         q.add_argument("--val", default=None, help="val parquet")
         q.add_argument("--model", required=True, help="base model dir (HF, tokenizer with chat template)")
 
-    r = tsub.add_parser("run", help="train (resuming from the latest checkpoint) and write adapter/ + metrics")
+    r = tsub.add_parser("run", help="train (resuming from the latest checkpoint) and write the adapter, metrics and summary")
     common(r)
-    r.add_argument("--out", default=None, help="RUN/train directory (default: the folder of --metrics)")
-    r.add_argument("--metrics", default=None, help="RUN/train/metrics.jsonl (names the output folder)")
+    r.add_argument("--work-dir", required=True,
+                   help="checkpoints/, state/ and audit/ (kept across reruns, so a killed run resumes)")
+    r.add_argument("--adapter", required=True, help="output: the LoRA adapter folder")
+    r.add_argument("--metrics", required=True, help="output: metrics.jsonl (one row per step)")
+    r.add_argument("--summary", required=True, help="output: summary.json (steps, resume point, rows)")
     r.add_argument("--endpoint", default=None, help="judge endpoint.json (RUN/judge/endpoint.json)")
     r.add_argument("--preflight", default=None, help="preflight.json that must say ok")
     r.add_argument("--engine", choices=("verl", "trl"), default=None, help="override train.engine")
@@ -160,13 +132,6 @@ def register(sub) -> None:
     r.add_argument("--experiment", default=None, help="verl experiment name (default: run name)")
     r.add_argument("--judge-gpus", type=int, default=0, help="GPUs the judge holds on this node (taken last)")
     r.set_defaults(func=cmd_run)
-
-    q = tsub.add_parser("preflight", help="training checks: batch geometry, prompt lengths, LR, GPUs, disk")
-    common(q)
-    q.add_argument("--out", default=None, help="write the JSON result here")
-    q.add_argument("--out-dir", default=None, help="where checkpoints will go (free disk check)")
-    q.add_argument("--gpus", type=int, default=None, help="GPUs available (default: detect)")
-    q.set_defaults(func=cmd_preflight)
 
     v = tsub.add_parser("verl-cmd", help="print the verl main_ppo command built from the config")
     common(v)
@@ -178,7 +143,6 @@ def register(sub) -> None:
     v.add_argument("--json", action="store_true", help="print the overrides as a JSON list")
     v.set_defaults(func=cmd_verl_cmd)
 
-    pl = tsub.add_parser("plots", help="reward/KL plots from metrics.jsonl")
-    pl.add_argument("--metrics", required=True)
-    pl.add_argument("--out", required=True)
-    pl.set_defaults(func=cmd_plots)
+    from llmrnn.train import diagnose
+
+    diagnose.add_parser(tsub)

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from llmrnn import io
+from llmrnn.reward import ENV_CFG
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ def run_fingerprint(cfg: dict, train_parquet, model_dir, reward_spec: str, engin
     digest.update(io.sha256_file(train_parquet).encode())
     digest.update(str(Path(model_dir).resolve()).encode())
     digest.update(reward_spec.encode())
-    digest.update(os.environ.get("LLMRNN_REWARD_CFG", "").encode())
+    digest.update(os.environ.get(ENV_CFG, "").encode())  # the scorer settings the reward workers read
     for module in ("llmrnn.reward", engine_module):
         digest.update(Path(importlib.util.find_spec(module).origin).read_bytes())
     return digest.hexdigest()

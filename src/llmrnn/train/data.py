@@ -1,4 +1,4 @@
-"""Reading the trajectory parquets (DESIGN §4 rows) and measuring prompts the way verl's RLHFDataset does."""
+"""Reading the trajectory parquets (verl RLHFDataset rows) and measuring prompts the way verl's RLHFDataset does."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from llmrnn.errors import InputError
 REQUIRED_COLUMNS = ("prompt", "data_source", "ability", "reward_model", "extra_info")
 
 
-def read_rows(path: str | os.PathLike) -> list[dict]:
+def read_trajectory_parquet(path: str | os.PathLike) -> list[dict]:
     """All rows of a trajectory parquet as dicts; a missing file or column is one clear line."""
     import pyarrow.parquet as pq
 
@@ -24,7 +24,7 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
         raise InputError(f"{p}: not a readable parquet file: {exc}") from exc
     missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
     if missing:
-        raise InputError(f"{p}: missing column(s) {missing}; expected the verl RLHFDataset layout (DESIGN §4)")
+        raise InputError(f"{p}: missing column(s) {missing}; expected the verl RLHFDataset layout")
     rows = table.to_pylist()
     for i, row in enumerate(rows):
         prompt = row["prompt"]
@@ -56,5 +56,5 @@ def row_index(row: dict, fallback: int) -> int:
 
 
 def describe(path: str | os.PathLike) -> str:
-    rows = read_rows(path)
+    rows = read_trajectory_parquet(path)
     return json.dumps({"rows": len(rows)})

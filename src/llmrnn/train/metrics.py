@@ -1,7 +1,8 @@
 """metrics.jsonl: one row per training step (and one per validation), the same keys from both engines.
 
 Row keys: step, kind ("train" | "val"), engine, reward_mean, reward_std, judge_fallback_rate, kl, entropy,
-response_length_mean, clip_ratio, grad_norm, lr, step_time_s (train rows); val_reward_mean,
+response_length_mean, truncation_rate (share of responses cut at max_response_length), clip_ratio,
+grad_norm, lr, step_time_s (train rows); val_reward_mean,
 val_reward_std (val rows); raw (the engine's own keys for that step, numbers only).
 """
 
@@ -14,6 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from llmrnn import io
+
 COMMON_KEYS = (
     "reward_mean",
     "reward_std",
@@ -21,6 +24,7 @@ COMMON_KEYS = (
     "kl",
     "entropy",
     "response_length_mean",
+    "truncation_rate",
     "clip_ratio",
     "grad_norm",
     "lr",
@@ -35,6 +39,7 @@ TRL_MAP = {
     "kl": ("kl",),
     "entropy": ("entropy",),
     "response_length_mean": ("completions/mean_length",),
+    "truncation_rate": ("completions/clipped_ratio",),
     "clip_ratio": ("clip_ratio/region_mean",),
     "grad_norm": ("grad_norm",),
     "lr": ("learning_rate",),
@@ -49,6 +54,7 @@ VERL_MAP = {
     "kl": ("actor/kl_loss", "actor/ppo_kl"),
     "entropy": ("actor/entropy",),
     "response_length_mean": ("response_length/mean",),
+    "truncation_rate": ("response_length/clip_ratio",),
     "clip_ratio": ("actor/pg_clipfrac",),
     "grad_norm": ("actor/grad_norm",),
     "lr": ("actor/lr",),
@@ -126,34 +132,16 @@ class MetricsWriter:
         """Drop rows past `step` (a resumed run redoes them); returns how many were dropped."""
         if not self.path.exists():
             return 0
-        keep, dropped = [], 0
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by a kill
-                dropped += 1
-                continue
-            if int(row.get("step", 0)) <= step:
-                keep.append(line)
-            else:
-                dropped += 1
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
-        os.replace(tmp, self.path)
-        return dropped
+        written = sum(1 for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip())
+        # a line a kill cut off is not JSON: dropped with the rows past `step`
+        keep = [row for row in io.read_jsonl(self.path, skip_bad=True) if int(row.get("step", 0)) <= step]
+        io.write_jsonl(self.path, keep)
+        return written - len(keep)
 
     def append(self, row: dict) -> None:
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row, sort_keys=True) + "\n")
             fh.flush()
-
-
-def read_rows(path: str | os.PathLike) -> list[dict]:
-    rows = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            rows.append(json.loads(line))
-    return rows
 
 
 def progress_line(row: dict, total: int) -> str:
@@ -168,53 +156,3 @@ def progress_line(row: dict, total: int) -> str:
         f"entropy {f('entropy')}, len {f('response_length_mean')}, grad {f('grad_norm')}, lr {f('lr')}, "
         f"{f('step_time_s')} s"
     )
-
-
-def plot(metrics_path: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
-    """reward.png (train mean +- std, val mean) and kl.png from metrics.jsonl."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from llmrnn import io
-
-    rows = read_rows(metrics_path)
-    train = [r for r in rows if r["kind"] == "train"]
-    val = [r for r in rows if r["kind"] == "val" and r.get("val_reward_mean") is not None]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    pts = [(r["step"], r["reward_mean"], r.get("reward_std") or 0.0) for r in train if r.get("reward_mean") is not None]
-    if pts:
-        xs, ys, sd = zip(*pts)
-        ax.plot(xs, ys, marker=".", label="train reward (mean)")
-        ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.2,
-                        label="+- std within step")
-    if val:
-        ax.plot([r["step"] for r in val], [r["val_reward_mean"] for r in val], marker="o", label="val reward")
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax.set_title("GRPO reward")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    with io.atomic_path(out / "reward.png") as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
-    written.append(out / "reward.png")
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    kl = [(r["step"], r["kl"]) for r in train if r.get("kl") is not None]
-    if kl:
-        ax.plot(*zip(*kl), marker=".", color="tab:red")
-    ax.set_xlabel("step")
-    ax.set_ylabel("KL to reference")
-    ax.set_title("KL (policy vs frozen base)")
-    fig.tight_layout()
-    with io.atomic_path(out / "kl.png") as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
-    written.append(out / "kl.png")
-    return written

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import itertools
 import json
 import logging
 import os
@@ -63,6 +64,18 @@ def load_callable(spec: str) -> Callable:
     return fn
 
 
+def json_close_token_ids(tokenizer) -> list[int]:
+    """Vocabulary ids whose text ends with '"}': the token that closes a one-level memory JSON
+    {"evolving_summary": "..."}. Used as extra EOS ids (train.trl.stop_at_json) so a rollout ends where
+    the forward pass's stop_at_json would end it, instead of running on to max_response_length."""
+    ids = []
+    for token_id in tokenizer.get_vocab().values():
+        text = tokenizer.decode([token_id], skip_special_tokens=True).rstrip()
+        if text.endswith('"}') and text.count("{") == 0:
+            ids.append(int(token_id))
+    return sorted(ids)
+
+
 # ----------------------------------------------------------------------------- checkpoints
 def checkpoint_complete(path: Path) -> bool:
     """HF writes trainer_state.json last (after adapter, optimizer, rng); it must parse and name the step."""
@@ -97,52 +110,9 @@ def latest_checkpoint(ckpt_dir: Path, prune: bool = True) -> Path | None:
     return best
 
 
-def _truncate_jsonl(path: Path, step: int, key: str = "step") -> None:
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            if int(json.loads(line)[key]) <= step:
-                keep.append(line)
-        except (json.JSONDecodeError, KeyError, ValueError):
-            continue
-    io.write_text(path, "".join(f"{line}\n" for line in keep))
-
-
-# ----------------------------------------------------------------------------- main entry
-def train(
-    cfg: dict,
-    train_parquet: str | os.PathLike,
-    val_parquet: str | os.PathLike | None,
-    model_dir: str | os.PathLike,
-    out_dir: str | os.PathLike,
-    reward_spec: str = DEFAULT_REWARD,
-    callbacks: list | None = None,
-) -> dict:
-    """Run (or resume) GRPO with TRL; returns a summary. Raises CheckFailed if the planned steps were not reached."""
-    cfg = tcfg.normalize(cfg)
-    out = Path(out_dir)
-    ckpt_dir = out / "checkpoints"
-    # live files sit beside the checkpoints (Snakemake deletes a rule's outputs before rerunning it, and a
-    # resumed run must keep the rows of the steps it does not redo); outputs are copied at the end
-    metrics_path = out / "state" / "metrics.jsonl"
-    trace_path = out / "state" / "data_trace.jsonl"
-
-    threads = int(cfg["trl"]["num_threads"])
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    import warnings
-
-    import torch
-
-    torch.set_num_threads(threads)
-    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-    from trl.trainer.utils import RepeatSampler
-
+# ----------------------------------------------------------------------------- pieces of a run
+def check_knobs(cfg: dict):
+    """The batch geometry TRL runs with; knobs TRL cannot honour are errors (or a warning for the estimator)."""
     geo = tcfg.geometry(cfg, "trl")
     if geo.problems:
         raise CheckFailed("train: " + "; ".join(geo.problems))
@@ -151,40 +121,32 @@ def train(
     if cfg["kl"]["estimator"] not in ("low_var_kl", "k3"):
         log.warning("TRL's KL is the k3 (low_var_kl) estimator; train.kl.estimator=%s applies to verl only",
                     cfg["kl"]["estimator"])
+    return geo
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
 
-    def load(path, split):
-        rows = tdata.read_rows(path)
-        lengths = tdata.prompt_lengths(rows, tokenizer)
-        kept = [r for r, n in zip(rows, lengths) if n <= cfg["max_prompt_length"]]
-        if len(kept) < len(rows):
-            log.warning("%s: dropped %d of %d rows longer than max_prompt_length=%d (as verl does)",
-                        split, len(rows) - len(kept), len(rows), cfg["max_prompt_length"])
-        for i, row in enumerate(kept):
-            row["extra_info"] = dict(row.get("extra_info") or {}, index=tdata.row_index(row, i))
-        return kept
+def load_rows(path: str | os.PathLike, split: str, tokenizer, max_prompt_length: int) -> list[dict]:
+    """Rows of a trajectory parquet, without prompts over max_prompt_length (dropped, as verl does)."""
+    rows = tdata.read_trajectory_parquet(path)
+    lengths = tdata.prompt_lengths(rows, tokenizer)
+    kept = [r for r, n in zip(rows, lengths) if n <= max_prompt_length]
+    if len(kept) < len(rows):
+        log.warning("%s: dropped %d of %d rows longer than max_prompt_length=%d (as verl does)",
+                    split, len(rows) - len(kept), len(rows), max_prompt_length)
+    for i, row in enumerate(kept):
+        row["extra_info"] = dict(row.get("extra_info") or {}, index=tdata.row_index(row, i))
+    return kept
 
-    train_rows = load(train_parquet, "train")
-    planned = tcfg.planned_steps(cfg, len(train_rows))
-    if planned < 1:
-        raise CheckFailed(
-            f"train: {len(train_rows)} usable train rows make no full batch of train.batch.train="
-            f"{cfg['batch']['train']} prompts"
-        )
-    upd = geo.updates_per_step
-    max_steps = planned * upd
-    val_rows = load(val_parquet, "val") if val_parquet and cfg["test_freq"] else []
-    train_ds = Dataset.from_list(train_rows)
-    val_ds = Dataset.from_list(val_rows) if val_rows else None
 
-    reward_fn = load_callable(reward_spec)
+def grpo_arguments(cfg: dict, geo, ckpt_dir: Path, max_steps: int, validate: bool):
+    """GRPOConfig from the shared knobs (the mapping in the module docstring)."""
+    import torch
+    from trl import GRPOConfig
+
     cuda = torch.cuda.is_available()
     g = cfg["group_size"]
     micro = cfg["batch"]["micro_per_gpu"]
-    args = GRPOConfig(
+    upd = geo.updates_per_step
+    return GRPOConfig(
         output_dir=str(ckpt_dir),
         seed=int(cfg["seed"]),
         data_seed=int(cfg["seed"]),
@@ -210,9 +172,9 @@ def train(
         save_strategy="steps",
         save_steps=int(cfg["save_freq"]) * upd if cfg["save_freq"] else max_steps,
         save_total_limit=cfg["keep_last"],
-        eval_strategy="steps" if val_ds is not None else "no",
-        eval_steps=int(cfg["test_freq"]) * upd if val_ds is not None else None,
-        eval_on_start=bool(val_ds is not None and cfg["val_before_train"]),
+        eval_strategy="steps" if validate else "no",
+        eval_steps=int(cfg["test_freq"]) * upd if validate else None,
+        eval_on_start=bool(validate and cfg["val_before_train"]),
         per_device_eval_batch_size=g,
         num_generations_eval=g,
         logging_steps=int(cfg["trl"]["logging_steps"]),
@@ -221,7 +183,12 @@ def train(
         dataloader_num_workers=0,
         shuffle_dataset=True,
     )
-    lora = LoraConfig(
+
+
+def lora_config(cfg: dict):
+    from peft import LoraConfig
+
+    return LoraConfig(
         r=int(cfg["lora"]["rank"]),
         lora_alpha=int(cfg["lora"]["alpha"]),
         lora_dropout=float(cfg["lora"]["dropout"]),
@@ -230,7 +197,9 @@ def train(
         task_type="CAUSAL_LM",
     )
 
-    discard_stale_checkpoints(out, run_fingerprint(cfg, train_parquet, model_dir, reward_spec, __name__))
+
+def resume_point(ckpt_dir: Path, writer: MetricsWriter, trace_path: Path, max_steps: int) -> tuple[Path | None, int]:
+    """The checkpoint to resume (None: from step 0) and its step; live rows past it are dropped (redone)."""
     resume = latest_checkpoint(ckpt_dir)
     resume_step = 0
     if resume is not None:
@@ -238,19 +207,28 @@ def train(
         log.info("resuming from %s (step %d of %d)", resume, resume_step, max_steps)
     else:
         log.info("starting GRPO from step 0 (%d steps planned)", max_steps)
-    writer = MetricsWriter(metrics_path)
     dropped = writer.truncate_after(resume_step)
     if dropped:
         log.info("metrics.jsonl: dropped %d rows past step %d (they are redone)", dropped, resume_step)
-    _truncate_jsonl(trace_path, resume_step)
+    MetricsWriter(trace_path).truncate_after(resume_step)
+    return resume, resume_step
 
-    holder: dict[str, Any] = {}
+
+def traced_reward(reward_fn: Callable, trace_path: Path, holder: dict) -> Callable:
+    """The reward TRL calls, appending the dataset indices of each TRAINING step to the data trace (the
+    resume test compares them with an uninterrupted run)."""
 
     def judge(prompts, completions, **kw):
         state = kw.get("trainer_state")
         trainer = holder.get("trainer")
         training = bool(trainer is not None and trainer.model.training)
         scores = reward_fn(prompts, completions, **kw)
+        if training:  # the latest batch, dumped at the next save (sample_dump_callback)
+            extra = kw.get("extra_info") or [{}] * len(prompts)
+            holder["samples"] = [
+                {"prompt": _text(p), "completion": _text(c), "reward": float(r), "index": int((e or {}).get("index", -1))}
+                for p, c, r, e in zip(prompts, completions, scores, extra)
+            ]
         if training and state is not None:
             indices = [int((e or {}).get("index", -1)) for e in kw.get("extra_info", [])]
             with open(trace_path, "a", encoding="utf-8") as fh:
@@ -258,10 +236,15 @@ def train(
         return scores
 
     judge.__name__ = "judge"
+    return judge
+
+
+def resumable_trainer_class():
+    """GRPOTrainer whose train sampler's order depends on (seed, epoch) only: resume-safe data order."""
+    from trl import GRPOTrainer
+    from trl.trainer.utils import RepeatSampler
 
     class EpochSampler(RepeatSampler):
-        """RepeatSampler whose permutation depends on (seed, epoch) only: resume-safe data order."""
-
         def set_epoch(self, epoch: int) -> None:
             self.epoch = int(epoch)
 
@@ -281,6 +264,13 @@ def train(
                 shuffle=base.shuffle,
                 seed=base.seed,
             )
+
+    return Trainer
+
+
+def progress_callback(writer: MetricsWriter, max_steps: int):
+    """One metrics.jsonl row and one log line per logged step (with the step's wall time)."""
+    from transformers import TrainerCallback
 
     class Progress(TrainerCallback):
         def __init__(self):
@@ -303,45 +293,184 @@ def train(
             writer.append(row)
             log.info(progress_line(row, max_steps))
 
+    return Progress()
+
+
+def sample_dump_callback(folder: Path, holder: dict, updates_per_step: int):
+    """At each save: the latest rollout batch (prompt, completion, reward) to FOLDER/step_N.jsonl, mode 0600
+    (prompts can hold patient text); N counts rollout steps like save_freq."""
+    from transformers import TrainerCallback
+
+    class SampleDump(TrainerCallback):
+        def on_save(self, args, state, control, **kw):
+            if holder.get("samples"):
+                dump_samples(folder, state.global_step // updates_per_step, holder["samples"])
+
+    return SampleDump()
+
+
+def early_stop_callback(cfg: dict, holder: dict, updates_per_step: int):
+    """Stop when the val reward fell `patience` validations in a row (train.early_stopping); the step is
+    kept in holder["early_stopped"] so the run counts as complete."""
+    from transformers import TrainerCallback
+
+    settings = cfg["early_stopping"]
+
+    class EarlyStop(TrainerCallback):
+        def __init__(self):
+            self.history: list[float] = []
+
+        def on_evaluate(self, args, state, control, metrics=None, **kw):
+            value = (metrics or {}).get("eval_reward")
+            if value is None or not settings["enabled"]:
+                return
+            self.history.append(float(value))
+            if falls_in_a_row(self.history, int(settings["patience"])):
+                holder["early_stopped"] = state.global_step
+                log.warning("early stopping at step %d: val reward fell %d times in a row (%s)",
+                            state.global_step // updates_per_step, settings["patience"], self.history)
+                control.should_training_stop = True
+
+    return EarlyStop()
+
+
+def _text(value: Any) -> str:
+    """A prompt/completion as text (TRL passes chat message lists for conversational rows)."""
+    if isinstance(value, list):
+        return "\n".join(f"{m.get('role')}: {m.get('content')}" if isinstance(m, dict) else str(m) for m in value)
+    return str(value)
+
+
+def dump_samples(folder: Path, step: int, samples: list[dict]) -> Path:
+    path = folder / f"step_{step:06d}.jsonl"
+    folder.mkdir(parents=True, exist_ok=True)
+    io.write_text(path, "".join(json.dumps({"step": step, **s}, ensure_ascii=False) + "\n" for s in samples),
+                  mode=0o600)
+    return path
+
+
+def falls_in_a_row(history: list[float], patience: int) -> bool:
+    """True when each of the last `patience` values is below the one before it."""
+    if len(history) <= patience:
+        return False
+    tail = history[-(patience + 1):]
+    return all(b < a for a, b in itertools.pairwise(tail))
+
+
+def export_adapter(model, tokenizer, adapter_dir: Path, cfg: dict) -> None:
+    """Write the LoRA adapter (+ tokenizer) atomically and check its rank/alpha."""
+    with io.atomic_dir(adapter_dir) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    check_adapter(adapter_dir, cfg)
+
+
+def load_policy(model_dir, tokenizer, cfg: dict):
+    """The policy model; with train.trl.stop_at_json its rollouts end at the memory JSON's closing token."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    trainer = Trainer(
-        model=model,
-        reward_funcs=[judge],
-        args=args,
-        train_dataset=train_ds,
-        eval_dataset=val_ds,
+    if cfg["trl"]["stop_at_json"]:
+        # TRL takes its EOS ids (generation and completion mask) from the model's generation config
+        stops = json_close_token_ids(tokenizer)
+        model.generation_config.eos_token_id = [tokenizer.eos_token_id, *stops]
+        log.info("rollouts stop at the memory JSON's closing token (ids %s) or EOS", stops)
+    return model
+
+
+def _setup_threads(threads: int) -> None:
+    import warnings
+
+    import torch
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    torch.set_num_threads(threads)
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
+
+
+# ----------------------------------------------------------------------------- main entry
+def train(
+    cfg: dict,
+    train_parquet: str | os.PathLike,
+    val_parquet: str | os.PathLike | None,
+    model_dir: str | os.PathLike,
+    *,
+    work_dir: str | os.PathLike,
+    adapter_dir: str | os.PathLike,
+    metrics_path: str | os.PathLike,
+    reward_spec: str = DEFAULT_REWARD,
+    callbacks: list | None = None,
+) -> dict:
+    """Run (or resume) GRPO with TRL; returns a summary. Raises CheckFailed if the planned steps were not reached.
+
+    work_dir holds checkpoints/ and state/ (live metrics, data trace): Snakemake deletes a rule's outputs
+    before rerunning it, and a resumed run must keep the rows of the steps it does not redo; the outputs
+    (adapter_dir, metrics_path) are written at the end.
+    """
+    cfg = tcfg.normalize(cfg)
+    work = Path(work_dir)
+    ckpt_dir = work / "checkpoints"
+    live_metrics = work / "state" / "metrics.jsonl"
+    trace_path = work / "state" / "data_trace.jsonl"
+    _setup_threads(int(cfg["trl"]["num_threads"]))
+    from datasets import Dataset
+    from transformers import AutoTokenizer, PrinterCallback
+
+    geo = check_knobs(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    train_rows = load_rows(train_parquet, "train", tokenizer, cfg["max_prompt_length"])
+    planned = tcfg.planned_steps(cfg, len(train_rows))
+    if planned < 1:
+        raise CheckFailed(
+            f"train: {len(train_rows)} usable train rows make no full batch of train.batch.train="
+            f"{cfg['batch']['train']} prompts"
+        )
+    upd = geo.updates_per_step
+    max_steps = planned * upd
+    val_rows = load_rows(val_parquet, "val", tokenizer, cfg["max_prompt_length"]) if val_parquet and cfg["test_freq"] else []
+
+    discard_stale_checkpoints(work, run_fingerprint(cfg, train_parquet, model_dir, reward_spec, __name__))
+    writer = MetricsWriter(live_metrics)
+    resume, resume_step = resume_point(ckpt_dir, writer, trace_path, max_steps)
+    holder: dict[str, Any] = {}
+    trainer = resumable_trainer_class()(
+        model=load_policy(model_dir, tokenizer, cfg),
+        reward_funcs=[traced_reward(load_callable(reward_spec), trace_path, holder)],
+        args=grpo_arguments(cfg, geo, ckpt_dir, max_steps, validate=bool(val_rows)),
+        train_dataset=Dataset.from_list(train_rows),
+        eval_dataset=Dataset.from_list(val_rows) if val_rows else None,
         processing_class=tokenizer,
-        peft_config=lora,
-        callbacks=[Progress(), *(callbacks or [])],
+        peft_config=lora_config(cfg),
+        callbacks=[progress_callback(writer, max_steps), sample_dump_callback(work / "samples", holder, upd),
+                   early_stop_callback(cfg, holder, upd), *(callbacks or [])],
     )
     trainer.remove_callback(PrinterCallback)  # our Progress callback logs one line per step instead
     holder["trainer"] = trainer
     t0 = time.perf_counter()
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     reached = int(trainer.state.global_step)
-    if reached != max_steps:
+    if reached != max_steps and holder.get("early_stopped") != reached:
         raise CheckFailed(
             f"train: GRPO stopped at step {reached} of {max_steps} planned; the run is not complete"
         )
 
-    finish_metrics(metrics_path, out / "metrics.jsonl")
-    adapter_dir = out / "adapter"
-    with io.atomic_dir(adapter_dir) as tmp:
-        trainer.model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-    check_adapter(adapter_dir, cfg)
-    summary = {
+    finish_metrics(live_metrics, Path(metrics_path))
+    export_adapter(trainer.model, tokenizer, Path(adapter_dir), cfg)
+    log.info("GRPO done: %d/%d steps, adapter at %s", reached, max_steps, adapter_dir)
+    return {
         "engine": "trl",
         "steps": reached,
         "planned_steps": max_steps,
         "resumed_from_step": resume_step,
+        "early_stopped_at_step": holder["early_stopped"] // upd if holder.get("early_stopped") else None,
         "train_rows": len(train_rows),
         "val_rows": len(val_rows),
         "seconds": round(time.perf_counter() - t0, 2),
         "geometry": geo.as_dict(),
     }
-    log.info("GRPO done: %d/%d steps, adapter at %s", reached, max_steps, adapter_dir)
-    return summary
 
 
 def finish_metrics(live: Path, final: Path) -> None:

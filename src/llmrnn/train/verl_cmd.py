@@ -1,7 +1,7 @@
 """verl engine: `python -m verl.trainer.main_ppo` with Hydra overrides built from the `train` section.
 
 Valid for verl 0.7.1 (the reference container) and 0.9.x; tests/verl/ composes verl's own
-`ppo_trainer` config with these overrides in separate venvs of both releases (FINDINGS §4-5):
+`ppo_trainer` config with these overrides in separate venvs of both releases:
 - reward goes through `reward.custom_reward_function.{path,name,reward_kwargs}` + `reward.reward_manager.name`
   (the old top-level `custom_reward_function.*` composes in 0.9 but is silently ignored there);
 - rollout.name has no default; both log_prob micro batch sizes are required; LoRA wants
@@ -11,7 +11,6 @@ Valid for verl 0.7.1 (the reference container) and 0.9.x; tests/verl/ composes v
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
+from llmrnn.reward import reward_env
 from llmrnn.train import config as tcfg
 from llmrnn.train.checkpoints import discard_stale_checkpoints, run_fingerprint
 from llmrnn.train.metrics import MetricsWriter, progress_line, verl_rows
@@ -191,11 +191,7 @@ def _follow_metrics(log_path: Path, writer: MetricsWriter, seen: set[int], total
     """Turn new lines of verl's file logger into metrics.jsonl rows (+ rollout dump stats)."""
     if not log_path.exists():
         return
-    for line in log_path.read_text(encoding="utf-8").splitlines():
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for item in io.read_jsonl(log_path, skip_bad=True):  # verl is still writing it
         step = int(item.get("step", 0))
         if step in seen:
             continue
@@ -210,26 +206,24 @@ def _follow_metrics(log_path: Path, writer: MetricsWriter, seen: set[int], total
 
 def rollout_stats(rollout_dir: Path, step: int) -> dict:
     """reward std and judge fallback rate of one step from verl's rollout dump ({step}.jsonl)."""
+    from llmrnn.reward import fallback_rate
+
     path = rollout_dir / f"{step}.jsonl"
     if not path.is_file():
         return {}
     scores, fallbacks = [], []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for item in io.read_jsonl(path, skip_bad=True):
         if isinstance(item.get("score"), (int, float)):
             scores.append(float(item["score"]))
-        flag = item.get("parse_fallback", item.get("judge_fallback"))  # llmrnn.reward numeric_only flag
-        if isinstance(flag, (int, float, bool)):
-            fallbacks.append(bool(flag))
+        if isinstance(item.get("parse_fallback"), (int, float, bool)):  # llmrnn.reward numeric_only flags
+            fallbacks.append(item)
     out = {}
     if scores:
         mean = sum(scores) / len(scores)
         out["llmrnn/reward_std"] = (sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5
-    if fallbacks:
-        out["llmrnn/judge_fallback_rate"] = sum(fallbacks) / len(fallbacks)
+    rate = fallback_rate(fallbacks)  # over judged samples only, as preflight and the guard count it
+    if rate is not None:
+        out["llmrnn/judge_fallback_rate"] = rate
     return out
 
 
@@ -239,15 +233,21 @@ def run(
     train_parquet: str,
     val_parquet: str | None,
     model_dir: str,
-    out_dir: str,
+    work_dir: str,
+    adapter_dir: str | os.PathLike,
+    metrics_path: str | os.PathLike,
     experiment_name: str,
     endpoint_file: str | None,
     python: str | None = None,
     verl_version: str | None = None,
+    reward_module: str | None = None,
 ) -> dict:
-    """Run main_ppo (resuming from the latest checkpoint), stream its metrics, verify it finished, copy the adapter."""
+    """Run main_ppo (resuming from the latest checkpoint), stream its metrics, verify it finished, copy the adapter.
+
+    work_dir holds verl's checkpoints/, rollouts/, audit/ and state/ (live metrics); the outputs
+    (adapter_dir, metrics_path) are written once the run is complete."""
     cfg = tcfg.normalize(cfg)
-    out = Path(out_dir)
+    out = Path(work_dir)
     ckpt_dir = out / "checkpoints"
     n_rows = count_rows(train_parquet)
     planned = tcfg.planned_steps(cfg, n_rows)
@@ -264,18 +264,17 @@ def run(
         train_parquet=train_parquet,
         val_parquet=val_parquet,
         model_dir=model_dir,
-        out_dir=out_dir,
+        out_dir=work_dir,
         experiment_name=experiment_name,
         endpoint_file=endpoint_file,
         verl_version=verl_version,
+        reward_path=f"pkg://{reward_module}" if reward_module else None,
     )
     file_log = out / "state" / "verl_metrics.jsonl"
     if file_log.exists():  # verl's FileLogger opens it with "wb": keep the previous attempt's lines
         with open(out / "state" / "verl_metrics.previous.jsonl", "ab") as fh:
             fh.write(file_log.read_bytes())
-    env = dict(os.environ, VERL_FILE_LOGGER_PATH=str(file_log), LLMRNN_AUDIT_DIR=str(out / "audit"))
-    if endpoint_file:
-        env["LLMRNN_JUDGE_ENDPOINT"] = str(endpoint_file)
+    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(file_log), **reward_env(endpoint_file, out / "audit")}
     # CUDA_VISIBLE_DEVICES was narrowed by llmrnn.gpus.assign("train", ...) in the CLI (judge GPUs taken last)
     cmd = command(overrides, python)
     io.write_text(out / "state" / "verl_command.sh", " ".join(_shell_quote(c) for c in cmd) + "\n")
@@ -293,7 +292,8 @@ def run(
         raise
     _follow_metrics(file_log, writer, seen, planned, out / "rollouts")
     if proc.returncode != 0:
-        raise CheckFailed(f"train: verl main_ppo exited with {proc.returncode}; rerun resumes from its last checkpoint")
+        raise CheckFailed(f"train: verl main_ppo exited with {proc.returncode}{_stop_reason(out / 'audit')}; "
+                          "rerun resumes from its last checkpoint")
     reached = latest_step(ckpt_dir)
     if reached != planned:
         raise CheckFailed(
@@ -302,14 +302,23 @@ def run(
         )
     from llmrnn.train.trl_engine import finish_metrics
 
-    finish_metrics(out / "state" / "metrics.jsonl", out / "metrics.jsonl")
-    copy_adapter(ckpt_dir / f"global_step_{reached}" / "actor" / "lora_adapter", out / "adapter", cfg)
+    finish_metrics(out / "state" / "metrics.jsonl", Path(metrics_path))
+    copy_adapter(ckpt_dir / f"global_step_{reached}" / "actor" / "lora_adapter", Path(adapter_dir), cfg)
     return {"engine": "verl", "steps": reached, "planned_steps": planned, "resumed_from_step": start,
             "train_rows": n_rows}
 
 
+def _stop_reason(audit_dir: Path) -> str:
+    """Why the reward stopped the run, when it did (the reward workers die inside Ray: their exception
+    reaches us only as main_ppo's exit code)."""
+    from llmrnn.reward import STOP_REASON_FILE
+
+    path = audit_dir / STOP_REASON_FILE
+    return f": {path.read_text(encoding='utf-8').strip()}" if path.is_file() else ""
+
+
 def copy_adapter(src: Path, dst: Path, cfg: dict) -> None:
-    """verl's actor/lora_adapter carries the real alpha (model_merger's copy says 0: FINDINGS §5)."""
+    """verl's actor/lora_adapter carries the real alpha (model_merger's copy says 0)."""
     from llmrnn.train.trl_engine import check_adapter
 
     if not (src / "adapter_config.json").is_file():

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from llmrnn.preflight import training_checks
 from llmrnn.train import config as tcfg
-from llmrnn.train.preflight import training_checks
 from tests.verl.rows import make_rows, write_parquet
 
 GOOD = {"engine": "trl", "group_size": 4, "batch": {"train": 2, "mini": 2, "micro_per_gpu": 4},
@@ -87,6 +87,16 @@ def test_too_few_rows_lr_warmup_gpus_and_disk(parquets, tiny_model_dir):
     assert any("fewer than one batch" in p for p in res["problems"])
     res = training_checks(_cfg(warmup_steps=8), *parquets, tiny_model_dir)
     assert any("warmup_steps=8 >= the run's 8 optimizer steps" in p for p in res["problems"])
+    # the LR-schedule preflight: still below 30% of train.lr at optimizer step min(20, run) -> refused
+    res = training_checks(_cfg(warmup_steps=7), *parquets, tiny_model_dir)
+    assert res["lr_schedule"]["check_step"] == 8
+    assert not any("LR schedule" in p for p in res["problems"])  # 8/7 of warmup: the full LR at step 8
+    res = training_checks(_cfg(warmup_steps=40, epochs=20), *parquets, tiny_model_dir)
+    assert res["lr_schedule"]["lr_at_check_step"] == pytest.approx(3e-6 * 20 / 40)
+    assert not any("LR schedule" in p for p in res["problems"])  # 50% at step 20
+    res = training_checks(_cfg(warmup_steps=70, epochs=20), *parquets, tiny_model_dir)
+    assert any("LR schedule: at optimizer step 20 of 80 the LR is 8.57e-07, below 30%" in p
+               for p in res["problems"]), res["problems"]
     res = training_checks(_cfg(engine="verl", n_gpus_per_node=2), *parquets, tiny_model_dir, gpus_available=0)
     assert any("n_gpus_per_node=2 but 0 GPU(s)" in p for p in res["problems"])
     res = training_checks(_cfg(min_free_disk_gb=1e9), *parquets, tiny_model_dir)
@@ -96,7 +106,7 @@ def test_too_few_rows_lr_warmup_gpus_and_disk(parquets, tiny_model_dir):
 def test_cli_exits_nonzero_with_clear_message(parquets, tiny_model_dir, tmp_path):
     out = tmp_path / "pre.json"
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "llmrnn"), "train", "preflight", "--cfg",
+        [str(Path(sys.executable).parent / "llmrnn"), "preflight", "training", "--cfg",
          json.dumps({"train": _cfg(batch={"micro_per_gpu": 3})}), "--train", parquets[0], "--val", parquets[1],
          "--model", str(tiny_model_dir), "--out", str(out)],
         capture_output=True, text=True, check=False,

@@ -6,7 +6,7 @@
 # The node advertises more CPUs and memory than the machine has (SlurmdParameters=config_overrides),
 # so profiles/slurm runs unchanged: its A100-sized requests (16 CPUs, 128 GB) fit the fake node.
 #
-# Usage (root): ci/slurm/up.sh            stop with ci/slurm/down.sh
+# Usage (root): .ci/slurm/up.sh            stop with .ci/slurm/down.sh
 # Env: LLMRNN_SLURM_ROOT [/tmp/llmrnn-slurm]  state, logs, fake devices
 #      LLMRNN_SLURM_CPUS [64]  LLMRNN_SLURM_MEM_MB [1000000]  what the fake node advertises
 # Exit codes: 0 up (or already up), 2 not root / cannot install, 1 daemons did not come up.
@@ -16,29 +16,29 @@ CPUS=${LLMRNN_SLURM_CPUS:-64}
 MEM_MB=${LLMRNN_SLURM_MEM_MB:-1000000}
 
 if [ "$(id -u)" != 0 ]; then
-  echo "ci/slurm/up.sh: needs root (starts munged, slurmctld, slurmd); skipping" >&2
+  echo ".ci/slurm/up.sh: needs root (starts munged, slurmctld, slurmd); skipping" >&2
   exit 2
 fi
 if ! [ -x /usr/sbin/slurmctld ] || ! [ -x /usr/sbin/slurmd ] || ! [ -x /usr/sbin/munged ] \
    || ! command -v sbatch >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   if ! command -v apt-get >/dev/null; then
-    echo "ci/slurm/up.sh: slurm-wlm/munge missing and no apt-get to install them" >&2
+    echo ".ci/slurm/up.sh: slurm-wlm/munge missing and no apt-get to install them" >&2
     exit 2
   fi
-  echo "ci/slurm/up.sh: installing slurm-wlm munge slurm-client (Debian packages)" >&2
+  echo ".ci/slurm/up.sh: installing slurm-wlm munge slurm-client (Debian packages)" >&2
   { apt-get update -qq && apt-get install -y -qq --no-install-recommends slurm-wlm munge slurm-client >/dev/null; } \
-    || { echo "ci/slurm/up.sh: apt-get install slurm-wlm munge slurm-client failed" >&2; exit 2; }
+    || { echo ".ci/slurm/up.sh: apt-get install slurm-wlm munge slurm-client failed" >&2; exit 2; }
 fi
 
 if [ -f "$R/run/slurmctld.pid" ] && kill -0 "$(cat "$R/run/slurmctld.pid")" 2>/dev/null \
    && sinfo -h -o %T 2>/dev/null | grep -q -E 'idle|mix|alloc'; then
-  echo "ci/slurm/up.sh: already up ($R)" >&2
+  echo ".ci/slurm/up.sh: already up ($R)" >&2
   sinfo
   exit 0
 fi
 if [ -e /etc/slurm/slurm.conf ] && [ "$(readlink -f /etc/slurm/slurm.conf)" != "$(readlink -f "$R/etc/slurm.conf" 2>/dev/null || echo none)" ]; then
-  echo "ci/slurm/up.sh: /etc/slurm/slurm.conf exists and is not ours; refusing to replace a real SLURM config" >&2
+  echo ".ci/slurm/up.sh: /etc/slurm/slurm.conf exists and is not ours; refusing to replace a real SLURM config" >&2
   exit 2
 fi
 
@@ -91,6 +91,6 @@ for _ in $(seq 60); do
   if sinfo -h -o %T 2>/dev/null | grep -q idle; then sinfo; exit 0; fi
   sleep 1
 done
-echo "ci/slurm/up.sh: node did not become idle within 60 s; logs:" >&2
+echo ".ci/slurm/up.sh: node did not become idle within 60 s; logs:" >&2
 tail -n 20 "$R/log/slurmctld.log" "$R/log/slurmd.log" >&2 || true
 exit 1

@@ -1,0 +1,41 @@
+# Preflight: before any GPU hour is spent, prove that the real judge follows the score format and gives
+# distinct rewards, and that the training run is possible (batch geometry, prompt lengths, LR, GPUs,
+# disk). Runs in the judge/trainer service group; preflight.json must say ok before train_grpo starts.
+
+
+rule preflight:
+    input:
+        train=f"{RUN}/trajectories/train.parquet",
+        val=f"{RUN}/trajectories/val.parquet",
+        endpoint=rules.judge_server.output.endpoint,
+        rubric=config["judge"]["rubric"],
+        policy=memory_model_input(),
+    output:
+        report=f"{RUN}/train/preflight.json",
+        audit=directory(f"{RUN}/train/preflight_audit"),
+    log:
+        f"{LOGS}/preflight.log",
+    conda:
+        conda_env("cpu")
+    # 0: preflight mostly waits on the judge; it shares the service group with train_grpo, whose cores
+    # count (llmrnn runs a 0-thread job single-threaded: cli.sanitize_thread_env).
+    threads: 0
+    params:
+        cfg=preflight_cfg(),
+        code=code_hash(
+            "llmrnn.preflight",
+            "llmrnn.reward",
+            "llmrnn.rubric",
+            "llmrnn.judge.client",
+            "llmrnn.retry",
+            "llmrnn.train.config",
+            "llmrnn.train.data",
+            "llmrnn.jsonparse",
+            "llmrnn.matching",
+            "llmrnn.stats",
+            "llmrnn.models",
+        ),
+    shell:
+        "llmrnn preflight run --train-parquet {input.train:q} --val-parquet {input.val:q} "
+        "--endpoint {input.endpoint:q} --out {output.report:q} --audit-dir {output.audit:q} "
+        "--tokenizer-dir {input.policy:q} --cfg {params.cfg:q} 2> {log:q}"

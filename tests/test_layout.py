@@ -1,0 +1,137 @@
+"""The package reads like its rules: CONTRIBUTING's rule -> command -> module table is true, every output a
+rule declares reaches its command, and no function in src/llmrnn is longer than 100 lines."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import re
+from pathlib import Path
+
+from llmrnn import cli
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_FUNCTION_LINES = 100
+# Files still being split elsewhere (issue 13 item 5); remove an entry once the file is under the limit.
+
+
+def parse_rules(text: str, file: str) -> dict[str, dict]:
+    """rule name -> {file, command ("llmrnn verb [sub]" or None), outputs, shell} of one .smk text."""
+    found = {}
+    for m in re.finditer(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", text, re.DOTALL | re.MULTILINE):
+        body = m.group(2)
+        shell = body.split("    shell:", 1)[1] if "    shell:" in body else ""
+        cmd = re.search(r"llmrnn ([a-z][\w-]*)(?: ([a-z][\w-]*))?", shell)
+        outputs = re.search(r"^    output:\n(.*?)(?=^    \w)", body, re.DOTALL | re.MULTILINE)
+        found[m.group(1)] = {
+            "file": file,
+            "command": " ".join(["llmrnn", *(g for g in cmd.groups() if g)]) if cmd else None,
+            "outputs": re.findall(r"^        (\w+)=", outputs.group(1), re.MULTILINE) if outputs else [],
+            "shell": shell,
+        }
+    return found
+
+
+def rules_in_workflow() -> dict[str, dict]:
+    found = {}
+    for path in sorted((REPO / "rules").glob("*.smk")):
+        found.update(parse_rules(path.read_text(), str(path.relative_to(REPO))))
+    return found
+
+
+def outputs_not_passed(rules: dict[str, dict]) -> list[str]:
+    return [f"rule {name}: output {out} is not passed to its command"
+            for name, rule in rules.items() for out in rule["outputs"]
+            if not re.search(rf"\{{output\.{out}(:q)?\}}", rule["shell"])]
+
+
+def contributing_table() -> dict[str, dict]:
+    rows = {}
+    text = (REPO / "CONTRIBUTING.md").read_text()
+    for line in text.split("## Where is stage X?", 1)[1].split("\n## ", 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or not cells[0].startswith("`"):
+            continue
+        command = re.fullmatch(r"`(llmrnn [^`]+)`", cells[2])
+        rows[cells[0].strip("`")] = {
+            "file": cells[1],
+            "command": command.group(1) if command else None,
+            "modules": [m.strip() for m in cells[3].split(",") if m.strip()],
+        }
+    return rows
+
+
+def registered_commands(module_name: str) -> set[str]:
+    """`llmrnn verb` and `llmrnn verb sub` for every (sub)command the module's register() adds."""
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    importlib.import_module(module_name).register(sub)
+    out = set()
+    for verb, verb_parser in sub.choices.items():
+        out.add(f"llmrnn {verb}")
+        for action in verb_parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                out.update(f"llmrnn {verb} {name}" for name in action.choices)
+    return out
+
+
+def module_name(path: str) -> str:
+    name = path.removeprefix("src/").removesuffix(".py").replace("/", ".")
+    return name.removesuffix(".__init__")
+
+
+def test_table_lists_every_rule_with_its_file_and_command():
+    rules, table = rules_in_workflow(), contributing_table()
+    assert set(table) == set(rules), (
+        f"rules missing from CONTRIBUTING.md: {sorted(set(rules) - set(table))}; "
+        f"rows without a rule: {sorted(set(table) - set(rules))}"
+    )
+    for name, rule in rules.items():
+        assert table[name]["file"] == rule["file"], name
+        assert table[name]["command"] == rule["command"], name
+
+
+def test_each_command_is_registered_by_the_module_the_table_names():
+    for name, row in contributing_table().items():
+        for path in row["modules"]:
+            assert (REPO / path).is_file(), f"{name}: {path} does not exist"
+        if row["command"] is None:
+            continue
+        home = module_name(row["modules"][0])
+        assert home in cli.STAGE_MODULES, f"{name}: {home} is not in cli.STAGE_MODULES"
+        assert row["command"] in registered_commands(home), f"{name}: {home} does not register {row['command']}"
+
+
+def test_every_declared_output_is_passed_to_the_command():
+    rules = rules_in_workflow()
+    assert {"adapter", "metrics", "summary"} <= set(rules["train_grpo"]["outputs"])  # the parser sees outputs
+    assert outputs_not_passed(rules) == []
+
+
+def test_an_output_left_out_of_the_command_is_found():
+    text = (
+        "rule demo:\n    input:\n        x=\"a\",\n    output:\n        main=\"b\",\n        side=\"c\",\n"
+        "    log:\n        \"l\",\n    shell:\n        \"llmrnn demo run --x {input.x} --out {output.main} 2> {log}\"\n"
+    )
+    rules = parse_rules(text, "rules/demo.smk")
+    assert rules["demo"]["command"] == "llmrnn demo run" and rules["demo"]["outputs"] == ["main", "side"]
+    assert outputs_not_passed(rules) == ["rule demo: output side is not passed to its command"]
+
+
+def function_lengths() -> list[tuple[int, str]]:
+    out = []
+    for path in sorted((REPO / "src" / "llmrnn").rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.append((node.end_lineno - node.lineno + 1, f"{rel}:{node.lineno} {node.name}", rel))
+    return out
+
+
+def test_no_function_is_longer_than_100_lines():
+    lengths = function_lengths()
+    assert len(lengths) > 100  # the walk really saw the package
+    long = [f"{where} ({n} lines)" for n, where, rel in lengths
+            if n > MAX_FUNCTION_LINES]
+    assert not long, "split these where the parts have names of their own: " + "; ".join(long)
