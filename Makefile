@@ -70,7 +70,7 @@ gpu-lock: $(STAMP)
 # modules (~10 min on 2 shared cores; not part of `make test`).
 GPU_ROUTE_TESTS := tests/test_backends.py tests/test_rnn.py tests/test_trajectories.py tests/test_merge.py \
   tests/test_judge.py tests/test_reward.py tests/test_rubric.py tests/test_models.py tests/test_preflight.py \
-  tests/test_train_preflight.py tests/test_gpu_stack.py tests/test_evaluate.py
+  tests/test_preflight_training.py tests/test_gpu_stack.py tests/test_evaluate.py
 .PHONY: test-gpu-stack
 test-gpu-stack: .venv-gpu-cpu/.installed-llmrnn
 	PATH=$(CURDIR)/.venv-gpu-cpu/bin:$$PATH OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error \
