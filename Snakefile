@@ -18,14 +18,37 @@ container: workflow_container()
 
 include: "rules/cohort.smk"
 include: "rules/models.smk"
-include: "rules/trajectories.smk"
+
+
+# recipe: memory_head (trajectories, GRPO of the memory head, its eval) | qa (rules/qa.smk)
+if recipe_is("memory_head"):
+
+    include: "rules/trajectories.smk"
+
+
 include: "rules/judge.smk"
-include: "rules/preflight.smk"
-include: "rules/train.smk"
+
+
+if recipe_is("memory_head"):
+
+    include: "rules/preflight.smk"
+    include: "rules/train.smk"
+
+else:
+
+    include: "rules/qa.smk"
+
+
 include: "rules/merge.smk"
 include: "rules/release.smk"
-include: "rules/evaluate.smk"
-include: "rules/report.smk"
+
+
+if recipe_is("memory_head"):
+
+    include: "rules/evaluate.smk"
+    include: "rules/report.smk"
+
+
 include: "rules/check.smk"
 
 
@@ -33,3 +56,9 @@ rule all:
     default_target: True
     input:
         all_targets(),
+
+
+# the held-out evaluation of either recipe (memory head: rules/evaluate.smk; qa: rules/qa.smk)
+rule eval_heldout:
+    input:
+        eval_heldout_targets(),

@@ -9,8 +9,8 @@ rule check:
     log:
         f"{LOGS}/check.log",
     conda:
-        "../envs/data.yaml"
+        conda_env("data")
     params:
         configfiles=check_configfiles(),
     shell:
-        "llmrnn check --configfile {params.configfiles:q} 2>&1 | tee {log:q}; exit ${{PIPESTATUS[0]:q}}"
+        "llmrnn check --configfile {params.configfiles:q} 2>&1 | tee {log:q}; exit ${{PIPESTATUS[0]}}"

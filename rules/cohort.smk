@@ -5,7 +5,7 @@ rule synth_cohort:
     log:
         "logs/synth_cohort.log",
     conda:
-        "../envs/data.yaml"
+        conda_env("data")
     params:
         patients=config["cohort"]["synthetic"]["patients"],
         seed=config["cohort"]["synthetic"]["seed"],
@@ -24,7 +24,7 @@ rule clean_cohort:
     log:
         f"{LOGS}/clean_cohort.log",
     conda:
-        "../envs/data.yaml"
+        conda_env("data")
     params:
         raw_cohort_sha256=raw_cohort_sha256,
         code=code_hash("llmrnn.cohort"),
@@ -44,7 +44,7 @@ rule split_cohort:
     log:
         f"{LOGS}/split_cohort.log",
     conda:
-        "../envs/data.yaml"
+        conda_env("data")
     params:
         cfg=json.dumps(config["split"], sort_keys=True),
         code=code_hash("llmrnn.cohort"),

@@ -68,6 +68,8 @@ def raw_cohort_sha256(wildcards):
 
 
 def all_targets():
+    if recipe_is("qa"):
+        return qa_targets()
     return [
         f"{RUN}/splits/splits.json",
         *trajectory_targets(),
@@ -99,7 +101,10 @@ def eval_forward_cfg():
     roles/prompts sections (models and the prompt file are inputs). Grading and statistics knobs are
     left out, so changing them never reruns the forward pass.
     """
-    subset = {k: config["eval"][k] for k in ("max_patients", "patient_seed", "seed")}
+    subset = {
+        k: config["eval"][k]
+        for k in ("max_patients", "max_visits", "patient_seed", "seed")
+    }
     return json.dumps(
         {
             "eval": subset,
@@ -172,12 +177,15 @@ def eval_shard_files(kind):
 
 
 def eval_heldout_targets():
+    if recipe_is("qa"):
+        return qa_eval_targets()
     plots = f"{RUN}/eval/plots"
     return [
         f"{RUN}/eval/metrics.json",
         f"{RUN}/eval/comparison.json",
         f"{plots}/acc_bars.png",
         f"{plots}/acc_by_visit.png",
+        f"{plots}/memory_recall.png",
         f"{plots}/summary.tsv",
     ]
 
@@ -191,11 +199,25 @@ def judge_rubric():
 
 
 def judge_model_input(wildcards):
-    """The .ready marker of a local judge model (built by prepare_base_model); none for hub/path models."""
+    """The .ready marker of the judge model's local copy (the server loads only that copy, offline):
+    prepare_base_model for `source: local`, prepare_judge_model for `source: hub`; none for a `path`.
+    """
     rubric = judge_rubric()
     if rubric.model_source == "local":
         return model_ready(rubric.model)
-    return []
+    if rubric.model_source == "path":
+        return []
+    from llmrnn.judge.launcher import judge_model_dir
+
+    return str(judge_model_dir(rubric) / ".ready")
+
+
+def judge_model_cfg_json():
+    """What the judge model's download depends on: its hub id (not the rubric's prompts)."""
+    rubric = judge_rubric()
+    return json.dumps(
+        {"model": rubric.model, "source": rubric.model_source}, sort_keys=True
+    )
 
 
 def judge_gpus():
@@ -284,9 +306,23 @@ def trajectories_cfg_json():
     )
 
 
-def trajectories_env():
-    vllm = any(r.get("backend") == "vllm" for r in config["roles"].values())
-    return "../envs/vllm.yaml" if vllm else "../envs/cpu.yaml"
+def conda_env(stage):
+    """The conda env file (--sdm conda) of every job, chosen in this one place. Stages: data (cohort,
+    report), cpu (models, merge, release, preflight), forward (trajectory and eval shards; vllm when a
+    role uses the vLLM backend), judge (vllm for a `vllm serve` judge), train (verl or cpu).
+    """
+    if stage == "forward":
+        vllm = any(r.get("backend") == "vllm" for r in config["roles"].values())
+        name = "vllm" if vllm else "cpu"
+    elif stage == "judge":
+        name = "vllm" if judge_gpus() else "cpu"
+    elif stage == "train":
+        name = "verl" if config["train"]["engine"] == "verl" else "cpu"
+    elif stage in ("data", "cpu"):
+        name = stage
+    else:
+        raise WorkflowError(f"conda_env: unknown stage {stage!r}")
+    return f"../envs/{name}.yaml"
 
 
 def trajectory_shard_files(split, ext):
@@ -354,6 +390,14 @@ def release_cfg_json():
         for s in RELEASE_KNOB_SECTIONS
         if s in config
     }
+    if recipe_is(
+        "qa"
+    ):  # only then: the memory head's manifest (and params) stay as they were
+        knobs["recipe"] = config["recipe"]
+        knobs["qa"] = {k: v for k, v in config["qa"].items() if k != "eval"}
+        knobs["qa"]["sft"] = {
+            k: v for k, v in config["qa"]["sft"].items() if k not in NOT_A_KNOB
+        }
     return json.dumps(
         {"run_name": config["run_name"], "release": config["release"], "knobs": knobs},
         sort_keys=True,
@@ -382,3 +426,174 @@ def workflow_container():
     from profiles/slurm/llmrnn-verl.def over the reference verl image); None: on the host.
     """
     return os.environ.get("LLMRNN_CONTAINER") or None
+
+
+# ----------------------------------------------------------------------------- recipes / qa
+# recipe: memory_head (the LLM-as-RNN DAG above) | qa (rules/qa.smk). Both share cohort, models, judge,
+# merge (merge_model, whose base is the recipe's policy) and release.
+QA = f"{RUN}/qa"
+QA_EVAL = f"{RUN}/eval"
+QA_VARIANT_PATTERN = "base|sft|grpo"
+QA_SYNTH = "resources/qa"
+
+
+def recipe_is(name):
+    return config["recipe"] == name
+
+
+def model_dir_of(path):
+    """The HF folder of a model input (its .ready marker or the folder itself), for a value in params."""
+    return os.path.dirname(path) if os.path.basename(path) == ".ready" else path
+
+
+def qa_model_input():
+    """The qa base model as an input: its .ready marker (a configured name) or its folder."""
+    ref = config["qa"]["model"]
+    return model_ready(ref) if is_model_name(ref) else ref
+
+
+def qa_sft_enabled():
+    return config["qa"]["sft"]["enabled"]
+
+
+def grpo_rule():
+    """The GRPO job of this recipe (train_grpo or qa_train_grpo): merge_model and release read its
+    outputs through it. Called from rule bodies, after every rule file is included."""
+    return rules.qa_train_grpo if recipe_is("qa") else rules.train_grpo
+
+
+def merge_base_input():
+    """The base merge_model folds the GRPO adapter into: the memory model, or (recipe qa) the model GRPO
+    started from."""
+    return qa_policy_input() if recipe_is("qa") else memory_model_input()
+
+
+def qa_policy_input():
+    """The model GRPO starts from: the merged SFT model when the warm start is on, else the base."""
+    return f"{QA}/sft/merged" if qa_sft_enabled() else qa_model_input()
+
+
+def qa_source_path(wildcards):
+    source = config["qa"]["source"]
+    if source == "synthetic":
+        return f"{QA_SYNTH}/synthetic.jsonl"
+    if source.startswith("hf:"):
+        return (
+            []
+        )  # a datasets name/path: resolved by the CLI, not a file Snakemake tracks
+    if not Path(source).exists():
+        raise WorkflowError(
+            f"qa.source: {source} does not exist (a JSON/JSONL QA file, hf:<dataset>, or synthetic)"
+        )
+    return source
+
+
+def qa_ood_path(wildcards):
+    ood = config["qa"]["ood"]
+    if ood == "synthetic":
+        return f"{QA_SYNTH}/synthetic_ood.jsonl"
+    return [] if not ood or ood.startswith("hf:") else ood
+
+
+def qa_source_param(wildcards, input):
+    """--source of `llmrnn qa data`: the tracked file, or the hf: name as configured."""
+    return getattr(input, "source", None) or config["qa"]["source"]
+
+
+def qa_ood_param(wildcards, input):
+    """--ood of `llmrnn qa data`: the tracked file, an hf: name, or "" (no OOD set)."""
+    return getattr(input, "ood", None) or config["qa"]["ood"] or ""
+
+
+def qa_data_cfg():
+    return json.dumps(
+        {
+            k: config["qa"][k]
+            for k in ("fields", "dataset", "filter", "split", "prompt")
+        },
+        sort_keys=True,
+    )
+
+
+def qa_sft_cfg():
+    return json.dumps({"sft": config["qa"]["sft"]}, sort_keys=True)
+
+
+def qa_sft_merge_cfg():
+    """params of qa_merge_sft: the merge knobs + the SFT LoRA rank/alpha the adapter is checked against."""
+    merge = {k: v for k, v in config["merge"].items() if k not in NOT_A_KNOB}
+    lora = config["qa"]["sft"]["lora"]
+    return json.dumps(
+        {"merge": merge, "train": {"lora": {k: lora[k] for k in ("rank", "alpha")}}},
+        sort_keys=True,
+    )
+
+
+def qa_train_cfg():
+    """params of qa_train_grpo: the shared train section + the qa reward (the fluency reward scores
+    under the qa base model; the judge reward reads qa.reward.rubric or judge.rubric).
+    """
+    reward = dict(config["qa"]["reward"])
+    reward["fluency_model"] = model_dir_of(qa_model_input())
+    reward["rubric"] = reward.get("rubric") or config["judge"]["rubric"]
+    return json.dumps({"train": config["train"], "reward": reward}, sort_keys=True)
+
+
+def qa_judge_input(wildcards):
+    """The judge service when the judge reward is on (else GRPO needs no judge)."""
+    return (
+        {"endpoint": f"{RUN}/judge/endpoint.json"}
+        if config["qa"]["reward"]["weights"]["judge"]
+        else {}
+    )
+
+
+def qa_endpoint_param(wildcards, input):
+    """--endpoint of GRPO: the judge's endpoint.json when the judge reward is on, else "" (none)."""
+    return input.endpoint if "endpoint" in input.keys() else ""
+
+
+def qa_variants():
+    return ["base", *(["sft"] if qa_sft_enabled() else []), "grpo"]
+
+
+def qa_eval_splits():
+    return ["test", *(["ood"] if config["qa"]["ood"] else [])]
+
+
+def qa_eval_model(wildcards):
+    """Inputs of qa_eval_model: the variant's model (and the merge check it must have passed)."""
+    if wildcards.variant == "base":
+        return {"model": qa_model_input()}
+    if wildcards.variant == "sft":
+        return {"model": f"{QA}/sft/merged", "check": f"{QA}/sft/merge_check.json"}
+    return {"model": f"{RUN}/merged", "check": f"{RUN}/merge_check.json"}
+
+
+def qa_eval_files():
+    return [
+        f"{QA_EVAL}/{variant}/{split}.jsonl"
+        for variant in qa_variants()
+        for split in qa_eval_splits()
+    ]
+
+
+def qa_eval_cfg():
+    return json.dumps(
+        {"eval": {k: v for k, v in config["qa"]["eval"].items() if k != "resources"}},
+        sort_keys=True,
+    )
+
+
+def qa_eval_targets():
+    return [
+        f"{QA_EVAL}/metrics.json",
+        f"{QA_EVAL}/comparison.json",
+        f"{QA_EVAL}/plots/pass_at_k.png",
+        f"{QA_EVAL}/plots/summary.tsv",
+        f"{QA_EVAL}/plots/questions.tsv",
+    ]
+
+
+def qa_targets():
+    return [f"{QA}/splits.json", *release_targets(), *qa_eval_targets()]

@@ -16,7 +16,7 @@ rule eval_shard:
         variant=EVAL_VARIANT_PATTERN,
         shard=r"\d+",
     conda:
-        "../envs/cpu.yaml"
+        conda_env("forward")
     threads: config["eval"]["threads"]
     resources:
         gpu=config["eval"]["resources"]["gpu"],
@@ -45,7 +45,7 @@ rule eval_grade:
         variant=EVAL_VARIANT_PATTERN,
         shard=r"\d+",
     conda:
-        "../envs/data.yaml"
+        conda_env("data")
     params:
         cfg=eval_cfg_json("final_judge", "grade_visits"),
         code=eval_code_hash("grade"),
@@ -62,15 +62,10 @@ rule eval_gather:
     log:
         f"{LOGS}/eval/gather.log",
     conda:
-        "../envs/data.yaml"
+        conda_env("data")
     params:
         cfg=eval_cfg_json("final_judge", "stats"),
         code=code_hash("llmrnn.evaluate", "llmrnn.stats", "llmrnn.matching"),
     shell:
         "llmrnn evaluate gather --graded {input:q} --metrics {output.metrics:q} "
         "--comparison {output.comparison:q} --cfg {params.cfg:q} 2> {log:q}"
-
-
-rule eval_heldout:
-    input:
-        eval_heldout_targets(),

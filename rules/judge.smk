@@ -11,7 +11,7 @@ rule judge_server:
     log:
         f"{LOGS}/judge_server.log",
     conda:
-        "../envs/vllm.yaml" if judge_gpus() else "../envs/cpu.yaml"
+        conda_env("judge")
     # 0: the service must not take the cores its consumers (same group) need; `-n --cores 1` stays valid.
     threads: 0
     resources:
@@ -27,6 +27,7 @@ rule judge_server:
             "llmrnn.judge.launcher",
             "llmrnn.judge.server",
             "llmrnn.backends",
+            "llmrnn.models",
             "llmrnn.retry",
             "llmrnn.rubric",
         ),

@@ -4,15 +4,15 @@
 
 rule merge_model:
     input:
-        base=memory_model_input(),
-        adapter=rules.train_grpo.output.adapter,
+        base=merge_base_input(),
+        adapter=grpo_rule().output.adapter,
     output:
         merged=directory(f"{RUN}/merged"),
         check=f"{RUN}/merge_check.json",
     log:
         f"{LOGS}/merge_model.log",
     conda:
-        "../envs/cpu.yaml"
+        conda_env("cpu")
     threads: config["merge"]["resources"]["cpus_per_task"]
     resources:
         gpu=config["merge"]["resources"]["gpu"],

@@ -10,7 +10,7 @@ rule prepare_base_model:
     wildcard_constraints:
         name=r"[A-Za-z0-9._-]+",
     conda:
-        "../envs/cpu.yaml"
+        conda_env("cpu")
     threads: 1
     resources:
         mem_mb=model_mem_mb,
@@ -19,3 +19,27 @@ rule prepare_base_model:
         code=code_hash("llmrnn.models"),
     shell:
         "llmrnn models prepare --name {wildcards.name:q} --cfg {params.cfg:q} --out {output.marker:q} 2> {log:q}"
+
+
+# The judge model of a rubric with `judge.source: hub` as a file-tracked target: downloaded once with
+# huggingface_hub (HF_TOKEN from the environment for gated repos); the judge server then starts offline
+# from this copy only (`source: path` names a local folder; `local`, a model of prepare_base_model).
+# A local rule: compute nodes often cannot reach the Hub, the login node can.
+localrules:
+    prepare_judge_model,
+
+
+rule prepare_judge_model:
+    output:
+        marker="resources/judge_models/{slug}/.ready",
+    log:
+        "logs/models/judge-{slug}.log",
+    wildcard_constraints:
+        slug=r"[A-Za-z0-9._-]+",
+    conda:
+        conda_env("cpu")
+    params:
+        rubric=config["judge"]["rubric"],
+        model=judge_model_cfg_json(),
+    shell:
+        "llmrnn judge prepare-model --rubric {params.rubric:q} --out {output.marker:q} 2> {log:q}"

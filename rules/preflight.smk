@@ -16,7 +16,7 @@ rule preflight:
     log:
         f"{LOGS}/preflight.log",
     conda:
-        "../envs/cpu.yaml"
+        conda_env("cpu")
     # 0: preflight mostly waits on the judge; it shares the service group with train_grpo, whose cores
     # count (llmrnn runs a 0-thread job single-threaded: cli.sanitize_thread_env).
     threads: 0

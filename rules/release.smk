@@ -13,7 +13,7 @@ rule release:
             rules.split_cohort.output.val,
             rules.split_cohort.output.test,
         ],
-        metrics=rules.train_grpo.output.metrics,
+        metrics=grpo_rule().output.metrics,
         rubric=config["judge"]["rubric"],
     output:
         card=f"{RUN}/release/README.md",
@@ -22,7 +22,7 @@ rule release:
     log:
         f"{LOGS}/release.log",
     conda:
-        "../envs/cpu.yaml"
+        conda_env("cpu")
     params:
         cfg=release_cfg_json(),
         code=code_hash("llmrnn.release", "llmrnn.phi_guard", "llmrnn.upload"),

@@ -17,9 +17,7 @@ rule train_grpo:
     log:
         f"{LOGS}/train_grpo.log",
     conda:
-        "../envs/verl.yaml"
-        if config["train"]["engine"] == "verl"
-        else "../envs/cpu.yaml"
+        conda_env("train")
     threads: train_threads()
     resources:
         gpu=train_gpus(),
@@ -43,6 +41,7 @@ rule train_grpo:
             "llmrnn.train.verl_cmd",
             "llmrnn.reward",
             "llmrnn.rubric",
+            "llmrnn.judge",
             "llmrnn.judge.client",
             "llmrnn.retry",
             "llmrnn.preflight",

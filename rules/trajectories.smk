@@ -16,7 +16,7 @@ rule trajectory_shard:
         split="train|val",
         k=r"\d+",
     conda:
-        trajectories_env()
+        conda_env("forward")
     threads: config["trajectories"]["threads"]
     resources:
         gpu=config["trajectories"]["resources"]["gpu"],
@@ -53,7 +53,7 @@ rule dump_trajectories:
     wildcard_constraints:
         split="train|val",
     conda:
-        "../envs/cpu.yaml"
+        conda_env("cpu")
     params:
         code=code_hash("llmrnn.trajectories", "llmrnn.stats", "llmrnn.models"),
     shell:

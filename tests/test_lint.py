@@ -25,6 +25,13 @@ def test_snakemake_lint():
     assert "good condition" in proc.stdout + proc.stderr
 
 
+def test_snakemake_lint_qa_recipe():
+    """The qa recipe swaps stage files (rules/qa.smk): its DAG is linted too."""
+    proc = run(str(BIN / "snakemake"), "--lint", "--cores", "1", "--configfile", "config/qa_demo.yaml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "good condition" in proc.stdout + proc.stderr
+
+
 def test_ruff():
     proc = run(str(BIN / "ruff"), "check", "src", "tests", "benchmarks")
     assert proc.returncode == 0, proc.stdout + proc.stderr

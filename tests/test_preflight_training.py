@@ -87,6 +87,16 @@ def test_too_few_rows_lr_warmup_gpus_and_disk(parquets, tiny_model_dir):
     assert any("fewer than one batch" in p for p in res["problems"])
     res = training_checks(_cfg(warmup_steps=8), *parquets, tiny_model_dir)
     assert any("warmup_steps=8 >= the run's 8 optimizer steps" in p for p in res["problems"])
+    # the LR-schedule preflight: still below 30% of train.lr at optimizer step min(20, run) -> refused
+    res = training_checks(_cfg(warmup_steps=7), *parquets, tiny_model_dir)
+    assert res["lr_schedule"]["check_step"] == 8
+    assert not any("LR schedule" in p for p in res["problems"])  # 8/7 of warmup: the full LR at step 8
+    res = training_checks(_cfg(warmup_steps=40, epochs=20), *parquets, tiny_model_dir)
+    assert res["lr_schedule"]["lr_at_check_step"] == pytest.approx(3e-6 * 20 / 40)
+    assert not any("LR schedule" in p for p in res["problems"])  # 50% at step 20
+    res = training_checks(_cfg(warmup_steps=70, epochs=20), *parquets, tiny_model_dir)
+    assert any("LR schedule: at optimizer step 20 of 80 the LR is 8.57e-07, below 30%" in p
+               for p in res["problems"]), res["problems"]
     res = training_checks(_cfg(engine="verl", n_gpus_per_node=2), *parquets, tiny_model_dir, gpus_available=0)
     assert any("n_gpus_per_node=2 but 0 GPU(s)" in p for p in res["problems"])
     res = training_checks(_cfg(min_free_disk_gb=1e9), *parquets, tiny_model_dir)

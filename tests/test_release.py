@@ -185,3 +185,18 @@ def test_logs_of_patient_text_stages_are_private(inputs, tmp_path):
     assert os.stat(log).st_mode & 0o777 == 0o600
     text = log.read_text()
     assert "cohort identifier (subject_id)" in text and str(inputs["patients"][0]["subject_id"]) not in text
+
+
+def test_qa_recipe_card_says_what_the_model_is(inputs, tmp_path, monkeypatch):
+    """recipe: qa: the card introduces a QA model (SFT + GRPO, its reward weights), not a memory head."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    out = tmp_path / "run" / "release_qa"
+    knobs = {**KNOBS, "recipe": "qa",
+             "qa": {"source": "synthetic", "sft": {"enabled": True},
+                    "reward": {"weights": {"exact_match": 1.0, "format": 0.2, "judge": 0.0}}}}
+    run_release(inputs, out, knobs=knobs)
+    card = (out / "README.md").read_text()
+    assert "medical question-answering model trained by the llmrnn `qa` recipe" in card
+    assert "a LoRA SFT warm start, then GRPO" in card and "exact_match 1.0, format 0.2)" in card
+    assert "memory-update model" not in card and "SYNTHETIC cohort" in card
+    assert json.loads((out / "MANIFEST.json").read_text())["knobs"]["recipe"] == "qa"

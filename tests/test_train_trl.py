@@ -81,8 +81,16 @@ def test_trl_writes_adapter_metrics_and_summary(tmp_path, tiny_model_dir, parque
     val = [r for r in rows if r["kind"] == "val"]
     assert [r["step"] for r in train] == list(range(1, 9))  # 8 rows / 2 per step x 2 epochs
     for key in ("reward_mean", "reward_std", "kl", "entropy", "response_length_mean", "grad_norm", "lr",
-                "step_time_s", "clip_ratio"):
+                "step_time_s", "clip_ratio", "truncation_rate"):
         assert all(r[key] is not None for r in train), key
+    # max_response_length=12 cuts the tiny model's rambling: the truncation rate sees it
+    assert any(r["truncation_rate"] > 0 for r in train) and all(0 <= r["truncation_rate"] <= 1 for r in train)
+    # a sample dump per save (save_freq=2 -> steps 2, 4, 6, 8), owner-only, with the rewards of that batch
+    dumps = sorted((out / "samples").glob("step_*.jsonl"))
+    assert [p.name for p in dumps] == [f"step_{s:06d}.jsonl" for s in (2, 4, 6, 8)]
+    assert all(p.stat().st_mode & 0o777 == 0o600 for p in dumps)
+    first = [json.loads(x) for x in dumps[0].read_text().splitlines()]
+    assert len(first) == 2 * 4 and all(isinstance(r["reward"], float) and r["completion"] for r in first)
     assert {r["step"] for r in val} >= {2, 4, 6, 8} and all(r["val_reward_mean"] > 0 for r in val)
     assert "train step 8/8" in log  # progress visible in the log
     # keep_last=2: only the two newest checkpoints stay
@@ -180,6 +188,39 @@ def test_changed_config_starts_over_instead_of_resuming(tmp_path, tiny_model_dir
     assert changed["resumed_from_step"] == 0 and changed["steps"] == 8
 
 
+def test_falls_in_a_row():
+    from llmrnn.train.trl_engine import falls_in_a_row
+
+    assert not falls_in_a_row([0.5, 0.4], 2)  # one fall
+    assert falls_in_a_row([0.5, 0.4, 0.3], 2)
+    assert not falls_in_a_row([0.5, 0.4, 0.45, 0.3], 2)  # the rise in between resets it
+    assert not falls_in_a_row([0.5, 0.5, 0.5], 2)  # flat is not a fall
+    assert falls_in_a_row([0.5, 0.4], 1)
+
+
+@pytest.mark.slow
+def test_early_stopping_on_a_falling_val_reward(tmp_path, tiny_model_dir, parquets):
+    """A reward that shrinks with every call makes each validation lower than the one before: with
+    patience 2 the run stops after the third validation (step 6 of 8) and still writes its adapter."""
+    from llmrnn.train import trl_engine
+
+    reward = tmp_path / "falling.py"
+    reward.write_text(
+        "CALLS = [0]\n"
+        "def falling(prompts, completions, **kw):\n"
+        "    CALLS[0] += 1\n"
+        "    return [1.0 / CALLS[0] + 0.01 * i for i in range(len(completions))]\n"
+    )
+    out = tmp_path / "train"
+    cfg = tiny_cfg(val_before_train=False, early_stopping={"enabled": True, "patience": 2})
+    summary = trl_engine.train(cfg, parquets[0], parquets[1], tiny_model_dir, **outputs(out),
+                               reward_spec=f"{reward}:falling")
+    assert summary["early_stopped_at_step"] == 6 and summary["steps"] == 6
+    assert (out / "adapter" / "adapter_config.json").is_file()
+    val = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in val if r["kind"] == "val"] == [2, 4, 6]
+
+
 # --------------------------------------------------------------------------- the judge during training
 JSON_POLICY = f"{Path(__file__).parent / 'judge_helpers.py'}:json_policy_reward"
 
@@ -196,8 +237,9 @@ def _judged_run(tmp_path, tiny_model_dir, parquets, respond, preflight: dict, **
                "reward": {"retries": 1, "backoff_s": 0.01, "health_timeout_s": 10}}
         proc = subprocess.run(
             [LLMRNN, "train", "run", "--cfg", json.dumps(cfg), "--train", parquets[0], "--val", parquets[1],
-             "--model", str(tiny_model_dir), "--out", str(out), "--endpoint", str(endpoint),
-             "--reward-func", JSON_POLICY],
+             "--model", str(tiny_model_dir), "--work-dir", str(out), "--adapter", str(out / "adapter"),
+             "--metrics", str(out / "metrics.jsonl"), "--summary", str(out / "summary.json"),
+             "--endpoint", str(endpoint), "--reward-func", JSON_POLICY],
             env=env, capture_output=True, text=True, timeout=900, check=False)
     return proc.returncode, proc.stdout + proc.stderr, out
 
@@ -225,3 +267,19 @@ def test_trl_stops_with_a_clear_reason_when_the_judge_degrades(tmp_path, tiny_mo
     assert code == 4, log
     assert "judge degraded during training: 8 of the last 8 judged samples (100%)" in log
     assert "Traceback" not in log and not (out / "adapter").exists()
+
+
+def test_json_close_tokens_end_a_memory_rollout(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from llmrnn.jsonparse import parse_memory
+    from llmrnn.train.trl_engine import json_close_token_ids
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    stops = json_close_token_ids(tok)
+    assert stops and tok.eos_token_id not in stops
+    assert all(tok.decode([i]).rstrip().endswith('"}') and "{" not in tok.decode([i]) for i in stops)
+    # a rollout cut right after its first stop token is exactly the memory JSON the reward parses
+    ids = tok('{"evolving_summary": "copd; chf"} and then some prose {"x": "y"}', add_special_tokens=False)["input_ids"]
+    first = next(k for k, i in enumerate(ids) if i in stops)
+    assert parse_memory(tok.decode(ids[: first + 1]), strict=True)[0] == "copd; chf"

@@ -167,6 +167,9 @@ def test_verl_run_streams_metrics_checks_completion_and_copies_adapter(tmp_path,
     assert summary["resumed_from_step"] == 4 and summary["steps"] == 8
     conf = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert (conf["r"], conf["lora_alpha"]) == (8, 16)
+    # rollout dumps hold patient text: verl runs under umask 077, so they are the owner's alone
+    assert (out / "rollouts" / "1.jsonl").stat().st_mode & 0o777 == 0o600
+    assert (out / "rollouts").stat().st_mode & 0o777 == 0o700
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(1, 9))
     assert [r["step"] for r in rows if r["kind"] == "val"] == [2, 4, 6, 8]
@@ -225,7 +228,8 @@ def test_verl_run_stops_with_the_reason_the_reward_left(tmp_path, monkeypatch):
     with ScriptedJudge(lambda body: next(answers)) as judge:
         endpoint = write_endpoint(tmp_path, judge.port, write_rubric(tmp_path))
         with pytest.raises(CheckFailed, match=r"exited with 1: judge degraded during training: 5 of the last 8"):
-            verl_cmd.run(cfg, train_parquet=train, val_parquet=None, model_dir="m", out_dir=str(out),
-                         experiment_name="e", endpoint_file=str(endpoint), verl_version="0.7.1")
+            verl_cmd.run(cfg, train_parquet=train, val_parquet=None, model_dir="m", work_dir=str(out),
+                         adapter_dir=out / "adapter", metrics_path=out / "metrics.jsonl", experiment_name="e",
+                         endpoint_file=str(endpoint), verl_version="0.7.1")
     rows = [json.loads(x) for x in (out / "state" / "metrics.jsonl").read_text().splitlines()]
     assert [r["judge_fallback_rate"] for r in rows if r["kind"] == "train"] == [0.0, 1.0]

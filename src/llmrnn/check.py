@@ -223,6 +223,10 @@ def check_judge(config: dict) -> list[str]:
         if rubric.model not in models:
             return [f"{what}: {rubric.model} is not a model in the config's `models` section"]
         return []
+    from llmrnn.judge.launcher import judge_model_dir
+
+    if (judge_model_dir(rubric) / ".ready").is_file():  # prepare_judge_model already made the local copy
+        return []
     if rubric.model_source == "path":
         p = Path(rubric.model)
         return [] if p.is_dir() else [f"{what}: folder {rubric.model} does not exist"]
@@ -249,12 +253,13 @@ def check_training(config: dict) -> list[str]:
     except LlmrnnError as exc:
         return [f"train: {exc}"]
     if cfg.get("engine") == "verl":
-        problems += check_verl_command(cfg)
+        # the qa recipe's reward is llmrnn.qa.rewards.compute_score (same signature, other module)
+        problems += check_verl_command(cfg, "llmrnn.qa.rewards" if config.get("recipe") == "qa" else None)
         problems += check_profile_gpus(config, cfg)
     return problems
 
 
-def check_verl_command(cfg: dict) -> list[str]:
+def check_verl_command(cfg: dict, reward_module: str | None = None) -> list[str]:
     try:
         import verl  # noqa: F401
     except ImportError:
@@ -267,6 +272,7 @@ def check_verl_command(cfg: dict) -> list[str]:
         overrides = verl_cmd.build_overrides(
             cfg, train_parquet="train.parquet", val_parquet="val.parquet", model_dir="model",
             out_dir="out", experiment_name="check",
+            reward_path=f"pkg://{reward_module}" if reward_module else None,
         )
     except LlmrnnError as exc:
         return [f"train (verl command): {exc}"]
@@ -324,6 +330,13 @@ def check_profile_gpus(config: dict, train_cfg: dict) -> list[str]:
     return problems
 
 
+def check_gpu_stack(config: dict) -> list[str]:
+    """verl/vLLM releases installed here that the config cannot use; more than one training node."""
+    from llmrnn.gpu_stack import stack_problems
+
+    return stack_problems(config)
+
+
 def check_upload(config: dict) -> list[str]:
     rel = config.get("release") or {}
     if not rel.get("upload"):
@@ -364,6 +377,7 @@ CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
     ("models", check_models),
     ("judge", check_judge),
     ("training", check_training),
+    ("gpu stack", check_gpu_stack),
     ("upload", check_upload),
 ]
 

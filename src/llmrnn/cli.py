@@ -30,6 +30,8 @@ STAGE_MODULES = [
     "llmrnn.report",
     "llmrnn.check",
     "llmrnn.gpus",
+    "llmrnn.qa",
+    "llmrnn.chat",
 ]
 
 
@@ -69,7 +71,7 @@ def sanitize_thread_env() -> None:
 
 # Stages whose logs can hold patient text (prompts, generations, refusals naming a file of the bundle).
 PATIENT_TEXT_COMMANDS = {"cohort", "trajectories", "judge", "preflight", "train", "merge", "release", "evaluate",
-                         "report"}
+                         "report", "qa"}
 
 
 def private_log_files() -> None:

@@ -322,7 +322,8 @@ def split_cohort(patients: list[dict], sizes: SplitSizes) -> dict[str, list[dict
 
 # ----------------------------------------------------------------------------- synthetic cohort
 # Longitudinal structure a memory can exploit: chronic conditions recur at later visits, and complications
-# follow the diagnoses that cause them (diabetes -> foot ulcer, atrial fibrillation -> stroke, ...).
+# follow the diagnoses that cause them (diabetes -> foot ulcer, atrial fibrillation -> stroke, ...). All
+# chronic conditions are listed at the first visit only; later visits do not repeat them.
 CHRONIC = {
     "type 2 diabetes mellitus": ["diabetic foot ulcer", "diabetic ketoacidosis", "hypoglycemia"],
     "essential hypertension": ["hypertensive emergency", "hypertensive heart disease"],
@@ -396,7 +397,10 @@ def synthesize_cohort(n_patients: int, seed: int, empty_diagnosis_rate: float = 
             if rng.random() < empty_diagnosis_rate / max(n_visits, 1):
                 diagnosis = ""
             complaint = COMPLAINT.get(primary, f"symptoms of {primary}")
-            pmh = ", ".join(sorted(set(chronic + history))) if v else ", ".join(chronic)
+            # Later visits restate only the condition behind this admission and earlier admissions'
+            # diagnoses: the other chronic conditions (named at visit 1, recurring in later discharge
+            # diagnoses) are kept only by a memory.
+            pmh = ", ".join(sorted(set([base] + history))) if v else ", ".join(chronic)
             sections = {
                 "discharge_diagnosis": diagnosis,
                 "chief_complaint": complaint,

@@ -269,6 +269,10 @@ def _data_checks(cfg: dict, train_parquet, val_parquet, tokenizer_dir, max_dropp
     return data, problems
 
 
+LR_CHECK_STEP = 20  # optimizer step at which the LR must have reached LR_MIN_FRACTION of train.lr
+LR_MIN_FRACTION = 0.3
+
+
 def _lr_checks(cfg: dict, planned: int, updates_per_step: int) -> tuple[dict, list[str]]:
     """The optimizer steps the run makes and the LR it sees at the first/last one."""
     from llmrnn.train import config as tcfg
@@ -290,18 +294,31 @@ def _lr_checks(cfg: dict, planned: int, updates_per_step: int) -> tuple[dict, li
         problems.append(
             f"train.warmup_steps={warm} >= the run's {updates} optimizer steps: the LR never reaches train.lr"
         )
+    # the schedule must reach useful values early: a run whose LR is still tiny after LR_CHECK_STEP updates
+    # (a long warmup, a cosine decaying over a short budget) spends its step budget learning nothing
+    check_step = min(LR_CHECK_STEP, updates)
+    if updates:
+        lr_check = tcfg.lr_at(cfg, check_step, updates)
+        schedule.update(check_step=check_step, lr_at_check_step=lr_check, min_fraction=LR_MIN_FRACTION)
+        if float(cfg["lr"]) > 0 and lr_check < LR_MIN_FRACTION * float(cfg["lr"]) and warm < updates:
+            problems.append(
+                f"LR schedule: at optimizer step {check_step} of {updates} the LR is {lr_check:.3g}, below "
+                f"{LR_MIN_FRACTION:.0%} of train.lr={cfg['lr']}: shorten train.warmup_steps or give the run more steps"
+            )
     if cfg["save_freq"] and planned and cfg["save_freq"] > planned:
         schedule["note"] = "save_freq > planned steps: only the final checkpoint is written"
     return schedule, problems
 
 
-def _gpu_checks(cfg: dict, gpus_available: int | None) -> tuple[dict, list[str]]:
+def _gpu_checks(cfg: dict, gpus_available: int | None, check_gpus: bool = True) -> tuple[dict, list[str]]:
     engine = cfg["engine"]
     need = 0 if engine == "trl" else cfg["n_gpus_per_node"]
     have = visible_gpus() if gpus_available is None else int(gpus_available)
     gpus = {"engine": engine, "requested_per_node": need, "nnodes": cfg["nnodes"], "available_here": have}
     problems = []
-    if engine == "verl" and have < need:
+    if not check_gpus:
+        gpus["checked_by"] = "train run (the training job)"
+    elif engine == "verl" and have < need:
         problems.append(
             f"train.n_gpus_per_node={need} but {have} GPU(s) are visible here (verl cannot train on CPU; "
             "use train.engine: trl, or run on a GPU node)"
@@ -309,19 +326,28 @@ def _gpu_checks(cfg: dict, gpus_available: int | None) -> tuple[dict, list[str]]
     return gpus, problems
 
 
-def _disk_checks(cfg: dict, target: Path) -> tuple[dict, list[str]]:
-    """Free disk for checkpoints where they will go (the nearest existing folder of `target`)."""
+def _disk_checks(cfg: dict, target: Path, model_dir, planned: int) -> tuple[dict, list[str]]:
+    """Free disk for checkpoints where they will go (the nearest existing folder of `target`). verl's
+    checkpoints hold the full fp32 actor, so its need is sized from the model x checkpoints kept."""
+    from llmrnn.gpu_stack import checkpoint_disk_gb
+
     probe = target
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     free_gb = shutil.disk_usage(probe).free / 1e9
-    disk = {"path": str(target), "free_gb": round(free_gb, 2), "min_free_gb": cfg["min_free_disk_gb"]}
+    disk = {"path": str(target), "free_gb": round(free_gb, 2)}
+    need_gb, why = float(cfg["min_free_disk_gb"]), f"train.min_free_disk_gb={cfg['min_free_disk_gb']}"
+    if cfg["engine"] == "verl":
+        ckpt_gb, kept = checkpoint_disk_gb(model_dir, cfg["keep_last"], planned, cfg["save_freq"])
+        disk.update(checkpoints_kept=kept, checkpoints_gb=ckpt_gb)
+        if ckpt_gb > need_gb:
+            need_gb, why = ckpt_gb, (f"{kept} checkpoint(s) kept (train.keep_last={cfg['keep_last']}) x "
+                                     f"{ckpt_gb / kept:.1f} GB (fp32 weights of {model_dir})")
+    disk["min_free_gb"] = need_gb
     problems = []
-    if free_gb < float(cfg["min_free_disk_gb"]):
-        problems.append(
-            f"only {free_gb:.1f} GB free at {probe}; train.min_free_disk_gb={cfg['min_free_disk_gb']} needed for "
-            "checkpoints"
-        )
+    if free_gb < need_gb:
+        problems.append(f"only {free_gb:.1f} GB free at {probe}; {need_gb:.1f} GB needed for {why}: free disk "
+                        "or set train.keep_last")
     return disk, problems
 
 
@@ -334,8 +360,12 @@ def training_checks(
     out_dir: str | os.PathLike | None = None,
     gpus_available: int | None = None,
     max_dropped_fraction: float = 0.0,
+    check_gpus: bool = True,
 ) -> dict:
     """Batch geometry, prompt lengths vs max_prompt_length, LR schedule, GPUs, free disk.
+
+    check_gpus=False where the caller holds no GPU by design (the preflight step of the training group):
+    `train run` counts them itself before verl starts.
 
     Returns {"ok", "problems": [...], "engine", "geometry", "data", "lr_schedule", "gpus", "disk"}."""
     from llmrnn.train import config as tcfg
@@ -344,8 +374,9 @@ def training_checks(
     geo = tcfg.geometry(cfg)
     data, data_problems = _data_checks(cfg, train_parquet, val_parquet, tokenizer_dir, max_dropped_fraction)
     schedule, lr_problems = _lr_checks(cfg, data["planned_steps"], geo.updates_per_step)
-    gpus, gpu_problems = _gpu_checks(cfg, gpus_available)
-    disk, disk_problems = _disk_checks(cfg, Path(out_dir) if out_dir else Path(train_parquet).parent)
+    gpus, gpu_problems = _gpu_checks(cfg, gpus_available, check_gpus)
+    disk, disk_problems = _disk_checks(cfg, Path(out_dir) if out_dir else Path(train_parquet).parent,
+                                       tokenizer_dir, data["planned_steps"])
     problems = [*geo.problems, *data_problems, *lr_problems, *gpu_problems, *disk_problems]
     return {
         "ok": not problems,
@@ -383,7 +414,8 @@ def run_preflight(train_parquet: str, endpoint_file: str, out: str, audit_dir: s
                     "problems": [], "warnings": [f"training checks skipped (no {missing})"]}
     else:  # the disk check looks where checkpoints go: the folder of preflight.json (RUN/train)
         training = training_checks(cfg["train"], train_parquet, val_parquet, tokenizer_dir,
-                                   out_dir=Path(out).parent)
+                                   out_dir=Path(out).parent,
+                                   check_gpus=False)  # a 0-GPU job step: `train run` counts them
     problems, warnings = [], []
     (problems if pcfg.on_problem == "fail" else warnings).extend(judge_problems)
     problems.extend(f"training: {p}" for p in training.get("problems", []))

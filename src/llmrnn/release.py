@@ -282,7 +282,10 @@ def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
     """The model card: one section per helper below, in reading order."""
     synthetic = manifest["knobs"].get("cohort", {}).get("source", "synthetic") == "synthetic"
     parts: list[str] = []
-    _card_intro(parts, rel, repo_id, synthetic)
+    if manifest["knobs"].get("recipe") == "qa":
+        _card_intro_qa(parts, rel, repo_id, manifest["knobs"].get("qa", {}))
+    else:
+        _card_intro(parts, rel, repo_id, synthetic)
     _card_identity(parts, manifest)
     _card_model(parts, manifest)
     _card_grpo_and_reward(parts, manifest)
@@ -308,6 +311,25 @@ def _card_intro(parts: list[str], rel: dict, repo_id: str, synthetic: bool) -> N
             "> **Demo build.** This model was trained on the SYNTHETIC cohort of the embedded llmrnn "
             "config. The run shows that the whole pipeline works end to end; it says nothing about clinical "
             "quality.\n"
+        )
+
+
+def _card_intro_qa(parts: list[str], rel: dict, repo_id: str, qa: dict) -> None:
+    """recipe: qa: a question-answering model (SFT warm start + GRPO on verifiable rewards)."""
+    parts.append(f"---\n{_metadata(rel)}\n---\n")
+    parts.append(f"# {repo_id.split('/')[-1]}\n")
+    sft = "a LoRA SFT warm start, then " if (qa.get("sft") or {}).get("enabled", True) else ""
+    weights = ", ".join(f"{k} {v}" for k, v in ((qa.get("reward") or {}).get("weights") or {}).items() if v)
+    parts.append(
+        "A medical question-answering model trained by the llmrnn `qa` recipe: "
+        f"{sft}GRPO with verifiable rewards (weights: {weights or 'see the manifest'}). It answers as "
+        "`<reasoning>...</reasoning><answer>...</answer>`. The adapters are folded into the weights: load it "
+        "as a plain transformers causal LM.\n"
+    )
+    if qa.get("source", "synthetic") == "synthetic":
+        parts.append(
+            "> **Demo build.** Trained on multiple-choice questions made from the SYNTHETIC cohort of llmrnn; "
+            "it shows that the pipeline works end to end and says nothing about medical quality.\n"
         )
 
 

@@ -155,3 +155,17 @@ def test_documented_install_makes_bare_profile_name_work(workflow_dir, tmp_path)
     assert "slurm_partition=cpu" in text
     readme = (REPO / "README.md").read_text() if (REPO / "README.md").exists() else ""
     assert INSTALL_ONE_LINER in readme, "README must show the profile install one-liner"
+
+
+def test_dry_run_downloads_the_judge_model_once(workflow_dir, tmp_path):
+    """The reproduce judge (RubricARM-8B, `source: hub`) is a file-tracked target: the literal dry run plans
+    its download job, and judge_server waits for that local copy."""
+    copy_extra_parts(workflow_dir)
+    _prepare_reproduce_inputs(workflow_dir)
+    env = _clean_env(tmp_path)
+    text = _dry_run(workflow_dir, env, "--profile", "profiles/slurm", "-n", "all",
+                    "--configfile", "config/reproduce.yaml")
+    jobs = [j for j in parse_dry_run(text) if j.rule == "prepare_judge_model"]
+    assert len(jobs) == 1, text[-3000:]
+    assert "resources/judge_models/OpenRubrics--RubricARM-8B-Judge/.ready" in text
+    assert "llmrnn judge prepare-model" in (jobs[0].shell or "")

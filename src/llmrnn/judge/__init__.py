@@ -37,6 +37,13 @@ def _cmd_serve(args) -> int:
                  args.max_model_len, args.dtype)
 
 
+def _cmd_prepare_model(args) -> int:
+    from llmrnn.judge.launcher import prepare_judge_model
+
+    prepare_judge_model(args.rubric, args.out)
+    return 0
+
+
 def _cmd_wait(args) -> int:
     ep = wait_for_endpoint(args.endpoint, args.timeout)
     print(ep.url)
@@ -64,6 +71,11 @@ def register(sub) -> None:
     v.add_argument("--max-model-len", type=int, default=4096)
     v.add_argument("--dtype", default="float32")
     v.set_defaults(func=_cmd_serve)
+
+    m = jsub.add_parser("prepare-model", help="download the rubric's judge model (source: hub) once")
+    m.add_argument("--rubric", required=True, help="config/rubrics/<x>.yaml")
+    m.add_argument("--out", required=True, help="output: resources/judge_models/<slug>/.ready")
+    m.set_defaults(func=_cmd_prepare_model)
 
     w = jsub.add_parser("wait", help="wait until the endpoint is healthy; print its URL")
     w.add_argument("--endpoint", required=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -56,15 +57,44 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
-def resolve_model(rubric: Rubric) -> str:
-    """Where the server loads the judge model from: a local model dir, a path, or a hub id (vLLM)."""
-    from llmrnn.models import model_dir
+JUDGE_MODELS_ROOT = Path("resources/judge_models")
 
-    if rubric.model_source == "hub":
-        return rubric.model
-    path = Path(rubric.model) if rubric.model_source == "path" else Path(model_dir(rubric.model))
+
+def judge_model_dir(rubric: Rubric) -> Path:
+    """The local copy the server loads: resources/models/<name> for `source: local` (prepare_base_model),
+    the folder itself for `source: path`, resources/judge_models/<slug> for `source: hub`
+    (prepare_judge_model downloads it once)."""
+    if rubric.model_source == "local":
+        from llmrnn.models import model_dir
+
+        return Path(model_dir(rubric.model))
+    if rubric.model_source == "path":
+        return Path(rubric.model)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "--", rubric.model.strip("/")).strip("-.") or "judge"
+    return JUDGE_MODELS_ROOT / slug
+
+
+def prepare_judge_model(rubric_path: str, marker: str | Path) -> dict:
+    """Download a `source: hub` judge model (HF_TOKEN from the environment for gated repos)."""
+    from llmrnn.models import READY, prepare_model
+
+    rubric = load_rubric(rubric_path)
+    if rubric.model_source != "hub":
+        raise InputError(f"{rubric.path}: judge.source {rubric.model_source}: {rubric.model} is no Hub model; "
+                         "nothing to download")
+    want = judge_model_dir(rubric) / READY
+    if Path(marker) != want:
+        raise InputError(f"--out {marker}: the judge model of {rubric.path} goes to {want}")
+    return prepare_model("judge", {"source": "hub", "repo_id": rubric.model}, marker)
+
+
+def resolve_model(rubric: Rubric) -> str:
+    """The local folder the server loads the judge model from (never a hub id: the server runs offline)."""
+    path = judge_model_dir(rubric)
     if not (path / "config.json").is_file():
-        raise InputError(f"{rubric.path}: judge.model: {path} is not a HF model directory (no config.json)")
+        made_by = {"local": "; prepare_base_model makes it", "hub": "; prepare_judge_model downloads it"}
+        raise InputError(f"{rubric.path}: judge.model: {path} is not a HF model directory (no config.json)"
+                         f"{made_by.get(rubric.model_source, '')}")
     return str(path)
 
 
@@ -200,7 +230,7 @@ def run_server(rubric_path: str, endpoint_file: str, startup_timeout_s: float | 
     io.write_text(pub.key_path, key + "\n", mode=0o600)
     argv, extra_env, served_name = server_command(rubric, model, port, pub.key_path)
     env = dict(os.environ, **extra_env)
-    env.setdefault("HF_HUB_OFFLINE", "1")
+    env["HF_HUB_OFFLINE"] = "1"  # only the local copy (prepare_judge_model / prepare_base_model)
     if rubric.needs_gpu:
         from llmrnn.gpus import assign
 

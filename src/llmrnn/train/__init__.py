@@ -62,7 +62,14 @@ def cmd_run(args) -> int:
     _guard_fallbacks(args.cfg or {}, work / "audit")
     _assign_gpus(cfg, args.judge_gpus)
     outputs = {"work_dir": str(work), "adapter_dir": args.adapter, "metrics_path": args.metrics}
-    if (args.engine or cfg["engine"]) == "trl":
+    engine = args.engine or cfg["engine"]
+    if engine == "verl":  # here, in the job that holds the GPUs (preflight's step holds none)
+        from llmrnn import gpu_stack
+        from llmrnn.preflight import visible_gpus
+
+        gpu_stack.require_verl()
+        gpu_stack.require_gpus(cfg["n_gpus_per_node"], visible_gpus())
+    if engine == "trl":
         from llmrnn.train import trl_engine
 
         summary = trl_engine.train(cfg, args.train, args.val, args.model, **outputs,
@@ -70,8 +77,11 @@ def cmd_run(args) -> int:
     else:
         from llmrnn.train import verl_cmd
 
+        # --reward-func names the TRL function; verl calls compute_score of the same module
+        reward_module = args.reward_func.split(":", 1)[0] if args.reward_func else None
         summary = verl_cmd.run(cfg, train_parquet=args.train, val_parquet=args.val, model_dir=args.model, **outputs,
-                               experiment_name=args.experiment or work.parent.name, endpoint_file=args.endpoint)
+                               experiment_name=args.experiment or work.parent.name, endpoint_file=args.endpoint,
+                               reward_module=reward_module)
     io.write_json(args.summary, summary)
     return 0
 
@@ -132,3 +142,7 @@ def register(sub) -> None:
     v.add_argument("--python", default=sys.executable)
     v.add_argument("--json", action="store_true", help="print the overrides as a JSON list")
     v.set_defaults(func=cmd_verl_cmd)
+
+    from llmrnn.train import diagnose
+
+    diagnose.add_parser(tsub)

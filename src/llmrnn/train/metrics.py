@@ -1,7 +1,8 @@
 """metrics.jsonl: one row per training step (and one per validation), the same keys from both engines.
 
 Row keys: step, kind ("train" | "val"), engine, reward_mean, reward_std, judge_fallback_rate, kl, entropy,
-response_length_mean, clip_ratio, grad_norm, lr, step_time_s (train rows); val_reward_mean,
+response_length_mean, truncation_rate (share of responses cut at max_response_length), clip_ratio,
+grad_norm, lr, step_time_s (train rows); val_reward_mean,
 val_reward_std (val rows); raw (the engine's own keys for that step, numbers only).
 """
 
@@ -23,6 +24,7 @@ COMMON_KEYS = (
     "kl",
     "entropy",
     "response_length_mean",
+    "truncation_rate",
     "clip_ratio",
     "grad_norm",
     "lr",
@@ -37,6 +39,7 @@ TRL_MAP = {
     "kl": ("kl",),
     "entropy": ("entropy",),
     "response_length_mean": ("completions/mean_length",),
+    "truncation_rate": ("completions/clipped_ratio",),
     "clip_ratio": ("clip_ratio/region_mean",),
     "grad_norm": ("grad_norm",),
     "lr": ("learning_rate",),
@@ -51,6 +54,7 @@ VERL_MAP = {
     "kl": ("actor/kl_loss", "actor/ppo_kl"),
     "entropy": ("actor/entropy",),
     "response_length_mean": ("response_length/mean",),
+    "truncation_rate": ("response_length/clip_ratio",),
     "clip_ratio": ("actor/pg_clipfrac",),
     "grad_norm": ("actor/grad_norm",),
     "lr": ("actor/lr",),

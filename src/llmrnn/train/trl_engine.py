@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import itertools
 import json
 import logging
 import os
@@ -61,6 +62,18 @@ def load_callable(spec: str) -> Callable:
     if not callable(fn):
         raise InputError(f"reward function {spec!r}: {target} has no function {name}")
     return fn
+
+
+def json_close_token_ids(tokenizer) -> list[int]:
+    """Vocabulary ids whose text ends with '"}': the token that closes a one-level memory JSON
+    {"evolving_summary": "..."}. Used as extra EOS ids (train.trl.stop_at_json) so a rollout ends where
+    the forward pass's stop_at_json would end it, instead of running on to max_response_length."""
+    ids = []
+    for token_id in tokenizer.get_vocab().values():
+        text = tokenizer.decode([token_id], skip_special_tokens=True).rstrip()
+        if text.endswith('"}') and text.count("{") == 0:
+            ids.append(int(token_id))
+    return sorted(ids)
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -210,6 +223,12 @@ def traced_reward(reward_fn: Callable, trace_path: Path, holder: dict) -> Callab
         trainer = holder.get("trainer")
         training = bool(trainer is not None and trainer.model.training)
         scores = reward_fn(prompts, completions, **kw)
+        if training:  # the latest batch, dumped at the next save (sample_dump_callback)
+            extra = kw.get("extra_info") or [{}] * len(prompts)
+            holder["samples"] = [
+                {"prompt": _text(p), "completion": _text(c), "reward": float(r), "index": int((e or {}).get("index", -1))}
+                for p, c, r, e in zip(prompts, completions, scores, extra)
+            ]
         if training and state is not None:
             indices = [int((e or {}).get("index", -1)) for e in kw.get("extra_info", [])]
             with open(trace_path, "a", encoding="utf-8") as fh:
@@ -277,12 +296,87 @@ def progress_callback(writer: MetricsWriter, max_steps: int):
     return Progress()
 
 
+def sample_dump_callback(folder: Path, holder: dict, updates_per_step: int):
+    """At each save: the latest rollout batch (prompt, completion, reward) to FOLDER/step_N.jsonl, mode 0600
+    (prompts can hold patient text); N counts rollout steps like save_freq."""
+    from transformers import TrainerCallback
+
+    class SampleDump(TrainerCallback):
+        def on_save(self, args, state, control, **kw):
+            if holder.get("samples"):
+                dump_samples(folder, state.global_step // updates_per_step, holder["samples"])
+
+    return SampleDump()
+
+
+def early_stop_callback(cfg: dict, holder: dict, updates_per_step: int):
+    """Stop when the val reward fell `patience` validations in a row (train.early_stopping); the step is
+    kept in holder["early_stopped"] so the run counts as complete."""
+    from transformers import TrainerCallback
+
+    settings = cfg["early_stopping"]
+
+    class EarlyStop(TrainerCallback):
+        def __init__(self):
+            self.history: list[float] = []
+
+        def on_evaluate(self, args, state, control, metrics=None, **kw):
+            value = (metrics or {}).get("eval_reward")
+            if value is None or not settings["enabled"]:
+                return
+            self.history.append(float(value))
+            if falls_in_a_row(self.history, int(settings["patience"])):
+                holder["early_stopped"] = state.global_step
+                log.warning("early stopping at step %d: val reward fell %d times in a row (%s)",
+                            state.global_step // updates_per_step, settings["patience"], self.history)
+                control.should_training_stop = True
+
+    return EarlyStop()
+
+
+def _text(value: Any) -> str:
+    """A prompt/completion as text (TRL passes chat message lists for conversational rows)."""
+    if isinstance(value, list):
+        return "\n".join(f"{m.get('role')}: {m.get('content')}" if isinstance(m, dict) else str(m) for m in value)
+    return str(value)
+
+
+def dump_samples(folder: Path, step: int, samples: list[dict]) -> Path:
+    path = folder / f"step_{step:06d}.jsonl"
+    folder.mkdir(parents=True, exist_ok=True)
+    io.write_text(path, "".join(json.dumps({"step": step, **s}, ensure_ascii=False) + "\n" for s in samples),
+                  mode=0o600)
+    return path
+
+
+def falls_in_a_row(history: list[float], patience: int) -> bool:
+    """True when each of the last `patience` values is below the one before it."""
+    if len(history) <= patience:
+        return False
+    tail = history[-(patience + 1):]
+    return all(b < a for a, b in itertools.pairwise(tail))
+
+
 def export_adapter(model, tokenizer, adapter_dir: Path, cfg: dict) -> None:
     """Write the LoRA adapter (+ tokenizer) atomically and check its rank/alpha."""
     with io.atomic_dir(adapter_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     check_adapter(adapter_dir, cfg)
+
+
+def load_policy(model_dir, tokenizer, cfg: dict):
+    """The policy model; with train.trl.stop_at_json its rollouts end at the memory JSON's closing token."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if cfg["trl"]["stop_at_json"]:
+        # TRL takes its EOS ids (generation and completion mask) from the model's generation config
+        stops = json_close_token_ids(tokenizer)
+        model.generation_config.eos_token_id = [tokenizer.eos_token_id, *stops]
+        log.info("rollouts stop at the memory JSON's closing token (ids %s) or EOS", stops)
+    return model
 
 
 def _setup_threads(threads: int) -> None:
@@ -320,9 +414,8 @@ def train(
     live_metrics = work / "state" / "metrics.jsonl"
     trace_path = work / "state" / "data_trace.jsonl"
     _setup_threads(int(cfg["trl"]["num_threads"]))
-    import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
+    from transformers import AutoTokenizer, PrinterCallback
 
     geo = check_knobs(cfg)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -335,7 +428,8 @@ def train(
             f"train: {len(train_rows)} usable train rows make no full batch of train.batch.train="
             f"{cfg['batch']['train']} prompts"
         )
-    max_steps = planned * geo.updates_per_step
+    upd = geo.updates_per_step
+    max_steps = planned * upd
     val_rows = load_rows(val_parquet, "val", tokenizer, cfg["max_prompt_length"]) if val_parquet and cfg["test_freq"] else []
 
     discard_stale_checkpoints(work, run_fingerprint(cfg, train_parquet, model_dir, reward_spec, __name__))
@@ -343,21 +437,22 @@ def train(
     resume, resume_step = resume_point(ckpt_dir, writer, trace_path, max_steps)
     holder: dict[str, Any] = {}
     trainer = resumable_trainer_class()(
-        model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        model=load_policy(model_dir, tokenizer, cfg),
         reward_funcs=[traced_reward(load_callable(reward_spec), trace_path, holder)],
         args=grpo_arguments(cfg, geo, ckpt_dir, max_steps, validate=bool(val_rows)),
         train_dataset=Dataset.from_list(train_rows),
         eval_dataset=Dataset.from_list(val_rows) if val_rows else None,
         processing_class=tokenizer,
         peft_config=lora_config(cfg),
-        callbacks=[progress_callback(writer, max_steps), *(callbacks or [])],
+        callbacks=[progress_callback(writer, max_steps), sample_dump_callback(work / "samples", holder, upd),
+                   early_stop_callback(cfg, holder, upd), *(callbacks or [])],
     )
     trainer.remove_callback(PrinterCallback)  # our Progress callback logs one line per step instead
     holder["trainer"] = trainer
     t0 = time.perf_counter()
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     reached = int(trainer.state.global_step)
-    if reached != max_steps:
+    if reached != max_steps and holder.get("early_stopped") != reached:
         raise CheckFailed(
             f"train: GRPO stopped at step {reached} of {max_steps} planned; the run is not complete"
         )
@@ -370,6 +465,7 @@ def train(
         "steps": reached,
         "planned_steps": max_steps,
         "resumed_from_step": resume_step,
+        "early_stopped_at_step": holder["early_stopped"] // upd if holder.get("early_stopped") else None,
         "train_rows": len(train_rows),
         "val_rows": len(val_rows),
         "seconds": round(time.perf_counter() - t0, 2),

@@ -240,6 +240,7 @@ def run(
     endpoint_file: str | None,
     python: str | None = None,
     verl_version: str | None = None,
+    reward_module: str | None = None,
 ) -> dict:
     """Run main_ppo (resuming from the latest checkpoint), stream its metrics, verify it finished, copy the adapter.
 
@@ -267,6 +268,7 @@ def run(
         experiment_name=experiment_name,
         endpoint_file=endpoint_file,
         verl_version=verl_version,
+        reward_path=f"pkg://{reward_module}" if reward_module else None,
     )
     file_log = out / "state" / "verl_metrics.jsonl"
     if file_log.exists():  # verl's FileLogger opens it with "wb": keep the previous attempt's lines
@@ -277,7 +279,8 @@ def run(
     cmd = command(overrides, python)
     io.write_text(out / "state" / "verl_command.sh", " ".join(_shell_quote(c) for c in cmd) + "\n")
     # verl's console logger prints progress on stdout: send it to our stderr (the rule's log)
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=sys.stderr)
+    # umask 077: verl's rollout dumps (trainer.rollout_data_dir) hold patient text; its Ray workers inherit it
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=sys.stderr, umask=0o077)
     seen: set[int] = set(range(1, start + 1))
     try:
         while proc.poll() is None:

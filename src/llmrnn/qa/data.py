@@ -1,0 +1,284 @@
+"""QA data stage: read records (JSON / JSONL file or a `datasets` name/path), filter, split, write.
+
+Records are normalised to {id, question, answer, options?, context?, reasoning?, group} with field
+names from `qa.fields`. Filter pipeline, in order (counts in splits.json): length (question and answer
+chars), dedupe (normalised question text; the first wins), answer parseable (an MC answer must name one
+of the options; any answer must survive normalisation). Splits are seeded, by group (the patient for
+questions made from the cohort, else the record), val then test sampled, train = the rest; zero overlap
+of ids, groups and normalised questions is asserted; each split's sha256 is recorded.
+
+Outputs: {train,val,test}.jsonl (records), {train,val}.parquet (verl RLHFDataset rows), sft_{train,val}.jsonl
+(chat messages with the target answer), ood.jsonl (the optional OOD set, filtered the same way), splits.json.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+from llmrnn import io
+from llmrnn.errors import InputError
+from llmrnn.qa.rewards import DATA_SOURCE, normalize_answer, normalize_text
+
+log = logging.getLogger(__name__)
+
+FIELD_DEFAULTS = {"id": "id", "question": "question", "answer": "answer", "options": "options",
+                  "context": "context", "reasoning": "reasoning", "group": "group"}
+FILTER_DEFAULTS = {"min_question_chars": 10, "max_question_chars": 4000, "max_answer_chars": 200, "dedupe": True}
+SYSTEM_PROMPT = (
+    "You are a careful clinician. Think briefly, then answer. Respond exactly in this format:\n"
+    "<reasoning>\n...\n</reasoning>\n<answer>\n...\n</answer>"
+)
+
+
+# ----------------------------------------------------------------------------- reading
+def read_source(source: str, dataset: dict | None = None) -> tuple[list[Any], str]:
+    """Raw records and a label: a .json list, a .jsonl file, or `hf:<name or path>` through `datasets`."""
+    dataset = dataset or {}
+    if source.startswith("hf:"):
+        name = source[3:]
+        try:
+            from datasets import load_dataset, load_from_disk
+
+            if Path(name).is_dir() and (Path(name) / "dataset_info.json").exists():
+                ds = load_from_disk(name)
+                ds = ds[dataset.get("split", "train")] if hasattr(ds, "keys") else ds
+            else:
+                ds = load_dataset(name, dataset.get("config"), split=dataset.get("split", "train"))
+        except Exception as exc:
+            raise InputError(f"{source}: cannot load the dataset: {str(exc).splitlines()[0]}") from exc
+        return list(ds), source
+    path = Path(source)
+    if not path.is_file():
+        raise InputError(f"{path}: QA file not found")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        rows = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise InputError(f"{path}: line {n}: not JSON: {exc.msg}") from exc
+        return rows, str(path)
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not JSON: {exc.msg} (line {exc.lineno})") from exc
+    if not isinstance(rows, list):
+        raise InputError(f"{path}: expected a JSON list of QA records")
+    return rows, str(path)
+
+
+def _options(value: Any, where: str) -> dict | None:
+    """Options as {letter: text}: a dict, or a list (lettered a, b, c ...)."""
+    if value in (None, "", [], {}):
+        return None
+    if isinstance(value, list):
+        return {chr(ord("A") + i): str(v) for i, v in enumerate(value)}
+    if isinstance(value, dict) and all(isinstance(k, str) and len(k.strip()) == 1 for k in value):
+        return {k.strip().upper(): str(v) for k, v in value.items()}
+    raise InputError(f"{where}: options: expected a list or a {{letter: text}} object")
+
+
+def normalise_record(raw: Any, fields: dict, where: str) -> dict:
+    """One record in the common shape; a missing/ill-typed field is one line naming file, record, field."""
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: expected an object, got {type(raw).__name__}")
+    rid = raw.get(fields["id"])
+    where = f"{where} (id {rid})" if rid is not None else where
+    rec: dict[str, Any] = {"id": str(rid) if rid is not None else None}
+    for key in ("question", "answer"):
+        value = raw.get(fields[key])
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key == "answer":
+            value = str(value)
+        if not isinstance(value, str) or not value.strip():
+            raise InputError(f"{where}: {fields[key]}: missing or not a non-empty string")
+        rec[key] = value.strip()
+    rec["options"] = _options(raw.get(fields["options"]), where)
+    for key in ("context", "reasoning"):
+        value = raw.get(fields[key])
+        if value is not None and not isinstance(value, str):
+            raise InputError(f"{where}: {fields[key]}: expected a string")
+        rec[key] = value.strip() if isinstance(value, str) and value.strip() else None
+    group = raw.get(fields["group"])
+    rec["group"] = str(group) if group is not None else None
+    return rec
+
+
+def load_records(source: str, fields: dict | None = None, dataset: dict | None = None) -> list[dict]:
+    raw, label = read_source(source, dataset)
+    return load_records_from(raw, fields, label)
+
+
+def load_records_from(raw: list, fields: dict | None = None, label: str = "records") -> list[dict]:
+    """Normalised records from raw dicts; ids default to the position, groups to the id."""
+    fields = {**FIELD_DEFAULTS, **(fields or {})}
+    records = [normalise_record(r, fields, f"{label}: record {i}") for i, r in enumerate(raw)]
+    for i, rec in enumerate(records):
+        rec["id"] = rec["id"] or f"q{i:06d}"
+        rec["group"] = rec["group"] or rec["id"]
+    ids = [r["id"] for r in records]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise InputError(f"{label}: id {dup}: appears more than once")
+    return records
+
+
+# ----------------------------------------------------------------------------- filters + splits
+def filter_records(records: list[dict], cfg: dict | None = None) -> tuple[list[dict], dict]:
+    cfg = {**FILTER_DEFAULTS, **(cfg or {})}
+    counts = {"input": len(records), "too_short": 0, "too_long": 0, "duplicate": 0, "unparseable_answer": 0}
+    seen: set[str] = set()
+    kept = []
+    for rec in records:
+        q, a = rec["question"], rec["answer"]
+        if len(q) < cfg["min_question_chars"]:
+            counts["too_short"] += 1
+            continue
+        if len(q) > cfg["max_question_chars"] or len(a) > cfg["max_answer_chars"]:
+            counts["too_long"] += 1
+            continue
+        key = normalize_text(q + " " + json.dumps(rec["options"], sort_keys=True))
+        if cfg["dedupe"] and key in seen:
+            counts["duplicate"] += 1
+            continue
+        norm = normalize_answer(a, rec["options"])
+        if not norm or rec["options"] and norm not in {k.lower() for k in rec["options"]}:
+            counts["unparseable_answer"] += 1
+            continue
+        seen.add(key)
+        kept.append(rec)
+    counts["kept"] = len(kept)
+    return kept, counts
+
+
+def split_records(records: list[dict], val_size: int, test_size: int, seed: int) -> dict[str, list[dict]]:
+    """val then test sampled by group with the seed; train = the rest. Sizes count groups."""
+    groups = sorted({r["group"] for r in records})
+    if val_size < 1 or test_size < 1 or val_size + test_size >= len(groups):
+        raise InputError(
+            f"qa.split: val_size {val_size} + test_size {test_size} must be >= 1 each and leave train groups "
+            f"out of {len(groups)} groups after filtering")
+    rng = random.Random(seed)
+    rng.shuffle(groups)
+    which = {g: "val" for g in groups[:val_size]}
+    which.update({g: "test" for g in groups[val_size:val_size + test_size]})
+    splits: dict[str, list[dict]] = {"train": [], "val": [], "test": []}
+    for rec in records:
+        splits[which.get(rec["group"], "train")].append(rec)
+    for key in ("id", "group"):
+        sets = {name: {r[key] for r in part} for name, part in splits.items()}
+        overlap = (sets["train"] & sets["val"]) | (sets["train"] & sets["test"]) | (sets["val"] & sets["test"])
+        assert not overlap, f"qa split overlap on {key}: {sorted(overlap)[:5]}"
+    return splits
+
+
+# ----------------------------------------------------------------------------- prompts + writers
+def user_prompt(rec: dict) -> str:
+    parts = []
+    if rec.get("context"):
+        parts.append(f"Context:\n{rec['context']}")
+    parts.append(f"Question:\n{rec['question']}")
+    if rec.get("options"):
+        parts.append("Options:\n" + "\n".join(f"{k}) {v}" for k, v in rec["options"].items()))
+        parts.append("Answer with the letter of one option.")
+    return "\n\n".join(parts)
+
+
+def messages(rec: dict, system: str = SYSTEM_PROMPT) -> list[dict]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": user_prompt(rec)}]
+
+
+def target_text(rec: dict) -> str:
+    """The SFT target in the rewarded format."""
+    reasoning = rec.get("reasoning") or "I compare the question with what I know and pick the best answer."
+    return f"<reasoning>\n{reasoning}\n</reasoning>\n<answer>\n{rec['answer']}\n</answer>"
+
+
+def ground_truth(rec: dict) -> str:
+    return json.dumps({"answer": rec["answer"], "options": rec["options"], "question": rec["question"]},
+                      sort_keys=True, ensure_ascii=False)
+
+
+def rl_rows(records: list[dict], split: str, system: str) -> list[dict]:
+    return [
+        {
+            "prompt": messages(rec, system),
+            "data_source": DATA_SOURCE,
+            "ability": "medical_qa",
+            "reward_model": {"style": "rule", "ground_truth": ground_truth(rec)},
+            "extra_info": {"split": split, "index": i, "id": rec["id"]},
+        }
+        for i, rec in enumerate(records)
+    ]
+
+
+def write_hashed(path: str | os.PathLike, rows: list[dict]) -> str:
+    """io.write_jsonl, returning the sha256 of what was written (recorded in splits.json)."""
+    io.write_jsonl(path, rows)
+    return io.sha256_file(path)
+
+
+def write_parquet(path: str | os.PathLike, rows: list[dict]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not rows:
+        raise InputError(f"{path}: no rows to write")
+    with io.atomic_path(path) as tmp:
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+
+
+OUTPUTS = ("train", "val", "test", "ood", "train_parquet", "val_parquet", "sft_train", "sft_val", "summary")
+
+
+def prepare(cfg: dict, outputs: dict[str, str], source: str, ood: str | None = None) -> dict:
+    """The whole stage; everything is written only after every record was read and checked.
+    `outputs` names each file (keys: OUTPUTS)."""
+    missing = [k for k in OUTPUTS if not outputs.get(k)]
+    if missing:
+        raise InputError(f"qa data: output path(s) missing: {missing}")
+    fields, dataset = cfg.get("fields"), cfg.get("dataset")
+    records, counts = filter_records(load_records(source, fields, dataset), cfg.get("filter"))
+    split_cfg = cfg.get("split") or {}
+    splits = split_records(records, int(split_cfg.get("val_size", 2)), int(split_cfg.get("test_size", 2)),
+                           int(split_cfg.get("seed", 42)))
+    ood_records: list[dict] = []
+    ood_counts = None
+    if ood:
+        ood_records, ood_counts = filter_records(load_records(ood, fields, dataset), cfg.get("filter"))
+        seen = {normalize_text(r["question"]) for r in records}
+        ood_records = [r for r in ood_records if normalize_text(r["question"]) not in seen]
+    system = (cfg.get("prompt") or {}).get("system") or SYSTEM_PROMPT
+    hashes = {name: write_hashed(outputs[name], part) for name, part in splits.items()}
+    hashes["ood"] = write_hashed(outputs["ood"], ood_records)
+    for name in ("train", "val"):
+        write_parquet(outputs[f"{name}_parquet"], rl_rows(splits[name], name, system))
+        write_hashed(outputs[f"sft_{name}"],
+                    [{"messages": [*messages(r, system), {"role": "assistant", "content": target_text(r)}]}
+                     for r in splits[name]])
+    summary = {
+        "source": source,
+        "filter": counts,
+        "sizes": {name: len(part) for name, part in splits.items()} | {"ood": len(ood_records)},
+        "groups": {name: len({r["group"] for r in part}) for name, part in splits.items()},
+        "seed": int(split_cfg.get("seed", 42)),
+        "sha256": hashes,
+        "overlap": 0,
+        "ood_filter": ood_counts,
+    }
+    io.write_json(outputs["summary"], summary)
+    log.info("qa data: %s", json.dumps(summary["sizes"]))
+    return summary
+
+
+def output_paths(out_dir: str | os.PathLike) -> dict[str, str]:
+    """The stage's files under one folder, by the names the rule gives them (for tests and scripts)."""
+    out = Path(out_dir)
+    names = {"train_parquet": "train.parquet", "val_parquet": "val.parquet", "summary": "splits.json"}
+    return {k: str(out / names.get(k, f"{k}.jsonl")) for k in OUTPUTS}

@@ -1,0 +1,134 @@
+"""The qa data stage: reading (JSON, JSONL, a `datasets` folder), the filter pipeline, seeded zero-overlap
+splits with hashes, verl parquets read back by the train stage's reader, SFT rows, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from llmrnn import io
+from llmrnn.errors import InputError
+from llmrnn.qa import data as D
+from llmrnn.qa.synth import questions_from_cohort
+
+
+def records(n=24, groups=12):
+    return [
+        {"qid": f"r{i}", "q": f"Question number {i}: which condition fits best?", "a": "ABCD"[i % 4],
+         "choices": ["anemia", "gout", "syncope", f"cond {i}"], "pid": f"p{i % groups}"}
+        for i in range(n)
+    ]
+
+
+FIELDS = {"id": "qid", "question": "q", "answer": "a", "options": "choices", "group": "pid"}
+CFG = {"fields": FIELDS, "split": {"val_size": 2, "test_size": 3, "seed": 7}}
+
+
+def test_filter_pipeline_counts_each_reason():
+    recs = [D.normalise_record(r, {**D.FIELD_DEFAULTS, **FIELDS}, "x") for r in records(6)]
+    recs[1]["question"] = "short"                      # too short
+    recs[2]["answer"] = "x" * 300                      # too long
+    recs[3]["question"] = recs[0]["question"].upper()  # duplicate after normalisation (same options)
+    recs[3]["options"] = dict(recs[0]["options"])
+    recs[4]["answer"] = "E"                            # not one of the options
+    kept, counts = D.filter_records(recs)
+    assert counts == {"input": 6, "too_short": 1, "too_long": 1, "duplicate": 1, "unparseable_answer": 1,
+                      "kept": 2}
+    assert [r["id"] for r in kept] == ["r0", "r5"]
+    _, no_dedupe = D.filter_records(recs, {"dedupe": False})
+    assert no_dedupe["duplicate"] == 0 and no_dedupe["kept"] == 3
+
+
+def test_splits_are_seeded_grouped_and_disjoint():
+    recs, _ = D.filter_records(D.load_records_from(records(), FIELDS))
+    a = D.split_records(recs, 2, 3, seed=7)
+    b = D.split_records(recs, 2, 3, seed=7)
+    c = D.split_records(recs, 2, 3, seed=8)
+    assert a == b and a != c
+    groups = {name: {r["group"] for r in part} for name, part in a.items()}
+    assert len(groups["val"]) == 2 and len(groups["test"]) == 3 and len(groups["train"]) == 7
+    assert not (groups["train"] & groups["val"]) and not (groups["train"] & groups["test"])
+    assert sum(len(p) for p in a.values()) == len(recs)
+    with pytest.raises(InputError, match="leave train groups"):
+        D.split_records(recs, 6, 6, seed=7)
+
+
+def test_prepare_writes_parquets_sft_and_hashes(tmp_path):
+    from llmrnn.train.data import read_trajectory_parquet as read_rows
+
+    src = tmp_path / "qa.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records()))
+    ood = tmp_path / "ood.json"
+    ood.write_text(json.dumps(records(3) + [{"qid": "o1", "q": "A different question about gout?", "a": "B",
+                                             "choices": ["x", "gout"], "pid": "z"}]))
+    out = tmp_path / "out"
+    summary = D.prepare(CFG, D.output_paths(out), str(src), str(ood))
+    assert summary["sizes"] == {"train": 14, "val": 4, "test": 6, "ood": 1}  # OOD repeats of train dropped
+    for name in ("train", "val", "test", "ood"):
+        assert summary["sha256"][name] == io.sha256_file(out / f"{name}.jsonl")
+    rows = read_rows(out / "train.parquet")  # the train stage's own reader (verl RLHFDataset layout)
+    assert len(rows) == 14 and rows[0]["data_source"] == "llmrnn_qa"
+    gt = json.loads(rows[0]["reward_model"]["ground_truth"])
+    assert gt["answer"] in "ABCD" and set(gt["options"]) == {"A", "B", "C", "D"}
+    assert "Options:\nA) anemia" in rows[0]["prompt"][1]["content"]
+    sft = [json.loads(line) for line in (out / "sft_train.jsonl").read_text().splitlines()]
+    assert len(sft) == 14 and sft[0]["messages"][-1]["role"] == "assistant"
+    assert sft[0]["messages"][-1]["content"].endswith(f"<answer>\n{gt['answer']}\n</answer>")
+
+
+def test_datasets_folder_source(tmp_path):
+    from datasets import Dataset
+
+    folder = tmp_path / "ds"
+    Dataset.from_list(records()).save_to_disk(str(folder))
+    recs = D.load_records(f"hf:{folder}", FIELDS)
+    assert len(recs) == 24 and recs[0]["options"]["D"] == "cond 0"
+
+
+BAD = [
+    ('[{"qid": 1, "a": "B"}]', "record 0 (id 1): q: missing"),
+    ('[{"qid": 1, "q": "what is it?", "a": "B", "choices": 5}]', "record 0 (id 1): options: expected"),
+    (('[{"qid": 1, "q": "what is it?", "a": "B", "choices": ["x", "y"]}, '
+      '{"qid": 1, "q": "what else?", "a": "A", "choices": ["x", "y"]}]'), "id 1: appears more than once"),
+    ('{"qid": 1}', "expected a JSON list"),
+    ("[{oops", "not JSON"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD)
+def test_bad_records_are_one_line_and_nothing_is_written(tmp_path, text, message):
+    src = tmp_path / "bad.json"
+    src.write_text(text)
+    out = tmp_path / "out"
+    paths = D.output_paths(out)
+    args = [a for k, v in paths.items() for a in (f"--{k.replace('_', '-')}" if k != "ood" else "--ood-out", v)]
+    proc = subprocess.run([sys.executable, "-m", "llmrnn.cli", "qa", "data", "--source", str(src),
+                           "--cfg", json.dumps(CFG), *args], check=False, capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and message in lines[0] and str(src) in lines[0], proc.stderr
+    assert not out.exists()
+
+
+def test_jsonl_error_names_the_line(tmp_path):
+    src = tmp_path / "bad.jsonl"
+    src.write_text('{"qid": 1, "q": "what is it?", "a": "B"}\n{nope\n')
+    with pytest.raises(InputError, match=r"bad.jsonl: line 2: not JSON"):
+        D.load_records(str(src), FIELDS)
+
+
+def test_synthetic_questions_from_the_cohort():
+    from llmrnn.cohort import synthesize_cohort
+
+    ind, ood = questions_from_cohort(synthesize_cohort(12, seed=7), seed=0)
+    assert ind and ood
+    for rec in ind + ood:
+        assert rec["answer"] in rec["options"] and len(set(rec["options"].values())) == 4
+    answers = [rec["options"][rec["answer"]] for rec in ood]
+    from llmrnn.cohort import ACUTE
+
+    assert set(answers) <= set(ACUTE) and not {rec["options"][rec["answer"]] for rec in ind} & set(ACUTE)
+    assert questions_from_cohort(synthesize_cohort(12, seed=7), seed=0) == (ind, ood)

@@ -1,0 +1,158 @@
+"""Edge tables of the qa rewards (llmrnn.qa.rewards): exact match after extraction and normalisation,
+format, perplexity fluency under a real (tiny) model, the judge through a real HTTP server on 127.0.0.1,
+and the TRL adapter giving compute_score's values."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmrnn.errors import InputError
+from llmrnn.qa import rewards as R
+
+OPTS = {"A": "anemia", "B": "gout", "C": "syncope", "D": "hip fracture"}
+
+EXACT_MATCH_TABLE = [
+    # (response, reference, options, score, extraction method)
+    ("<reasoning>x</reasoning>\n<answer> B </answer>", "B", OPTS, 1.0, "tag"),
+    ("<answer>A</answer> then <answer>B</answer>", "B", OPTS, 1.0, "tag"),  # the last tag counts
+    ("<answer>C</answer>", "B", OPTS, 0.0, "tag"),
+    ("I think so.\nAnswer: (b).", "B", OPTS, 1.0, "answer_line"),
+    ("The final answer is b", "B", OPTS, 1.0, "answer_line"),
+    ("<answer>Syncope</answer>", "C", OPTS, 1.0, "tag"),  # option text -> its letter
+    ("<answer>C) syncope</answer>", "C", OPTS, 1.0, "tag"),
+    ("<answer>E</answer>", "E", OPTS, 0.0, "tag"),  # not an option: no letter, and E is never right
+    ("1,000.50", "1000.5", None, 1.0, "last_line"),
+    ("+3", "3.0", None, 1.0, "last_line"),
+    ("50%", "50.0%", None, 1.0, "last_line"),
+    ("50", "50%", None, 0.0, "last_line"),
+    ("The  Syncope!", "syncope", None, 1.0, "last_line"),
+    ("a fever", "fever", None, 1.0, "last_line"),  # an article, not option a
+    ("", "B", OPTS, 0.0, "none"),
+    ("   \n  ", "B", OPTS, 0.0, "none"),
+    ("<answer>  </answer>", "B", OPTS, 0.0, "last_line"),  # empty tag: falls back, still wrong
+]
+
+
+@pytest.mark.parametrize(("response", "reference", "options", "score", "method"), EXACT_MATCH_TABLE)
+def test_exact_match_table(response, reference, options, score, method):
+    result = R.exact_match(response, reference, options)
+    assert result["exact_match"] == score
+    assert result["extract_method"] == method
+
+
+FORMAT_TABLE = [
+    ("<reasoning>r</reasoning>\n<answer>a</answer>", 1.0),
+    ("<reasoning>\nr\n</reasoning>\n<answer>\na\n</answer>\n  ", 1.0),
+    ("<answer>a</answer><reasoning>r</reasoning>", 0.0),  # out of order
+    ("<reasoning>r</reasoning><reasoning>r</reasoning><answer>a</answer>", 0.0),  # twice
+    ("<reasoning>r</reasoning>", 0.0),  # answer missing
+    ("<reasoning>r<answer>a</answer></reasoning>", 0.0),  # nested
+    ("<reasoning>r</reasoning><answer>a</answer> trailing words", 0.0),
+    ("", 0.0),
+]
+
+
+@pytest.mark.parametrize(("text", "score"), FORMAT_TABLE)
+def test_format_table(text, score):
+    assert R.format_score(text) == score
+
+
+def test_format_custom_tags():
+    assert R.format_score("<think>x</think><final>y</final>", ["think", "final"]) == 1.0
+    assert R.format_score("<think>x</think><final>y</final>") == 0.0
+
+
+def test_weights_compose_and_unknown_keys_are_refused():
+    gt = json.dumps({"answer": "B", "options": OPTS})
+    cfg = {"weights": {"exact_match": 1.0, "format": 0.5}}
+    good = R.compute_score(R.DATA_SOURCE, "<reasoning>r</reasoning><answer>B</answer>", gt, reward_cfg=cfg)
+    assert good["score"] == 1.5 and good["exact_match"] == 1.0 and good["format"] == 1.0
+    wrong = R.compute_score(R.DATA_SOURCE, "<reasoning>r</reasoning><answer>A</answer>", gt, reward_cfg=cfg)
+    assert wrong["score"] == 0.5
+    with pytest.raises(InputError, match="unknown reward"):
+        R.reward_config({"weights": {"exactmatch": 1}})
+    with pytest.raises(InputError, match="every weight is 0"):
+        R.reward_config({"weights": {"exact_match": 0}})
+    with pytest.raises(InputError, match="fluency_model"):
+        R.reward_config({"weights": {"fluency": 1}})
+    with pytest.raises(InputError, match="no answer"):
+        R.compute_score(R.DATA_SOURCE, "x", json.dumps({"options": OPTS}), reward_cfg=cfg)
+
+
+def test_reward_config_comes_from_the_environment(monkeypatch):
+    from llmrnn.reward import ENV_CFG
+
+    monkeypatch.setenv(ENV_CFG, json.dumps({"weights": {"exact_match": 2.0}}))
+    assert R.compute_score(R.DATA_SOURCE, "<answer>B</answer>", "B")["score"] == 2.0
+
+
+def test_fluency_is_the_perplexity_under_the_model(tiny_model_dir):
+    """The random tiny model has no taste, so the check is the quantity: exp(mean next-token NLL) of the
+    response after BOS, computed here by hand from the logits, mapped by 1 - ln(ppl)/ln(max_ppl)."""
+    import math
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    text = "type 2 diabetes mellitus syncope anemia"
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    ids = ([tok.bos_token_id] if tok.bos_token_id is not None else []) + ids
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1], -1)
+    nll = -logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].mean().item()
+    score, ppl = R.fluency_score(text, str(tiny_model_dir), 1e6)
+    assert ppl == pytest.approx(math.exp(nll), rel=1e-4)
+    assert score == pytest.approx(1 - nll / math.log(1e6), rel=1e-4)
+    assert R.fluency_score("", str(tiny_model_dir)) == (0.0, None)
+    assert R.fluency_score(text, str(tiny_model_dir), 1.5)[0] == 0.0  # ppl above max_ppl clips to 0
+
+
+def test_trl_adapter_gives_compute_score_values(tiny_model_dir):
+    cfg = {"weights": {"exact_match": 1.0, "format": 0.2, "fluency": 0.3}, "fluency_model": str(tiny_model_dir)}
+    gts = [json.dumps({"answer": "B", "options": OPTS}), json.dumps({"answer": "1000", "options": None})]
+    texts = ["<reasoning>gout</reasoning><answer>B</answer>", "Answer: 1,000", "nonsense", ""]
+    rows = [(t, gts[i % 2]) for i, t in enumerate(texts)]
+    verl = [R.compute_score(R.DATA_SOURCE, t, gt, {"index": i}, reward_cfg=cfg)["score"]
+            for i, (t, gt) in enumerate(rows)]
+    completions = [[{"role": "assistant", "content": t}] for t, _ in rows]
+    trl = R.trl_reward_func([[{"role": "user", "content": "q"}]] * 4, completions,
+                            reward_model=[{"style": "rule", "ground_truth": gt} for _, gt in rows],
+                            data_source=[R.DATA_SOURCE] * 4, extra_info=[{"index": i} for i in range(4)],
+                            reward_cfg=cfg)
+    assert trl == verl
+    assert verl[0] > 1.2 and verl[1] > 1.0 and verl[3] == 0.0 and len(set(verl)) == 4
+
+
+def test_judge_reward_through_the_rubric_service(tmp_path):
+    from tests.judge_helpers import REPO, ScriptedJudge, write_endpoint
+
+    seen = []
+
+    def respond(body):
+        prompt = json.dumps(body)
+        seen.append(prompt)
+        return "Score: 9" if "gout" in prompt.split("Candidate", 1)[-1] else "Score: 0"
+
+    import yaml
+
+    # the shipped qa rubric, read as text (the scripted judge returns no logprobs)
+    raw = yaml.safe_load((REPO / "config/rubrics/qa_correctness_smollm2.yaml").read_text())
+    raw["request"].update(score_method="text", assistant_prefix="")
+    rubric = tmp_path / "qa_rubric.yaml"
+    rubric.write_text(yaml.safe_dump(raw))
+    with ScriptedJudge(respond) as judge:
+        endpoint = write_endpoint(tmp_path, judge.port, rubric)
+        cfg = {"weights": {"exact_match": 0.0, "judge": 1.0}}
+        gt = json.dumps({"answer": "gout", "question": "Which joint disease?"})
+        kw = {"endpoint_file": str(endpoint), "audit_dir": str(tmp_path / "audit"), "reward_cfg": cfg}
+        right = R.compute_score(R.DATA_SOURCE, "<answer>gout</answer>", gt, **kw)
+        wrong = R.compute_score(R.DATA_SOURCE, "<answer>anemia</answer>", gt, **kw)
+    assert right["judge"] == 1.0 and wrong["judge"] == 0.0
+    assert right["judge_parse_method"] == "score_line"
+    assert "Which joint disease?" in seen[0]
+    audit = list((tmp_path / "audit").glob("*.jsonl"))
+    assert audit and (audit[0].stat().st_mode & 0o777) == 0o600

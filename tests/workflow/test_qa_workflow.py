@@ -1,0 +1,111 @@
+"""The qa recipe end to end: `snakemake all --configfile config/qa_demo.yaml` on CPU, with a second config
+layer that swaps SmolLM2 for the tiny model and shrinks every size (the DAG and the code are the demo's),
+then the rerun table of the qa knobs by dry runs."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from tests.conftest import snakemake
+
+QA_CORE_JOBS = {"qa_synth", "qa_data", "qa_sft", "qa_merge_sft", "qa_preflight", "qa_train_grpo", "merge_model",
+                "release", "qa_eval_model", "qa_eval_gather", "qa_report"}
+
+
+def small_layer(workdir, tiny, **qa_over) -> str:
+    cfg = {
+        "run_name": "qatest",
+        "cohort": {"synthetic": {"patients": 10, "seed": 7}},
+        "split": {"val_size": 2, "train_size": 3, "seed": 42},
+        "models": {"tiny": {"source": "local", "path": str(tiny)}},
+        "qa": {
+            "model": "tiny",
+            "split": {"val_size": 1, "test_size": 2, "seed": 42},
+            "sft": {"max_steps": 3, "batch_size": 2, "max_length": 256, "lr": 1.0e-3},
+            "eval": {"k": 2, "max_new_tokens": 12, "max_questions": 4,
+                     "stats": {"bootstrap": {"samples": 200, "seed": 0}}},
+            **qa_over,
+        },
+        "train": {"total_steps": 2, "max_response_length": 12, "max_prompt_length": 512, "lr": 1.0e-3,
+                  "save_freq": 1},
+        "release": {"base_model": "tiny-random-llama"},
+    }
+    name = f"layer_{len(list(workdir.glob('layer_*.yaml')))}.yaml"
+    (workdir / name).write_text(yaml.safe_dump(cfg))
+    return name
+
+
+def planned(workdir, *configfiles) -> dict[str, int]:
+    out = snakemake(workdir, "all", "-n", "--configfile", "config/qa_demo.yaml", *configfiles).stdout
+    if "Nothing to be done" in out:
+        return {}
+    table = out.split("Job stats:", 1)[1].split("total", 1)[0]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.MULTILINE)}
+
+
+@pytest.mark.slow
+def test_qa_demo_runs_end_to_end_and_reruns_by_the_table(workflow_dir, tiny_model_dir):
+    layer = small_layer(workflow_dir, tiny_model_dir)
+    jobs = planned(workflow_dir, layer)
+    assert QA_CORE_JOBS <= set(jobs) and jobs["qa_eval_model"] == 6  # 3 models x (test, ood)
+    assert not {"dump_trajectories", "train_grpo", "eval_shard", "judge_server"} & set(jobs)
+
+    snakemake(workflow_dir, "all", "--configfile", "config/qa_demo.yaml", layer)
+    run = workflow_dir / "results/qatest"
+    splits = json.loads((run / "qa/splits.json").read_text())
+    assert splits["overlap"] == 0 and splits["sizes"]["test"] > 0 and splits["sizes"]["ood"] > 0
+
+    for check in (run / "qa/sft/merge_check.json", run / "merge_check.json"):
+        report = json.loads(check.read_text())
+        assert report["ok"] and report["checks"]["weights_differ"]["ok"], check
+    # GRPO started from the merged SFT model, not from the base
+    assert json.loads((run / "merge_check.json").read_text())["base"].endswith("qa/sft/merged")
+
+    metrics = json.loads((run / "eval/metrics.json").read_text())
+    assert set(metrics["splits"]) == {"test", "ood"}
+    for split in ("test", "ood"):
+        assert set(metrics["splits"][split]) == {"base", "sft", "grpo"}
+        for m in metrics["splits"][split].values():
+            assert m["greedy_pass@1"]["mode"] == "greedy: temperature 0, n 1"
+            assert m["sampling_pass@k"]["mode"].startswith("sampling: temperature 0.8") and "n 2" in \
+                m["sampling_pass@k"]["mode"]
+            lo, hi = m["greedy_pass@1"]["ci95"]
+            assert 0 <= lo <= m["greedy_pass@1"]["value"] <= hi <= 1
+            assert m["sampling_pass@k"]["value"] >= m["greedy_pass@1"]["value"] or m["sampling_pass@k"]["n"] > 0
+    comparison = json.loads((run / "eval/comparison.json").read_text())
+    assert set(comparison["splits"]["test"]) == {"sft_vs_base", "grpo_vs_base", "grpo_vs_sft"}
+    for pair in comparison["splits"]["test"].values():
+        assert 0 <= pair["greedy_pass@1"]["mcnemar"]["p_value"] <= 1 and pair["greedy_pass@1"]["n_pairs"] > 0
+
+    per_question = [json.loads(x) for x in (run / "eval/grpo/test.jsonl").read_text().splitlines()]
+    assert per_question[0]["header"]["variant"] == "grpo" and len(per_question[1]["samples"]) == 2
+    assert (run / "eval/plots/pass_at_k.png").read_bytes().startswith(b"\x89PNG")
+    summary = (run / "eval/plots/summary.tsv").read_text()
+    assert "greedy_pass@1" in summary and "sampling_pass@k" in summary and "grpo_vs_sft" in summary
+
+    rows = [json.loads(x) for x in (run / "train/metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    assert len(train) == 2 and all(r["truncation_rate"] is not None and r["response_length_mean"] for r in train)
+    assert sorted(p.name for p in (run / "train/samples").iterdir()) == ["step_000001.jsonl", "step_000002.jsonl"]
+    assert (run / "release/MANIFEST.json").is_file()
+    assert planned(workflow_dir, layer) == {}
+
+    # rerun table (dry runs): an SFT knob reruns SFT onwards, an eval knob the evaluation only,
+    # a data knob everything from the data stage, a reward knob GRPO onwards (not SFT)
+    sft = planned(workflow_dir, small_layer(workflow_dir, tiny_model_dir, sft={
+        "max_steps": 3, "batch_size": 2, "max_length": 256, "lr": 5.0e-4}))
+    assert {"qa_sft", "qa_merge_sft", "qa_train_grpo", "merge_model", "release"} <= set(sft)
+    assert "qa_data" not in sft and sft["qa_eval_model"] == 4  # sft + grpo on test and ood; base kept
+    evals = planned(workflow_dir, small_layer(workflow_dir, tiny_model_dir, eval={
+        "k": 3, "max_new_tokens": 12, "max_questions": 4, "stats": {"bootstrap": {"samples": 200, "seed": 0}}}))
+    assert set(evals) == {"qa_eval_model", "qa_eval_gather", "qa_report", "all"} and evals["qa_eval_model"] == 6
+    reward = planned(workflow_dir, small_layer(workflow_dir, tiny_model_dir, reward={
+        "weights": {"exact_match": 1.0, "format": 0.5, "fluency": 0.1}}))
+    assert "qa_train_grpo" in reward and "qa_sft" not in reward and reward["qa_eval_model"] == 2
+    data = planned(workflow_dir, small_layer(workflow_dir, tiny_model_dir, split={
+        "val_size": 1, "test_size": 2, "seed": 43}))
+    assert {"qa_data", "qa_sft", "qa_train_grpo"} <= set(data) and "qa_synth" not in data
