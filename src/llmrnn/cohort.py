@@ -445,9 +445,20 @@ def _cmd_synth(args: argparse.Namespace) -> None:
     log.info("wrote %d synthetic patients to %s", len(patients), args.out)
 
 
+def _all_dropped(source: str, report: dict) -> InputError:
+    return InputError(
+        f"{source}: every patient was dropped ({report['patients_dropped_empty_diagnosis']} of "
+        f"{report['patients_in']} have a visit with an empty clinical_sections.discharge_diagnosis); nothing to split"
+    )
+
+
 def _cmd_validate(args: argparse.Namespace) -> None:
     patients = load_cohort(args.cohort)
-    print(f"{args.cohort}: ok, {len(patients)} patients, {sum(len(p['visits']) for p in patients)} visits")
+    kept, report = clean_cohort(patients)
+    if not kept:  # valid records, yet nothing a later stage could use
+        raise _all_dropped(args.cohort, report)
+    print(f"{args.cohort}: ok, {len(patients)} patients, {sum(len(p['visits']) for p in patients)} visits, "
+          f"{len(kept)} patients after cleaning")
 
 
 def _distinct_paths(args: argparse.Namespace, names: tuple[str, ...]) -> None:
@@ -476,10 +487,7 @@ def _cmd_clean(args: argparse.Namespace) -> None:
     patients = load_cohort(args.cohort)
     kept, report = clean_cohort(patients)
     if not kept:
-        raise InputError(
-            f"{args.cohort}: every patient was dropped ({report['patients_dropped_empty_diagnosis']} of "
-            f"{report['patients_in']} have a visit with an empty clinical_sections.discharge_diagnosis); nothing to split"
-        )
+        raise _all_dropped(args.cohort, report)
     report["source"] = str(args.cohort)
     report["source_sha256"] = io.sha256_file(args.cohort)
     io.write_texts({args.out: dump_cohort(kept), args.report: io.json_text(report)})
