@@ -165,7 +165,7 @@ def _port_closed(log_text: str) -> bool:
 @pytest.mark.slow
 def test_workflow_runs_judge_service_and_preflight(workflow_dir, tiny_model_dir):
     """Real snakemake: the judge_server service starts our CPU server with a tiny model, preflight waits on
-    its health and scores rows. The random tiny model never prints a score: with on_problem fail the run
+    its health and scores rows. The random tiny model gives no usable reward: with on_problem fail the run
     stops with the reason; with warn it finishes; either way the service is gone afterwards."""
     rubric = write_rubric(workflow_dir / "config", score_method="expected", prefix="Score:",
                           model=str(tiny_model_dir), source="path", max_tokens=2)
@@ -188,7 +188,10 @@ def test_workflow_runs_judge_service_and_preflight(workflow_dir, tiny_model_dir)
             # (PR_SET_PDEATHSIG, port closed above); the key file of the dead server may remain.
             assert proc.returncode != 0
             message = (workflow_dir / "logs" / "t" / "preflight.log").read_text()
-            assert "preflight failed: the judge does not follow the score format: 6/6 answers" in message
+            # the random model either prints no score or scores near-constantly: both stop the run
+            assert "preflight failed: " in message
+            assert ("the judge does not follow the score format" in message
+                    or "the reward is (nearly) constant" in message), message
             assert not (run / "train" / "preflight.json").exists()
     assert proc.returncode == 0, proc.stderr
     report = json.loads((run / "train" / "preflight.json").read_text())
