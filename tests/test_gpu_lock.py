@@ -96,3 +96,27 @@ def test_lock_conflicts_without_the_override(tmp_path):
     )
     assert proc.returncode != 0
     assert "numpy" in proc.stderr
+
+
+# numpy<2 overrides only these declarations (envs/gpu-override.txt says why each is safe); vllm is left
+# out with them because it is what requires opencv.
+NUMPY2_DECLARED = ("opencv-python-headless", "snakemake-executor-plugin-slurm", "vllm")
+
+
+@pytest.mark.parametrize("python", ["3.11", "3.12"])
+def test_no_other_locked_package_needs_numpy_2(python, tmp_path):
+    """Every other locked release accepts the locked numpy 1.26 (one built for numpy 2 only would not
+    import), so the lock resolves WITHOUT the override once the three are set aside."""
+    if not _pypi_reachable():
+        pytest.skip("PyPI is unreachable: the resolver needs package metadata")
+    rest = [line for line in LOCK.read_text().splitlines()
+            if line.strip() and not line.lstrip().startswith("#") and not line.startswith(
+                tuple(f"{name}==" for name in NUMPY2_DECLARED))]
+    req = tmp_path / "rest.txt"
+    req.write_text("\n".join(rest) + "\n")
+    proc = subprocess.run(
+        [_uv(), "pip", "compile", str(req), "--python-version", python, "--python-platform", PLATFORM,
+         "--quiet", "--cache-dir", str(tmp_path / "uv-cache")],
+        capture_output=True, text=True, check=False, timeout=600,
+    )
+    assert proc.returncode == 0, f"a locked package needs numpy>=2 on Python {python}:\n{proc.stderr[-2000:]}"

@@ -13,7 +13,6 @@ from llmrnn import cli
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_FUNCTION_LINES = 100
-# Files still being split elsewhere (issue 13 item 5); remove an entry once the file is under the limit.
 
 
 def parse_rules(text: str, file: str) -> dict[str, dict]:

@@ -12,7 +12,14 @@ import pytest
 from llmrnn.errors import CheckFailed
 from llmrnn.preflight import run_preflight
 from tests.conftest import snakemake
-from tests.judge_helpers import ScriptedJudge, make_step, write_endpoint, write_parquet, write_rubric
+from tests.judge_helpers import (
+    ScriptedJudge,
+    chat_payload,
+    make_step,
+    write_endpoint,
+    write_parquet,
+    write_rubric,
+)
 
 CFG = {"reward": {"retries": 1, "backoff_s": 0.01, "health_timeout_s": 5},
        "preflight": {"rows": 4, "max_fallback_rate": 0.25, "min_distinct_rewards": 3, "on_problem": "fail"}}
@@ -71,6 +78,40 @@ def test_judge_that_never_prints_a_score_fails_preflight_with_the_reason(tmp_pat
     assert saved["judge"]["parse_methods"] == {"fallback": 12} and saved["judge"]["fallback_rate"] == 1.0
 
 
+def test_judge_cut_off_by_max_tokens_before_a_score_fails_preflight(tmp_path):
+    """A thinking judge (Qwen3 through chat) spends max_tokens on its reasoning: finish_reason 'length',
+    no score. Preflight says so instead of training on 0.5 fallbacks."""
+    def thinking(body):
+        payload = chat_payload("<think>Let me weigh the memory against the next visit. First, the")
+        payload["choices"][0]["finish_reason"] = "length"
+        return 200, payload
+
+    judge, endpoint, parquet = _setup(tmp_path, thinking)
+    out = tmp_path / "train" / "preflight.json"
+    try:
+        with pytest.raises(CheckFailed, match=r"12 judge answer\(s\) hit max_tokens=64 before giving a score"):
+            run_preflight(str(parquet), str(endpoint), str(out), str(tmp_path / "audit"), CFG)
+    finally:
+        judge.__exit__(None, None, None)
+    saved = json.loads(out.read_text())
+    assert saved["judge"]["truncated_before_score"] == 12
+    assert any("request.api: completions" in p for p in saved["problems"])
+
+
+def test_compliant_judge_is_not_flagged_as_cut_off(tmp_path):
+    def scored_at_the_limit(body):  # the score came out, then the answer hit the limit: that is fine
+        payload = chat_payload(content_score(body) + " because")
+        payload["choices"][0]["finish_reason"] = "length"
+        return 200, payload
+
+    judge, endpoint, parquet = _setup(tmp_path, scored_at_the_limit)
+    try:
+        report = run_preflight(str(parquet), str(endpoint), str(tmp_path / "p.json"), str(tmp_path / "audit"), CFG)
+    finally:
+        judge.__exit__(None, None, None)
+    assert report["ok"] and report["judge"]["truncated_before_score"] == 0
+
+
 def test_warn_mode_records_problems_as_warnings(tmp_path):
     judge, endpoint, parquet = _setup(tmp_path, lambda body: "no score here, just a long answer without a digit")
     cfg = json.loads(json.dumps(CFG))
@@ -124,7 +165,7 @@ def _port_closed(log_text: str) -> bool:
 @pytest.mark.slow
 def test_workflow_runs_judge_service_and_preflight(workflow_dir, tiny_model_dir):
     """Real snakemake: the judge_server service starts our CPU server with a tiny model, preflight waits on
-    its health and scores rows. The random tiny model never prints a score: with on_problem fail the run
+    its health and scores rows. The random tiny model gives no usable reward: with on_problem fail the run
     stops with the reason; with warn it finishes; either way the service is gone afterwards."""
     rubric = write_rubric(workflow_dir / "config", score_method="expected", prefix="Score:",
                           model=str(tiny_model_dir), source="path", max_tokens=2)
@@ -147,7 +188,10 @@ def test_workflow_runs_judge_service_and_preflight(workflow_dir, tiny_model_dir)
             # (PR_SET_PDEATHSIG, port closed above); the key file of the dead server may remain.
             assert proc.returncode != 0
             message = (workflow_dir / "logs" / "t" / "preflight.log").read_text()
-            assert "preflight failed: the judge does not follow the score format: 6/6 answers" in message
+            # the random model either prints no score or scores near-constantly: both stop the run
+            assert "preflight failed: " in message
+            assert ("the judge does not follow the score format" in message
+                    or "the reward is (nearly) constant" in message), message
             assert not (run / "train" / "preflight.json").exists()
     assert proc.returncode == 0, proc.stderr
     report = json.loads((run / "train" / "preflight.json").read_text())

@@ -127,6 +127,19 @@ def test_ready_marker_stands_for_its_model_folder(tmp_path):
     assert preflight.model_folder is models.model_folder
 
 
+def test_every_jsonl_file_is_read_through_io():
+    spelled = [path.name for path in sorted(SRC.rglob("*.py"))
+               if path.name != "io.py" and "json.loads(line" in path.read_text(encoding="utf-8")]
+    assert spelled == []
+
+
+def test_only_models_knows_what_a_ready_marker_is():
+    """Every other module asks `models.model_folder`, so a renamed marker can only fail in one place."""
+    spelled = [path.name for path in sorted(SRC.rglob("*.py"))
+               if path.name != "models.py" and '== ".ready"' in path.read_text(encoding="utf-8")]
+    assert spelled == []
+
+
 def test_deep_merge_keeps_unset_keys_and_replaces_lists():
     merged = io.deep_merge({"a": {"x": 1, "y": [1, 2]}, "b": 1}, {"a": {"y": [3]}, "c": None})
     assert merged == {"a": {"x": 1, "y": [3]}, "b": 1, "c": None}

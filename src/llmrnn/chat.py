@@ -9,11 +9,12 @@ the first model that is not a merge: the untrained base.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from llmrnn import io
 from llmrnn.errors import InputError
+from llmrnn.models import model_folder
 
 PROMPT = "you> "
 
@@ -25,8 +26,7 @@ def resolve_base(model_dir: str | Path) -> Path:
         check = current.parent / "merge_check.json"
         if current.name != "merged" or not check.is_file():
             return current
-        base = Path(json.loads(check.read_text(encoding="utf-8"))["base"])
-        current = base.parent if base.name == ".ready" else base
+        current = model_folder(io.read_json(check)["base"])
     raise InputError(f"{model_dir}: merge chain longer than 8 models")
 
 

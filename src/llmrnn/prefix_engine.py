@@ -19,6 +19,7 @@ The sampler and the stopper plug into generate() through its public hooks and se
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -189,10 +190,13 @@ def preallocated_cache(data: Sequence[tuple], capacity: int, prefix: Sequence[tu
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
+    # transformers 4.x (the GPU stack's 4.57) initialises a layer from the keys alone, 5.x from both
+    init_args = len(inspect.signature(DynamicLayer.lazy_initialization).parameters) - 1
+
     class PreallocatedLayer(DynamicLayer):
         def __init__(self, keys: torch.Tensor, values: torch.Tensor, shared: tuple | None) -> None:
             super().__init__()
-            self.lazy_initialization(keys, values)
+            self.lazy_initialization(*(keys, values)[:init_args])
             self.prefix = shared
             self.prefix_length = 0 if shared is None else shared[0].shape[-2]
             self._kbuf = self._vbuf = None
@@ -219,8 +223,10 @@ def preallocated_cache(data: Sequence[tuple], capacity: int, prefix: Sequence[tu
         def get_seq_length(self) -> int:
             return self.prefix_length + self.keys.shape[-2]
 
-        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-            return self.get_seq_length() + query_length, 0
+        def get_mask_sizes(self, query_length) -> tuple[int, int]:
+            # transformers 5.x passes the query length, 4.x the query's cache_position tensor
+            queries = query_length.shape[0] if hasattr(query_length, "shape") else int(query_length)
+            return self.get_seq_length() + queries, 0
 
     prefix = prefix or [None] * len(data)
     cache = DynamicCache()

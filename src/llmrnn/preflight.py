@@ -137,6 +137,7 @@ def judge_checks(scorer, rows: list[dict], cfg: PreflightConfig) -> tuple[dict, 
         1 for i in range(0, len(results), k) if len({round(r["score"], 4) for r in results[i:i + k]}) > 1
     )
     latencies = [r["judge_latency_s"] for r in results if r["judge_calls"] and not r["cache_hits"]]
+    truncated = sum(r.get("truncated_calls", 0) for r in results)
     report = {
         "rubric": scorer.rubric.path,
         "judge_model": scorer.endpoint.model,
@@ -150,6 +151,7 @@ def judge_checks(scorer, rows: list[dict], cfg: PreflightConfig) -> tuple[dict, 
         "invalid_json": methods.get("invalid_json", 0),
         "parse_methods": dict(sorted(methods.items())),
         "fallback_rate": fallback_rate,
+        "truncated_before_score": truncated,
         "reward": {"mean": mean, "std": std, "min": min(rewards), "max": max(rewards),
                    "distinct": len(distinct), "values": distinct[:50]},
         "rows_with_spread": spread_rows,
@@ -173,6 +175,14 @@ def judge_checks(scorer, rows: list[dict], cfg: PreflightConfig) -> tuple[dict, 
             f"({fallback_rate:.0%}) had no parseable score and fell back to 0.5 "
             f"(preflight.max_fallback_rate {cfg.max_fallback_rate:.0%}){example}; fix the rubric's template/"
             f"assistant_prefix or the judge model ({scorer.rubric.path}); full answers in {scorer.audit.path}"
+        )
+    if truncated:
+        req = scorer.rubric.request
+        limit = req.max_tokens if scorer.cfg.mode == "scalar" else scorer.rubric.pairwise.max_tokens
+        problems.append(
+            f"{truncated} judge answer(s) hit max_tokens={limit} before giving a score (finish_reason "
+            f"'length'; api: {req.api}): a judge that thinks aloud first needs a higher max_tokens, or "
+            f"`request.api: completions` with a raw prompt ({scorer.rubric.path}); answers in {scorer.audit.path}"
         )
     if len(distinct) < cfg.min_distinct_rewards:
         problems.append(
@@ -434,9 +444,7 @@ def _cmd_training(args) -> int:
     from llmrnn.train import config as tcfg
 
     cfg = args.cfg.get("train", args.cfg)
-    model = Path(args.model)
-    result = training_checks(tcfg.normalize(cfg), args.train, args.val,
-                             model.parent if model.name == ".ready" else model,  # a marker stands for its folder
+    result = training_checks(tcfg.normalize(cfg), args.train, args.val, model_folder(args.model),
                              out_dir=args.out_dir, gpus_available=args.gpus)
     if args.out:
         io.write_json(args.out, result)

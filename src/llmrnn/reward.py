@@ -424,12 +424,15 @@ class Scorer:
         elif memory is not None:
             if self.cfg.mode == "scalar":
                 result.update(self._scalar_result(calls[0][0]))
+                unscored = [calls[0][0]] if result["parse_method"] == "fallback" else []
             else:
-                points, outcomes = [], []
+                points, outcomes, unscored = [], [], []
                 for call, cand_a in calls:
                     pts, what = self._verdict_points(call, cand_a)
                     points.append(pts)
                     outcomes.append(what)
+                    if what == "unparsed":
+                        unscored.append(call)
                 ident = p.get("identical", 0)
                 points += [0.5, 0.5] * ident
                 outcomes += ["identical", "identical"] * ident
@@ -442,6 +445,8 @@ class Scorer:
                 result["pairwise"] = {k: outcomes.count(k) for k in ("win", "loss", "tie", "unparsed", "identical")}
             result["outcome"] = outcome_share(memory, step.get("next_ground_truth_diagnoses"))
             result["score"] = result["judge_score"] + self.cfg.outcome_epsilon * result["outcome"]
+            # answers cut off by max_tokens before any score (e.g. a thinking judge): preflight fails on them
+            result["truncated_calls"] = sum(1 for c in unscored if finish_reason(c.payload) == "length")
         elif self.cfg.outcome_epsilon:
             # The outcome term reads the raw text when it is not JSON: a small policy that rarely writes
             # valid JSON still gets a within-group signal. With epsilon 0 (the reference) this stays 0.05.
@@ -457,6 +462,14 @@ class Scorer:
             **{k: v for k, v in result.items()}, "batch_s": round(batch_s, 4),
         })
         return result
+
+
+def finish_reason(payload: dict) -> str | None:
+    """The OpenAI finish_reason of a judge answer ("length": it hit max_tokens)."""
+    try:
+        return (payload.get("choices") or [{}])[0].get("finish_reason")
+    except AttributeError:
+        return None
 
 
 # ----------------------------------------------------------------------------- shared scorers

