@@ -54,7 +54,7 @@ def _wait_for(session: str, predicate, limit_s: float = 240.0) -> str:
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
 def test_chat_in_tmux_side_by_side_with_base(tmp_path, tiny_model_dir):
-    from llmrnn.tiny import build_tiny_model
+    from tests.tiny_model import build_tiny_model
 
     merged = chain(tmp_path, tiny_model_dir, build_tiny_model(tmp_path / "other", seed=1))
     session = f"llmrnn-chat-{tmp_path.name}"
