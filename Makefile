@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-llmrnn
 RUNENV := PATH=$(CURDIR)/$(BIN):$$PATH OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 
-.PHONY: venv demo test lint report clean-results
+.PHONY: venv demo test test-e2e lint report clean-results
 
 venv: $(STAMP)
 
@@ -21,8 +21,13 @@ demo: $(STAMP)
 	$(RUNENV) snakemake --profile profiles/local all
 	$(RUNENV) snakemake --profile profiles/local --report report.html all
 
+# `make test`: every unit and workflow test except the whole-workflow runs marked e2e (real SLURM, the
+# rerun table's full run: ~34 min of the suite); `make test-e2e` runs those; .ci/run runs both.
 test: $(STAMP) verl-envs
-	$(RUNENV) pytest -x -q --timeout 3600 --durations 15 tests
+	$(RUNENV) pytest -x -q --timeout 3600 --durations 15 -m "not e2e" tests
+
+test-e2e: $(STAMP) verl-envs
+	$(RUNENV) pytest -x -q --timeout 3600 --durations 15 -m e2e tests
 
 lint: $(STAMP)
 	$(RUNENV) snakefmt --check Snakefile rules

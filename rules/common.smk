@@ -101,7 +101,10 @@ def eval_forward_cfg():
     roles/prompts sections (models and the prompt file are inputs). Grading and statistics knobs are
     left out, so changing them never reruns the forward pass.
     """
-    subset = {k: config["eval"][k] for k in ("max_patients", "patient_seed", "seed")}
+    subset = {
+        k: config["eval"][k]
+        for k in ("max_patients", "max_visits", "patient_seed", "seed")
+    }
     return json.dumps(
         {
             "eval": subset,
@@ -182,6 +185,7 @@ def eval_heldout_targets():
         f"{RUN}/eval/comparison.json",
         f"{plots}/acc_bars.png",
         f"{plots}/acc_by_visit.png",
+        f"{plots}/memory_recall.png",
         f"{plots}/summary.tsv",
     ]
 

@@ -27,6 +27,7 @@ rule judge_server:
             "llmrnn.judge.launcher",
             "llmrnn.judge.server",
             "llmrnn.backends",
+            "llmrnn.models",
             "llmrnn.retry",
             "llmrnn.rubric",
         ),

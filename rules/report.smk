@@ -41,6 +41,11 @@ rule eval_plots:
             category="Held-out evaluation",
             caption="../workflow/report/acc_by_visit.rst",
         ),
+        memory_recall=report(
+            f"{RUN}/eval/plots/memory_recall.png",
+            category="Held-out evaluation",
+            caption="../workflow/report/memory_recall.rst",
+        ),
         summary=report(
             f"{RUN}/eval/plots/summary.tsv",
             category="Held-out evaluation",
@@ -54,4 +59,5 @@ rule eval_plots:
         code=code_hash("llmrnn.report"),
     shell:
         "llmrnn report plots --metrics {input.metrics:q} --comparison {input.comparison:q} "
-        "--bars {output.bars:q} --by-visit {output.by_visit:q} --summary {output.summary:q} 2> {log:q}"
+        "--bars {output.bars:q} --by-visit {output.by_visit:q} "
+        "--memory-recall {output.memory_recall:q} --summary {output.summary:q} 2> {log:q}"

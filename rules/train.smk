@@ -41,6 +41,7 @@ rule train_grpo:
             "llmrnn.train.verl_cmd",
             "llmrnn.reward",
             "llmrnn.rubric",
+            "llmrnn.judge",
             "llmrnn.judge.client",
             "llmrnn.retry",
             "llmrnn.preflight",

@@ -41,6 +41,24 @@ def test_transformers_seeded_sampling_is_per_row(tiny):
     assert a != c
 
 
+def test_generate_scored_gives_the_same_texts_with_the_logprobs_of_the_tokens_drawn(tiny):
+    """The judge server's logprobs come from the same batched call: greedy picks each step's top token,
+    and the seeded samples are the ones `generate` draws."""
+    import math
+
+    scored = tiny.generate_scored(CONVS, 0.0, 1.0, 6, top_logprobs=3)
+    assert [text for text, _ in scored] == tiny.generate(CONVS, 0.0, 1.0, 6)
+    for text, entries in scored:
+        assert 1 <= len(entries) <= 6 and "".join(e["token"] for e in entries).strip() == text
+        for e in entries:
+            assert len(e["top"]) == 3 and e["top"][0][0] == e["token"]
+            assert math.isclose(e["top"][0][1], e["logprob"], abs_tol=1e-5) and e["logprob"] <= 0
+    seeds = [11, 22, 33, 44, 55]
+    sampled = tiny.generate_scored(CONVS, 1.0, 0.9, 6, seeds=seeds, top_logprobs=0)
+    assert [t for t, _ in sampled] == tiny.generate(CONVS, 1.0, 0.9, 6, seeds=seeds)
+    assert all(e["top"] == [] for _, entries in sampled for e in entries)
+
+
 def test_transformers_counts_calls_and_continues_a_response_prefix(tiny):
     before = tiny.calls
     conv = [{"role": "user", "content": "json please"}, {"role": "assistant", "content": '{"evolving_summary": "'}]

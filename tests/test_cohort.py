@@ -280,6 +280,8 @@ def test_every_patient_dropped_is_an_error_and_writes_nothing(tmp_path, capsys):
     assert rc == 2 and len(lines) == 1
     assert "every patient was dropped (2 of 2" in lines[0]
     assert not out.exists() and not report.exists()
+    assert main(["cohort", "validate", str(path)]) == 2  # validate accepts only what later stages can use
+    assert "every patient was dropped (2 of 2" in capsys.readouterr().err
 
 
 def run_clean(tmp_path: Path, cohort: Path, out: Path, report: Path, capsys) -> tuple[int, list[str]]:

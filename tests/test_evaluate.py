@@ -262,3 +262,51 @@ def test_llm_final_judge_missing_key_is_one_clear_error(monkeypatch):
                                                          "api_key_env": "NOPE_KEY"}})
     with pytest.raises(InputError, match="NOPE_KEY"):
         judge.grade_many([({"primary_diagnosis": "x"}, ["y"])])
+
+
+# ----------------------------------------------------------------------------- memory recall (judge-free)
+def with_memories(record, summaries):
+    """Set h_prev of visits 1.. to the given evolving summaries (what the prediction model was shown)."""
+    for v, text in zip(record["visits"][1:], summaries):
+        v["h_prev"] = json.dumps({"evolving_summary": text})
+    return record
+
+
+def test_memory_recall_per_variant_and_paired_test(tmp_path, records):
+    # TRUTH = [congestive heart failure, type 2 diabetes mellitus] at every visit
+    for rec in records["base"]:
+        with_memories(rec, ["none", "congestive heart failure"])  # transitions 0 and 0.5 -> 0.25
+    for i, rec in enumerate(records["trained"]):
+        full = "congestive heart failure; type 2 diabetes mellitus"
+        with_memories(rec, [full, full] if i < 5 else ["none", "none"])  # 1.0 for five, 0.0 for p5
+    metrics, comparison = evaluate.gather(write(tmp_path, records, 2), CFG)
+    base = metrics["variants"]["base"]["memory_recall"]
+    assert base["value"] == pytest.approx(0.25)
+    assert base["by_visit_index"] == {"1": pytest.approx(0.0), "2": pytest.approx(0.5)}
+    assert (base["n_patients"], base["n_transitions"]) == (6, 12)
+    assert metrics["variants"]["trained"]["memory_recall"]["value"] == pytest.approx(5 / 6)
+    mr = comparison["comparisons"]["trained"]["memory_recall"]
+    assert (mr["a"], mr["b"], mr["n_pairs"]) == (pytest.approx(0.25), pytest.approx(5 / 6), 6)
+    assert mr["diff"] == pytest.approx(5 / 6 - 0.25)
+    assert mr["ci95"][0] < mr["diff"] < mr["ci95"][1] + 1e-12
+    w = mr["wilcoxon"]
+    assert (w["b_better"], w["a_better"], w["n_nonzero"]) == (5, 1, 6)
+    # exact two-sided signed-rank p for ranks: the one negative difference (0.25) has the smallest rank
+    assert w["p_value"] == pytest.approx(2 * 2 / 64)
+
+
+def test_memory_recall_of_baselines_uses_what_was_shown():
+    none_shown = with_memories(patient("p0", RIGHT), ["none", "none"])
+    history = patient("p0", RIGHT)
+    history["visits"][2]["memory_shown"] = "Visit 1: ... DISCHARGE DIAGNOSES: congestive heart failure; type 2 diabetes mellitus"
+    assert evaluate.recall_by_patient([none_shown]) == {"p0": 0.0}
+    assert evaluate.recall_by_patient([history]) == {"p0": pytest.approx(0.5)}  # visit 1 shown nothing
+    assert evaluate.memory_recall_metrics([patient("p1", RIGHT, n_visits=1)]) is None
+
+
+def test_wilcoxon_signed_rank_all_equal_is_not_a_finding():
+    from llmrnn.stats import wilcoxon_signed_rank
+
+    assert wilcoxon_signed_rank([0.5, 0.2], [0.5, 0.2])["p_value"] == 1.0
+    with pytest.raises(ValueError):
+        wilcoxon_signed_rank([0.1], [0.1, 0.2])

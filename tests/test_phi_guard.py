@@ -482,3 +482,12 @@ def test_numbers_in_card_text_that_are_not_ids_pass(bundle, splits):
     (bundle / "README.md").write_text(
         "# card\nlearning rate 3e-6, 1e5 steps, version 0.17.1, 0x1F, 00042 and l10n/i18n.\n")
     assert _findings(bundle, files) == []
+
+
+@pytest.mark.parametrize("written", ["MRN-L04567", "mrn l04567", "1o4567", "MRN-L\u041e4567"])
+def test_string_identifier_with_digits_for_its_letters_is_refused(bundle, tmp_path, written):
+    # the cohort id holds the letters L and O; the card types the digits 1 and 0 for them (or the reverse)
+    ids = _write_split(tmp_path / "split.json", [{"subject_id": "MRN-LO4567", "visits": [
+        {"visit_id": "ENC-9", "visit_number": 1, "clinical_sections": {"chief_complaint": "cough"}}]}])
+    (bundle / "README.md").write_text(f"# card\nSee {written} for an example.\n", encoding="utf-8")
+    _assert_refused_without_quoting(_findings(bundle, ids), "README.md: cohort identifier (subject_id)", written)

@@ -35,7 +35,8 @@ def _metrics_and_comparison(tmp_path):
                      "prediction_ok": True, "memory_words": 10},
                     {"visit_index": 1, "ground_truth": truth,
                      "prediction": {"primary_diagnosis": "anemia" if h else "x"}, "prediction_ok": True,
-                     "memory_words": 20},
+                     "memory_words": 20,
+                     "h_prev": json.dumps({"evolving_summary": "anemia" if h and variant == "trained" else "x"})},
                 ],
             }
             for i, h in enumerate(hits)
@@ -75,9 +76,11 @@ def test_plots_cli_writes_pngs_and_summary(tmp_path):
     out = tmp_path / "plots"
     run_report_cli(["plots", "--metrics", str(tmp_path / "metrics.json"), "--comparison",
                     str(tmp_path / "comparison.json"), "--bars", str(out / "acc_bars.png"),
-                    "--by-visit", str(out / "acc_by_visit.png"), "--summary", str(out / "summary.tsv")])
-    assert sorted(p.name for p in out.iterdir()) == ["acc_bars.png", "acc_by_visit.png", "summary.tsv"]
-    for name in ("acc_bars.png", "acc_by_visit.png"):
+                    "--by-visit", str(out / "acc_by_visit.png"), "--memory-recall", str(out / "memory_recall.png"),
+                    "--summary", str(out / "summary.tsv")])
+    assert sorted(p.name for p in out.iterdir()) == ["acc_bars.png", "acc_by_visit.png", "memory_recall.png",
+                                                     "summary.tsv"]
+    for name in ("acc_bars.png", "acc_by_visit.png", "memory_recall.png"):
         data = (out / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 5000, name
     rows = [line.split("\t") for line in (out / "summary.tsv").read_text().splitlines()]
@@ -86,11 +89,16 @@ def test_plots_cli_writes_pngs_and_summary(tmp_path):
     assert by_variant["base"][2] == "0.500" and by_variant["trained"][2] == "0.750"
     assert by_variant["trained"][6] == "0.250"  # acc@1 difference vs base
     assert by_variant["base"][6] == ""  # no comparison of base with itself
+    col = rows[0].index("memory recall")
+    assert (by_variant["base"][col], by_variant["trained"][col]) == ("0.000", "0.750")
+    assert by_variant["trained"][col + 1] == "0.750" and by_variant["base"][col + 1] == ""
+    assert float(by_variant["trained"][col + 3]) > 0.05  # three of four pairs differ: no paired test passes
 
 
 def test_plots_cli_missing_metrics_is_one_clear_error(tmp_path):
     with pytest.raises(InputError, match="nope.json: not found"):
         run_report_cli(["plots", "--metrics", str(tmp_path / "nope.json"), "--comparison",
                         str(tmp_path / "nope2.json"), "--bars", str(tmp_path / "p" / "b.png"),
-                        "--by-visit", str(tmp_path / "p" / "v.png"), "--summary", str(tmp_path / "p" / "s.tsv")])
+                        "--by-visit", str(tmp_path / "p" / "v.png"), "--memory-recall", str(tmp_path / "p" / "m.png"),
+                        "--summary", str(tmp_path / "p" / "s.tsv")])
     assert not (tmp_path / "p").exists()

@@ -237,8 +237,9 @@ def _judged_run(tmp_path, tiny_model_dir, parquets, respond, preflight: dict, **
                "reward": {"retries": 1, "backoff_s": 0.01, "health_timeout_s": 10}}
         proc = subprocess.run(
             [LLMRNN, "train", "run", "--cfg", json.dumps(cfg), "--train", parquets[0], "--val", parquets[1],
-             "--model", str(tiny_model_dir), "--out", str(out), "--endpoint", str(endpoint),
-             "--reward-func", JSON_POLICY],
+             "--model", str(tiny_model_dir), "--work-dir", str(out), "--adapter", str(out / "adapter"),
+             "--metrics", str(out / "metrics.jsonl"), "--summary", str(out / "summary.json"),
+             "--endpoint", str(endpoint), "--reward-func", JSON_POLICY],
             env=env, capture_output=True, text=True, timeout=900, check=False)
     return proc.returncode, proc.stdout + proc.stderr, out
 
@@ -266,3 +267,19 @@ def test_trl_stops_with_a_clear_reason_when_the_judge_degrades(tmp_path, tiny_mo
     assert code == 4, log
     assert "judge degraded during training: 8 of the last 8 judged samples (100%)" in log
     assert "Traceback" not in log and not (out / "adapter").exists()
+
+
+def test_json_close_tokens_end_a_memory_rollout(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from llmrnn.jsonparse import parse_memory
+    from llmrnn.train.trl_engine import json_close_token_ids
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    stops = json_close_token_ids(tok)
+    assert stops and tok.eos_token_id not in stops
+    assert all(tok.decode([i]).rstrip().endswith('"}') and "{" not in tok.decode([i]) for i in stops)
+    # a rollout cut right after its first stop token is exactly the memory JSON the reward parses
+    ids = tok('{"evolving_summary": "copd; chf"} and then some prose {"x": "y"}', add_special_tokens=False)["input_ids"]
+    first = next(k for k, i in enumerate(ids) if i in stops)
+    assert parse_memory(tok.decode(ids[: first + 1]), strict=True)[0] == "copd; chf"

@@ -228,7 +228,8 @@ def test_verl_run_stops_with_the_reason_the_reward_left(tmp_path, monkeypatch):
     with ScriptedJudge(lambda body: next(answers)) as judge:
         endpoint = write_endpoint(tmp_path, judge.port, write_rubric(tmp_path))
         with pytest.raises(CheckFailed, match=r"exited with 1: judge degraded during training: 5 of the last 8"):
-            verl_cmd.run(cfg, train_parquet=train, val_parquet=None, model_dir="m", out_dir=str(out),
-                         experiment_name="e", endpoint_file=str(endpoint), verl_version="0.7.1")
+            verl_cmd.run(cfg, train_parquet=train, val_parquet=None, model_dir="m", work_dir=str(out),
+                         adapter_dir=out / "adapter", metrics_path=out / "metrics.jsonl", experiment_name="e",
+                         endpoint_file=str(endpoint), verl_version="0.7.1")
     rows = [json.loads(x) for x in (out / "state" / "metrics.jsonl").read_text().splitlines()]
     assert [r["judge_fallback_rate"] for r in rows if r["kind"] == "train"] == [0.0, 1.0]

@@ -67,6 +67,29 @@ def _continues(conversation: Messages) -> bool:
 
 
 # ----------------------------------------------------------------------------- transformers
+def _token_logprobs(tokenizer, new, logits, k: int, eos) -> list[list[dict]]:
+    """Per row of `new` (generated ids) and generated token up to EOS: {token, logprob, top [(token,
+    logprob)] * k}, from `logits` (one [rows, vocab] tensor per step, as generate(output_logits=True))."""
+    import torch
+
+    # EOS ends a row; rows stopped early (stop_at_json) are filled with padding
+    stop = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    rows: list[list[dict]] = [[] for _ in range(len(new))]
+    done = [False] * len(new)
+    for step, step_logits in enumerate(logits):
+        lp = torch.log_softmax(step_logits.float(), dim=-1)
+        top = torch.topk(lp, k=max(1, k), dim=-1)
+        for j in range(len(new)):
+            tid = int(new[j, step])
+            done[j] = done[j] or tid in stop
+            if done[j]:
+                continue
+            rows[j].append({"token": tokenizer.decode([tid]), "logprob": float(lp[j, tid]),
+                            "top": [(tokenizer.decode([int(t)]), float(v))
+                                    for v, t in zip(top.values[j][:k], top.indices[j][:k])]})
+    return rows
+
+
 class TransformersBackend:
     """In-process HF model; one `generate` call = one batched pass over all conversations."""
 
@@ -150,6 +173,14 @@ class TransformersBackend:
         max_tokens: int,
         seeds: Sequence[int] | None = None,
     ) -> list[str]:
+        return [text for text, _ in self.generate_scored(conversations, temperature, top_p, max_tokens, seeds)]
+
+    def generate_scored(self, conversations: Sequence[Messages], temperature: float, top_p: float, max_tokens: int,
+                        seeds: Sequence[int] | None = None, top_logprobs: int | None = None
+                        ) -> list[tuple[str, list[dict] | None]]:
+        """`generate`, plus with `top_logprobs` = k per generated token {token, logprob, top: [(token,
+        logprob)] * k} from the model's own distribution at that step (before temperature/top-p, as vLLM
+        reports them): what an OpenAI-compatible server returns as logprobs (llmrnn.judge.server)."""
         import torch
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
@@ -163,12 +194,15 @@ class TransformersBackend:
         order = sorted(range(len(texts)), key=lambda i: (lengths[i], i))
         if seeds is None and temperature > 0:
             seeds = [random.getrandbits(62) for _ in texts]
-        out: list[str] = [""] * len(texts)
+        out: list[tuple[str, list[dict] | None]] = [("", None)] * len(texts)
+        scored = top_logprobs is not None
         config = GenerationConfig(
             max_new_tokens=int(max_tokens),
             do_sample=False,
             eos_token_id=self.eos_token_id,
             pad_token_id=self.tokenizer.pad_token_id,
+            return_dict_in_generate=scored,
+            output_logits=scored,
         )
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
@@ -190,9 +224,11 @@ class TransformersBackend:
                     )
             finally:
                 prefix_engine.ACTIVE_CACHE.reset(active)
-            new = generated[:, enc["input_ids"].shape[1] :]
-            for i, row in zip(idx, new):
-                out[i] = self.tokenizer.decode(row, skip_special_tokens=True).strip()
+            logits = generated.logits if scored else None
+            new = (generated.sequences if scored else generated)[:, enc["input_ids"].shape[1] :]
+            entries = _token_logprobs(self.tokenizer, new, logits, top_logprobs, self.eos_token_id) if scored else None
+            for j, (i, row) in enumerate(zip(idx, new)):
+                out[i] = (self.tokenizer.decode(row, skip_special_tokens=True).strip(), entries[j] if scored else None)
         return out
 
 

@@ -322,7 +322,8 @@ def split_cohort(patients: list[dict], sizes: SplitSizes) -> dict[str, list[dict
 
 # ----------------------------------------------------------------------------- synthetic cohort
 # Longitudinal structure a memory can exploit: chronic conditions recur at later visits, and complications
-# follow the diagnoses that cause them (diabetes -> foot ulcer, atrial fibrillation -> stroke, ...).
+# follow the diagnoses that cause them (diabetes -> foot ulcer, atrial fibrillation -> stroke, ...). All
+# chronic conditions are listed at the first visit only; later visits do not repeat them.
 CHRONIC = {
     "type 2 diabetes mellitus": ["diabetic foot ulcer", "diabetic ketoacidosis", "hypoglycemia"],
     "essential hypertension": ["hypertensive emergency", "hypertensive heart disease"],
@@ -396,7 +397,10 @@ def synthesize_cohort(n_patients: int, seed: int, empty_diagnosis_rate: float = 
             if rng.random() < empty_diagnosis_rate / max(n_visits, 1):
                 diagnosis = ""
             complaint = COMPLAINT.get(primary, f"symptoms of {primary}")
-            pmh = ", ".join(sorted(set(chronic + history))) if v else ", ".join(chronic)
+            # Later visits restate only the condition behind this admission and earlier admissions'
+            # diagnoses: the other chronic conditions (named at visit 1, recurring in later discharge
+            # diagnoses) are kept only by a memory.
+            pmh = ", ".join(sorted(set([base] + history))) if v else ", ".join(chronic)
             sections = {
                 "discharge_diagnosis": diagnosis,
                 "chief_complaint": complaint,
@@ -441,9 +445,20 @@ def _cmd_synth(args: argparse.Namespace) -> None:
     log.info("wrote %d synthetic patients to %s", len(patients), args.out)
 
 
+def _all_dropped(source: str, report: dict) -> InputError:
+    return InputError(
+        f"{source}: every patient was dropped ({report['patients_dropped_empty_diagnosis']} of "
+        f"{report['patients_in']} have a visit with an empty clinical_sections.discharge_diagnosis); nothing to split"
+    )
+
+
 def _cmd_validate(args: argparse.Namespace) -> None:
     patients = load_cohort(args.cohort)
-    print(f"{args.cohort}: ok, {len(patients)} patients, {sum(len(p['visits']) for p in patients)} visits")
+    kept, report = clean_cohort(patients)
+    if not kept:  # valid records, yet nothing a later stage could use
+        raise _all_dropped(args.cohort, report)
+    print(f"{args.cohort}: ok, {len(patients)} patients, {sum(len(p['visits']) for p in patients)} visits, "
+          f"{len(kept)} patients after cleaning")
 
 
 def _distinct_paths(args: argparse.Namespace, names: tuple[str, ...]) -> None:
@@ -472,10 +487,7 @@ def _cmd_clean(args: argparse.Namespace) -> None:
     patients = load_cohort(args.cohort)
     kept, report = clean_cohort(patients)
     if not kept:
-        raise InputError(
-            f"{args.cohort}: every patient was dropped ({report['patients_dropped_empty_diagnosis']} of "
-            f"{report['patients_in']} have a visit with an empty clinical_sections.discharge_diagnosis); nothing to split"
-        )
+        raise _all_dropped(args.cohort, report)
     report["source"] = str(args.cohort)
     report["source_sha256"] = io.sha256_file(args.cohort)
     io.write_texts({args.out: dump_cohort(kept), args.report: io.json_text(report)})

@@ -8,8 +8,12 @@ Three steps, each a Snakemake job:
           deterministic matcher (llmrnn.matching) or an LLM judge through the openai backend
           -> RUN/eval/<variant>/graded_<k>.jsonl
   gather  all graded shards -> RUN/eval/metrics.json (Acc@1/Acc@5 at each patient's last visit with
-          Wilson CIs, accuracy by visit index, unparsable rates per role, memory length) and
-          RUN/eval/comparison.json (each variant vs base: paired bootstrap CI of the difference, McNemar).
+          Wilson CIs, accuracy by visit index, unparsable rates per role, memory length, memory recall) and
+          RUN/eval/comparison.json (each variant vs base: paired bootstrap CI of the difference, McNemar;
+          memory recall: paired bootstrap CI + Wilcoxon signed-rank).
+Memory recall (judge-free): at every visit t >= 1, the share of visit t's discharge diagnoses that the
+memory shown to the prediction model (h_{t-1}) names (llmrnn.reward.outcome_share, the quantity the outcome
+reward pays for); a patient's value is the mean over its transitions.
 Metrics depend only on the union of shards, never on how patients were split across them.
 """
 
@@ -52,6 +56,55 @@ def select_patients(patients: list[dict], max_patients: int | None, seed: int) -
         raise InputError(f"eval.max_patients must be >= 1 or null, got {max_patients}")
     keep = sorted(random.Random(seed).sample(range(len(patients)), max_patients))
     return [patients[i] for i in keep]
+
+
+def memory_shown(visit: dict) -> str:
+    """The memory the prediction model saw at this visit: h_{t-1}'s summary (rnn; the initial memory for
+    no-memory baselines) or the concatenated history (full_history)."""
+    from llmrnn.rnn import summary_text
+
+    if visit.get("memory_shown") is not None:
+        return str(visit["memory_shown"])
+    return summary_text(visit.get("h_prev") or "")
+
+
+def patient_memory_recall(record: dict) -> list[tuple[int, float]]:
+    """(visit_index, recall) for every visit t >= 1 of a patient record with diagnoses."""
+    from llmrnn.reward import outcome_share
+
+    out = []
+    for i, v in enumerate(record["visits"]):
+        t = int(v.get("visit_index", i))
+        if t >= 1 and v.get("ground_truth"):
+            out.append((t, outcome_share(memory_shown(v), v["ground_truth"])))
+    return out
+
+
+def recall_by_patient(records: list[dict]) -> dict[str, float]:
+    """Patient id -> mean memory recall over its transitions (patients with none are left out)."""
+    out = {}
+    for rec in records:
+        values = [r for _, r in patient_memory_recall(rec)]
+        if values:
+            out[str(rec["patient_id"])] = statistics.fmean(values)
+    return out
+
+
+def memory_recall_metrics(records: list[dict]) -> dict | None:
+    per_patient = recall_by_patient(records)
+    if not per_patient:
+        return None
+    by_visit: dict[int, list[float]] = {}
+    for rec in records:
+        for t, r in patient_memory_recall(rec):
+            by_visit.setdefault(t, []).append(r)
+    return {
+        "value": statistics.fmean(per_patient.values()),
+        "unit": "patient (mean over its visit transitions)",
+        "n_patients": len(per_patient),
+        "n_transitions": sum(len(v) for v in by_visit.values()),
+        "by_visit_index": {str(t): statistics.fmean(v) for t, v in sorted(by_visit.items())},
+    }
 
 
 def memory_words(text: Any) -> int | None:
@@ -263,7 +316,29 @@ def variant_metrics(records: list[dict]) -> dict:
         if words
         else None
     )
+    out["memory_recall"] = memory_recall_metrics(records)
     return out
+
+
+def compare_memory_recall(reference: list[dict], other: list[dict], boot: dict) -> dict | None:
+    """Memory recall of `other` vs the reference on the patients both have transitions for."""
+    from llmrnn.stats import paired_bootstrap, wilcoxon_signed_rank
+
+    ref, oth = recall_by_patient(reference), recall_by_patient(other)
+    pids = sorted(set(ref) & set(oth))
+    if not pids:
+        return None
+    a, b = [ref[p] for p in pids], [oth[p] for p in pids]
+    bs = paired_bootstrap(a, b, samples=int(boot.get("samples", 10_000)), seed=int(boot.get("seed", 0)))
+    return {
+        "a": statistics.fmean(a),
+        "b": statistics.fmean(b),
+        "n_pairs": len(pids),
+        "diff": bs["diff"],
+        "ci95": bs["ci95"],
+        "bootstrap": {"samples": bs["samples"], "seed": bs["seed"], "se": bs.get("se")},
+        "wilcoxon": wilcoxon_signed_rank(a, b),
+    }
 
 
 def compare(reference: list[dict], other: list[dict], name: str, boot: dict, exact_below: int) -> dict:
@@ -289,6 +364,7 @@ def compare(reference: list[dict], other: list[dict], name: str, boot: dict, exa
             "bootstrap": {"samples": bs["samples"], "seed": bs["seed"], "se": bs.get("se")},
             "mcnemar": mcnemar(a, b, exact_below=exact_below),
         }
+    result["memory_recall"] = compare_memory_recall(reference, other, boot)
     return result
 
 
@@ -364,6 +440,8 @@ def _cmd_shard(args: argparse.Namespace) -> None:
     if "roles" not in cfg:
         raise InputError("evaluate shard: --cfg has no 'roles' section")
     patients = select_patients(load_cohort(args.test), ev.get("max_patients"), int(ev.get("patient_seed", 0)))
+    if ev.get("max_visits"):  # each patient's first N visits (the demo's budget); the patient sample is unchanged
+        patients = [{**p, "visits": p["visits"][: int(ev["max_visits"])]} for p in patients]
     part = shard_of(patients, args.shard, args.shards)  # the trajectories' policy: balanced by visits
     label = f"eval {args.variant} shard {args.shard + 1}/{args.shards}"
     log.info("%s: %d of %d selected test patients", label, len(part), len(patients))
@@ -395,8 +473,9 @@ def _cmd_gather(args: argparse.Namespace) -> None:
     io.write_json(args.metrics, metrics)
     io.write_json(args.comparison, comparison)
     for v, m in metrics["variants"].items():
-        log.info("%s: Acc@1 %.3f Acc@5 %.3f (n=%d)", v, m["acc_at_1"]["value"] or 0, m["acc_at_5"]["value"] or 0,
-                 m["n_patients"])
+        recall = (m.get("memory_recall") or {}).get("value")
+        log.info("%s: Acc@1 %.3f Acc@5 %.3f memory recall %s (n=%d)", v, m["acc_at_1"]["value"] or 0,
+                 m["acc_at_5"]["value"] or 0, "n/a" if recall is None else f"{recall:.3f}", m["n_patients"])
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -176,6 +176,10 @@ class Secrets:
             needed = max(min_len, 6) if part.isdigit() else min_len
             if len(part) >= needed and any(c.isdigit() for c in part):
                 self.ids.setdefault(part, key)
+            # a part of digits and o/i/l (LO4567) typed with 0/1 instead (L04567) reads as its digit form
+            as_digits = letters_as_digits(part)
+            if as_digits != part and as_digits.isdigit() and len(as_digits) >= max(min_len, 6):
+                self.ids.setdefault(as_digits, key)
 
 
 def load_cohort_secrets(split_files: Iterable[str | Path], min_id_digits: int = 5) -> Secrets:

@@ -23,7 +23,7 @@ from llmrnn.errors import InputError
 ROLE_PLACEHOLDERS = {
     "prediction": {"memory", "visit", "visit_number"},
     "evaluation": {"prediction", "ground_truth", "visit_number"},
-    "memory_update": {"memory", "visit", "prediction", "evaluation", "visit_number"},
+    "memory_update": {"memory", "visit", "prediction", "evaluation", "missed_diagnoses", "visit_number"},
 }
 PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 TARGET_SECTION = "discharge_diagnosis"

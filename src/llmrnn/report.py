@@ -3,6 +3,8 @@
 `llmrnn report plots` (rule eval_plots), from RUN/eval/metrics.json + comparison.json:
   acc_bars.png        Acc@1 / Acc@5 per variant with Wilson 95% CIs
   acc_by_visit.png    accuracy by visit index per variant (does memory help as visits accumulate?)
+  memory_recall.png   memory recall of the next visit's diagnoses per variant and by visit, with the paired
+                      trained-vs-base difference (bootstrap CI, Wilcoxon p) in the title
   summary.tsv         one row per variant: Acc@1/Acc@5 with CIs and, vs base, the difference, CI and McNemar p
 `llmrnn report training` (rule train_plots), from RUN/train/metrics.jsonl (llmrnn.train.metrics rows):
   reward.png          train reward mean +- within-step std, and the val reward
@@ -81,6 +83,36 @@ def plot_by_visit(metrics: dict, out: str | Path) -> None:
     plt.close(fig)
 
 
+def plot_memory_recall(metrics: dict, comparison: dict, out: str | Path) -> None:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    recall = {v: m.get("memory_recall") for v, m in metrics["variants"].items()}
+    shown = [v for v, r in recall.items() if r]
+    axes[0].bar(range(len(shown)), [recall[v]["value"] for v in shown], color=[COLORS.get(v, "#9467bd") for v in shown],
+                edgecolor="black", alpha=0.8)
+    for i, v in enumerate(shown):
+        axes[0].text(i, recall[v]["value"] + 0.02, f"{recall[v]['value']:.2f}", ha="center", fontsize=8)
+    axes[0].set_xticks(range(len(shown)), shown)
+    axes[0].set_ylim(0, 1.05)
+    axes[0].set_ylabel("share of next-visit diagnoses named")
+    for v in shown:
+        pts = sorted((int(t), x) for t, x in recall[v]["by_visit_index"].items())
+        axes[1].plot([t + 1 for t, _ in pts], [x for _, x in pts], marker="o", label=v, color=COLORS.get(v))
+    axes[1].set_xlabel("visit number (memory written before it)")
+    axes[1].set_ylim(-0.05, 1.05)
+    axes[1].grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    c = (comparison.get("comparisons", {}).get("trained") or {}).get("memory_recall")
+    title = "Held-out memory recall"
+    if c:
+        lo, hi = c["ci95"]
+        title += (f": trained - base = {_fmt(c['diff'])} [95% CI {_fmt(lo)}, {_fmt(hi)}], "
+                  f"Wilcoxon p = {_fmt(c['wilcoxon']['p_value'], 4)}, n = {c['n_pairs']}")
+    fig.suptitle(title, fontsize=9)
+    _save(fig, out)
+    plt.close(fig)
+
+
 def plot_reward(rows: list[dict], out: str | Path) -> None:
     """Train reward mean +- within-step std, and the val reward, per step."""
     plt = _plt()
@@ -124,7 +156,8 @@ def _fmt(x: Any, digits: int = 3) -> str:
 def summary_table(metrics: dict, comparison: dict) -> str:
     head = ["variant", "n", "acc@1", "acc@1 95% CI", "acc@5", "acc@5 95% CI",
             "acc@1 diff vs base", "diff 95% CI", "McNemar p (acc@1)",
-            "acc@5 diff vs base", "diff 95% CI", "McNemar p (acc@5)"]
+            "acc@5 diff vs base", "diff 95% CI", "McNemar p (acc@5)",
+            "memory recall", "recall diff vs base", "diff 95% CI", "Wilcoxon p (recall)"]
     lines = ["\t".join(head)]
     for v, m in metrics["variants"].items():
         row = [v, str(m["n_patients"])]
@@ -137,6 +170,10 @@ def summary_table(metrics: dict, comparison: dict) -> str:
                 row += [_fmt(c[metric]["diff"]), f"[{_fmt(lo)}, {_fmt(hi)}]", _fmt(c[metric]["mcnemar"]["p_value"], 4)]
             else:
                 row += ["", "", ""]
+        row.append(_fmt((m.get("memory_recall") or {}).get("value")))
+        mr = (c or {}).get("memory_recall")
+        row += ([_fmt(mr["diff"]), f"[{_fmt(mr['ci95'][0])}, {_fmt(mr['ci95'][1])}]", _fmt(mr["wilcoxon"]["p_value"], 4)]
+                if mr else ["", "", ""])
         lines.append("\t".join(row))
     return "\n".join(lines) + "\n"
 
@@ -149,8 +186,9 @@ def _cmd_plots(args: argparse.Namespace) -> None:
     comparison = io.read_json(args.comparison)
     plot_accuracy(metrics, args.bars)
     plot_by_visit(metrics, args.by_visit)
+    plot_memory_recall(metrics, comparison, args.memory_recall)
     io.write_text(args.summary, summary_table(metrics, comparison))
-    log.info("wrote %s, %s, %s", args.bars, args.by_visit, args.summary)
+    log.info("wrote %s, %s, %s, %s", args.bars, args.by_visit, args.memory_recall, args.summary)
 
 
 def _cmd_training(args: argparse.Namespace) -> None:
@@ -170,6 +208,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--comparison", required=True, help="RUN/eval/comparison.json")
     p.add_argument("--bars", required=True, help="output: accuracy bars (png)")
     p.add_argument("--by-visit", required=True, help="output: accuracy by visit (png)")
+    p.add_argument("--memory-recall", required=True, help="output: memory recall per variant and by visit (png)")
     p.add_argument("--summary", required=True, help="output: summary table (tsv)")
     p.set_defaults(func=_cmd_plots)
     t = rsub.add_parser("training", help="training curves: reward and KL per step")

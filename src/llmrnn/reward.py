@@ -24,17 +24,20 @@ Scores:
   `pairwise_opponent: group` every valid candidate meets every other of its prompt group;
 - plus `outcome_epsilon` x the share of the next visit's ground-truth diagnoses that the CANDIDATE
   memory mentions (`matching.anticipated_share`: the held-out matcher's normalisation), so the term
-  differs within a group (epsilon 0 reproduces the reference).
+  differs within a group (epsilon 0 reproduces the reference);
+- outcome mode (for a judge too weak to rank memories, e.g. the CPU demo's): no judge call; the score
+  is that share alone, for the memory the forward pass would keep (jsonparse's lenient parser, so the
+  reward and the eval's memory recall read the same h_t); output with no memory JSON scores 0.
 
 Transport failures (refused, timeout, 5xx, and 200 answers with no choices, empty content or
 malformed logprobs: rubric.response_problem) are retried with backoff and then raise
 (JudgeUnavailable): a dead judge stops training instead of becoming a constant reward. During training
 (LLMRNN_FALLBACK_GUARD set by `llmrnn train run`) a FallbackGuard raises JudgeDegraded when more than
 preflight.max_fallback_rate of the last preflight.fallback_window judged samples fell back to 0.5; the
-reason is also left in the audit dir (stop_reason.txt) for the train command to report. Identical judge requests (duplicate candidates are
-common in a group) are sent once: an LRU of in-flight/finished calls, counted as `cache_hit`. Every
-scored sample is appended to RUN/train/audit/calls_<pid>.jsonl (mode 0600): rollout text, judge
-prompts, judge answers, reward, timings.
+reason is also left in the audit dir (stop_reason.txt) for the train command to report. Identical
+judge requests (duplicate candidates are common in a group) are sent once: an LRU of in-flight/finished
+calls, counted as `cache_hit`. Every scored sample is appended to RUN/train/audit/calls_<pid>.jsonl
+(mode 0600): rollout text, judge prompts, judge answers, reward, timings.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ ENV_AUDIT = "LLMRNN_AUDIT_DIR"
 ENV_CFG = "LLMRNN_REWARD_CFG"
 ENV_GUARD = "LLMRNN_FALLBACK_GUARD"  # JSON {"max_fallback_rate", "window"}: set for training only
 STOP_REASON_FILE = "stop_reason.txt"  # in the audit dir: why the reward stopped training (read by train)
-MODES = ("scalar", "pairwise")
+MODES = ("scalar", "pairwise", "outcome")
 OPPONENTS = ("group", "reference")
 
 
@@ -338,7 +341,9 @@ class Scorer:
             memory = jsonparse.parse_memory(text, strict=True)[0]
             prepared.append({"step": step, "memory": memory, "sample": s})
         plan: list[tuple[int, JudgeRequest, bool]] = []  # (sample index, request, candidate is A)
-        if self.cfg.mode == "scalar":
+        if self.cfg.mode == "outcome":
+            pass  # outcome-only: no judge call (the memory's recall of the next visit's diagnoses is the score)
+        elif self.cfg.mode == "scalar":
             for i, p in enumerate(prepared):
                 if p["memory"] is not None:
                     plan.append((i, scalar_request(self.rubric, p["step"], p["memory"]), True))
@@ -407,7 +412,16 @@ class Scorer:
             "judge_latency_s": sum(c.latency_s for c, _ in calls), "retries": sum(c.retries for c, _ in calls),
             "judge_calls": len(calls), "cache_hits": sum(c.cache_hit for c, _ in calls),
         }
-        if memory is not None:
+        if self.cfg.mode == "outcome":
+            # Outcome-only (for a judge too weak to rank memories): score = the share of the next visit's
+            # diagnoses named by the memory the forward pass would carry (its lenient parser: the eval's
+            # memory recall reads the same h_t); output with no memory JSON scores 0, below any memory.
+            memory, _ = jsonparse.parse_memory(s["solution_str"])
+            result["valid_json"] = memory is not None
+            result["outcome"] = outcome_share(memory, step.get("next_ground_truth_diagnoses")) if memory else 0.0
+            result["score"] = result["outcome"]
+            result["parse_method"] = "outcome" if memory is not None else "invalid_json"
+        elif memory is not None:
             if self.cfg.mode == "scalar":
                 result.update(self._scalar_result(calls[0][0]))
             else:
@@ -496,7 +510,7 @@ def _public(result: dict, numeric_only: bool) -> dict:
     if numeric_only:  # some trainers average every extra key: keep numbers, encode the method as flags
         method = out.pop("parse_method")
         out.pop("raw_score", None)
-        for m in ("expected", "score_line", "short_digit", "fallback", "invalid_json", "pairwise"):
+        for m in ("expected", "score_line", "short_digit", "fallback", "invalid_json", "pairwise", "outcome"):
             out[f"parse_{m}"] = float(method == m)
         out["valid_json"] = float(out["valid_json"])
     return out

@@ -329,6 +329,8 @@ class _ForwardRun:
                 "visit": r["_visit_text"],
                 "prediction": show_json(r["prediction"] or EMPTY_PREDICTION),
                 "evaluation": show_json(r["evaluation"]),
+                # the evaluation's missed diagnoses as plain names (short prompts for small models)
+                "missed_diagnoses": "; ".join(map(str, r["evaluation"].get("missed_diagnoses") or [])) or "none",
                 "visit_number": t + 1,
             })
             r["update_prompt"] = fold_messages(msgs)

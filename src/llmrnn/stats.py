@@ -1,4 +1,4 @@
-"""Statistics for the held-out comparison: Wilson intervals, paired bootstrap, McNemar's test."""
+"""Statistics for the held-out comparison: Wilson intervals, paired bootstrap, McNemar, Wilcoxon signed-rank."""
 
 from __future__ import annotations
 
@@ -96,3 +96,20 @@ def mcnemar(a: Sequence[bool], b: Sequence[bool], exact_below: int = 25) -> dict
         "statistic": float(stat),
         "p_value": float(sps.chi2.sf(stat, 1)),
     }
+
+
+def wilcoxon_signed_rank(a: Sequence[float], b: Sequence[float]) -> dict:
+    """Two-sided Wilcoxon signed-rank test of b - a over paired units (scipy; zero differences dropped,
+    exact distribution for small n without ties, normal approximation otherwise)."""
+    from scipy import stats as sps
+
+    if len(a) != len(b):
+        raise ValueError(f"wilcoxon_signed_rank: {len(a)} vs {len(b)} values; pairs must align")
+    diffs = [float(y) - float(x) for x, y in zip(a, b)]
+    nonzero = [d for d in diffs if d != 0]
+    out = {"n": len(diffs), "n_nonzero": len(nonzero), "b_better": sum(d > 0 for d in nonzero),
+           "a_better": sum(d < 0 for d in nonzero)}
+    if not nonzero:
+        return {**out, "method": "none (all differences zero)", "statistic": None, "p_value": 1.0}
+    res = sps.wilcoxon(nonzero, zero_method="wilcox", alternative="two-sided")
+    return {**out, "method": "wilcoxon signed-rank", "statistic": float(res.statistic), "p_value": float(res.pvalue)}

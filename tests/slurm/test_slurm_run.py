@@ -15,7 +15,7 @@ import pytest
 from tests.slurm.dag import copy_extra_parts, gpu_rules, load_profile, parse_dry_run, run, write_small_config
 from tests.slurm.slurmjobs import jobs_of_run
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.e2e]
 HERE = Path(__file__).parent
 # Faster polling than a real cluster needs; keep the executor's logs for the assertions.
 RUN_FLAGS = ["--slurm-keep-successful-logs", "--slurm-init-seconds-before-status-checks", "2",

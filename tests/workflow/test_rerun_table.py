@@ -24,7 +24,7 @@ import yaml
 from tests.conftest import REPO, WORKFLOW_PARTS
 from tests.slurm.dag import EXTRA_PARTS, parse_dry_run, run, write_small_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 TRIGGERS = ["--rerun-triggers", "params", "code", "input", "mtime"]
 # Snakemake starts every member of the judge/preflight/trainer service group at once: train_grpo then
 # waits (up to --latency-wait) for preflight.json, which takes longer than the default 5 s here.

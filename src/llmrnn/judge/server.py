@@ -5,11 +5,9 @@ temperature/top_p/seed, stop, max_tokens, logprobs/top_logprobs and continue_fin
 because the embedded default's small judge needs logprobs for its probability-weighted digit score
 (G-Eval style), and `transformers serve` (transformers 5.23) ignores `logprobs` and `n` and has no API key.
 
-Generation is the forward pass's engine, llmrnn.backends.TransformersBackend: concurrent requests are
-collected into one batched `generate` call per sampling setting. Logprobs come from one extra forward
-pass over prompt + answer (teacher forcing): the distribution at each answer position, top_logprobs of
-it, and the answer token's own logprob. At the judge's temperature 0 this is the distribution greedy
-decoding drew from.
+Generation is the forward pass's engine, llmrnn.backends.TransformersBackend (`generate_scored`, which
+also returns each generated token's logprob and top alternatives): concurrent requests are collected
+into one batched call per sampling setting, so the rows share the prompt prefix the engine computes once.
 """
 
 from __future__ import annotations
@@ -31,11 +29,9 @@ log = logging.getLogger(__name__)
 class Engine:
     """A TransformersBackend behind a queue: requests arriving together share one generate call."""
 
-    def __init__(self, backend, max_batch: int = 16, score_batch: int = 4):
+    def __init__(self, backend, max_batch: int = 16):
         self.backend = backend
-        self.tok = backend.tokenizer
         self.max_batch = max_batch
-        self.score_batch = score_batch
         self.queue: queue.Queue = queue.Queue()
         threading.Thread(target=self._loop, daemon=True, name="generate").start()
 
@@ -75,54 +71,20 @@ class Engine:
         seeds = None
         if p0["temperature"] > 0 and any(p["seed"] is not None for p in params):
             seeds = [p["seed"] if p["seed"] is not None else random.getrandbits(62) for p in params]
-        texts = self.backend.generate(conversations, p0["temperature"], p0["top_p"], p0["max_tokens"], seeds)
+        # tokens are always scored (k 0 when nobody asked): exact token counts and finish reasons
+        top_k = max((p["logprobs"] or 0) for p in params)
+        outs = self.backend.generate_scored(conversations, p0["temperature"], p0["top_p"], p0["max_tokens"], seeds,
+                                            top_logprobs=top_k)
         results = []
-        for text, p in zip(texts, params):
-            finish = None
+        for (text, entries), p in zip(outs, params):
+            finish = "length" if len(entries) >= p["max_tokens"] else "stop"
             for stop_str in p["stop"]:
                 cut = text.find(stop_str)
                 if cut >= 0:
                     text, finish = text[:cut], "stop"
-            answer = self.tok(text, add_special_tokens=False)["input_ids"] if text else []
-            results.append({"text": text, "answer_ids": answer, "completion_tokens": len(answer),
-                            "finish_reason": finish or ("length" if len(answer) >= p["max_tokens"] else "stop")})
-        wanted = [i for i, p in enumerate(params) if p["logprobs"] is not None]
-        for start in range(0, len(wanted), self.score_batch):
-            chunk = wanted[start : start + self.score_batch]
-            scored = self._logprobs([conversations[i] for i in chunk], [results[i]["answer_ids"] for i in chunk],
-                                    max(params[i]["logprobs"] for i in chunk))
-            for i, entries in zip(chunk, scored):
-                results[i]["logprobs"] = entries
+            results.append({"text": text, "logprobs": entries, "completion_tokens": len(entries),
+                            "finish_reason": finish})
         return results
-
-    def _logprobs(self, conversations: list[list[dict]], answers: list[list[int]], top_k: int) -> list[list[dict]]:
-        """Per answer token: {token, logprob, top: [(token, logprob)]}, from one left-padded forward pass."""
-        import torch
-
-        prompts = self.tok(self.backend.render(conversations), add_special_tokens=False)["input_ids"]
-        rows = [p + a for p, a in zip(prompts, answers)]
-        width = max(len(r) for r in rows)
-        pad = int(self.tok.pad_token_id)
-        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        model = self.backend.model
-        keep = max(len(a) for a in answers) + 1  # only the answer positions need the vocabulary projection
-        with torch.inference_mode():
-            logits = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
-                           position_ids=positions.to(model.device), logits_to_keep=keep).logits.float()
-        out = []
-        for i, answer in enumerate(answers):
-            entries = []
-            for step, tid in enumerate(answer):
-                # position t predicts token t+1: the answer's step-th token comes from the position before
-                # it; rows end together (left padding), and `logits` holds the last `keep` positions
-                lp = torch.log_softmax(logits[i, keep - len(answer) - 1 + step], dim=-1)
-                top = torch.topk(lp, k=max(1, top_k))
-                entries.append({"token": self.tok.decode([tid]), "logprob": float(lp[tid]),
-                                "top": [(self.tok.decode([int(t)]), float(v)) for v, t in zip(top.values, top.indices)]})
-            out.append(entries)
-        return out
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error"):

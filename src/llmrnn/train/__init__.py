@@ -144,3 +144,7 @@ def register(sub) -> None:
     v.add_argument("--python", default=sys.executable)
     v.add_argument("--json", action="store_true", help="print the overrides as a JSON list")
     v.set_defaults(func=cmd_verl_cmd)
+
+    from llmrnn.train import diagnose
+
+    diagnose.add_parser(tsub)

@@ -64,6 +64,18 @@ def load_callable(spec: str) -> Callable:
     return fn
 
 
+def json_close_token_ids(tokenizer) -> list[int]:
+    """Vocabulary ids whose text ends with '"}': the token that closes a one-level memory JSON
+    {"evolving_summary": "..."}. Used as extra EOS ids (train.trl.stop_at_json) so a rollout ends where
+    the forward pass's stop_at_json would end it, instead of running on to max_response_length."""
+    ids = []
+    for token_id in tokenizer.get_vocab().values():
+        text = tokenizer.decode([token_id], skip_special_tokens=True).rstrip()
+        if text.endswith('"}') and text.count("{") == 0:
+            ids.append(int(token_id))
+    return sorted(ids)
+
+
 # ----------------------------------------------------------------------------- checkpoints
 def checkpoint_complete(path: Path) -> bool:
     """HF writes trainer_state.json last (after adapter, optimizer, rng); it must parse and name the step."""
@@ -353,6 +365,20 @@ def export_adapter(model, tokenizer, adapter_dir: Path, cfg: dict) -> None:
     check_adapter(adapter_dir, cfg)
 
 
+def load_policy(model_dir, tokenizer, cfg: dict):
+    """The policy model; with train.trl.stop_at_json its rollouts end at the memory JSON's closing token."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if cfg["trl"]["stop_at_json"]:
+        # TRL takes its EOS ids (generation and completion mask) from the model's generation config
+        stops = json_close_token_ids(tokenizer)
+        model.generation_config.eos_token_id = [tokenizer.eos_token_id, *stops]
+        log.info("rollouts stop at the memory JSON's closing token (ids %s) or EOS", stops)
+    return model
+
+
 def _setup_threads(threads: int) -> None:
     import warnings
 
@@ -388,9 +414,8 @@ def train(
     live_metrics = work / "state" / "metrics.jsonl"
     trace_path = work / "state" / "data_trace.jsonl"
     _setup_threads(int(cfg["trl"]["num_threads"]))
-    import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
+    from transformers import AutoTokenizer, PrinterCallback
 
     geo = check_knobs(cfg)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -412,7 +437,7 @@ def train(
     resume, resume_step = resume_point(ckpt_dir, writer, trace_path, max_steps)
     holder: dict[str, Any] = {}
     trainer = resumable_trainer_class()(
-        model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        model=load_policy(model_dir, tokenizer, cfg),
         reward_funcs=[traced_reward(load_callable(reward_spec), trace_path, holder)],
         args=grpo_arguments(cfg, geo, ckpt_dir, max_steps, validate=bool(val_rows)),
         train_dataset=Dataset.from_list(train_rows),
