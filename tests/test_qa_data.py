@@ -132,3 +132,17 @@ def test_synthetic_questions_from_the_cohort():
 
     assert set(answers) <= set(ACUTE) and not {rec["options"][rec["answer"]] for rec in ind} & set(ACUTE)
     assert questions_from_cohort(synthesize_cohort(12, seed=7), seed=0) == (ind, ood)
+
+
+def test_cli_with_an_empty_ood_writes_an_empty_ood_set(tmp_path):
+    """`--ood` with no value is how the rule says "no OOD set" (qa.ood: null renders as nothing)."""
+    src = tmp_path / "qa.json"
+    src.write_text(json.dumps(records()))
+    paths = D.output_paths(tmp_path / "out")
+    args = [a for k, v in paths.items() for a in (f"--{k.replace('_', '-')}" if k != "ood" else "--ood-out", v)]
+    proc = subprocess.run([sys.executable, "-m", "llmrnn.cli", "qa", "data", "--source", str(src), "--ood",
+                           "--cfg", json.dumps(CFG), *args], check=False, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "out/splits.json").read_text())
+    assert summary["sizes"]["ood"] == 0 and summary["ood_filter"] is None
+    assert (tmp_path / "out/ood.jsonl").read_text() == ""

@@ -91,7 +91,7 @@ def register(sub) -> None:
 
     d = q.add_parser("data", help="filter, split and write the RL parquets + SFT files")
     d.add_argument("--source", required=True, help="JSON / JSONL file, or hf:<dataset name or path>")
-    d.add_argument("--ood", default=None, dest="ood_source",
+    d.add_argument("--ood", nargs="?", const=None, default=None, dest="ood_source",
                    help="optional OOD question set (same fields); empty = none")
     d.add_argument("--cfg", type=json_arg, required=True, help="the qa section (fields, filter, split, prompt)")
     for name in ("train", "val", "test", "ood-out", "train-parquet", "val-parquet", "sft-train", "sft-val",

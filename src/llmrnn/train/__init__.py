@@ -125,7 +125,9 @@ def register(sub) -> None:
     r.add_argument("--adapter", required=True, help="output: the LoRA adapter folder")
     r.add_argument("--metrics", required=True, help="output: metrics.jsonl (one row per step)")
     r.add_argument("--summary", required=True, help="output: summary.json (steps, resume point, rows)")
-    r.add_argument("--endpoint", default=None, help="judge endpoint.json (RUN/judge/endpoint.json)")
+    # nargs="?": a rule whose judge is optional (recipe qa) passes an empty, quoted value for "no judge"
+    r.add_argument("--endpoint", nargs="?", const=None, default=None,
+                   help="judge endpoint.json (RUN/judge/endpoint.json)")
     r.add_argument("--preflight", default=None, help="preflight.json that must say ok")
     r.add_argument("--engine", choices=("verl", "trl"), default=None, help="override train.engine")
     r.add_argument("--reward-func", default=None, help="TRL reward 'module:function' (default llmrnn.reward)")
