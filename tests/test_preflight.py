@@ -201,3 +201,21 @@ def test_workflow_runs_judge_service_and_preflight(workflow_dir, tiny_model_dir)
     assert not (run / "judge" / "endpoint.json").exists()
     audit = list((run / "train" / "preflight_audit").glob("calls_*.jsonl"))
     assert len(audit) == 1 and len(audit[0].read_text().splitlines()) == 6
+
+
+def test_outcome_mode_reports_a_constant_reference_reward_without_stopping(tmp_path):
+    """reward.mode outcome asks no judge: the fixed reference memories' (constant) outcome scores are a
+    warning, not a stop; the same rows under the judge's scalar mode stop the run."""
+    judge, endpoint, _ = _setup(tmp_path, lambda body: "no score here, just a long answer without a digit")
+    parquet = write_parquet(tmp_path / "trajectories" / "blank.parquet",  # memories that name no diagnosis
+                            [make_step(i, ref="nothing recorded", prev="nothing recorded") for i in range(6)])
+    outcome = json.loads(json.dumps(CFG))
+    outcome["reward"]["mode"] = "outcome"
+    try:
+        report = run_preflight(str(parquet), str(endpoint), str(tmp_path / "o.json"), str(tmp_path / "a"), outcome)
+        with pytest.raises(CheckFailed, match="preflight failed"):
+            run_preflight(str(parquet), str(endpoint), str(tmp_path / "s.json"), str(tmp_path / "b"), CFG)
+    finally:
+        judge.__exit__(None, None, None)
+    assert report["ok"] is True and report["problems"] == []
+    assert any(w.startswith("reward.mode outcome (no judge): ") for w in report["warnings"])

@@ -427,7 +427,13 @@ def run_preflight(train_parquet: str, endpoint_file: str, out: str, audit_dir: s
                                    out_dir=Path(out).parent,
                                    check_gpus=False)  # a 0-GPU job step: `train run` counts them
     problems, warnings = [], []
-    (problems if pcfg.on_problem == "fail" else warnings).extend(judge_problems)
+    if rcfg.mode == "outcome":
+        # The outcome reward asks no judge, and the fixed reference memories (h_ref, h_prev, empty) all
+        # miss what the policy must learn to carry, so their spread says nothing about the rollouts'
+        # spread: report, do not stop (`llmrnn train diagnose` measures the rollouts' spread).
+        warnings.extend(f"reward.mode outcome (no judge): {p}" for p in judge_problems)
+    else:
+        (problems if pcfg.on_problem == "fail" else warnings).extend(judge_problems)
     problems.extend(f"training: {p}" for p in training.get("problems", []))
     warnings.extend(f"training: {w}" for w in training.get("warnings", []) or [])
     report = {"ok": not problems, "problems": problems, "warnings": warnings, "judge": judge_report,
