@@ -4,6 +4,7 @@ The merge chain that `--compare base` follows is resolved from merge_check.json 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -57,7 +58,7 @@ def test_chat_in_tmux_side_by_side_with_base(tmp_path, tiny_model_dir):
     from tests.tiny_model import build_tiny_model
 
     merged = chain(tmp_path, tiny_model_dir, build_tiny_model(tmp_path / "other", seed=1))
-    session = f"llmrnn-chat-{tmp_path.name}"
+    session = f"llmrnn-chat-{os.getpid()}-{tmp_path.name}"  # pytest runs side by side share tmux
     cmd = (f"{LLMRNN} chat --model {merged} --compare base --max-new-tokens 8 --temperature 1.0 2> {tmp_path}/chat.err; "
            f"echo CHAT-EXIT=$?; sleep 600")
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", cmd], check=True)
