@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmrnn.judge import server_command, wait_for_endpoint
+from llmrnn.judge.client import wait_for_endpoint
+from llmrnn.judge.launcher import server_command
 from llmrnn.reward import compute_score
 from llmrnn.rubric import load_rubric
 from tests.conftest import REPO
