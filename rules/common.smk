@@ -312,7 +312,8 @@ def trajectories_cfg_json():
 def conda_env(stage):
     """The conda env file (--sdm conda) of every job, chosen in this one place. Stages: data (cohort,
     report), cpu (models, merge, release, preflight), forward (trajectory and eval shards; vllm when a
-    role uses the vLLM backend), judge (vllm for a `vllm serve` judge), train (verl or cpu).
+    role uses the vLLM backend), judge (vllm for a `vllm serve` judge), train (verl or cpu), sft (the qa
+    recipe's LoRA SFT: the GPU stack, whose lock holds TRL and PEFT, when the job gets a GPU).
     """
     if stage == "forward":
         vllm = any(r.get("backend") == "vllm" for r in config["roles"].values())
@@ -321,6 +322,8 @@ def conda_env(stage):
         name = "vllm" if judge_gpus() else "cpu"
     elif stage == "train":
         name = "verl" if config["train"]["engine"] == "verl" else "cpu"
+    elif stage == "sft":
+        name = "verl" if config.get("qa", {}).get("sft", {}).get("resources", {}).get("gpu") else "cpu"
     elif stage in ("data", "cpu"):
         name = stage
     else:

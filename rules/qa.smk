@@ -63,7 +63,7 @@ rule qa_sft:
     log:
         f"{LOGS}/qa_sft.log",
     conda:
-        conda_env("cpu")
+        conda_env("sft")
     threads: config["qa"]["sft"]["num_threads"]
     resources:
         gpu=config["qa"]["sft"]["resources"]["gpu"],
