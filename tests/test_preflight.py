@@ -178,6 +178,7 @@ def test_workflow_runs_judge_service_and_preflight(workflow_dir, tiny_model_dir)
         (workflow_dir / f"{on_problem}.yaml").write_text(json.dumps({
             "run_name": "t", "judge": {"rubric": str(rubric.relative_to(workflow_dir))},
             "preflight": {"rows": 2, "on_problem": on_problem},
+            "reward": {"mode": "scalar"},  # the judge's reward (the demo default, outcome, asks no judge)
             "roles": {"memory": {"model": str(tiny_model_dir)}},  # the policy whose tokenizer training checks use
         }))
         proc = snakemake(workflow_dir, "--configfile", f"{on_problem}.yaml", *args, check=False)
