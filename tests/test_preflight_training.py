@@ -121,3 +121,12 @@ def test_unknown_knob_is_an_input_error():
 
     with pytest.raises(InputError, match="unknown key"):
         tcfg.normalize({"group_sise": 4})
+
+
+def test_early_stopping_with_verl_is_refused_not_ignored():
+    from llmrnn.errors import InputError
+    from llmrnn.train import config as tcfg
+
+    assert tcfg.normalize({"engine": "trl", "early_stopping": {"enabled": True}})["early_stopping"]["enabled"]
+    with pytest.raises(InputError, match="train.early_stopping.enabled: true needs train.engine trl"):
+        tcfg.normalize({"engine": "verl", "early_stopping": {"enabled": True}})

@@ -65,6 +65,9 @@ def normalize(train_cfg: dict | None) -> dict:
         raise InputError(f"train: unknown key(s) {unknown}; see config/README.md")
     if cfg["engine"] not in ENGINES:
         raise InputError(f"train.engine: {cfg['engine']!r} is not one of {list(ENGINES)}")
+    if cfg["engine"] == "verl" and cfg["early_stopping"]["enabled"]:
+        # verl's trainer has no hook we drive between validations: refuse rather than ignore the knob
+        raise InputError("train.early_stopping.enabled: true needs train.engine trl (verl runs its planned steps)")
     if cfg["kl"]["estimator"] not in KL_ESTIMATORS:
         raise InputError(f"train.kl.estimator: {cfg['kl']['estimator']!r} is not one of {list(KL_ESTIMATORS)}")
     if cfg["lr_scheduler"] not in SCHEDULERS:
