@@ -46,7 +46,8 @@ DEFAULTS: dict[str, Any] = {
     "project_name": "llmrnn_grpo",
     "min_free_disk_gb": 1.0,
     "verl": {"reward_manager": "naive", "reward_num_workers": 8, "extra_overrides": []},
-    "trl": {"num_threads": 1, "logging_steps": 1, "stop_at_json": False},
+    "trl": {"num_threads": 1, "logging_steps": 1, "stop_at_json": False, "gradient_checkpointing": False,
+            "cpu_bf16": False},
     # TRL: stop when the val reward fell `patience` validations in a row (off in the reference run)
     "early_stopping": {"enabled": False, "patience": 2},
     "resources": {"gpu": None, "mem_mb": 8000, "runtime": 120, "cpus_per_task": 2},

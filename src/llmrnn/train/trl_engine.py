@@ -151,7 +151,8 @@ def grpo_arguments(cfg: dict, geo, ckpt_dir: Path, max_steps: int, validate: boo
         seed=int(cfg["seed"]),
         data_seed=int(cfg["seed"]),
         use_cpu=not cuda,
-        bf16=bool(cuda and torch.cuda.is_bf16_supported()),
+        # CPU: bf16 autocast only when asked (train.trl.cpu_bf16; LoRA weights stay float32)
+        bf16=bool(torch.cuda.is_bf16_supported()) if cuda else bool(cfg["trl"]["cpu_bf16"]),
         fp16=False,
         learning_rate=float(cfg["lr"]),
         lr_scheduler_type=cfg["lr_scheduler"],
@@ -175,13 +176,15 @@ def grpo_arguments(cfg: dict, geo, ckpt_dir: Path, max_steps: int, validate: boo
         eval_strategy="steps" if validate else "no",
         eval_steps=int(cfg["test_freq"]) * upd if validate else None,
         eval_on_start=bool(validate and cfg["val_before_train"]),
-        per_device_eval_batch_size=g,
+        # val rollouts are generated in batches of one training generation batch (batch.train x G)
+        per_device_eval_batch_size=int(cfg["batch"]["train"]) * g,
         num_generations_eval=g,
         logging_steps=int(cfg["trl"]["logging_steps"]),
         report_to=[],
         disable_tqdm=True,
         dataloader_num_workers=0,
         shuffle_dataset=True,
+        gradient_checkpointing=bool(cfg["trl"]["gradient_checkpointing"]),
     )
 
 
