@@ -296,3 +296,7 @@ def test_cpu_speed_knobs_reach_grpo_config(tmp_path, cpu_bf16, checkpointing):
     args = grpo_arguments(cfg, tcfg.geometry(cfg, "trl"), tmp_path, max_steps=4, validate=True)
     assert (args.bf16, args.gradient_checkpointing) == (cpu_bf16, checkpointing)
     assert args.per_device_eval_batch_size == 2 * 4 and args.num_generations_eval == 4
+    # val_generations: fewer val rollouts per prompt, still whole groups in one generation-sized batch
+    cfg = tcfg.normalize(tiny_cfg(val_generations=3))
+    args = grpo_arguments(cfg, tcfg.geometry(cfg, "trl"), tmp_path, max_steps=4, validate=True)
+    assert args.num_generations_eval == 3 and args.per_device_eval_batch_size == 6

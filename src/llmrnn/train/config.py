@@ -41,6 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "test_freq": 5,
     "keep_last": None,
     "val_before_train": True,
+    "val_generations": None,
     "n_gpus_per_node": 1,
     "nnodes": 1,
     "project_name": "llmrnn_grpo",

@@ -146,6 +146,7 @@ def grpo_arguments(cfg: dict, geo, ckpt_dir: Path, max_steps: int, validate: boo
     g = cfg["group_size"]
     micro = cfg["batch"]["micro_per_gpu"]
     upd = geo.updates_per_step
+    val_n = int(cfg.get("val_generations") or g)
     return GRPOConfig(
         output_dir=str(ckpt_dir),
         seed=int(cfg["seed"]),
@@ -176,9 +177,9 @@ def grpo_arguments(cfg: dict, geo, ckpt_dir: Path, max_steps: int, validate: boo
         eval_strategy="steps" if validate else "no",
         eval_steps=int(cfg["test_freq"]) * upd if validate else None,
         eval_on_start=bool(validate and cfg["val_before_train"]),
-        # val rollouts are generated in batches of one training generation batch (batch.train x G)
-        per_device_eval_batch_size=int(cfg["batch"]["train"]) * g,
-        num_generations_eval=g,
+        # val rollouts in batches about one training generation batch (batch.train x G), whole prompt groups
+        per_device_eval_batch_size=val_n * max(1, int(cfg["batch"]["train"]) * g // val_n),
+        num_generations_eval=val_n,
         logging_steps=int(cfg["trl"]["logging_steps"]),
         report_to=[],
         disable_tqdm=True,
