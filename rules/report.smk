@@ -15,6 +15,11 @@ rule train_plots:
             caption="../workflow/report/train_kl.rst",
             category="Training",
         ),
+        truncation=report(
+            f"{RUN}/train/plots/truncation.png",
+            caption="../workflow/report/train_truncation.rst",
+            category="Training",
+        ),
     log:
         f"{LOGS}/train_plots.log",
     conda:
@@ -23,7 +28,7 @@ rule train_plots:
         code=code_hash("llmrnn.report", "llmrnn.train.metrics"),
     shell:
         "llmrnn report training --metrics {input.metrics:q} --reward {output.reward:q} "
-        "--kl {output.kl:q} 2> {log:q}"
+        "--kl {output.kl:q} --truncation {output.truncation:q} 2> {log:q}"
 
 
 rule eval_plots:

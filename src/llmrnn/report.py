@@ -8,7 +8,8 @@
   summary.tsv         one row per variant: Acc@1/Acc@5 with CIs and, vs base, the difference, CI and McNemar p
 `llmrnn report training` (rule train_plots), from RUN/train/metrics.jsonl (llmrnn.train.metrics rows):
   reward.png          train reward mean +- within-step std, and the val reward
-  kl.png              KL of the policy to the frozen base
+  kl.png              KL of the policy to the frozen base (a note instead when the loss has no KL term)
+  truncation.png      share of rollouts cut at max_response_length (train and val) and mean response length
 """
 
 from __future__ import annotations
@@ -142,9 +143,41 @@ def plot_kl(rows: list[dict], out: str | Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     if kl:
         ax.plot(*zip(*kl), marker=".", color="tab:red")
+    else:  # TRL logs no KL when train.kl.coef is 0 (no reference-model forward)
+        ax.text(0.5, 0.5, "no KL logged: the loss has no KL term (train.kl.coef 0)", ha="center",
+                va="center", transform=ax.transAxes)
     ax.set_xlabel("step")
     ax.set_ylabel("KL to reference")
     ax.set_title("KL (policy vs frozen base)")
+    _save(fig, out)
+    plt.close(fig)
+
+
+def plot_truncation(rows: list[dict], out: str | Path) -> None:
+    """Truncation rate (rollouts cut at max_response_length) of train and val rollouts, and the mean
+    response length on a second axis: memories that never end never parse."""
+    plt = _plt()
+    series = [("train", "truncation_rate", "response_length_mean"),
+              ("val", "val_truncation_rate", "val_response_length_mean")]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    length_ax = ax.twinx()
+    for kind, rate_key, len_key in series:
+        picked = [r for r in rows if r["kind"] == kind and r.get(rate_key) is not None]
+        if picked:
+            xs = [r["step"] for r in picked]
+            ax.plot(xs, [r[rate_key] for r in picked], marker="o" if kind == "val" else ".",
+                    label=f"{kind} truncation rate")
+            lengths = [(r["step"], r[len_key]) for r in picked if r.get(len_key) is not None]
+            if lengths:
+                length_ax.plot(*zip(*lengths), linestyle=":", alpha=0.6, label=f"{kind} mean length")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("truncated share")
+    length_ax.set_ylabel("tokens")
+    ax.set_title("Rollouts cut at max_response_length")
+    handles = ax.get_legend_handles_labels()[0] + length_ax.get_legend_handles_labels()[0]
+    if handles:
+        ax.legend(handles=handles, fontsize=8)
     _save(fig, out)
     plt.close(fig)
 
@@ -197,7 +230,8 @@ def _cmd_training(args: argparse.Namespace) -> None:
     rows = io.read_jsonl(args.metrics)
     plot_reward(rows, args.reward)
     plot_kl(rows, args.kl)
-    log.info("wrote %s, %s", args.reward, args.kl)
+    plot_truncation(rows, args.truncation)
+    log.info("wrote %s, %s, %s", args.reward, args.kl, args.truncation)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -211,8 +245,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-recall", required=True, help="output: memory recall per variant and by visit (png)")
     p.add_argument("--summary", required=True, help="output: summary table (tsv)")
     p.set_defaults(func=_cmd_plots)
-    t = rsub.add_parser("training", help="training curves: reward and KL per step")
+    t = rsub.add_parser("training", help="training curves: reward, KL and truncation per step")
     t.add_argument("--metrics", required=True, help="RUN/train/metrics.jsonl")
     t.add_argument("--reward", required=True, help="output: reward curve (png)")
     t.add_argument("--kl", required=True, help="output: KL curve (png)")
+    t.add_argument("--truncation", required=True, help="output: truncation rate and response length (png)")
     t.set_defaults(func=_cmd_training)

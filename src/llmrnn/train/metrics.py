@@ -2,8 +2,9 @@
 
 Row keys: step, kind ("train" | "val"), engine, reward_mean, reward_std, judge_fallback_rate, kl, entropy,
 response_length_mean, truncation_rate (share of responses cut at max_response_length), clip_ratio,
-grad_norm, lr, step_time_s (train rows); val_reward_mean,
-val_reward_std (val rows); raw (the engine's own keys for that step, numbers only).
+grad_norm, lr, step_time_s (train rows); val_reward_mean, val_reward_std, val_truncation_rate,
+val_response_length_mean (val rows; the last two TRL only); raw (the engine's own keys for that step,
+numbers only).
 """
 
 from __future__ import annotations
@@ -45,7 +46,12 @@ TRL_MAP = {
     "lr": ("learning_rate",),
     "step_time_s": ("step_time_s",),
 }
-TRL_VAL_MAP = {"val_reward_mean": ("eval_reward",), "val_reward_std": ("eval_reward_std",)}
+TRL_VAL_MAP = {
+    "val_reward_mean": ("eval_reward",),
+    "val_reward_std": ("eval_reward_std",),
+    "val_truncation_rate": ("eval_completions/clipped_ratio",),
+    "val_response_length_mean": ("eval_completions/mean_length",),
+}
 
 VERL_MAP = {
     "reward_mean": ("critic/score/mean", "critic/rewards/mean"),
@@ -115,6 +121,8 @@ def verl_rows(step: int, data: dict) -> list[dict]:
                 "engine": "verl",
                 "val_reward_mean": means[0] if means else None,
                 "val_reward_std": None,
+                "val_truncation_rate": None,
+                "val_response_length_mean": None,
                 "raw": val,
             }
         )
@@ -150,7 +158,8 @@ def progress_line(row: dict, total: int) -> str:
         return "-" if value is None else f"{value:.4g}"
 
     if row["kind"] == "val":
-        return f"val   step {row['step']}/{total}: reward {f('val_reward_mean')}"
+        return (f"val   step {row['step']}/{total}: reward {f('val_reward_mean')}, "
+                f"truncated {f('val_truncation_rate')}, len {f('val_response_length_mean')}")
     return (
         f"train step {row['step']}/{total}: reward {f('reward_mean')} +- {f('reward_std')}, kl {f('kl')}, "
         f"entropy {f('entropy')}, len {f('response_length_mean')}, grad {f('grad_norm')}, lr {f('lr')}, "
