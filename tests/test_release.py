@@ -247,3 +247,23 @@ def test_qa_data_in_the_card_or_manifest_stops_the_qa_release(qa_inputs, tmp_pat
         run_qa_release(qa_inputs, tmp_path / "rel", knobs=knobs)
     assert not any(line in str(err.value) for line in context.splitlines())
     assert not (tmp_path / "rel").exists()
+
+
+def test_release_guard_command_takes_the_qa_reference(qa_inputs, tmp_path):
+    """`llmrnn release guard --split-format qa` (for people): exit 3 on QA text, the text not repeated."""
+    import subprocess
+    import sys
+
+    from tests.test_phi_guard import QA_ID
+
+    question = next(r for r in qa_inputs["records"] if r["id"] == QA_ID)["question"]
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    (bundle / "README.md").write_text(f"# card\nAsked: {question}\n")
+    cmd = [sys.executable, "-m", "llmrnn.cli", "release", "guard", str(bundle), "--split-files",
+           *qa_inputs["split_files"]]
+    proc = subprocess.run([*cmd, "--split-format", "qa"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 3 and "README.md: QA record text (question)" in proc.stderr
+    assert question not in proc.stderr + proc.stdout
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)  # the cohort format: not its files
+    assert proc.returncode != 0 and "cannot read split file" in proc.stderr
