@@ -622,7 +622,11 @@ def test_qa_split_files_and_qa_shaped_json_are_refused(bundle, qa_splits):
     files, _ = qa_splits
     shutil.copy(files[2], bundle / "notes.txt")
     (bundle / "data.json").write_text(json.dumps([{"question": "q?", "answer": "a"}]))
+    (bundle / "questions.json").write_text("{}")
+    (bundle / "sft_train.json").write_text("{}")
     findings = _qa_findings(bundle, files)
+    for name in ("questions.json", "sft_train.json"):
+        assert f"{name}: name looks like an audit log, cohort or QA data file" in findings, findings
     assert any(f.startswith("notes.txt: identical to a QA data split file") for f in findings), findings
     assert any(f.startswith("data.json: JSON records with question and answer (a QA data file)") for f in findings)
 

@@ -7,7 +7,7 @@ the same machinery below; findings name the reference ("cohort identifier", "QA 
 
 Every file is either scanned by its structure or refused; nothing is skipped:
 - policy: a file type that is not model/card/manifest material (allow-list: safetensors, json, md, txt,
-  jinja, model, yaml, gitattributes), a name that looks like an audit log or cohort file, bytes equal to a
+  jinja, model, yaml, gitattributes), a name that looks like an audit log, cohort or QA file, bytes equal to a
   split file, JSON shaped like a cohort;
 - content, by structure: JSON values after json.loads (recursing, repeated keys kept; token ids and sizes
   in model metadata are numbers, not identifiers), tokenizer vocab and merges entry by entry
@@ -852,7 +852,7 @@ def _scan_file(scan: Scan, root: Path, path: Path, display: str) -> None:
     elif suffix not in ALLOWED_SUFFIXES and name != ".gitattributes":
         scan.refuse(display, "file type not allowed in a release")
     elif any(SUSPECT_NAME.search(part) for part in rel.split("/")):
-        scan.refuse(display, "name looks like an audit log or cohort file")
+        scan.refuse(display, "name looks like an audit log, cohort or QA data file")
     elif find_ids(rel, scan.secrets.ids, scan.max_len):
         scan.refuse(display, f"file name holds a {scan.secrets.noun} identifier")
     elif io.sha256_file(path) in scan.secrets.hashes:
@@ -871,7 +871,7 @@ def _shingles(words: list[str], k: int) -> Iterator[tuple[int, str]]:
         yield i, " ".join(words[i:i + k])
 
 
-def _cohort_phrases(secrets: Secrets) -> Iterator[tuple[str, str]]:
+def _reference_phrases(secrets: Secrets) -> Iterator[tuple[str, str]]:
     """(kind, word sequence) to look for, streamed (a real cohort is large, the bundle is small): every
     `min_words` window of every clinical text, and every whole shorter line or list item of at least
     `min_line_words` words (medication lists, short sections)."""
@@ -897,7 +897,7 @@ def find_clinical_text(scan: Scan) -> None:
                 table.setdefault(hash(shingle), (where, k, i))
     flagged: set[str] = set()
     if table:
-        for kind, phrase in _cohort_phrases(secrets):
+        for kind, phrase in _reference_phrases(secrets):
             hit = table.get(hash(phrase))
             if hit and hit[0].split(" ")[0] not in flagged:
                 where, k, i = hit
