@@ -15,6 +15,8 @@ rule trajectory_shard:
     wildcard_constraints:
         split="train|val",
         k=r"\d+",
+    # on the training path: before the base model's eval shards, which only the report waits for
+    priority: 10
     conda:
         conda_env("forward")
     threads: config["trajectories"]["threads"]
@@ -52,6 +54,7 @@ rule dump_trajectories:
         f"{LOGS}/trajectories/{{split}}.gather.log",
     wildcard_constraints:
         split="train|val",
+    priority: 10
     conda:
         conda_env("cpu")
     params:

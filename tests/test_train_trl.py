@@ -283,3 +283,20 @@ def test_json_close_tokens_end_a_memory_rollout(tiny_model_dir):
     ids = tok('{"evolving_summary": "copd; chf"} and then some prose {"x": "y"}', add_special_tokens=False)["input_ids"]
     first = next(k for k, i in enumerate(ids) if i in stops)
     assert parse_memory(tok.decode(ids[: first + 1]), strict=True)[0] == "copd; chf"
+
+
+@pytest.mark.parametrize("cpu_bf16,checkpointing", [(False, False), (True, True)])
+def test_cpu_speed_knobs_reach_grpo_config(tmp_path, cpu_bf16, checkpointing):
+    """train.trl.cpu_bf16 / gradient_checkpointing are what TRL runs with (TRL's own defaults: bf16 off on
+    CPU, checkpointing on), and val rollouts are generated a whole generation batch (train x G) at a time."""
+    from llmrnn.train import config as tcfg
+    from llmrnn.train.trl_engine import grpo_arguments
+
+    cfg = tcfg.normalize(tiny_cfg(trl={"cpu_bf16": cpu_bf16, "gradient_checkpointing": checkpointing}))
+    args = grpo_arguments(cfg, tcfg.geometry(cfg, "trl"), tmp_path, max_steps=4, validate=True)
+    assert (args.bf16, args.gradient_checkpointing) == (cpu_bf16, checkpointing)
+    assert args.per_device_eval_batch_size == 2 * 4 and args.num_generations_eval == 4
+    # val_generations: fewer val rollouts per prompt, still whole groups in one generation-sized batch
+    cfg = tcfg.normalize(tiny_cfg(val_generations=3))
+    args = grpo_arguments(cfg, tcfg.geometry(cfg, "trl"), tmp_path, max_steps=4, validate=True)
+    assert args.num_generations_eval == 3 and args.per_device_eval_batch_size == 6

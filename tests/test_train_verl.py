@@ -48,10 +48,12 @@ def check(version, tmp_path, model, cfg, extra=()):
 @pytest.mark.verl
 @pytest.mark.parametrize("version", VERSIONS)
 def test_overrides_compose_and_validate_in_real_verl(version, tmp_path, tiny_model_dir):
-    proc = check(version, tmp_path, tiny_model_dir, dict(REFERENCE, lora={"rank": 16, "alpha": 32}))
+    proc = check(version, tmp_path, tiny_model_dir,
+                 dict(REFERENCE, lora={"rank": 16, "alpha": 32}, val_generations=3))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["verl"] == version
+    assert (report["val_n"], report["val_do_sample"]) == (3, True)  # train.val_generations
     assert (report["lora_rank"], report["lora_alpha"]) == (16, 32)
     assert report["adv_estimator"] == "grpo" and report["rollout_n"] == 8 and report["rollout_name"] == "vllm"
     assert report["use_kl_loss"] is True and report["kl_loss_type"] == "low_var_kl"

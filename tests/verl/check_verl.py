@@ -80,6 +80,8 @@ def main() -> int:
         "lora_alpha": config.actor_rollout_ref.model.lora_alpha,
         "target_modules": list(config.actor_rollout_ref.model.target_modules),
         "rollout_n": config.actor_rollout_ref.rollout.n,
+        "val_n": config.actor_rollout_ref.rollout.val_kwargs.n,
+        "val_do_sample": config.actor_rollout_ref.rollout.val_kwargs.do_sample,
         "rollout_name": config.actor_rollout_ref.rollout.name,
         "load_format": config.actor_rollout_ref.rollout.load_format,
         "use_kl_loss": config.actor_rollout_ref.actor.use_kl_loss,

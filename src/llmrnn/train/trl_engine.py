@@ -146,12 +146,14 @@ def grpo_arguments(cfg: dict, geo, ckpt_dir: Path, max_steps: int, validate: boo
     g = cfg["group_size"]
     micro = cfg["batch"]["micro_per_gpu"]
     upd = geo.updates_per_step
+    val_n = int(cfg.get("val_generations") or g)
     return GRPOConfig(
         output_dir=str(ckpt_dir),
         seed=int(cfg["seed"]),
         data_seed=int(cfg["seed"]),
         use_cpu=not cuda,
-        bf16=bool(cuda and torch.cuda.is_bf16_supported()),
+        # CPU: bf16 autocast only when asked (train.trl.cpu_bf16; LoRA weights stay float32)
+        bf16=bool(torch.cuda.is_bf16_supported()) if cuda else bool(cfg["trl"]["cpu_bf16"]),
         fp16=False,
         learning_rate=float(cfg["lr"]),
         lr_scheduler_type=cfg["lr_scheduler"],
@@ -175,13 +177,15 @@ def grpo_arguments(cfg: dict, geo, ckpt_dir: Path, max_steps: int, validate: boo
         eval_strategy="steps" if validate else "no",
         eval_steps=int(cfg["test_freq"]) * upd if validate else None,
         eval_on_start=bool(validate and cfg["val_before_train"]),
-        per_device_eval_batch_size=g,
-        num_generations_eval=g,
+        # val rollouts in batches about one training generation batch (batch.train x G), whole prompt groups
+        per_device_eval_batch_size=val_n * max(1, int(cfg["batch"]["train"]) * g // val_n),
+        num_generations_eval=val_n,
         logging_steps=int(cfg["trl"]["logging_steps"]),
         report_to=[],
         disable_tqdm=True,
         dataloader_num_workers=0,
         shuffle_dataset=True,
+        gradient_checkpointing=bool(cfg["trl"]["gradient_checkpointing"]),
     )
 
 

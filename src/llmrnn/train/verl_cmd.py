@@ -151,6 +151,9 @@ def build_overrides(
     if not kl["in_loss"]:
         ov["algorithm.kl_penalty"] = kl["estimator"]
         ov["algorithm.kl_ctrl.kl_coef"] = float(kl["coef"])
+    if cfg.get("val_generations"):  # unset: verl's own validation (one greedy sample per prompt)
+        ov["actor_rollout_ref.rollout.val_kwargs.n"] = int(cfg["val_generations"])
+        ov["actor_rollout_ref.rollout.val_kwargs.do_sample"] = int(cfg["val_generations"]) > 1
     if cfg["total_steps"]:
         ov["trainer.total_training_steps"] = int(cfg["total_steps"])
     # reward_kwargs is not in verl's default config: a new key needs Hydra's '+'
