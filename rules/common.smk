@@ -472,6 +472,26 @@ def grpo_rule():
     return rules.qa_train_grpo if recipe_is("qa") else rules.train_grpo
 
 
+def release_reference(wildcards):
+    """Inputs of release that say what must not leak from the bundle (its PHI guard's reference): the
+    cohort's splits (memory_head), or the QA data stage's records (recipe qa: its questions, contexts and
+    answers came from the user's data, for ECG QA from patients), with the splits.json the manifest records.
+    """
+    if recipe_is("qa"):
+        out = rules.qa_data.output
+        return {
+            "splits": out.summary,
+            "split_files": [out.train, out.val, out.test, out.ood],
+        }
+    out = rules.split_cohort.output
+    return {"splits": out.summary, "split_files": [out.train, out.val, out.test]}
+
+
+def release_split_format():
+    """--split-format of `llmrnn release build`: [] (cohort, the CLI's default) or qa; a list for :q."""
+    return ["--split-format", "qa"] if recipe_is("qa") else []
+
+
 def merge_base_input():
     """The base merge_model folds the GRPO adapter into: the memory model, or (recipe qa) the model GRPO
     started from."""

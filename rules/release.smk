@@ -1,18 +1,14 @@
-# Model card + MANIFEST.json for the merged model, the PHI guard over the exact bundle, and the Hub upload
+# Model card + MANIFEST.json for the merged model, the PHI guard over the exact bundle (its reference, what
+# must not leak, is the recipe's data: release_reference), and the Hub upload
 # when release.upload is on and a token is in the environment (else the receipt says why not).
 # Deliberately independent of eval: the release never waits for (or reruns with) the evaluation.
 
 
 rule release:
     input:
+        unpack(release_reference),
         merged=rules.merge_model.output.merged,
         check=rules.merge_model.output.check,
-        splits=rules.split_cohort.output.summary,
-        split_files=[
-            rules.split_cohort.output.train,
-            rules.split_cohort.output.val,
-            rules.split_cohort.output.test,
-        ],
         metrics=grpo_rule().output.metrics,
         rubric=config["judge"]["rubric"],
     output:
@@ -25,9 +21,13 @@ rule release:
         conda_env("cpu")
     params:
         cfg=release_cfg_json(),
-        code=code_hash("llmrnn.release", "llmrnn.phi_guard", "llmrnn.upload"),
+        split_format=release_split_format(),
+        code=code_hash(
+            "llmrnn.release", "llmrnn.phi_guard", "llmrnn.upload", "llmrnn.qa.data"
+        ),
     shell:
         "llmrnn release build --merged {input.merged:q} --merge-check {input.check:q} "
-        "--splits {input.splits:q} --split-files {input.split_files:q} --metrics {input.metrics:q} "
+        "--splits {input.splits:q} --split-files {input.split_files:q} {params.split_format:q} "
+        "--metrics {input.metrics:q} "
         "--rubric {input.rubric:q} --cfg {params.cfg:q} --card {output.card:q} "
         "--manifest {output.manifest:q} --receipt {output.receipt:q} 2> {log:q}"

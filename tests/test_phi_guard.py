@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -491,3 +492,161 @@ def test_string_identifier_with_digits_for_its_letters_is_refused(bundle, tmp_pa
         {"visit_id": "ENC-9", "visit_number": 1, "clinical_sections": {"chief_complaint": "cough"}}]}])
     (bundle / "README.md").write_text(f"# card\nSee {written} for an example.\n", encoding="utf-8")
     _assert_refused_without_quoting(_findings(bundle, ids), "README.md: cohort identifier (subject_id)", written)
+
+
+# ----------------------------------------------------------------------------- recipe qa: the QA records
+# For recipe qa the reference is the QA data stage's split files: questions, contexts, free-text answers and
+# ids came from the user's data (ECG QA: from patients). Records here are ECG-report-like and made by the
+# real data stage (llmrnn.qa.data.prepare).
+RHYTHMS = ["sinus rhythm", "atrial fibrillation", "sinus bradycardia", "sinus tachycardia", "atrial flutter"]
+QA_ID = "ECG-4471920"  # the record id of QA record 3 (string ids, as ECG sets carry them)
+QA_GROUP = "77031943"  # its patient
+
+
+def _qa_source() -> list[dict]:
+    records = []
+    for i in range(10):
+        rate, pr, qtc = 58 + 7 * i, 150 + 9 * i, 402 + 5 * i
+        context = (f"{RHYTHMS[i % 5].capitalize()} at {rate} bpm recorded on a resting 12-lead tracing.\n"
+                   f"PR interval {pr} ms, QRS duration {84 + i} ms, corrected QT {qtc} ms.\n"
+                   f"- poor R wave progression in V{1 + i % 3}\n"
+                   f"Compared with the prior tracing of visit {i + 2}, new T wave inversion in lead {['III', 'aVF', 'V5'][i % 3]}.")
+        record = {"id": f"ECG-{4471917 + i}", "group": str(77031940 + i), "context": context,
+                  "question": f"Looking at tracing {i} of this patient, what is the underlying rhythm and is the PR interval normal?"}
+        if i % 2:
+            record |= {"options": RHYTHMS, "answer": "ABCDE"[i % 5]}
+        else:
+            record["answer"] = f"{RHYTHMS[i % 5]} with a PR interval of {pr} ms"
+        records.append(record)
+    return records
+
+
+@pytest.fixture(scope="module")
+def qa_splits(tmp_path_factory) -> tuple[list[str], list[dict]]:
+    from llmrnn.qa import data
+
+    d = tmp_path_factory.mktemp("qa")
+    source = d / "ecg_qa.json"
+    source.write_text(json.dumps(_qa_source()), encoding="utf-8")
+    outputs = data.output_paths(d / "out")
+    data.prepare({"split": {"val_size": 2, "test_size": 2, "seed": 0}}, outputs, str(source))
+    files = [outputs[k] for k in ("train", "val", "test", "ood")]
+    return files, [r for f in files for r in io.read_jsonl(f)]
+
+
+def _qa_findings(bundle, files, **kw) -> list[str]:
+    return phi_guard.scan_bundle(bundle, files, split_format="qa", **kw)["findings"]
+
+
+def _qa_record(records: list[dict]) -> dict:
+    return next(r for r in records if r["id"] == QA_ID)
+
+
+def test_qa_fixture_is_what_the_tests_assume(qa_splits):
+    _, records = qa_splits
+    assert len(records) == 10 and _qa_record(records)["group"] == QA_GROUP
+    assert _qa_record(records)["options"] and not next(r for r in records if r["id"].endswith("4471917"))["options"]
+
+
+def test_clean_qa_bundle_passes(bundle, qa_splits):
+    files, _ = qa_splits
+    (bundle / "README.md").write_text(
+        "# card\nA medical QA model: SFT then GRPO on ECG questions; answers as <reasoning>/<answer>.\n"
+        "- Options: sinus rhythm; atrial fibrillation; atrial flutter\n")  # the shared answer vocabulary
+    report = phi_guard.scan_bundle(bundle, files, split_format="qa")
+    assert report["ok"] and report["reference"] == "qa", report["findings"]
+    assert report["identifiers_checked"] >= 20 and report["clinical_texts_checked"] >= 25
+
+
+def _as_json(text: str) -> str:
+    return json.dumps({"note": text})  # newlines and quotes escaped, unicode as \uXXXX
+
+
+def _gzip(text: str) -> bytes:
+    import gzip
+
+    return gzip.compress(text.encode())
+
+
+def _b64(text: str) -> str:
+    import base64
+
+    return "# card\nexample payload:\n" + base64.encodebytes(text.encode()).decode()
+
+
+# (file, content from the record's context, finding): the leak shapes the cohort guard handles
+QA_LEAKS = {
+    "card": ("README.md", lambda c: f"# card\n\nAn example:\n{c}\n", "README.md: QA record text (context)"),
+    "json-escaped file": ("extra.json", _as_json, "extra.json $.note: QA record text (context)"),
+    "manifest knob": ("MANIFEST.json", lambda c: json.dumps({"knobs": {"merge": {"probe_prompts": ["Hi.", c]}}}),
+                      "MANIFEST.json $.knobs.merge.probe_prompts[1]: QA record text (context)"),
+    "gzip renamed txt": ("notes.txt", _gzip, "notes.txt (gzip): QA record text (context)"),
+    "base64 in the card": ("README.md", _b64, "README.md (base64 at char"),
+    "one line as a list item": ("README.md", lambda c: f"# card\n\n- {c.splitlines()[2][2:].upper()}\n",
+                                "README.md: QA record text (context)"),
+}
+
+
+@pytest.mark.parametrize("shape", list(QA_LEAKS))
+def test_a_qa_context_leaked_into_the_bundle_is_refused_without_quoting_it(bundle, qa_splits, shape):
+    files, records = qa_splits
+    context = _qa_record(records)["context"]
+    name, content, finding = QA_LEAKS[shape]
+    data = content(context)
+    (bundle / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+    findings = _qa_findings(bundle, files)
+    _assert_refused_without_quoting(findings, finding, *context.splitlines(), context.splitlines()[2][2:].upper())
+    assert all(re.search(r"(char|word) \d+", f) for f in findings), findings  # where: an offset
+
+
+def test_a_qa_question_and_free_text_answer_are_refused(bundle, qa_splits):
+    files, records = qa_splits
+    free = next(r for r in records if not r["options"])
+    (bundle / "README.md").write_text(f"# card\nExample question: {free['question']}\n")
+    _assert_refused_without_quoting(_qa_findings(bundle, files), "README.md: QA record text (question)",
+                                    free["question"])
+    (bundle / "README.md").write_text(f"# card\nExample answer:\n- {free['answer']}\n")
+    _assert_refused_without_quoting(_qa_findings(bundle, files), "README.md: QA record text (answer)", free["answer"])
+
+
+@pytest.mark.parametrize(("written", "kind"), [(QA_ID, "record id"), ("ecg 4471920", "record id"),
+                                               (QA_GROUP, "group id"), ("77 031 943", "group id")])
+def test_a_qa_record_or_group_id_is_refused(bundle, qa_splits, written, kind):
+    files, _ = qa_splits
+    (bundle / "README.md").write_text(f"# card\nSee tracing {written}.\n")
+    _assert_refused_without_quoting(_qa_findings(bundle, files), f"README.md: QA data identifier ({kind}) at char",
+                                    written, QA_ID, QA_GROUP)
+
+
+def test_qa_split_files_and_qa_shaped_json_are_refused(bundle, qa_splits):
+    files, _ = qa_splits
+    shutil.copy(files[2], bundle / "notes.txt")
+    (bundle / "data.json").write_text(json.dumps([{"question": "q?", "answer": "a"}]))
+    (bundle / "questions.json").write_text("{}")
+    (bundle / "sft_train.json").write_text("{}")
+    findings = _qa_findings(bundle, files)
+    for name in ("questions.json", "sft_train.json"):
+        assert f"{name}: name looks like an audit log, cohort or QA data file" in findings, findings
+    assert any(f.startswith("notes.txt: identical to a QA data split file") for f in findings), findings
+    assert any(f.startswith("data.json: JSON records with question and answer (a QA data file)") for f in findings)
+
+
+def test_ids_the_data_stage_made_up_are_not_identifiers(bundle, tmp_path):
+    """Records without ids get q000000, q000001, ...: positions, not data; their texts are still checked."""
+    from llmrnn.qa import data
+
+    source = tmp_path / "noid.jsonl"
+    io.write_jsonl(source, [{k: v for k, v in r.items() if k not in ("id", "group")} for r in _qa_source()])
+    outputs = data.output_paths(tmp_path / "out")
+    data.prepare({"split": {"val_size": 2, "test_size": 2, "seed": 0}}, outputs, str(source))
+    files = [outputs[k] for k in ("train", "val", "test", "ood")]
+    (bundle / "README.md").write_text("# card\nsee q000003 and q000007\n")
+    report = phi_guard.scan_bundle(bundle, files, split_format="qa")
+    assert report["ok"] and report["identifiers_checked"] == 0 and report["clinical_texts_checked"] >= 25
+
+
+def test_the_cohort_reference_does_not_know_qa_text(bundle, qa_splits, splits):
+    """The reference is the recipe's data: a QA context is not in the cohort splits."""
+    qa_files, records = qa_splits
+    (bundle / "README.md").write_text(f"# card\n{_qa_record(records)['context']}\n")
+    assert _qa_findings(bundle, qa_files) and _findings(bundle, splits[0]) == []

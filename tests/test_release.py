@@ -187,16 +187,83 @@ def test_logs_of_patient_text_stages_are_private(inputs, tmp_path):
     assert "cohort identifier (subject_id)" in text and str(inputs["patients"][0]["subject_id"]) not in text
 
 
-def test_qa_recipe_card_says_what_the_model_is(inputs, tmp_path, monkeypatch):
-    """recipe: qa: the card introduces a QA model (SFT + GRPO, its reward weights), not a memory head."""
+QA_KNOBS = {**KNOBS, "recipe": "qa",
+            "qa": {"source": "data/ecg_qa.json", "sft": {"enabled": True},
+                   "reward": {"weights": {"exact_match": 1.0, "format": 0.2, "judge": 0.0}}}}
+
+
+@pytest.fixture
+def qa_inputs(inputs, tmp_path) -> dict:
+    """recipe qa: the release's reference is the QA data stage's output (ECG-report-like records)."""
+    from llmrnn.qa import data
+    from tests.test_phi_guard import _qa_source
+
+    source = tmp_path / "ecg_qa.json"
+    source.write_text(json.dumps(_qa_source()))
+    outputs = data.output_paths(tmp_path / "run" / "qa")
+    data.prepare({"split": {"val_size": 2, "test_size": 2, "seed": 0}}, outputs, str(source))
+    files = [outputs[k] for k in ("train", "val", "test", "ood")]
+    return {**inputs, "splits": Path(outputs["summary"]), "split_files": files,
+            "records": [r for f in files for r in io.read_jsonl(f)]}
+
+
+def run_qa_release(inputs: dict, out: Path, rel: dict | None = None, knobs: dict | None = None) -> dict:
+    return release.build_release(
+        merged=inputs["merged"], merge_check=inputs["merge_check"], splits=inputs["splits"],
+        split_files=inputs["split_files"], metrics=inputs["metrics"], rubric=inputs["rubric"],
+        cfg={"run_name": "qa", "release": rel or {}, "knobs": knobs or QA_KNOBS}, card_out=out / "README.md",
+        manifest_out=out / "MANIFEST.json", receipt_out=out / "upload_receipt.json", split_format="qa",
+    )
+
+
+def test_qa_recipe_card_says_what_the_model_is(qa_inputs, tmp_path, monkeypatch):
+    """recipe: qa: the card introduces a QA model (SFT + GRPO, its reward weights), not a memory head, and
+    its data section counts the QA splits; the guard compared the bundle with the QA records."""
     monkeypatch.delenv("HF_TOKEN", raising=False)
     out = tmp_path / "run" / "release_qa"
-    knobs = {**KNOBS, "recipe": "qa",
-             "qa": {"source": "synthetic", "sft": {"enabled": True},
-                    "reward": {"weights": {"exact_match": 1.0, "format": 0.2, "judge": 0.0}}}}
-    run_release(inputs, out, knobs=knobs)
+    receipt = run_qa_release(qa_inputs, out)
     card = (out / "README.md").read_text()
     assert "medical question-answering model trained by the llmrnn `qa` recipe" in card
     assert "a LoRA SFT warm start, then GRPO" in card and "exact_match 1.0, format 0.2)" in card
-    assert "memory-update model" not in card and "SYNTHETIC cohort" in card
-    assert json.loads((out / "MANIFEST.json").read_text())["knobs"]["recipe"] == "qa"
+    assert "memory-update model" not in card
+    assert "| `QA data` | `ecg_qa.json` |" in card and "| `test questions` | 2 (sha256 " in card
+    assert "patients" not in card.split("## Data")[1].split("##")[0]
+    manifest = json.loads((out / "MANIFEST.json").read_text())
+    assert manifest["knobs"]["recipe"] == "qa" and manifest["splits"]["sizes"]["ood"] == 0
+    guard = receipt["phi_guard"]
+    assert guard["ok"] and guard["reference"] == "qa" and guard["identifiers_checked"] >= 20
+
+
+def test_qa_data_in_the_card_or_manifest_stops_the_qa_release(qa_inputs, tmp_path):
+    from tests.test_phi_guard import QA_ID
+
+    context = next(r for r in qa_inputs["records"] if r["id"] == QA_ID)["context"]
+    # the tags go into the card's metadata and the manifest's release section (the first finding is named)
+    with pytest.raises(CheckFailed, match=r"(README.md|MANIFEST.json).*: QA data identifier \(record id\)") as err:
+        run_qa_release(qa_inputs, tmp_path / "rel", rel={"tags": ["llmrnn", f"tracing-{QA_ID}"]})
+    assert QA_ID not in str(err.value)
+    knobs = {**QA_KNOBS, "qa": {**QA_KNOBS["qa"], "prompt": {"system": f"Like this one: {context}"}}}
+    with pytest.raises(CheckFailed, match=r"MANIFEST.json \$.knobs.qa.prompt.system: QA record text \(context\)") as err:
+        run_qa_release(qa_inputs, tmp_path / "rel", knobs=knobs)
+    assert not any(line in str(err.value) for line in context.splitlines())
+    assert not (tmp_path / "rel").exists()
+
+
+def test_release_guard_command_takes_the_qa_reference(qa_inputs, tmp_path):
+    """`llmrnn release guard --split-format qa` (for people): exit 3 on QA text, the text not repeated."""
+    import subprocess
+    import sys
+
+    from tests.test_phi_guard import QA_ID
+
+    question = next(r for r in qa_inputs["records"] if r["id"] == QA_ID)["question"]
+    bundle = tmp_path / "b"
+    bundle.mkdir()
+    (bundle / "README.md").write_text(f"# card\nAsked: {question}\n")
+    cmd = [sys.executable, "-m", "llmrnn.cli", "release", "guard", str(bundle), "--split-files",
+           *qa_inputs["split_files"]]
+    proc = subprocess.run([*cmd, "--split-format", "qa"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 3 and "README.md: QA record text (question)" in proc.stderr
+    assert question not in proc.stderr + proc.stdout
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)  # the cohort format: not its files
+    assert proc.returncode != 0 and "cannot read split file" in proc.stderr

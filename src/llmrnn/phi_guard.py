@@ -1,8 +1,13 @@
-"""PHI guard: scan a release bundle (the exact folder that would be uploaded) for cohort data.
+"""PHI guard: scan a release bundle (the exact folder that would be uploaded) for the data it was made from.
+
+The reference (what must not leak) depends on the recipe: the cohort's split files (memory_head), or the
+QA records of the qa data stage (recipe qa: questions, contexts, free-text answers and reasonings, record
+and group ids; for ECG QA they come from patients). Both are read into the same `Secrets` and scanned by
+the same machinery below; findings name the reference ("cohort identifier", "QA data identifier").
 
 Every file is either scanned by its structure or refused; nothing is skipped:
 - policy: a file type that is not model/card/manifest material (allow-list: safetensors, json, md, txt,
-  jinja, model, yaml, gitattributes), a name that looks like an audit log or cohort file, bytes equal to a
+  jinja, model, yaml, gitattributes), a name that looks like an audit log, cohort or QA file, bytes equal to a
   split file, JSON shaped like a cohort;
 - content, by structure: JSON values after json.loads (recursing, repeated keys kept; token ids and sizes
   in model metadata are numbers, not identifiers), tokenizer vocab and merges entry by entry
@@ -17,8 +22,9 @@ Every file is either scanned by its structure or refused; nothing is skipped:
   Unicode's confusables data) and O/l typed for 0/1, string ids (`MRN-AB7731X`, also its id-like part
   `AB7731X`), number literals by value (`0012345`, `0x3039`), `*_id` and signed JSON numbers, and in file
   names;
-- clinical text: `min_words` consecutive words of a clinical section, or a whole short line / list item
-  of at least `min_line_words` words (a medication list), matched on decoded text;
+- clinical text: `min_words` consecutive words of a clinical section (or of a QA record's question,
+  context, reasoning or free-text answer), or a whole short line / list item of at least `min_line_words`
+  words (a medication list), matched on decoded text;
 - a credential-like string (hf_..., sk-..., ghp_..., AKIA...) pasted anywhere.
 
 Findings say what and where (file, offset or JSON path, kind) and never repeat the identifier or text.
@@ -60,7 +66,8 @@ log = logging.getLogger(__name__)
 
 ALLOWED_SUFFIXES = {".safetensors", ".json", ".md", ".txt", ".jinja", ".model", ".yaml", ".yml", ".gitattributes"}
 SUSPECT_NAME = re.compile(
-    r"(audit|calls_|cohort|cleaned|splits?\b|^(train|val|test)\.json$|trajector|rollout|patient)", re.IGNORECASE
+    r"(audit|calls_|cohort|cleaned|splits?\b|^(train|val|test|ood)\.json$|trajector|rollout|patient|question"
+    r"|^sft_)", re.IGNORECASE
 )
 ID_KEYS = ("subject_id", "visit_id", "hadm_id", "patient_id", "stay_id", "mrn")
 # JSON numbers under these keys are sizes, seeds, ports or hyperparameters (a seed of 12345 is common),
@@ -154,9 +161,15 @@ class Secrets:
     ids: dict[str, str] = field(default_factory=dict)  # canonical id -> kind (subject_id, visit_id, ...)
     too_short: set[str] = field(default_factory=set)
     texts: list[str] = field(default_factory=list)
+    text_kinds: list[str] = field(default_factory=list)  # per text, what a finding calls it
     hashes: set[str] = field(default_factory=set)
     min_words: int = 8
     min_line_words: int = 3
+    noun: str = "cohort"  # what the reference is, in findings: "cohort identifier", "QA data identifier"
+
+    def add_text(self, text: str, kind: str) -> None:
+        self.texts.append(text)
+        self.text_kinds.append(kind)
 
     @property
     def max_len(self) -> int:
@@ -201,9 +214,47 @@ def load_cohort_secrets(split_files: Iterable[str | Path], min_id_digits: int = 
                 sections = record.get("clinical_sections") or {}
                 for value in [*sections.values(), record.get("allergies")]:
                     if isinstance(value, str) and value.strip():
-                        secrets.texts.append(value)
+                        secrets.add_text(value, "clinical text from the cohort")
     secrets.too_short -= set(secrets.ids)
     return secrets
+
+
+# the QA record fields whose text came from the user's data; options are left out: they are the answer
+# vocabulary shared by many questions (diagnosis names), not one record's text
+QA_TEXT_FIELDS = ("question", "context", "reasoning")
+
+
+def load_qa_secrets(qa_files: Iterable[str | Path], min_id_digits: int = 5) -> Secrets:
+    """Record ids, group ids (the patient for cohort-made questions) and texts of the QA data stage's
+    split files (JSONL of normalised records), and their sha256. Ids the data stage made up for records
+    that had none are not data and are left out."""
+    from llmrnn.qa.data import is_generated_id
+
+    secrets = Secrets(noun="QA data")
+    for path in map(Path, qa_files):
+        try:
+            records = io.read_jsonl(path)
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: cannot read QA split file: {type(exc).__name__}") from exc
+        secrets.hashes.add(io.sha256_file(path))
+        for n, record in enumerate(records):
+            if not isinstance(record, dict):
+                raise InputError(f"{path}: record {n}: not a JSON object (not a QA split file)")
+            for key, kind in (("id", "record id"), ("group", "group id")):
+                value = record.get(key)
+                if value is not None and not is_generated_id(str(value)):
+                    secrets.add_id(kind, value, min_id_digits)
+            texts = [(f, record.get(f)) for f in QA_TEXT_FIELDS]
+            if not record.get("options"):  # a free-text answer is the record's own text; a letter is not
+                texts.append(("answer", record.get("answer")))
+            for name, value in texts:
+                if isinstance(value, str) and value.strip():
+                    secrets.add_text(value, f"QA record text ({name})")
+    secrets.too_short -= set(secrets.ids)
+    return secrets
+
+
+SPLIT_FORMATS = {"cohort": load_cohort_secrets, "qa": load_qa_secrets}
 
 
 # ----------------------------------------------------------------------------- matching
@@ -392,7 +443,7 @@ class Scan:
                 offset, kind = hits[0]
                 more = f" (+{len(hits) - 1} more)" if len(hits) > 1 else ""
                 at = f"{how}, char {offset}" if how else f"char {offset}"
-                self.refuse(where, f"cohort identifier ({kind}){form} at {at}{more}")
+                self.refuse(where, f"{self.secrets.noun} identifier ({kind}){form} at {at}{more}")
                 break
             if docs:
                 self.docs.append((f"{where}{' (' + how + ')' if how else ''}", view))
@@ -416,7 +467,7 @@ class Scan:
             return
         kind = self.secrets.ids.get(str(abs(int(value))))  # -12345678 is the id with a sign
         if kind:
-            self.refuse(where, f"cohort identifier ({kind}) as a JSON number")
+            self.refuse(where, f"{self.secrets.noun} identifier ({kind}) as a JSON number")
 
 
 def _key_label(key: str, secrets: Secrets) -> str:
@@ -466,7 +517,7 @@ def scan_vocab_entry(scan: Scan, where: str, piece: str) -> None:
         return
     for text in texts:
         if canonical_id(text) in scan.secrets.ids:
-            scan.refuse(where, "cohort identifier in a vocab entry")
+            scan.refuse(where, f"{scan.secrets.noun} identifier in a vocab entry")
             return
 
 
@@ -515,6 +566,8 @@ def _scan_json_data(scan: Scan, rel: str, name: str, data: Any) -> None:
     records = data if isinstance(data, list) else [data]
     if any(isinstance(r, dict) and "visits" in r and any(k in r for k in ID_KEYS) for r in records[:50]):
         scan.refuse(rel, "JSON records with subject_id and visits (a cohort file)")
+    if isinstance(data, list) and any(isinstance(r, dict) and {"question", "answer"} <= set(r) for r in records[:50]):
+        scan.refuse(rel, "JSON records with question and answer (a QA data file)")
     if isinstance(data, dict) and isinstance(data.get("model"), dict) and "vocab" in data["model"]:
         scan_tokenizer_json(scan, rel, data)
     elif name in VOCAB_JSON and isinstance(data, dict):  # {token: id}: entries as vocab, ids never compared
@@ -718,7 +771,7 @@ def _id_values(scan: Scan, where: str, data: bytes, dtype: str) -> None:
     hit = np.flatnonzero(np.isin(values, np.array(numeric, dtype=np.int64)))
     if hit.size:
         kind = scan.secrets.ids[str(int(values[hit[0]]))]
-        scan.refuse(where, f"cohort identifier ({kind}) as a tensor value at element {int(hit[0])}")
+        scan.refuse(where, f"{scan.secrets.noun} identifier ({kind}) as a tensor value at element {int(hit[0])}")
 
 
 def scan_safetensors(scan: Scan, rel: str, path: Path) -> None:
@@ -799,11 +852,11 @@ def _scan_file(scan: Scan, root: Path, path: Path, display: str) -> None:
     elif suffix not in ALLOWED_SUFFIXES and name != ".gitattributes":
         scan.refuse(display, "file type not allowed in a release")
     elif any(SUSPECT_NAME.search(part) for part in rel.split("/")):
-        scan.refuse(display, "name looks like an audit log or cohort file")
+        scan.refuse(display, "name looks like an audit log, cohort or QA data file")
     elif find_ids(rel, scan.secrets.ids, scan.max_len):
-        scan.refuse(display, "file name holds a cohort identifier")
+        scan.refuse(display, f"file name holds a {scan.secrets.noun} identifier")
     elif io.sha256_file(path) in scan.secrets.hashes:
-        scan.refuse(display, "identical to a cohort split file")
+        scan.refuse(display, f"identical to a {scan.secrets.noun} split file")
     elif suffix == ".safetensors":
         scan_safetensors(scan, display, path)
     elif suffix == ".model":
@@ -818,17 +871,17 @@ def _shingles(words: list[str], k: int) -> Iterator[tuple[int, str]]:
         yield i, " ".join(words[i:i + k])
 
 
-def _cohort_phrases(secrets: Secrets) -> Iterator[str]:
-    """Word sequences to look for, streamed (a real cohort is large, the bundle is small): every
+def _reference_phrases(secrets: Secrets) -> Iterator[tuple[str, str]]:
+    """(kind, word sequence) to look for, streamed (a real cohort is large, the bundle is small): every
     `min_words` window of every clinical text, and every whole shorter line or list item of at least
     `min_line_words` words (medication lists, short sections)."""
     k = secrets.min_words
-    for text in secrets.texts:
-        yield from (s for _, s in _shingles(_words(text), k))
+    for text, kind in zip(secrets.texts, secrets.text_kinds, strict=True):
+        yield from ((kind, s) for _, s in _shingles(_words(text), k))
         for item in [text, *ITEM_SPLIT.split(text)]:
             words = _words(LIST_MARKER.sub("", item))
             if secrets.min_line_words <= len(words) < k:
-                yield " ".join(words)
+                yield kind, " ".join(words)
 
 
 def find_clinical_text(scan: Scan) -> None:
@@ -844,19 +897,22 @@ def find_clinical_text(scan: Scan) -> None:
                 table.setdefault(hash(shingle), (where, k, i))
     flagged: set[str] = set()
     if table:
-        for phrase in _cohort_phrases(secrets):
+        for kind, phrase in _reference_phrases(secrets):
             hit = table.get(hash(phrase))
             if hit and hit[0].split(" ")[0] not in flagged:
                 where, k, i = hit
-                scan.refuse(where, f"clinical text from the cohort ({k} words from word {i} on)")
+                scan.refuse(where, f"{kind} ({k} words from word {i} on)")
                 flagged.add(where.split(" ")[0])
 
 
 def scan_bundle(bundle: str | Path, split_files: Iterable[str | Path], min_words: int = 8,
-                min_id_digits: int = 5, min_line_words: int = 3) -> dict:
-    """Scan every file under `bundle` (links followed); the report's `findings` lists what was found."""
+                min_id_digits: int = 5, min_line_words: int = 3, split_format: str = "cohort") -> dict:
+    """Scan every file under `bundle` (links followed) for the data of `split_files` (`split_format`:
+    cohort split JSONs or QA split JSONL); the report's `findings` lists what was found."""
     root = Path(bundle)
-    secrets = load_cohort_secrets(split_files, min_id_digits)
+    if split_format not in SPLIT_FORMATS:
+        raise InputError(f"PHI guard: split format {split_format!r} is not one of {sorted(SPLIT_FORMATS)}")
+    secrets = SPLIT_FORMATS[split_format](split_files, min_id_digits)
     secrets.min_words, secrets.min_line_words = min_words, min_line_words
     files = sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink())
     scan = Scan(secrets)
@@ -865,6 +921,7 @@ def scan_bundle(bundle: str | Path, split_files: Iterable[str | Path], min_words
     find_clinical_text(scan)
     return {
         "ok": not scan.findings,
+        "reference": split_format,
         "files_scanned": len(files),
         "identifiers_checked": len(secrets.ids),
         "identifiers_too_short_to_check": len(secrets.too_short),

@@ -400,15 +400,24 @@ def _card_grpo_and_reward(parts: list[str], manifest: dict) -> None:
 
 
 def _card_data(parts: list[str], manifest: dict, synthetic: bool) -> None:
-    splits, cohort_cfg = manifest["splits"], manifest["knobs"].get("cohort", {})
+    splits, knobs = manifest["splits"], manifest["knobs"]
     parts.append("## Data\n")
     sizes = splits.get("sizes") or {}
     sha = splits.get("sha256") or {}
-    source = "synthetic cohort (`llmrnn cohort synth`)" if synthetic else f"`{Path(str(cohort_cfg.get('source'))).name}`"
+    if knobs.get("recipe") == "qa":  # splits.json of the QA data stage: sizes count questions
+        qa_source = str((knobs.get("qa") or {}).get("source", "synthetic"))
+        source = ("questions made from the synthetic cohort (`llmrnn qa synth`)" if qa_source == "synthetic"
+                  else f"`{Path(qa_source.removeprefix('hf:')).name}`")
+        field, names, unit = "QA data", ("train", "val", "test", "ood"), "questions"
+    else:
+        cohort_source = str(knobs.get("cohort", {}).get("source"))
+        source = "synthetic cohort (`llmrnn cohort synth`)" if synthetic else f"`{Path(cohort_source).name}`"
+        field, names, unit = "cohort", ("train", "val", "test"), "patients"
     parts.append(_table([
-        ("cohort", source),
+        (field, source),
         ("split seed", splits.get("seed")),
-        *[(f"{name} patients", f"{sizes.get(name)} (sha256 {str(sha.get(name, '-'))[:12]})") for name in ("train", "val", "test")],
+        *[(f"{name} {unit}", f"{sizes.get(name)} (sha256 {str(sha.get(name, '-'))[:12]})") for name in names
+          if name in sizes],
     ], ("field", "value")) + "\n")
     parts.append(
         "Training rows come from the train split only; the val split is used for validation during "
@@ -516,7 +525,10 @@ def stage_bundle(merged: Path, card: str, manifest: dict, parent: Path) -> Path:
 
 def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | Path, split_files: list[str],
                   metrics: str | Path | None, rubric: str | Path | None,
-                  cfg: dict, card_out: str | Path, manifest_out: str | Path, receipt_out: str | Path) -> dict:
+                  cfg: dict, card_out: str | Path, manifest_out: str | Path, receipt_out: str | Path,
+                  split_format: str = "cohort") -> dict:
+    """`split_files` are what must not leak: the cohort splits (`split_format` cohort) or the QA data
+    stage's record files (qa)."""
     merged = Path(merged)
     secrets = upload.env_problems({"release": cfg.get("release") or {}, "knobs": cfg.get("knobs") or {}})
     if secrets:  # before anything is written: the manifest copies both sections
@@ -540,7 +552,7 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
     release_dir = Path(card_out).parent
     stage = stage_bundle(merged, card, manifest, release_dir.parent)
     try:
-        guard = phi_guard.scan_bundle(stage, split_files, **rel["phi_guard"])
+        guard = phi_guard.scan_bundle(stage, split_files, **rel["phi_guard"], split_format=split_format)
         phi_guard.enforce(guard, f"{stage.name} (merged model + card + manifest)")
         receipt: dict[str, Any] = {"uploaded": False, "repo_id": repo_id, "private": rel["private"],
                                    "created_utc": utc(), "files": sorted(manifest["model_files"]) + ["README.md", "MANIFEST.json"],
@@ -576,13 +588,13 @@ def _cmd_build(args: argparse.Namespace) -> None:
     build_release(
         merged=args.merged, merge_check=args.merge_check, splits=args.splits, split_files=args.split_files,
         metrics=args.metrics, rubric=args.rubric or None, cfg=args.cfg,
-        card_out=args.card, manifest_out=args.manifest, receipt_out=args.receipt,
+        card_out=args.card, manifest_out=args.manifest, receipt_out=args.receipt, split_format=args.split_format,
     )
 
 
 def _cmd_guard(args: argparse.Namespace) -> None:
     report = phi_guard.scan_bundle(args.bundle, args.split_files, args.min_words, args.min_id_digits,
-                                   args.min_line_words)
+                                   args.min_line_words, split_format=args.split_format)
     print(json.dumps(report, indent=2))
     phi_guard.enforce(report, args.bundle)
 
@@ -596,7 +608,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--merged", required=True)
     p.add_argument("--merge-check", required=True)
     p.add_argument("--splits", required=True, help="splits.json (sizes, seed, sha256)")
-    p.add_argument("--split-files", nargs="+", required=True, help="train/val/test split JSONs (for the PHI guard)")
+    p.add_argument("--split-files", nargs="+", required=True,
+                   help="what must not leak (PHI guard): the cohort's train/val/test split JSONs, or the QA "
+                        "data stage's train/val/test/ood JSONL (--split-format qa)")
+    p.add_argument("--split-format", choices=sorted(phi_guard.SPLIT_FORMATS), default="cohort")
     p.add_argument("--metrics", help="RUN/train/metrics.jsonl")
     p.add_argument("--rubric", help="the rubric YAML (judge model)")
     p.add_argument("--cfg", type=json_arg, required=True, help='JSON: {"run_name", "release", "knobs"}')
@@ -605,9 +620,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--receipt", required=True)
     p.set_defaults(func=_cmd_build)
 
-    p = rsub.add_parser("guard", help="scan a folder for cohort identifiers/text (exit 3 on a finding)")
+    p = rsub.add_parser("guard", help="scan a folder for cohort or QA identifiers/text (exit 3 on a finding)")
     p.add_argument("bundle")
     p.add_argument("--split-files", nargs="+", required=True)
+    p.add_argument("--split-format", choices=sorted(phi_guard.SPLIT_FORMATS), default="cohort")
     p.add_argument("--min-words", type=int, default=8)
     p.add_argument("--min-id-digits", type=int, default=5)
     p.add_argument("--min-line-words", type=int, default=3, help="a whole cohort line/list item this long is a finding")

@@ -53,6 +53,7 @@ def test_qa_demo_runs_end_to_end_and_reruns_by_the_table(workflow_dir, tiny_mode
     jobs = planned(workflow_dir, layer)
     assert QA_CORE_JOBS <= set(jobs) and jobs["qa_eval_model"] == 6  # 3 models x (test, ood)
     assert not {"dump_trajectories", "train_grpo", "eval_shard", "judge_server"} & set(jobs)
+    assert not {"clean_cohort", "split_cohort"} & set(jobs)  # the release guards the QA data, not the cohort
 
     snakemake(workflow_dir, "all", "--configfile", "config/qa_demo.yaml", layer)
     run = workflow_dir / "results/qatest"
@@ -92,6 +93,9 @@ def test_qa_demo_runs_end_to_end_and_reruns_by_the_table(workflow_dir, tiny_mode
     assert len(train) == 2 and all(r["truncation_rate"] is not None and r["response_length_mean"] for r in train)
     assert sorted(p.name for p in (run / "train/samples").iterdir()) == ["step_000001.jsonl", "step_000002.jsonl"]
     assert (run / "release/MANIFEST.json").is_file()
+    guard = json.loads((run / "release/upload_receipt.json").read_text())["phi_guard"]
+    assert guard["ok"] and guard["reference"] == "qa", guard["findings"]
+    assert guard["identifiers_checked"] > 0 and guard["clinical_texts_checked"] >= splits["sizes"]["train"]
     assert planned(workflow_dir, layer) == {}
 
     # rerun table (dry runs): an SFT knob reruns SFT onwards, an eval knob the evaluation only,

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,18 @@ def normalise_record(raw: Any, fields: dict, where: str) -> dict:
     return rec
 
 
+GENERATED_ID = re.compile(r"q\d{6,}")
+
+
+def generated_id(position: int) -> str:
+    """The id of a record that has none: its position (not data; the PHI guard leaves it out)."""
+    return f"q{position:06d}"
+
+
+def is_generated_id(value: str) -> bool:
+    return bool(GENERATED_ID.fullmatch(value))
+
+
 def load_records(source: str, fields: dict | None = None, dataset: dict | None = None) -> list[dict]:
     raw, label = read_source(source, dataset)
     return load_records_from(raw, fields, label)
@@ -113,7 +126,7 @@ def load_records_from(raw: list, fields: dict | None = None, label: str = "recor
     fields = {**FIELD_DEFAULTS, **(fields or {})}
     records = [normalise_record(r, fields, f"{label}: record {i}") for i, r in enumerate(raw)]
     for i, rec in enumerate(records):
-        rec["id"] = rec["id"] or f"q{i:06d}"
+        rec["id"] = rec["id"] or generated_id(i)
         rec["group"] = rec["group"] or rec["id"]
     ids = [r["id"] for r in records]
     if len(set(ids)) != len(ids):
