@@ -53,7 +53,7 @@ import sys
 import unicodedata
 import urllib.parse
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from io import BytesIO
 from pathlib import Path
@@ -195,15 +195,23 @@ class Secrets:
                 self.ids.setdefault(as_digits, key)
 
 
+def _reference_files(paths: Iterable[str | Path], read: Callable[[Path], Any], what: str,
+                     secrets: Secrets) -> Iterator[tuple[Path, Any]]:
+    """(path, parsed content) of each reference file, its sha256 recorded (a bundle file with the same
+    bytes is refused); an unreadable file is one InputError naming it."""
+    for path in map(Path, paths):
+        try:
+            data = read(path)
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: cannot read {what}: {type(exc).__name__}") from exc
+        secrets.hashes.add(io.sha256_file(path))
+        yield path, data
+
+
 def load_cohort_secrets(split_files: Iterable[str | Path], min_id_digits: int = 5) -> Secrets:
     """Identifiers (canonical forms), clinical texts and sha256 of the split files."""
     secrets = Secrets()
-    for path in map(Path, split_files):
-        try:
-            data = io.read_json(path)
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"{path}: cannot read split file: {type(exc).__name__}") from exc
-        secrets.hashes.add(io.sha256_file(path))
+    for _, data in _reference_files(split_files, io.read_json, "split file", secrets):
         for patient in data if isinstance(data, list) else []:
             visits = patient.get("visits") if isinstance(patient, dict) else None
             for record in [patient, *(visits if isinstance(visits, list) else [])]:
@@ -231,12 +239,7 @@ def load_qa_secrets(qa_files: Iterable[str | Path], min_id_digits: int = 5) -> S
     from llmrnn.qa.data import is_generated_id
 
     secrets = Secrets(noun="QA data")
-    for path in map(Path, qa_files):
-        try:
-            records = io.read_jsonl(path)
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"{path}: cannot read QA split file: {type(exc).__name__}") from exc
-        secrets.hashes.add(io.sha256_file(path))
+    for path, records in _reference_files(qa_files, io.read_jsonl, "QA split file", secrets):
         for n, record in enumerate(records):
             if not isinstance(record, dict):
                 raise InputError(f"{path}: record {n}: not a JSON object (not a QA split file)")
