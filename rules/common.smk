@@ -323,11 +323,7 @@ def conda_env(stage):
     elif stage == "train":
         name = "verl" if config["train"]["engine"] == "verl" else "cpu"
     elif stage == "sft":
-        name = (
-            "verl"
-            if config.get("qa", {}).get("sft", {}).get("resources", {}).get("gpu")
-            else "cpu"
-        )
+        name = "verl" if config["qa"]["sft"]["resources"]["gpu"] else "cpu"
     elif stage in ("data", "cpu"):
         name = stage
     else:
