@@ -220,3 +220,51 @@ def test_outcome_mode_reports_a_constant_reference_reward_without_stopping(tmp_p
         judge.__exit__(None, None, None)
     assert report["ok"] is True and report["problems"] == []
     assert any(w.startswith("reward.mode outcome (no judge): ") for w in report["warnings"])
+    # the endpoint given anyway is not asked (the scalar run above asked it for its 12 candidates)
+    assert report["judge"]["skipped"] == "reward.mode outcome asks no judge" and report["judge"]["http_calls"] == 0
+
+
+TRAIN_OK = {"engine": "trl", "group_size": 4, "batch": {"train": 2, "mini": 2, "micro_per_gpu": 4},
+            "max_prompt_length": 256, "max_response_length": 16, "epochs": 2}
+
+
+def _preflight_cli(tmp_path, parquet, cfg, *extra):
+    return subprocess.run(
+        [sys.executable, "-m", "llmrnn.cli", "preflight", "run", "--train-parquet", str(parquet),
+         "--out", str(tmp_path / "train" / "preflight.json"), "--audit-dir", str(tmp_path / "audit"),
+         "--cfg", json.dumps(cfg), *extra], check=False, capture_output=True, text=True, timeout=300)
+
+
+def test_outcome_mode_runs_without_a_judge_endpoint(tmp_path, tiny_model_dir):
+    """`llmrnn preflight run` with no --endpoint in outcome mode: the reference memories are scored with
+    the outcome reward (statistics kept), the training checks run, and the report says no judge was asked."""
+    parquet = write_parquet(tmp_path / "trajectories" / "train.parquet", _steps())
+    cfg = json.loads(json.dumps(CFG))
+    cfg["reward"]["mode"] = "outcome"
+    cfg["train"] = TRAIN_OK
+    proc = _preflight_cli(tmp_path, parquet, cfg, "--val-parquet", str(parquet), "--tokenizer-dir",
+                          str(tiny_model_dir))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "train" / "preflight.json").read_text())
+    j = report["judge"]
+    assert report["ok"] is True and j["skipped"] == "reward.mode outcome asks no judge" and j["mode"] == "outcome"
+    assert j["rows"] == 4 and j["candidates"] == 12 and j["parse_methods"] == {"invalid_json": 4, "outcome": 8}
+    assert j["fallback_rate"] is None and j["http_calls"] == 0 and j["latency_s"] == {"p50": None, "p95": None}
+    # h_ref names the next visit's heart failure (and CKD), h_prev names nothing, the empty memory is no memory
+    assert j["reward"]["max"] >= 0.5 and j["reward"]["min"] == 0.0 and j["rows_with_spread"] == 4
+    assert report["training"]["ok"] is True and report["training"]["data"]["train"]["rows"] == 6
+    audit = [json.loads(line) for f in (tmp_path / "audit").glob("calls_*.jsonl") for line in f.read_text().splitlines()]
+    assert len(audit) == 12 and {(a["mode"], a["rubric"], len(a["judge"])) for a in audit} == {("outcome", None, 0)}
+
+
+@pytest.mark.parametrize("mode", ["scalar", "pairwise"])
+def test_judged_mode_without_an_endpoint_is_one_line(tmp_path, mode):
+    parquet = write_parquet(tmp_path / "trajectories" / "train.parquet", _steps())
+    cfg = json.loads(json.dumps(CFG))
+    cfg["reward"]["mode"] = mode
+    proc = _preflight_cli(tmp_path, parquet, cfg)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"llmrnn preflight: error: reward.mode {mode} asks the judge but no judge endpoint was given: pass "
+        "--endpoint (RUN/judge/endpoint.json; reward.mode outcome needs none)")
+    assert not (tmp_path / "train").exists() and not (tmp_path / "audit").exists()

@@ -16,6 +16,8 @@ from llmrnn.reward import (
     ENV_GUARD,
     STOP_REASON_FILE,
     JudgeDegraded,
+    RewardConfig,
+    Scorer,
     compute_score,
     compute_score_batch,
     fallback_rate,
@@ -103,6 +105,44 @@ def test_outcome_term_depends_on_the_candidate_memory(judge_env):
     good = compute_score(DS, memory("Heart failure; CKD stage 3."), STEP, {}, **kw)
     poor = compute_score(DS, memory("Likes tennis."), STEP, {}, **kw)
     assert math.isclose(good["score"], 5 / 9 + 0.2) and math.isclose(poor["score"], 5 / 9)
+
+
+# --------------------------------------------------------------------------- outcome mode: no judge
+def test_outcome_mode_needs_no_judge_endpoint(tmp_path, monkeypatch):
+    """reward.mode outcome asks no judge: every entry point scores without an endpoint, an endpoint given
+    anyway is not waited on (this one names no server: a wait would fail), and every sample is audited."""
+    for var in ("LLMRNN_JUDGE_ENDPOINT", "LLMRNN_RUBRIC", "LLMRNN_REWARD_CFG"):
+        monkeypatch.delenv(var, raising=False)
+    kw = {"audit_dir": str(tmp_path / "audit"), "reward_cfg": {"mode": "outcome", "health_timeout_s": 1}}
+    good = compute_score(DS, memory("Heart failure; CKD stage 3."), STEP, {}, **kw)
+    assert (good["score"], good["parse_method"], good["judge_calls"]) == (1.0, "outcome", 0)
+    ignored = compute_score(DS, memory("Likes tennis."), STEP, {}, endpoint_file=str(tmp_path / "none.json"), **kw)
+    assert ignored["score"] == 0.0 and ignored["valid_json"] is True
+    batch = compute_score_batch([DS] * 3, [memory("heart failure"), "no json at all", memory("")], [STEP] * 3,
+                                [{"index": 0}] * 3, **kw)
+    assert [r["score"] for r in batch] == [0.5, 0.0, 0.0] and batch[1]["parse_method"] == "invalid_json"
+    completions = [[{"role": "assistant", "content": memory("CKD stage 3, heart failure")}],
+                   [{"role": "assistant", "content": memory("nothing")}]]
+    rewards = trl_reward_func(["p", "p"], completions, reward_model=[{"ground_truth": STEP}] * 2,
+                              extra_info=[{"index": 1}] * 2, **kw)
+    assert rewards == [1.0, 0.0]
+    lines = [json.loads(x) for f in (tmp_path / "audit").glob("calls_*.jsonl") for x in f.read_text().splitlines()]
+    assert len(lines) == 7 and {(x["mode"], x["rubric"], len(x["judge"])) for x in lines} == {("outcome", None, 0)}
+    assert not (tmp_path / "none.json").exists()
+
+
+@pytest.mark.parametrize("mode", ["scalar", "pairwise"])
+def test_judged_modes_without_an_endpoint_stop_with_one_line(tmp_path, monkeypatch, mode):
+    monkeypatch.delenv("LLMRNN_JUDGE_ENDPOINT", raising=False)
+    kw = {"audit_dir": str(tmp_path / "audit"), "reward_cfg": {"mode": mode}}
+    line = f"reward.mode {mode} asks the judge but no judge endpoint was given: pass endpoint_file= or set "
+    with pytest.raises(InputError, match=re.escape(line + "LLMRNN_JUDGE_ENDPOINT")):
+        compute_score(DS, memory("x"), STEP, {}, **kw)
+    with pytest.raises(InputError, match=re.escape(line)):
+        trl_reward_func(["p"], [memory("x")], reward_model=[{"ground_truth": STEP}], **kw)
+    with pytest.raises(InputError, match=re.escape(f"reward.mode {mode} asks the judge")):
+        Scorer(None, None, tmp_path / "audit", RewardConfig(mode=mode))
+    assert not (tmp_path / "audit").exists()
 
 
 # --------------------------------------------------------------------------- batching, dedup, audit

@@ -17,6 +17,12 @@ score: the reference authors saw most scalar-coerced rewards fall back to 0.5) o
 `preflight.on_problem: fail` they stop the DAG with one line saying why; `warn` records them as
 warnings.
 
+reward.mode outcome asks no judge: no endpoint is needed (none is waited on), the same candidates are
+scored with the outcome reward and "judge" says {"skipped": "reward.mode outcome asks no judge", "mode",
+"rows", "candidates", "parse_methods", "reward": {...}, "rows_with_spread", ...} with fallback_rate None;
+its spread problems are warnings (the fixed reference memories all miss what the policy must learn to
+carry, so their spread says nothing about the rollouts').
+
 Training problems (`training_checks`: batch geometry, prompt lengths vs max_prompt_length, LR
 schedule, GPUs, free disk; each one line saying what to change) always count. `llmrnn preflight
 training` runs them alone, without a judge.
@@ -111,8 +117,8 @@ def _as_policy_output(memory: Any) -> str:
     return json.dumps(memory if isinstance(memory, dict) else {"evolving_summary": str(memory or "")})
 
 
-def judge_checks(scorer, rows: list[dict], cfg: PreflightConfig) -> tuple[dict, list[str]]:
-    """Score the candidates of every row; return (judge report, problems)."""
+def _score_references(scorer, rows: list[dict]) -> tuple[list[dict], float]:
+    """Score the fixed candidates (CANDIDATES) of every row; (results in row order, seconds)."""
     samples = []
     for r in rows:
         for which in CANDIDATES:
@@ -123,11 +129,12 @@ def judge_checks(scorer, rows: list[dict], cfg: PreflightConfig) -> tuple[dict, 
     t0 = time.perf_counter()
     opponent = "group" if scorer.cfg.mode == "pairwise" else "reference"
     results = scorer.score_samples(samples, opponent=opponent)
-    elapsed = time.perf_counter() - t0
+    return results, time.perf_counter() - t0
+
+
+def _reward_stats(scorer, rows: list[dict], results: list[dict], elapsed: float) -> tuple[dict, list[str]]:
+    """What any reward mode reports about the reference candidates' rewards, and its spread problems."""
     methods = Counter(r["parse_method"] for r in results)
-    judged = [r for r in results if r["valid_json"]]
-    fallbacks = methods.get("fallback", 0)
-    fallback_rate = fallbacks / len(judged) if judged else None
     rewards = [float(r["score"]) for r in results]
     distinct = sorted({round(x, 4) for x in rewards})
     mean = sum(rewards) / len(rewards)
@@ -136,36 +143,75 @@ def judge_checks(scorer, rows: list[dict], cfg: PreflightConfig) -> tuple[dict, 
     spread_rows = sum(
         1 for i in range(0, len(results), k) if len({round(r["score"], 4) for r in results[i:i + k]}) > 1
     )
+    stats = {
+        "mode": scorer.cfg.mode,
+        "rows": len(rows),
+        "candidates_per_row": list(CANDIDATES),
+        "candidates": len(results),
+        "invalid_json": methods.get("invalid_json", 0),
+        "parse_methods": dict(sorted(methods.items())),
+        "reward": {"mean": mean, "std": std, "min": min(rewards), "max": max(rewards),
+                   "distinct": len(distinct), "values": distinct[:50]},
+        "rows_with_spread": spread_rows,
+        "elapsed_s": elapsed,
+        "audit": str(scorer.audit.path),
+    }
+    problems = []
+    if not any(r["valid_json"] for r in results):
+        asked = "so the judge was never asked" if scorer.cfg.asks_judge else "so every reward is 0"
+        problems.append(f"none of the {len(results)} trajectory memories parsed as {{\"evolving_summary\": ...}} "
+                        f"JSON, {asked}; check the trajectories' h_ref/h_prev")
+    return stats, problems
+
+
+def _spread_problem(stats: dict, cfg: PreflightConfig) -> list[str]:
+    reward = stats["reward"]
+    if reward["distinct"] >= cfg.min_distinct_rewards:
+        return []
+    return [(
+        f"the reward is (nearly) constant: {reward['distinct']} distinct value(s) {reward['values'][:5]} over "
+        f"{stats['candidates']} candidates (preflight.min_distinct_rewards {cfg.min_distinct_rewards}); GRPO "
+        "learns nothing from equal rewards within a group"
+    )]
+
+
+def outcome_checks(scorer, rows: list[dict], cfg: PreflightConfig) -> tuple[dict, list[str]]:
+    """Outcome mode (no judge): the reference candidates' outcome rewards and their spread; the judge
+    keys (fallback rate, latency, calls) say there was none."""
+    from llmrnn.reward import NO_JUDGE
+
+    results, elapsed = _score_references(scorer, rows)
+    stats, problems = _reward_stats(scorer, rows, results, elapsed)
+    report = {"skipped": NO_JUDGE, **stats, "judged": 0, "fallback_rate": None,
+              "truncated_before_score": 0, "latency_s": {"p50": None, "p95": None}, "http_calls": 0,
+              "cache_hits": 0}
+    return report, problems + _spread_problem(stats, cfg)
+
+
+def judge_checks(scorer, rows: list[dict], cfg: PreflightConfig) -> tuple[dict, list[str]]:
+    """Score the candidates of every row with the judge; return (judge report, problems)."""
+    results, elapsed = _score_references(scorer, rows)
+    stats, problems = _reward_stats(scorer, rows, results, elapsed)
+    methods = Counter(r["parse_method"] for r in results)
+    judged = [r for r in results if r["valid_json"]]
+    fallbacks = methods.get("fallback", 0)
+    fallback_rate = fallbacks / len(judged) if judged else None
     latencies = [r["judge_latency_s"] for r in results if r["judge_calls"] and not r["cache_hits"]]
     truncated = sum(r.get("truncated_calls", 0) for r in results)
     report = {
         "rubric": scorer.rubric.path,
         "judge_model": scorer.endpoint.model,
         "engine": scorer.endpoint.engine,
-        "mode": scorer.cfg.mode,
         "score_method": scorer.rubric.request.score_method,
-        "rows": len(rows),
-        "candidates_per_row": list(CANDIDATES),
-        "candidates": len(results),
+        **stats,
         "judged": len(judged),
-        "invalid_json": methods.get("invalid_json", 0),
-        "parse_methods": dict(sorted(methods.items())),
         "fallback_rate": fallback_rate,
         "truncated_before_score": truncated,
-        "reward": {"mean": mean, "std": std, "min": min(rewards), "max": max(rewards),
-                   "distinct": len(distinct), "values": distinct[:50]},
-        "rows_with_spread": spread_rows,
         "latency_s": {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95)},
         "http_calls": scorer.counts["http_calls"],
         "cache_hits": scorer.counts["cache_hits"],
-        "elapsed_s": elapsed,
-        "audit": str(scorer.audit.path),
     }
-    problems = []
-    if not judged:
-        problems.append(f"none of the {len(results)} trajectory memories parsed as {{\"evolving_summary\": ...}} "
-                        "JSON, so the judge was never asked; check the trajectories' h_ref/h_prev")
-    elif fallback_rate is not None and fallback_rate > cfg.max_fallback_rate:
+    if judged and fallback_rate is not None and fallback_rate > cfg.max_fallback_rate:
         sample = next((r for r in results if r["parse_method"] == "fallback"), None)
         example = ""
         if sample is not None:
@@ -184,13 +230,7 @@ def judge_checks(scorer, rows: list[dict], cfg: PreflightConfig) -> tuple[dict, 
             f"'length'; api: {req.api}): a judge that thinks aloud first needs a higher max_tokens, or "
             f"`request.api: completions` with a raw prompt ({scorer.rubric.path}); answers in {scorer.audit.path}"
         )
-    if len(distinct) < cfg.min_distinct_rewards:
-        problems.append(
-            f"the reward is (nearly) constant: {len(distinct)} distinct value(s) {distinct[:5]} over "
-            f"{len(rewards)} candidates (preflight.min_distinct_rewards {cfg.min_distinct_rewards}); GRPO "
-            "learns nothing from equal rewards within a group"
-        )
-    return report, problems
+    return report, problems + _spread_problem(stats, cfg)
 
 
 def _first_answer(scorer, result: dict) -> str:
@@ -401,23 +441,28 @@ def training_checks(
 
 
 # ----------------------------------------------------------------------------- command
-def run_preflight(train_parquet: str, endpoint_file: str, out: str, audit_dir: str, cfg: dict,
+def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit_dir: str, cfg: dict,
                   val_parquet: str | None = None, tokenizer_dir: str | None = None) -> dict:
-    from llmrnn.reward import RewardConfig, Scorer
+    """Reward checks (judge_checks; outcome_checks when reward.mode outcome asks no judge, which needs
+    no endpoint) + training checks -> `out`; CheckFailed when a problem counts."""
+    from llmrnn.reward import RewardConfig, Scorer, missing_endpoint
 
     pcfg = PreflightConfig.from_dict(cfg.get("preflight"))
     rcfg = RewardConfig.from_any(cfg.get("reward") or {})
+    if rcfg.asks_judge and not endpoint_file:  # before any work: the judged modes cannot check anything
+        raise missing_endpoint(rcfg.mode, "pass --endpoint")
     judge_cfg = cfg.get("judge") or {}
     if tokenizer_dir:
         tokenizer_dir = str(model_folder(tokenizer_dir))
     rows = load_rows(train_parquet, pcfg.rows, pcfg.seed)
     scorer = Scorer(endpoint_file, judge_cfg.get("rubric") or None, audit_dir, rcfg)
     try:
-        judge_report, judge_problems = judge_checks(scorer, rows, pcfg)
+        checks = judge_checks if rcfg.asks_judge else outcome_checks
+        judge_report, judge_problems = checks(scorer, rows, pcfg)
     finally:
         scorer.close()
-    log.info("judge preflight: %s", json.dumps({k: judge_report[k] for k in
-                                                ("parse_methods", "fallback_rate", "reward", "latency_s")}))
+    log.info("reward preflight: %s", json.dumps({k: judge_report[k] for k in
+                                                 ("mode", "parse_methods", "fallback_rate", "reward", "latency_s")}))
     if cfg.get("train") is None or tokenizer_dir is None:
         missing = "train config" if cfg.get("train") is None else "--tokenizer-dir"
         training = {"skipped": f"training checks not run: no {missing} (the preflight rule passes both)",
@@ -471,10 +516,12 @@ def register(sub) -> None:
 
     p = sub.add_parser("preflight", help="judge compliance + training checks before GRPO")
     psub = p.add_subparsers(dest="preflight_command", required=True)
-    r = psub.add_parser("run", help="score K train rows with the real judge; write preflight.json")
+    r = psub.add_parser("run", help="score K train rows with the reward (the real judge unless reward.mode is "
+                                    "outcome) + training checks; write preflight.json")
     r.add_argument("--train-parquet", required=True)
     r.add_argument("--val-parquet", default=None)
-    r.add_argument("--endpoint", required=True, help="RUN/judge/endpoint.json (waits for its health)")
+    r.add_argument("--endpoint", default=None,
+                   help="RUN/judge/endpoint.json (waits for its health); required unless reward.mode is outcome")
     r.add_argument("--out", required=True, help="RUN/train/preflight.json")
     r.add_argument("--audit-dir", required=True, help="audit JSONL directory for the preflight calls")
     r.add_argument("--tokenizer-dir", default=None, help="policy base model dir (training checks: prompt lengths)")

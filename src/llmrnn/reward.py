@@ -11,7 +11,9 @@ Entry points (verl calls compute_score(data_source=, solution_str=, ground_truth
 Where the judge is: kwargs `endpoint_file=`, `rubric_file=`, `audit_dir=`, `reward_cfg=` (dict or JSON
 of config section `reward`), else env LLMRNN_JUDGE_ENDPOINT / LLMRNN_RUBRIC / LLMRNN_AUDIT_DIR /
 LLMRNN_REWARD_CFG. The rubric defaults to the one the endpoint file names; the audit dir has no default
-(the caller names it: RUN/train/audit for training, RUN/train/preflight_audit for preflight).
+(the caller names it: RUN/train/audit for training, RUN/train/preflight_audit for preflight). Outcome
+mode asks no judge: it needs no endpoint, and ignores one that is given (no health wait, no client, no
+rubric); scalar and pairwise modes without an endpoint stop with one line.
 
 Scores:
 - policy output that is not exactly a JSON object {"evolving_summary": "<text>"} (optionally in one
@@ -125,6 +127,29 @@ class RewardConfig:
         if cfg.pairwise_opponent not in OPPONENTS:
             raise InputError(f"reward.pairwise_opponent: {cfg.pairwise_opponent!r} is not one of group, reference")
         return cfg
+
+    @property
+    def asks_judge(self) -> bool:
+        """Scalar and pairwise modes ask the judge; outcome mode scores the memory's recall alone."""
+        return self.mode != "outcome"
+
+
+NO_JUDGE = "reward.mode outcome asks no judge"  # why preflight and training run without an endpoint
+
+
+def asks_judge(config: dict) -> bool:
+    """Whether a workflow config's reward needs the judge server (rules/common.smk plans judge_server,
+    and preflight/train take its endpoint, only then): recipe qa when its judge weight is on, the memory
+    head unless reward.mode is outcome. The one place that decides it for the rules and `llmrnn check`."""
+    if config.get("recipe") == "qa":
+        return bool((((config.get("qa") or {}).get("reward") or {}).get("weights") or {}).get("judge"))
+    return RewardConfig.from_any(config.get("reward") or {}).asks_judge
+
+
+def missing_endpoint(mode: str, how: str) -> InputError:
+    """The one line for a judged reward mode given no endpoint (`how`: where the caller names it)."""
+    return InputError(f"reward.mode {mode} asks the judge but no judge endpoint was given: {how} "
+                      "(RUN/judge/endpoint.json; reward.mode outcome needs none)")
 
 
 # ----------------------------------------------------------------------------- policy output + outcome
@@ -248,29 +273,43 @@ class JudgeCall:
 
 
 class Scorer:
-    """Judge endpoint + rubric + thread pool + request cache + audit, shared by all entry points."""
+    """Judge endpoint + rubric + thread pool + request cache + audit, shared by all entry points.
 
-    def __init__(self, endpoint_file: str | Path, rubric_file: str | Path | None,
+    In outcome mode (cfg.asks_judge False) there is no judge: endpoint, rubric, client and pool stay None
+    and endpoint_file may be None; scoring and the audit work as in the other modes."""
+
+    def __init__(self, endpoint_file: str | Path | None, rubric_file: str | Path | None,
                  audit_dir: str | Path, cfg: RewardConfig | None = None):
         self.cfg = cfg or RewardConfig()
-        self.endpoint_file = Path(endpoint_file)
-        self.endpoint: Endpoint = wait_for_endpoint(self.endpoint_file, self.cfg.health_timeout_s)
-        self.rubric: Rubric = load_rubric(rubric_file or self.endpoint.rubric)
         self.audit = AuditLog(audit_dir)
+        self._cache: OrderedDict[str, Future] = OrderedDict()
+        self._lock = threading.Lock()
+        self.counts = {"judge_requests": 0, "http_calls": 0, "cache_hits": 0}
+        self.guard = FallbackGuard.from_env()
+        self.endpoint_file: Path | None = None
+        self.endpoint: Endpoint | None = None
+        self.rubric: Rubric | None = None
+        self.client: JudgeClient | None = None
+        self.pool: ThreadPoolExecutor | None = None
+        if not self.cfg.asks_judge:
+            return  # an endpoint given anyway is not waited on: nothing would ever be sent to it
+        if not endpoint_file:
+            raise missing_endpoint(self.cfg.mode, "pass endpoint_file")
+        self.endpoint_file = Path(endpoint_file)
+        self.endpoint = wait_for_endpoint(self.endpoint_file, self.cfg.health_timeout_s)
+        self.rubric = load_rubric(rubric_file or self.endpoint.rubric)
         self.client = JudgeClient(
             self.endpoint, timeout_s=self.cfg.timeout_s, retries=self.cfg.retries,
             backoff_s=self.cfg.backoff_s, backoff_max_s=self.cfg.backoff_max_s,
             max_connections=self.cfg.max_concurrency,
         )
         self.pool = ThreadPoolExecutor(self.cfg.max_concurrency, thread_name_prefix="judge")
-        self._cache: OrderedDict[str, Future] = OrderedDict()
-        self._lock = threading.Lock()
-        self.counts = {"judge_requests": 0, "http_calls": 0, "cache_hits": 0}
-        self.guard = FallbackGuard.from_env()
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True)
-        self.client.close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+        if self.client is not None:
+            self.client.close()
 
     # -- one judge call, deduplicated
     def judge(self, req: JudgeRequest) -> JudgeCall:
@@ -306,6 +345,8 @@ class Scorer:
 
     def judge_many(self, reqs: list[JudgeRequest]) -> list[JudgeCall]:
         """Concurrently (thread pool); identical requests share one HTTP call."""
+        if not reqs:  # outcome mode plans none (and has no pool)
+            return []
         return list(self.pool.map(self.judge, reqs))
 
     # -- scalar
@@ -453,7 +494,8 @@ class Scorer:
             result["outcome"] = outcome_share(s["solution_str"], step.get("next_ground_truth_diagnoses"))
             result["score"] = self.cfg.invalid_json_score + self.cfg.outcome_epsilon * result["outcome"]
         self.audit.write({
-            "time": time.time(), "pid": os.getpid(), "rubric": self.rubric.name, "mode": self.cfg.mode,
+            "time": time.time(), "pid": os.getpid(), "rubric": self.rubric.name if self.rubric else None,
+            "mode": self.cfg.mode,
             "data_source": s.get("data_source"), "extra_info": s.get("extra_info"),
             "rollout": s["solution_str"], "candidate_memory": memory,
             "judge": [{"prompt": c.request.prompt, "assistant_prefix": c.request.prefix, "response": c.response,
@@ -479,15 +521,16 @@ _SCORERS_LOCK = threading.Lock()
 
 def get_scorer(endpoint_file: str | None = None, rubric_file: str | None = None, audit_dir: str | None = None,
                reward_cfg: Any = None) -> Scorer:
-    """The process-wide scorer for these settings (kwargs win over the LLMRNN_* environment)."""
-    endpoint_file = endpoint_file or os.environ.get(ENV_ENDPOINT)
-    if not endpoint_file:
-        raise InputError(f"reward: no judge endpoint: pass endpoint_file= or set {ENV_ENDPOINT}")
-    rubric_file = rubric_file or os.environ.get(ENV_RUBRIC) or None
-    audit_dir = audit_dir or os.environ.get(ENV_AUDIT)
-    if not audit_dir:  # every judge call is audited: the caller says where (train: RUN/train/audit)
-        raise InputError(f"reward: no audit directory: pass audit_dir= or set {ENV_AUDIT}")
+    """The process-wide scorer for these settings (kwargs win over the LLMRNN_* environment). Outcome
+    mode needs no endpoint; the judged modes stop with one line without one."""
     cfg = RewardConfig.from_any(reward_cfg if reward_cfg is not None else os.environ.get(ENV_CFG))
+    endpoint_file = (endpoint_file or os.environ.get(ENV_ENDPOINT)) if cfg.asks_judge else None
+    if cfg.asks_judge and not endpoint_file:
+        raise missing_endpoint(cfg.mode, f"pass endpoint_file= or set {ENV_ENDPOINT}")
+    rubric_file = (rubric_file or os.environ.get(ENV_RUBRIC) or None) if cfg.asks_judge else None
+    audit_dir = audit_dir or os.environ.get(ENV_AUDIT)
+    if not audit_dir:  # every scored sample is audited: the caller says where (train: RUN/train/audit)
+        raise InputError(f"reward: no audit directory: pass audit_dir= or set {ENV_AUDIT}")
     key = (str(endpoint_file), str(rubric_file), str(audit_dir), json.dumps(asdict(cfg), sort_keys=True), os.getpid())
     with _SCORERS_LOCK:
         scorer = _SCORERS.get(key)
