@@ -300,3 +300,37 @@ def test_cpu_speed_knobs_reach_grpo_config(tmp_path, cpu_bf16, checkpointing):
     cfg = tcfg.normalize(tiny_cfg(val_generations=3))
     args = grpo_arguments(cfg, tcfg.geometry(cfg, "trl"), tmp_path, max_steps=4, validate=True)
     assert args.num_generations_eval == 3 and args.per_device_eval_batch_size == 6
+
+
+def _outcome_cli(tmp_path, parquets, model, mode, reward_func=None):
+    out = tmp_path / "train"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMRNN_")}
+    env["OMP_NUM_THREADS"] = "1"
+    cfg = {"train": tiny_cfg(epochs=1, test_freq=0, save_freq=4), "reward": {"mode": mode}}
+    cmd = [LLMRNN, "train", "run", "--cfg", json.dumps(cfg), "--train", parquets[0], "--val", parquets[1],
+           "--model", str(model), "--work-dir", str(out), "--adapter", str(out / "adapter"),
+           "--metrics", str(out / "metrics.jsonl"), "--summary", str(out / "summary.json"),
+           *(["--reward-func", reward_func] if reward_func else [])]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=False), out
+
+
+@pytest.mark.parametrize("mode", ["scalar", "pairwise"])
+def test_judged_reward_without_an_endpoint_is_one_line(tmp_path, tiny_model_dir, parquets, mode):
+    proc, out = _outcome_cli(tmp_path, parquets, tiny_model_dir, mode)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"llmrnn train: error: reward.mode {mode} asks the judge but no judge endpoint was given: pass "
+        "--endpoint (RUN/judge/endpoint.json; reward.mode outcome needs none)")
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_outcome_reward_trains_without_a_judge_endpoint(tmp_path, tiny_model_dir, parquets):
+    """reward.mode outcome: `llmrnn train run` with no --endpoint trains with the real reward (the policy's
+    text wrapped into memory JSON, as the tiny model writes none) and audits every sample without a judge."""
+    proc, out = _outcome_cli(tmp_path, parquets, tiny_model_dir, "outcome", JSON_POLICY)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["steps"] == 4
+    audit = [json.loads(x) for f in (out / "audit").glob("calls_*.jsonl") for x in f.read_text().splitlines()]
+    assert len(audit) == 4 * 2 * 4  # steps x prompts x group
+    assert {(a["mode"], a["rubric"], len(a["judge"]), a["parse_method"]) for a in audit} == {("outcome", None, 0, "outcome")}

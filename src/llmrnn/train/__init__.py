@@ -43,6 +43,20 @@ def _guard_fallbacks(cfg: dict, audit_dir: Path) -> None:
     (audit_dir / STOP_REASON_FILE).unlink(missing_ok=True)
 
 
+def _require_endpoint(args) -> None:
+    """llmrnn.reward's judged modes (scalar, pairwise) need the judge's endpoint: say so before anything
+    is loaded. Outcome mode needs none; another reward module (recipe qa's) checks its own."""
+    from llmrnn.reward import ENV_ENDPOINT, RewardConfig, missing_endpoint
+    from llmrnn.train.trl_engine import DEFAULT_REWARD
+
+    module = (args.reward_func or DEFAULT_REWARD).split(":", 1)[0]
+    if args.endpoint or os.environ.get(ENV_ENDPOINT) or module != DEFAULT_REWARD.split(":", 1)[0]:
+        return
+    reward = RewardConfig.from_any((args.cfg or {}).get("reward") or {})
+    if reward.asks_judge:
+        raise missing_endpoint(reward.mode, "pass --endpoint")
+
+
 def cmd_run(args) -> int:
     from llmrnn import io
     from llmrnn.errors import CheckFailed
@@ -50,6 +64,7 @@ def cmd_run(args) -> int:
     from llmrnn.train import config as tcfg
 
     cfg = tcfg.normalize(_cfg(args))
+    _require_endpoint(args)
     args.model = str(model_folder(args.model))
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -127,7 +142,7 @@ def register(sub) -> None:
     r.add_argument("--summary", required=True, help="output: summary.json (steps, resume point, rows)")
     # nargs="?": a rule whose judge is optional (recipe qa) passes an empty, quoted value for "no judge"
     r.add_argument("--endpoint", nargs="?", const=None, default=None,
-                   help="judge endpoint.json (RUN/judge/endpoint.json)")
+                   help="judge endpoint.json (RUN/judge/endpoint.json); not needed when reward.mode is outcome")
     r.add_argument("--preflight", default=None, help="preflight.json that must say ok")
     r.add_argument("--engine", choices=("verl", "trl"), default=None, help="override train.engine")
     r.add_argument("--reward-func", default=None, help="TRL reward 'module:function' (default llmrnn.reward)")
