@@ -235,3 +235,36 @@ def test_verl_run_stops_with_the_reason_the_reward_left(tmp_path, monkeypatch):
                          endpoint_file=str(endpoint), verl_version="0.7.1")
     rows = [json.loads(x) for x in (out / "state" / "metrics.jsonl").read_text().splitlines()]
     assert [r["judge_fallback_rate"] for r in rows if r["kind"] == "train"] == [0.0, 1.0]
+
+
+def test_verl_reward_workers_score_outcome_mode_without_an_endpoint(tmp_path, monkeypatch):
+    """reward.mode outcome: the verl command carries no endpoint and its (stand-in) reward workers score
+    through compute_score with only the audit dir and LLMRNN_REWARD_CFG, asking no judge."""
+    from llmrnn.reward import ENV_CFG, ENV_ENDPOINT
+    from tests.judge_helpers import make_step
+
+    fake_dir = tmp_path / "fake"
+    (fake_dir / "verl" / "trainer").mkdir(parents=True)
+    (fake_dir / "verl" / "__init__.py").write_text("")
+    (fake_dir / "verl" / "trainer" / "__init__.py").write_text("")
+    (fake_dir / "verl" / "trainer" / "main_ppo.py").write_text(FAKE_SCORING_MAIN_PPO)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake_dir), str(REPO / "src")]))
+    monkeypatch.setenv("FAKE_GROUND_TRUTH", json.dumps(make_step()))
+    monkeypatch.setenv(ENV_CFG, json.dumps({"mode": "outcome"}))  # as `train run` sets it from --cfg
+    monkeypatch.delenv(ENV_ENDPOINT, raising=False)
+    monkeypatch.setattr(verl_cmd, "POLL_S", 0.05)
+    train = write_parquet(tmp_path / "train.parquet", make_rows(8))
+    cfg = {"batch": {"train": 2, "mini": 2, "micro_per_gpu": 4}, "group_size": 4, "epochs": 1, "test_freq": 0,
+           "lora": {"rank": 8, "alpha": 16}}
+    out = tmp_path / "train"
+    overrides = verl_cmd.build_overrides(cfg, train_parquet=train, val_parquet=None, model_dir="m", out_dir=str(out),
+                                         experiment_name="e", endpoint_file=None, verl_version="0.7.1")
+    assert not [o for o in overrides if "endpoint" in o]
+    # the stand-in scores three steps and writes no checkpoint: the run is (rightly) incomplete
+    with pytest.raises(CheckFailed) as failed:
+        verl_cmd.run(cfg, train_parquet=train, val_parquet=None, model_dir="m", work_dir=str(out),
+                     adapter_dir=out / "adapter", metrics_path=out / "metrics.jsonl", experiment_name="e",
+                     endpoint_file=None, verl_version="0.7.1")
+    assert "endpoint" not in str(failed.value) and "exited with" not in str(failed.value)
+    scored = [json.loads(x) for step in (1, 2, 3) for x in (out / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
+    assert len(scored) == 12 and all(r["parse_outcome"] == 1.0 and r["judge_calls"] == 0 for r in scored)
