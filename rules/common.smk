@@ -227,6 +227,36 @@ def judge_gpus():
     return 1 if judge_rubric().needs_gpu else 0
 
 
+def judge_needed():
+    """Whether the reward asks the judge (llmrnn.reward.asks_judge: not when reward.mode is outcome);
+    without it judge_server (and the judge model's download) is never planned."""
+    from llmrnn.reward import asks_judge
+
+    return asks_judge(config)
+
+
+def judge_endpoint_input(wildcards):
+    """The judge service's endpoint for preflight and train_grpo, when the reward asks the judge."""
+    return {"endpoint": rules.judge_server.output.endpoint} if judge_needed() else {}
+
+
+def preflight_judge_input(wildcards):
+    """Preflight's judge inputs: the endpoint and the rubric it checks, when the reward asks the judge."""
+    if not judge_needed():
+        return {}
+    return {"endpoint": rules.judge_server.output.endpoint, "rubric": config["judge"]["rubric"]}
+
+
+def endpoint_arg(wildcards, input):
+    """["--endpoint", endpoint.json] when the rule has a judge input, else [] (no judge: outcome mode)."""
+    return ["--endpoint", input.endpoint] if "endpoint" in input.keys() else []
+
+
+def train_judge_gpus():
+    """GPUs a judge holds beside train_grpo on its node (taken last); 0 without a judge."""
+    return judge_gpus() if judge_needed() else 0
+
+
 # ----------------------------------------------------------------------------- train
 def train_gpus():
     """GPUs of train_grpo: train.resources.gpu, else n_gpus_per_node for verl (per node), 0 for TRL."""
@@ -245,9 +275,11 @@ def train_threads():
 
 
 def preflight_cfg():
-    """Preflight depends on the judge, reward and preflight sections (+ train: its training checks)."""
+    """Preflight depends on the judge (when the reward asks it), reward and preflight sections (+ train:
+    its training checks)."""
+    sections = ("judge", "reward", "preflight", "train")
     return cfg_json(
-        *[s for s in ("judge", "reward", "preflight", "train") if s in config]
+        *[s for s in sections if s in config and (s != "judge" or judge_needed())]
     )
 
 

@@ -1,14 +1,15 @@
 # Preflight: before any GPU hour is spent, prove that the real judge follows the score format and gives
 # distinct rewards, and that the training run is possible (batch geometry, prompt lengths, LR, GPUs,
 # disk). Runs in the judge/trainer service group; preflight.json must say ok before train_grpo starts.
+# reward.mode outcome asks no judge: no endpoint input (judge_server is not planned), the reference
+# memories are scored with the outcome reward.
 
 
 rule preflight:
     input:
+        unpack(preflight_judge_input),
         train=f"{RUN}/trajectories/train.parquet",
         val=f"{RUN}/trajectories/val.parquet",
-        endpoint=rules.judge_server.output.endpoint,
-        rubric=config["judge"]["rubric"],
         policy=memory_model_input(),
     output:
         report=f"{RUN}/train/preflight.json",
@@ -21,6 +22,7 @@ rule preflight:
     # count (llmrnn runs a 0-thread job single-threaded: cli.sanitize_thread_env).
     threads: 0
     params:
+        endpoint=endpoint_arg,
         cfg=preflight_cfg(),
         code=code_hash(
             "llmrnn.preflight",
@@ -37,5 +39,5 @@ rule preflight:
         ),
     shell:
         "llmrnn preflight run --train-parquet {input.train:q} --val-parquet {input.val:q} "
-        "--endpoint {input.endpoint:q} --out {output.report:q} --audit-dir {output.audit:q} "
+        "{params.endpoint:q} --out {output.report:q} --audit-dir {output.audit:q} "
         "--tokenizer-dir {input.policy:q} --cfg {params.cfg:q} 2> {log:q}"

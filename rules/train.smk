@@ -1,13 +1,14 @@
 # GRPO training of the memory head: verl (GPU clusters) or TRL (CPU), chosen by train.engine, one set of
 # knobs. Resumes from its latest checkpoint after a kill; fails (never exits 0) if it ends short of the
-# planned steps. Runs beside the judge service (one group job on SLURM).
+# planned steps. Runs beside the judge service (one group job on SLURM) when the reward asks the judge;
+# reward.mode outcome asks none (no endpoint input, no judge_server).
 
 
 rule train_grpo:
     input:
+        unpack(judge_endpoint_input),
         train=f"{RUN}/trajectories/train.parquet",
         val=f"{RUN}/trajectories/val.parquet",
-        endpoint=rules.judge_server.output.endpoint,
         preflight=rules.preflight.output.report,
         model=memory_model_input(),
     output:
@@ -30,7 +31,8 @@ rule train_grpo:
         work=lambda w, output: os.path.dirname(output.metrics),
         # preflight: its max_fallback_rate/fallback_window also guard the reward during training
         cfg=cfg_json("train", "reward", "preflight"),
-        judge_gpus=judge_gpus(),
+        judge_gpus=train_judge_gpus(),
+        endpoint=endpoint_arg,
         code=code_hash(
             "llmrnn.train",
             "llmrnn.train.checkpoints",
@@ -52,5 +54,5 @@ rule train_grpo:
     shell:
         "llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
         "--model {input.model:q} --work-dir {params.work:q} --adapter {output.adapter:q} "
-        "--metrics {output.metrics:q} --summary {output.summary:q} --endpoint {input.endpoint:q} "
+        "--metrics {output.metrics:q} --summary {output.summary:q} {params.endpoint:q} "
         "--preflight {input.preflight:q} --judge-gpus {params.judge_gpus:q} 2> {log:q}"

@@ -101,6 +101,21 @@ def test_batch_geometry_and_profile_gpus(in_workflow, monkeypatch):
     assert not any("LLMRNN_TRAIN_GPUS" in p for p in check.check_training(cfg))
 
 
+def test_outcome_reward_needs_no_judge_model_nor_judge_gpu(in_workflow, monkeypatch):
+    """reward.mode outcome starts no judge: an undownloaded hub judge and a profile without a judge GPU
+    are problems only for the judged modes."""
+    monkeypatch.setenv("LLMRNN_JUDGE_GPUS", "0")
+    train = {"n_gpus_per_node": 2, "nnodes": 1}
+    monkeypatch.setenv("LLMRNN_TRAIN_GPUS", "2")
+    rubric = {"rubric": "config/rubrics/rubric_v2_rubricarm_scalar.yaml"}  # RubricARM from the Hub, vLLM (1 GPU)
+    scalar = {"judge": rubric, "reward": {"mode": "scalar"}}
+    assert any("HF_HUB_OFFLINE" in p for p in check.check_judge(scalar)), check.check_judge(scalar)
+    assert check.check_profile_gpus(scalar, train) == [
+        "the judge needs 1 GPU(s) but profiles/slurm requests 0: export LLMRNN_JUDGE_GPUS=1"]
+    outcome = {"judge": rubric, "reward": {"mode": "outcome"}}
+    assert check.check_judge(outcome) == [] and check.check_profile_gpus(outcome, train) == []
+
+
 VERL_ENVS = sorted(REPO.glob(".venv-verl-*/bin/python"))
 VERL_PROBE = """
 import json, sys

@@ -56,14 +56,15 @@ def _outside(version: str, allowed: SpecifierSet) -> bool:
 
 
 def uses_vllm(config: dict) -> bool:
-    """Any forward-pass role on the vLLM backend, or a judge served by `vllm serve`."""
+    """Any forward-pass role on the vLLM backend, or a judge served by `vllm serve` (when the reward asks it)."""
     roles = config.get("roles") or {}
     if any((r or {}).get("backend") == "vllm" for r in roles.values()):
         return True
     try:
+        from llmrnn.reward import asks_judge
         from llmrnn.rubric import load_rubric
 
-        return load_rubric(config["judge"]["rubric"]).needs_gpu
+        return asks_judge(config) and load_rubric(config["judge"]["rubric"]).needs_gpu
     except Exception:  # noqa: BLE001 - an unreadable rubric is check_judge's problem line
         return False
 

@@ -127,6 +127,21 @@ def copy_extra_parts(workdir: Path) -> None:
             shutil.copytree(src, workdir / part)
 
 
+def prepare_reproduce_inputs(workdir: Path) -> None:
+    """The reproduction's cohort is credentialed MIMIC-IV; a synthetic file in its place lets a dry run
+    of config/reproduce.yaml plan the whole DAG."""
+    import yaml
+
+    from llmrnn.cohort import dump_cohort, synthesize_cohort
+
+    cfg = yaml.safe_load((workdir / "config" / "reproduce.yaml").read_text())
+    source = cfg.get("cohort", {}).get("source", "synthetic")
+    if source != "synthetic":
+        path = workdir / source
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(dump_cohort(synthesize_cohort(30, seed=3)))
+
+
 def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 

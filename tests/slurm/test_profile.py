@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.slurm.dag import (
     REPO,
@@ -21,6 +20,7 @@ from tests.slurm.dag import (
     load_profile,
     no_slurm_path,
     parse_dry_run,
+    prepare_reproduce_inputs,
     run,
     unquote,
 )
@@ -38,19 +38,6 @@ def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env.update(HOME=str(home), PATH=no_slurm_path(tmp_path), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     env.update(extra)
     return env
-
-
-def _prepare_reproduce_inputs(workdir: Path) -> None:
-    """The reproduction's cohort is credentialed MIMIC-IV; a synthetic file in its place lets the
-    literal dry run plan the whole DAG."""
-    from llmrnn.cohort import dump_cohort, synthesize_cohort
-
-    cfg = yaml.safe_load((workdir / "config" / "reproduce.yaml").read_text())
-    source = cfg.get("cohort", {}).get("source", "synthetic")
-    if source != "synthetic":
-        path = workdir / source
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(dump_cohort(synthesize_cohort(30, seed=3)))
 
 
 def _dry_run(workdir: Path, env: dict[str, str], *args: str) -> str:
@@ -86,7 +73,7 @@ def _assert_placement(text: str, profile: dict, gpu_partition: str, cpu_partitio
 
 def test_literal_dry_run_without_slurm_maps_gpu_rules_to_a100(workflow_dir, tmp_path):
     copy_extra_parts(workflow_dir)
-    _prepare_reproduce_inputs(workflow_dir)
+    prepare_reproduce_inputs(workflow_dir)
     env = _clean_env(tmp_path)
     text = _dry_run(workflow_dir, env, "--profile", "profiles/slurm", "-n", "all")
     assert "This was a dry-run" in text
@@ -161,7 +148,7 @@ def test_dry_run_downloads_the_judge_model_once(workflow_dir, tmp_path):
     """The reproduce judge (RubricARM-8B, `source: hub`) is a file-tracked target: the literal dry run plans
     its download job, and judge_server waits for that local copy."""
     copy_extra_parts(workflow_dir)
-    _prepare_reproduce_inputs(workflow_dir)
+    prepare_reproduce_inputs(workflow_dir)
     env = _clean_env(tmp_path)
     text = _dry_run(workflow_dir, env, "--profile", "profiles/slurm", "-n", "all",
                     "--configfile", "config/reproduce.yaml")

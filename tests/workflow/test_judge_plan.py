@@ -1,0 +1,64 @@
+"""Dry runs: the judge server (and its model's download) is planned only when the reward asks the judge.
+reward.mode outcome (the embedded default) plans neither, and preflight/train_grpo get no --endpoint;
+a scalar config and config/reproduce.yaml plan judge_server as before."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.conftest import snakemake
+from tests.slurm.dag import job_counts, parse_dry_run, prepare_reproduce_inputs
+
+JUDGE_RULES = {"judge_server", "prepare_judge_model"}
+
+
+def _plan(workflow_dir, *configfiles: str) -> tuple[dict[str, int], dict[str, str]]:
+    """(rule -> job count, rule -> shell command) of a dry run of `all`."""
+    proc = snakemake(workflow_dir, "-n", "-p", "all", "--configfile", *configfiles)
+    text = proc.stdout + proc.stderr
+    return job_counts(text), {j.rule: j.shell or "" for j in parse_dry_run(text)}
+
+
+def _override(workflow_dir, name: str, cfg: dict) -> str:
+    (workflow_dir / name).write_text(yaml.safe_dump(cfg))
+    return name
+
+
+def test_outcome_reward_plans_no_judge(workflow_dir):
+    default = yaml.safe_load((workflow_dir / "config" / "config.yaml").read_text())
+    assert default["reward"]["mode"] == "outcome"  # the embedded default's reward asks no judge
+    counts, shells = _plan(workflow_dir, "config/config.yaml")
+    assert counts["preflight"] == 1 and counts["train_grpo"] == 1
+    assert not JUDGE_RULES & set(counts), counts
+    assert "--endpoint" not in shells["preflight"] and "--endpoint" not in shells["train_grpo"]
+    assert "--judge-gpus 0" in shells["train_grpo"]
+    assert '"judge"' not in shells["preflight"]  # the judge section is no parameter of an outcome preflight
+
+
+@pytest.mark.parametrize("mode", ["scalar", "pairwise"])
+def test_judged_reward_plans_the_judge_server(workflow_dir, mode):
+    extra = _override(workflow_dir, f"{mode}.yaml", {"reward": {"mode": mode}})
+    counts, shells = _plan(workflow_dir, "config/config.yaml", extra)
+    assert counts["judge_server"] == 1
+    endpoint = "--endpoint results/demo/judge/endpoint.json"
+    assert endpoint in shells["preflight"] and endpoint in shells["train_grpo"]
+
+
+def test_reproduce_config_plans_the_judge_server_and_its_model(workflow_dir):
+    prepare_reproduce_inputs(workflow_dir)
+    counts, shells = _plan(workflow_dir, "config/reproduce.yaml")
+    assert counts["judge_server"] == 1 and counts["prepare_judge_model"] == 1
+    run = yaml.safe_load((workflow_dir / "config" / "reproduce.yaml").read_text())["run_name"]
+    endpoint = f"--endpoint results/{run}/judge/endpoint.json"
+    assert endpoint in shells["preflight"] and endpoint in shells["train_grpo"]
+    assert "--judge-gpus 1" in shells["train_grpo"]  # the vLLM judge holds one GPU of the training node
+
+
+def test_outcome_mode_with_a_hub_judge_downloads_nothing(workflow_dir):
+    """reproduce.yaml's RubricARM judge (`source: hub`) with the outcome reward: no download job either."""
+    prepare_reproduce_inputs(workflow_dir)
+    extra = _override(workflow_dir, "outcome.yaml", {"reward": {"mode": "outcome"}})
+    counts, shells = _plan(workflow_dir, "config/reproduce.yaml", extra)
+    assert counts["train_grpo"] == 1 and not JUDGE_RULES & set(counts), counts
+    assert "--judge-gpus 0" in shells["train_grpo"]
