@@ -244,11 +244,14 @@ def preflight_judge_input(wildcards):
     """Preflight's judge inputs: the endpoint and the rubric it checks, when the reward asks the judge."""
     if not judge_needed():
         return {}
-    return {"endpoint": rules.judge_server.output.endpoint, "rubric": config["judge"]["rubric"]}
+    return {
+        "endpoint": rules.judge_server.output.endpoint,
+        "rubric": config["judge"]["rubric"],
+    }
 
 
 def endpoint_arg(wildcards, input):
-    """["--endpoint", endpoint.json] when the rule has a judge input, else [] (no judge: outcome mode)."""
+    """["--endpoint", endpoint.json] when the job has a judge input, else [] (outcome mode asks none)."""
     return ["--endpoint", input.endpoint] if "endpoint" in input.keys() else []
 
 
