@@ -518,6 +518,19 @@ def release_reference(wildcards):
     return {"splits": out.summary, "split_files": [out.train, out.val, out.test]}
 
 
+def release_rubric_input(wildcards):
+    """The rubric the card and manifest describe: none for a memory head whose reward asks no judge
+    (reward.mode outcome), so they do not name a judge that scored nothing."""
+    if recipe_is("qa") or judge_needed():
+        return {"rubric": config["judge"]["rubric"]}
+    return {}
+
+
+def rubric_arg(wildcards, input):
+    """["--rubric", rubric.yaml] when release has a rubric input, else []."""
+    return ["--rubric", input.rubric] if "rubric" in input.keys() else []
+
+
 def release_split_format():
     """--split-format of `llmrnn release build`: [] (cohort, the CLI's default) or qa; a list for :q."""
     return ["--split-format", "qa"] if recipe_is("qa") else []

@@ -7,10 +7,10 @@
 rule release:
     input:
         unpack(release_reference),
+        unpack(release_rubric_input),
         merged=rules.merge_model.output.merged,
         check=rules.merge_model.output.check,
         metrics=grpo_rule().output.metrics,
-        rubric=config["judge"]["rubric"],
     output:
         card=f"{RUN}/release/README.md",
         manifest=f"{RUN}/release/MANIFEST.json",
@@ -22,6 +22,7 @@ rule release:
     params:
         cfg=release_cfg_json(),
         split_format=release_split_format(),
+        rubric=rubric_arg,
         code=code_hash(
             "llmrnn.release", "llmrnn.phi_guard", "llmrnn.upload", "llmrnn.qa.data"
         ),
@@ -29,5 +30,5 @@ rule release:
         "llmrnn release build --merged {input.merged:q} --merge-check {input.check:q} "
         "--splits {input.splits:q} --split-files {input.split_files:q} {params.split_format:q} "
         "--metrics {input.metrics:q} "
-        "--rubric {input.rubric:q} --cfg {params.cfg:q} --card {output.card:q} "
+        "{params.rubric:q} --cfg {params.cfg:q} --card {output.card:q} "
         "--manifest {output.manifest:q} --receipt {output.receipt:q} 2> {log:q}"

@@ -73,6 +73,27 @@ def inputs(tiny_model_dir, tmp_path) -> dict:
     return make_inputs(tmp_path / "run", tiny_model_dir)
 
 
+def test_outcome_reward_card_names_no_judge(inputs, tmp_path, monkeypatch):
+    """reward.mode outcome asked no judge: the rule passes no rubric, and the card and manifest say what
+    the reward was instead of naming a judge model."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    out = tmp_path / "run" / "release"
+    knobs = dict(KNOBS, reward={"mode": "outcome"})
+    cfg = {"run_name": "demo", "release": {"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"}, "knobs": knobs}
+    release.build_release(
+        merged=inputs["merged"], merge_check=inputs["merge_check"], splits=inputs["splits"],
+        split_files=inputs["split_files"], metrics=inputs["metrics"], rubric=None, cfg=cfg,
+        card_out=out / "README.md", manifest_out=out / "MANIFEST.json", receipt_out=out / "upload_receipt.json")
+    card = (out / "README.md").read_text()
+    reward = card.split("## Reward\n", 1)[1].split("\n## ", 1)[0]
+    assert "outcome (no judge)" in reward and "No judge model was asked" in reward and "judge model |" not in reward
+    assert "`preflight`: no judge is started" in card and "`judge_server" not in card
+    assert "the share of the next visit's diagnoses its memory names" in card
+    assert "opinion of one judge model" not in card
+    manifest = json.loads((out / "MANIFEST.json").read_text())
+    assert manifest["judge"] == {"rubric_file": None, "model": None, "note": "reward.mode outcome asks no judge"}
+
+
 def test_card_manifest_and_receipt(inputs, tmp_path, monkeypatch):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     out = tmp_path / "run" / "release"

@@ -126,6 +126,11 @@ def metrics_summary(path: str | Path | None) -> dict:
     return out
 
 
+def outcome_reward(knobs: dict) -> bool:
+    """The memory head trained with reward.mode outcome: no judge scored a rollout (the card says so)."""
+    return knobs.get("recipe") != "qa" and (knobs.get("reward") or {}).get("mode") == "outcome"
+
+
 def rubric_info(path: str | Path | None) -> dict:
     """Judge model and rubric identity from the rubric file (the single source of truth for the judge)."""
     if not path:
@@ -277,6 +282,23 @@ WORKFLOW_STEPS = [
      "is uploaded only when asked")),
 ]
 
+# reward.mode outcome: no judge server; preflight and training score with the outcome reward
+OUTCOME_STEPS = {
+    "judge_server / preflight": ("preflight", (
+        "no judge is started (reward.mode outcome); preflight scores reference memories with the outcome "
+        "reward and checks that the training run is possible")),
+    "train_grpo": ("train_grpo", (
+        "GRPO with a LoRA on the memory model: each prompt is rolled out G times, each rollout is scored by "
+        "the share of the next visit's diagnoses its memory names, advantages are taken relative to the group")),
+}
+
+
+def workflow_steps(outcome: bool) -> list[tuple[str, str]]:
+    if not outcome:
+        return WORKFLOW_STEPS
+    return [OUTCOME_STEPS.get(rule, (rule, text)) for rule, text in WORKFLOW_STEPS]
+
+
 
 def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
     """The model card: one section per helper below, in reading order."""
@@ -291,7 +313,7 @@ def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
     _card_grpo_and_reward(parts, manifest)
     _card_data(parts, manifest, synthetic)
     _card_curve_and_eval(parts, manifest)
-    _card_usage(parts, repo_id)
+    _card_usage(parts, repo_id, outcome_reward(manifest["knobs"]))
     _card_limits(parts, manifest, synthetic)
     return "\n".join(parts)
 
@@ -382,6 +404,18 @@ def _card_grpo_and_reward(parts: list[str], manifest: dict) -> None:
     parts.append(_table(_flatten({k: v for k, v in train_cfg.items() if k not in ("lora",)}), ("knob", "value")) + "\n")
 
     parts.append("## Reward\n")
+    if outcome_reward(knobs):
+        parts.append(_table([
+            ("reward", "outcome (no judge): the share of the next visit's diagnoses the memory names"),
+            *[(f"reward.{k}", v) for k, v in _flatten(knobs.get("reward", {}))],
+        ], ("field", "value")) + "\n")
+        parts.append(
+            "Each rollout's memory is parsed from the policy output (output without a memory JSON scores 0) "
+            "and scored by the share of the next visit's ground-truth diagnoses it names, matched as the "
+            "held-out memory recall matches them. No judge model was asked (reward.mode outcome). Every "
+            "scored rollout is kept in a private audit log that is never part of a release.\n"
+        )
+        return
     parts.append(_table([
         ("judge model", judge.get("model")),
         ("rubric", judge.get("name")),
@@ -451,9 +485,9 @@ def _card_curve_and_eval(parts: list[str], manifest: dict) -> None:
     )
 
 
-def _card_usage(parts: list[str], repo_id: str) -> None:
+def _card_usage(parts: list[str], repo_id: str, outcome: bool = False) -> None:
     parts.append("## How the workflow made it\n")
-    parts.append("\n".join(f"{i}. `{rule}`: {text}." for i, (rule, text) in enumerate(WORKFLOW_STEPS, 1)) + "\n")
+    parts.append("\n".join(f"{i}. `{rule}`: {text}." for i, (rule, text) in enumerate(workflow_steps(outcome), 1)) + "\n")
 
     parts.append("## Intended use\n")
     parts.append(
@@ -477,6 +511,9 @@ def _card_limits(parts: list[str], manifest: dict, synthetic: bool) -> None:
             "note styles is unknown."
         ),
         (
+            "The reward is a text match of the memory against the next visit's diagnoses; a memory that names "
+            "them is not necessarily a good clinical summary."
+            if outcome_reward(manifest["knobs"]) else
             "The reward is the opinion of one judge model under one rubric; a higher reward is not the same "
             "as better downstream predictions unless the held-out evaluation shows it."
         ),
@@ -546,7 +583,9 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
               "rubric": str(rubric) if rubric else None}
     manifest = build_manifest(
         run_name=run_name, knobs=knobs, rel=rel, merge_check=check, splits=io.read_json(splits),
-        metrics=metrics_summary(metrics), rubric=rubric_info(rubric), merged=merged, inputs=inputs,
+        metrics=metrics_summary(metrics), merged=merged, inputs=inputs,
+        rubric=({"rubric_file": None, "model": None, "note": "reward.mode outcome asks no judge"}
+                if rubric is None and outcome_reward(knobs) else rubric_info(rubric)),
     )
     card = render_card(manifest, rel, repo_id)
     release_dir = Path(card_out).parent

@@ -34,6 +34,7 @@ def test_outcome_reward_plans_no_judge(workflow_dir):
     assert "--endpoint" not in shells["preflight"] and "--endpoint" not in shells["train_grpo"]
     assert "--judge-gpus 0" in shells["train_grpo"]
     assert '"judge"' not in shells["preflight"]  # the judge section is no parameter of an outcome preflight
+    assert "--rubric" not in shells["release"]  # the card names no judge that scored nothing
 
 
 @pytest.mark.parametrize("mode", ["scalar", "pairwise"])
@@ -53,6 +54,7 @@ def test_reproduce_config_plans_the_judge_server_and_its_model(workflow_dir):
     endpoint = f"--endpoint results/{run}/judge/endpoint.json"
     assert endpoint in shells["preflight"] and endpoint in shells["train_grpo"]
     assert "--judge-gpus 1" in shells["train_grpo"]  # the vLLM judge holds one GPU of the training node
+    assert "--rubric config/rubrics/" in shells["release"]
 
 
 def test_outcome_mode_with_a_hub_judge_downloads_nothing(workflow_dir):

@@ -42,6 +42,7 @@ class Row:
     edit_file: Callable[[Path, dict], Path] | None = None  # edits a file of the workdir, returns it
     edit_module: str | None = None  # a module of the package whose code changes (e.g. llmrnn.reward)
     needs_rules: set[str] = field(default_factory=set)
+    reward_modes: tuple[str, ...] | None = None  # the row holds only for these reward.mode values
 
 
 def _edit_rubric(work: Path, cfg: dict) -> Path:
@@ -70,7 +71,9 @@ ROWS = [
     Row("split seed", config={"split": {"seed": 4242}},
         rerun={"split_cohort", "trajectory_shard", "dump_trajectories"} | JUDGED | TRAINED_SIDE),
     Row("rubric change", edit_file=_edit_rubric, needs_rules={"judge_server"},
-        rerun=JUDGED | TRAINED_SIDE),
+        rerun=JUDGED | TRAINED_SIDE, reward_modes=("scalar", "pairwise")),
+    # reward.mode outcome (the embedded default) starts no judge and its card names none: nothing reruns
+    Row("rubric change, outcome reward", edit_file=_edit_rubric, rerun=set(), reward_modes=("outcome",)),
     Row("training knob", config={"train": {"lr": 2.5e-6}}, needs_rules={"train_grpo"},
         rerun=JUDGED | TRAINED_SIDE),
     Row("eval knob", config={"eval": {"stats": {"bootstrap": {"samples": 1999}}}},
@@ -199,7 +202,10 @@ def check_row(row: Row, base: Baseline, observed: set[str]) -> None:
 
 
 def _skip_reason(row: Row, base: Baseline) -> str | None:
-    if not row.rerun & base.ran:
+    mode = (base.config.get("reward") or {}).get("mode", "scalar")
+    if row.reward_modes is not None and mode not in row.reward_modes:
+        return f"the baseline's reward.mode is {mode}; the row holds for {', '.join(row.reward_modes)}"
+    if row.rerun and not row.rerun & base.ran:  # an empty row says "nothing reruns": it always holds
         return f"none of {sorted(row.rerun)} is in the workflow's `all` yet"
     if row.needs_rules - base.ran:
         return f"stage not in the workflow's `all` yet: {sorted(row.needs_rules - base.ran)}"
