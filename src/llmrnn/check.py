@@ -190,7 +190,7 @@ def check_models(config: dict) -> list[str]:
     return problems
 
 
-def _asks_judge(config: dict) -> bool:
+def _judge_in_dag(config: dict) -> bool:
     from llmrnn.errors import LlmrnnError
     from llmrnn.reward import asks_judge
 
@@ -201,7 +201,7 @@ def _asks_judge(config: dict) -> bool:
 
 
 def _judge_gpus_needed(config: dict) -> int | None:
-    if not _asks_judge(config):
+    if not _judge_in_dag(config):
         return 0  # reward.mode outcome: no judge_server is planned
     try:
         from llmrnn.rubric import load_rubric
@@ -217,7 +217,7 @@ def check_judge(config: dict) -> list[str]:
 
     judge = config.get("judge") or {}
     path = judge.get("rubric")
-    if not path or not _asks_judge(config):  # reward.mode outcome: no judge is started, its model is not needed
+    if not path or not _judge_in_dag(config):  # reward.mode outcome: no judge is started, its model is not needed
         return []
     if not Path(path).is_file():
         return [f"judge.rubric: {path} does not exist"]

@@ -158,7 +158,7 @@ def _reward_stats(scorer, rows: list[dict], results: list[dict], elapsed: float)
     }
     problems = []
     if not any(r["valid_json"] for r in results):
-        asked = "so the judge was never asked" if scorer.cfg.asks_judge else "so every reward is 0"
+        asked = "so the judge was never asked" if scorer.cfg.judged else "so every reward is 0"
         problems.append(f"none of the {len(results)} trajectory memories parsed as {{\"evolving_summary\": ...}} "
                         f"JSON, {asked}; check the trajectories' h_ref/h_prev")
     return stats, problems
@@ -449,7 +449,7 @@ def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit
 
     pcfg = PreflightConfig.from_dict(cfg.get("preflight"))
     rcfg = RewardConfig.from_any(cfg.get("reward") or {})
-    if rcfg.asks_judge and not endpoint_file:  # before any work: the judged modes cannot check anything
+    if rcfg.judged and not endpoint_file:  # before any work: the judged modes cannot check anything
         raise missing_endpoint(rcfg.mode, "pass --endpoint")
     judge_cfg = cfg.get("judge") or {}
     if tokenizer_dir:
@@ -457,7 +457,7 @@ def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit
     rows = load_rows(train_parquet, pcfg.rows, pcfg.seed)
     scorer = Scorer(endpoint_file, judge_cfg.get("rubric") or None, audit_dir, rcfg)
     try:
-        checks = judge_checks if rcfg.asks_judge else outcome_checks
+        checks = judge_checks if rcfg.judged else outcome_checks
         judge_report, judge_problems = checks(scorer, rows, pcfg)
     finally:
         scorer.close()

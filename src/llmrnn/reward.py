@@ -129,7 +129,7 @@ class RewardConfig:
         return cfg
 
     @property
-    def asks_judge(self) -> bool:
+    def judged(self) -> bool:
         """Scalar and pairwise modes ask the judge; outcome mode scores the memory's recall alone."""
         return self.mode != "outcome"
 
@@ -143,7 +143,7 @@ def asks_judge(config: dict) -> bool:
     head unless reward.mode is outcome. The one place that decides it for the rules and `llmrnn check`."""
     if config.get("recipe") == "qa":
         return bool((((config.get("qa") or {}).get("reward") or {}).get("weights") or {}).get("judge"))
-    return RewardConfig.from_any(config.get("reward") or {}).asks_judge
+    return RewardConfig.from_any(config.get("reward") or {}).judged
 
 
 def missing_endpoint(mode: str, how: str) -> InputError:
@@ -275,7 +275,7 @@ class JudgeCall:
 class Scorer:
     """Judge endpoint + rubric + thread pool + request cache + audit, shared by all entry points.
 
-    In outcome mode (cfg.asks_judge False) there is no judge: endpoint, rubric, client and pool stay None
+    In outcome mode (cfg.judged False) there is no judge: endpoint, rubric, client and pool stay None
     and endpoint_file may be None; scoring and the audit work as in the other modes."""
 
     def __init__(self, endpoint_file: str | Path | None, rubric_file: str | Path | None,
@@ -291,7 +291,7 @@ class Scorer:
         self.rubric: Rubric | None = None
         self.client: JudgeClient | None = None
         self.pool: ThreadPoolExecutor | None = None
-        if not self.cfg.asks_judge:
+        if not self.cfg.judged:
             return  # an endpoint given anyway is not waited on: nothing would ever be sent to it
         if not endpoint_file:
             raise missing_endpoint(self.cfg.mode, "pass endpoint_file")
@@ -524,10 +524,10 @@ def get_scorer(endpoint_file: str | None = None, rubric_file: str | None = None,
     """The process-wide scorer for these settings (kwargs win over the LLMRNN_* environment). Outcome
     mode needs no endpoint; the judged modes stop with one line without one."""
     cfg = RewardConfig.from_any(reward_cfg if reward_cfg is not None else os.environ.get(ENV_CFG))
-    endpoint_file = (endpoint_file or os.environ.get(ENV_ENDPOINT)) if cfg.asks_judge else None
-    if cfg.asks_judge and not endpoint_file:
+    endpoint_file = (endpoint_file or os.environ.get(ENV_ENDPOINT)) if cfg.judged else None
+    if cfg.judged and not endpoint_file:
         raise missing_endpoint(cfg.mode, f"pass endpoint_file= or set {ENV_ENDPOINT}")
-    rubric_file = (rubric_file or os.environ.get(ENV_RUBRIC) or None) if cfg.asks_judge else None
+    rubric_file = (rubric_file or os.environ.get(ENV_RUBRIC) or None) if cfg.judged else None
     audit_dir = audit_dir or os.environ.get(ENV_AUDIT)
     if not audit_dir:  # every scored sample is audited: the caller says where (train: RUN/train/audit)
         raise InputError(f"reward: no audit directory: pass audit_dir= or set {ENV_AUDIT}")

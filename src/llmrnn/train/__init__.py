@@ -53,7 +53,7 @@ def _require_endpoint(args) -> None:
     if args.endpoint or os.environ.get(ENV_ENDPOINT) or module != DEFAULT_REWARD.split(":", 1)[0]:
         return
     reward = RewardConfig.from_any((args.cfg or {}).get("reward") or {})
-    if reward.asks_judge:
+    if reward.judged:
         raise missing_endpoint(reward.mode, "pass --endpoint")
 
 
