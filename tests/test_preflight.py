@@ -163,6 +163,27 @@ def _port_closed(log_text: str) -> bool:
 
 
 @pytest.mark.slow
+def test_workflow_preflight_without_a_judge_in_outcome_mode(workflow_dir, tiny_model_dir):
+    """Real snakemake, reward.mode outcome: preflight runs alone (no judge_server job, no endpoint) and
+    writes its report; the judge's rubric names a model that does not exist, so any judge start would fail."""
+    run = workflow_dir / "results" / "t"
+    for split in ("train", "val"):
+        write_parquet(run / "trajectories" / f"{split}.parquet", _steps(3))
+    rubric = write_rubric(workflow_dir / "config", model=str(workflow_dir / "no-such-judge"), source="path")
+    (workflow_dir / "outcome.yaml").write_text(json.dumps({
+        "run_name": "t", "judge": {"rubric": str(rubric.relative_to(workflow_dir))},
+        "reward": {"mode": "outcome"}, "preflight": {"rows": 2},
+        "roles": {"memory": {"model": str(tiny_model_dir)}},
+    }))
+    proc = snakemake(workflow_dir, "--configfile", "outcome.yaml", "--allowed-rules", "preflight", "--",
+                     "results/t/train/preflight.json")
+    assert "judge_server" not in proc.stdout + proc.stderr
+    report = json.loads((run / "train" / "preflight.json").read_text())
+    assert report["judge"]["skipped"] == "reward.mode outcome asks no judge" and report["judge"]["candidates"] == 6
+    assert not (run / "judge").exists()
+
+
+@pytest.mark.slow
 def test_workflow_runs_judge_service_and_preflight(workflow_dir, tiny_model_dir):
     """Real snakemake: the judge_server service starts our CPU server with a tiny model, preflight waits on
     its health and scores rows. The random tiny model gives no usable reward: with on_problem fail the run
