@@ -197,3 +197,76 @@ def test_shipped_templates_put_fixed_text_before_patient_data(prompts, tiny_back
         for p in patients
     ]
     assert len(os.path.commonprefix(predictions)) > 200 + len(prompts.prediction.system)
+
+
+EXAMPLE_PROMPTS = """
+version: 1
+initial_memory: none
+visit_sections: [chief_complaint]
+prediction: {system: "Answer with JSON only.", user: "Visit: {{visit}}"}
+evaluation: {user: "Predicted {{prediction}}; truth {{ground_truth}}"}
+memory_update:
+  system: Keep a list of conditions.
+  examples:
+    - user: "Old list: asthma"
+      assistant: '{"evolving_summary": "asthma"}'
+  user: "Old list: {{memory}} | {{visit}}"
+"""
+
+
+def test_example_turns_come_before_the_question_and_reach_the_memory_model(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(EXAMPLE_PROMPTS)
+    prompts = load_prompts(path)
+    sent = []
+
+    class Recording(ScriptedBackend):
+        def generate(self, conversations, temperature, top_p, max_tokens, seeds=None):
+            sent.extend(conversations)
+            return super().generate(conversations, temperature, top_p, max_tokens, seeds)
+
+    roles = {
+        "prediction": Role("prediction", ScriptedBackend('{"top_5_diagnoses": ["x"], "primary_diagnosis": "x"}')),
+        "evaluation": Role("evaluation", ScriptedBackend('{"primary_correct": false, "any_top5_correct": false}')),
+        "memory": Role("memory", Recording('{"evolving_summary": "copd"}')),
+    }
+    results = run_forward(synthesize_cohort(1, seed=5), roles, prompts)
+    rec = results[0]["visits"][0]
+    # the system text joins the FIRST user turn (the policy prompt has no system message), the example
+    # answer is an assistant turn, the real question is the last user turn
+    assert [m["role"] for m in rec["update_messages"]] == ["user", "assistant", "user"]
+    assert rec["update_messages"][0]["content"] == "Keep a list of conditions.\n\nOld list: asthma"
+    assert rec["update_messages"][1]["content"] == '{"evolving_summary": "asthma"}'
+    assert rec["update_prompt"] == rec["update_messages"][-1]["content"]
+    assert rec["update_prompt"].startswith("Old list: none | ")
+    assert sent[0] == rec["update_messages"]
+    # the other roles keep their system message; examples of one role do not leak into another
+    assert [m["role"] for m in prompts.prediction.messages({"visit": "v"})] == ["system", "user"]
+
+
+def test_without_examples_the_policy_prompt_is_one_user_turn(prompts):
+    msgs = prompts.memory_update.policy_messages(
+        {"memory": "m", "visit": "v", "prediction": "p", "evaluation": "e", "missed_diagnoses": "none",
+         "visit_number": 1})
+    assert len(msgs) == 1 and msgs[0]["role"] == "user"
+    system = prompts.memory_update.system
+    assert msgs[0]["content"].startswith(system.strip() if system else prompts.memory_update.user.strip()[:40])
+
+
+@pytest.mark.parametrize("examples, problem", [
+    ('[{user: "Old list: {{memory}}", assistant: "{}"}]', r"memory_update.examples\[0\]: placeholders are not filled"),
+    ('[{user: "Old list: asthma"}]', r"memory_update.examples\[0\]: expected exactly a non-empty user and assistant"),
+    ('[{user: "a", assistant: "b", system: "c"}]', r"memory_update.examples\[0\]: expected exactly"),
+    ('{user: "a", assistant: "b"}', r"memory_update.examples: expected a list"),
+    ('[{user: "a", assistant: "  "}]', r"memory_update.examples\[0\]"),
+])
+def test_bad_examples_are_one_line_naming_file_and_key(tmp_path, examples, problem):
+    path = tmp_path / "bad.yaml"
+    path.write_text(EXAMPLE_PROMPTS.replace(
+        """  examples:
+    - user: "Old list: asthma"
+      assistant: '{"evolving_summary": "asthma"}'
+""", f"  examples: {examples}\n"))
+    with pytest.raises(InputError, match=problem) as err:
+        load_prompts(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)

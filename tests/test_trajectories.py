@@ -70,7 +70,7 @@ def test_parquet_columns_and_types_match_design(dumped):
     for i, row in enumerate(rows):
         assert row["data_source"] == "llm_as_rnn_memory_update" and row["ability"] == "clinical_summary"
         assert row["reward_model"]["style"] == "rubric"
-        assert len(row["prompt"]) == 1 and row["prompt"][0]["role"] == "user"
+        assert len(row["prompt"]) == 1 and row["prompt"][0]["role"] == "user"  # llmrnn.yaml has no examples
         assert row["extra_info"]["index"] == i and row["extra_info"]["split"] == "val"
         step = json.loads(row["reward_model"]["ground_truth"])
         assert set(trajectories.TRAJECTORY_STEP_KEYS) <= set(step)

@@ -5,7 +5,10 @@ A template file holds `initial_memory` (h_0, no model call), `visit_sections` + 
 (prediction, evaluation, memory_update), `system` (optional) and `user` with {{placeholders}}, and for
 prediction/evaluation an optional `response_prefix`: the start of the answer (e.g. '{"top_5_diagnoses": ["'),
 sent as a final assistant message that the engine continues; small models then keep to the JSON format.
-memory_update takes no prefix: its prompt is the policy's training prompt.
+memory_update takes no prefix: its prompt is the policy's training prompt. Any role may give `examples`:
+worked examples as earlier chat turns [{user, assistant}, ...] (literal text, no placeholders). A 135M
+instruct model follows a format shown as a previous answer far more often than one described in the
+same turn (measured in config/prompts/demo.yaml).
 Rendering fills exactly the placeholders a role is allowed; an unknown one is an InputError naming the
 file and role.
 """
@@ -34,15 +37,31 @@ class Template:
     user: str
     system: str | None = None
     response_prefix: str | None = None  # the answer starts with this text (the model continues it)
+    examples: tuple[tuple[str, str], ...] = ()  # (user, assistant) turns shown before the real question
+
+    def _example_turns(self) -> list[dict[str, str]]:
+        return [{"role": role, "content": text.strip()}
+                for user, answer in self.examples for role, text in (("user", user), ("assistant", answer))]
 
     def messages(self, values: dict[str, Any], with_prefix: bool = True) -> list[dict[str, str]]:
         def fill(text: str) -> str:
             return PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), text)
 
         msgs = [{"role": "system", "content": fill(self.system)}] if self.system else []
+        msgs += self._example_turns()
         msgs.append({"role": "user", "content": fill(self.user).strip()})
         if self.response_prefix and with_prefix:
             msgs.append({"role": "assistant", "content": self.response_prefix})
+        return msgs
+
+    def policy_messages(self, values: dict[str, Any]) -> list[dict[str, str]]:
+        """The memory head's prompt (a training row's `prompt`): the example turns, then the question;
+        the system text is folded into the first user turn, so the policy prompt has no system message
+        (as before examples existed: one user turn when there are none)."""
+        msgs = self.messages(values, with_prefix=False)
+        if msgs and msgs[0]["role"] == "system":
+            system = msgs.pop(0)["content"]
+            msgs[0] = {"role": "user", "content": "\n\n".join(t for t in (system, msgs[0]["content"]) if t.strip())}
         return msgs
 
 
@@ -90,6 +109,7 @@ def _template(data: dict, role: str, source: str) -> Template:
             f"{source}: memory_update.response_prefix: not allowed; the memory prompt is the policy's training "
             "prompt and the policy must write the whole JSON itself"
         )
+    examples = _examples(node.get("examples"), role, source)
     for part in (node["user"], system or ""):
         for name in PLACEHOLDER.findall(part):
             if name not in ROLE_PLACEHOLDERS[role]:
@@ -97,7 +117,27 @@ def _template(data: dict, role: str, source: str) -> Template:
                     f"{source}: {role}: unknown placeholder {{{{{name}}}}}; allowed: "
                     f"{', '.join(sorted(ROLE_PLACEHOLDERS[role]))}"
                 )
-    return Template(user=node["user"], system=system, response_prefix=prefix)
+    return Template(user=node["user"], system=system, response_prefix=prefix, examples=examples)
+
+
+def _examples(value: Any, role: str, source: str) -> tuple[tuple[str, str], ...]:
+    """`examples`: a list of {user, assistant} texts, literal (a placeholder there is a mistake)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise InputError(f"{source}: {role}.examples: expected a list of {{user, assistant}} turns")
+    out = []
+    for i, ex in enumerate(value):
+        texts = [ex.get(k) if isinstance(ex, dict) else None for k in ("user", "assistant")]
+        if not isinstance(ex, dict) or set(ex) != {"user", "assistant"} or not all(
+                isinstance(t, str) and t.strip() for t in texts):
+            raise InputError(f"{source}: {role}.examples[{i}]: expected exactly a non-empty user and assistant text")
+        for text in texts:
+            if PLACEHOLDER.search(text):
+                raise InputError(f"{source}: {role}.examples[{i}]: placeholders are not filled in examples "
+                                 f"({PLACEHOLDER.search(text).group(0)}); write the example out")
+        out.append((texts[0], texts[1]))
+    return tuple(out)
 
 
 def load_prompts(path: str | Path) -> PromptSet:

@@ -168,11 +168,6 @@ def summary_text(h: str) -> str:
     return obj.get("evolving_summary", h) if isinstance(obj, dict) else str(h)
 
 
-def fold_messages(messages: list[dict]) -> str:
-    """System + user messages as one user text (the memory/policy prompt is a single user turn)."""
-    return "\n\n".join(m["content"] for m in messages if m["content"].strip())
-
-
 def run_forward(
     patients: Sequence[dict],
     roles: dict[str, Role],
@@ -188,8 +183,8 @@ def run_forward(
 
     {"patient_id": str, "n_visits": int, "visits": [record per processed visit]} where a record holds
     visit_index, visit_id, ground_truth, h_prev, prediction(_raw/_ok/_parse), evaluation(_raw/_ok/_parse/
-    _source), and for memory updates update_prompt, memory_raw, memory_ok, memory_parse, memory_fallback,
-    h_new, memory_words. Visits 0..last_visit(p) are processed (default: all); the memory update runs for
+    _source), and for memory updates update_messages (the policy prompt), update_prompt (its question),
+    memory_raw, memory_ok, memory_parse, memory_fallback, h_new, memory_words. Visits 0..last_visit(p) are processed (default: all); the memory update runs for
     t < last (and at the last visit too when update_last). `stats` (if given) is filled with calls per
     role and step, outputs and unparsable counts per role.
     """
@@ -324,7 +319,7 @@ class _ForwardRun:
                if self.memory == "rnn" and (t < s["last"] or self.update_last)]
         convs = []
         for s, r in upd:
-            msgs = self.prompts.memory_update.messages({
+            msgs = self.prompts.memory_update.policy_messages({
                 "memory": r["_memory_text"],
                 "visit": r["_visit_text"],
                 "prediction": show_json(r["prediction"] or EMPTY_PREDICTION),
@@ -333,8 +328,10 @@ class _ForwardRun:
                 "missed_diagnoses": "; ".join(map(str, r["evaluation"].get("missed_diagnoses") or [])) or "none",
                 "visit_number": t + 1,
             })
-            r["update_prompt"] = fold_messages(msgs)
-            convs.append([{"role": "user", "content": r["update_prompt"]}])
+            # the policy's prompt (a training row's `prompt`); the question alone for the judge's rubric
+            r["update_messages"] = msgs
+            r["update_prompt"] = msgs[-1]["content"]
+            convs.append(msgs)
         for (s, r), raw in zip(upd, self.call("memory", convs, [(s["pid"], t) for s, _ in upd])):
             summary, method = jsonparse.parse_memory(raw)
             ok = summary is not None

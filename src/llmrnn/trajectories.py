@@ -137,7 +137,7 @@ def trajectory_rows(split: str, patients: list[dict], results: list[dict]) -> li
                 },
             }
             rows.append({
-                "prompt": [{"role": "user", "content": cur["update_prompt"]}],
+                "prompt": cur["update_messages"],
                 "data_source": DATA_SOURCE,
                 "ability": ABILITY,
                 "reward_model": {"style": REWARD_STYLE, "ground_truth": json.dumps(step, ensure_ascii=False)},
