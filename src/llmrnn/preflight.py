@@ -133,7 +133,8 @@ def _score_references(scorer, rows: list[dict]) -> tuple[list[dict], float]:
 
 
 def _reward_stats(scorer, rows: list[dict], results: list[dict], elapsed: float) -> tuple[dict, list[str]]:
-    """What any reward mode reports about the reference candidates' rewards, and its spread problems."""
+    """What any reward mode reports about the reference candidates' rewards, and the problem of no
+    candidate being a memory at all (the spread problem is _spread_problem's)."""
     methods = Counter(r["parse_method"] for r in results)
     rewards = [float(r["score"]) for r in results]
     distinct = sorted({round(x, 4) for x in rewards})
@@ -211,7 +212,7 @@ def judge_checks(scorer, rows: list[dict], cfg: PreflightConfig) -> tuple[dict, 
         "http_calls": scorer.counts["http_calls"],
         "cache_hits": scorer.counts["cache_hits"],
     }
-    if judged and fallback_rate is not None and fallback_rate > cfg.max_fallback_rate:
+    if fallback_rate is not None and fallback_rate > cfg.max_fallback_rate:
         sample = next((r for r in results if r["parse_method"] == "fallback"), None)
         example = ""
         if sample is not None:
