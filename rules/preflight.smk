@@ -16,11 +16,14 @@ rule preflight:
         audit=directory(f"{RUN}/train/preflight_audit"),
     log:
         f"{LOGS}/preflight.log",
+    # on the training path: before the base model's eval shards
+    priority: 10
     conda:
         conda_env("cpu")
-    # 0: preflight mostly waits on the judge; it shares the service group with train_grpo, whose cores
-    # count (llmrnn runs a 0-thread job single-threaded: cli.sanitize_thread_env).
-    threads: 0
+    # Beside the judge service (one group; Snakemake sums a service group's cores) preflight mostly waits on
+    # the judge: 0 (llmrnn runs a 0-thread job single-threaded: cli.sanitize_thread_env). Without a judge it
+    # computes: a core of its own (with 0 it ran beside two eval shards on the demo's 2 cores: 53 s, not ~5).
+    threads: 0 if judge_needed() else 1
     params:
         endpoint=endpoint_arg,
         cfg=preflight_cfg(),

@@ -17,6 +17,8 @@ rule train_grpo:
         summary=f"{RUN}/train/summary.json",
     log:
         f"{LOGS}/train_grpo.log",
+    # on the training path: before the base model's eval shards, which only the report waits for
+    priority: 10
     conda:
         conda_env("train")
     threads: train_threads()

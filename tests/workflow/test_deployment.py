@@ -49,9 +49,9 @@ def _conda_envs(workflow_dir, monkeypatch, *args: str) -> set[str]:
 
 
 def test_eval_shard_gets_the_vllm_env_when_the_roles_use_vllm(workflow_dir, monkeypatch):
-    from tests.slurm.test_profile import _prepare_reproduce_inputs
+    from tests.slurm.dag import prepare_reproduce_inputs
 
-    _prepare_reproduce_inputs(workflow_dir)
+    prepare_reproduce_inputs(workflow_dir)
     shard = "results/phase1_v2judge_repro/eval/base/shard_0.jsonl"  # upstream: split (data), models (cpu)
     assert _conda_envs(workflow_dir, monkeypatch, "--configfile", "config/reproduce.yaml", "--", shard) == {
         "envs/data.yaml", "envs/cpu.yaml", "envs/vllm.yaml"}
