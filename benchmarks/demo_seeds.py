@@ -43,9 +43,21 @@ def seed_run(seed: int, cores: int) -> tuple[str, float]:
     return run, time.time() - t0
 
 
+def train_rows(run: str) -> list[dict]:
+    return [json.loads(x) for x in (REPO / "results" / run / "train" / "metrics.jsonl").read_text().splitlines()]
+
+
 def val_curve(run: str) -> list[float]:
-    rows = [json.loads(x) for x in (REPO / "results" / run / "train" / "metrics.jsonl").read_text().splitlines()]
-    return [r["val_reward_mean"] for r in rows if r.get("val_reward_mean") is not None]
+    return [r["val_reward_mean"] for r in train_rows(run) if r.get("val_reward_mean") is not None]
+
+
+def truncation(run: str) -> str:
+    """Rollouts cut at max_response_length: mean over the training steps, and at the last validation."""
+    rows = train_rows(run)
+    train = [r["truncation_rate"] for r in rows if r.get("kind") == "train" and r.get("truncation_rate") is not None]
+    val = [r["val_truncation_rate"] for r in rows if r.get("val_truncation_rate") is not None]
+    mean = sum(train) / len(train) if train else float("nan")
+    return f"truncated: train mean {mean:.0%}, val last {val[-1] if val else float('nan'):.0%}"
 
 
 def main() -> None:
@@ -64,7 +76,7 @@ def main() -> None:
             f"seed {seed}: memory recall base {mr['a']:.3f} trained {mr['b']:.3f} diff {mr['diff']:+.3f} "
             f"[95% CI {mr['ci95'][0]:+.3f}, {mr['ci95'][1]:+.3f}] Wilcoxon p {mr['wilcoxon']['p_value']:.4f} "
             f"(n = {mr['n_pairs']}); val reward {val[0] if val else float('nan'):.3f} -> "
-            f"{val[-1] if val else float('nan'):.3f}; run {wall:.0f} s",
+            f"{val[-1] if val else float('nan'):.3f}; {truncation(run)}; run {wall:.0f} s",
             flush=True,
         )
 
