@@ -24,8 +24,8 @@ demo: $(STAMP)
 # `make test`: every unit and workflow test except the whole-workflow runs marked e2e (real SLURM, the
 # rerun table's full run) and the real-vLLM tests marked vllm (their venv takes minutes to build);
 # `make test-e2e` builds that venv and runs both; .ci/run runs `make test` then it. Measured 2026-11-23
-# from a fresh clone on 2 quiet cores: .ci/run 28 min 20 s; make test 7 min 36 s, make test-e2e 12 min 21 s
-# (+ its venv), make test-gpu-stack 1 min 24 s.
+# from a fresh clone on 2 quiet cores: .ci/run 28 min 49 s; make test 8 min 27 s, make test-e2e 11 min 50 s
+# (+ its venv), make test-gpu-stack 1 min 38 s.
 test: $(STAMP) verl-envs
 	$(RUNENV) pytest -x -q --timeout 3600 --durations 15 -m "not e2e and not vllm" tests
 
