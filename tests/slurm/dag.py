@@ -23,6 +23,7 @@ EXTRA_PARTS = ["envs", "scripts"]
 _RULE = re.compile(r"^\s*(?:local)?rule (\w+):\s*$")  # group members are indented
 _JOBID = re.compile(r"^\s+jobid: (\d+)\s*$")
 _RES = re.compile(r"^\s+resources: (.*)$")
+_INT_FIELD = re.compile(r"^\s+(threads|priority): (\d+)$")  # printed only when not the default (1, 0)
 
 
 @dataclass
@@ -31,6 +32,8 @@ class DryJob:
     jobid: int | None = None
     resources: dict[str, str] = field(default_factory=dict)
     shell: str | None = None
+    threads: int = 1
+    priority: int = 0
 
 
 def parse_dry_run(text: str) -> list[DryJob]:
@@ -47,6 +50,8 @@ def parse_dry_run(text: str) -> list[DryJob]:
             continue
         if (m := _JOBID.match(line)) and current.jobid is None:
             current.jobid = int(m.group(1))
+        elif m := _INT_FIELD.match(line):
+            setattr(current, m.group(1), int(m.group(2)))
         elif m := _RES.match(line):
             for item in m.group(1).split(", "):
                 key, _, value = item.partition("=")

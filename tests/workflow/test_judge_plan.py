@@ -15,9 +15,25 @@ JUDGE_RULES = {"judge_server", "prepare_judge_model"}
 
 def _plan(workflow_dir, *configfiles: str) -> tuple[dict[str, int], dict[str, str]]:
     """(rule -> job count, rule -> shell command) of a dry run of `all`."""
+    counts, jobs = _plan_jobs(workflow_dir, *configfiles)
+    return counts, {rule: j.shell or "" for rule, j in jobs.items()}
+
+
+def _plan_jobs(workflow_dir, *configfiles: str):
     proc = snakemake(workflow_dir, "-n", "-p", "all", "--configfile", *configfiles)
     text = proc.stdout + proc.stderr
-    return job_counts(text), {j.rule: j.shell or "" for j in parse_dry_run(text)}
+    return job_counts(text), {j.rule: j for j in parse_dry_run(text)}
+
+
+def test_training_path_jobs_come_first_and_preflight_gets_a_core_without_a_judge(workflow_dir):
+    """On 2 cores preflight took 53 s squeezed beside two base eval shards (0 threads), 6 s with a core of
+    its own and priority; beside a judge service it must stay at 0 (Snakemake sums a service group's cores)."""
+    _, jobs = _plan_jobs(workflow_dir, "config/config.yaml")
+    assert jobs["preflight"].threads == 1 and jobs["preflight"].priority == 10
+    assert jobs["train_grpo"].priority == 10 and jobs["eval_shard"].priority == 0
+    extra = _override(workflow_dir, "scalar.yaml", {"reward": {"mode": "scalar"}})
+    _, jobs = _plan_jobs(workflow_dir, "config/config.yaml", extra)
+    assert jobs["preflight"].threads == 0 and jobs["judge_server"].threads == 0
 
 
 def _override(workflow_dir, name: str, cfg: dict) -> str:
