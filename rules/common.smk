@@ -244,15 +244,18 @@ def preflight_judge_input(wildcards):
     """Preflight's judge inputs: the endpoint and the rubric it checks, when the reward asks the judge."""
     if not judge_needed():
         return {}
-    return {
-        "endpoint": rules.judge_server.output.endpoint,
-        "rubric": config["judge"]["rubric"],
-    }
+    return {**judge_endpoint_input(wildcards), "rubric": config["judge"]["rubric"]}
 
 
-def endpoint_arg(wildcards, input):
-    """["--endpoint", endpoint.json] when the job has a judge input, else [] (outcome mode asks none)."""
-    return ["--endpoint", input.endpoint] if "endpoint" in input.keys() else []
+def input_flag(flag, name):
+    """A params function: [flag, the job's input `name`] when the job has that optional (unpacked) input,
+    else [] (e.g. --endpoint only when the reward asks the judge); a list, so `{params.x:q}` quotes it.
+    """
+
+    def arg(wildcards, input):
+        return [flag, input[name]] if name in input.keys() else []
+
+    return arg
 
 
 def train_judge_gpus():
@@ -526,11 +529,6 @@ def release_rubric_input(wildcards):
     return {}
 
 
-def rubric_arg(wildcards, input):
-    """["--rubric", rubric.yaml] when release has a rubric input, else []."""
-    return ["--rubric", input.rubric] if "rubric" in input.keys() else []
-
-
 def release_split_format():
     """--split-format of `llmrnn release build`: [] (cohort, the CLI's default) or qa; a list for :q."""
     return ["--split-format", "qa"] if recipe_is("qa") else []
@@ -611,20 +609,6 @@ def qa_train_cfg():
     reward["fluency_model"] = model_dir_of(qa_model_input())
     reward["rubric"] = reward.get("rubric") or config["judge"]["rubric"]
     return json.dumps({"train": config["train"], "reward": reward}, sort_keys=True)
-
-
-def qa_judge_input(wildcards):
-    """The judge service when the judge reward is on (else GRPO needs no judge)."""
-    return (
-        {"endpoint": f"{RUN}/judge/endpoint.json"}
-        if config["qa"]["reward"]["weights"]["judge"]
-        else {}
-    )
-
-
-def qa_endpoint_param(wildcards, input):
-    """--endpoint of GRPO: the judge's endpoint.json when the judge reward is on, else "" (none)."""
-    return input.endpoint if "endpoint" in input.keys() else ""
 
 
 def qa_variants():

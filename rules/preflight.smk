@@ -25,7 +25,7 @@ rule preflight:
     # computes: a core of its own (with 0 it ran beside two eval shards on the demo's 2 cores: 53 s, not ~5).
     threads: 0 if judge_needed() else 1
     params:
-        endpoint=endpoint_arg,
+        endpoint=input_flag("--endpoint", "endpoint"),
         cfg=preflight_cfg(),
         code=code_hash(
             "llmrnn.preflight",

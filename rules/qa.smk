@@ -126,7 +126,7 @@ rule qa_preflight:
 
 rule qa_train_grpo:
     input:
-        unpack(qa_judge_input),
+        unpack(judge_endpoint_input),
         train=rules.qa_data.output.train_parquet,
         val=rules.qa_data.output.val_parquet,
         preflight=rules.qa_preflight.output.report,
@@ -149,7 +149,7 @@ rule qa_train_grpo:
         # checkpoints/, state/, samples/ beside the outputs (kept across reruns so a killed run resumes)
         work=lambda w, output: os.path.dirname(output.metrics),
         cfg=qa_train_cfg(),
-        endpoint=qa_endpoint_param,
+        endpoint=input_flag("--endpoint", "endpoint"),
         code=code_hash(
             "llmrnn.train",
             "llmrnn.train.checkpoints",
@@ -164,7 +164,7 @@ rule qa_train_grpo:
         "llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
         "--model {input.model:q} --work-dir {params.work:q} --adapter {output.adapter:q} "
         "--metrics {output.metrics:q} --summary {output.summary:q} --preflight {input.preflight:q} "
-        "--endpoint {params.endpoint:q} --reward-func llmrnn.qa.rewards:trl_reward_func 2> {log:q}"
+        "{params.endpoint:q} --reward-func llmrnn.qa.rewards:trl_reward_func 2> {log:q}"
 
 
 rule qa_eval_model:

@@ -22,7 +22,7 @@ rule release:
     params:
         cfg=release_cfg_json(),
         split_format=release_split_format(),
-        rubric=rubric_arg,
+        rubric=input_flag("--rubric", "rubric"),
         code=code_hash(
             "llmrnn.release", "llmrnn.phi_guard", "llmrnn.upload", "llmrnn.qa.data"
         ),

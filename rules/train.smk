@@ -34,7 +34,7 @@ rule train_grpo:
         # preflight: its max_fallback_rate/fallback_window also guard the reward during training
         cfg=cfg_json("train", "reward", "preflight"),
         judge_gpus=train_judge_gpus(),
-        endpoint=endpoint_arg,
+        endpoint=input_flag("--endpoint", "endpoint"),
         code=code_hash(
             "llmrnn.train",
             "llmrnn.train.checkpoints",

@@ -140,7 +140,7 @@ def register(sub) -> None:
     r.add_argument("--adapter", required=True, help="output: the LoRA adapter folder")
     r.add_argument("--metrics", required=True, help="output: metrics.jsonl (one row per step)")
     r.add_argument("--summary", required=True, help="output: summary.json (steps, resume point, rows)")
-    # nargs="?": a rule whose judge is optional (recipe qa) passes an empty, quoted value for "no judge"
+    # nargs="?": an empty value means "no judge", as leaving the flag out does (the rules leave it out)
     r.add_argument("--endpoint", nargs="?", const=None, default=None,
                    help="judge endpoint.json (RUN/judge/endpoint.json); not needed when reward.mode is outcome")
     r.add_argument("--preflight", default=None, help="preflight.json that must say ok")
