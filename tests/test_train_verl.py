@@ -207,11 +207,10 @@ FAKE_SCORING_MAIN_PPO = textwrap.dedent(
 )
 
 
-def test_verl_run_stops_with_the_reason_the_reward_left(tmp_path, monkeypatch):
-    """The reward's fallback guard trips inside a (stand-in) verl worker: the run fails naming the reason,
-    and the steps before it carry their judge_fallback_rate from compute_score's numeric flags."""
-    from llmrnn.reward import ENV_GUARD, guard_env
-    from tests.judge_helpers import ScriptedJudge, make_step, write_endpoint, write_rubric
+def install_scoring_verl(tmp_path, monkeypatch) -> None:
+    """A stand-in `verl.trainer.main_ppo` (FAKE_SCORING_MAIN_PPO, named as a fake: no GPU here) first on
+    PYTHONPATH, scoring one real TrajectoryStep through llmrnn.reward."""
+    from tests.judge_helpers import make_step
 
     fake_dir = tmp_path / "fake"
     (fake_dir / "verl" / "trainer").mkdir(parents=True)
@@ -220,6 +219,15 @@ def test_verl_run_stops_with_the_reason_the_reward_left(tmp_path, monkeypatch):
     (fake_dir / "verl" / "trainer" / "main_ppo.py").write_text(FAKE_SCORING_MAIN_PPO)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake_dir), str(REPO / "src")]))
     monkeypatch.setenv("FAKE_GROUND_TRUTH", json.dumps(make_step()))
+
+
+def test_verl_run_stops_with_the_reason_the_reward_left(tmp_path, monkeypatch):
+    """The reward's fallback guard trips inside a (stand-in) verl worker: the run fails naming the reason,
+    and the steps before it carry their judge_fallback_rate from compute_score's numeric flags."""
+    from llmrnn.reward import ENV_GUARD, guard_env
+    from tests.judge_helpers import ScriptedJudge, write_endpoint, write_rubric
+
+    install_scoring_verl(tmp_path, monkeypatch)
     monkeypatch.setenv(ENV_GUARD, guard_env(0.5, 8)[ENV_GUARD])
     monkeypatch.setattr(verl_cmd, "POLL_S", 0.05)
     train = write_parquet(tmp_path / "train.parquet", make_rows(8))
@@ -241,15 +249,8 @@ def test_verl_reward_workers_score_outcome_mode_without_an_endpoint(tmp_path, mo
     """reward.mode outcome: the verl command carries no endpoint and its (stand-in) reward workers score
     through compute_score with only the audit dir and LLMRNN_REWARD_CFG, asking no judge."""
     from llmrnn.reward import ENV_CFG, ENV_ENDPOINT
-    from tests.judge_helpers import make_step
 
-    fake_dir = tmp_path / "fake"
-    (fake_dir / "verl" / "trainer").mkdir(parents=True)
-    (fake_dir / "verl" / "__init__.py").write_text("")
-    (fake_dir / "verl" / "trainer" / "__init__.py").write_text("")
-    (fake_dir / "verl" / "trainer" / "main_ppo.py").write_text(FAKE_SCORING_MAIN_PPO)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake_dir), str(REPO / "src")]))
-    monkeypatch.setenv("FAKE_GROUND_TRUTH", json.dumps(make_step()))
+    install_scoring_verl(tmp_path, monkeypatch)
     monkeypatch.setenv(ENV_CFG, json.dumps({"mode": "outcome"}))  # as `train run` sets it from --cfg
     monkeypatch.delenv(ENV_ENDPOINT, raising=False)
     monkeypatch.setattr(verl_cmd, "POLL_S", 0.05)

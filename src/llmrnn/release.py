@@ -128,7 +128,9 @@ def metrics_summary(path: str | Path | None) -> dict:
 
 def outcome_reward(knobs: dict) -> bool:
     """The memory head trained with reward.mode outcome: no judge scored a rollout (the card says so)."""
-    return knobs.get("recipe") != "qa" and (knobs.get("reward") or {}).get("mode") == "outcome"
+    from llmrnn.reward import asks_judge
+
+    return knobs.get("recipe") != "qa" and not asks_judge(knobs)
 
 
 def rubric_info(path: str | Path | None) -> dict:
