@@ -193,9 +193,8 @@ def judge_checks(scorer, rows: list[dict], cfg: PreflightConfig) -> tuple[dict, 
     """Score the candidates of every row with the judge; return (judge report, problems)."""
     results, elapsed = _score_references(scorer, rows)
     stats, problems = _reward_stats(scorer, rows, results, elapsed)
-    methods = Counter(r["parse_method"] for r in results)
     judged = [r for r in results if r["valid_json"]]
-    fallbacks = methods.get("fallback", 0)
+    fallbacks = stats["parse_methods"].get("fallback", 0)
     fallback_rate = fallbacks / len(judged) if judged else None
     latencies = [r["judge_latency_s"] for r in results if r["judge_calls"] and not r["cache_hits"]]
     truncated = sum(r.get("truncated_calls", 0) for r in results)
