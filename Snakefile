@@ -1,9 +1,23 @@
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
+
+from llmrnn.runconfig import layer_problems, snakemake_layers, write_run_config
 
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The embedded CPU demo is the config only when the command line names none: `--configfile F` (and a
+# profile's `configfile:`) runs F alone over the schema's defaults, never F layered on the demo.
+# Layer on the demo by naming it first: --configfile config/config.yaml F (config/README.md).
+if not workflow.config_settings.configfiles:
+
+    configfile: "config/config.yaml"
+
+
+# The layers this run reads (config files, then --config values); they never cross recipes.
+CONFIG_LAYERS = snakemake_layers(workflow.configfiles, workflow.config_settings.config)
+if layer_problems(CONFIG_LAYERS):
+    raise WorkflowError(layer_problems(CONFIG_LAYERS)[0])
 
 
 report: "workflow/report/workflow.rst"
@@ -62,3 +76,8 @@ rule all:
 rule eval_heldout:
     input:
         eval_heldout_targets(),
+
+
+# Every run records what it runs: RUN/config.yaml, each value with its source (`llmrnn config show`).
+onstart:
+    write_run_config(f"{RUN}/config.yaml", config, CONFIG_LAYERS)

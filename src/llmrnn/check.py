@@ -48,6 +48,7 @@ def load_config(paths: list[Path], schema_path: Path = SCHEMA) -> tuple[dict, li
 
     problems: list[str] = []
     config: dict = {}
+    layers: list[tuple[str, dict]] = []
     for path in paths:
         try:
             data = yaml.safe_load(Path(path).read_text()) or {}
@@ -61,6 +62,10 @@ def load_config(paths: list[Path], schema_path: Path = SCHEMA) -> tuple[dict, li
             problems.append(f"config: {path} must be a YAML mapping")
             continue
         config = deep_merge(config, data)
+        layers.append((str(path), data))
+    from llmrnn.runconfig import layer_problems
+
+    problems += layer_problems(layers)  # config layers never cross recipes
     try:
         schema = yaml.safe_load(Path(schema_path).read_text())
     except FileNotFoundError:
@@ -409,10 +414,10 @@ def run_checks(config_paths: list[Path]) -> dict:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    # like the Snakefile: config/config.yaml first, the given files layered over it
-    given = [Path(p) for p in args.configfile or []]
-    paths = given if DEFAULT_CONFIG in given else [DEFAULT_CONFIG, *given]
-    report = run_checks(paths)
+    # like the Snakefile: the given files alone, config/config.yaml only when none is given
+    from llmrnn.runconfig import configfiles_for
+
+    report = run_checks(configfiles_for(args.configfile))
     if args.out:
         from llmrnn.io import write_json
 
@@ -434,6 +439,6 @@ def register(sub) -> None:
         description=__doc__.splitlines()[0],
     )
     p.add_argument("--configfile", nargs="*", default=[],
-                   help="config files layered over config/config.yaml, as snakemake --configfile does")
+                   help="config files layered in order, as snakemake --configfile; none: config/config.yaml")
     p.add_argument("--out", help="also write the report as JSON")
     p.set_defaults(func=_cmd_check)

@@ -29,6 +29,7 @@ STAGE_MODULES = [
     "llmrnn.evaluate",
     "llmrnn.report",
     "llmrnn.check",
+    "llmrnn.runconfig",
     "llmrnn.gpus",
     "llmrnn.qa",
     "llmrnn.chat",
