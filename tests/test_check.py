@@ -43,7 +43,7 @@ def test_all_problems_listed_at_once(in_workflow, tmp_path, capsys):
         "release": {"upload": True, "repo_id": "not a repo"},      # no token, bad repo id
     })
     out = tmp_path / "report.json"
-    assert main(["check", "--configfile", override, "--out", str(out)]) == 1
+    assert main(["check", "--configfile", "config/config.yaml", override, "--out", str(out)]) == 1
     err = capsys.readouterr().err
     report = json.loads(out.read_text())
     assert report["ok"] is False
@@ -151,7 +151,7 @@ def test_check_target_in_the_workflow(workflow_dir, monkeypatch):
     assert "llmrnn check: OK" in (workflow_dir / "logs" / "demo" / "check.log").read_text()
     bad = workflow_dir / "config" / "bad.yaml"
     bad.write_text(yaml.safe_dump({"release": {"upload": True}}))
-    proc = snakemake(workflow_dir, "check", "--configfile", "config/bad.yaml", check=False)
+    proc = snakemake(workflow_dir, "check", "--configfile", "config/config.yaml", "config/bad.yaml", check=False)
     assert proc.returncode != 0
     assert "HF_TOKEN" in (workflow_dir / "logs" / "demo" / "check.log").read_text()
 

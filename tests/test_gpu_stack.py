@@ -89,7 +89,7 @@ def test_check_in_a_real_verl_env(python, workflow_dir, tmp_path):
     over.write_text(yaml.safe_dump({"train": {"engine": "verl"}}))
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), HF_HUB_OFFLINE="1")
     env.pop("LLMRNN_TRAIN_NODES", None)
-    proc = subprocess.run([str(python), "-m", "llmrnn.cli", "check", "--configfile", str(over)], cwd=workflow_dir,
+    proc = subprocess.run([str(python), "-m", "llmrnn.cli", "check", "--configfile", "config/config.yaml", str(over)], cwd=workflow_dir,
                           capture_output=True, text=True, env=env, timeout=600, check=False)
     refused = [line for line in proc.stderr.splitlines() if f"verl {version} is installed here" in line]
     if version.startswith("0.7"):

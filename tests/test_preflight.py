@@ -175,7 +175,7 @@ def test_workflow_preflight_without_a_judge_in_outcome_mode(workflow_dir, tiny_m
         "reward": {"mode": "outcome"}, "preflight": {"rows": 2},
         "roles": {"memory": {"model": str(tiny_model_dir)}},
     }))
-    proc = snakemake(workflow_dir, "--configfile", "outcome.yaml", "--allowed-rules", "preflight", "--",
+    proc = snakemake(workflow_dir, "--configfile", "config/config.yaml", "outcome.yaml", "--allowed-rules", "preflight", "--",
                      "results/t/train/preflight.json")
     assert "judge_server" not in proc.stdout + proc.stderr
     report = json.loads((run / "train" / "preflight.json").read_text())
@@ -202,7 +202,7 @@ def test_workflow_runs_judge_service_and_preflight(workflow_dir, tiny_model_dir)
             "reward": {"mode": "scalar"},  # the judge's reward (the demo default, outcome, asks no judge)
             "roles": {"memory": {"model": str(tiny_model_dir)}},  # the policy whose tokenizer training checks use
         }))
-        proc = snakemake(workflow_dir, "--configfile", f"{on_problem}.yaml", *args, check=False)
+        proc = snakemake(workflow_dir, "--configfile", "config/config.yaml", f"{on_problem}.yaml", *args, check=False)
         assert "judge healthy at http://127.0.0.1:" in log.read_text()
         assert _port_closed(log.read_text())  # the server did not outlive the workflow
         if on_problem == "fail":

@@ -15,8 +15,8 @@ from llmrnn import check
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = {
-    "demo": [REPO / "config/config.yaml", REPO / "config/qa_demo.yaml"],
-    "reproduce": [REPO / "config/config.yaml", REPO / "config/reproduce.yaml", REPO / "config/qa_reproduce.yaml"],
+    "demo": [REPO / "config/qa_demo.yaml"],  # each recipe file runs alone (llmrnn.runconfig)
+    "reproduce": [REPO / "config/qa_reproduce.yaml"],
 }
 
 

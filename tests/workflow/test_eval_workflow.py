@@ -43,7 +43,7 @@ def write_test_config(workdir, tiny, trained, **eval_overrides) -> str:
 
 def planned_jobs(workdir, configfile) -> dict[str, int]:
     """Job name -> count of a dry run of eval_heldout (default rerun triggers, params included)."""
-    out = snakemake(workdir, "eval_heldout", "-n", "--configfile", configfile).stdout
+    out = snakemake(workdir, "eval_heldout", "-n", "--configfile", "config/config.yaml", configfile).stdout
     if "Nothing to be done" in out:
         return {}
     table = out.split("Job stats:", 1)[1].split("total", 1)[0]
@@ -56,7 +56,7 @@ def test_eval_heldout_report_and_eval_only_reruns(workflow_dir, tiny_model_dir, 
 
     trained = build_tiny_model(tmp_path / "trained-tiny", seed=1)
     base_cfg = write_test_config(workflow_dir, tiny_model_dir, trained)
-    snakemake(workflow_dir, "eval_heldout", "--configfile", base_cfg)
+    snakemake(workflow_dir, "eval_heldout", "--configfile", "config/config.yaml", base_cfg)
 
     run = workflow_dir / "results/evaltest/eval"
     metrics = json.loads((run / "metrics.json").read_text())
@@ -77,7 +77,7 @@ def test_eval_heldout_report_and_eval_only_reruns(workflow_dir, tiny_model_dir, 
     for name in ("acc_bars.png", "acc_by_visit.png"):
         assert (run / "plots" / name).read_bytes().startswith(b"\x89PNG")
 
-    snakemake(workflow_dir, "eval_heldout", "--configfile", base_cfg, "--report", "report.html")
+    snakemake(workflow_dir, "eval_heldout", "--configfile", "config/config.yaml", base_cfg, "--report", "report.html")
     html = (workflow_dir / "report.html").read_text(errors="replace")
     for name in ("acc_bars.png", "acc_by_visit.png", "summary.tsv", "Held-out evaluation"):
         assert name in html, name
