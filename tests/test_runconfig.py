@@ -118,6 +118,7 @@ NEUTRAL_DEFAULTS = {
     "qa.split.val_size": "sizing", "qa.sft.epochs": "sizing", "qa.sft.batch_size": "sizing", "qa.eval.k": "sizing",
     "qa.reward.weights.exact_match": "the qa recipe's own reward", "qa.reward.weights.format": "the qa recipe's own reward",
     "qa.reward.weights.judge": "off: no judge unless asked",
+    "release.license": "the default open model's licence; the package's release defaults agree",
 }
 
 
@@ -144,7 +145,6 @@ def test_known_demo_values_are_not_schema_defaults():
     assert defaults["eval"]["max_visits"] is None and defaults["eval"]["max_patients"] is None
     assert defaults["train"]["trl"]["stop_at_json"] is False and defaults["train"]["kl"]["coef"] == 0.001
     assert defaults["judge"]["rubric"] == "config/rubrics/rubric_v2_rubricarm_scalar.yaml"  # not the SmolLM2 judge
-    assert defaults["release"]["license"] == "other"  # not the demo model's apache-2.0
 
 
 # ----------------------------------------------------------------------------- CLI
