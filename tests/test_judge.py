@@ -23,6 +23,7 @@ from llmrnn.rubric import load_rubric
 from tests.judge_helpers import (
     KEY,
     REPO,
+    RawReply,
     ScriptedJudge,
     chat_payload,
     endless_chunked_reply,
@@ -377,11 +378,24 @@ def test_a_consistent_answer_still_scores(tmp_path):
                                             / (math.exp(-0.2) + math.exp(-1.8)) / 9)
 
 
-@pytest.mark.parametrize("reply", ["trickle", "endless chunked"])
+def _trickled_headers(every_s: float) -> RawReply:
+    def write(h):
+        for byte in b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Pad: " + b"p" * 10_000:
+            try:
+                h.wfile.write(bytes([byte]))
+                h.wfile.flush()
+            except OSError:
+                return
+            time.sleep(every_s)
+    return RawReply(write)
+
+
+@pytest.mark.parametrize("reply", ["trickle", "trickled headers", "endless chunked"])
 def test_a_slow_or_endless_body_hits_the_whole_call_deadline(tmp_path, reply):
     """The timeout was per read: a byte every 0.4 s (or a chunk every 10 ms) kept a call alive for ever."""
     good = chat_payload("7", [_lp("7", -0.2, [("7", -0.2)])])
-    respond = trickle_reply(good, 0.4) if reply == "trickle" else endless_chunked_reply()
+    respond = {"trickle": lambda: trickle_reply(good, 0.4), "trickled headers": lambda: _trickled_headers(0.4),
+               "endless chunked": endless_chunked_reply}[reply]()
     with ScriptedJudge(lambda body: respond) as judge:
         t0 = time.monotonic()
         with pytest.raises(JudgeUnavailable, match="whole-call deadline of 1.5 s"):
@@ -406,8 +420,6 @@ def test_a_gzip_bomb_and_an_oversized_body_are_refused_at_the_cap(tmp_path):
 
 def test_a_compressed_answer_within_the_cap_is_read(tmp_path):
     import gzip
-
-    from tests.judge_helpers import RawReply
 
     data = gzip.compress(json.dumps(chat_payload("7", [_lp("7", -0.2, [("7", -0.2)])])).encode())
 

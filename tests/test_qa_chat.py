@@ -141,3 +141,13 @@ def test_compare_base_refuses_a_model_that_would_be_compared_with_itself(tmp_pat
     proc = _chat("--model", str(copy), "--compare", "base", stdin=b"hi\n")
     err = proc.stderr.decode().strip().splitlines()
     assert proc.returncode == 2 and len(err) == 1 and "has the same weights as its base" in err[0], err
+
+
+def test_compare_with_the_same_folder_and_a_non_utf8_system_prompt_are_refused(tmp_path, tiny_model_dir):
+    proc = _chat("--model", str(tiny_model_dir), "--compare", str(tiny_model_dir), stdin=b"hi\n")
+    assert proc.returncode == 2 and proc.stderr.decode().strip().splitlines() == [
+        f"llmrnn chat: error: --compare: {tiny_model_dir} is the model itself"]
+    proc = subprocess.run([os.fsencode(LLMRNN), b"chat", b"--model", os.fsencode(tmp_path), b"--system", b"caf\xe9"],
+                          input=b"", capture_output=True, check=False)
+    assert proc.returncode == 2 and proc.stderr.decode().strip().splitlines() == [
+        "llmrnn chat: error: --system: character 3: not UTF-8 text"]

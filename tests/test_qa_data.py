@@ -181,6 +181,9 @@ HOSTILE = {
                   "record 0: qid: expected text or a number, got dict"),
     "list group": ("qa.json", GOOD.replace('"pid": "p0"', '"pid": ["p", 0]', 1).encode(),
                    "pid: expected text or a number, got list"),
+    "5000-digit answer": ("qa.json", GOOD.replace('"a": "A"', '"a": ' + "7" * 5000, 1).encode(), "not JSON"),
+    "5000-digit answer jsonl": ("qa.jsonl", json.dumps(records()[0]).replace('"a": "A"', '"a": ' + "7" * 5000)
+                                .encode() + b"\n", "line 1: not JSON"),
     "boolean answer": ("qa.json", GOOD.replace('"a": "A"', '"a": true', 1).encode(), "a: expected text or a number"),
 }
 

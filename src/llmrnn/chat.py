@@ -65,17 +65,32 @@ def same_weights(a: Path, b: Path) -> bool:
     return all(io.sha256_file(a / name) == io.sha256_file(b / name) for name in files)
 
 
-def compare_base(model_dir: str | Path) -> Path:
-    """The base `--compare base` answers with; refused when that would be the model itself."""
+def compare_target(model_dir: str | Path, compare: str) -> Path:
+    """The model `--compare` answers with (`base`: the root of the merge chain); refused when that would
+    be the model itself (never merged, the same folder, or the same weights)."""
     model = Path(model_folder(model_dir))
-    base = Path(model_folder(resolve_base(model_dir)))
-    if model.resolve() == base.resolve():
-        raise InputError(f"--compare base: {model_dir} was never merged (no merge_check.json beside it names a "
-                         "base), so it would be compared with itself; give the base model folder to --compare")
-    if same_weights(model, base):
-        raise InputError(f"--compare base: {model_dir} has the same weights as its base {base} (no adapter was "
-                         "merged into it), so it would be compared with itself")
-    return base
+    other = Path(model_folder(resolve_base(model_dir) if compare == "base" else compare))
+    if model.resolve() == other.resolve():
+        if compare == "base":
+            raise InputError(f"--compare base: {model_dir} was never merged (no merge_check.json beside it names "
+                             "a base), so it would be compared with itself; give the base model folder to --compare")
+        raise InputError(f"--compare: {compare} is the model itself")
+    if same_weights(model, other):
+        what = f"its base {other} (no adapter was merged into it)" if compare == "base" else compare
+        raise InputError(f"--compare {compare}: {model_dir} has the same weights as {what}, so it would be "
+                         "compared with itself")
+    return other
+
+
+def _text_arg(name: str):
+    """An argparse type for free text: argv bytes that are not UTF-8 arrive as lone surrogates."""
+    def parse(text: str) -> str:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InputError(f"{name}: character {exc.start}: not UTF-8 text") from None
+        return text
+    return parse
 
 
 def context_limit(gen) -> int | None:
@@ -138,8 +153,7 @@ def run_chat(args: argparse.Namespace, stdin=None, stdout=None) -> int:
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     models = {"model": Path(args.model)}
     if args.compare:
-        models["base" if args.compare == "base" else "compare"] = (
-            compare_base(args.model) if args.compare == "base" else Path(args.compare))
+        models["base" if args.compare == "base" else "compare"] = compare_target(args.model, args.compare)
     gens = {name: Generator(path, args.threads) for name, path in models.items()}
     for name, gen in gens.items():
         limit = context_limit(gen)
@@ -184,7 +198,7 @@ def register(sub) -> None:
     p = sub.add_parser("chat", help="interactive chat with a (merged) model, optionally side by side with its base")
     p.add_argument("--model", required=True, help="HF model folder (e.g. results/RUN/merged)")
     p.add_argument("--compare", default=None, help="'base' (the model it was trained from) or another model folder")
-    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--system", type=_text_arg("--system"), default=None, help="system prompt")
     p.add_argument("--temperature", type=_number(float, "--temperature", 0), default=0.0,
                    help="0 = greedy (default)")
     p.add_argument("--top-p", type=_number(float, "--top-p", 0, 1, lo_open=True), default=1.0)

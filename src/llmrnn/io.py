@@ -117,6 +117,8 @@ def loads_input(text: str, where: str, **hooks) -> Any:
         raise InputError(f"{where}: line {exc.lineno} column {exc.colno}: not JSON ({exc.msg})") from None
     except RecursionError:
         raise InputError(f"{where}: nested too deeply to parse") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts (int_max_str_digits)
+        raise InputError(f"{where}: not JSON ({str(exc).splitlines()[0][:120]})") from None
 
 
 def read_jsonl(path: str | os.PathLike, skip_bad: bool = False) -> list[Any]:
@@ -133,12 +135,13 @@ def read_jsonl(path: str | os.PathLike, skip_bad: bool = False) -> list[Any]:
                 if not line.strip():
                     continue
                 rows.append(json.loads(line))
-            except (InputError, json.JSONDecodeError, RecursionError) as exc:
+            except (InputError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
                 if skip_bad:
                     continue
                 if isinstance(exc, InputError):
                     raise
-                why = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply to parse"
+                why = (exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply to parse"
+                       if isinstance(exc, RecursionError) else str(exc).splitlines()[0][:120])
                 raise InputError(f"{path}: line {lineno}: not JSON ({why})") from None
     return rows
 
