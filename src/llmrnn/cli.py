@@ -45,7 +45,7 @@ def json_arg(text: str) -> dict:
         raise argparse.ArgumentTypeError("--cfg must be a JSON object")
     from llmrnn.configcheck import value_problems
 
-    if problems := value_problems(value):  # NaN/Infinity or a credential, whoever built the JSON
+    if problems := value_problems(value, secrets=False):  # NaN/Infinity, whoever built the JSON
         raise InputError(f"--cfg: config: {problems[0]}")
     return value
 

@@ -1,6 +1,6 @@
 """Config rules JSON Schema cannot state, checked in ONE walk over the whole config wherever a config is
-validated: Snakemake's parse (rules/common.smk, after `validate`), `llmrnn check`, and every CLI verb's
-`--cfg` (llmrnn.cli.json_arg).
+validated: Snakemake's parse (rules/common.smk), `llmrnn check`, and (numbers) every CLI verb's `--cfg`
+(llmrnn.cli.json_arg).
 
 - every number is finite: YAML's `.nan`/`.inf` (and JSON's NaN/Infinity) pass every `minimum:` of the
   schema, since NaN compares false with everything; a NaN threshold or weight would silently turn every
@@ -72,22 +72,26 @@ def secret_problem(text: str) -> str | None:
     return None
 
 
-def value_findings(config: Any) -> list[tuple[str, str, bool]]:
-    """(key path, problem, is a secret) for every non-finite number and credential in a config tree."""
+def value_findings(config: Any, secrets: bool = True) -> list[tuple[str, str, bool]]:
+    """(key path, problem, is a secret) for every non-finite number and (with `secrets`) credential in a
+    config tree."""
     out = []
     for where, value in _walk(config):
         if where.endswith("_env"):
             continue  # upload.env_problems says what is wrong there without echoing the value
         if problem := number_problem(value):
             out.append((where, problem, False))
-        elif isinstance(value, str) and (problem := url_credential_problem(value) or secret_problem(value)):
+        elif secrets and isinstance(value, str) and (problem := url_credential_problem(value)
+                                                     or secret_problem(value)):
             out.append((where, problem, True))
     return out
 
 
-def value_problems(config: Any) -> list[str]:
-    """Non-finite numbers and credentials anywhere in a config tree (or a `--cfg` section), by key path."""
-    return [f"{where}: {problem}" for where, problem, _ in value_findings(config)]
+def value_problems(config: Any, secrets: bool = True) -> list[str]:
+    """Non-finite numbers and credentials anywhere in a config tree, by key path. `secrets=False` (a
+    command's `--cfg`): numbers only; the workflow refused credentials at parse, and the release command
+    redacts or refuses what reaches it on its own."""
+    return [f"{where}: {problem}" for where, problem, _ in value_findings(config, secrets)]
 
 
 def _int(value: Any) -> int | None:
