@@ -73,9 +73,11 @@ def load_config(paths: list[Path], schema_path: Path = SCHEMA) -> tuple[dict, li
     invalid: list[list] = []
     for err in sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path)):
         where = ".".join(str(p) for p in err.absolute_path) or "<top>"
+        if where.endswith("_env"):
+            continue  # check_env_names says it from the value itself, without echoing a possible secret
         invalid.append(list(err.absolute_path))
-        if where.endswith("_env") or where in {f for f, _, _ in findings}:
-            continue  # check_env_names / the finding below say it (without echoing a possible secret)
+        if where in {f for f, _, _ in findings}:
+            continue  # the finding below says it
         # the schema's message would quote the secret
         if any(s == where or s.startswith((f"{where}.", f"{where}[")) for s in secret_paths):
             problems.append(f"config: {where}: not valid for the schema (value not repeated: it holds a credential)")
