@@ -165,3 +165,11 @@ def test_snakemake_parse_refuses_nan_credentials_shards_and_unsafe_run_names(wor
         assert proc.returncode != 0 and want in out, (name, out[-2000:])
         assert PASSWORD not in out
         assert not (workflow_dir / "results").exists()
+
+
+def test_a_misspelt_key_keeps_its_section_for_the_other_checks(in_workflow, tmp_path):
+    """Only a bad VALUE is replaced by its default for the later checks: a typo beside good keys must not
+    reset the whole section (the schema defaults, 100 + 100 patients, would not fit the demo cohort)."""
+    problems = _check(tmp_path, {"split": {"val_size": 4, "train_size": 12, "val_sise": 3}})
+    assert [p for p in problems if "val_sise" in p] and not [p for p in problems if p.startswith("cohort.source")], \
+        problems

@@ -75,7 +75,7 @@ def load_config(paths: list[Path], schema_path: Path = SCHEMA) -> tuple[dict, li
         where = ".".join(str(p) for p in err.absolute_path) or "<top>"
         if where.endswith("_env"):
             continue  # check_env_names says it from the value itself, without echoing a possible secret
-        invalid.append(list(err.absolute_path))
+        invalid.append(list(err.absolute_path) if err.validator in VALUE_ERRORS else [])
         if where in {f for f, _, _ in findings}:
             continue  # the finding below says it
         # the schema's message would quote the secret
@@ -92,8 +92,17 @@ def load_config(paths: list[Path], schema_path: Path = SCHEMA) -> tuple[dict, li
     return config, problems
 
 
+# schema errors about a value itself (not a misspelt or missing key): the value is dropped for the later checks
+VALUE_ERRORS = frozenset({"type", "enum", "const", "pattern", "minimum", "maximum", "exclusiveMinimum",
+                          "exclusiveMaximum", "minLength", "maxLength", "minItems", "maxItems", "uniqueItems",
+                          "multipleOf", "format"})
+
+
 def _drop(config: dict, path: list) -> None:
-    """Remove the value at `path` (a schema error's location) so defaults fill it for the later checks."""
+    """Remove the value at `path` (a schema error's location; a bad list item removes its whole list) so
+    defaults fill it for the later checks."""
+    while path and isinstance(path[-1], int):
+        path = path[:-1]
     node = config
     for part in path[:-1]:
         try:
@@ -102,8 +111,6 @@ def _drop(config: dict, path: list) -> None:
             return
     if path and isinstance(node, dict):
         node.pop(path[-1], None)
-    elif path and isinstance(node, list) and isinstance(path[-1], int) and path[-1] < len(node):
-        node.pop(path[-1])
 
 
 # ----------------------------------------------------------------------------- helpers
