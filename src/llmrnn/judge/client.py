@@ -3,8 +3,13 @@
 The launcher (llmrnn.judge.launcher) writes RUN/judge/endpoint.json {"url", "model", "api_key_file",
 "rubric", "pid", "status", ...} at once with status "starting" and flips it to "ready" once its server
 proved it is ours. Consumers call `wait_for_endpoint()` (the file may appear late or be stale: they
-poll health, with a timeout and a clear error) and talk to the server through `JudgeClient` (the shared
-retry policy of llmrnn.retry, then `JudgeUnavailable`; never a silent fallback).
+poll health, with a timeout and a clear error; they also prove again, as the launcher did, that the server
+refuses requests without the key) and talk to the server through `JudgeClient` (the shared retry policy of
+llmrnn.retry, then `JudgeUnavailable`; never a silent fallback).
+
+The client trusts no answer: each call has a whole-call deadline and a size cap (decompressed), and an
+answer naming another model, or logprobs that are not log-probabilities of the text it returned, is a
+failed try like a dropped connection (retried, then JudgeUnavailable), never a score.
 """
 
 from __future__ import annotations
@@ -181,10 +186,6 @@ MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 MAX_TOP_LOGPROBS = 20  # the OpenAI API's limit (our server's too); servers may add the chosen token
 LOGPROB_TOL = 1e-3
 DIGITS = re.compile(r"\d")
-
-
-class ResponseTooLarge(Exception):
-    pass
 
 
 def _timeout_error(seconds: float):
