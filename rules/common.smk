@@ -8,12 +8,19 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from llmrnn.configcheck import shard_problems, value_problems
 from llmrnn.upload import env_problems
 
 # before validate: a schema error would echo a key typed in place of a variable name into the log
 if env_problems(config):
     raise WorkflowError(f"config: {env_problems(config)[0]}")
+# what the schema cannot state (llmrnn.configcheck): finite numbers, no credentials (also before
+# validate, which would echo them), shard counts the work can fill (after it: defaults filled in)
+if value_problems(config):
+    raise WorkflowError("\n".join(f"config: {p}" for p in value_problems(config)))
 validate(config, schema="../workflow/schemas/config.schema.yaml")
+if shard_problems(config):
+    raise WorkflowError("\n".join(f"config: {p}" for p in shard_problems(config)))
 
 # envs/*.yaml install llmrnn from ${LLMRNN_REPO} (conda's pip expands it): this workflow's own folder
 os.environ.setdefault("LLMRNN_REPO", str(Path(workflow.basedir)))

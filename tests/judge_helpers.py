@@ -27,8 +27,77 @@ def chat_payload(text: str, logprobs: list | None = None) -> dict:
     return {"id": "x", "object": "chat.completion", "model": "judge", "choices": [choice]}
 
 
+class RawReply:
+    """What a hostile server writes itself: `write(handler)` gets the request handler (its wfile)."""
+
+    def __init__(self, write: Callable[[BaseHTTPRequestHandler], None]):
+        self.write = write
+
+
+def trickle_reply(payload: dict, every_s: float) -> RawReply:
+    """Headers at once, then the body one byte every `every_s` seconds (each read gets something)."""
+    def write(h):
+        data = json.dumps(payload).encode()
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        for i in range(len(data)):
+            try:
+                h.wfile.write(data[i:i + 1])
+                h.wfile.flush()
+            except OSError:  # the client hung up
+                return
+            time.sleep(every_s)
+    return RawReply(write)
+
+
+def endless_chunked_reply(chunk: bytes = b" " * 512, limit_s: float = 60.0) -> RawReply:
+    """A chunked body that never ends (until the client hangs up, or limit_s as a safety net)."""
+    def write(h):
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        h.wfile.write(b"%x\r\n{\r\n" % 1)
+        end = time.monotonic() + limit_s
+        while time.monotonic() < end:
+            try:
+                h.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                h.wfile.flush()
+            except OSError:
+                return
+            time.sleep(0.01)
+    return RawReply(write)
+
+
+def gzip_bomb_reply(inflated_bytes: int) -> RawReply:
+    """Content-Encoding: gzip, a small body that inflates to `inflated_bytes` of JSON-ish padding."""
+    import gzip
+    import io as _io
+
+    buf = _io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=9) as gz:
+        gz.write(b'{"pad": "')
+        block = b"0" * (1 << 20)
+        for _ in range(inflated_bytes >> 20):
+            gz.write(block)
+        gz.write(b'"}')
+    data = buf.getvalue()
+
+    def write(h):
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Encoding", "gzip")
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+    return RawReply(write)
+
+
 class ScriptedJudge:
-    """OpenAI-style server: `respond(body) -> text | (status, dict)`; optional fixed delay; counts hits."""
+    """OpenAI-style server: `respond(body) -> text | (status, dict) | RawReply`; optional fixed delay; counts
+    hits. With a key, /v1/models and POSTs refuse requests without it (as the servers we start do)."""
 
     def __init__(self, respond: Callable[[dict], object], delay_s: float = 0.0, key: str | None = KEY,
                  health: bool = True, port: int = 0):
@@ -64,7 +133,10 @@ class ScriptedJudge:
                 if self.path == "/health":
                     self._send(200 if health else 503, {"status": "ok"})
                 elif self.path == "/v1/models":
-                    self._send(200, {"data": [{"id": "judge"}]})
+                    if key and self.headers.get("Authorization") != f"Bearer {key}":
+                        self._send(401, {"error": "bad key"})
+                    else:
+                        self._send(200, {"data": [{"id": "judge"}]})
                 else:
                     self._send(404, {"error": "no"})
 
@@ -90,7 +162,9 @@ class ScriptedJudge:
                 finally:
                     with outer._lock:
                         outer.inflight -= 1
-                if isinstance(out, tuple):
+                if isinstance(out, RawReply):
+                    out.write(self)
+                elif isinstance(out, tuple):
                     self._send(*out)
                 else:
                     self._send(200, chat_payload(str(out)))

@@ -21,11 +21,16 @@ from llmrnn.judge.launcher import NotOurServer, free_port, readiness, server_com
 from llmrnn.reward import compute_score
 from llmrnn.rubric import load_rubric
 from tests.judge_helpers import (
+    KEY,
     REPO,
+    RawReply,
     ScriptedJudge,
     chat_payload,
+    endless_chunked_reply,
+    gzip_bomb_reply,
     make_step,
     memory,
+    trickle_reply,
     write_endpoint,
     write_rubric,
 )
@@ -318,3 +323,134 @@ def test_readiness_refuses_a_server_that_takes_any_key(tmp_path):
 
 def test_readiness_keeps_waiting_while_nothing_answers():
     assert readiness(f"http://127.0.0.1:{free_port()}", "k", "judge") is False
+
+
+# --------------------------------------------------------------------------- a server that cannot be trusted
+def _score(tmp_path, judge, retries: int = 1, timeout_s: float = 30.0):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    rubric = write_rubric(tmp_path, score_method="expected", prefix="Score:")
+    ep = write_endpoint(tmp_path, judge.port, rubric)
+    return compute_score("llm_as_rnn_memory_update", memory("CKD and heart failure"), json.dumps(make_step()),
+                         {"index": 0}, endpoint_file=str(ep), audit_dir=str(tmp_path / "audit"),
+                         reward_cfg={"retries": retries, "backoff_s": 0.01, "backoff_max_s": 0.02,
+                                     "timeout_s": timeout_s})
+
+
+def _lp(token: str, logprob: float, tops: list[tuple[str, float]]) -> dict:
+    return {"token": token, "logprob": logprob, "top_logprobs": [{"token": t, "logprob": v} for t, v in tops]}
+
+
+UNTRUSTED = {
+    "another model": lambda body: {**chat_payload("7", [_lp("7", -0.2, [("7", -0.2)])]), "model": "someone-else"},
+    "text 2, logprobs for 9": lambda body: chat_payload("2", [_lp("9", -0.001, [("9", -0.001), ("2", -7.0)])]),
+    "chosen 2 certain, 9 certain too": lambda body: chat_payload("2", [_lp("2", 0.0, [("9", -0.001)])]),
+    "greedy but not the most likely": lambda body: chat_payload("2", [_lp("2", -3.0, [("9", -0.05), ("2", -3.0)])]),
+    "chosen logprob differs from its top entry": lambda body: chat_payload("7", [_lp("7", -0.2, [("7", -4.0)])]),
+    "logprob 1e308": lambda body: chat_payload("7", [_lp("7", -0.1, [("7", -0.1), ("8", 1e308)])]),
+    "positive logprob": lambda body: chat_payload("7", [_lp("7", 0.5, [("7", 0.5)])]),
+    "NaN logprob": lambda body: chat_payload("7", [_lp("7", float("nan"), [("7", -0.1)])]),
+    "more top_logprobs than asked": lambda body: chat_payload(
+        "7", [_lp("7", -0.1, [("7", -0.1)] + [(f"t{i}", -30.0) for i in range(40)])]),
+    "more tokens than max_tokens": lambda body: chat_payload("7" * 70, [_lp("7", -0.1, [("7", -0.1)])] * 70),
+    "more choices than asked": lambda body: {**chat_payload("7", [_lp("7", -0.1, [("7", -0.1)])]),
+                                             "choices": [chat_payload("7", [_lp("7", -0.1, [("7", -0.1)])])[
+                                                 "choices"][0]] * 3},
+}
+
+
+@pytest.mark.parametrize("fault", sorted(UNTRUSTED))
+def test_an_answer_that_cannot_be_trusted_is_retried_then_the_judge_is_unavailable(tmp_path, fault):
+    """Another model's answer, logprobs that are not the text's or not log-probabilities at all: never a
+    score (content "2" with logprobs for "9" scored 0.999; 1e308 raised OverflowError)."""
+    respond = UNTRUSTED[fault]
+    with ScriptedJudge(lambda body: (200, respond(body))) as judge:
+        with pytest.raises(JudgeUnavailable, match="failed 2 times; last error: HTTP 200 but"):
+            _score(tmp_path, judge)
+        assert judge.hits == 2
+
+
+def test_a_consistent_answer_still_scores(tmp_path):
+    good = chat_payload("7", [_lp("7", -0.2, [("7", -0.2), ("8", -1.8), ("x", -9.0)])])
+    with ScriptedJudge(lambda body: (200, good)) as judge:
+        result = _score(tmp_path, judge)
+    assert result["parse_method"] == "expected" and result["retries"] == 0
+    assert result["score"] == pytest.approx((7 * math.exp(-0.2) + 8 * math.exp(-1.8))
+                                            / (math.exp(-0.2) + math.exp(-1.8)) / 9)
+
+
+def _trickled_headers(every_s: float) -> RawReply:
+    def write(h):
+        for byte in b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Pad: " + b"p" * 10_000:
+            try:
+                h.wfile.write(bytes([byte]))
+                h.wfile.flush()
+            except OSError:
+                return
+            time.sleep(every_s)
+    return RawReply(write)
+
+
+@pytest.mark.parametrize("reply", ["trickle", "trickled headers", "endless chunked"])
+def test_a_slow_or_endless_body_hits_the_whole_call_deadline(tmp_path, reply):
+    """The timeout was per read: a byte every 0.4 s (or a chunk every 10 ms) kept a call alive for ever."""
+    good = chat_payload("7", [_lp("7", -0.2, [("7", -0.2)])])
+    respond = {"trickle": lambda: trickle_reply(good, 0.4), "trickled headers": lambda: _trickled_headers(0.4),
+               "endless chunked": endless_chunked_reply}[reply]()
+    with ScriptedJudge(lambda body: respond) as judge:
+        t0 = time.monotonic()
+        with pytest.raises(JudgeUnavailable, match="whole-call deadline of 1.5 s"):
+            _score(tmp_path, judge, retries=1, timeout_s=1.5)
+        # a bound on the test, not a measurement: two tries of 1.5 s, far below the ~60 s of the replies
+        assert time.monotonic() - t0 < 20
+        assert judge.hits == 2
+
+
+def test_a_gzip_bomb_and_an_oversized_body_are_refused_at_the_cap(tmp_path):
+    from llmrnn.judge.client import MAX_RESPONSE_BYTES
+
+    bomb = gzip_bomb_reply(4 * MAX_RESPONSE_BYTES)
+    with ScriptedJudge(lambda body: bomb) as judge, \
+            pytest.raises(JudgeUnavailable, match=f"larger than {MAX_RESPONSE_BYTES} bytes .decompressed"):
+        _score(tmp_path, judge)
+    huge = chat_payload("7", [_lp("7", -0.1, [("7", -0.1)])]) | {"pad": "x" * (MAX_RESPONSE_BYTES + 1)}
+    with ScriptedJudge(lambda body: (200, huge)) as judge, \
+            pytest.raises(JudgeUnavailable, match=f"larger than {MAX_RESPONSE_BYTES} bytes .content-length"):
+        _score(tmp_path / "plain", judge)  # its own endpoint file: compute_score keeps a client per file
+
+
+def test_a_compressed_answer_within_the_cap_is_read(tmp_path):
+    import gzip
+
+    data = gzip.compress(json.dumps(chat_payload("7", [_lp("7", -0.2, [("7", -0.2)])])).encode())
+
+    def write(h):
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Encoding", "gzip")
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    with ScriptedJudge(lambda body: RawReply(write)) as judge:
+        assert _score(tmp_path, judge)["score"] == pytest.approx(7 / 9)
+
+
+def test_an_endpoint_naming_a_server_that_ignores_auth_is_refused(tmp_path):
+    """The endpoint file is re-verified by its consumers: a server that answers without our key (a stale
+    file whose port another server took, or a planted one) never gets the key nor a prompt."""
+    from llmrnn.judge.client import UntrustedEndpoint
+
+    rubric = write_rubric(tmp_path, score_method="expected", prefix="Score:")
+    with ScriptedJudge(lambda body: "Score: 9", key=None) as foreign:
+        ep = write_endpoint(tmp_path, foreign.port, rubric)
+        with pytest.raises(UntrustedEndpoint, match="without the API key") as err:
+            wait_for_endpoint(ep, timeout_s=5, poll_s=0.1)
+        assert isinstance(err.value, JudgeUnavailable) and isinstance(err.value, CheckFailed)
+        with pytest.raises(JudgeUnavailable):
+            compute_score("llm_as_rnn_memory_update", memory("x"), json.dumps(make_step()), {"index": 0},
+                          endpoint_file=str(ep), audit_dir=str(tmp_path / "audit"))
+        assert foreign.bodies == [] and all(KEY not in (auth or "") for _, _, auth in foreign.requests)
+        no_key = write_endpoint(tmp_path / "nokey", foreign.port, rubric, key=None)
+        with pytest.raises(UntrustedEndpoint, match="no API key file"):
+            wait_for_endpoint(no_key, timeout_s=5, poll_s=0.1)
+        assert foreign.bodies == []

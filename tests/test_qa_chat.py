@@ -89,3 +89,65 @@ def test_chat_refuses_a_folder_that_is_no_model(tmp_path):
     assert proc.returncode == 2
     want = f"llmrnn chat: error: {tmp_path}: not an HF model folder (no config.json)"
     assert proc.stderr.strip().splitlines() == [want]
+
+
+# --------------------------------------------------------------------------- hostile input
+def _chat(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
+    return subprocess.run([LLMRNN, "chat", *args], input=stdin, capture_output=True, check=False)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--max-new-tokens", "0"], "--max-new-tokens: 0 is out of range (must be >= 1)"),
+    (["--max-new-tokens", "-5"], "--max-new-tokens: -5 is out of range (must be >= 1)"),
+    (["--max-new-tokens", "many"], "--max-new-tokens: 'many' is not an integer"),
+    (["--temperature", "-1"], "--temperature: -1 is out of range (must be >= 0)"),
+    (["--temperature", "nan"], "--temperature: nan is out of range (must be >= 0)"),
+    (["--temperature", "inf"], "--temperature: inf is out of range (must be >= 0)"),
+    (["--top-p", "0"], "--top-p: 0 is out of range (must be > 0 and <= 1)"),
+    (["--top-p", "1.5"], "--top-p: 1.5 is out of range (must be > 0 and <= 1)"),
+    (["--threads", "0"], "--threads: 0 is out of range (must be >= 1)"),
+])
+def test_bad_arguments_are_one_line(tmp_path, args, message):
+    proc = _chat("--model", str(tmp_path), *args)
+    assert proc.returncode == 2
+    assert proc.stderr.decode().strip().splitlines() == [f"llmrnn chat: error: {message}"]
+
+
+def test_a_line_not_utf8_or_longer_than_the_context_is_refused_and_the_chat_goes_on(tiny_model_dir):
+    long_line = ("word " * 50_000).encode()  # ~250 KB, far beyond the tiny model's 2048 positions
+    proc = _chat("--model", str(tiny_model_dir), "--max-new-tokens", "2",
+                 stdin=b"caf\xe9 au lait?\n" + long_line + b"\nhello\n/quit\n")
+    err = proc.stderr.decode().strip().splitlines()
+    assert len(err) == 2, err
+    assert err[0] == "llmrnn chat: input line 1: byte 3: not UTF-8 text (invalid continuation byte); not sent"
+    assert err[1].startswith("llmrnn chat: ") and err[1].endswith(
+        "exceed the model model's context of 2048; not sent (shorten the line)"), err
+    out = proc.stdout.decode()
+    assert proc.returncode == 2 and "bye" in out and out.count("you> ") == 4  # hello was answered
+
+
+def test_max_new_tokens_must_leave_room_in_the_context(tiny_model_dir):
+    proc = _chat("--model", str(tiny_model_dir), "--max-new-tokens", "2048", stdin=b"hi\n")
+    assert proc.returncode == 2 and proc.stderr.decode().strip().splitlines() == [
+        ("llmrnn chat: error: --max-new-tokens: 2048 leaves no room for a prompt in the model model's context of "
+         "2048 tokens")]
+
+
+def test_compare_base_refuses_a_model_that_would_be_compared_with_itself(tmp_path, tiny_model_dir):
+    proc = _chat("--model", str(tiny_model_dir), "--compare", "base", stdin=b"hi\n")
+    err = proc.stderr.decode().strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and "was never merged" in err[0], err
+    copy = chain(tmp_path, tiny_model_dir, tiny_model_dir)  # "merged" = a copy of the base: nothing merged
+    proc = _chat("--model", str(copy), "--compare", "base", stdin=b"hi\n")
+    err = proc.stderr.decode().strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and "has the same weights as its base" in err[0], err
+
+
+def test_compare_with_the_same_folder_and_a_non_utf8_system_prompt_are_refused(tmp_path, tiny_model_dir):
+    proc = _chat("--model", str(tiny_model_dir), "--compare", str(tiny_model_dir), stdin=b"hi\n")
+    assert proc.returncode == 2 and proc.stderr.decode().strip().splitlines() == [
+        f"llmrnn chat: error: --compare: {tiny_model_dir} is the model itself"]
+    proc = subprocess.run([os.fsencode(LLMRNN), b"chat", b"--model", os.fsencode(tmp_path), b"--system", b"caf\xe9"],
+                          input=b"", capture_output=True, check=False)
+    assert proc.returncode == 2 and proc.stderr.decode().strip().splitlines() == [
+        "llmrnn chat: error: --system: character 3: not UTF-8 text"]

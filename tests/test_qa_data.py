@@ -146,3 +146,142 @@ def test_cli_with_an_empty_ood_writes_an_empty_ood_set(tmp_path):
     summary = json.loads((tmp_path / "out/splits.json").read_text())
     assert summary["sizes"]["ood"] == 0 and summary["ood_filter"] is None
     assert (tmp_path / "out/ood.jsonl").read_text() == ""
+
+
+# --------------------------------------------------------------------------- hostile files
+def _qa_data_cli(src, out, ood=None):
+    paths = D.output_paths(out)
+    args = [a for k, v in paths.items() for a in (f"--{k.replace('_', '-')}" if k != "ood" else "--ood-out", v)]
+    extra = ["--ood", str(ood)] if ood else []
+    return subprocess.run([sys.executable, "-m", "llmrnn.cli", "qa", "data", "--source", str(src), *extra,
+                           "--cfg", json.dumps(CFG), *args], check=False, capture_output=True, text=True)
+
+
+GOOD = json.dumps(records())
+HOSTILE = {
+    "latin-1 json": ("qa.json", GOOD.replace("which condition", "caf\u00e9 condition").encode("latin-1"),
+                     "not UTF-8 text"),
+    "latin-1 jsonl": ("qa.jsonl", "\n".join(json.dumps(r) for r in records()).replace(
+        "which condition", "caf\u00e9 condition").encode("latin-1"), "line 1: byte"),
+    "utf-16": ("qa.json", GOOD.encode("utf-16"), "not UTF-8 text"),
+    "100k-deep json": ("qa.json", b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    "100k-deep jsonl": ("qa.jsonl", b"[" * 100_000 + b"]" * 100_000 + b"\n", "line 1: not JSON (nested too deeply"),
+    "lone surrogate": ("qa.json", GOOD.replace("which condition", "which \\ud800 condition").encode(),
+                       "record 0 (id r0): q: lone surrogate"),
+    "lone surrogate in an option": ("qa.json", GOOD.replace('"gout"', '"g\\udfffout"', 1).encode(),
+                                    "record 0 (id r0): options[1]: lone surrogate"),
+    "answer NaN": ("qa.json", GOOD.replace('"a": "A"', '"a": NaN', 1).encode(), "record 0 (id r0): a: nan is not"),
+    "answer Infinity": ("qa.json", GOOD.replace('"a": "A"', '"a": Infinity', 1).encode(), "a: inf is not"),
+    "nested options": ("qa.json", GOOD.replace('["anemia", "gout"', '[["anemia", "x"], "gout"', 1).encode(),
+                       "options[0]: expected text or a number, got list"),
+    "nested option in a mapping": ("qa.json", json.dumps(
+        [r | {"choices": {"A": {"t": "anemia"}, "B": "gout"}} for r in records()]).encode(),
+        "options.A: expected text or a number, got dict"),
+    "nested id": ("qa.json", GOOD.replace('"qid": "r0"', '"qid": {"x": 1}', 1).encode(),
+                  "record 0: qid: expected text or a number, got dict"),
+    "list group": ("qa.json", GOOD.replace('"pid": "p0"', '"pid": ["p", 0]', 1).encode(),
+                   "pid: expected text or a number, got list"),
+    "5000-digit answer": ("qa.json", GOOD.replace('"a": "A"', '"a": ' + "7" * 5000, 1).encode(), "not JSON"),
+    "5000-digit answer jsonl": ("qa.jsonl", json.dumps(records()[0]).replace('"a": "A"', '"a": ' + "7" * 5000)
+                                .encode() + b"\n", "line 1: not JSON"),
+    "boolean answer": ("qa.json", GOOD.replace('"a": "A"', '"a": true', 1).encode(), "a: expected text or a number"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_files_are_one_line_and_nothing_is_written(tmp_path, case):
+    name, data, message = HOSTILE[case]
+    src = tmp_path / name
+    src.write_bytes(data)
+    out = tmp_path / "out"
+    proc = _qa_data_cli(src, out)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert message in lines[0] and str(src) in lines[0], lines
+    assert not out.exists() or not list(out.iterdir())
+
+
+def test_a_bad_ood_file_leaves_no_split_behind(tmp_path):
+    src, ood = tmp_path / "qa.json", tmp_path / "ood.json"
+    src.write_text(GOOD)
+    ood.write_bytes(GOOD.replace("which condition", "caf\u00e9 x").encode("latin-1"))
+    out = tmp_path / "out"
+    proc = _qa_data_cli(src, out, ood)
+    assert proc.returncode == 2 and "ood.json: byte" in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists() or not list(out.iterdir())
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl"])
+def test_one_reader_policy_a_bom_is_accepted_by_qa_and_cohort_alike(tmp_path, suffix):
+    from llmrnn.cohort import dump_cohort, load_cohort, synthesize_cohort
+
+    text = GOOD if suffix == ".json" else "".join(json.dumps(r) + "\n" for r in records())
+    src = tmp_path / f"qa{suffix}"
+    src.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert [r["id"] for r in D.load_records(str(src), FIELDS)] == [r["qid"] for r in records()]
+    cohort = tmp_path / "cohort.json"
+    patients = synthesize_cohort(4, 1)
+    cohort.write_bytes(b"\xef\xbb\xbf" + dump_cohort(patients).encode())
+    assert load_cohort(cohort) == patients
+    # ... and both refuse the same non-UTF-8 bytes with the same words
+    src.write_bytes(text.replace("Question", "Qu\u00e9stion").encode("latin-1"))
+    cohort.write_bytes(dump_cohort(patients).replace("a", "\u00e4", 1).encode("latin-1"))
+    for load in (lambda: D.load_records(str(src), FIELDS), lambda: load_cohort(cohort)):
+        with pytest.raises(InputError, match=r"byte \d+: not UTF-8 text \(invalid continuation byte\)"):
+            load()
+
+
+def _tiny_tmpfs(path, size_kb: int) -> bool:
+    """A real full disk: a tmpfs of size_kb (root only, where mounting is allowed)."""
+    path.mkdir()
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(path)],
+                          capture_output=True, check=False).returncode == 0
+
+
+def test_a_full_disk_is_one_line_and_leaves_none_of_the_outputs(tmp_path):
+    """Disk full half-way through the nine outputs: one line, and no output (nor temp) is left behind.
+    The full disk is real: a tiny tmpfs (skipped where this process may not mount one)."""
+    src = tmp_path / "qa.json"
+    src.write_text(json.dumps(records(200, 40)))
+    free = tmp_path / "free"
+    assert _qa_data_cli(src, free).returncode == 0
+    sizes = sorted(f.stat().st_size for f in free.iterdir())
+    disk = tmp_path / "disk"
+    room_kb = sizes[-1] // 1024 + 24  # the largest output fits, all of them do not: the disk fills part-way
+    assert room_kb * 1024 < sum(sizes)
+    if not _tiny_tmpfs(disk, room_kb):
+        pytest.skip("cannot mount a tmpfs here (needs root); test_enospc_stand_in covers the same path")
+    try:
+        out = disk / "out"
+        proc = _qa_data_cli(src, out)
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert proc.returncode == 2 and len(lines) == 1 and "No space left on device" in lines[0], proc.stderr
+        assert list(out.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_enospc_stand_in_leaves_none_of_the_outputs(tmp_path, monkeypatch):
+    """STAND-IN for a full disk where no tmpfs can be mounted: the sixth file write raises ENOSPC."""
+    import errno
+    from pathlib import Path
+
+    real = Path.write_bytes
+    calls = []
+
+    def full(self, data):
+        calls.append(self)
+        if len(calls) == 6:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match=r"out/\w+\.jsonl: cannot write \(No space left on device\)"):
+        D.prepare(CFG, D.output_paths(out), _write_json(tmp_path / "qa.json", records()))
+    assert len(calls) == 6 and list(out.iterdir()) == []
+
+
+def _write_json(path, data) -> str:
+    path.write_text(json.dumps(data))
+    return str(path)

@@ -70,14 +70,52 @@ def load_config(paths: list[Path], schema_path: Path = SCHEMA) -> tuple[dict, li
         schema = yaml.safe_load(Path(schema_path).read_text())
     except FileNotFoundError:
         return config, [*problems, f"config: schema {schema_path} missing (run from the workflow directory)"]
+    from llmrnn.configcheck import shard_problems, value_findings
+
+    findings = value_findings(config)
+    secret_paths = [where for where, _, secret in findings if secret]
     validator = jsonschema.Draft202012Validator(schema)
+    invalid: list[list] = []
     for err in sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path)):
         where = ".".join(str(p) for p in err.absolute_path) or "<top>"
         if where.endswith("_env"):
-            continue  # check_env_names says what is wrong without echoing a possible secret
+            continue  # check_env_names says it from the value itself, without echoing a possible secret
+        invalid.append(list(err.absolute_path) if err.validator in VALUE_ERRORS else [])
+        if where in {f for f, _, _ in findings}:
+            continue  # the finding below says it
+        # the schema's message would quote the secret
+        if any(s == where or s.startswith((f"{where}.", f"{where}[")) for s in secret_paths):
+            problems.append(f"config: {where}: not valid for the schema (value not repeated: it holds a credential)")
+            continue
         problems.append(f"config: {where}: {err.message}")
+    problems += [f"config: {where}: {problem}" for where, problem, _ in findings]
+    for path in invalid:  # the other checks see the schema default, not a value of the wrong type
+        _drop(config, path)
     _fill_defaults(config, schema)
+    if not invalid:
+        problems += [f"config: {p}" for p in shard_problems(config)]
     return config, problems
+
+
+# schema errors about a value itself (not a misspelt or missing key): the value is dropped for the later checks
+VALUE_ERRORS = frozenset({"type", "enum", "const", "pattern", "minimum", "maximum", "exclusiveMinimum",
+                          "exclusiveMaximum", "minLength", "maxLength", "minItems", "maxItems", "uniqueItems",
+                          "multipleOf", "format"})
+
+
+def _drop(config: dict, path: list) -> None:
+    """Remove the value at `path` (a schema error's location; a bad list item removes its whole list) so
+    defaults fill it for the later checks."""
+    while path and isinstance(path[-1], int):
+        path = path[:-1]
+    node = config
+    for part in path[:-1]:
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            return
+    if path and isinstance(node, dict):
+        node.pop(path[-1], None)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -148,7 +186,11 @@ def check_cohort(config: dict) -> list[str]:
         return [(f"cohort.source: {source} has {len(kept)} patients after cleaning ({len(patients)} before); "
                  f"split needs at least {need} (val_size {split.get('val_size', 0)} + train_size "
                  f"{split.get('train_size', 0)} + a test set)")]
-    return []
+    if source == "synthetic":
+        return []  # load_config's shard check already bounds the synthetic test split
+    from llmrnn.configcheck import shard_problems
+
+    return [f"config: {p}" for p in shard_problems(config, len(kept) - need + 1) if p.startswith("eval.")]
 
 
 def _model_problem(name: str, spec: dict) -> str | None:
@@ -402,12 +444,16 @@ CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
 def run_checks(config_paths: list[Path]) -> dict:
     """Every check, each isolated (one crashing check is a problem, not the end of the list)."""
     config, problems = load_config(config_paths)
+    schema_ok = not any(p.startswith("config: ") for p in problems)
     ran = ["schema"]
     for name, fn in CHECKS:
         try:
             problems += fn(config)
         except Exception as exc:  # noqa: BLE001 - report and go on: the point is to list everything
-            problems.append(f"{name}: check crashed: {type(exc).__name__}: {exc}")
+            if schema_ok:
+                problems.append(f"{name}: check crashed: {type(exc).__name__}: {exc}")
+            else:  # a value the schema already named (e.g. a list where a number belongs) tripped it
+                problems.append(f"{name}: not checked: fix the config problems above first")
         ran.append(name)
     return {"ok": not problems, "problems": problems, "checks": ran,
             "configfiles": [str(p) for p in config_paths], "run_name": config.get("run_name")}

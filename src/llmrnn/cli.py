@@ -14,7 +14,7 @@ import os
 import stat
 import sys
 
-from llmrnn.errors import LlmrnnError
+from llmrnn.errors import InputError, LlmrnnError
 
 # Each module exposes `register(subparsers)`; its subcommands set `func` (args -> int | None).
 STAGE_MODULES = [
@@ -44,6 +44,10 @@ def json_arg(text: str) -> dict:
         raise argparse.ArgumentTypeError(f"--cfg is not JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("--cfg must be a JSON object")
+    from llmrnn.configcheck import value_problems
+
+    if problems := value_problems(value, secrets=False):  # NaN/Infinity, whoever built the JSON
+        raise InputError(f"--cfg: config: {problems[0]}")
     return value
 
 
@@ -93,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     if command in PATIENT_TEXT_COMMANDS:  # before parsing: a usage error may quote an argument
         private_log_files()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except LlmrnnError as exc:  # raised by an argument's type, e.g. json_arg
+        print(f"llmrnn {command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -231,10 +231,7 @@ def load_cohort(path: str | Path) -> list[dict]:
         raise InputError(f"{path}: cannot read the cohort file ({exc.strerror or type(exc).__name__})") from None
     if not raw.strip():
         raise InputError(f"{path}: empty file; {REAL_DATA_HINT}")
-    try:
-        text = raw.decode("utf-8-sig")  # a UTF-8 BOM is valid UTF-8 JSON (editors on Windows write one)
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: byte {exc.start}: not UTF-8 text ({exc.reason})") from None
+    text = io.decode_text(raw, str(path))  # the reader policy QA data shares: UTF-8, an optional BOM
     non_finite: list[_NonFinite] = []
 
     def constant(name: str) -> _NonFinite:

@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,20 +85,64 @@ def read_json(path: str | os.PathLike) -> Any:
         return json.load(fh)
 
 
+# ----------------------------------------------------------------------------- the input reader policy
+# ONE policy for every user data file (cohort, QA records): UTF-8, with or without a byte-order mark (editors
+# on Windows write one; it is valid UTF-8), and nothing else: Latin-1 or UTF-16 bytes are refused with the
+# byte offset rather than guessed at, so no text is silently mis-decoded.
+def decode_text(raw: bytes, where: str, offset: int = 0) -> str:
+    """`raw` as text under the reader policy; an InputError naming `where` and the byte otherwise."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{where}: byte {offset + exc.start}: not UTF-8 text ({exc.reason}); "
+                         "save the file as UTF-8") from None
+
+
+def read_input_text(path: str | os.PathLike, what: str = "file") -> str:
+    """A user's data file as text under the reader policy; every failure is one InputError line."""
+    try:
+        raw = Path(path).read_bytes()
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a {what}") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the {what} ({exc.strerror or type(exc).__name__})") from None
+    return decode_text(raw, str(path))
+
+
+def loads_input(text: str, where: str, **hooks) -> Any:
+    """json.loads of a user's data: malformed or too deeply nested JSON is one InputError line."""
+    try:
+        return json.loads(text, **hooks)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where}: line {exc.lineno} column {exc.colno}: not JSON ({exc.msg})") from None
+    except RecursionError:
+        raise InputError(f"{where}: nested too deeply to parse") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts (int_max_str_digits)
+        raise InputError(f"{where}: not JSON ({str(exc).splitlines()[0][:120]})") from None
+
+
 def read_jsonl(path: str | os.PathLike, skip_bad: bool = False) -> list[Any]:
-    """The values of a JSON-lines file, blank lines skipped. A line that is not JSON is an InputError
-    naming the file and line, or skipped with `skip_bad` (a log another process is still writing, or
-    one whose last line a kill cut off)."""
+    """The values of a JSON-lines file (the reader policy: UTF-8, an optional BOM), blank lines skipped.
+    A line that is not UTF-8 JSON is an InputError naming the file and line, or skipped with `skip_bad` (a
+    log another process is still writing, or one whose last line a kill cut off)."""
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
+    offset = 0
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            start, offset = offset, offset + len(raw)
             try:
+                line = decode_text(raw, f"{path}: line {lineno}", start)
+                if not line.strip():
+                    continue
                 rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                if not skip_bad:
-                    raise InputError(f"{path}: line {lineno}: not JSON ({exc.msg})") from None
+            except (InputError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+                if skip_bad:
+                    continue
+                if isinstance(exc, InputError):
+                    raise
+                why = (exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply to parse"
+                       if isinstance(exc, RecursionError) else str(exc).splitlines()[0][:120])
+                raise InputError(f"{path}: line {lineno}: not JSON ({why})") from None
     return rows
 
 
@@ -120,21 +164,24 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 def write_texts(texts: dict[str | os.PathLike, str]) -> None:
-    """Write several files as one step: every temp is written first and renamed only when all are, so a
-    failure (full disk, unwritable folder) leaves none of them; an OSError becomes one InputError line
-    naming the path."""
-    from llmrnn.errors import InputError
+    """Write several text files as one step (write_all)."""
+    write_all({path: (lambda tmp, text=text: tmp.write_text(text, encoding="utf-8")) for path, text in texts.items()})
 
+
+def write_all(writers: dict[str | os.PathLike, Callable[[Path], Any]]) -> None:
+    """Write several files as one step: each writer fills a temp beside its target, and the temps are
+    renamed only when all are written, so a failure (full disk, unwritable folder, bad data) leaves NONE
+    of the outputs and no temp; an OSError becomes one InputError line naming the path."""
     temps: list[tuple[Path, Path]] = []
     try:
-        for path, text in texts.items():
+        for path, writer in writers.items():
             target = Path(path)
             if target.is_dir():
                 raise InputError(f"{target}: is a directory; the output must be a file path")
             try:
                 tmp = _tmp_beside(target)
                 temps.append((tmp, target))
-                tmp.write_text(text, encoding="utf-8")
+                writer(tmp)
             except OSError as exc:
                 raise InputError(f"{target}: cannot write ({exc.strerror or type(exc).__name__})") from None
         for tmp, target in temps:

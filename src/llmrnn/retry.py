@@ -70,7 +70,7 @@ def _one_try(client, url: str, body: dict, headers: dict | None, check) -> tuple
     try:
         resp = client.post(url, json=body, headers=headers)
     except httpx.TimeoutException as exc:
-        raise Transient(f"timeout ({type(exc).__name__})") from None
+        raise Transient(f"timeout ({type(exc).__name__}{': ' if str(exc) else ''}{exc})") from None
     except httpx.TransportError as exc:  # refused, reset, protocol error
         raise Transient(f"{type(exc).__name__}: {exc}") from None
     latency = time.perf_counter() - t0

@@ -3,20 +3,31 @@
 The launcher (llmrnn.judge.launcher) writes RUN/judge/endpoint.json {"url", "model", "api_key_file",
 "rubric", "pid", "status", ...} at once with status "starting" and flips it to "ready" once its server
 proved it is ours. Consumers call `wait_for_endpoint()` (the file may appear late or be stale: they
-poll health, with a timeout and a clear error) and talk to the server through `JudgeClient` (the shared
-retry policy of llmrnn.retry, then `JudgeUnavailable`; never a silent fallback).
+poll health, with a timeout and a clear error; they also prove again, as the launcher did, that the server
+refuses requests without the key) and talk to the server through `JudgeClient` (the shared retry policy of
+llmrnn.retry, then `JudgeUnavailable`; never a silent fallback).
+
+The client trusts no answer: each call has a whole-call deadline and a size cap (decompressed), and an
+answer naming another model, or logprobs that are not log-probabilities of the text it returned, is a
+failed try like a dropped connection (retried, then JudgeUnavailable), never a score.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
+import re
 import socket
+import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError, LlmrnnError
@@ -38,6 +49,11 @@ class JudgeUnavailable(LlmrnnError):
 
 class JudgeRequestError(LlmrnnError):
     """The judge rejected a request (4xx): a bug or a misconfigured rubric, not a transient failure."""
+
+
+class UntrustedEndpoint(JudgeUnavailable, CheckFailed):
+    """The endpoint file names a server that does not prove it is ours (it takes requests without our
+    key): it never gets the key nor a prompt."""
 
 
 # ----------------------------------------------------------------------------- endpoint file
@@ -133,7 +149,7 @@ def wait_for_endpoint(endpoint_file: str | Path, timeout_s: float = 900.0, poll_
                         state = f"{path} says {ep.status} but pid {ep.pid} is not running (stale file?)"
                 elif not _pid_alive(ep.pid, ep.host):
                     state = f"{path} names pid {ep.pid}, which is not running (stale file?)"
-                elif health_ok(ep.base_url):
+                elif verified(ep, path):
                     log.info("judge at %s is healthy (waited %.1f s)", ep.url, time.time() - start)
                     return ep
                 else:
@@ -146,7 +162,217 @@ def wait_for_endpoint(endpoint_file: str | Path, timeout_s: float = 900.0, poll_
         time.sleep(poll_s)
 
 
+def verified(ep: Endpoint, path: str | Path) -> bool:
+    """True when the server the endpoint file names is up and proves it is the one the launcher started
+    (the launcher's own check, again: the file may be stale, copied or written by someone else): it
+    refuses requests without our key and with a made-up key, and lists the model with ours. False while
+    it does not answer yet; UntrustedEndpoint when something else answers."""
+    from llmrnn.judge.launcher import NotOurServer, readiness
+
+    key = ep.api_key()
+    if not key:
+        raise UntrustedEndpoint(f"{path} names no API key file: the judge we start always has a per-run key; "
+                                "refusing to send prompts to a server that takes requests from anyone")
+    try:
+        return readiness(ep.base_url, key, ep.model)
+    except NotOurServer as exc:
+        raise UntrustedEndpoint(f"{path}: {exc}") from None
+
+
 # ----------------------------------------------------------------------------- client
+# What a judge answer may be. A judge writes a few hundred tokens with at most 20 alternatives each: 8 MiB
+# is far above that and far below what would hurt the trainer's memory.
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+MAX_TOP_LOGPROBS = 20  # the OpenAI API's limit (our server's too); servers may add the chosen token
+LOGPROB_TOL = 1e-3
+DIGITS = re.compile(r"\d")
+
+
+def _timeout_error(seconds: float):
+    import httpx
+
+    return httpx.ReadTimeout(f"no complete answer within the whole-call deadline of {seconds:g} s")
+
+
+def _too_large(what: str):
+    import httpx
+
+    return httpx.RemoteProtocolError(f"the judge's answer is larger than {MAX_RESPONSE_BYTES} bytes {what}")
+
+
+class _BoundedHTTP:
+    """What RetryPolicy posts through: a whole-call deadline (not per read: a server trickling a byte at a
+    time or sending an endless chunked body is cut off when the deadline passes, by shutting its socket)
+    and a cap on the answer's size, decompressed (a gzip bomb stops at the cap). Failures are httpx
+    transport errors, so the policy retries them and then raises."""
+
+    def __init__(self, client, deadline_s: float, max_bytes: int = MAX_RESPONSE_BYTES):
+        self.client = client
+        self.deadline_s = deadline_s
+        self.max_bytes = max_bytes
+
+    def post(self, url: str, json: Any = None, headers: dict | None = None):
+        import httpx
+
+        deadline = time.monotonic() + self.deadline_s
+        sockets: list[socket.socket] = []
+        expired = threading.Event()
+
+        def trace(name: str, info: dict) -> None:  # each request has its own connection (no keep-alive)
+            if name in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+                stream = info.get("return_value")
+                sock = stream.get_extra_info("socket") if stream is not None else None
+                if sock is not None:
+                    sockets.append(sock)
+
+        def cut() -> None:
+            expired.set()
+            for sock in sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)  # wakes a recv() blocked on a silent server
+
+        timer = threading.Timer(self.deadline_s, cut)
+        timer.daemon = True
+        timer.start()
+        try:
+            with self.client.stream("POST", url, json=json, headers=headers, extensions={"trace": trace}) as resp:
+                data = self._read(resp, deadline)
+                status, kept = resp.status_code, [(k, v) for k, v in resp.headers.items()
+                                                  if k.lower() not in ("content-encoding", "content-length",
+                                                                       "transfer-encoding")]
+                request = resp.request
+        except httpx.HTTPError:
+            if expired.is_set() or time.monotonic() >= deadline:
+                raise _timeout_error(self.deadline_s) from None
+            raise
+        finally:
+            timer.cancel()
+        return httpx.Response(status, headers=kept, content=data, request=request)
+
+    def _read(self, resp, deadline: float) -> bytes:
+        import httpx
+
+        encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+        wbits = {"identity": None, "": None, "gzip": 31, "x-gzip": 31, "deflate": 47}
+        if encoding not in wbits:
+            raise httpx.RemoteProtocolError(f"the judge's answer uses content-encoding {encoding[:40]!r}, "
+                                            "which was not asked for")
+        declared = resp.headers.get("content-length", "")
+        if declared.isdigit() and wbits[encoding] is None and int(declared) > self.max_bytes:
+            raise _too_large(f"(content-length {declared})")
+        inflate = zlib.decompressobj(wbits[encoding]) if wbits[encoding] else None
+        body = bytearray()
+        for chunk in resp.iter_raw():
+            if time.monotonic() >= deadline:
+                raise _timeout_error(self.deadline_s)
+            while chunk:
+                if inflate is None:
+                    body += chunk
+                    chunk = b""
+                else:
+                    try:  # at most one byte past the cap per call, whatever the compression ratio
+                        body += inflate.decompress(chunk, self.max_bytes - len(body) + 1)
+                    except zlib.error as exc:
+                        raise httpx.DecodingError(f"the judge's {encoding} answer does not decompress: {exc}") \
+                            from None
+                    chunk = inflate.unconsumed_tail
+                if len(body) > self.max_bytes:
+                    raise _too_large("(decompressed)" if inflate is not None else "")
+        return bytes(body)
+
+
+def _finite_logprob(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and value <= LOGPROB_TOL)
+
+
+def _pairs(items: Any) -> list[tuple[Any, Any]]:
+    """[(token, logprob)] of a top_logprobs value: chat's list of {token, logprob}, completions' dict."""
+    if isinstance(items, dict):
+        return list(items.items())
+    if not isinstance(items, list):
+        return [(None, None)]  # malformed: _position_problem names it
+    return [(t.get("token"), t.get("logprob")) if isinstance(t, dict) else (None, None) for t in items]
+
+
+def _positions(choice: dict) -> list[tuple[Any, Any, list[tuple[Any, Any]]]] | None:
+    """(chosen token, its logprob, [(alternative, logprob)]) per generated token; None without logprobs."""
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict):
+        return None
+    if isinstance(lp.get("content"), list):  # chat
+        return [(e.get("token"), e.get("logprob"), _pairs(e.get("top_logprobs") or []))
+                if isinstance(e, dict) else (None, None, []) for e in lp["content"]]
+    tokens, values, tops = lp.get("tokens") or [], lp.get("token_logprobs") or [], lp.get("top_logprobs") or []
+    if not all(isinstance(x, list) for x in (tokens, values, tops)):
+        return [(None, None, [])]
+    return [(tok, values[i] if i < len(values) else None, _pairs(tops[i] or {}) if i < len(tops) else [])
+            for i, tok in enumerate(tokens)]
+
+
+def _position_problem(i: int, chosen: Any, value: Any, alts: list, greedy: bool, top_cap: int) -> str | None:
+    where = f"logprobs position {i}"
+    if not isinstance(chosen, str):
+        return f"{where}: no token"
+    if value is not None and not _finite_logprob(value):
+        return f"{where}: logprob {str(value)[:30]} is not a log-probability (finite and <= 0)"
+    if len(alts) > top_cap:
+        return f"{where}: {len(alts)} top_logprobs, more than the {top_cap - 1} asked for"
+    if any(not isinstance(t, str) or not _finite_logprob(v) for t, v in alts):
+        return f"{where}: a top_logprobs entry is not a token with a log-probability (finite and <= 0)"
+    given = dict(alts)
+    if value is not None and chosen in given and abs(given[chosen] - value) > LOGPROB_TOL * (1 + abs(value)):
+        return f"{where}: the chosen token's logprob {value:.4g} differs from its top_logprobs entry {given[chosen]:.4g}"
+    mass = sum(math.exp(v) for _, v in alts) + (math.exp(value) if value is not None and chosen not in given else 0)
+    if mass > 1 + 1e-2:
+        return f"{where}: the probabilities add up to {mass:.3f} > 1"
+    if greedy and value is not None and alts and max(v for _, v in alts) > value + 1e-2 * (1 + abs(value)):
+        return (f"{where}: the chosen token is not the most likely one although the request was greedy "
+                "(temperature 0): the text and its logprobs disagree")
+    return None
+
+
+def answer_problem(payload: Any, body: dict) -> str | None:
+    """Why a judge answer that is well formed (rubric.response_problem) cannot be trusted; None when it can.
+    The server must answer as the model asked for, and its logprobs must be log-probabilities of the text
+    it returned: a reward computed from anything else would be a silent, wrong score."""
+    if not isinstance(payload, dict):
+        return None  # the caller's check names it
+    want = body.get("model")
+    if want is not None and payload.get("model") != want:
+        return f"the answer names model {str(payload.get('model'))[:80]!r}, not the requested {str(want)[:80]!r}"
+    choices = payload.get("choices")
+    if not isinstance(choices, list):
+        return None
+    if len(choices) > max(int(body.get("n") or 1), 1):
+        return f"{len(choices)} choices, more than the {body.get('n') or 1} asked for"
+    asked = body.get("top_logprobs") if "messages" in body else body.get("logprobs")
+    asked = asked if isinstance(asked, int) and not isinstance(asked, bool) else MAX_TOP_LOGPROBS
+    top_cap = min(asked, MAX_TOP_LOGPROBS) + 1
+    greedy = body.get("temperature") == 0
+    max_tokens = body.get("max_tokens")
+    for k, choice in enumerate(choices):
+        if not isinstance(choice, dict):
+            continue
+        positions = _positions(choice)
+        if positions is None:
+            continue
+        if isinstance(max_tokens, int) and len(positions) > max_tokens:
+            return f"choices[{k}]: logprobs for {len(positions)} tokens, more than max_tokens {max_tokens}"
+        for i, (chosen, value, alts) in enumerate(positions):
+            if problem := _position_problem(i, chosen, value, alts, greedy, top_cap):
+                return f"choices[{k}]: {problem}"
+        message = choice.get("message")
+        text = message.get("content") if isinstance(message, dict) else choice.get("text")
+        if isinstance(text, str):
+            said = "".join(DIGITS.findall(text))
+            scored = "".join(DIGITS.findall("".join(c for c, _, _ in positions if isinstance(c, str))))
+            if not scored.startswith(said):
+                return (f"choices[{k}]: the text's digits {said[:20]!r} are not the digits of its logprobs tokens "
+                        f"{scored[:20]!r}: text and logprobs disagree")
+    return None
+
+
 class JudgeClient:
     """Thread-safe OpenAI-compatible client: one connection pool and the shared retry policy
     (llmrnn.retry: refused, timeouts, 5xx/429 and answers `check` calls empty are retried with backoff),
@@ -159,13 +385,16 @@ class JudgeClient:
         self.endpoint = endpoint
         self.policy = RetryPolicy(retries=retries, backoff_s=backoff_s, backoff_max_s=backoff_max_s)
         key = endpoint.api_key()
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        # identity: a compressed answer is inflated by us, within the size cap (_BoundedHTTP)
+        headers = {"Accept-Encoding": "identity", **({"Authorization": f"Bearer {key}"} if key else {})}
         self._client = httpx.Client(
             base_url=endpoint.url,
             headers=headers,
             timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            # no keep-alive: each call owns its connection, so its deadline can cut exactly that socket
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=0),
         )
+        self._http = _BoundedHTTP(self._client, timeout_s)
 
     def close(self) -> None:
         self._client.close()
@@ -173,9 +402,13 @@ class JudgeClient:
     def post(self, path: str, body: dict, check: Callable[[object], str | None] | None = None
              ) -> tuple[dict, float, int]:
         """POST and return (json payload, latency of the successful try in s, number of retries).
-        `check(payload)` names why a 200 is no answer (rubric.response_problem); such answers are retried."""
+        `check(payload)` names why a 200 is no answer (rubric.response_problem); such answers, and answers
+        `answer_problem` cannot trust (another model, logprobs that are not the text's), are retried."""
+        def trusted(payload: object) -> str | None:
+            return (check(payload) if check is not None else None) or answer_problem(payload, body)
+
         try:
-            return self.policy.post_json(self._client, path, body, check=check)
+            return self.policy.post_json(self._http, path, body, check=trusted)
         except RequestRejected as exc:
             raise JudgeRequestError(f"judge {self.endpoint.url}{path} rejected the request: {exc}") from None
         except RetriesExhausted as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -58,25 +59,41 @@ def read_source(source: str, dataset: dict | None = None) -> tuple[list[Any], st
         raise InputError(f"{path}: QA file not found")
     if path.suffix == ".jsonl":
         return io.read_jsonl(path), str(path)
-    text = path.read_text(encoding="utf-8")
-    try:
-        rows = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: not JSON: {exc.msg} (line {exc.lineno})") from exc
+    # the reader policy the cohort loader uses too (UTF-8, optional BOM); deep nesting is one line
+    rows = io.loads_input(io.read_input_text(path, "QA file"), str(path))
     if not isinstance(rows, list):
         raise InputError(f"{path}: expected a JSON list of QA records")
     return rows, str(path)
 
 
-def _options(value: Any, where: str) -> dict | None:
-    """Options as {letter: text}: a dict, or a list (lettered a, b, c ...)."""
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _scalar_text(value: Any, where: str, field: str) -> str:
+    """A scalar as text: a string, or a finite number (not a bool). Anything else (a nested list or
+    object, NaN/Infinity, a lone surrogate that no output file could encode) is one InputError line."""
+    if isinstance(value, str):
+        if SURROGATE.search(value):
+            raise InputError(f"{where}: {field}: lone surrogate (\\ud800-\\udfff escape without its pair): "
+                             "not encodable text")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{where}: {field}: expected text or a number, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"{where}: {field}: {value} is not a value (NaN and infinities are refused)")
+    return str(value)
+
+
+def _options(value: Any, where: str, field: str = "options") -> dict | None:
+    """Options as {letter: text}: a dict, or a list (lettered a, b, c ...); each option is a scalar."""
     if value in (None, "", [], {}):
         return None
     if isinstance(value, list):
-        return {chr(ord("A") + i): str(v) for i, v in enumerate(value)}
+        return {chr(ord("A") + i): _scalar_text(v, where, f"{field}[{i}]") for i, v in enumerate(value)}
     if isinstance(value, dict) and all(isinstance(k, str) and len(k.strip()) == 1 for k in value):
-        return {k.strip().upper(): str(v) for k, v in value.items()}
-    raise InputError(f"{where}: options: expected a list or a {{letter: text}} object")
+        return {_scalar_text(k, where, f"{field} key").strip().upper(): _scalar_text(v, where, f"{field}.{k}")
+                for k, v in value.items()}
+    raise InputError(f"{where}: {field}: expected a list or a {{letter: text}} object")
 
 
 def normalise_record(raw: Any, fields: dict, where: str) -> dict:
@@ -84,23 +101,25 @@ def normalise_record(raw: Any, fields: dict, where: str) -> dict:
     if not isinstance(raw, dict):
         raise InputError(f"{where}: expected an object, got {type(raw).__name__}")
     rid = raw.get(fields["id"])
+    rid = _scalar_text(rid, where, fields["id"]) if rid is not None else None
     where = f"{where} (id {rid})" if rid is not None else where
-    rec: dict[str, Any] = {"id": str(rid) if rid is not None else None}
+    rec: dict[str, Any] = {"id": rid}
     for key in ("question", "answer"):
         value = raw.get(fields[key])
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and key == "answer":
-            value = str(value)
+        if key == "answer" and value is not None and not isinstance(value, str):
+            value = _scalar_text(value, where, fields[key])  # 3 -> "3"; NaN, [..], {..} refused
         if not isinstance(value, str) or not value.strip():
             raise InputError(f"{where}: {fields[key]}: missing or not a non-empty string")
-        rec[key] = value.strip()
+        rec[key] = _scalar_text(value, where, fields[key]).strip()
     rec["options"] = _options(raw.get(fields["options"]), where)
     for key in ("context", "reasoning"):
         value = raw.get(fields[key])
         if value is not None and not isinstance(value, str):
             raise InputError(f"{where}: {fields[key]}: expected a string")
+        value = _scalar_text(value, where, fields[key]) if value is not None else None
         rec[key] = value.strip() if isinstance(value, str) and value.strip() else None
     group = raw.get(fields["group"])
-    rec["group"] = str(group) if group is not None else None
+    rec["group"] = _scalar_text(group, where, fields["group"]) if group is not None else None
     return rec
 
 
@@ -224,6 +243,11 @@ def rl_rows(records: list[dict], split: str, system: str) -> list[dict]:
     ]
 
 
+def jsonl_bytes(rows: list[dict]) -> bytes:
+    """What io.write_jsonl writes, as bytes (hashed into splits.json before anything is written)."""
+    return "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows).encode("utf-8")
+
+
 def write_hashed(path: str | os.PathLike, rows: list[dict]) -> str:
     """io.write_jsonl, returning the sha256 of what was written (recorded in splits.json)."""
     io.write_jsonl(path, rows)
@@ -231,13 +255,17 @@ def write_hashed(path: str | os.PathLike, rows: list[dict]) -> str:
 
 
 def write_parquet(path: str | os.PathLike, rows: list[dict]) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     if not rows:
         raise InputError(f"{path}: no rows to write")
     with io.atomic_path(path) as tmp:
-        pq.write_table(pa.Table.from_pylist(rows), tmp)
+        _parquet_to(tmp, rows)
+
+
+def _parquet_to(path: Path, rows: list[dict]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
 
 
 OUTPUTS = ("train", "val", "test", "ood", "train_parquet", "val_parquet", "sft_train", "sft_val", "summary")
@@ -261,13 +289,14 @@ def prepare(cfg: dict, outputs: dict[str, str], source: str, ood: str | None = N
         seen = {normalize_text(r["question"]) for r in records}
         ood_records = [r for r in ood_records if normalize_text(r["question"]) not in seen]
     system = (cfg.get("prompt") or {}).get("system") or SYSTEM_PROMPT
-    hashes = {name: write_hashed(outputs[name], part) for name, part in splits.items()}
-    hashes["ood"] = write_hashed(outputs["ood"], ood_records)
+    files = {name: jsonl_bytes(part) for name, part in splits.items()} | {"ood": jsonl_bytes(ood_records)}
+    hashes = {name: io.sha256_bytes(data) for name, data in files.items()}
     for name in ("train", "val"):
-        write_parquet(outputs[f"{name}_parquet"], rl_rows(splits[name], name, system))
-        write_hashed(outputs[f"sft_{name}"],
-                    [{"messages": [*messages(r, system), {"role": "assistant", "content": target_text(r)}]}
-                     for r in splits[name]])
+        files[f"sft_{name}"] = jsonl_bytes(
+            [{"messages": [*messages(r, system), {"role": "assistant", "content": target_text(r)}]}
+             for r in splits[name]])
+        if not splits[name]:
+            raise InputError(f"{outputs[f'{name}_parquet']}: no rows to write")
     summary = {
         "source": source,
         "filter": counts,
@@ -278,7 +307,13 @@ def prepare(cfg: dict, outputs: dict[str, str], source: str, ood: str | None = N
         "overlap": 0,
         "ood_filter": ood_counts,
     }
-    io.write_json(outputs["summary"], summary)
+    # every output or none (a full disk half-way leaves nothing that looks complete)
+    writers = {outputs[name]: (lambda tmp, data=data: tmp.write_bytes(data)) for name, data in files.items()}
+    for name in ("train", "val"):
+        rows = rl_rows(splits[name], name, system)
+        writers[outputs[f"{name}_parquet"]] = lambda tmp, rows=rows: _parquet_to(tmp, rows)
+    writers[outputs["summary"]] = lambda tmp: tmp.write_text(io.json_text(summary), encoding="utf-8")
+    io.write_all(writers)
     log.info("qa data: %s", json.dumps(summary["sizes"]))
     return summary
 
