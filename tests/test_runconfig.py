@@ -219,18 +219,21 @@ def test_llmrnn_check_reads_the_named_file_alone(in_repo, tmp_path):
 def test_a_run_writes_its_effective_config_and_named_files_replace_the_demo(workflow_dir):
     from tests.conftest import snakemake
 
-    over = _write(workflow_dir / "over.yaml", {"cohort": {"synthetic": {"patients": 9}}})
+    over = _write(workflow_dir / "over.yaml", {"cohort": {"synthetic": {"patients": 24}}})
     snakemake(workflow_dir, "--configfile", "config/config.yaml", "over.yaml", "--config", "run_name=cfgtest",
               "--", "resources/cohort/synthetic.json")
     doc = yaml.safe_load((workflow_dir / "results/cfgtest/config.yaml").read_text())
     assert doc["configfiles"] == ["config/config.yaml", "over.yaml"]
     config, sources = doc["config"], doc["sources"]
     assert (config["run_name"], sources["run_name"]) == ("cfgtest", "--config")
-    assert (config["cohort"]["synthetic"]["patients"], sources["cohort"]["synthetic"]["patients"]) == (9, str(over.name))
+    assert (config["cohort"]["synthetic"]["patients"], sources["cohort"]["synthetic"]["patients"]) == (24, str(over.name))
     assert (config["train"]["total_steps"], sources["train"]["total_steps"]) == (8, "config/config.yaml")
     assert sources["eval"]["patient_seed"] == runconfig.SCHEMA_DEFAULT
     # a file named alone is all there is: no demo value (total_steps 8, max_visits 4) in its plan
-    plan = snakemake(workflow_dir, "-n", "-p", "all", "--configfile", "over.yaml", "--config", "run_name=alone",
+    # (split sizes named too: the schema's reference sizes, 100/100, leave 24 patients no test split)
+    _write(workflow_dir / "alone.yaml", {"cohort": {"synthetic": {"patients": 24}},
+                                         "split": {"val_size": 4, "train_size": 12}})
+    plan = snakemake(workflow_dir, "-n", "-p", "all", "--configfile", "alone.yaml", "--config", "run_name=alone",
                      check=False)
     assert plan.returncode == 0, plan.stderr[-3000:]
     assert '"total_steps": 8' not in plan.stdout and '"max_visits": 4' not in plan.stdout
