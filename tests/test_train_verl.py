@@ -28,13 +28,15 @@ def verl_python(version: str) -> Path:
     return py
 
 
-def check(version, tmp_path, model, cfg, extra=()):
+def check(version, tmp_path, model, cfg, extra=(), drop=()):
+    """check_verl.py in the verl venv with our overrides (+ `extra`, less those starting with `drop`)."""
     train = write_parquet(tmp_path / "train.parquet", make_rows(6))
     val = write_parquet(tmp_path / "val.parquet", make_rows(2, split="val"))
     overrides = verl_cmd.build_overrides(
         cfg, train_parquet=train, val_parquet=val, model_dir=str(model), out_dir=str(tmp_path / "train"),
         experiment_name="t", endpoint_file=str(tmp_path / "endpoint.json"), verl_version=version,
     ) + list(extra)
+    overrides = [o for o in overrides if not (drop and o.startswith(tuple(drop)))]
     path = tmp_path / "overrides.json"
     path.write_text(json.dumps(overrides))
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), HF_HUB_OFFLINE="1")
@@ -89,6 +91,70 @@ def test_micro_batch_verl_only_checks_on_the_gpu_node_is_caught_by_preflight(ver
     assert proc.returncode == 0, proc.stderr[-2000:]
     problems = tcfg.geometry(tcfg.normalize(cfg)).problems
     assert any("micro_per_gpu=3 does not divide the 64 responses" in p for p in problems)
+
+
+# ----------------------------------------------------------------------------- the actor's model load
+ATTN_OVERRIDES = ("+actor_rollout_ref.model.override_config.attn_implementation=",
+                  "actor_rollout_ref.model.use_remove_padding=")
+
+
+def gpu_lock_python() -> Path:
+    """The locked GPU stack minus torch/CUDA (transformers 4.57; `make .venv-gpu-cpu/.installed-llmrnn`)."""
+    venv = REPO / ".venv-gpu-cpu"
+    if not (venv / ".installed-llmrnn").exists():
+        pytest.skip("no .venv-gpu-cpu: run `make .venv-gpu-cpu/.installed-llmrnn` (make test-gpu-stack builds it)")
+    return venv / "bin" / "python"
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("rendered", [True, False], ids=["rendered", "verl-defaults"])
+def test_actor_loads_the_way_verl_071_loads_it_in_the_locked_gpu_venv(rendered, tmp_path):
+    """verl 0.7.1 composes the model settings (ours, or its own defaults when our two attention overrides
+    are left out); the locked GPU venv (transformers 4.57, no flash-attn) then loads the actor exactly as
+    verl's FSDP worker does (tests/verl/load_actor.py). verl's defaults (flash_attention_2 + remove padding)
+    fail there with ImportError; the rendered ones load and run a forward pass."""
+    python = gpu_lock_python()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error",
+               PYTHONPATH=str(REPO))
+    # the tiny model saved by the lock's transformers 4.57 (a 5.x tokenizer file names a class 4.57 lacks)
+    model = tmp_path / "tiny-llama"
+    subprocess.run([str(python), "-c", f"from tests.tiny_model import build_tiny_model; build_tiny_model({str(model)!r})"],
+                   env=env, check=True, capture_output=True, timeout=300)
+    proc = check("0.7.1", tmp_path, model, REFERENCE, drop=() if rendered else ATTN_OVERRIDES)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    settings = {k: report[k] for k in ("model_override_config", "use_remove_padding")}
+    if rendered:
+        assert settings == {"model_override_config": {"attn_implementation": "sdpa"}, "use_remove_padding": False}
+    else:
+        assert settings == {"model_override_config": {}, "use_remove_padding": True}
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps(settings))
+    load = subprocess.run([str(python), str(REPO / "tests" / "verl" / "load_actor.py"), "--model", str(model),
+                           "--settings", str(path)], capture_output=True, text=True, env=env, timeout=600, check=False)
+    if rendered:
+        assert load.returncode == 0, load.stderr[-3000:]
+        out = json.loads(load.stdout.strip().splitlines()[-1])
+        assert out["transformers"].startswith("4.57") and out["attn_implementation"] == "sdpa"
+        assert out["finite"] and out["logits_shape"][0] == 1
+    else:
+        assert load.returncode == 1, (load.stdout, load.stderr[-3000:])
+        assert "ImportError" in load.stderr and "flash" in load.stderr.lower()
+
+
+def test_attention_knob_renders_both_verl_settings():
+    def rendered(**verl):
+        ov = verl_cmd.build_overrides({"verl": verl}, train_parquet="t", val_parquet=None, model_dir="m",
+                                      out_dir="o", experiment_name="e", verl_version="0.7.1")
+        return [o for o in ov if o.startswith(ATTN_OVERRIDES)]
+
+    assert sorted(rendered()) == ["+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+                                  "actor_rollout_ref.model.use_remove_padding=false"]
+    assert sorted(rendered(attn_implementation="flash_attention_2")) == [
+        "+actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2",
+        "actor_rollout_ref.model.use_remove_padding=true"]
+    with pytest.raises(Exception, match="train.verl.attn_implementation"):
+        rendered(attn_implementation="flash_attn")
 
 
 def test_overrides_use_the_reward_keys_that_work_in_both_releases():

@@ -268,7 +268,19 @@ def check_training(config: dict) -> list[str]:
         # the qa recipe's reward is llmrnn.qa.rewards.compute_score (same signature, other module)
         problems += check_verl_command(cfg, "llmrnn.qa.rewards" if config.get("recipe") == "qa" else None)
         problems += check_profile_gpus(config, cfg)
+        problems += check_attention(cfg)
     return problems
+
+
+def check_attention(train_cfg: dict) -> list[str]:
+    """flash_attention_2 (and the remove-padding it turns on) imports flash-attn in verl's actor: refuse
+    it where flash-attn is not importable (the GPU lock does not carry it: a CUDA source build)."""
+    import importlib.util
+
+    if train_cfg["verl"]["attn_implementation"] != "flash_attention_2" or importlib.util.find_spec("flash_attn"):
+        return []
+    return [("train.verl.attn_implementation: flash_attention_2 needs the flash-attn package, which is not "
+             "importable here (envs/gpu-lock.txt leaves it out); use sdpa (the default) or install flash-attn")]
 
 
 def check_verl_command(cfg: dict, reward_module: str | None = None) -> list[str]:

@@ -93,6 +93,9 @@ def main() -> int:
         "default_local_dir": config.trainer.default_local_dir,
         "resume_mode": config.trainer.resume_mode,
         "logger": list(config.trainer.logger),
+        # what verl's FSDP worker reads when it loads the actor (tests/verl/load_actor.py mirrors that load)
+        "model_override_config": OmegaConf.to_container(config.actor_rollout_ref.model.get("override_config", {})),
+        "use_remove_padding": bool(config.actor_rollout_ref.model.get("use_remove_padding", False)),
     }
     if args.parquet:
         from transformers import AutoTokenizer
