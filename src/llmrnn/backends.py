@@ -288,15 +288,45 @@ def _no_choices(payload) -> str | None:
     return None
 
 
+def external_host(url: str | None) -> str | None:
+    """The host of `url` when requests to it leave this machine and the site's private network (a hosted
+    API: a third party), else None. Local: localhost, loopback/private/link-local IP literals, and
+    single-label names (cluster-internal hosts such as `gpu-node-12`); any dotted name counts as external."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(str(url or "")).hostname or "").rstrip(".").lower()
+    if not host or host == "localhost" or host.endswith(".localhost"):
+        return None
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host if "." in host else None
+    return None if (ip.is_loopback or ip.is_private or ip.is_link_local) else host
+
+
+def external_problem(url: str | None, allowed: bool, where: str, opt_in: str) -> str | None:
+    """Why sending patient text to `url` is refused (None when the host is local or the config opted in)."""
+    host = external_host(url)
+    if host is None or allowed:
+        return None
+    return (f"{where}: {host} is outside this site: it would receive patient text; set {opt_in}: true to allow "
+            "it (check your data-use agreement), or use a local endpoint")
+
+
 class OpenAIBackend:
-    """Any OpenAI-compatible endpoint: POST {url}/chat/completions, `concurrency` requests in flight."""
+    """Any OpenAI-compatible endpoint: POST {url}/chat/completions, `concurrency` requests in flight.
+    A host outside the site (external_host) receives patient text: refused unless `allow_external`."""
 
     def __init__(self, url: str, model: str, api_key_env: str | None = None, concurrency: int = 8,
-                 timeout_s: float = 120.0, max_retries: int = 4, api_key: str | None = None):
+                 timeout_s: float = 120.0, max_retries: int = 4, api_key: str | None = None,
+                 allow_external: bool = False, opt_in: str = "roles.<role>.allow_external"):
         if not url:
             raise InputError("roles: backend openai needs `url` (the endpoint's base URL, e.g. http://host:port/v1)")
         if not model:
             raise InputError("roles: backend openai needs `model` (the served model name)")
+        if problem := external_problem(url, allow_external, "openai backend", opt_in):
+            raise InputError(problem)
         if api_key is None and api_key_env:
             from llmrnn.upload import env_name_problem
 
@@ -365,7 +395,8 @@ def engine_key(role_cfg: dict, model_path: str | None) -> tuple:
                 int(role_cfg.get("tensor_parallel_size", 1)), bool(role_cfg.get("enforce_eager", False)))
     if backend == "openai":
         return (backend, role_cfg.get("url"), str(model_path or role_cfg.get("model")),
-                role_cfg.get("api_key_env"), int(role_cfg.get("concurrency", 8)))
+                role_cfg.get("api_key_env"), int(role_cfg.get("concurrency", 8)),
+                bool(role_cfg.get("allow_external", False)))
     raise InputError(f"roles: backend {backend!r}: expected one of {', '.join(BACKENDS)}")
 
 
@@ -393,6 +424,8 @@ def make_backend(role_cfg: dict, model_path: str | os.PathLike | None, cache: bo
     else:
         engine = OpenAIBackend(url=role_cfg.get("url"), model=model_path or role_cfg.get("model"),
                                api_key_env=role_cfg.get("api_key_env"),
+                               allow_external=bool(role_cfg.get("allow_external", False)),
+                               opt_in=role_cfg.get("opt_in_key", "roles.<role>.allow_external"),
                                concurrency=int(role_cfg.get("concurrency", 8)),
                                timeout_s=float(role_cfg.get("timeout_s", 120)),
                                max_retries=int(role_cfg.get("max_retries", 4)))

@@ -395,8 +395,47 @@ def check_env_names(config: dict) -> list[str]:
     return [f"config: {p}" for p in env_problems(config)]
 
 
+def _endpoint_problems(where: str, cfg: dict, allowed: bool, opt_in: str) -> list[str]:
+    """An OpenAI-compatible endpoint that receives patient text: a url; a host outside the site only with
+    the opt-in; and then (or whenever a key variable is named) the key in the environment now, not when
+    the job starts hours later."""
+    from llmrnn.backends import external_host, external_problem
+    from llmrnn.upload import env_name_problem
+
+    url = cfg.get("url")
+    if not url:
+        return [f"{where}.url: missing (the endpoint's base URL, e.g. http://host:8000/v1)"]
+    if problem := external_problem(url, allowed, f"{where}.url", opt_in):
+        return [problem]
+    env_name = cfg.get("api_key_env")
+    if not env_name:
+        return ([f"{where}.api_key_env: {external_host(url)} is a hosted endpoint: name the environment variable "
+                 "holding its API key"] if external_host(url) else [])
+    if env_name_problem(env_name):
+        return []  # check_env_names says what is wrong without echoing a possible secret
+    if not os.environ.get(env_name):
+        return [f"{where}.api_key_env: ${env_name} is not set: export the endpoint's API key before submitting"]
+    return []
+
+
+def check_external_endpoints(config: dict) -> list[str]:
+    """Patient text leaves the site only when the config opts in: the final judge (mode llm) and the roles
+    on the openai backend, each with its API key checked here."""
+    problems = []
+    judge = (config.get("eval") or {}).get("final_judge") or {}
+    if judge.get("mode") == "llm":
+        problems += _endpoint_problems("eval.final_judge.llm", judge.get("llm") or {},
+                                       bool(judge.get("allow_external")), "eval.final_judge.allow_external")
+    for role, rcfg in (config.get("roles") or {}).items():
+        if (rcfg or {}).get("backend") == "openai":
+            problems += _endpoint_problems(f"roles.{role}", rcfg, bool(rcfg.get("allow_external")),
+                                           f"roles.{role}.allow_external")
+    return problems
+
+
 CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
     ("secrets", check_env_names),
+    ("patient text", check_external_endpoints),
     ("cohort", check_cohort),
     ("models", check_models),
     ("judge", check_judge),

@@ -149,6 +149,15 @@ class FinalJudge:
             )
         elif self.mode == "llm":
             self.llm_cfg = dict(cfg.get("llm", {}))
+            # test-patient text goes to this endpoint: a host outside the site only with the explicit opt-in
+            from llmrnn.backends import external_problem
+
+            problem = external_problem(self.llm_cfg.get("url"), bool(cfg.get("allow_external", False)),
+                                       "eval.final_judge.llm.url", "eval.final_judge.allow_external")
+            if problem:
+                raise InputError(problem)
+            self.llm_cfg.update(allow_external=bool(cfg.get("allow_external", False)),
+                                opt_in_key="eval.final_judge.allow_external")
             self.primary_target = cfg.get("matcher", {}).get("primary_target", "first")
             self._backend = None
         else:
