@@ -81,7 +81,7 @@ def test_check_verifies_the_opt_in_and_the_key_at_check_time(in_workflow, tmp_pa
     monkeypatch.setenv("LLMRNN_FINAL_JUDGE_API_KEY", "sk-test")
     assert check.check_external_endpoints(opted_in) == []
     no_key = _config(tmp_path, {"mode": "llm", "allow_external": True, "llm": dict(HOSTED, api_key_env=None)})
-    assert "name the environment variable" in check.check_external_endpoints(no_key)[0]
+    assert "name the variable holding its key" in check.check_external_endpoints(no_key)[0]
     local = _config(tmp_path, {"mode": "llm", "llm": {"url": "http://127.0.0.1:8001/v1", "model": "m"}})
     assert check.check_external_endpoints(local) == []
 

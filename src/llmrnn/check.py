@@ -409,8 +409,8 @@ def _endpoint_problems(where: str, cfg: dict, allowed: bool, opt_in: str) -> lis
         return [problem]
     env_name = cfg.get("api_key_env")
     if not env_name:
-        return ([f"{where}.api_key_env: {external_host(url)} is a hosted endpoint: name the environment variable "
-                 "holding its API key"] if external_host(url) else [])
+        host = external_host(url)
+        return [f"{where}.api_key_env: {host} is a hosted endpoint: name the variable holding its key"] if host else []
     if env_name_problem(env_name):
         return []  # check_env_names says what is wrong without echoing a possible secret
     if not os.environ.get(env_name):
