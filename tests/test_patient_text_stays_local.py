@@ -65,6 +65,7 @@ def _config(tmp_path, final_judge):
 
 def test_reproduction_grades_locally_by_default(in_workflow):
     config, problems = check.load_config([REPO / "config/config.yaml", REPO / "config/reproduce.yaml"])
+    assert not problems, problems
     judge = config["eval"]["final_judge"]
     assert judge["mode"] == "matcher" and judge["allow_external"] is False
     assert check.check_external_endpoints(config) == []
@@ -75,9 +76,9 @@ def test_check_verifies_the_opt_in_and_the_key_at_check_time(in_workflow, tmp_pa
     problems = check.check_external_endpoints(_config(tmp_path, hosted))
     assert len(problems) == 1 and "eval.final_judge.allow_external: true" in problems[0], problems
     opted_in = _config(tmp_path, dict(hosted, allow_external=True))
-    assert check.check_external_endpoints(opted_in) == [
+    assert check.check_external_endpoints(opted_in) == [(
         "eval.final_judge.llm.api_key_env: $LLMRNN_FINAL_JUDGE_API_KEY is not set: export the endpoint's API key "
-        "before submitting"]
+        "before submitting")]
     monkeypatch.setenv("LLMRNN_FINAL_JUDGE_API_KEY", "sk-test")
     assert check.check_external_endpoints(opted_in) == []
     no_key = _config(tmp_path, {"mode": "llm", "allow_external": True, "llm": dict(HOSTED, api_key_env=None)})
