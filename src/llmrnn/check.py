@@ -433,6 +433,25 @@ def check_external_endpoints(config: dict) -> list[str]:
     return problems
 
 
+def check_engine_budget(config: dict) -> list[str]:
+    """The vLLM engines each forward-pass job opens, planned by the code the jobs run
+    (llmrnn.backends.plan_engines via rnn.make_roles), fit the GPUs the job asks for: trajectory shards and
+    eval shards of the base and the trained memory model (a second model: split budget, or a LoRA)."""
+    from llmrnn.backends import gpu_budget_problems, plan_engines
+
+    roles = config.get("roles") or {}
+    if not any((r or {}).get("backend") == "vllm" for r in roles.values()):
+        return []
+    problems = []
+    jobs = [("trajectory_shard", "trajectories", None), ("eval_shard (base)", "eval", None),
+            ("eval_shard (trained)", "eval", {"memory": "<trained memory model>"})]
+    for where, section, paths in jobs:
+        gpus = (((config.get(section) or {}).get("resources")) or {}).get("gpu")
+        plan = plan_engines(roles, paths)
+        problems += gpu_budget_problems(plan, 1 if gpus is None else int(gpus), where)
+    return problems
+
+
 CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
     ("secrets", check_env_names),
     ("patient text", check_external_endpoints),
@@ -440,6 +459,7 @@ CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
     ("models", check_models),
     ("judge", check_judge),
     ("training", check_training),
+    ("gpu memory", check_engine_budget),
     ("gpu stack", check_gpu_stack),
     ("upload", check_upload),
 ]
