@@ -10,6 +10,7 @@ the same GPU past 1."""
 from __future__ import annotations
 
 import json
+from typing import ClassVar
 
 import pytest
 import yaml
@@ -24,7 +25,7 @@ class StandInVLLM:
     """STAND-IN for vllm.LLM behind VLLMBackend (no GPU here): records each engine and its requests and
     fails like vLLM when the engines of this process reserve more than the whole GPU."""
 
-    engines: list[StandInVLLM] = []
+    engines: ClassVar[list[StandInVLLM]] = []
 
     def __init__(self, model_path, gpu_memory_utilization=0.85, enable_lora=False, max_lora_rank=16, **kw):
         reserved = sum(e.utilization for e in StandInVLLM.engines) + gpu_memory_utilization
