@@ -93,6 +93,66 @@ def test_micro_batch_verl_only_checks_on_the_gpu_node_is_caught_by_preflight(ver
     assert any("micro_per_gpu=3 does not divide the 64 responses" in p for p in problems)
 
 
+# ----------------------------------------------------------------------------- rehearsal of the reward half
+@pytest.mark.verl
+@pytest.mark.slow
+def test_rehearsal_verl_scores_our_trajectory_parquet_through_compute_score(tmp_path, tiny_model_dir):
+    """verl 0.7.1's own classes on CPU: RLHFDataset loads the train parquet that the real trajectories code
+    made (forward pass with the tiny model + gather), and verl's RewardLoopWorker with the naive reward
+    manager scores a batch through llmrnn.reward.compute_score against a judge on 127.0.0.1 (scripted
+    answers: the judge MODEL is the fake part). Invalid policy JSON scores 0.05 without a judge call."""
+    from llmrnn import io, trajectories
+    from llmrnn.cohort import dump_cohort, synthesize_cohort
+    from tests.judge_helpers import ScriptedJudge, memory, prompt_of, write_endpoint, write_rubric
+
+    python = verl_python("0.7.1")
+    split = tmp_path / "train.json"
+    io.write_text(split, dump_cohort(synthesize_cohort(3, seed=4)))
+    role = {"model": str(tiny_model_dir), "backend": "transformers", "temperature": 0.7, "top_p": 0.95,
+            "max_tokens": 8}
+    cfg = {"roles": {r: dict(role) for r in ("prediction", "evaluation", "memory")},
+           "trajectories": {"shards": 1, "max_visits": 4, "seed": 3}}
+    rows, stats = trajectories.run_shard("train", split, 0, cfg, REPO / "config" / "prompts" / "llmrnn.yaml")
+    trajectories.write_parquet(tmp_path / "part_0.parquet", rows)
+    io.write_json(tmp_path / "part_0.json", stats)
+    rows, _ = trajectories.gather("train", [tmp_path / "part_0.parquet"], [tmp_path / "part_0.json"])
+    parquet = tmp_path / "train.parquet"
+    trajectories.write_parquet(parquet, rows)
+    responses = [memory("CKD stage 3 and heart failure: watch edema at the next visit."),
+                 memory("Patient likes gardening."), "not JSON at all"]
+
+    def judge_answer(body):  # the scripted judge prefers the memory that names the next visit's risks
+        return "Score: 8" if "watch edema at the next visit" in prompt_of(body) else "Score: 3"
+
+    with ScriptedJudge(judge_answer) as judge:
+        endpoint = write_endpoint(tmp_path, judge.port, write_rubric(tmp_path))
+        overrides = verl_cmd.build_overrides(
+            dict(REFERENCE), train_parquet=str(parquet), val_parquet=None, model_dir=str(tiny_model_dir),
+            out_dir=str(tmp_path / "train"), experiment_name="rehearsal", endpoint_file=str(endpoint),
+            verl_version="0.7.1")
+        (tmp_path / "overrides.json").write_text(json.dumps(overrides))
+        (tmp_path / "responses.json").write_text(json.dumps(responses))
+        env = dict(os.environ, PYTHONPATH=str(REPO / "src"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+        proc = subprocess.run(
+            [str(python), str(REPO / "tests" / "verl" / "rehearse_reward.py"), "--overrides",
+             str(tmp_path / "overrides.json"), "--responses", str(tmp_path / "responses.json")],
+            capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    n = len(rows)
+    assert report["verl"] == "0.7.1" and report["dataset_rows"] == n >= 3
+    assert report["reward_manager"].endswith("reward_manager.naive.NaiveRewardManager")
+    expected = [(8 / 9, "score_line"), (3 / 9, "score_line"), (0.05, "invalid_json")]
+    got = list(zip(report["scores"], report["parse_methods"]))
+    for i, (score, method) in enumerate(got):
+        want_score, want_method = expected[i % 3]
+        assert method == want_method and score == pytest.approx(want_score), (i, got)
+    assert judge.hits == sum(1 for i in range(n) if i % 3 != 2)  # invalid JSON never reached the judge
+    assert "judge_latency_s" in report["extra_keys"] and "valid_json" in report["extra_keys"]
+    assert sorted(set(report["patients"])) == sorted({r["extra_info"]["patient_id"] for r in rows})
+    assert list((tmp_path / "train" / "audit").glob("*.jsonl"))  # every judge call audited
+
+
 # ----------------------------------------------------------------------------- the actor's model load
 ATTN_OVERRIDES = ("+actor_rollout_ref.model.override_config.attn_implementation=",
                   "actor_rollout_ref.model.use_remove_padding=")
