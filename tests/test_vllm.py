@@ -67,6 +67,9 @@ def _rubric(tmp: Path, model: Path, score_method: str, name: str) -> Path:
     raw["serving"].update(engine="vllm", max_model_len=2048, dtype="float32", startup_timeout_s=900,
                           extra_args=CPU_SERVE_ARGS)
     raw["request"].update(score_method=score_method)
+    # the reproduction's answer-ending stops: the launcher must make vLLM accept all nine of them
+    repro = yaml.safe_load((REPO / "config/rubrics/rubric_v2_rubricarm_scalar.yaml").read_text())
+    raw["request"]["stop"] = repro["request"]["stop"]
     path = tmp / name
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -204,3 +207,36 @@ def test_vllm_backend_forward_pass_and_eval_shard_match_the_transformers_schema(
 
     assert [keys(r) for r in vllm_rows] == [keys(r) for r in tf_rows]
     assert all(r["visits"] for r in vllm_rows)
+
+
+def test_vllm_stops_the_judge_at_the_answer_and_keeps_the_stop(served_judge, tmp_path):
+    """The rubric's `stop` goes out with vLLM's include_stop_str_in_output: the real vLLM ends the answer at
+    the first stop and keeps it (the score line), and accepts the reproduction rubric's raw-prompt body."""
+    from llmrnn.judge.client import Endpoint, JudgeClient
+    from llmrnn.rubric import response_problem, response_text, scalar_request
+
+    endpoint, _, _ = served_judge
+    client = JudgeClient(Endpoint.read(endpoint), timeout_s=300, retries=1)
+    try:
+        body = {"model": "judge", "prompt": "Count from one to twenty: 1, 2, 3,", "max_tokens": 24, "temperature": 0}
+        free = client.post("/completions", body)[0]["choices"][0]["text"]
+        assert len(free) >= 8, free
+        stop = free[4:7]  # three characters the greedy answer writes anyway
+        kept = client.post("/completions", dict(body, stop=[stop], include_stop_str_in_output=True))[0]
+        cut = client.post("/completions", dict(body, stop=[stop]))[0]
+        assert kept["choices"][0]["text"] == free[:free.find(stop) + len(stop)], (free, stop, kept)
+        assert cut["choices"][0]["text"] == free[:free.find(stop)]
+        raw = yaml.safe_load((REPO / "config/rubrics/rubric_v2_rubricarm_scalar.yaml").read_text())
+        raw["judge"].update(served_model_name="judge")
+        raw["request"]["max_tokens"] = 32
+        repro = tmp_path / "repro.yaml"
+        repro.write_text(yaml.safe_dump(raw))
+        req = scalar_request(load_rubric(repro), make_step(), GOOD)
+        assert req.path == "/completions" and req.body["include_stop_str_in_output"] is True
+        payload = client.post(req.path, req.body)[0]
+        assert response_problem(payload) is None, payload
+        text = response_text(payload)
+        ends = [s for s in req.body["stop"] if s in text]
+        assert not ends or text.endswith(ends[0]), text  # stopped at its first score line, kept it
+    finally:
+        client.close()
