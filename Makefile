@@ -78,7 +78,8 @@ gpu-lock: $(STAMP)
 # build the venv with the package caches warm, ~2 min for the 185 tests.
 GPU_ROUTE_TESTS := tests/test_backends.py tests/test_rnn.py tests/test_trajectories.py tests/test_merge.py \
   tests/test_judge.py tests/test_reward.py tests/test_rubric.py tests/test_models.py tests/test_preflight.py \
-  tests/test_preflight_training.py tests/test_gpu_stack.py tests/test_evaluate.py
+  tests/test_preflight_training.py tests/test_gpu_stack.py tests/test_evaluate.py tests/test_engine_budget.py \
+  tests/test_judge_answer_end.py
 .PHONY: test-gpu-stack
 test-gpu-stack: .venv-gpu-cpu/.installed-llmrnn
 	PATH=$(CURDIR)/.venv-gpu-cpu/bin:$$PATH OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error \

@@ -129,3 +129,14 @@ def test_check_plans_the_reproduction_and_refuses_what_cannot_fit(in_workflow, t
     config, _ = check.load_config([REPO / "config/config.yaml", REPO / "config/reproduce.yaml", wide])
     problems = check.check_engine_budget(config)
     assert any(p.startswith("eval_shard (trained):") and "tensor_parallel_size 2" in p for p in problems), problems
+
+
+def test_eval_shard_refuses_a_memory_adapter_that_is_no_adapter(tmp_path, adapter):
+    from llmrnn.errors import InputError
+    from llmrnn.evaluate import run_shard
+
+    merged = tmp_path / "base"  # an HF folder (the adapter fixture's base model) standing for merged/
+    with pytest.raises(InputError, match="not a PEFT adapter folder .* memory adapter of trained") as err:
+        run_shard([], "trained", _roles("base-model"), str(REPO / "config/prompts/llmrnn.yaml"), 0,
+                  memory_model=str(merged), memory_adapter=str(tmp_path / "nothing"))
+    assert "\n" not in str(err.value)

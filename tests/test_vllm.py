@@ -240,3 +240,42 @@ def test_vllm_stops_the_judge_at_the_answer_and_keeps_the_stop(served_judge, tmp
         assert not ends or text.endswith(ends[0]), text  # stopped at its first score line, kept it
     finally:
         client.close()
+
+
+LORA = """
+import json, sys
+from llmrnn import backends, rnn
+roles_cfg, adapter, result = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+# the trained variant of an eval shard: memory = the merged model, given with the adapter it was merged from
+roles = rnn.make_roles(roles_cfg, {"memory": "/nonexistent/merged"}, memory_adapter=adapter)
+conv = [[{"role": "user", "content": "Summarise for the next visit: chest pain, CKD stage 3, on lisinopril."}]]
+out = {"memory": roles["memory"].generate(conv), "prediction": roles["prediction"].generate(conv),
+       "engines": [type(e).__name__ for e in backends._POOL.values()],
+       "shares": [e.llm.llm_engine.vllm_config.cache_config.gpu_memory_utilization for e in backends._POOL.values()],
+       "lora": [bool(e.llm.llm_engine.vllm_config.lora_config) for e in backends._POOL.values()]}
+open(result, "w").write(json.dumps(out))
+"""
+
+
+def test_trained_memory_model_runs_as_a_lora_on_the_base_vllm_engine(tmp_path, smollm2_dir, vllm_home):
+    """The eval shard's trained variant with its adapter: ONE vLLM engine (the base, LoRA enabled, the
+    configured share) serves the other roles plainly and the memory role through the adapter (a random,
+    non-zero PEFT LoRA: its greedy answer differs from the base's on the same prompt)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(smollm2_dir),
+                           LoraConfig(r=8, lora_alpha=64, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    model.save_pretrained(tmp_path / "adapter")
+    role = dict(_role(smollm2_dir, "vllm"), temperature=0.0, max_tokens=12, gpu_memory_utilization=0.85)
+    roles = {r: dict(role) for r in ("prediction", "evaluation", "memory")}
+    result = tmp_path / "result.json"
+    env = dict(_env(vllm_home), PYTHONPATH=str(REPO / "src"))
+    proc = subprocess.run([str(VENV / "bin" / "python"), "-c", LORA, json.dumps(roles), str(tmp_path / "adapter"),
+                           str(result)], capture_output=True, text=True, env=env, timeout=1500, check=False)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    out = json.loads(result.read_text())
+    assert out["engines"] == ["VLLMBackend"] and out["lora"] == [True] and out["shares"] == [0.85], out
+    assert out["memory"][0] and out["prediction"][0] and out["memory"] != out["prediction"], out
