@@ -1,6 +1,6 @@
 """The literal `snakemake --profile slurm all` plan (no SLURM needed) runs both model downloads on the
-login node (local rules: compute nodes usually cannot reach the Hub), submits the GPU work, and grades the
-test patients locally (no hosted final judge unless the config opts in)."""
+login node (local rules: compute nodes usually cannot reach the Hub), submits the GPU work (the trained memory model's eval
+shards get its adapter: a LoRA on the base vLLM engine), and grades the test patients locally (no hosted final judge unless the config opts in)."""
 
 from __future__ import annotations
 
@@ -50,5 +50,7 @@ def test_hub_downloads_run_on_the_login_node(workflow_dir, tmp_path):
     assert not DOWNLOADS & set(profile.get("groups", {})), profile.get("groups")  # a group would be submitted
     assert not {"train_grpo", "eval_shard", "trajectory_shard", "judge_server"} & local  # GPU work is submitted
     # the same literal plan grades test patients locally: no hosted final judge unless the config opts in
+    trained = [j for j in parse_dry_run(text) if j.rule == "eval_shard" and "--variant trained" in j.shell]
+    assert trained and all("--memory-adapter" in j.shell and "/train/adapter" in j.shell for j in trained)
     grades = [j for j in parse_dry_run(text) if j.rule == "eval_grade"]
     assert grades and all('"mode": "matcher"' in j.shell and '"allow_external": false' in j.shell for j in grades)
