@@ -217,6 +217,21 @@ def test_attention_knob_renders_both_verl_settings():
         rendered(attn_implementation="flash_attn")
 
 
+def test_check_allows_flash_attention_only_where_flash_attn_imports(monkeypatch):
+    import importlib.util
+
+    from llmrnn import check
+    from llmrnn.train import config as tcfg
+
+    flash = tcfg.normalize({"verl": {"attn_implementation": "flash_attention_2"}})
+    assert check.check_attention(tcfg.normalize({})) == []
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flash_attn" else object())
+    (problem,) = check.check_attention(flash)
+    assert problem.startswith("train.verl.attn_implementation: flash_attention_2 needs the flash-attn package")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # a node with flash-attn
+    assert check.check_attention(flash) == []
+
+
 def test_overrides_use_the_reward_keys_that_work_in_both_releases():
     ov = verl_cmd.build_overrides({}, train_parquet="t.parquet", val_parquet="v.parquet", model_dir="m",
                                   out_dir="o", experiment_name="e", verl_version="0.9.1")
