@@ -106,6 +106,8 @@ def test_rehearsal_verl_scores_our_trajectory_parquet_through_compute_score(tmp_
     from tests.judge_helpers import ScriptedJudge, memory, prompt_of, write_endpoint, write_rubric
 
     python = verl_python("0.7.1")
+    if subprocess.run([str(python), "-c", "import tenacity"], capture_output=True, check=False).returncode:
+        pytest.skip("the verl 0.7.1 venv predates tenacity in scripts/make_verl_env.sh: `make verl-envs` rebuilds it")
     split = tmp_path / "train.json"
     io.write_text(split, dump_cohort(synthesize_cohort(3, seed=4)))
     role = {"model": str(tiny_model_dir), "backend": "transformers", "temperature": 0.7, "top_p": 0.95,
