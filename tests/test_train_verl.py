@@ -28,13 +28,15 @@ def verl_python(version: str) -> Path:
     return py
 
 
-def check(version, tmp_path, model, cfg, extra=()):
+def check(version, tmp_path, model, cfg, extra=(), drop=()):
+    """check_verl.py in the verl venv with our overrides (+ `extra`, less those starting with `drop`)."""
     train = write_parquet(tmp_path / "train.parquet", make_rows(6))
     val = write_parquet(tmp_path / "val.parquet", make_rows(2, split="val"))
     overrides = verl_cmd.build_overrides(
         cfg, train_parquet=train, val_parquet=val, model_dir=str(model), out_dir=str(tmp_path / "train"),
         experiment_name="t", endpoint_file=str(tmp_path / "endpoint.json"), verl_version=version,
     ) + list(extra)
+    overrides = [o for o in overrides if not (drop and o.startswith(tuple(drop)))]
     path = tmp_path / "overrides.json"
     path.write_text(json.dumps(overrides))
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), HF_HUB_OFFLINE="1")
@@ -89,6 +91,147 @@ def test_micro_batch_verl_only_checks_on_the_gpu_node_is_caught_by_preflight(ver
     assert proc.returncode == 0, proc.stderr[-2000:]
     problems = tcfg.geometry(tcfg.normalize(cfg)).problems
     assert any("micro_per_gpu=3 does not divide the 64 responses" in p for p in problems)
+
+
+# ----------------------------------------------------------------------------- rehearsal of the reward half
+@pytest.mark.verl
+@pytest.mark.slow
+def test_rehearsal_verl_scores_our_trajectory_parquet_through_compute_score(tmp_path, tiny_model_dir):
+    """verl 0.7.1's own classes on CPU: RLHFDataset loads the train parquet that the real trajectories code
+    made (forward pass with the tiny model + gather), and verl's RewardLoopWorker with the naive reward
+    manager scores a batch through llmrnn.reward.compute_score against a judge on 127.0.0.1 (scripted
+    answers: the judge MODEL is the fake part). Invalid policy JSON scores 0.05 without a judge call."""
+    from llmrnn import io, trajectories
+    from llmrnn.cohort import dump_cohort, synthesize_cohort
+    from tests.judge_helpers import ScriptedJudge, memory, prompt_of, write_endpoint, write_rubric
+
+    python = verl_python("0.7.1")
+    if subprocess.run([str(python), "-c", "import tenacity"], capture_output=True, check=False).returncode:
+        pytest.skip("the verl 0.7.1 venv predates tenacity in scripts/make_verl_env.sh: `make verl-envs` rebuilds it")
+    split = tmp_path / "train.json"
+    io.write_text(split, dump_cohort(synthesize_cohort(3, seed=4)))
+    role = {"model": str(tiny_model_dir), "backend": "transformers", "temperature": 0.7, "top_p": 0.95,
+            "max_tokens": 8}
+    cfg = {"roles": {r: dict(role) for r in ("prediction", "evaluation", "memory")},
+           "trajectories": {"shards": 1, "max_visits": 4, "seed": 3}}
+    rows, stats = trajectories.run_shard("train", split, 0, cfg, REPO / "config" / "prompts" / "llmrnn.yaml")
+    trajectories.write_parquet(tmp_path / "part_0.parquet", rows)
+    io.write_json(tmp_path / "part_0.json", stats)
+    rows, _ = trajectories.gather("train", [tmp_path / "part_0.parquet"], [tmp_path / "part_0.json"])
+    parquet = tmp_path / "train.parquet"
+    trajectories.write_parquet(parquet, rows)
+    responses = [memory("CKD stage 3 and heart failure: watch edema at the next visit."),
+                 memory("Patient likes gardening."), "not JSON at all"]
+
+    def judge_answer(body):  # the scripted judge prefers the memory that names the next visit's risks
+        return "Score: 8" if "watch edema at the next visit" in prompt_of(body) else "Score: 3"
+
+    with ScriptedJudge(judge_answer) as judge:
+        endpoint = write_endpoint(tmp_path, judge.port, write_rubric(tmp_path))
+        overrides = verl_cmd.build_overrides(
+            dict(REFERENCE), train_parquet=str(parquet), val_parquet=None, model_dir=str(tiny_model_dir),
+            out_dir=str(tmp_path / "train"), experiment_name="rehearsal", endpoint_file=str(endpoint),
+            verl_version="0.7.1")
+        (tmp_path / "overrides.json").write_text(json.dumps(overrides))
+        (tmp_path / "responses.json").write_text(json.dumps(responses))
+        env = dict(os.environ, PYTHONPATH=str(REPO / "src"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+        proc = subprocess.run(
+            [str(python), str(REPO / "tests" / "verl" / "rehearse_reward.py"), "--overrides",
+             str(tmp_path / "overrides.json"), "--responses", str(tmp_path / "responses.json")],
+            capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    n = len(rows)
+    assert report["verl"] == "0.7.1" and report["dataset_rows"] == n >= 3
+    assert report["reward_manager"].endswith("reward_manager.naive.NaiveRewardManager")
+    expected = [(8 / 9, "score_line"), (3 / 9, "score_line"), (0.05, "invalid_json")]
+    got = list(zip(report["scores"], report["parse_methods"]))
+    for i, (score, method) in enumerate(got):
+        want_score, want_method = expected[i % 3]
+        assert method == want_method and score == pytest.approx(want_score), (i, got)
+    assert judge.hits == sum(1 for i in range(n) if i % 3 != 2)  # invalid JSON never reached the judge
+    assert "judge_latency_s" in report["extra_keys"] and "valid_json" in report["extra_keys"]
+    assert sorted(set(report["patients"])) == sorted({r["extra_info"]["patient_id"] for r in rows})
+    assert list((tmp_path / "train" / "audit").glob("*.jsonl"))  # every judge call audited
+
+
+# ----------------------------------------------------------------------------- the actor's model load
+ATTN_OVERRIDES = ("+actor_rollout_ref.model.override_config.attn_implementation=",
+                  "actor_rollout_ref.model.use_remove_padding=")
+
+
+def gpu_lock_python() -> Path:
+    """The locked GPU stack minus torch/CUDA (transformers 4.57; `make .venv-gpu-cpu/.installed-llmrnn`)."""
+    venv = REPO / ".venv-gpu-cpu"
+    if not (venv / ".installed-llmrnn").exists():
+        pytest.skip("no .venv-gpu-cpu: run `make .venv-gpu-cpu/.installed-llmrnn` (make test-gpu-stack builds it)")
+    return venv / "bin" / "python"
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("rendered", [True, False], ids=["rendered", "verl-defaults"])
+def test_actor_loads_the_way_verl_071_loads_it_in_the_locked_gpu_venv(rendered, tmp_path):
+    """verl 0.7.1 composes the model settings (ours, or its own defaults when our two attention overrides
+    are left out); the locked GPU venv (transformers 4.57, no flash-attn) then loads the actor exactly as
+    verl's FSDP worker does (tests/verl/load_actor.py). verl's defaults (flash_attention_2 + remove padding)
+    fail there with ImportError; the rendered ones load and run a forward pass."""
+    python = gpu_lock_python()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error",
+               PYTHONPATH=str(REPO))
+    # the tiny model saved by the lock's transformers 4.57 (a 5.x tokenizer file names a class 4.57 lacks)
+    model = tmp_path / "tiny-llama"
+    subprocess.run([str(python), "-c", f"from tests.tiny_model import build_tiny_model; build_tiny_model({str(model)!r})"],
+                   env=env, check=True, capture_output=True, timeout=300)
+    proc = check("0.7.1", tmp_path, model, REFERENCE, drop=() if rendered else ATTN_OVERRIDES)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    settings = {k: report[k] for k in ("model_override_config", "use_remove_padding")}
+    if rendered:
+        assert settings == {"model_override_config": {"attn_implementation": "sdpa"}, "use_remove_padding": False}
+    else:
+        assert settings == {"model_override_config": {}, "use_remove_padding": True}
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps(settings))
+    load = subprocess.run([str(python), str(REPO / "tests" / "verl" / "load_actor.py"), "--model", str(model),
+                           "--settings", str(path)], capture_output=True, text=True, env=env, timeout=600, check=False)
+    if rendered:
+        assert load.returncode == 0, load.stderr[-3000:]
+        out = json.loads(load.stdout.strip().splitlines()[-1])
+        assert out["transformers"].startswith("4.57") and out["attn_implementation"] == "sdpa"
+        assert out["finite"] and out["logits_shape"][0] == 1
+    else:
+        assert load.returncode == 1, (load.stdout, load.stderr[-3000:])
+        assert "ImportError" in load.stderr and "flash" in load.stderr.lower()
+
+
+def test_attention_knob_renders_both_verl_settings():
+    def rendered(**verl):
+        ov = verl_cmd.build_overrides({"verl": verl}, train_parquet="t", val_parquet=None, model_dir="m",
+                                      out_dir="o", experiment_name="e", verl_version="0.7.1")
+        return [o for o in ov if o.startswith(ATTN_OVERRIDES)]
+
+    assert sorted(rendered()) == ["+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+                                  "actor_rollout_ref.model.use_remove_padding=false"]
+    assert sorted(rendered(attn_implementation="flash_attention_2")) == [
+        "+actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2",
+        "actor_rollout_ref.model.use_remove_padding=true"]
+    with pytest.raises(Exception, match="train.verl.attn_implementation"):
+        rendered(attn_implementation="flash_attn")
+
+
+def test_check_allows_flash_attention_only_where_flash_attn_imports(monkeypatch):
+    import importlib.util
+
+    from llmrnn import check
+    from llmrnn.train import config as tcfg
+
+    flash = tcfg.normalize({"verl": {"attn_implementation": "flash_attention_2"}})
+    assert check.check_attention(tcfg.normalize({})) == []
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flash_attn" else object())
+    (problem,) = check.check_attention(flash)
+    assert problem.startswith("train.verl.attn_implementation: flash_attention_2 needs the flash-attn package")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # a node with flash-attn
+    assert check.check_attention(flash) == []
 
 
 def test_overrides_use_the_reward_keys_that_work_in_both_releases():

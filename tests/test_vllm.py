@@ -67,6 +67,9 @@ def _rubric(tmp: Path, model: Path, score_method: str, name: str) -> Path:
     raw["serving"].update(engine="vllm", max_model_len=2048, dtype="float32", startup_timeout_s=900,
                           extra_args=CPU_SERVE_ARGS)
     raw["request"].update(score_method=score_method)
+    # the reproduction's answer-ending stops: the launcher must make vLLM accept all nine of them
+    repro = yaml.safe_load((REPO / "config/rubrics/rubric_v2_rubricarm_scalar.yaml").read_text())
+    raw["request"]["stop"] = repro["request"]["stop"]
     path = tmp / name
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -204,3 +207,75 @@ def test_vllm_backend_forward_pass_and_eval_shard_match_the_transformers_schema(
 
     assert [keys(r) for r in vllm_rows] == [keys(r) for r in tf_rows]
     assert all(r["visits"] for r in vllm_rows)
+
+
+def test_vllm_stops_the_judge_at_the_answer_and_keeps_the_stop(served_judge, tmp_path):
+    """The rubric's `stop` goes out with vLLM's include_stop_str_in_output: the real vLLM ends the answer at
+    the first stop and keeps it (the score line), and accepts the reproduction rubric's raw-prompt body."""
+    from llmrnn.judge.client import Endpoint, JudgeClient
+    from llmrnn.rubric import response_problem, response_text, scalar_request
+
+    endpoint, _, _ = served_judge
+    client = JudgeClient(Endpoint.read(endpoint), timeout_s=300, retries=1)
+    try:
+        body = {"model": "judge", "prompt": "Count from one to twenty: 1, 2, 3,", "max_tokens": 24, "temperature": 0}
+        free = client.post("/completions", body)[0]["choices"][0]["text"]
+        assert len(free) >= 8, free
+        stop = free[4:7]  # three characters the greedy answer writes anyway
+        kept = client.post("/completions", dict(body, stop=[stop], include_stop_str_in_output=True))[0]
+        cut = client.post("/completions", dict(body, stop=[stop]))[0]
+        assert kept["choices"][0]["text"] == free[:free.find(stop) + len(stop)], (free, stop, kept)
+        assert cut["choices"][0]["text"] == free[:free.find(stop)]
+        raw = yaml.safe_load((REPO / "config/rubrics/rubric_v2_rubricarm_scalar.yaml").read_text())
+        raw["judge"].update(served_model_name="judge")
+        raw["request"]["max_tokens"] = 32
+        repro = tmp_path / "repro.yaml"
+        repro.write_text(yaml.safe_dump(raw))
+        req = scalar_request(load_rubric(repro), make_step(), GOOD)
+        assert req.path == "/completions" and req.body["include_stop_str_in_output"] is True
+        payload = client.post(req.path, req.body)[0]
+        assert response_problem(payload) is None, payload
+        text = response_text(payload)
+        ends = [s for s in req.body["stop"] if s in text]
+        assert not ends or text.endswith(ends[0]), text  # stopped at its first score line, kept it
+    finally:
+        client.close()
+
+
+LORA = """
+import json, sys
+from llmrnn import backends, rnn
+roles_cfg, adapter, result = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+# the trained variant of an eval shard: memory = the merged model, given with the adapter it was merged from
+roles = rnn.make_roles(roles_cfg, {"memory": "/nonexistent/merged"}, memory_adapter=adapter)
+conv = [[{"role": "user", "content": "Summarise for the next visit: chest pain, CKD stage 3, on lisinopril."}]]
+out = {"memory": roles["memory"].generate(conv), "prediction": roles["prediction"].generate(conv),
+       "engines": [type(e).__name__ for e in backends._POOL.values()],
+       "shares": [e.llm.llm_engine.vllm_config.cache_config.gpu_memory_utilization for e in backends._POOL.values()],
+       "lora": [bool(e.llm.llm_engine.vllm_config.lora_config) for e in backends._POOL.values()]}
+open(result, "w").write(json.dumps(out))
+"""
+
+
+def test_trained_memory_model_runs_as_a_lora_on_the_base_vllm_engine(tmp_path, smollm2_dir, vllm_home):
+    """The eval shard's trained variant with its adapter: ONE vLLM engine (the base, LoRA enabled, the
+    configured share) serves the other roles plainly and the memory role through the adapter (a random,
+    non-zero PEFT LoRA: its greedy answer differs from the base's on the same prompt)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(smollm2_dir),
+                           LoraConfig(r=8, lora_alpha=64, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    model.save_pretrained(tmp_path / "adapter")
+    role = dict(_role(smollm2_dir, "vllm"), temperature=0.0, max_tokens=12, gpu_memory_utilization=0.85)
+    roles = {r: dict(role) for r in ("prediction", "evaluation", "memory")}
+    result = tmp_path / "result.json"
+    env = dict(_env(vllm_home), PYTHONPATH=str(REPO / "src"))
+    proc = subprocess.run([str(VENV / "bin" / "python"), "-c", LORA, json.dumps(roles), str(tmp_path / "adapter"),
+                           str(result)], capture_output=True, text=True, env=env, timeout=1500, check=False)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    out = json.loads(result.read_text())
+    assert out["engines"] == ["VLLMBackend"] and out["lora"] == [True] and out["shares"] == [0.85], out
+    assert out["memory"][0] and out["prediction"][0] and out["memory"] != out["prediction"], out

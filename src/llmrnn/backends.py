@@ -27,10 +27,12 @@ Engines are cached per (engine, model, settings): roles that share a model share
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from llmrnn import prefix_engine
@@ -234,10 +236,13 @@ class TransformersBackend:
 
 # ----------------------------------------------------------------------------- vllm
 class VLLMBackend:
-    """In-process vLLM engine (GPU). vllm is imported here only, so CPU installs never need it."""
+    """In-process vLLM engine (GPU). vllm is imported here only, so CPU installs never need it.
+    With `enable_lora`, `generate(..., lora_path=DIR)` runs the rows through that PEFT adapter on this base
+    engine (vLLM's LoRARequest): one engine serves the base and the trained memory model."""
 
     def __init__(self, model_path: str, dtype: str = "auto", gpu_memory_utilization: float = 0.85,
-                 max_model_len: int | None = None, tensor_parallel_size: int = 1, enforce_eager: bool = False):
+                 max_model_len: int | None = None, tensor_parallel_size: int = 1, enforce_eager: bool = False,
+                 enable_lora: bool = False, max_lora_rank: int = 16):
         try:
             from vllm import LLM
         except ImportError as exc:
@@ -255,12 +260,23 @@ class VLLMBackend:
         }
         if max_model_len:
             kwargs["max_model_len"] = max_model_len
+        if enable_lora:
+            kwargs.update(enable_lora=True, max_lora_rank=int(max_lora_rank), max_loras=1)
         self.llm = LLM(**kwargs)
         self.model_path = str(model_path)
         self.calls = 0
         self.sequences = 0
+        self._lora_ids: dict[str, int] = {}
 
-    def generate(self, conversations, temperature, top_p, max_tokens, seeds=None) -> list[str]:
+    def _lora_request(self, lora_path: str | None):
+        if lora_path is None:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        lora_id = self._lora_ids.setdefault(str(lora_path), len(self._lora_ids) + 1)
+        return LoRARequest(f"adapter{lora_id}", lora_id, str(lora_path))
+
+    def generate(self, conversations, temperature, top_p, max_tokens, seeds=None, lora_path=None) -> list[str]:
         from vllm import SamplingParams
 
         self.calls += 1
@@ -275,8 +291,25 @@ class VLLMBackend:
         ]
         cont = _continues(conversations[0])
         outputs = self.llm.chat([list(c) for c in conversations], params, use_tqdm=False,
-                                add_generation_prompt=not cont, continue_final_message=cont)
+                                add_generation_prompt=not cont, continue_final_message=cont,
+                                lora_request=self._lora_request(lora_path))
         return [o.outputs[0].text.strip() if o.outputs else "" for o in outputs]
+
+
+class LoRAView:
+    """A role served by a PEFT adapter on a shared vLLM base engine (VLLMBackend with enable_lora)."""
+
+    def __init__(self, engine: VLLMBackend, lora_path: str):
+        self.engine = engine
+        self.lora_path = str(lora_path)
+        self.model_path = self.lora_path
+        self.calls = 0
+        self.sequences = 0
+
+    def generate(self, conversations, temperature, top_p, max_tokens, seeds=None) -> list[str]:
+        self.calls += 1
+        self.sequences += len(conversations)
+        return self.engine.generate(conversations, temperature, top_p, max_tokens, seeds, lora_path=self.lora_path)
 
 
 # ----------------------------------------------------------------------------- openai-compatible HTTP
@@ -288,15 +321,45 @@ def _no_choices(payload) -> str | None:
     return None
 
 
+def external_host(url: str | None) -> str | None:
+    """The host of `url` when requests to it leave this machine and the site's private network (a hosted
+    API: a third party), else None. Local: localhost, loopback/private/link-local IP literals, and
+    single-label names (cluster-internal hosts such as `gpu-node-12`); any dotted name counts as external."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(str(url or "")).hostname or "").rstrip(".").lower()
+    if not host or host == "localhost" or host.endswith(".localhost"):
+        return None
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host if "." in host else None
+    return None if (ip.is_loopback or ip.is_private or ip.is_link_local) else host
+
+
+def external_problem(url: str | None, allowed: bool, where: str, opt_in: str) -> str | None:
+    """Why sending patient text to `url` is refused (None when the host is local or the config opted in)."""
+    host = external_host(url)
+    if host is None or allowed:
+        return None
+    return (f"{where}: {host} is outside this site: it would receive patient text; set {opt_in}: true to allow "
+            "it (check your data-use agreement), or use a local endpoint")
+
+
 class OpenAIBackend:
-    """Any OpenAI-compatible endpoint: POST {url}/chat/completions, `concurrency` requests in flight."""
+    """Any OpenAI-compatible endpoint: POST {url}/chat/completions, `concurrency` requests in flight.
+    A host outside the site (external_host) receives patient text: refused unless `allow_external`."""
 
     def __init__(self, url: str, model: str, api_key_env: str | None = None, concurrency: int = 8,
-                 timeout_s: float = 120.0, max_retries: int = 4, api_key: str | None = None):
+                 timeout_s: float = 120.0, max_retries: int = 4, api_key: str | None = None,
+                 allow_external: bool = False, opt_in: str = "roles.<role>.allow_external"):
         if not url:
             raise InputError("roles: backend openai needs `url` (the endpoint's base URL, e.g. http://host:port/v1)")
         if not model:
             raise InputError("roles: backend openai needs `model` (the served model name)")
+        if problem := external_problem(url, allow_external, "openai backend", opt_in):
+            raise InputError(problem)
         if api_key is None and api_key_env:
             from llmrnn.upload import env_name_problem
 
@@ -362,16 +425,23 @@ def engine_key(role_cfg: dict, model_path: str | None) -> tuple:
     if backend == "vllm":
         return (backend, str(model_path), role_cfg.get("dtype", "auto"),
                 float(role_cfg.get("gpu_memory_utilization", 0.85)), role_cfg.get("max_model_len"),
-                int(role_cfg.get("tensor_parallel_size", 1)), bool(role_cfg.get("enforce_eager", False)))
+                int(role_cfg.get("tensor_parallel_size", 1)), bool(role_cfg.get("enforce_eager", False)),
+                bool(role_cfg.get("enable_lora", False)), int(role_cfg.get("max_lora_rank", 16)))
     if backend == "openai":
         return (backend, role_cfg.get("url"), str(model_path or role_cfg.get("model")),
-                role_cfg.get("api_key_env"), int(role_cfg.get("concurrency", 8)))
+                role_cfg.get("api_key_env"), int(role_cfg.get("concurrency", 8)),
+                bool(role_cfg.get("allow_external", False)))
     raise InputError(f"roles: backend {backend!r}: expected one of {', '.join(BACKENDS)}")
 
 
 def make_backend(role_cfg: dict, model_path: str | os.PathLike | None, cache: bool = True):
     """The engine a role's config asks for, loaded once per engine_key (cache=False: a fresh one)."""
     model_path = None if model_path is None else str(model_path)
+    if role_cfg.get("lora_adapter"):  # the role's model is an adapter on the shared base engine (plan_engines)
+        if role_cfg.get("backend") != "vllm":
+            raise InputError("roles: lora_adapter is served by the vllm backend only")
+        base = {k: v for k, v in role_cfg.items() if k != "lora_adapter"}
+        return LoRAView(make_backend({**base, "enable_lora": True}, model_path, cache), role_cfg["lora_adapter"])
     key = engine_key(role_cfg, model_path)
     if cache and key in _POOL:
         return _POOL[key]
@@ -389,10 +459,14 @@ def make_backend(role_cfg: dict, model_path: str | os.PathLike | None, cache: bo
                              gpu_memory_utilization=float(role_cfg.get("gpu_memory_utilization", 0.85)),
                              max_model_len=role_cfg.get("max_model_len"),
                              tensor_parallel_size=int(role_cfg.get("tensor_parallel_size", 1)),
-                             enforce_eager=bool(role_cfg.get("enforce_eager", False)))
+                             enforce_eager=bool(role_cfg.get("enforce_eager", False)),
+                             enable_lora=bool(role_cfg.get("enable_lora", False)),
+                             max_lora_rank=int(role_cfg.get("max_lora_rank", 16)))
     else:
         engine = OpenAIBackend(url=role_cfg.get("url"), model=model_path or role_cfg.get("model"),
                                api_key_env=role_cfg.get("api_key_env"),
+                               allow_external=bool(role_cfg.get("allow_external", False)),
+                               opt_in=role_cfg.get("opt_in_key", "roles.<role>.allow_external"),
                                concurrency=int(role_cfg.get("concurrency", 8)),
                                timeout_s=float(role_cfg.get("timeout_s", 120)),
                                max_retries=int(role_cfg.get("max_retries", 4)))
@@ -404,3 +478,109 @@ def make_backend(role_cfg: dict, model_path: str | os.PathLike | None, cache: bo
 
 def clear_cache() -> None:
     _POOL.clear()
+
+
+# ----------------------------------------------------------------------------- GPU memory budget of a job
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's accepted max_lora_rank values
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """The vLLM engines one job (a forward-pass or eval shard, on the same GPU(s)) opens, after planning.
+
+    engines: [{model, roles, gpu_memory_utilization, tensor_parallel_size, lora}]; roles_cfg / model_paths:
+    what rnn.make_roles gets; notes: what the plan changed and why."""
+
+    engines: list[dict]
+    roles_cfg: dict
+    model_paths: dict
+    notes: list[str]
+
+    @property
+    def utilization(self) -> float:
+        """Share of each GPU the engines reserve together (vLLM refuses to start past 1)."""
+        return sum(e["gpu_memory_utilization"] for e in self.engines)
+
+
+def _adapter_rank(adapter: str) -> int | None:
+    import json
+
+    try:
+        with open(os.path.join(str(adapter), "adapter_config.json"), encoding="utf-8") as fh:
+            return int(json.load(fh)["r"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def plan_engines(roles_cfg: dict, model_paths: dict | None = None, memory_adapter: str | None = None) -> EnginePlan:
+    """Open no more vLLM engines than one GPU's memory allows (vLLM refuses a second engine once the first
+    reserved its gpu_memory_utilization share: 0.85 + 0.85 > 1).
+
+    1. The trained memory model as a LoRA on the base engine: when `memory_adapter` (the PEFT adapter the
+       merged model was verified against) is given and the memory role's base model already has a vLLM
+       engine for another role, the memory role runs that adapter on it: one engine instead of two.
+    2. Otherwise roles that share a model and its engine settings share one engine; when the engines'
+       configured shares add up to more than 1, the largest configured share is split evenly among them.
+    """
+    import copy
+
+    roles_cfg = copy.deepcopy(roles_cfg)
+    paths = dict(model_paths or {})
+    notes: list[str] = []
+    vllm_roles = [r for r, c in roles_cfg.items() if (c or {}).get("backend") == "vllm"]
+
+    def model_of(role: str) -> str:
+        return str(paths.get(role) or roles_cfg[role].get("model"))
+
+    mem = roles_cfg.get("memory") or {}
+    if memory_adapter and "memory" in vllm_roles:
+        base = str(mem.get("model"))
+        shares = [r for r in vllm_roles if r != "memory" and model_of(r) == base]
+        if shares:
+            rank = _adapter_rank(memory_adapter) or 16
+            max_rank = next((v for v in VLLM_LORA_RANKS if v >= rank), rank)
+            paths.pop("memory", None)
+            mem["lora_adapter"] = str(memory_adapter)
+            for r in vllm_roles:
+                if model_of(r) == base:
+                    roles_cfg[r].update(enable_lora=True, max_lora_rank=max_rank)
+            notes.append(f"memory role: adapter {memory_adapter} as a LoRA on the {base} engine of {', '.join(shares)}")
+
+    groups: dict[tuple, list[str]] = {}
+    for r in vllm_roles:
+        c = roles_cfg[r]
+        ident = engine_key({k: v for k, v in c.items() if k not in ("gpu_memory_utilization", "lora_adapter")},
+                           model_of(r))
+        groups.setdefault(ident, []).append(r)
+    engines = []
+    for members in groups.values():
+        first = roles_cfg[members[0]]
+        engines.append({"model": model_of(members[0]), "roles": members,
+                        "gpu_memory_utilization": max(float(roles_cfg[m].get("gpu_memory_utilization", 0.85))
+                                                      for m in members),
+                        "tensor_parallel_size": int(first.get("tensor_parallel_size", 1)),
+                        "lora": roles_cfg["memory"].get("lora_adapter") if "memory" in members else None})
+    total = sum(e["gpu_memory_utilization"] for e in engines)
+    if total > 1:
+        share = math.floor(max(e["gpu_memory_utilization"] for e in engines) / len(engines) * 100) / 100
+        notes.append(f"{len(engines)} vLLM engines would reserve {total:.2f} of each GPU: {share:.2f} each")
+        for e in engines:
+            e["gpu_memory_utilization"] = share
+    for e in engines:  # every role of an engine asks for the same share, so they share one engine_key
+        for r in e["roles"]:
+            roles_cfg[r]["gpu_memory_utilization"] = e["gpu_memory_utilization"]
+    return EnginePlan(engines, roles_cfg, paths, notes)
+
+
+def gpu_budget_problems(plan: EnginePlan, gpus: int, where: str) -> list[str]:
+    """Why a job cannot open its planned engines on the GPUs it asks for (empty when it can)."""
+    problems = []
+    if plan.engines and plan.utilization > 1:
+        problems.append(f"{where}: its vLLM engines reserve {plan.utilization:.2f} of each GPU (more than 1): "
+                        + "; ".join(f"{e['model']} ({', '.join(e['roles'])}) {e['gpu_memory_utilization']}"
+                                    for e in plan.engines))
+    for e in plan.engines:
+        if e["tensor_parallel_size"] > max(gpus, 0):
+            problems.append(f"{where}: the vLLM engine of {', '.join(e['roles'])} uses tensor_parallel_size "
+                            f"{e['tensor_parallel_size']} but the job asks for {gpus} GPU(s)")
+    return problems

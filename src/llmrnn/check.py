@@ -315,7 +315,19 @@ def check_training(config: dict) -> list[str]:
         # the qa recipe's reward is llmrnn.qa.rewards.compute_score (same signature, other module)
         problems += check_verl_command(cfg, "llmrnn.qa.rewards" if config.get("recipe") == "qa" else None)
         problems += check_profile_gpus(config, cfg)
+        problems += check_attention(cfg)
     return problems
+
+
+def check_attention(train_cfg: dict) -> list[str]:
+    """flash_attention_2 (and the remove-padding it turns on) imports flash-attn in verl's actor: refuse
+    it where flash-attn is not importable (the GPU lock does not carry it: a CUDA source build)."""
+    import importlib.util
+
+    if train_cfg["verl"]["attn_implementation"] != "flash_attention_2" or importlib.util.find_spec("flash_attn"):
+        return []
+    return [("train.verl.attn_implementation: flash_attention_2 needs the flash-attn package, which is not "
+             "importable here (envs/gpu-lock.txt leaves it out); use sdpa (the default) or install flash-attn")]
 
 
 def check_verl_command(cfg: dict, reward_module: str | None = None) -> list[str]:
@@ -430,12 +442,71 @@ def check_env_names(config: dict) -> list[str]:
     return [f"config: {p}" for p in env_problems(config)]
 
 
+def _endpoint_problems(where: str, cfg: dict, allowed: bool, opt_in: str) -> list[str]:
+    """An OpenAI-compatible endpoint that receives patient text: a url; a host outside the site only with
+    the opt-in; and then (or whenever a key variable is named) the key in the environment now, not when
+    the job starts hours later."""
+    from llmrnn.backends import external_host, external_problem
+    from llmrnn.upload import env_name_problem
+
+    url = cfg.get("url")
+    if not url:
+        return [f"{where}.url: missing (the endpoint's base URL, e.g. http://host:8000/v1)"]
+    if problem := external_problem(url, allowed, f"{where}.url", opt_in):
+        return [problem]
+    env_name = cfg.get("api_key_env")
+    if not env_name:
+        host = external_host(url)
+        return [f"{where}.api_key_env: {host} is a hosted endpoint: name the variable holding its key"] if host else []
+    if env_name_problem(env_name):
+        return []  # check_env_names says what is wrong without echoing a possible secret
+    if not os.environ.get(env_name):
+        return [f"{where}.api_key_env: ${env_name} is not set: export the endpoint's API key before submitting"]
+    return []
+
+
+def check_external_endpoints(config: dict) -> list[str]:
+    """Patient text leaves the site only when the config opts in: the final judge (mode llm) and the roles
+    on the openai backend, each with its API key checked here."""
+    problems = []
+    judge = (config.get("eval") or {}).get("final_judge") or {}
+    if judge.get("mode") == "llm":
+        problems += _endpoint_problems("eval.final_judge.llm", judge.get("llm") or {},
+                                       bool(judge.get("allow_external")), "eval.final_judge.allow_external")
+    for role, rcfg in (config.get("roles") or {}).items():
+        if (rcfg or {}).get("backend") == "openai":
+            problems += _endpoint_problems(f"roles.{role}", rcfg, bool(rcfg.get("allow_external")),
+                                           f"roles.{role}.allow_external")
+    return problems
+
+
+def check_engine_budget(config: dict) -> list[str]:
+    """The vLLM engines each forward-pass job opens, planned by the code the jobs run
+    (llmrnn.backends.plan_engines via rnn.make_roles), fit the GPUs the job asks for: trajectory shards and
+    eval shards of the base and the trained memory model (a second model: split budget, or a LoRA)."""
+    from llmrnn.backends import gpu_budget_problems, plan_engines
+
+    roles = config.get("roles") or {}
+    if not any((r or {}).get("backend") == "vllm" for r in roles.values()):
+        return []
+    problems = []
+    jobs = [("trajectory_shard", "trajectories", None), ("eval_shard (base)", "eval", None),
+            ("eval_shard (trained)", "eval", {"memory": "<trained memory model>"})]
+    for where, section, paths in jobs:
+        gpus = (((config.get(section) or {}).get("resources")) or {}).get("gpu")
+        plan = plan_engines(roles, paths)
+        problems += gpu_budget_problems(plan, 1 if gpus is None else int(gpus), where)
+    return problems
+
+
 CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
     ("secrets", check_env_names),
+    ("patient text", check_external_endpoints),
     ("cohort", check_cohort),
     ("models", check_models),
     ("judge", check_judge),
     ("training", check_training),
+    ("gpu memory", check_engine_budget),
     ("gpu stack", check_gpu_stack),
     ("upload", check_upload),
 ]

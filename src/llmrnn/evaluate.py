@@ -149,6 +149,15 @@ class FinalJudge:
             )
         elif self.mode == "llm":
             self.llm_cfg = dict(cfg.get("llm", {}))
+            # test-patient text goes to this endpoint: a host outside the site only with the explicit opt-in
+            from llmrnn.backends import external_problem
+
+            problem = external_problem(self.llm_cfg.get("url"), bool(cfg.get("allow_external", False)),
+                                       "eval.final_judge.llm.url", "eval.final_judge.allow_external")
+            if problem:
+                raise InputError(problem)
+            self.llm_cfg.update(allow_external=bool(cfg.get("allow_external", False)),
+                                opt_in_key="eval.final_judge.allow_external")
             self.primary_target = cfg.get("matcher", {}).get("primary_target", "first")
             self._backend = None
         else:
@@ -401,7 +410,7 @@ def gather(graded: dict[str, list[Path]], cfg: dict) -> tuple[dict, dict]:
 # ----------------------------------------------------------------------------- forward pass
 def run_shard(
     patients: list[dict], variant: str, roles_cfg: dict, prompts_file: str, seed: int,
-    memory_model: str | None = None, label: str = "eval",
+    memory_model: str | None = None, label: str = "eval", memory_adapter: str | None = None,
 ) -> tuple[list[dict], dict]:
     """The LLM-as-RNN forward pass (llmrnn.rnn.run_forward, batched per visit step) of one variant.
 
@@ -418,7 +427,11 @@ def run_shard(
     if memory_model and not (Path(memory_model) / "config.json").is_file():
         raise InputError(f"{memory_model}: not a HF model directory (no config.json); memory model of {variant}")
     prompts = load_prompts(prompts_file)
-    roles = rnn.make_roles(roles_cfg, {"memory": memory_model} if memory_model else None)
+    if memory_adapter and not (Path(memory_adapter) / "adapter_config.json").is_file():
+        raise InputError(f"{memory_adapter}: not a PEFT adapter folder (no adapter_config.json); memory adapter of {variant}")
+    # with a vLLM memory role the trained model runs as its adapter on the base engine (one engine per GPU)
+    roles = rnn.make_roles(roles_cfg, {"memory": memory_model} if memory_model else None,
+                           memory_adapter=memory_adapter if variant == "trained" else None)
     stats: dict = {}
     results = rnn.run_forward(patients, roles, prompts, memory=mode, seed=seed, stats=stats, label=label)
     for rec in results:
@@ -447,7 +460,7 @@ def _cmd_shard(args: argparse.Namespace) -> None:
     log.info("%s: %d of %d selected test patients", label, len(part), len(patients))
     results, stats = run_shard(
         part, args.variant, cfg["roles"], args.prompts, int(ev.get("seed", 0)),
-        memory_model=args.memory_model, label=label,
+        memory_model=args.memory_model, label=label, memory_adapter=args.memory_adapter,
     ) if part else ([], {})
     io.write_jsonl(args.out, results)
     log.info("%s: done; backend calls %s, unparsable %s", label, stats.get("calls"), stats.get("unparsable"))
@@ -488,6 +501,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test", required=True, help="the test split JSON")
     p.add_argument("--variant", required=True, choices=[*MEMORY_VARIANTS, *BASELINES])
     p.add_argument("--memory-model", default=None, help="HF dir replacing the memory role's model (trained)")
+    p.add_argument("--memory-adapter", default=None,
+                   help="the PEFT adapter --memory-model was merged from: a vLLM memory role serves it as a LoRA on "
+                        "the base engine instead of opening a second engine")
     p.add_argument("--prompts", required=True, help="prompt templates (config prompts.file)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default OMP_NUM_THREADS or 1)")
     p.add_argument("--shard", type=int, required=True)

@@ -121,17 +121,23 @@ class Role:
         ]
 
 
-def make_roles(roles_cfg: dict, model_paths: dict[str, str] | None = None, cache: bool = True) -> dict[str, Role]:
+def make_roles(roles_cfg: dict, model_paths: dict[str, str] | None = None, cache: bool = True,
+               memory_adapter: str | None = None) -> dict[str, Role]:
     """Role objects from config roles.<name> = {model, backend, temperature, top_p, max_tokens, ...}.
 
     model_paths overrides where a role's model is loaded from (e.g. {"memory": "results/RUN/merged"});
     otherwise `model` is a configured model name (resources/models/<name>) or a path. Roles with the
     same engine settings share one loaded engine.
     """
-    from llmrnn.backends import make_backend
+    from llmrnn.backends import make_backend, plan_engines
     from llmrnn.models import resolve_model
 
-    model_paths = model_paths or {}
+    # vLLM engines fit one GPU's memory together: the memory adapter as a LoRA on the base engine, or the
+    # memory share split among the engines (llmrnn.backends.plan_engines; `llmrnn check` runs the same plan)
+    plan = plan_engines(roles_cfg, model_paths, memory_adapter)
+    for note in plan.notes:
+        log.info("engines: %s", note)
+    roles_cfg, model_paths = plan.roles_cfg, plan.model_paths
     roles = {}
     for name in ROLES:
         if name not in roles_cfg:

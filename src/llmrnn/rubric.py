@@ -11,11 +11,17 @@ requests from a TrajectoryStep, and parses judge answers by the reference's edge
 | condition                                         | score                    | parse_method   |
 |---------------------------------------------------|--------------------------|----------------|
 | logprobs asked for and digit tokens present       | expected digit / max     | expected       |
-| answer has a `Score: N` line                      | N / max                  | score_line     |
+| answer has a `Score: N` line (the FIRST one)      | N / max                  | score_line     |
 | short answer (< 20 chars) with a digit            | last digit / max         | short_digit    |
 | anything else (long, no score; short, no digit)   | 0.5                      | fallback       |
 
 (the policy-side row "invalid policy JSON -> 0.05" lives in llmrnn.reward, it needs no judge call).
+
+The judge call stops at its answer: `request.stop` / `pairwise.stop` are sent as `stop` with vLLM's
+`include_stop_str_in_output` (the score line that ends the answer stays in it), and a rubric that lets the
+judge write more than SHORT_ANSWER_MAX_TOKENS tokens must name those stops. Without them a raw-prompt judge
+writes on past its score (a new "example" with its own `Score:` line) until max_tokens; the parser reads
+the FIRST score line, the answer's own, either way.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ ENGINES = ("llmrnn", "vllm")
 APIS = ("chat", "completions")
 SCORE_METHODS = ("text", "expected")
 SHORT_ANSWER_CHARS = 20
+SHORT_ANSWER_MAX_TOKENS = 64  # a judge allowed more tokens must name where its answer ends (stop)
 FALLBACK_SCORE = 0.5
 
 # Fields a template may use (all strings; lists/dicts are rendered as readable text).
@@ -70,6 +77,7 @@ class Request:
     top_logprobs: int = 20
     assistant_prefix: str = ""  # continue the judge's answer from this text (e.g. "Score:")
     system: str = ""
+    stop: tuple[str, ...] = ()  # the answer ends with one of these (kept in the answer), e.g. "Score: 7"
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,7 @@ class Pairwise:
     template: str = ""
     assistant_prefix: str = ""
     max_tokens: int = 16
+    stop: tuple[str, ...] = ()
     verdict_regex: str = r"(?i)(?:winner|verdict|better(?: response)?)\s*[:=]?\s*\**\s*(?:response\s*)?\[*\s*(A|B|tie)\b"
 
 
@@ -112,8 +121,12 @@ def _section(raw: dict, key: str, cls, path: str) -> Any:
     unknown = set(values) - allowed
     if unknown:
         raise InputError(f"{path}: {key}: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
-    if "extra_args" in values:
-        values = dict(values, extra_args=tuple(str(a) for a in values["extra_args"] or ()))
+    for name in ("extra_args", "stop"):
+        if name in values:
+            items = values[name] or ()
+            if isinstance(items, str) or not all(isinstance(a, str) and a for a in items):
+                raise InputError(f"{path}: {key}.{name}: expected a list of non-empty strings")
+            values = dict(values, **{name: tuple(items)})
     try:
         return cls(**values)
     except TypeError as exc:
@@ -173,6 +186,13 @@ def load_rubric(path: str | Path) -> Rubric:
             f"{p}: request.api: completions (a raw prompt) needs serving.engine vllm; the llmrnn engine "
             "serves /v1/chat/completions"
         )
+    for label, section in (("request", request), ("pairwise", pairwise)):
+        if section.max_tokens > SHORT_ANSWER_MAX_TOKENS and not section.stop:
+            raise InputError(
+                f"{p}: {label}.max_tokens: {section.max_tokens} tokens allow a long answer, but {label}.stop "
+                f"names no end for it (e.g. the score lines 'Score: 1' .. 'Score: 9'): the judge would write on "
+                f"past its answer; add {label}.stop or keep max_tokens <= {SHORT_ANSWER_MAX_TOKENS}"
+            )
     if request.temperature != 0:
         raise InputError(f"{p}: request.temperature: the judge samples greedily (0), got {request.temperature}")
     scale = raw.get("scale") or {}
@@ -258,7 +278,8 @@ def step_fields(step: dict, rubric: Rubric) -> dict[str, str]:
     }
 
 
-def _request_body(rubric: Rubric, prompt: str, prefix: str, max_tokens: int, logprobs: bool) -> dict:
+def _request_body(rubric: Rubric, prompt: str, prefix: str, max_tokens: int, logprobs: bool,
+                  stop: tuple[str, ...] = ()) -> dict:
     req = rubric.request
     body: dict[str, Any] = {
         "model": rubric.served_model_name,
@@ -266,6 +287,8 @@ def _request_body(rubric: Rubric, prompt: str, prefix: str, max_tokens: int, log
         "max_tokens": max_tokens,
         "n": 1,
     }
+    if stop:  # vLLM's extension keeps the matched stop (the score line) in the answer
+        body.update(stop=list(stop), include_stop_str_in_output=True)
     if req.api == "chat":
         messages = []
         if req.system:
@@ -314,7 +337,8 @@ def scalar_request(rubric: Rubric, step: dict, candidate_memory: str) -> JudgeRe
     prompt = rubric.template.format(**fields)
     prefix = rubric.request.assistant_prefix
     body = _request_body(
-        rubric, prompt, prefix, rubric.request.max_tokens, rubric.request.score_method == "expected"
+        rubric, prompt, prefix, rubric.request.max_tokens, rubric.request.score_method == "expected",
+        rubric.request.stop,
     )
     return JudgeRequest(_path(rubric), body, prompt, prefix)
 
@@ -326,7 +350,7 @@ def pairwise_request(rubric: Rubric, step: dict, memory_a: str, memory_b: str) -
     fields.update(memory_a=memory_text(memory_a), memory_b=memory_text(memory_b))
     prompt = rubric.pairwise.template.format(**fields)
     prefix = rubric.pairwise.assistant_prefix
-    body = _request_body(rubric, prompt, prefix, rubric.pairwise.max_tokens, False)
+    body = _request_body(rubric, prompt, prefix, rubric.pairwise.max_tokens, False, rubric.pairwise.stop)
     return JudgeRequest(_path(rubric), body, prompt, prefix)
 
 
@@ -454,7 +478,8 @@ class Parsed:
 
 def parse_scalar(text: str, scale_max: int = 9, payload: dict | None = None, prefix: str = "",
                  use_logprobs: bool = False) -> Parsed:
-    """The reference's edge table (module docstring); `prefix` is the assistant prefix the judge continued."""
+    """The reference's edge table (module docstring); `prefix` is the assistant prefix the judge continued.
+    The FIRST score line is the answer's: whatever follows it is a continuation past the answer."""
     if use_logprobs and payload is not None:
         exp = expected_digit(payload, scale_max)
         if exp is not None:
@@ -463,7 +488,7 @@ def parse_scalar(text: str, scale_max: int = 9, payload: dict | None = None, pre
     full = prefix + text
     matches = [int(m) for m in _SCORE_LINE.findall(full) if 1 <= int(m) <= scale_max]
     if matches:
-        n = matches[-1]
+        n = matches[0]
         return Parsed(n / scale_max, "score_line", float(n))
     stripped = text.strip()
     if len(stripped) < SHORT_ANSWER_CHARS:
@@ -475,16 +500,17 @@ def parse_scalar(text: str, scale_max: int = 9, payload: dict | None = None, pre
 
 
 def parse_verdict(text: str, rubric: Rubric) -> str | None:
-    """'A', 'B', 'tie' or None (unparsed) from a pairwise judge answer; the last verdict wins."""
+    """'A', 'B', 'tie' or None (unparsed) from a pairwise judge answer; the FIRST verdict is the answer's
+    (a later one belongs to a continuation past it)."""
     full = rubric.pairwise.assistant_prefix + text
     found = re.findall(rubric.pairwise.verdict_regex, full)
     if not found:
         return None
-    last = found[-1]
-    last = last if isinstance(last, str) else next((g for g in last if g), "")
-    last = last.strip()
-    if last.upper() in ("A", "B"):
-        return last.upper()
-    if last.lower() == "tie":
+    first = found[0]
+    first = first if isinstance(first, str) else next((g for g in first if g), "")
+    first = first.strip()
+    if first.upper() in ("A", "B"):
+        return first.upper()
+    if first.lower() == "tie":
         return "tie"
     return None

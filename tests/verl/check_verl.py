@@ -39,13 +39,9 @@ def _vllm_free_lora_rank_check() -> None:
     sys.modules[module.__name__] = module
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--overrides", required=True)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--parquet", default=None)
-    args = ap.parse_args()
-    with open(args.overrides, encoding="utf-8") as fh:
+def composed(overrides_file: str):
+    """verl's ppo_trainer config with the overrides, as main_ppo prepares it before it needs a GPU."""
+    with open(overrides_file, encoding="utf-8") as fh:
         overrides = json.load(fh)
 
     import verl
@@ -60,6 +56,20 @@ def main() -> int:
 
     config = migrate_legacy_reward_impl(config)
     OmegaConf.resolve(config)
+    return config
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--overrides", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--parquet", default=None)
+    args = ap.parse_args()
+
+    import verl
+    from omegaconf import OmegaConf
+
+    config = composed(args.overrides)
 
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
@@ -93,6 +103,9 @@ def main() -> int:
         "default_local_dir": config.trainer.default_local_dir,
         "resume_mode": config.trainer.resume_mode,
         "logger": list(config.trainer.logger),
+        # what verl's FSDP worker reads when it loads the actor (tests/verl/load_actor.py mirrors that load)
+        "model_override_config": OmegaConf.to_container(config.actor_rollout_ref.model.get("override_config", {})),
+        "use_remove_padding": bool(config.actor_rollout_ref.model.get("use_remove_padding", False)),
     }
     if args.parquet:
         from transformers import AutoTokenizer

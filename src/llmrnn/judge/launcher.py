@@ -115,7 +115,13 @@ def server_command(rubric: Rubric, model: str, port: int, key_file: Path) -> tup
         "--gpu-memory-utilization", str(s.gpu_memory_utilization), "--dtype", s.dtype,
         "--max-logprobs", str(max(20, rubric.request.top_logprobs)), *s.extra_args,
     ]
-    return argv, {"VLLM_API_KEY": key_file.read_text().strip()}, rubric.served_model_name
+    env = {"VLLM_API_KEY": key_file.read_text().strip()}
+    # newer vLLM builds (the CPU build 0.32) refuse more than VLLM_MAX_STOP_STRINGS (default 4) stops per
+    # request with HTTP 400; the rubric's answer-ending stops (one per score line) may be more
+    stops = max(len(rubric.request.stop), len(rubric.pairwise.stop))
+    if stops > 4:
+        env["VLLM_MAX_STOP_STRINGS"] = str(stops)
+    return argv, env, rubric.served_model_name
 
 
 class NotOurServer(CheckFailed):

@@ -80,8 +80,8 @@ class Engine:
             finish = "length" if len(entries) >= p["max_tokens"] else "stop"
             for stop_str in p["stop"]:
                 cut = text.find(stop_str)
-                if cut >= 0:
-                    text, finish = text[:cut], "stop"
+                if cut >= 0:  # vLLM's include_stop_str_in_output keeps the stop (a rubric's score line)
+                    text, finish = text[:cut + (len(stop_str) if p["include_stop"] else 0)], "stop"
             results.append({"text": text, "logprobs": entries, "completion_tokens": len(entries),
                             "finish_reason": finish})
         return results
@@ -108,6 +108,7 @@ def sampling(body: dict, served_model_name: str) -> dict | str:
         "temperature": float(body.get("temperature", 1.0) or 0.0),
         "top_p": float(body.get("top_p", 1.0) or 1.0), "seed": body.get("seed"),
         "logprobs": logprobs, "stop": [stop] if isinstance(stop, str) else list(stop),
+        "include_stop": bool(body.get("include_stop_str_in_output")),
         "n": int(body.get("n") or 1),
     }
 

@@ -46,7 +46,7 @@ DEFAULTS: dict[str, Any] = {
     "nnodes": 1,
     "project_name": "llmrnn_grpo",
     "min_free_disk_gb": 1.0,
-    "verl": {"reward_manager": "naive", "reward_num_workers": 8, "extra_overrides": []},
+    "verl": {"reward_manager": "naive", "reward_num_workers": 8, "attn_implementation": "sdpa", "extra_overrides": []},
     "trl": {"num_threads": 1, "logging_steps": 1, "stop_at_json": False, "gradient_checkpointing": False,
             "cpu_bf16": False},
     # TRL: stop when the val reward fell `patience` validations in a row (off in the reference run)
@@ -57,6 +57,9 @@ DEFAULTS: dict[str, Any] = {
 ENGINES = ("verl", "trl")
 KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 SCHEDULERS = ("constant", "cosine")
+# verl's actor load (fsdp_workers._build_model_optimizer): "flash_attention_2" (verl's default) needs the
+# flash-attn package, which the GPU lock leaves out (a CUDA source build); sdpa is torch's own kernel
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 
 
 def normalize(train_cfg: dict | None) -> dict:
@@ -72,6 +75,9 @@ def normalize(train_cfg: dict | None) -> dict:
         raise InputError("train.early_stopping.enabled: true needs train.engine trl (verl runs its planned steps)")
     if cfg["kl"]["estimator"] not in KL_ESTIMATORS:
         raise InputError(f"train.kl.estimator: {cfg['kl']['estimator']!r} is not one of {list(KL_ESTIMATORS)}")
+    if cfg["verl"]["attn_implementation"] not in ATTN_IMPLEMENTATIONS:
+        raise InputError(f"train.verl.attn_implementation: {cfg['verl']['attn_implementation']!r} is not one of "
+                         f"{list(ATTN_IMPLEMENTATIONS)}")
     if cfg["lr_scheduler"] not in SCHEDULERS:
         raise InputError(f"train.lr_scheduler: {cfg['lr_scheduler']!r} is not one of {list(SCHEDULERS)}")
     for path in ("group_size", "epochs", "max_prompt_length", "max_response_length", "n_gpus_per_node",

@@ -93,6 +93,7 @@ def build_overrides(
     ver = series(verl_version)
     out = Path(out_dir)
     b, r, lora, kl = cfg["batch"], cfg["rollout"], cfg["lora"], cfg["kl"]
+    attn = cfg["verl"]["attn_implementation"]
     ov: dict[str, object] = {
         "algorithm.adv_estimator": "grpo",
         "algorithm.use_kl_in_reward": not kl["in_loss"],
@@ -108,6 +109,10 @@ def build_overrides(
         "actor_rollout_ref.model.lora_rank": lora["rank"],
         "actor_rollout_ref.model.lora_alpha": lora["alpha"],
         "actor_rollout_ref.model.target_modules": list(lora["target_modules"]),
+        # verl 0.7.1 loads the actor with attn_implementation flash_attention_2 unless override_config names
+        # one, and use_remove_padding (default true) imports flash_attn.bert_padding in the actor's forward;
+        # the GPU lock has no flash-attn, so both follow train.verl.attn_implementation (sdpa by default)
+        "actor_rollout_ref.model.use_remove_padding": attn == "flash_attention_2",
         "actor_rollout_ref.actor.optim.lr": float(cfg["lr"]),
         "actor_rollout_ref.actor.optim.lr_warmup_steps": int(cfg["warmup_steps"] or 0),
         "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": 0.0,
@@ -163,6 +168,8 @@ def build_overrides(
         kwargs["endpoint_file"] = str(endpoint_file)
     items = [f"{k}={_hydra_value(v)}" for k, v in ov.items()]
     items += [f"+reward.custom_reward_function.reward_kwargs.{k}={_hydra_value(v)}" for k, v in kwargs.items()]
+    # override_config is an empty mapping in verl's model config: a new key needs '+'
+    items.append(f"+actor_rollout_ref.model.override_config.attn_implementation={attn}")
     items += [str(x) for x in cfg["verl"]["extra_overrides"]]
     del ver  # one key set serves 0.7-0.9 today; branch here when a release renames a key
     return items
