@@ -19,7 +19,7 @@ from llmrnn.rubric import (
     parse_verdict,
     scalar_request,
 )
-from tests.judge_helpers import REPO, ScriptedJudge, make_step, memory, write_endpoint
+from tests.judge_helpers import REPO, ScriptedJudge, chat_payload, make_step, memory, write_endpoint
 
 REPRO = REPO / "config/rubrics/rubric_v2_rubricarm_scalar.yaml"
 JUDGED_LONG = [REPRO, REPO / "config/rubrics/qa_correctness_rubricarm.yaml"]
@@ -76,7 +76,8 @@ def test_reward_sends_the_stops_and_scores_the_answer_not_its_continuation(tmp_p
     """compute_score with the reproduction rubric against a judge on 127.0.0.1 that ignores the stops
     (the worst case) and answers with a runaway continuation: the request carried the stops, the reward
     is the answer's 8/9, not the continuation's 2/9."""
-    with ScriptedJudge(lambda body: RUNAWAY) as judge:
+    # the stand-in answers under the model the request named (the client refuses an answer from another)
+    with ScriptedJudge(lambda body: (200, {**chat_payload(RUNAWAY), "model": body["model"]})) as judge:
         endpoint = write_endpoint(tmp_path, judge.port, REPRO)
         r = compute_score("llm_as_rnn_memory_update", memory("CKD stage 3 and heart failure."),
                           json.dumps(make_step()), {"index": 0}, endpoint_file=str(endpoint),

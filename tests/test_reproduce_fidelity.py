@@ -80,6 +80,7 @@ REPRODUCE_CONFIG = {
     "train.val_generations":           None,                          # verl's own validation
     "train.n_gpus_per_node":           2,
     "train.nnodes":                    1,
+    "train.verl.attn_implementation":  "sdpa",           # flash-attn is not in the GPU lock
     "train.verl.reward_manager":       "naive",
     "train.verl.reward_num_workers":   8,
     "train.verl.extra_overrides":      [],
@@ -97,6 +98,10 @@ VERL_COMMON = {
     "actor_rollout_ref.rollout.name":                      "vllm",
     "actor_rollout_ref.rollout.load_format":               "safetensors",
     "actor_rollout_ref.rollout.layered_summon":            "true",
+    # verl 0.7.1 loads the actor with flash_attention_2 and remove-padding by default; flash-attn is not in
+    # the GPU lock, so the actor loads with sdpa and no remove-padding (tests/verl/load_actor.py proves both)
+    "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+    "actor_rollout_ref.model.use_remove_padding":          "false",
     "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": "0.0",
     "trainer.resume_mode":                                 "auto",
     "trainer.logger":                                      "[console,file]",
@@ -222,6 +227,7 @@ QA_REPRODUCE_CONFIG = {
     "train.val_generations":           None,
     "train.n_gpus_per_node":           2,
     "train.nnodes":                    1,
+    "train.verl.attn_implementation":  "sdpa",           # flash-attn is not in the GPU lock
     "train.verl.reward_manager":       "naive",
     "train.verl.reward_num_workers":   8,
     "train.verl.extra_overrides":      [],
