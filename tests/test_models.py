@@ -118,3 +118,19 @@ def test_temp_folders_of_a_killed_prepare_are_removed_on_rerun(tmp_path, tiny_mo
     assert marker.is_file() and not left.exists() and not wheel_left.exists()
     assert all(other.is_dir() for other in others)
     assert sorted(p.name for p in root.iterdir()) == sorted(["tiny", *(o.name for o in others)])
+
+
+def test_every_atomic_folder_build_removes_the_temps_of_its_killed_predecessor(tmp_path):
+    """io.atomic_dir (merged model, adapter, prepared model): a `.NAME.XXXXXXXX.tmp` left by a kill goes when
+    NAME is built again; another target's temps stay."""
+    from llmrnn import io
+
+    target = tmp_path / "merged"
+    stale = tmp_path / ".merged.k1ll3d_x.tmp"
+    (stale / "sub").mkdir(parents=True)
+    (stale / "sub" / "model.safetensors").write_bytes(b"\0" * 4096)
+    other = tmp_path / ".merged_check.json.k1ll3d_x.tmp"
+    other.mkdir()
+    with io.atomic_dir(target) as tmp:
+        (tmp / "config.json").write_text("{}")
+    assert not stale.exists() and other.is_dir() and (target / "config.json").is_file()

@@ -355,3 +355,15 @@ def test_stale_stage_folders_of_a_killed_release_are_removed(inputs, tmp_path):
     keep.mkdir()
     run_release(inputs, run / "release")
     assert not stale.exists() and keep.is_dir() and not list(run.glob(".bundle.*.tmp"))
+
+
+def test_a_base_model_card_in_merged_is_replaced_and_left_untouched(inputs, tmp_path):
+    """merged/README.md (a local base model's card, copied by the merge): the release's card takes its place
+    in the bundle; the file in merged/ is not written through (it used to be a hard link of the bundle's)."""
+    base_card = "# SmolLM2\nThe base model's own card.\n"
+    (inputs["merged"] / "README.md").write_text(base_card)
+    out = tmp_path / "run" / "release"
+    receipt = run_release(inputs, out)
+    assert (inputs["merged"] / "README.md").read_text() == base_card
+    assert (out / "README.md").read_text().startswith("---\n") and receipt["files"].count("README.md") == 1
+    assert "README.md" not in json.loads((out / "MANIFEST.json").read_text())["model_files"]

