@@ -709,6 +709,13 @@ def _double_url(text: str) -> str:
     return urllib.parse.quote(urllib.parse.quote(text, safe=""), safe="")
 
 
+def _double_url_every_byte(text: str) -> str:
+    """Every byte as %XX, then the % signs escaped again: `9` -> `%39` -> `%2539`."""
+    import urllib.parse
+
+    return urllib.parse.quote("".join(f"%{b:02X}" for b in text.encode()), safe="")
+
+
 def _b32(text: str) -> str:
     import base64
 
@@ -717,6 +724,7 @@ def _b32(text: str) -> str:
 
 @pytest.mark.parametrize(("encode", "how"), [
     (_double_url, "URL escapes x2"),
+    (_double_url_every_byte, "URL escapes x2"),
     (lambda t: _double_url(_double_url(t)), "URL escapes x4"),
     (_b32, "base32 at char"),
     (lambda t: _b32(t).lower().rstrip("="), "base32 at char"),
@@ -817,3 +825,11 @@ def test_a_large_text_file_is_scanned_in_bounded_memory(bundle, splits, monkeypa
         peaks[size] = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     assert peaks[600_000] < 1.5 * peaks[150_000], peaks
+
+
+def test_an_id_encoded_in_a_file_name_is_refused(bundle, splits):
+    files, _ = splits
+    (bundle / f"notes-{_double_url_every_byte(SID)}.md").write_text("# notes\n")
+    findings = _findings(bundle, files)
+    assert "***: file name holds a cohort identifier" in findings, findings
+    _assert_refused_without_quoting(findings, "***", _double_url_every_byte(SID), SID)

@@ -353,8 +353,11 @@ def letters_as_digits(text: str) -> str:
 
 
 def redact(name: str, secrets: Secrets) -> str:
-    """A name (file, tensor, JSON key) safe to print: identifier-bearing runs replaced by ***."""
+    """A name (file, tensor, JSON key) safe to print: identifier-bearing runs replaced by ***; a name that
+    holds one only once decoded (URL escapes, base64) is replaced whole, its folder kept."""
     if not find_ids(name, secrets.ids, secrets.max_len):
+        if any(find_ids(view, secrets.ids, secrets.max_len) for _, view in decoded_views(name)):
+            return re.sub(r"[^/]+$", "***", name)
         return name
     return "".join("***" if find_ids(part, secrets.ids, secrets.max_len) else part
                    for part in re.split(r"([^\W_]+)", name))
@@ -965,7 +968,7 @@ def _scan_file(scan: Scan, root: Path, path: Path, display: str) -> None:
         scan.refuse(display, "file type not allowed in a release")
     elif any(SUSPECT_NAME.search(part) for part in rel.split("/")):
         scan.refuse(display, "name looks like an audit log, cohort or QA data file")
-    elif find_ids(rel, scan.secrets.ids, scan.max_len):
+    elif any(find_ids(view, scan.secrets.ids, scan.max_len) for _, view in [("", rel), *decoded_views(rel)]):
         scan.refuse(display, f"file name holds a {scan.secrets.noun} identifier")
     elif io.sha256_file(path) in scan.secrets.hashes:
         scan.refuse(display, f"identical to a {scan.secrets.noun} split file")
