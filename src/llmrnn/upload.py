@@ -111,8 +111,9 @@ def upload_bundle(bundle: str | Path, repo_id: str, *, token: str, files: dict[s
                   commit_message: str = "llmrnn release") -> dict:
     """Upload exactly the files `files` names (path in the bundle -> the sha256 recorded when the PHI guard
     scanned it) in one commit, to a model repo created private unless told otherwise (an existing repo is
-    reused). Every file is opened and hashed again first; a changed, missing or extra file stops the
-    upload before the repo is touched, and the bytes sent are read from those same open files. A repo
+    reused). Every file is opened (never through a link) and hashed again first; a changed or missing
+    file stops the upload before the repo is touched, the bytes sent are read from those same open files,
+    and nothing but the files named is sent. A repo
     whose history already holds a commit of `release_id` (the same bundle) gets no second commit.
     Returns what the receipt records."""
     import contextlib
