@@ -487,6 +487,9 @@ class Scan:
         self.docs: list[tuple[str, str]] = []  # (where, decoded text)
         self.doc_chars = 0
         self.flagged: set[str] = set()  # files with a clinical-text finding already
+        # hashes of the reference's phrases, kept after the first clinical-text pass when there are not
+        # too many (a large file needs several passes); None: not known yet, False: too many to keep
+        self.reference_hashes: list[tuple[str, int]] | bool | None = None
         self.max_len = secrets.max_len
         self.numeric_only = all(i.isdigit() for i in secrets.ids)
         self.numeric_ids = any(i.isdigit() for i in secrets.ids)
@@ -1002,6 +1005,26 @@ def _reference_phrases(secrets: Secrets) -> Iterator[tuple[str, str]]:
                 yield kind, " ".join(words)
 
 
+REFERENCE_HASHES_KEPT = 500_000
+
+
+def _reference_hashes(scan: Scan) -> Iterator[tuple[str, int]]:
+    """(kind, hash) of every reference phrase: from the list kept by an earlier pass, else computed (and
+    kept when there are at most REFERENCE_HASHES_KEPT of them)."""
+    if isinstance(scan.reference_hashes, list):
+        yield from scan.reference_hashes
+        return
+    kept: list[tuple[str, int]] | None = [] if scan.reference_hashes is None else None
+    for kind, phrase in _reference_phrases(scan.secrets):
+        item = (kind, hash(phrase))
+        if kept is not None:
+            kept.append(item)
+            if len(kept) > REFERENCE_HASHES_KEPT:
+                kept = None
+        yield item
+    scan.reference_hashes = kept if kept is not None else False
+
+
 def find_clinical_text(scan: Scan) -> None:
     """Every word sequence of the bundle's decoded texts (lengths min_line_words..min_words) is hashed;
     the cohort's phrases are looked up in that table. Where a sequence starts is packed into one int
@@ -1016,8 +1039,8 @@ def find_clinical_text(scan: Scan) -> None:
                 table.setdefault(hash(shingle), (d << 48) | (k << 32) | i)
     flagged = scan.flagged
     if table:
-        for kind, phrase in _reference_phrases(secrets):
-            hit = table.get(hash(phrase))
+        for kind, phrase_hash in _reference_hashes(scan):
+            hit = table.get(phrase_hash)
             if hit is None:
                 continue
             where, k, i = scan.docs[hit >> 48][0], (hit >> 32) & 0xFFFF, hit & 0xFFFFFFFF
