@@ -26,7 +26,7 @@ TOKEN = "hf_test_token_do_not_log_0123456789"
 
 
 class FakeHub:
-    def __init__(self, fail_commit: bool = False):
+    def __init__(self, fail_commit: bool = False, list_commits: bool = True):
         self.requests: list[dict] = []
         self.files: dict[str, bytes] = {}
         self.commits: dict[str, list[dict]] = {}  # repo -> commits, newest first (as the Hub lists them)
@@ -46,7 +46,7 @@ class FakeHub:
 
             def do_GET(self):
                 hub.requests.append({"method": "GET", "path": self.path, "auth": self.headers.get("authorization")})
-                if "/commits/" in self.path:
+                if "/commits/" in self.path and list_commits:
                     repo = self.path.split("/api/models/")[1].split("/commits/")[0]
                     return self._send(200, hub.commits.get(repo, []))
                 self._send(404, {"error": "not here"})
@@ -357,3 +357,20 @@ def test_a_non_utf8_file_name_is_refused_before_the_repo_is_created(tiny_model_d
         run_release(inputs, tmp_path / "run" / "release", rel={"upload": True, "endpoint": hub.url})
     assert "\n" not in str(err.value)
     assert hub.requests == [] and not (tmp_path / "run" / "release").exists()
+
+
+def test_a_hub_that_cannot_list_commits_still_gets_the_upload(tiny_model_dir, tmp_path, monkeypatch, caplog):
+    """A Hub-like server without the commit list (404) gets the push; the rerun check is skipped, logged."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    server = FakeHub(list_commits=False)
+    monkeypatch.setattr(constants, "ENDPOINT", server.url)
+    try:
+        inputs = make_inputs(tmp_path / "run", tiny_model_dir)
+        receipt = run_release(inputs, tmp_path / "run" / "release", rel={"upload": True, "endpoint": server.url})
+    finally:
+        server.close()
+    assert receipt["uploaded"] is True and len(commits_posted(server)) == 1
+    assert "pushing without the rerun check" in caplog.text

@@ -99,8 +99,17 @@ def _scrub(text: str, token: str) -> str:
 def _release_commit(api: Any, repo_id: str, release_id: str) -> Any:
     """The commit of `repo_id` whose description carries `release_id` (this exact bundle was pushed
     before), or None."""
+    from huggingface_hub.errors import HfHubHTTPError
+
     marker = f"{RELEASE_ID_TRAILER}: {release_id}"
-    for commit in api.list_repo_commits(repo_id, repo_type="model"):
+    try:
+        commits = api.list_repo_commits(repo_id, repo_type="model")
+    except HfHubHTTPError as exc:
+        if getattr(exc.response, "status_code", None) != 404:
+            raise
+        log.warning("%s: its commit history cannot be listed (404); pushing without the rerun check", repo_id)
+        return None
+    for commit in commits:
         if marker in (commit.message or "") or marker in (commit.title or ""):
             return commit
     return None
