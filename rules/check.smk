@@ -1,6 +1,7 @@
 # Pre-submit check (`snakemake --profile profiles/slurm check`): runs here, on the login node, never
 # queued; lists every problem of the config and its inputs at once (llmrnn check). No output file, so
-# it runs each time it is asked for.
+# it runs each time it is asked for. `umask 077`: tee creates the log, which may quote the cohort's file
+# names and problems, owner-only (0600), like the logs the patient-text stages make private.
 localrules:
     check,
 
@@ -13,4 +14,4 @@ rule check:
     params:
         configfiles=check_configfiles(),
     shell:
-        "llmrnn check --configfile {params.configfiles:q} 2>&1 | tee {log:q}; exit ${{PIPESTATUS[0]}}"
+        "umask 077; llmrnn check --configfile {params.configfiles:q} 2>&1 | tee {log:q}; exit ${{PIPESTATUS[0]}}"

@@ -50,7 +50,7 @@ def test_all_problems_listed_at_once(in_workflow, tmp_path, capsys):
     problems = report["problems"]
     assert any(p.startswith("config: split") and "val_sise" in p for p in problems), problems
     assert any(p.startswith("config: split.seed") for p in problems), problems
-    assert any(p.startswith("cohort.source:") and "patient 1" in p for p in problems), problems
+    assert any(p.startswith("cohort.source:") and "record 0" in p for p in problems), problems  # not its id
     assert any("HF_TOKEN" in p for p in problems), problems
     assert any("release.repo_id" in p for p in problems), problems
     assert f"{len(problems)} problem(s)" in err

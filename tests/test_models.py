@@ -83,3 +83,54 @@ def test_bad_local_path_and_bad_wheel(tmp_path):
     with pytest.raises(InputError, match="not found"):
         models.prepare_model("m", spec, tmp_path / "m/.ready")
     assert not (tmp_path / "m/.ready").exists()
+
+
+def test_temp_folders_of_a_killed_prepare_are_removed_on_rerun(tmp_path, tiny_model_dir):
+    """SIGKILL inside the build leaves `.NAME.XXXXXXXX.tmp` (a full model copy for a converted model) beside
+    the target; the next successful build removes it, and nothing that merely looks alike."""
+    import signal
+
+    marker = tmp_path / "resources/models/tiny/.ready"
+    spec = {"source": "local", "path": str(tiny_model_dir)}
+    killed = (
+        "import os, signal, sys, json; from pathlib import Path; from llmrnn import models\n"
+        "real = models._check_hf_dir\n"
+        "def check(path, what):\n"
+        "    real(path, what)\n"
+        "    if path.name.endswith('.tmp'): os.kill(os.getpid(), signal.SIGKILL)  # inside the build\n"
+        "models._check_hf_dir = check\n"
+        "models.prepare_model('tiny', json.loads(sys.argv[1]), Path(sys.argv[2]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", killed, json.dumps(spec), str(marker)], check=False,
+                          env={**os.environ, "PYTHONPATH": str(Path(models.__file__).parents[1])})
+    assert proc.returncode == -signal.SIGKILL
+    root = marker.parent.parent
+    (left,) = root.glob(".tiny.*.tmp")
+    assert (left / "config.json").exists() and not marker.exists()
+    wheel_left = root / ".tiny.wheel.ab12cd34.tmp"  # what a killed pypi_gguf build leaves (its wheel)
+    wheel_left.mkdir()
+    (wheel_left / "model.gguf").write_bytes(b"x" * 1024)
+    others = [root / ".tiny-2.ab12cd34.tmp", root / ".tinyx.ab12cd34.tmp", root / ".tiny.json.ab12cd34.tmp"]
+    for other in others:
+        other.mkdir()
+
+    models.prepare_model("tiny", spec, marker)
+    assert marker.is_file() and not left.exists() and not wheel_left.exists()
+    assert all(other.is_dir() for other in others)
+    assert sorted(p.name for p in root.iterdir()) == sorted(["tiny", *(o.name for o in others)])
+
+
+def test_every_atomic_folder_build_removes_the_temps_of_its_killed_predecessor(tmp_path):
+    """io.atomic_dir (merged model, adapter, prepared model): a `.NAME.XXXXXXXX.tmp` left by a kill goes when
+    NAME is built again; another target's temps stay."""
+    from llmrnn import io
+
+    target = tmp_path / "merged"
+    stale = tmp_path / ".merged.k1ll3d_x.tmp"
+    (stale / "sub").mkdir(parents=True)
+    (stale / "sub" / "model.safetensors").write_bytes(b"\0" * 4096)
+    other = tmp_path / ".merged_check.json.k1ll3d_x.tmp"
+    other.mkdir()
+    with io.atomic_dir(target) as tmp:
+        (tmp / "config.json").write_text("{}")
+    assert not stale.exists() and other.is_dir() and (target / "config.json").is_file()

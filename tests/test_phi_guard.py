@@ -650,3 +650,188 @@ def test_the_cohort_reference_does_not_know_qa_text(bundle, qa_splits, splits):
     qa_files, records = qa_splits
     (bundle / "README.md").write_text(f"# card\n{_qa_record(records)['context']}\n")
     assert _qa_findings(bundle, qa_files) and _findings(bundle, splits[0]) == []
+
+
+# ----------------------------------------------------------------------------- guard gaps (issue 25)
+def _qa_files(tmp_path: Path, records: list[dict]) -> list[str]:
+    """QA split files as the data stage writes them (normalised records), from `records` (raw)."""
+    from llmrnn.qa import data
+
+    source = tmp_path / "qa_source.jsonl"
+    io.write_jsonl(source, records)
+    outputs = data.output_paths(tmp_path / "qa_out")
+    data.prepare({"split": {"val_size": 2, "test_size": 2, "seed": 0}}, outputs, str(source))
+    return [outputs[k] for k in ("train", "val", "test", "ood")]
+
+
+@pytest.mark.parametrize("written", ["Patient MRN 12345678", "mrn: 12 345 678", "record A7731204X", "#12345678"])
+def test_an_identifier_inside_qa_text_is_checked(bundle, tmp_path, written):
+    """Only record and group ids used to be identifiers; an MRN written inside a question or context is one too."""
+    records = _qa_source()
+    records[3]["context"] += "\nPatient MRN 12345678, record A7731204X."
+    files = _qa_files(tmp_path, records)
+    (bundle / "README.md").write_text(f"# card\nAn example: {written}\n")
+    _assert_refused_without_quoting(_qa_findings(bundle, files), "README.md: QA data identifier (identifier in the "
+                                    "context)", "12345678", "A7731204X")
+
+
+def test_measurements_in_qa_text_are_not_identifiers(bundle, qa_splits):
+    files, _ = qa_splits
+    (bundle / "README.md").write_text("# card\nIntervals: 150 ms; 84 ms; 402 ms; V1; 12-lead; 2024-01-05.\n")
+    assert _qa_findings(bundle, files) == []
+
+
+def test_a_real_id_shaped_like_a_generated_one_is_not_exempt(bundle, tmp_path):
+    """Exemption comes from provenance (the ids the data stage made up), not from the shape q\\d{6,}."""
+    records = _qa_source()
+    records[0]["id"] = "q1234567"  # the source's own record id
+    records[1].pop("id")  # this one gets a made-up id (its position)
+    files = _qa_files(tmp_path, records)
+    made_up = next(r for f in files for r in io.read_jsonl(f) if r.get("id_generated"))
+    (bundle / "README.md").write_text(f"# card\nsee record {made_up['id']}\n")
+    assert _qa_findings(bundle, files) == []
+    (bundle / "README.md").write_text("# card\nsee record q1234567\n")
+    _assert_refused_without_quoting(_qa_findings(bundle, files), "README.md: QA data identifier (record id)",
+                                    "q1234567")
+
+
+def test_a_hand_written_split_file_cannot_exempt_by_shape(bundle, tmp_path):
+    path = tmp_path / "test.jsonl"
+    io.write_jsonl(path, [{"id": "q7654321", "group": "q7654321", "question": "which rhythm is shown?",
+                           "answer": "A", "options": {"A": "sinus", "B": "flutter"}}])
+    (bundle / "README.md").write_text("# card\nq7654321\n")
+    _assert_refused_without_quoting(_qa_findings(bundle, [path]), "README.md: QA data identifier", "q7654321")
+
+
+def _double_url(text: str) -> str:
+    import urllib.parse
+
+    return urllib.parse.quote(urllib.parse.quote(text, safe=""), safe="")
+
+
+def _double_url_every_byte(text: str) -> str:
+    """Every byte as %XX, then the % signs escaped again: `9` -> `%39` -> `%2539`."""
+    import urllib.parse
+
+    return urllib.parse.quote("".join(f"%{b:02X}" for b in text.encode()), safe="")
+
+
+def _b32(text: str) -> str:
+    import base64
+
+    return base64.b32encode(text.encode()).decode()
+
+
+@pytest.mark.parametrize(("encode", "how"), [
+    (_double_url, "URL escapes x2"),
+    (_double_url_every_byte, "URL escapes x2"),
+    (lambda t: _double_url(_double_url(t)), "URL escapes x4"),
+    (_b32, "base32 at char"),
+    (lambda t: _b32(t).lower().rstrip("="), "base32 at char"),
+    (lambda t: "&amp;#" + ";&amp;#".join(str(ord(c)) for c in t) + ";", "HTML entities x2"),
+])
+def test_ids_encoded_twice_or_in_base32_are_refused(bundle, splits, encode, how):
+    files, _ = splits
+    (bundle / "README.md").write_text(f"# card\npayload: {encode(f'patient {SID} seen')}\n")
+    findings = _findings(bundle, files)
+    _assert_refused_without_quoting(findings, "README.md: cohort identifier (subject_id)", SID)
+    assert any(how in f for f in findings), findings
+
+
+def test_base32_clinical_text_is_refused(bundle, splits):
+    files, patients = splits
+    course = patients[5]["visits"][0]["clinical_sections"]["hospital_course"]
+    (bundle / "README.md").write_text(f"# card\n{_b32(course)}\n")
+    assert any(f.startswith("README.md (base32 at char") and "clinical text" in f for f in _findings(bundle, files))
+
+
+def test_ordinary_uppercase_words_are_not_base32(bundle, splits):
+    files, _ = splits
+    (bundle / "README.md").write_text("# card\nSEE THE LIMITATIONS SECTION; CLINICALSUMMARIZATION MEMORYUPDATE\n")
+    assert _findings(bundle, files) == []
+
+
+def test_a_password_in_a_url_is_refused(bundle, splits):
+    files, _ = splits
+    (bundle / "README.md").write_text("# card\nserved from https://alice:s3cret@judge.example.org/v1\n")
+    _assert_refused_without_quoting(_findings(bundle, files), "README.md: a credential-like string", "s3cret")
+    (bundle / "README.md").write_text("# card\nsee https://huggingface.co/org/model and git@github.com:a/b\n")
+    assert _findings(bundle, files) == []
+
+
+@pytest.mark.parametrize("kind", ["file link", "fifo"])
+def test_the_guard_refuses_links_and_non_regular_files(bundle, splits, tmp_path, kind):
+    import os
+
+    files, _ = splits
+    outside = tmp_path / "outside.md"
+    outside.write_text("nothing to see\n")
+    if kind == "file link":
+        (bundle / "notes.md").symlink_to(outside)
+        start = "notes.md: a linked file: a symbolic link; refused, never followed"
+    else:
+        os.mkfifo(bundle / "notes.md")
+        start = "notes.md: not a regular file"
+    assert any(f.startswith(start) for f in _findings(bundle, files)), _findings(bundle, files)
+
+
+# a large text file is read window by window: these make the windows small so that tests stay fast
+SMALL_WINDOWS = {"WINDOW_CHARS": 1 << 14, "OVERLAP_CHARS": 1 << 11, "STREAM_ABOVE": 1 << 15,
+                 "DOC_BUDGET_CHARS": 1 << 14}
+
+
+def _filler(n_chars: int) -> str:
+    import random
+
+    rng = random.Random(0)
+    words = ["model", "card", "reward", "memory", "update", "visit", "summary", "learning", "rate", "value",
+             "note", "result"]
+    out, size = [], 0
+    while size < n_chars:
+        line = " ".join(rng.choice(words) for _ in range(11)) + f" {rng.randint(0, 999)}\n"
+        out.append(line)
+        size += len(line)
+    return "".join(out)
+
+
+@pytest.mark.parametrize("at", ["start", "window edge", "end"])
+def test_a_large_text_file_is_scanned_window_by_window_without_gaps(bundle, splits, monkeypatch, at):
+    files, patients = splits
+    for name, value in SMALL_WINDOWS.items():
+        monkeypatch.setattr(phi_guard, name, value, raising=False)
+    filler = _filler(200_000)
+    cut = {"start": 0, "window edge": (1 << 14) - 4, "end": len(filler)}[at]
+    course = " ".join(patients[5]["visits"][0]["clinical_sections"]["hospital_course"].split()[:10])
+    (bundle / "README.md").write_text(filler[:cut] + f"patient {SID}" + filler[cut:])
+    findings = _findings(bundle, files)
+    _assert_refused_without_quoting(findings, "README.md: cohort identifier (subject_id) at char", SID)
+    assert any(f"at char {cut + len('patient ')}" in f for f in findings), findings
+    (bundle / "README.md").write_text(filler[:cut] + course + filler[cut:])
+    assert any(f.startswith("README.md: clinical text from the cohort") for f in _findings(bundle, files))
+
+
+def test_a_large_text_file_is_scanned_in_bounded_memory(tmp_path, splits, monkeypatch):
+    """Peak memory of the scan does not grow with the file (it grew ~150x the file size: 6 MB -> 0.9 GB)."""
+    import tracemalloc
+
+    files, _ = splits
+    for name, value in SMALL_WINDOWS.items():
+        monkeypatch.setattr(phi_guard, name, value, raising=False)
+    bundle = tmp_path / "only_notes"
+    bundle.mkdir()
+    peaks = {}
+    for size in (80_000, 320_000):
+        (bundle / "notes.md").write_text(_filler(size))
+        tracemalloc.start()
+        assert _findings(bundle, files) == []
+        peaks[size] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert peaks[320_000] < 1.5 * peaks[80_000], peaks
+
+
+def test_an_id_encoded_in_a_file_name_is_refused(bundle, splits):
+    files, _ = splits
+    (bundle / f"notes-{_double_url_every_byte(SID)}.md").write_text("# notes\n")
+    findings = _findings(bundle, files)
+    assert "***: file name holds a cohort identifier" in findings, findings
+    _assert_refused_without_quoting(findings, "***", _double_url_every_byte(SID), SID)

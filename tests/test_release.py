@@ -288,3 +288,82 @@ def test_release_guard_command_takes_the_qa_reference(qa_inputs, tmp_path):
     assert question not in proc.stderr + proc.stdout
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)  # the cohort format: not its files
     assert proc.returncode != 0 and "cannot read split file" in proc.stderr
+
+
+# ----------------------------------------------------------------------------- links and other non-regular files
+@pytest.mark.parametrize("kind", ["file link", "folder link", "fifo", "dangling link"])
+def test_links_and_non_regular_files_in_merged_are_refused_never_followed(inputs, tmp_path, kind):
+    import os
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.md").write_text("outside the run: never to be released\n")
+    entry = inputs["merged"] / ("extra" if kind == "folder link" else "notes.md")
+    if kind == "file link":
+        entry.symlink_to(outside / "secret.md")
+    elif kind == "folder link":
+        entry.symlink_to(outside, target_is_directory=True)
+    elif kind == "dangling link":
+        entry.symlink_to(outside / "missing.md")
+    else:
+        os.mkfifo(entry)
+    what = "not a regular file" if kind == "fifo" else "a symbolic link"
+    with pytest.raises(InputError, match=rf"merged/{entry.name}: {what}") as err:
+        run_release(inputs, tmp_path / "run" / "release")
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "run" / "release").exists() and not list((tmp_path / "run").glob(".bundle.*"))
+
+
+def test_the_cli_refuses_a_link_in_one_line_and_writes_nothing(inputs, tmp_path):
+    import subprocess
+    import sys
+
+    (inputs["merged"] / "notes.md").symlink_to(inputs["split_files"][0])
+    out = tmp_path / "run" / "release"
+    cfg = json.dumps({"run_name": "demo", "release": {}, "knobs": KNOBS})
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmrnn.cli", "release", "build", "--merged", str(inputs["merged"]),
+         "--merge-check", str(inputs["merge_check"]), "--splits", str(inputs["splits"]),
+         "--split-files", *inputs["split_files"], "--metrics", str(inputs["metrics"]),
+         "--rubric", str(inputs["rubric"]), "--cfg", cfg, "--card", str(out / "README.md"),
+         "--manifest", str(out / "MANIFEST.json"), "--receipt", str(out / "upload_receipt.json")],
+        capture_output=True, text=True, check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "notes.md: a symbolic link" in lines[0] and "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_stale_stage_folders_of_a_killed_release_are_removed(inputs, tmp_path):
+    """A release killed while staging leaves a full model copy in RUN/.bundle.*.tmp; the next run removes it
+    (and nothing else that merely looks alike)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    code = ("import os, signal, sys; from pathlib import Path; from llmrnn import release; "
+            "stage, _ = release.stage_model_files(Path(sys.argv[1]), Path(sys.argv[2])); "
+            "os.kill(os.getpid(), signal.SIGKILL)")
+    proc = subprocess.run([sys.executable, "-c", code, str(inputs["merged"]), str(run)], check=False,
+                          env={**os.environ, "PYTHONPATH": str(Path(release.__file__).parents[1])})
+    assert proc.returncode == -signal.SIGKILL
+    (stale,) = run.glob(".bundle.*.tmp")
+    assert (stale / "model.safetensors").is_file()
+    keep = run / ".bundle.notmine"
+    keep.mkdir()
+    run_release(inputs, run / "release")
+    assert not stale.exists() and keep.is_dir() and not list(run.glob(".bundle.*.tmp"))
+
+
+def test_a_base_model_card_in_merged_is_replaced_and_left_untouched(inputs, tmp_path):
+    """merged/README.md (a local base model's card, copied by the merge): the release's card takes its place
+    in the bundle; the file in merged/ is not written through (it used to be a hard link of the bundle's)."""
+    base_card = "# SmolLM2\nThe base model's own card.\n"
+    (inputs["merged"] / "README.md").write_text(base_card)
+    out = tmp_path / "run" / "release"
+    receipt = run_release(inputs, out)
+    assert (inputs["merged"] / "README.md").read_text() == base_card
+    assert (out / "README.md").read_text().startswith("---\n") and receipt["files"].count("README.md") == 1
+    assert "README.md" not in json.loads((out / "MANIFEST.json").read_text())["model_files"]

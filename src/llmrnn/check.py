@@ -155,6 +155,25 @@ def hub_problem(repo_id: str, revision: str | None, what: str) -> str | None:
     return None
 
 
+def withhold_ids(message: str, source: str | Path) -> str:
+    """A cohort problem as check prints it (to the terminal and to logs/RUN/check.log): the patient is
+    named by its record number in the file, and no patient or visit id of the file is repeated."""
+    try:
+        data = json.loads(Path(source).read_bytes().decode("utf-8-sig"))
+    except (OSError, ValueError, RecursionError):
+        return message  # not JSON: the loader's message names a line and column, no record
+    records = [r if isinstance(r, dict) else {} for r in data] if isinstance(data, list) else []
+    for n, record in enumerate(records):
+        if record.get("subject_id") is not None:
+            message = re.sub(rf"\bpatient {re.escape(str(record['subject_id']))}(?=[ :])", f"record {n}", message)
+    ids = {str(i) for r in records for i in [r.get("subject_id"), *(v.get("visit_id") for v in r.get("visits") or []
+                                                                   if isinstance(v, dict))]
+           if i is not None and len(str(i)) >= 3}
+    for value in sorted(ids, key=len, reverse=True):
+        message = re.sub(rf"(?<![\w-]){re.escape(value)}(?![\w-])", "<id withheld>", message)
+    return message
+
+
 # ----------------------------------------------------------------------------- checks
 def check_cohort(config: dict) -> list[str]:
     """The cohort loads, and the split sizes fit the CLEANED cohort (split_cohort's input), so a cohort
@@ -178,7 +197,7 @@ def check_cohort(config: dict) -> list[str]:
         try:
             patients = load_cohort(source)
         except LlmrnnError as exc:
-            return [f"cohort.source: {exc}"]
+            return [f"cohort.source: {withhold_ids(str(exc), source)}"]
     kept, _ = clean_cohort(patients)
     split = config.get("split") or {}
     need = int(split.get("val_size", 0)) + int(split.get("train_size", 0)) + 1

@@ -7,6 +7,7 @@ import copy
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -38,11 +39,29 @@ def atomic_path(path: str | os.PathLike, mode: int | None = None) -> Iterator[Pa
         raise
 
 
+def remove_stale_temps(target: str | os.PathLike, labels: tuple[str, ...] = ()) -> list[Path]:
+    """Temp folders an earlier, killed build of `target` left beside it (`.NAME.XXXXXXXX.tmp`, or
+    `.NAME.LABEL.XXXXXXXX.tmp` for a labelled helper folder); Snakemake runs one job per output at a
+    time, so none of them belongs to a live build. Returns what was removed."""
+    target = Path(target)
+    labelled = rf"(?:(?:{'|'.join(map(re.escape, labels))})\.)?" if labels else ""
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.{labelled}[a-z0-9_]{{8}}\.tmp")
+    removed = []
+    if target.parent.is_dir():
+        for old in target.parent.iterdir():
+            if pattern.fullmatch(old.name) and old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+                removed.append(old)
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temp directory beside `path`; it replaces `path` only if the block succeeds."""
+    """Yield a temp directory beside `path`; it replaces `path` only if the block succeeds. Temp
+    directories of an earlier build of `path` that was killed are removed first."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         yield tmp

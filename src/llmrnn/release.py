@@ -4,20 +4,28 @@
 the rubric file; eval metrics only when passed explicitly, the DAG keeps release independent of eval) and
 writes RUN/release/{README.md, MANIFEST.json, upload_receipt.json}.
 
-The bundle (merged model files + card + manifest, nothing else) is staged as links in a temp folder beside
-the release folder; the PHI guard scans exactly that folder, and exactly that folder is uploaded. The
-receipt is written last: it says what was uploaded, or that nothing was and why.
+The bundle (merged model files + card + manifest, nothing else) is COPIED into a private (0700) temp folder
+beside the run's folders, each file read-only and hashed as it is copied; the manifest records those hashes,
+the PHI guard scans exactly that copy, and exactly those bytes are uploaded after every hash is checked
+again (a file changed since the scan, in the copy or in merged/, stops the release). Links and other
+non-regular files are refused, never followed; so are file names that are not plain UTF-8. The release
+folder's files are opened before anything is uploaded (an unwritable folder stops the release first), and
+the receipt is written last: it says what was uploaded, or that nothing was and why. A rerun finds its own
+commit on the Hub (same release id) and does not push a second one.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import platform
+import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -26,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from llmrnn import io, phi_guard, upload
-from llmrnn.errors import InputError
+from llmrnn.errors import CheckFailed, InputError
 
 log = logging.getLogger(__name__)
 
@@ -159,17 +167,14 @@ def rubric_info(path: str | Path | None) -> dict:
     }
 
 
-def file_hashes(folder: Path, enabled: bool) -> dict:
-    out = {}
-    for f in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):
-        rel = f.relative_to(folder).as_posix()
-        out[rel] = {"bytes": f.stat().st_size, "sha256": io.sha256_file(f) if enabled else None}
-    return out
+def file_hashes(staged: dict[str, dict], enabled: bool) -> dict:
+    """The manifest's model_files: size and sha256 of each file as it was copied into the bundle."""
+    return {rel: {"bytes": f["bytes"], "sha256": f["sha256"] if enabled else None} for rel, f in sorted(staged.items())}
 
 
 # ----------------------------------------------------------------------------- manifest + card
 def build_manifest(*, run_name: str, knobs: dict, rel: dict, merge_check: dict, splits: dict, metrics: dict,
-                   rubric: dict, merged: Path, inputs: dict) -> dict:
+                   rubric: dict, model_files: dict[str, dict], inputs: dict) -> dict:
     checks = merge_check.get("checks", {})
     adapter = checks.get("adapter_config", {})
     return {
@@ -220,7 +225,7 @@ def build_manifest(*, run_name: str, knobs: dict, rel: dict, merge_check: dict, 
         "packages": package_versions(),
         "packages_note": "versions in the environment that ran `llmrnn release`; training may use its own env",
         "inputs_sha256": {k: io.sha256_file(v) for k, v in inputs.items() if v and Path(v).is_file()},
-        "model_files": file_hashes(merged, rel["hash_files"]),
+        "model_files": file_hashes(model_files, rel["hash_files"]),
     }
 
 
@@ -541,25 +546,166 @@ def _card_limits(parts: list[str], manifest: dict, synthetic: bool) -> None:
 
 
 # ----------------------------------------------------------------------------- staging + upload
-def _link_or_copy(src: Path, dst: Path) -> None:
+STAGE_PREFIX = ".bundle."
+STAGE_SUFFIX = ".tmp"
+STAGE_NAME = re.compile(re.escape(STAGE_PREFIX) + r"[A-Za-z0-9_]{8}" + re.escape(STAGE_SUFFIX))
+COPY_CHUNK = 1 << 20
+# the release's own card and manifest; a base model's README.md copied into merged/ is replaced, not merged
+RELEASE_TEXTS = ("README.md", "MANIFEST.json")
+
+
+def printable_name(name: str) -> str:
+    """A file name safe to put on one line of an error: undecodable bytes and control characters escaped."""
+    text = os.fsencode(name).decode("utf-8", "backslashreplace")
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+def name_problem(rel: str) -> str | None:
+    """Why a bundle path cannot go to the Hub as it is (None when it can): it must be UTF-8, printable and
+    use / only. Checked while staging, before any repo is created."""
     try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return "file name is not UTF-8"
+    if any(not ch.isprintable() for ch in rel):
+        return "file name holds control or invisible characters"
+    if "\\" in rel:
+        return "file name holds a backslash"
+    return None
 
 
-def stage_bundle(merged: Path, card: str, manifest: dict, parent: Path) -> Path:
-    """Temp folder beside the release folder: merged model files (hard links) + README.md + MANIFEST.json."""
+def _copy_private(src: Path, dst: Path, shown: str) -> dict:
+    """Copy one regular file (never a link, fifo or device: O_NOFOLLOW, then fstat) into the stage as a
+    new read-only file; size and sha256 of the bytes copied."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # a fifo must not block
+    try:
+        fd = os.open(src, flags)
+    except OSError as exc:
+        what = "a symbolic link" if src.is_symlink() else f"cannot be read ({exc.strerror})"
+        raise InputError(f"{shown}: {what}; a release copies regular files only and never follows a link") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise InputError(f"{shown}: not a regular file; refused (a release holds regular files only)")
+        digest, size = hashlib.sha256(), 0
+        with open(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600),
+                  "wb") as out:
+            while chunk := fh.read(COPY_CHUNK):
+                out.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+            os.fchmod(out.fileno(), 0o400)
+    return {"bytes": size, "sha256": digest.hexdigest()}
+
+
+def _walk_regular(folder: Path, shown: str, rel: str = "") -> list[tuple[str, Path]]:
+    """(path relative to `folder`, path) of every file under `folder`, hidden names left out; a link, a
+    fifo, a device or a socket anywhere is refused (InputError), a name that is not plain UTF-8 too."""
+    out = []
+    with os.scandir(folder) as entries:
+        for entry in sorted(entries, key=lambda e: os.fsencode(e.name)):
+            if entry.name.startswith("."):
+                continue
+            sub = f"{rel}{entry.name}"
+            where = f"{shown}/{printable_name(sub)}"
+            if problem := name_problem(sub):
+                raise InputError(f"{where}: {problem}; rename it (nothing was uploaded)")
+            if entry.is_symlink():
+                raise InputError(f"{where}: a symbolic link; a release copies regular files only and never "
+                                 "follows a link")
+            if entry.is_dir(follow_symlinks=False):
+                out += _walk_regular(Path(entry.path), shown, f"{sub}/")
+            elif entry.is_file(follow_symlinks=False):
+                out.append((sub, Path(entry.path)))
+            else:
+                raise InputError(f"{where}: not a regular file (a fifo, device or socket); refused")
+    return out
+
+
+def remove_stale_stages(parent: Path) -> None:
+    """Stage folders of an earlier release that was killed (each holds a full copy of the model)."""
+    for old in parent.glob(f"{STAGE_PREFIX}*{STAGE_SUFFIX}"):
+        if STAGE_NAME.fullmatch(old.name) and old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def stage_model_files(merged: Path, parent: Path) -> tuple[Path, dict[str, dict]]:
+    """A private temp folder (0700) in `parent` holding a read-only copy of every merged model file, and
+    the size and sha256 of each copy (what the manifest records, the guard scans and the upload sends)."""
     parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".bundle.", suffix=".tmp", dir=parent))
-    for f in sorted(merged.rglob("*")):
-        if f.is_file() and not f.name.startswith("."):
-            dst = stage / f.relative_to(merged)
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            _link_or_copy(f, dst)
-    (stage / "README.md").write_text(card, encoding="utf-8")
-    (stage / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    return stage
+    remove_stale_stages(parent)
+    files = [(rel, src) for rel, src in _walk_regular(merged, str(merged)) if rel not in RELEASE_TEXTS]
+    stage = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, suffix=STAGE_SUFFIX, dir=parent))  # mode 0700
+    try:
+        staged = {}
+        for rel, src in files:
+            dst = stage / rel
+            dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            staged[rel] = _copy_private(src, dst, f"{merged}/{rel}")
+    except BaseException:
+        _remove_stage(stage)
+        raise
+    return stage, staged
+
+
+def stage_text(stage: Path, rel: str, text: str) -> dict:
+    data = text.encode("utf-8")
+    path = stage / rel
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o400), "wb") as fh:
+        fh.write(data)
+    return {"bytes": len(data), "sha256": io.sha256_bytes(data)}
+
+
+def _remove_stage(stage: Path) -> None:
+    shutil.rmtree(stage, ignore_errors=True)  # read-only files in owner-writable folders: removable
+
+
+def sources_unchanged(merged: Path, staged: dict[str, dict]) -> None:
+    """merged/ still holds exactly what was copied and scanned: no file changed, appeared or vanished
+    (else the release would describe a folder that no longer exists); CheckFailed naming the file."""
+    now = {rel: src for rel, src in _walk_regular(merged, str(merged)) if rel not in RELEASE_TEXTS}
+    for rel in sorted(set(now) | set(staged)):
+        if rel not in now or rel not in staged:
+            how = "vanished" if rel not in now else "appeared"
+            raise CheckFailed(f"{merged}/{printable_name(rel)}: {how} while the release was being checked; "
+                              "nothing uploaded, rerun the release")
+        if io.sha256_file(now[rel]) != staged[rel]["sha256"]:
+            raise CheckFailed(f"{merged}/{printable_name(rel)}: changed after the PHI guard scanned it; nothing "
+                              "uploaded, rerun the release")
+
+
+def release_id(staged: dict[str, dict], manifest: dict, rel: dict, repo_id: str) -> str:
+    """What identifies this release on the Hub: the model files' hashes and the card and manifest as they
+    would be without their creation time (a rerun of the same release has the same id)."""
+    timeless = json.loads(json.dumps(manifest))
+    timeless["timestamps"]["created_utc"] = None
+    card = render_card(timeless, rel, repo_id)
+    identity = {"model_files": {k: v["sha256"] for k, v in sorted(staged.items())},
+                "card": io.sha256_bytes(card.encode()), "manifest": config_hash(timeless)}
+    return config_hash(identity)
+
+
+@contextlib.contextmanager
+def _release_outputs(*paths: str | Path):
+    """Temp files beside each output, created NOW (an unwritable release folder stops the release before
+    anything is scanned or uploaded); each is renamed into place only when the block succeeds. On a
+    failure, folders this made are removed again when empty: nothing is left half-written."""
+    made = [d for d in dict.fromkeys(q for p in paths for q in [Path(p).parent, *Path(p).parent.parents])
+            if not d.exists()]
+    try:
+        with contextlib.ExitStack() as stack:
+            temps = []
+            for path in paths:
+                try:
+                    temps.append(stack.enter_context(io.atomic_path(path)))
+                except OSError as exc:
+                    raise InputError(f"{Path(path).parent}: cannot write the release there ({exc.strerror}); "
+                                     "nothing was uploaded") from None
+            yield temps
+    except BaseException:
+        for folder in sorted(made, key=lambda d: len(d.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
 
 
 def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | Path, split_files: list[str],
@@ -572,9 +718,12 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
     secrets = upload.env_problems({"release": cfg.get("release") or {}, "knobs": cfg.get("knobs") or {}})
     if secrets:  # before anything is written: the manifest copies both sections
         raise InputError(f"release --cfg: {secrets[0]}")
-    rel = settings(cfg.get("release"))
+    # what is written (manifest, card, receipt, logs) never holds the user:password@ of a URL; the Hub
+    # authenticates with the token, so the endpoint is called without them (httpx would log them)
+    rel = upload.redact_credentials(settings(cfg.get("release")))
+    endpoint = upload.without_userinfo(rel["endpoint"] or os.environ.get("HF_ENDPOINT") or None)
     run_name = cfg.get("run_name") or "run"
-    knobs = cfg.get("knobs") or {}
+    knobs = upload.redact_credentials(cfg.get("knobs") or {})
     if not (merged / "config.json").is_file():
         raise InputError(f"{merged}: merged model folder has no config.json")
     check = io.read_json(merge_check)
@@ -583,44 +732,76 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
     repo_id = rel["repo_id"] or f"llmrnn-{run_name}-merged"
     inputs = {"merge_check": str(merge_check), "splits": str(splits), "metrics": str(metrics) if metrics else None,
               "rubric": str(rubric) if rubric else None}
-    manifest = build_manifest(
-        run_name=run_name, knobs=knobs, rel=rel, merge_check=check, splits=io.read_json(splits),
-        metrics=metrics_summary(metrics), merged=merged, inputs=inputs,
-        rubric=({"rubric_file": None, "model": None, "note": "reward.mode outcome asks no judge"}
-                if rubric is None and outcome_reward(knobs) else rubric_info(rubric)),
-    )
-    card = render_card(manifest, rel, repo_id)
-    release_dir = Path(card_out).parent
-    stage = stage_bundle(merged, card, manifest, release_dir.parent)
-    try:
-        guard = phi_guard.scan_bundle(stage, split_files, **rel["phi_guard"], split_format=split_format)
-        phi_guard.enforce(guard, f"{stage.name} (merged model + card + manifest)")
-        receipt: dict[str, Any] = {"uploaded": False, "repo_id": repo_id, "private": rel["private"],
-                                   "created_utc": utc(), "files": sorted(manifest["model_files"]) + ["README.md", "MANIFEST.json"],
-                                   "phi_guard": guard}
-        token = upload.token_from_env(rel["token_env"])
-        if not rel["upload"]:
-            receipt["reason"] = "release.upload is off (set release.upload: true and export a Hub token to upload)"
-        elif token is None:
-            receipt["reason"] = f"release.upload is on but ${rel['token_env']} is not set; nothing was uploaded"
-            log.warning("%s", receipt["reason"])
-        elif upload.offline():
-            receipt["reason"] = "release.upload is on but HF_HUB_OFFLINE is set; nothing was uploaded"
-            log.warning("%s", receipt["reason"])
-        else:
-            endpoint = rel["endpoint"] or os.environ.get("HF_ENDPOINT") or None
-            result = upload.upload_bundle(
-                stage, repo_id, token=token, private=rel["private"], endpoint=endpoint,
-                commit_message=rel["commit_message"] or f"llmrnn release of run {run_name}",
+    # the receipt's temp is entered first, so it is renamed into place last
+    with _release_outputs(receipt_out, card_out, manifest_out) as (receipt_tmp, card_tmp, manifest_tmp):
+        try:
+            stage, staged = stage_model_files(merged, Path(card_out).parent.parent)
+        except OSError as exc:  # a full disk, an unwritable run folder: nothing was scanned or uploaded
+            raise InputError(f"{Path(card_out).parent.parent}: cannot stage the release bundle there "
+                             f"({exc.strerror or type(exc).__name__}); nothing was uploaded") from None
+        try:
+            receipt = _check_and_upload(
+                stage, staged, merged=merged, rel=rel, endpoint=endpoint, repo_id=repo_id, run_name=run_name,
+                split_files=split_files, split_format=split_format, card_tmp=card_tmp, manifest_tmp=manifest_tmp,
+                manifest=upload.redact_credentials(build_manifest(
+                    run_name=run_name, knobs=knobs, rel=rel, merge_check=check, splits=io.read_json(splits),
+                    metrics=metrics_summary(metrics), model_files=staged, inputs=inputs,
+                    rubric=({"rubric_file": None, "model": None, "note": "reward.mode outcome asks no judge"}
+                            if rubric is None and outcome_reward(knobs) else rubric_info(rubric)),
+                )),
             )
-            receipt.update(uploaded=True, **result)
-            receipt["reason"] = "uploaded"
-        io.write_text(card_out, card)
-        io.write_json(manifest_out, manifest)
-        io.write_json(receipt_out, receipt)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+            try:
+                receipt_tmp.write_text(io.json_text(upload.redact_credentials(receipt)), encoding="utf-8")
+            except OSError as exc:
+                done = ("it was uploaded; a rerun finds that commit and pushes nothing again"
+                        if receipt["uploaded"] else "nothing was uploaded")
+                raise InputError(f"{receipt_out}: cannot write the receipt ({exc.strerror}); {done}") from None
+        finally:
+            _remove_stage(stage)
     log.info("release: card %s, manifest %s, uploaded=%s", card_out, manifest_out, receipt["uploaded"])
+    return receipt
+
+
+def _check_and_upload(stage: Path, staged: dict[str, dict], *, merged: Path, rel: dict, endpoint: str | None,
+                      repo_id: str, run_name: str, split_files: list[str], split_format: str, card_tmp: Path,
+                      manifest_tmp: Path, manifest: dict) -> dict:
+    """Card and manifest into the stage, the PHI guard over the stage, the card and manifest temps filled
+    with the staged text, then (when asked) the upload of exactly the staged bytes; returns the receipt."""
+    card = upload.redact_credentials(render_card(manifest, rel, repo_id))
+    manifest_text = json.dumps(manifest, indent=2) + "\n"
+    files = {name: f["sha256"] for name, f in staged.items()}
+    files["README.md"] = stage_text(stage, "README.md", card)["sha256"]
+    files["MANIFEST.json"] = stage_text(stage, "MANIFEST.json", manifest_text)["sha256"]
+    guard = phi_guard.scan_bundle(stage, split_files, **rel["phi_guard"], split_format=split_format)
+    phi_guard.enforce(guard, f"{stage.name} (merged model + card + manifest)")
+    try:  # before the upload: a full disk stops the release here, not after a push
+        card_tmp.write_text(card, encoding="utf-8")
+        manifest_tmp.write_text(manifest_text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{card_tmp.parent}: cannot write the card and manifest ({exc.strerror}); nothing "
+                         "was uploaded") from None
+    receipt: dict[str, Any] = {"uploaded": False, "repo_id": repo_id, "private": rel["private"],
+                               "created_utc": utc(), "files": sorted(manifest["model_files"]) + ["README.md", "MANIFEST.json"],
+                               "sha256": dict(sorted(files.items())), "phi_guard": guard}
+    token = upload.token_from_env(rel["token_env"])
+    if not rel["upload"]:
+        receipt["reason"] = "release.upload is off (set release.upload: true and export a Hub token to upload)"
+    elif token is None:
+        receipt["reason"] = f"release.upload is on but ${rel['token_env']} is not set; nothing was uploaded"
+        log.warning("%s", receipt["reason"])
+    elif upload.offline():
+        receipt["reason"] = "release.upload is on but HF_HUB_OFFLINE is set; nothing was uploaded"
+        log.warning("%s", receipt["reason"])
+    else:
+        sources_unchanged(merged, staged)  # merged/ is still what was copied and scanned
+        result = upload.upload_bundle(
+            stage, repo_id, token=token, files=files, release_id=release_id(staged, manifest, rel, repo_id),
+            private=rel["private"], endpoint=endpoint,
+            commit_message=rel["commit_message"] or f"llmrnn release of run {run_name}",
+        )
+        receipt.update(uploaded=True, **result)
+        receipt["reason"] = ("already uploaded: the repo holds a commit of this release id; nothing pushed again"
+                             if result["already_uploaded"] else "uploaded")
     return receipt
 
 

@@ -68,33 +68,102 @@ def offline() -> bool:
     return bool(constants.is_offline_mode())
 
 
+# scheme://user:password@host: the userinfo of a URL is a credential wherever the URL came from
+# (greedy up to the last @ before the path: a password may hold a raw @)
+URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#\s]*)@")
+RELEASE_ID_TRAILER = "llmrnn-release-id"
+
+
+def redact_credentials(value: Any) -> Any:
+    """`value` with the userinfo (`user:password@`) of every URL inside it replaced by `***@`: strings,
+    and the keys and values of dicts and lists, recursively. Everything the release puts on disk (MANIFEST.json,
+    the model card, the receipt, log lines and errors) goes through this one function."""
+    if isinstance(value, str):
+        return URL_USERINFO.sub(r"\1***@", value)
+    if isinstance(value, dict):
+        return {redact_credentials(k): redact_credentials(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_credentials(v) for v in value]
+    return value
+
+
+def without_userinfo(url: str | None) -> str | None:
+    """The URL with its `user:password@` (or the `***@` left by redact_credentials) removed."""
+    return URL_USERINFO.sub(r"\1", url) if url else url
+
+
 def _scrub(text: str, token: str) -> str:
-    return text.replace(token, "***") if token else text
+    return redact_credentials(text.replace(token, "***") if token else text)
 
 
-def upload_bundle(bundle: str | Path, repo_id: str, *, token: str, private: bool = True,
-                  endpoint: str | None = None, commit_message: str = "llmrnn release") -> dict:
-    """Create the model repo (private unless told otherwise; an existing repo is reused) and upload the
-    bundle folder in one commit. Returns what the receipt records."""
-    from huggingface_hub import HfApi
+def _release_commit(api: Any, repo_id: str, release_id: str) -> Any:
+    """The commit of `repo_id` whose description carries `release_id` (this exact bundle was pushed
+    before), or None."""
     from huggingface_hub.errors import HfHubHTTPError
 
-    api = HfApi(endpoint=endpoint, token=token)
+    marker = f"{RELEASE_ID_TRAILER}: {release_id}"
     try:
-        url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        full_id = getattr(url, "repo_id", None) or repo_id
-        info = api.upload_folder(
-            folder_path=str(bundle), repo_id=full_id, repo_type="model", commit_message=commit_message
-        )
-    except (HfHubHTTPError, OSError, ValueError) as exc:
-        first = _scrub(str(exc), token).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckFailed(f"upload to {endpoint or 'the Hub'} repo {repo_id} failed: {first}") from None
+        commits = api.list_repo_commits(repo_id, repo_type="model")
+    except HfHubHTTPError as exc:
+        if getattr(exc.response, "status_code", None) != 404:
+            raise
+        log.warning("%s: its commit history cannot be listed (404); pushing without the rerun check", repo_id)
+        return None
+    for commit in commits:
+        if marker in (commit.message or "") or marker in (commit.title or ""):
+            return commit
+    return None
+
+
+def upload_bundle(bundle: str | Path, repo_id: str, *, token: str, files: dict[str, str], release_id: str,
+                  private: bool = True, endpoint: str | None = None,
+                  commit_message: str = "llmrnn release") -> dict:
+    """Upload exactly the files `files` names (path in the bundle -> the sha256 recorded when the PHI guard
+    scanned it) in one commit, to a model repo created private unless told otherwise (an existing repo is
+    reused). Every file is opened (never through a link) and hashed again first; a changed or missing
+    file stops the upload before the repo is touched, the bytes sent are read from those same open files,
+    and nothing but the files named is sent. A repo
+    whose history already holds a commit of `release_id` (the same bundle) gets no second commit.
+    Returns what the receipt records."""
+    import contextlib
+
+    from huggingface_hub import CommitOperationAdd, HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    bundle = Path(bundle)
+    where = redact_credentials(endpoint or "the Hub")
+    with contextlib.ExitStack() as stack:
+        operations = []
+        for rel, sha256 in sorted(files.items()):
+            try:  # O_NOFOLLOW: a link put in place of a staged file is not followed
+                fd = os.open(bundle / rel, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            except OSError as exc:
+                raise CheckFailed(f"{rel}: cannot be opened for the upload ({exc.strerror}); nothing uploaded") from None
+            fh = stack.enter_context(os.fdopen(fd, "rb"))
+            op = CommitOperationAdd(path_in_repo=rel, path_or_fileobj=fh)
+            if op.upload_info.sha256.hex() != sha256:
+                raise CheckFailed(f"{rel}: changed after the PHI guard scanned it (sha256 {sha256[:12]} at the "
+                                  f"scan, {op.upload_info.sha256.hex()[:12]} now); nothing uploaded")
+            operations.append(op)
+        api = HfApi(endpoint=endpoint, token=token)
+        try:
+            url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+            full_id = getattr(url, "repo_id", None) or repo_id
+            previous = _release_commit(api, full_id, release_id)
+            if previous is None:
+                info = api.create_commit(repo_id=full_id, repo_type="model", operations=operations,
+                                         commit_message=commit_message,
+                                         commit_description=f"{RELEASE_ID_TRAILER}: {release_id}")
+        except (HfHubHTTPError, OSError, ValueError) as exc:
+            first = _scrub(str(exc), token).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckFailed(f"upload to {where} repo {repo_id} failed: {first}") from None
+    result = {"repo_id": full_id, "repo_url": redact_credentials(str(url)), "private": private,
+              "endpoint": redact_credentials(api.endpoint), "release_id": release_id}
+    if previous is not None:
+        log.info("%s already holds this release (commit %s); nothing pushed again", full_id, previous.commit_id)
+        oid = previous.commit_id
+        return {**result, "commit_oid": oid, "commit_url": redact_credentials(f"{api.endpoint}/{full_id}/commit/{oid}"),
+                "already_uploaded": True}
     log.info("uploaded %s to %s (commit %s)", bundle, full_id, getattr(info, "oid", "?"))
-    return {
-        "repo_id": full_id,
-        "repo_url": str(url),
-        "private": private,
-        "endpoint": api.endpoint,
-        "commit_url": getattr(info, "commit_url", None),
-        "commit_oid": getattr(info, "oid", None),
-    }
+    return {**result, "commit_url": redact_credentials(getattr(info, "commit_url", None)),
+            "commit_oid": getattr(info, "oid", None), "already_uploaded": False}
