@@ -318,3 +318,32 @@ def test_readiness_refuses_a_server_that_takes_any_key(tmp_path):
 
 def test_readiness_keeps_waiting_while_nothing_answers():
     assert readiness(f"http://127.0.0.1:{free_port()}", "k", "judge") is False
+
+
+def test_bind_address_for_training_across_nodes(monkeypatch):
+    """judge.host: null keeps the rubric's loopback; `node` is this node's address as SLURM reaches it
+    (NodeAddr, resolved); listening on every interface is refused."""
+    import socket
+
+    from llmrnn.errors import InputError
+    from llmrnn.judge.launcher import bind_address
+
+    assert bind_address(None, "127.0.0.1") == "127.0.0.1"
+    assert bind_address("10.1.2.3", "127.0.0.1") == "10.1.2.3"
+    for wildcard in ("0.0.0.0", "::", ""):
+        with pytest.raises(InputError, match="every interface"):
+            bind_address(wildcard, "127.0.0.1")
+    monkeypatch.setenv("SLURMD_NODENAME", "no-such-slurm-node-xyz")
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: {"no-such-slurm-node-xyz": "10.9.8.7"}[name])
+    assert bind_address("node", "127.0.0.1") == "10.9.8.7"
+
+
+def test_judge_serve_refuses_every_interface(tmp_path, tiny_model_dir):
+    from llmrnn.cli import main
+    from llmrnn.errors import InputError
+    from llmrnn.judge.server import serve
+
+    with pytest.raises(InputError, match="never to every interface"):
+        serve(str(tiny_model_dir), "judge", "0.0.0.0", 1, None, 512, "float32")
+    assert main(["judge", "serve", "--model", str(tiny_model_dir), "--served-model-name", "j", "--host", "::",
+                 "--port", "1"]) != 0

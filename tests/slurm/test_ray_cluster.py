@@ -4,6 +4,7 @@ reachability rule, and the single-node overrides verl gets. The two-node run is 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,8 @@ def test_temp_dir_is_per_job_per_node_and_short_enough_for_ray_sockets():
     long_tmp = "/" + "x" * 80
     fallback = rc.temp_dir("node1", {"SLURM_JOB_ID": "17", "TMPDIR": long_tmp})
     assert str(fallback) == "/tmp/r17-node1.ray"
+    assert str(rc.temp_dir("n1", {"SLURM_JOB_ID": "3", "RAY_TMPDIR": "/scratch/ray", "TMPDIR": "/tmp"})) \
+        == "/scratch/ray/r3-n1.ray"
     assert len(str(fallback)) + rc.SESSION_SUFFIX_LEN <= rc.SOCKET_PATH_MAX
     with pytest.raises(InputError, match="short enough"):
         rc.temp_dir("n" * 80, {"SLURM_JOB_ID": "17"})
@@ -77,3 +80,67 @@ def test_reap_stops_only_this_jobs_processes(tmp_path):
         for p in procs:
             p.kill()
             p.wait()
+
+
+VERL_PY = Path(__file__).resolve().parents[2] / ".venv-verl-0.7.1" / "bin" / "python"
+COMPOSE = """
+import json, sys
+from pathlib import Path
+import verl
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+    cfg = compose(config_name="ppo_trainer", overrides=json.loads(sys.argv[1]))
+print(json.dumps(OmegaConf.to_container(cfg.ray_kwargs.ray_init)))
+"""
+
+
+def test_single_node_overrides_reach_verls_ray_init(tmp_path):
+    """verl 0.7.1's main_ppo passes ray_kwargs.ray_init to ray.init(): the keys compose in its own config."""
+    import json
+    import subprocess
+
+    if not VERL_PY.exists():
+        pytest.skip("no .venv-verl-0.7.1: scripts/make_verl_env.sh 0.7.1")
+    ov = rc.single_node_overrides({"SLURM_CPUS_PER_TASK": "8", "SLURM_JOB_ID": "42", "TMPDIR": "/tmp"})
+    out = subprocess.run([str(VERL_PY), "-c", COMPOSE, json.dumps(ov)], capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    ray_init = json.loads(out.stdout.strip().splitlines()[-1])
+    assert ray_init == {"num_cpus": 8, "_temp_dir": "/tmp/r42-local.ray", "include_dashboard": False}
+
+
+@pytest.mark.parametrize("nnodes", [1, 2])
+def test_verl_run_gives_ray_the_job_or_refuses_a_missing_allocation(tmp_path, monkeypatch, nnodes):
+    from llmrnn.errors import CheckFailed
+    from llmrnn.train import verl_cmd
+    from tests.verl.rows import make_rows, write_parquet
+
+    for var in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("TMPDIR", "/tmp")
+    ran = []
+
+    def main_ppo_not_run(cmd, env, out, follow):  # no verl here: capture the command and stop
+        ran.append(cmd)
+        raise RuntimeError("stopped before verl")
+
+    monkeypatch.setattr(verl_cmd, "_main_ppo", main_ppo_not_run)
+    monkeypatch.setattr(rc, "allocation_nodes", lambda env=None: [])
+    train = write_parquet(tmp_path / "train.parquet", make_rows(8))
+    cfg = {"batch": {"train": 2, "mini": 2, "micro_per_gpu": 1}, "group_size": 2, "epochs": 1, "test_freq": 0,
+           "nnodes": nnodes}
+    kwargs = {"train_parquet": train, "val_parquet": None, "model_dir": "m", "work_dir": str(tmp_path / "w"),
+                  "adapter_dir": tmp_path / "a", "metrics_path": tmp_path / "m.jsonl", "experiment_name": "e",
+                  "endpoint_file": None, "verl_version": "0.7.1"}
+    if nnodes == 1:
+        with pytest.raises(RuntimeError, match="stopped before verl"):
+            verl_cmd.run(cfg, **kwargs)
+        (cmd,) = ran
+        assert "ray_kwargs.ray_init.num_cpus=3" in cmd and "+ray_kwargs.ray_init._temp_dir=/tmp/r77-local.ray" in cmd
+    else:
+        with pytest.raises(CheckFailed, match="train.nnodes is 2 but this job holds 0 node"):
+            verl_cmd.run(cfg, **kwargs)
+        assert ran == []

@@ -12,8 +12,9 @@ Ray on a shared node) and removes the temp dirs.
 Everything Ray takes from the machine comes from the job, so two jobs on one node do not collide:
 - CPUs: `--num-cpus` from SLURM_CPUS_PER_TASK / SLURM_CPUS_ON_NODE (never every core of the node);
 - ports: each node step picks free ports on its node (GCS, client server, agents, metrics);
-- temp dirs: `$TMPDIR/rJOB-NODE` (or /tmp/... when TMPDIR is too long: Ray's socket paths below it
-  must stay under the ~107-character limit of a Unix socket path);
+- temp dirs: `$RAY_TMPDIR/rJOB-NODE.ray` or `$TMPDIR/...` (or /tmp/... when those are too long: Ray's
+  socket paths below it must stay under the ~107-character limit of a Unix socket path), removed at
+  the end by each node's own step;
 - token: Ray 2.5x+ turns token authentication on by default; the job writes its own token (0600) in
   its work dir on the shared filesystem and every node and the driver get RAY_AUTH_TOKEN_PATH.
 With one node verl starts Ray itself: `single_node_overrides()` gives it the job's CPUs and temp dir.
@@ -53,6 +54,9 @@ SOCKET_PATH_MAX = 107
 SESSION_SUFFIX_LEN = len("/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store")
 START_TIMEOUT_S = 300.0
 STOP_GRACE_S = 30.0
+# per node, after SIGTERM: `ray start` gets this long, then its leftovers are reaped (SIGTERM, SIGKILL:
+# 5 s each); all of it within SLURM's default KillWait of 30 s
+NODE_STOP_GRACE_S = 10.0
 
 
 # ----------------------------------------------------------------------------- what the job gives Ray
@@ -73,11 +77,11 @@ def job_id(env: Mapping[str, str] | None = None) -> str:
 
 
 def temp_dir(tag: str, env: Mapping[str, str] | None = None) -> Path:
-    """A short per-job temp dir for Ray: under the job's TMPDIR when Ray's socket paths fit below it,
-    else under /tmp (still job-specific)."""
+    """A short per-job temp dir for Ray: under RAY_TMPDIR (Ray's own variable) or the job's TMPDIR when
+    Ray's socket paths fit below it, else under /tmp (still job-specific)."""
     env = os.environ if env is None else env
     name = f"r{job_id(env)}-{tag}.ray"  # the suffix ends the name: node1's dir is no prefix of node10's
-    for root in (env.get("TMPDIR"), "/tmp"):
+    for root in (env.get("RAY_TMPDIR"), env.get("TMPDIR"), "/tmp"):
         if not root:
             continue
         path = Path(root) / name
@@ -161,10 +165,21 @@ def judge_reach_problem(judge_url: str | None, node_addresses: Mapping[str, str]
             f"{', '.join(remote)}: set judge.host: node (the judge binds to its node's address)")
 
 
-def free_port(host: str = "") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def judge_layout_problem(judge_url: str | None, nnodes: int) -> str | None:
+    """For the preflight (in the job, before training): with several training nodes, can every node of
+    the allocation reach the judge? Without an allocation the nodes are unknown: a loopback judge fails."""
+    if nnodes <= 1 or not judge_url:
+        return None
+    nodes = allocation_nodes()
+    addresses = {n: node_address(n) for n in nodes} if nodes else {f"({nnodes} training nodes)": "192.0.2.1"}
+    return judge_reach_problem(judge_url, addresses)
+
+
+def free_port() -> int:
+    """A port free on every address of this node (Ray's servers listen on all of them)."""
+    from llmrnn.judge.launcher import free_port as free_port_on
+
+    return free_port_on("")
 
 
 def ray_executable() -> str:
@@ -189,7 +204,9 @@ def node_command(*, head: bool, address: str | None, node_ip: str, port: int | N
 
 
 def cmd_node(args) -> int:
-    """`llmrnn train ray-cluster node`: run by srun on each node; becomes `ray start --block`."""
+    """`llmrnn train ray-cluster node`: run by srun on each node. Runs `ray start --block` and, when it
+    ends (the driver's teardown, or SIGTERM from scancel / the time limit, which it passes on), stops
+    what is left of this job's Ray here and removes the temp dir: even when no new srun step can run."""
     env = os.environ
     cpus = min(args.num_cpus, job_cpus(env)) if args.num_cpus else job_cpus(env)
     node = this_node(env)
@@ -197,10 +214,26 @@ def cmd_node(args) -> int:
     cmd = node_command(head=args.head, address=args.address, node_ip=node_address(node), port=args.port,
                        num_cpus=cpus, num_gpus=args.num_gpus, tmp=tmp)
     log.info("ray node %s: %s", node, " ".join(cmd))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(cmd[0], cmd)
-    return 1  # not reached
+    proc = subprocess.Popen(cmd)
+    stopping: list[int] = []
+
+    def stop(signum, _frame):
+        stopping.append(signum)
+        proc.send_signal(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
+    try:
+        while proc.poll() is None and not stopping:
+            time.sleep(0.5)
+        # `ray start` drains its node on SIGTERM, which waits for a head that may be gone already
+        # (scancel stops every node at once): give it a moment, then reap within SLURM's KillWait
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=NODE_STOP_GRACE_S)
+        return proc.returncode if proc.returncode is not None else 1
+    finally:
+        n = reap(tmp, grace_s=5.0)
+        log.info("ray node %s: stopped (%d leftover process(es) signalled), %s removed", node, n, tmp)
 
 
 def job_processes(marker: str) -> list[int]:
@@ -279,11 +312,11 @@ def _probe(address: str, nodes: int, gpus: int, judge_url: str | None, env: dict
     if judge_url:
         cmd += ["--judge-url", judge_url]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=timeout_s + 120)
-    lines = out.stdout.strip().splitlines()
-    if out.returncode != 0 or not lines:
-        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise CheckFailed(f"ray: {last[:300]}")
-    return json.loads(lines[-1])
+    report = (out.stdout.strip().splitlines() or [""])[-1]  # the probe prints one JSON line last
+    if out.returncode != 0 or not report:
+        why = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CheckFailed(f"ray: {why[:300]}")
+    return json.loads(report)
 
 
 @contextlib.contextmanager
