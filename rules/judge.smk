@@ -30,6 +30,7 @@ rule judge_server:
             "llmrnn.models",
             "llmrnn.retry",
             "llmrnn.rubric",
+            "llmrnn.train.ray_cluster",
         ),
     shell:
         # exec: Snakemake's SIGTERM at the end of the consumers reaches the launcher, which stops the server.

@@ -35,6 +35,7 @@ rule preflight:
             "llmrnn.retry",
             "llmrnn.train.config",
             "llmrnn.train.data",
+            "llmrnn.train.ray_cluster",
             "llmrnn.jsonparse",
             "llmrnn.matching",
             "llmrnn.stats",

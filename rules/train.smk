@@ -41,6 +41,7 @@ rule train_grpo:
             "llmrnn.train.config",
             "llmrnn.train.data",
             "llmrnn.train.metrics",
+            "llmrnn.train.ray_cluster",
             "llmrnn.train.trl_engine",
             "llmrnn.train.verl_cmd",
             "llmrnn.reward",

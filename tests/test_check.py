@@ -188,3 +188,29 @@ def test_brace_in_cohort_path_is_refused(in_workflow, tmp_path):
     path.write_text(dump_cohort(synthesize_cohort(30, seed=1)))
     problems = check.check_cohort({"cohort": {"source": str(path)}, "split": {"val_size": 2, "train_size": 2}})
     assert len(problems) == 1 and "contains a brace, which Snakemake reads as a wildcard" in problems[0]
+
+
+def test_multi_node_layouts_each_refused_with_one_line(in_workflow, tmp_path, monkeypatch):
+    """train.nnodes > 1 runs (verl on a Ray cluster over the job's nodes) when the judge binds to an
+    address the other nodes reach and the profile asks for the nodes; the rest is refused, one line each."""
+    monkeypatch.setenv("LLMRNN_TRAIN_GPUS", "1")
+
+    def problems(data):
+        out = tmp_path / "report.json"
+        main(["check", "--configfile", _write(tmp_path / "layout.yaml", data), "--out", str(out)])
+        return json.loads(out.read_text())["problems"]
+
+    verl2 = {"train": {"engine": "verl", "nnodes": 2, "n_gpus_per_node": 1}, "reward": {"mode": "scalar"}}
+    found = problems(verl2)
+    assert any(p.startswith("judge.host: the judge listens on the rubric's loopback address but train.nnodes is 2")
+               for p in found), found
+    assert "train.nnodes is 2 but profiles/slurm requests 1 node(s): export LLMRNN_TRAIN_NODES=2" in found
+    found = problems({**verl2, "judge": {"host": "127.0.0.1"}})
+    assert any(p.startswith("judge.host: the judge listens on 127.0.0.1") for p in found), found
+    trl2 = {"train": {"engine": "trl", "nnodes": 2}, "reward": {"mode": "scalar"}, "judge": {"host": "node"}}
+    assert any("train.engine trl trains in one process" in p for p in problems(trl2))
+
+    monkeypatch.setenv("LLMRNN_TRAIN_NODES", "2")
+    wired = problems({**verl2, "judge": {"host": "node"}})
+    assert not [p for p in wired if "nnodes" in p or "judge.host" in p or "node(s)" in p], wired
+    assert all("\n" not in p for p in found + wired)

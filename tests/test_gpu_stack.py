@@ -49,13 +49,35 @@ def test_vllm_alone_needs_017_or_newer():
     assert gpu_stack.stack_problems({"train": {"engine": "trl"}, "roles": {}}, {"vllm": "0.10.2"}) == []
 
 
-def test_more_than_one_node_refused(monkeypatch):
-    cfg = {"train": {"engine": "verl", "nnodes": 2}}
-    (problem,) = gpu_stack.stack_problems(cfg, {"verl": "0.7.1", "vllm": "0.17.1"})
-    assert "2 nodes" in problem and "not supported" in problem
-    monkeypatch.setenv("LLMRNN_TRAIN_NODES", "3")
-    (problem,) = gpu_stack.stack_problems(VERL, {"verl": "0.7.1", "vllm": "0.17.1"})
-    assert "3 nodes" in problem
+JUDGED = {"reward": {"mode": "scalar"}, "judge": {"rubric": "config/rubrics/outcome_v2_smollm2.yaml"}}
+
+
+@pytest.mark.parametrize(("train", "judge_host", "wanted"), [
+    ({"engine": "verl", "nnodes": 2}, "node", None),  # the wired layout
+    ({"engine": "verl", "nnodes": 2}, "10.1.2.3", None),  # an explicit address the nodes reach
+    ({"engine": "verl", "nnodes": 2}, None, "judge.host: the judge listens on the rubric's loopback"),
+    ({"engine": "verl", "nnodes": 3}, "127.0.0.1", "judge.host: the judge listens on 127.0.0.1"),
+    ({"engine": "verl", "nnodes": 2}, "localhost", "judge.host: the judge listens on localhost"),
+    ({"engine": "trl", "nnodes": 2}, "node", "train.engine trl trains in one process"),
+    ({"engine": "verl", "nnodes": 1}, None, None),
+])
+def test_multi_node_layouts(train, judge_host, wanted):
+    cfg = {"train": train, "roles": {}, **JUDGED, "judge": {**JUDGED["judge"], "host": judge_host}}
+    problems = gpu_stack.stack_problems(cfg, {"verl": "0.7.1", "vllm": "0.17.1"})
+    if wanted is None:
+        assert problems == []
+    else:
+        (problem,) = problems
+        assert wanted in problem and "\n" not in problem
+
+
+def test_a_loopback_judge_is_fine_when_the_reward_asks_no_judge(monkeypatch):
+    cfg = {"train": {"engine": "verl", "nnodes": 2}, "roles": {}, "reward": {"mode": "outcome"}}
+    assert gpu_stack.stack_problems(cfg, {"verl": "0.7.1", "vllm": "0.17.1"}) == []
+    monkeypatch.setenv("LLMRNN_TRAIN_NODES", "3")  # the profile's node count counts too
+    (problem,) = gpu_stack.stack_problems({**JUDGED, "train": {"engine": "verl", "nnodes": 1}, "roles": {}},
+                                          {"verl": "0.7.1", "vllm": "0.17.1"})
+    assert "train.nnodes is 3" in problem
 
 
 def test_require_gpus_in_the_job():

@@ -455,3 +455,32 @@ def test_an_endpoint_naming_a_server_that_ignores_auth_is_refused(tmp_path):
         with pytest.raises(UntrustedEndpoint, match="no API key file"):
             wait_for_endpoint(no_key, timeout_s=5, poll_s=0.1)
         assert foreign.bodies == []
+
+
+def test_bind_address_for_training_across_nodes(monkeypatch):
+    """judge.host: null keeps the rubric's loopback; `node` is this node's address as SLURM reaches it
+    (NodeAddr, resolved); listening on every interface is refused."""
+    import socket
+
+    from llmrnn.errors import InputError
+    from llmrnn.judge.launcher import bind_address
+
+    assert bind_address(None, "127.0.0.1") == "127.0.0.1"
+    assert bind_address("10.1.2.3", "127.0.0.1") == "10.1.2.3"
+    for wildcard in ("0.0.0.0", "::", ""):
+        with pytest.raises(InputError, match="every interface"):
+            bind_address(wildcard, "127.0.0.1")
+    monkeypatch.setenv("SLURMD_NODENAME", "no-such-slurm-node-xyz")
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: {"no-such-slurm-node-xyz": "10.9.8.7"}[name])
+    assert bind_address("node", "127.0.0.1") == "10.9.8.7"
+
+
+def test_judge_serve_refuses_every_interface(tmp_path, tiny_model_dir):
+    from llmrnn.cli import main
+    from llmrnn.errors import InputError
+    from llmrnn.judge.server import serve
+
+    with pytest.raises(InputError, match="never to every interface"):
+        serve(str(tiny_model_dir), "judge", "0.0.0.0", 1, None, 512, "float32")
+    assert main(["judge", "serve", "--model", str(tiny_model_dir), "--served-model-name", "j", "--host", "::",
+                 "--port", "1"]) != 0

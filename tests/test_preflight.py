@@ -289,3 +289,21 @@ def test_judged_mode_without_an_endpoint_is_one_line(tmp_path, mode):
         f"llmrnn preflight: error: reward.mode {mode} asks the judge but no judge endpoint was given: pass "
         "--endpoint (RUN/judge/endpoint.json; reward.mode outcome needs none)")
     assert not (tmp_path / "train").exists() and not (tmp_path / "audit").exists()
+
+
+def test_a_loopback_judge_with_several_training_nodes_fails_preflight(tmp_path, monkeypatch):
+    """train.nnodes 2: verl's reward workers run on every node; a judge on 127.0.0.1 reaches only its
+    own node, so the preflight fails before training (not a dead reward mid-run)."""
+    for var in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        monkeypatch.delenv(var, raising=False)  # no allocation: the other nodes are elsewhere
+    judge, endpoint, parquet = _setup(tmp_path, content_score)
+    cfg = {**CFG, "train": {"engine": "verl", "nnodes": 2}}
+    try:
+        with pytest.raises(CheckFailed, match=r"judge: the endpoint http://127\.0\.0\.1:\d+/v1 is a loopback address"):
+            run_preflight(str(parquet), str(endpoint), str(tmp_path / "p.json"), str(tmp_path / "audit"), cfg)
+        report = json.loads((tmp_path / "p.json").read_text())
+        assert report["ok"] is False and any("judge.host: node" in p for p in report["problems"])
+        cfg["train"]["nnodes"] = 1  # one node: loopback is right
+        assert run_preflight(str(parquet), str(endpoint), str(tmp_path / "p1.json"), str(tmp_path / "a"), cfg)["ok"]
+    finally:
+        judge.__exit__(None, None, None)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Stop what .ci/slurm/up.sh started, by pid file (munged only when up.sh started it), and remove its files.
+# Stop what .ci/slurm/up.sh started (slurmctld, one slurmd per node), by pid file (munged only when up.sh
+# started it), and remove its files.
 R=${LLMRNN_SLURM_ROOT:-/tmp/llmrnn-slurm}
 [ -d "$R" ] || { echo ".ci/slurm/down.sh: nothing to stop ($R missing)" >&2; exit 0; }
-for pidfile in "$R/run/slurmd.pid" "$R/run/slurmctld.pid"; do
+for pidfile in "$R"/run/slurmd-*.pid "$R/run/slurmctld.pid"; do
   [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null
 done
 sleep 2

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Bring up a real single-node SLURM on localhost for the SLURM tests (tests/slurm/) and CI:
-# Debian's slurm-wlm + munge (Slurm 22.05), started by hand as root (no systemd), one node `localhost`,
-# partitions `cpu` (default) and `gpu-a100`, and 4 fake A100 GPUs declared as GRES over character
-# devices made with mknod (no driver: jobs get CUDA_VISIBLE_DEVICES, no GPU behind it).
+# Bring up a real two-node SLURM on this host for the SLURM tests (tests/slurm/) and CI:
+# Debian's slurm-wlm + munge (Slurm 22.05), started by hand as root (no systemd), two nodes `node1` and
+# `node2` (two slurmd daemons, `slurmd -N NAME`, each with its own port, spool dir, pid and log file),
+# partitions `cpu` (default) and `gpu-a100` over both, and 4 fake A100 GPUs per node declared as GRES
+# over character devices made with mknod (no driver: jobs get CUDA_VISIBLE_DEVICES, no GPU behind it).
+# Each node has its own loopback address (node1 127.0.1.1, node2 127.0.1.2; all of 127/8 is this
+# host), so a multi-node job sees two nodes with two addresses, and Ray, which replaces 127.0.0.1 by
+# the interface address, keeps them (tests may only use loopback addresses).
 # The node advertises more CPUs and memory than the machine has (SlurmdParameters=config_overrides),
 # so profiles/slurm runs unchanged: its A100-sized requests (16 CPUs, 128 GB) fit the fake node.
 #
 # Usage (root): .ci/slurm/up.sh            stop with .ci/slurm/down.sh
 # Env: LLMRNN_SLURM_ROOT [/tmp/llmrnn-slurm]  state, logs, fake devices
-#      LLMRNN_SLURM_CPUS [64]  LLMRNN_SLURM_MEM_MB [1000000]  what the fake node advertises
+#      LLMRNN_SLURM_CPUS [64]  LLMRNN_SLURM_MEM_MB [1000000]  what each fake node advertises
 # Exit codes: 0 up (or already up), 2 not root / cannot install, 1 daemons did not come up.
 set -euo pipefail
 R=${LLMRNN_SLURM_ROOT:-/tmp/llmrnn-slurm}
@@ -42,19 +46,22 @@ if [ -e /etc/slurm/slurm.conf ] && [ "$(readlink -f /etc/slurm/slurm.conf)" != "
   exit 2
 fi
 
-mkdir -p "$R"/etc "$R"/spool/ctld "$R"/spool/d "$R"/log "$R"/run "$R"/fakegpu /run/munge /etc/slurm
-for i in 0 1 2 3; do [ -e "$R/fakegpu/nvidia$i" ] || mknod "$R/fakegpu/nvidia$i" c 195 "$i"; done
+NODES="node1 node2"
+mkdir -p "$R"/etc "$R"/spool/ctld "$R"/log "$R"/run "$R"/fakegpu /run/munge /etc/slurm
+for i in 0 1 2 3 4 5 6 7; do [ -e "$R/fakegpu/nvidia$i" ] || mknod "$R/fakegpu/nvidia$i" c 195 "$i"; done
+for n in $NODES; do mkdir -p "$R/spool/d/$n"; done
 cat > "$R/etc/slurm.conf" <<CONF
 ClusterName=llmrnn-local
 SlurmctldHost=localhost
 AuthType=auth/munge
 SlurmUser=root
 StateSaveLocation=$R/spool/ctld
-SlurmdSpoolDir=$R/spool/d
+# %n: the node name, one spool dir, pid file and log per slurmd (multiple-slurmd support)
+SlurmdSpoolDir=$R/spool/d/%n
 SlurmctldPidFile=$R/run/slurmctld.pid
-SlurmdPidFile=$R/run/slurmd.pid
+SlurmdPidFile=$R/run/slurmd-%n.pid
 SlurmctldLogFile=$R/log/slurmctld.log
-SlurmdLogFile=$R/log/slurmd.log
+SlurmdLogFile=$R/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -67,13 +74,15 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 MpiDefault=none
 GresTypes=gpu
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:a100:4 State=UNKNOWN
-PartitionName=cpu Nodes=localhost Default=YES MaxTime=INFINITE State=UP
-PartitionName=gpu-a100 Nodes=localhost MaxTime=INFINITE State=UP
+NodeName=node1 NodeHostname=$(hostname) NodeAddr=127.0.1.1 Port=17001 CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:a100:4 State=UNKNOWN
+NodeName=node2 NodeHostname=$(hostname) NodeAddr=127.0.1.2 Port=17002 CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:a100:4 State=UNKNOWN
+PartitionName=cpu Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP
+PartitionName=gpu-a100 Nodes=node[1-2] MaxTime=INFINITE State=UP
 CONF
 cat > "$R/etc/gres.conf" <<CONF
 AutoDetect=off
-NodeName=localhost Name=gpu Type=a100 File=$R/fakegpu/nvidia[0-3]
+NodeName=node1 Name=gpu Type=a100 File=$R/fakegpu/nvidia[0-3]
+NodeName=node2 Name=gpu Type=a100 File=$R/fakegpu/nvidia[4-7]
 CONF
 # The default location is required: the executor's jobstep plugin drops SLURM_CONF before its srun.
 ln -sf "$R/etc/slurm.conf" /etc/slurm/slurm.conf
@@ -86,11 +95,11 @@ if ! { [ -e /run/munge/munged.pid ] && kill -0 "$(cat /run/munge/munged.pid)" 2>
   touch "$R/run/munged.ours"   # down.sh stops munged only when we started it
 fi
 /usr/sbin/slurmctld -i
-/usr/sbin/slurmd -N localhost
+for n in $NODES; do /usr/sbin/slurmd -N "$n"; done
 for _ in $(seq 60); do
-  if sinfo -h -o %T 2>/dev/null | grep -q idle; then sinfo; exit 0; fi
+  if [ "$(sinfo -h -N -p gpu-a100 -o %T 2>/dev/null | grep -c idle)" = 2 ]; then sinfo; exit 0; fi
   sleep 1
 done
-echo ".ci/slurm/up.sh: node did not become idle within 60 s; logs:" >&2
-tail -n 20 "$R/log/slurmctld.log" "$R/log/slurmd.log" >&2 || true
+echo ".ci/slurm/up.sh: the two nodes did not become idle within 60 s; logs:" >&2
+tail -n 20 "$R/log/slurmctld.log" "$R"/log/slurmd-*.log >&2 || true
 exit 1

@@ -9,8 +9,9 @@ that says what to install or change.
   could not be taken from the final checkpoint after the whole run.
 - vLLM: beside verl 0.7 a release below 0.18 (0.17.1 in envs/gpu-lock.txt; verl 0.9 needs >=0.18);
   for inference and the judge alone any vLLM >= 0.17 (the launcher's flags exist since then).
-- One node: the judge listens on 127.0.0.1 of the training node and verl spreads its reward workers
-  over every Ray node, so a multi-node run would score on nodes that cannot reach the judge.
+- Several nodes (train.nnodes > 1): verl only (TRL trains in one process), and a judge the other
+  nodes reach (verl spreads its reward workers over every Ray node): `judge.host: node` or an address
+  that is not loopback (llmrnn.train.ray_cluster checks it again from every node before verl starts).
 """
 
 from __future__ import annotations
@@ -88,25 +89,45 @@ def vllm_problem(version: str | None, with_verl: bool) -> str | None:
     return f"vllm {version} is installed here; {what} this workflow supports vllm {allowed}: {INSTALL_HINT}"
 
 
-def nodes_problem(nnodes: int, env_nodes: str | None) -> str | None:
-    nodes = max(int(nnodes), int(env_nodes or 1))
+def layout_problems(config: dict, env_nodes: str | None = None) -> list[str]:
+    """A multi-node layout that cannot run: the TRL engine on several nodes, or a judge the other
+    nodes cannot reach (loopback while reward workers run on every node)."""
+    from llmrnn.train.ray_cluster import is_loopback
+
+    train = config.get("train") or {}
+    nodes = max(int(train.get("nnodes", 1)), int(env_nodes or 1))
     if nodes <= 1:
-        return None
-    return (f"train: {nodes} nodes requested (train.nnodes / LLMRNN_TRAIN_NODES); multi-node training is not "
-            "supported: the judge listens on the training node's 127.0.0.1 and verl runs reward workers on "
-            "every node. Use one node (train.nnodes: 1) with more GPUs per node")
+        return []
+    if train.get("engine", "verl") != "verl":
+        return [(f"train: {nodes} nodes requested (train.nnodes / LLMRNN_TRAIN_NODES) but train.engine "
+                 f"{train.get('engine')} trains in one process on one node: use train.engine verl or train.nnodes: 1")]
+    try:
+        from llmrnn.reward import asks_judge
+
+        judged = asks_judge(config)
+    except Exception:  # noqa: BLE001 - an unreadable reward section is another check's problem line
+        judged = False
+    if not judged:
+        return []
+    host = (config.get("judge") or {}).get("host")
+    if host is None or (host != "node" and is_loopback(host)):
+        where = "the rubric's loopback address" if host is None else host
+        return [(f"judge.host: the judge listens on {where} but train.nnodes is {nodes} and verl runs reward "
+                 "workers on every node: set judge.host: node (its node's address) or an address the other "
+                 "nodes reach")]
+    return []
 
 
 def stack_problems(config: dict, versions: dict[str, str | None] | None = None) -> list[str]:
     """Problems of the installed verl/vLLM for this config (packages not installed here are checked
-    again by the job that needs them), and of its node count."""
+    again by the job that needs them), and of its node layout."""
     versions = versions if versions is not None else {p: installed(p) for p in DISTRIBUTIONS}
     train = config.get("train") or {}
     with_verl = train.get("engine") == "verl"
     problems = []
     if with_verl:
         problems.append(verl_problem(versions.get("verl")))
-        problems.append(nodes_problem(train.get("nnodes", 1), os.environ.get("LLMRNN_TRAIN_NODES")))
+    problems += layout_problems(config, os.environ.get("LLMRNN_TRAIN_NODES"))
     if with_verl or uses_vllm(config):
         problems.append(vllm_problem(versions.get("vllm"), with_verl))
     return [p for p in problems if p]

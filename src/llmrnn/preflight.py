@@ -481,6 +481,8 @@ def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit
         (problems if pcfg.on_problem == "fail" else warnings).extend(judge_problems)
     problems.extend(f"training: {p}" for p in training.get("problems", []))
     warnings.extend(f"training: {w}" for w in training.get("warnings", []) or [])
+    if rcfg.judged and (reach := _judge_reach_problem(endpoint_file, cfg)):
+        problems.append(reach)
     report = {"ok": not problems, "problems": problems, "warnings": warnings, "judge": judge_report,
               "training": training}
     io.write_json(out, report)
@@ -489,6 +491,17 @@ def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit
     if problems:
         raise CheckFailed("preflight failed: " + " | ".join(problems))
     return report
+
+
+def _judge_reach_problem(endpoint_file: str | None, cfg: dict) -> str | None:
+    """train.nnodes > 1: verl runs reward workers on every node, so each must reach the judge."""
+    nnodes = int((cfg.get("train") or {}).get("nnodes", 1))
+    if nnodes <= 1 or not endpoint_file:
+        return None
+    from llmrnn.judge.client import Endpoint
+    from llmrnn.train.ray_cluster import judge_layout_problem
+
+    return judge_layout_problem(Endpoint.read(endpoint_file).url, nnodes)
 
 
 def _cmd_training(args) -> int:

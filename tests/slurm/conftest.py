@@ -1,4 +1,4 @@
-"""A real single-node SLURM (.ci/slurm/up.sh) for the tests marked `slurm`; skipped, with the reason,
+"""A real two-node SLURM on this host (.ci/slurm/up.sh) for the tests marked `slurm`; skipped, with the reason,
 where it cannot run (not root, no Debian packages, daemons do not come up)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _cluster_up() -> bool:
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """Partitions cpu + gpu-a100 with 4 fake A100s on localhost. Started here (and stopped at the end)
+    """Partitions cpu + gpu-a100 over node1 and node2 (two slurmd here), 4 fake A100s each. Started here (and stopped at the end)
     unless already up (e.g. by .ci/run, which then stops it)."""
     if os.environ.get("LLMRNN_SKIP_SLURM"):
         pytest.skip(f"LLMRNN_SKIP_SLURM is set ({os.environ['LLMRNN_SKIP_SLURM']})")

@@ -119,8 +119,13 @@ def test_profile_defaults_and_switches():
                              "LLMRNN_TRAIN_GPUS": "4", "LLMRNN_TRAIN_NODES": "2"})
     assert switched["software-deployment-method"] == ["apptainer", "conda"]
     assert switched["slurm-status-command"] == "squeue"
-    assert switched["set-resources"]["train_grpo"]["gpu"] == 4
+    # several nodes: GPUs per node (--gres), the same on every member of the judge/trainer group
+    # (--gpus would spread the total over the nodes unevenly), and the node count on the trainer
     assert switched["set-resources"]["train_grpo"]["nodes"] == 2
+    assert "gpu" not in switched["set-resources"]["train_grpo"]
+    assert {unquote(switched["set-resources"][r]["gres"]) for r in ("judge_server", "preflight", "train_grpo")} \
+        == {"gpu:a100:5"}
+    assert "nodes" not in switched["set-resources"]["judge_server"]
 
 
 def test_every_rule_declaring_a_gpu_is_mapped_by_the_profile():

@@ -27,7 +27,8 @@ __all__ = ["Endpoint", "JudgeClient", "JudgeRequestError", "JudgeUnavailable", "
 def _cmd_server(args) -> int:
     from llmrnn.judge.launcher import run_server
 
-    return run_server(args.rubric, args.endpoint, args.cfg.get("startup_timeout_s"))
+    judge = args.cfg.get("judge", args.cfg)  # the rule passes {"judge": {...}}
+    return run_server(args.rubric, args.endpoint, judge.get("startup_timeout_s"), host=judge.get("host"))
 
 
 def _cmd_serve(args) -> int:

@@ -1,6 +1,8 @@
 """`llmrnn judge server`: start the server the rubric names, prove it is ours, publish the endpoint.
 
-The `judge_server` rule is a Snakemake service. The launcher starts the rubric's engine on 127.0.0.1 with
+The `judge_server` rule is a Snakemake service. The launcher starts the rubric's engine on 127.0.0.1 (or,
+for training across nodes, on the address config `judge.host` names: `node` = this node's address as
+SLURM reaches it, so reward workers on every node reach it; the key guards it as on loopback) with
 a random per-run API key (file mode 0600, never logged, never on a command line) and writes the endpoint
 file at once with status "starting" (Snakemake waits only --latency-wait seconds for a service's output
 before starting its consumers). A fixed `serving.port` that is already in use fails at once, naming the
@@ -211,7 +213,7 @@ class _Publisher:
         raise CheckFailed(message)
 
 
-def _prepare(rubric_path: str, pub: _Publisher) -> tuple[Rubric, str, int]:
+def _prepare(rubric_path: str, pub: _Publisher, host: str) -> tuple[Rubric, str, int]:
     """Rubric, model and port, checked before anything starts (a port in use fails here, naming it)."""
     try:
         rubric = load_rubric(rubric_path)
@@ -222,16 +224,42 @@ def _prepare(rubric_path: str, pub: _Publisher) -> tuple[Rubric, str, int]:
     if s.engine == "vllm" and shutil.which("vllm") is None:
         pub.fail(f"{rubric.path}: serving.engine vllm: its command is not on PATH "
                  "(GPU stack: install the `gpu` extra / envs/vllm.yaml)")
-    if s.port and port_in_use(s.host, s.port):
-        pub.fail(f"{rubric.path}: serving.port {s.port}: port {s.port} on {s.host} is already in use by another "
+    if s.port and port_in_use(host, s.port):
+        pub.fail(f"{rubric.path}: serving.port {s.port}: port {s.port} on {host} is already in use by another "
                  "process; free it or set serving.port: 0 (a free port per run)")
-    return rubric, model, s.port or free_port(s.host)
+    return rubric, model, s.port or free_port(host)
 
 
-def run_server(rubric_path: str, endpoint_file: str, startup_timeout_s: float | None = None) -> int:
+WILDCARDS = ("", "0.0.0.0", "::")
+
+
+def bind_address(configured: str | None, rubric_host: str) -> str:
+    """Where the judge listens: the rubric's loopback host unless config judge.host names another;
+    `node` is this node's address as SLURM reaches it (what the other training nodes use)."""
+    if configured is None:
+        return rubric_host
+    if configured in WILDCARDS:
+        raise InputError(f"judge.host: {configured!r} would listen on every interface; name one address or `node`")
+    if configured == "node":
+        from llmrnn.train.ray_cluster import node_address, this_node
+
+        return node_address(this_node())
+    return configured
+
+
+def run_server(rubric_path: str, endpoint_file: str, startup_timeout_s: float | None = None,
+               host: str | None = None) -> int:
     """Start the judge server, publish the endpoint, and keep the server up until terminated."""
+    import dataclasses
+
     pub = _Publisher(endpoint_file, rubric_path)
-    rubric, model, port = _prepare(rubric_path, pub)
+    try:
+        bind = bind_address(host, load_rubric(rubric_path).serving.host)
+    except (InputError, CheckFailed) as exc:
+        pub.fail(str(exc))
+    rubric, model, port = _prepare(rubric_path, pub, bind)
+    rubric = dataclasses.replace(rubric, serving=dataclasses.replace(rubric.serving, host=bind))
+    pub.write(bind_address=bind)
     key = secrets.token_urlsafe(32)
     io.write_text(pub.key_path, key + "\n", mode=0o600)
     argv, extra_env, served_name = server_command(rubric, model, port, pub.key_path)

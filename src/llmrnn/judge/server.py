@@ -190,8 +190,8 @@ def serve(model_dir: str, served_model_name: str, host: str, port: int, api_key_
 
     from llmrnn.backends import make_backend
 
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        raise InputError(f"--host {host}: the judge binds to loopback only")
+    if host in ("", "0.0.0.0", "::"):  # one address (loopback, or the node's for multi-node training)
+        raise InputError(f"--host {host!r}: the judge binds to one address, never to every interface")
     if not (Path(model_dir) / "config.json").is_file():
         raise InputError(f"--model {model_dir}: not a HF model directory (no config.json)")
     key = Path(api_key_file).read_text().strip() if api_key_file else None

@@ -3,6 +3,7 @@
     llmrnn train run        --cfg JSON --train P --val P --model DIR --work-dir RUN/train --adapter D
                             --metrics F --summary F [--endpoint F] [--preflight F]
     llmrnn train verl-cmd   --cfg JSON --train P --val P --model DIR --out-dir D   (print the main_ppo command)
+    llmrnn train ray-cluster node|stop|probe   (per-node steps of a multi-node run: llmrnn.train.ray_cluster)
 """
 
 from __future__ import annotations
@@ -160,6 +161,7 @@ def register(sub) -> None:
     v.add_argument("--json", action="store_true", help="print the overrides as a JSON list")
     v.set_defaults(func=cmd_verl_cmd)
 
-    from llmrnn.train import diagnose
+    from llmrnn.train import diagnose, ray_cluster
 
     diagnose.add_parser(tsub)
+    ray_cluster.add_parser(tsub)

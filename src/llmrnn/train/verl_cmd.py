@@ -286,21 +286,19 @@ def run(
             fh.write(file_log.read_bytes())
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(file_log), **reward_env(endpoint_file, out / "audit")}
     # CUDA_VISIBLE_DEVICES was narrowed by llmrnn.gpus.assign("train", ...) in the CLI (judge GPUs taken last)
-    cmd = command(overrides, python)
-    io.write_text(out / "state" / "verl_command.sh", " ".join(_shell_quote(c) for c in cmd) + "\n")
-    # verl's console logger prints progress on stdout: send it to our stderr (the rule's log)
-    # umask 077: verl's rollout dumps (trainer.rollout_data_dir) hold patient text; its Ray workers inherit it
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=sys.stderr, umask=0o077)
     seen: set[int] = set(range(1, start + 1))
-    try:
-        while proc.poll() is None:
-            time.sleep(POLL_S)
-            _follow_metrics(file_log, writer, seen, planned, out / "rollouts")
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
-        raise
-    _follow_metrics(file_log, writer, seen, planned, out / "rollouts")
+    follow = lambda: _follow_metrics(file_log, writer, seen, planned, out / "rollouts")
+    if cfg["nnodes"] > 1:  # a Ray cluster over the allocation's nodes; verl's ray.init() joins it
+        from llmrnn.train import ray_cluster
+
+        with ray_cluster.cluster(nodes=_training_nodes(cfg["nnodes"]), gpus_per_node=cfg["n_gpus_per_node"],
+                                 state_dir=out / "state" / "ray", judge_url=_judge_url(endpoint_file)) as rc:
+            proc = _main_ppo(command(overrides, python), {**env, **rc.env}, out, follow)
+    else:  # verl starts Ray itself: with the job's CPUs and a temp dir of its own
+        from llmrnn.train.ray_cluster import single_node_overrides
+
+        proc = _main_ppo(command(overrides + single_node_overrides(), python), env, out, follow)
+    follow()
     if proc.returncode != 0:
         raise CheckFailed(f"train: verl main_ppo exited with {proc.returncode}{_stop_reason(out / 'audit')}; "
                           "rerun resumes from its last checkpoint")
@@ -316,6 +314,43 @@ def run(
     copy_adapter(ckpt_dir / f"global_step_{reached}" / "actor" / "lora_adapter", Path(adapter_dir), cfg)
     return {"engine": "verl", "steps": reached, "planned_steps": planned, "resumed_from_step": start,
             "train_rows": n_rows}
+
+
+def _main_ppo(cmd: list[str], env: dict, out: Path, follow) -> subprocess.Popen:
+    """Run main_ppo to its end, following its metrics; kill its process group if we are stopped."""
+    io.write_text(out / "state" / "verl_command.sh", " ".join(_shell_quote(c) for c in cmd) + "\n")
+    # verl's console logger prints progress on stdout: send it to our stderr (the rule's log)
+    # umask 077: verl's rollout dumps (trainer.rollout_data_dir) hold patient text; its Ray workers inherit it
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=sys.stderr, umask=0o077)
+    try:
+        while proc.poll() is None:
+            time.sleep(POLL_S)
+            follow()
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+        raise
+    return proc
+
+
+def _training_nodes(nnodes: int) -> list[str]:
+    """The allocation's nodes; exactly train.nnodes of them (the profile asks SLURM for that many)."""
+    from llmrnn.train.ray_cluster import allocation_nodes
+
+    nodes = allocation_nodes()
+    if len(nodes) != nnodes:
+        raise CheckFailed(f"train.nnodes is {nnodes} but this job holds {len(nodes)} node(s) "
+                          f"({','.join(nodes) or 'no SLURM allocation'}): run it through profiles/slurm with "
+                          f"LLMRNN_TRAIN_NODES={nnodes}")
+    return nodes
+
+
+def _judge_url(endpoint_file: str | None) -> str | None:
+    if not endpoint_file:
+        return None
+    from llmrnn.judge.client import Endpoint
+
+    return Endpoint.read(endpoint_file).url
 
 
 def _stop_reason(audit_dir: Path) -> str:
