@@ -44,7 +44,7 @@ def test_the_check_rule_log_is_private_and_quotes_no_patient_id(workflow_dir):
 
     pid, vid = _cohort_with_a_bad_record(workflow_dir / "bad_cohort.json")
     (workflow_dir / "config" / "bad.yaml").write_text(yaml.safe_dump({"cohort": {"source": "bad_cohort.json"}}))
-    proc = snakemake(workflow_dir, "check", "--configfile", "config/bad.yaml", check=False)
+    proc = snakemake(workflow_dir, "check", "--configfile", "config/config.yaml", "config/bad.yaml", check=False)
     assert proc.returncode != 0
     log = workflow_dir / "logs" / "demo" / "check.log"
     text = log.read_text()
