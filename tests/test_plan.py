@@ -14,7 +14,6 @@ import pytest
 
 from llmrnn.errors import InputError
 from llmrnn.plan import Plan, input_flag, model_dir_of
-from llmrnn.runconfig import COMMAND_LINE, read_layer, resolve
 from tests.conftest import REPO, snakemake
 from tests.slurm.dag import job_counts, parse_dry_run, prepare_reproduce_inputs
 
@@ -40,11 +39,7 @@ def workdir(tmp_path, monkeypatch):
 
 
 def plan_of(*files: str, overlay: dict | None = None) -> Plan:
-    layers = [read_layer(f) for f in files]
-    if overlay:
-        layers.append((COMMAND_LINE, overlay))
-    config, _ = resolve(layers, REPO / "workflow" / "schemas" / "config.schema.yaml")
-    return Plan(config)
+    return Plan.from_configfiles(*files, overrides=overlay, schema_path=REPO / "workflow" / "schemas" / "config.schema.yaml")
 
 
 def wc(**values) -> SimpleNamespace:
@@ -289,7 +284,14 @@ def test_rule_helpers_bind_the_names_the_rule_files_call():
     assert helpers["QA"] == "results/demo/qa" and helpers["QA_SYNTH"] == "resources/qa"
     assert helpers["judge_needed"]() is False
     assert helpers["conda_env"]("train") == "../envs/cpu.yaml"
-    assert "rule_helpers" not in helpers and "judge_planned" not in helpers
+    assert not {"rule_helpers", "judge_planned", "from_configfiles"} & set(helpers)
+
+
+def test_no_configfile_is_the_embedded_demo_and_overrides_layer_last():
+    assert Plan.from_configfiles().config == plan_of(DEMO).config  # the Snakefile's rule (runconfig)
+    assert plan_of(overlay={"run_name": "other"}).paths.run == "results/other"
+    with pytest.raises(InputError, match="never cross recipes"):
+        plan_of(REPRODUCE, QA_DEMO)
 
 
 # ----------------------------------------------------------------------------- the workflow runs this plan

@@ -100,6 +100,19 @@ class Plan:
         self.paths = Paths.of(config["run_name"])
         self._rubric = None
 
+    @classmethod
+    def from_configfiles(cls, *configfiles: str | os.PathLike, overrides: dict | None = None,
+                         schema_path: str | os.PathLike | None = None) -> Plan:
+        """The plan of a run of these config files (config/config.yaml when none is named) and `--config`
+        overrides, layered as the Snakefile layers them (llmrnn.runconfig)."""
+        from llmrnn import runconfig
+
+        layers = [runconfig.read_layer(p) for p in runconfig.configfiles_for(configfiles)]
+        if overrides:
+            layers.append((runconfig.COMMAND_LINE, overrides))
+        config, _ = runconfig.resolve(layers, schema_path or runconfig.SCHEMA)
+        return cls(config)
+
     # ------------------------------------------------------------------------- shared
     def recipe_is(self, name: str) -> bool:
         return self.config["recipe"] == name
@@ -525,6 +538,7 @@ class Plan:
         }
         for name in dir(type(self)):
             attr = getattr(self, name)
-            if not name.startswith("_") and callable(attr) and name not in ("rule_helpers", "judge_planned"):
+            own = ("rule_helpers", "judge_planned", "from_configfiles")
+            if not name.startswith("_") and callable(attr) and name not in own:
                 helpers[name] = attr
         return helpers
