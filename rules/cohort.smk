@@ -46,7 +46,7 @@ rule split_cohort:
     conda:
         conda_env("data")
     params:
-        cfg=json.dumps(config["split"], sort_keys=True),
+        cfg=split_cfg_json(),
         code=code_hash("llmrnn.cohort"),
     shell:
         "llmrnn cohort split --cohort {input.cleaned:q} --train {output.train:q} --val {output.val:q} --test {output.test:q} "

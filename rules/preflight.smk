@@ -20,10 +20,8 @@ rule preflight:
     priority: 10
     conda:
         conda_env("cpu")
-    # Beside the judge service (one group; Snakemake sums a service group's cores) preflight mostly waits on
-    # the judge: 0 (llmrnn runs a 0-thread job single-threaded: cli.sanitize_thread_env). Without a judge it
-    # computes: a core of its own (with 0 it ran beside two eval shards on the demo's 2 cores: 53 s, not ~5).
-    threads: 0 if judge_needed() else 1
+    # 0 beside the judge service (Snakemake sums a service group's cores), else a core of its own (plan)
+    threads: preflight_threads()
     params:
         endpoint=input_flag("--endpoint", "endpoint"),
         cfg=preflight_cfg(),

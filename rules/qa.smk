@@ -1,6 +1,6 @@
 # The qa recipe (recipe: qa): QA data -> optional LoRA SFT warm start (merged + verified) -> GRPO with
 # verifiable rewards (the shared train stage) -> merge_model / release (shared) -> pass@k evaluation of
-# base vs SFT vs GRPO. Helpers (qa_*) live in rules/common.smk.
+# base vs SFT vs GRPO. Helpers (qa_*): llmrnn.plan.
 
 
 rule qa_synth:
@@ -14,7 +14,7 @@ rule qa_synth:
     conda:
         conda_env("data")
     params:
-        cfg=json.dumps({"synthetic": config["qa"]["synthetic"]}, sort_keys=True),
+        cfg=qa_synth_cfg(),
         code=code_hash("llmrnn.qa.synth", "llmrnn.qa.data"),
     shell:
         "llmrnn qa synth --cohort {input.cohort:q} --out {output.questions:q} --ood {output.ood:q} "

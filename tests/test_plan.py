@@ -1,0 +1,330 @@
+"""llmrnn.plan: the decisions of the workflow, asserted for the shipped configs and their variants.
+
+Configs are built the way the workflow builds them (llmrnn.runconfig: the named files layered in
+order over the schema's defaults, Snakemake's own validate); an overlay is a `--config`-like layer.
+The last tests run the real Snakefile (dry runs) and check that its jobs carry the plan's values."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from types import SimpleNamespace
+
+import pytest
+
+from llmrnn.errors import InputError
+from llmrnn.plan import Plan, input_flag, model_dir_of
+from tests.conftest import REPO, snakemake
+from tests.slurm.dag import job_counts, parse_dry_run, prepare_reproduce_inputs
+
+DEMO = "config/config.yaml"
+QA_DEMO = "config/qa_demo.yaml"
+REPRODUCE = "config/reproduce.yaml"
+QA_REPRODUCE = "config/qa_reproduce.yaml"
+SMOLLM2_READY = "resources/models/smollm2-135m-instruct/.ready"
+LLAMA_READY = "resources/models/llama-3.2-3b-instruct/.ready"
+RUBRICARM_READY = "resources/judge_models/OpenRubrics--RubricARM-8B-Judge/.ready"
+
+
+@pytest.fixture(autouse=True)
+def workdir(tmp_path, monkeypatch):
+    """A working directory like the workflow's: config/ and workflow/ of this repository, and the data
+    files the reproduction configs name (relative paths are the workflow's working directory's)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    for part in ("config", "workflow"):
+        (work / part).symlink_to(REPO / part)
+    monkeypatch.chdir(work)
+    return work
+
+
+def plan_of(*files: str, overlay: dict | None = None) -> Plan:
+    return Plan.from_configfiles(*files, overrides=overlay, schema_path=REPO / "workflow" / "schemas" / "config.schema.yaml")
+
+
+def wc(**values) -> SimpleNamespace:
+    """Snakemake's wildcards (read by attribute)."""
+    return SimpleNamespace(**values)
+
+
+# ----------------------------------------------------------------------------- the embedded CPU demo
+def test_demo_plans_a_cpu_run_with_trl_and_no_judge():
+    plan = plan_of(DEMO)
+    assert plan.paths.run == "results/demo" and plan.paths.logs == "logs/demo"
+    assert plan.recipe_is("memory_head") and not plan.judge_planned()
+    assert [plan.conda_env(s) for s in ("data", "cpu", "forward", "train")] == [
+        "../envs/data.yaml", "../envs/cpu.yaml", "../envs/cpu.yaml", "../envs/cpu.yaml"]
+    assert plan.train_gpus() == 0 and plan.train_judge_gpus() == 0
+    assert plan.train_threads() == plan.config["train"]["trl"]["num_threads"]
+    assert plan.preflight_threads() == 1  # no judge service to share cores with: a core of its own
+    assert "judge" not in json.loads(plan.preflight_cfg())
+    assert plan.release_rubric_input() == {} and plan.release_split_format() == []
+
+
+def test_demo_targets_are_the_memory_head_dag_under_its_run():
+    plan = plan_of(DEMO)
+    assert plan.trajectory_targets() == [
+        "results/demo/trajectories/train.parquet", "results/demo/trajectories/train.summary.json",
+        "results/demo/trajectories/val.parquet", "results/demo/trajectories/val.summary.json"]
+    assert plan.eval_heldout_targets()[:2] == ["results/demo/eval/metrics.json", "results/demo/eval/comparison.json"]
+    assert plan.release_targets() == [
+        "results/demo/release/README.md", "results/demo/release/MANIFEST.json",
+        "results/demo/release/upload_receipt.json"]
+    shards = plan.config["eval"]["shards"]
+    assert plan.eval_variants() == ["base", "trained"]
+    assert len(plan.eval_shard_files("graded")) == 2 * shards
+    assert plan.eval_shard_files("graded")[0] == "results/demo/eval/base/graded_0.jsonl"
+    assert plan.trajectory_shard_files("val", "parquet")[-1] == (
+        f"results/demo/trajectories/shards/val/part_{plan.config['trajectories']['shards'] - 1}.parquet")
+
+
+def test_demo_models_and_the_trained_variant():
+    plan = plan_of(DEMO)
+    assert plan.role_model_markers() == [SMOLLM2_READY]  # three roles, one model: one marker
+    assert plan.memory_model_input() == SMOLLM2_READY
+    assert plan.eval_shard_inputs(wc(variant="base")) == [SMOLLM2_READY]
+    assert plan.eval_shard_inputs(wc(variant="trained")) == [
+        SMOLLM2_READY, "results/demo/merged", "results/demo/merge_check.json"]
+    assert plan.eval_memory_arg(wc(variant="trained")) == ["--memory-model", "results/demo/merged"]
+    assert plan.eval_memory_arg(wc(variant="base")) == []
+    assert plan.model_mem_mb(wc(name="smollm2-135m-instruct")) == 16000  # a GGUF to dequantise
+    assert json.loads(plan.model_cfg_json(wc(name="smollm2-135m-instruct")))["source"] == "pypi_gguf"
+    assert plan.raw_cohort_path() == "resources/cohort/synthetic.json"
+
+
+# ----------------------------------------------------------------------------- the reproduction
+def test_reproduce_plans_verl_vllm_and_a_gpu_judge(workdir):
+    prepare_reproduce_inputs(workdir)  # the credentialed cohort's stand-in at cohort.source
+    plan = plan_of(REPRODUCE)
+    assert plan.judge_planned()
+    assert plan.conda_env("forward") == "../envs/vllm.yaml"  # the roles use the vLLM backend
+    assert plan.conda_env("train") == "../envs/verl.yaml"
+    assert plan.conda_env("judge") == "../envs/vllm.yaml" and plan.judge_gpus() == 1
+    assert plan.train_gpus() == plan.config["train"]["n_gpus_per_node"] == 2
+    assert plan.train_threads() == plan.config["train"]["resources"]["cpus_per_task"]
+    assert plan.train_judge_gpus() == 1 and plan.preflight_threads() == 0
+    assert "judge" in json.loads(plan.preflight_cfg())
+    assert plan.preflight_rubric_input() == {"rubric": plan.config["judge"]["rubric"]}
+    assert plan.judge_model_input() == RUBRICARM_READY  # `source: hub`: prepare_judge_model's copy
+    assert json.loads(plan.judge_model_cfg_json()) == {"model": "OpenRubrics/RubricARM-8B-Judge", "source": "hub"}
+    assert plan.release_rubric_input() == {"rubric": plan.config["judge"]["rubric"]}
+    assert plan.eval_variants() == ["base", "trained", "zero_shot", "full_history"]
+    assert plan.role_model_markers() == [LLAMA_READY]
+    assert plan.raw_cohort_path() == "data/mimic_iv_llmrnn.json"
+    assert plan.raw_cohort_sha256() is not None  # the user's cohort by content
+
+
+def test_reproduce_without_its_cohort_is_one_line_naming_the_key():
+    plan = plan_of(REPRODUCE)
+    with pytest.raises(InputError, match=r"^cohort\.source: data/mimic_iv_llmrnn\.json does not exist\."):
+        plan.raw_cohort_path()
+    braced = plan_of(REPRODUCE, overlay={"cohort": {"source": "data/{x}.json"}})
+    with pytest.raises(InputError, match="contains a brace"):
+        braced.raw_cohort_path()
+
+
+def test_outcome_reward_on_the_reproduction_plans_no_judge():
+    plan = plan_of(REPRODUCE, overlay={"reward": {"mode": "outcome"}})
+    assert not plan.judge_planned()
+    assert plan.train_judge_gpus() == 0 and plan.preflight_threads() == 1
+    assert plan.preflight_rubric_input() == {} and plan.release_rubric_input() == {}
+    assert "judge" not in json.loads(plan.preflight_cfg())
+    assert plan.judge_gpus() == 1  # the rubric still describes a vLLM judge; it is just not planned
+
+
+@pytest.mark.parametrize("mode", ["scalar", "pairwise"])
+def test_judged_reward_on_the_demo_plans_its_cpu_judge(mode):
+    plan = plan_of(DEMO, overlay={"reward": {"mode": mode}})
+    assert plan.judge_planned() and plan.preflight_threads() == 0
+    assert plan.conda_env("judge") == "../envs/cpu.yaml" and plan.train_judge_gpus() == 0
+    assert json.loads(plan.preflight_cfg())["judge"] == plan.config["judge"]
+
+
+# ----------------------------------------------------------------------------- engines, roles, eval
+def test_verl_engine_takes_gpus_per_node_unless_resources_name_them():
+    plan = plan_of(DEMO, overlay={"train": {"engine": "verl", "n_gpus_per_node": 4}})
+    assert plan.conda_env("train") == "../envs/verl.yaml"
+    assert plan.train_gpus() == 4
+    assert plan.train_threads() == plan.config["train"]["resources"]["cpus_per_task"]
+    pinned = plan_of(DEMO, overlay={"train": {"engine": "verl", "resources": {"gpu": 1}}})
+    assert pinned.train_gpus() == 1
+    assert plan_of(DEMO, overlay={"train": {"resources": {"gpu": 1}}}).train_gpus() == 1  # trl, asked
+
+
+def test_eval_trained_model_replaces_the_merged_model():
+    plan = plan_of(DEMO, overlay={"eval": {"trained_model": "elsewhere/trained"}})
+    assert plan.eval_trained_model() == "elsewhere/trained"
+    inputs = plan.eval_shard_inputs(wc(variant="trained"))
+    assert inputs == [SMOLLM2_READY, "elsewhere/trained/config.json"]
+    assert not any("merge" in i for i in inputs)
+    assert plan.eval_memory_arg(wc(variant="trained")) == ["--memory-model", "elsewhere/trained"]
+
+
+def test_openai_roles_load_no_local_model():
+    served = {"backend": "openai", "model": "served-name", "url": "http://127.0.0.1:8000/v1"}
+    plan = plan_of(DEMO, overlay={"roles": {"prediction": served, "evaluation": served}})
+    assert plan.role_model_markers() == [SMOLLM2_READY]  # the memory role's model only
+    assert plan.eval_shard_inputs(wc(variant="trained")) == ["results/demo/merged", "results/demo/merge_check.json"]
+    all_openai = plan_of(DEMO, overlay={"roles": {r: served for r in ("prediction", "evaluation", "memory")}})
+    assert all_openai.role_model_markers() == [] and all_openai.eval_shard_inputs(wc(variant="base")) == []
+    assert all_openai.conda_env("forward") == "../envs/cpu.yaml"
+
+
+def test_vllm_roles_and_a_model_path():
+    plan = plan_of(DEMO, overlay={"roles": {"memory": {"backend": "vllm", "model": "./local/memory"}}})
+    assert plan.conda_env("forward") == "../envs/vllm.yaml"  # one vLLM role is enough
+    assert plan.memory_model_input() == "./local/memory"  # a path is its own input, no marker
+    assert plan.role_model_markers() == [SMOLLM2_READY]
+    assert plan.eval_shard_inputs(wc(variant="base")) == ["./local/memory", SMOLLM2_READY]
+
+
+def test_an_unconfigured_model_or_stage_is_one_line():
+    plan = plan_of(DEMO, overlay={"roles": {"prediction": {"model": "not-configured"}}})
+    with pytest.raises(InputError, match=r"^model 'not-configured' is used but not configured: add models\."):
+        plan.role_model_markers()
+    with pytest.raises(InputError, match=r"^models\.nope: not configured"):
+        plan.model_cfg_json(wc(name="nope"))
+    with pytest.raises(InputError, match="unknown stage 'gpu'"):
+        plan.conda_env("gpu")
+
+
+# ----------------------------------------------------------------------------- params carry exactly what a rule depends on
+def test_params_change_with_their_knobs_and_only_with_them():
+    base = plan_of(DEMO)
+    eval_knobs = plan_of(DEMO, overlay={"eval": {"stats": {"bootstrap": {"seed": 7}}, "resources": {"mem_mb": 1}}})
+    assert eval_knobs.eval_forward_cfg() == base.eval_forward_cfg()  # grading/statistics: no forward rerun
+    assert eval_knobs.release_cfg_json() == base.release_cfg_json()  # eval never reruns the release
+    assert eval_knobs.eval_cfg_json("final_judge", "stats") != base.eval_cfg_json("final_judge", "stats")
+    assert plan_of(DEMO, overlay={"eval": {"seed": 9}}).eval_forward_cfg() != base.eval_forward_cfg()
+    resources = plan_of(DEMO, overlay={"trajectories": {"resources": {"mem_mb": 1}, "threads": 2},
+                                       "merge": {"resources": {"mem_mb": 1}}})
+    assert resources.trajectories_cfg_json() == base.trajectories_cfg_json()
+    assert resources.merge_cfg_json() == base.merge_cfg_json()
+    assert resources.release_cfg_json() == base.release_cfg_json()
+    lora = plan_of(DEMO, overlay={"train": {"lora": {"rank": 4, "alpha": 8}}})
+    assert json.loads(lora.merge_cfg_json())["train"] == {"lora": {"rank": 4, "alpha": 8}}
+    assert lora.release_cfg_json() != base.release_cfg_json()
+
+
+def test_trajectories_params_name_only_the_models_the_roles_use():
+    plan = plan_of(DEMO, overlay={"models": {"unused": {"source": "local", "path": "/x"}}})
+    cfg = json.loads(plan.trajectories_cfg_json())
+    assert set(cfg["models"]) == {"smollm2-135m-instruct"}
+    assert "resources" not in cfg["trajectories"] and "threads" not in cfg["trajectories"]
+
+
+# ----------------------------------------------------------------------------- recipe qa
+def test_qa_demo_plans_sft_then_grpo_on_cpu():
+    plan = plan_of(QA_DEMO)
+    qa = "results/qa_demo/qa"
+    assert plan.recipe_is("qa") and not plan.judge_planned()  # its judge weight is 0
+    assert plan.qa_variants() == ["base", "sft", "grpo"]
+    assert plan.qa_eval_splits() == ["test", "ood"]  # synthetic OOD questions
+    assert plan.qa_policy_input() == plan.merge_base_input() == f"{qa}/sft/merged"
+    assert plan.conda_env("sft") == "../envs/cpu.yaml" and plan.conda_env("train") == "../envs/cpu.yaml"
+    assert plan.qa_source_path() == "resources/qa/synthetic.jsonl"
+    assert plan.qa_ood_path() == "resources/qa/synthetic_ood.jsonl"
+    assert plan.eval_heldout_targets() == plan.qa_eval_targets()
+    assert plan.qa_targets() == [f"{qa}/splits.json", *plan.release_targets(), *plan.qa_eval_targets()]
+    assert len(plan.qa_eval_files()) == 6 and "results/qa_demo/eval/sft/ood.jsonl" in plan.qa_eval_files()
+    assert plan.qa_eval_model(wc(variant="sft")) == {"model": f"{qa}/sft/merged", "check": f"{qa}/sft/merge_check.json"}
+    assert plan.qa_eval_model(wc(variant="base")) == {"model": SMOLLM2_READY}
+    assert plan.release_split_format() == ["--split-format", "qa"]
+    assert plan.release_rubric_input() == {"rubric": plan.config["judge"]["rubric"]}  # qa always names it
+    reward = json.loads(plan.qa_train_cfg())["reward"]
+    assert reward["fluency_model"] == "resources/models/smollm2-135m-instruct"  # the folder, not the marker
+    assert reward["rubric"] == plan.config["judge"]["rubric"]  # no qa.reward.rubric: judge.rubric
+    release = json.loads(plan.release_cfg_json())["knobs"]
+    assert release["recipe"] == "qa" and "eval" not in release["qa"] and "resources" not in release["qa"]["sft"]
+
+
+def test_qa_without_sft_or_ood_starts_grpo_from_the_base_model():
+    plan = plan_of(QA_DEMO, overlay={"qa": {"sft": {"enabled": False}, "ood": None}})
+    assert plan.qa_variants() == ["base", "grpo"] and plan.qa_eval_splits() == ["test"]
+    assert plan.qa_policy_input() == plan.merge_base_input() == SMOLLM2_READY
+    assert plan.qa_ood_path() == [] and plan.qa_ood_param(wc(), SimpleNamespace()) == ""
+    assert plan.qa_eval_model(wc(variant="grpo")) == {
+        "model": "results/qa_demo/merged", "check": "results/qa_demo/merge_check.json"}
+
+
+def test_qa_reproduce_plans_gpu_sft_verl_and_the_judge(workdir):
+    plan = plan_of(QA_REPRODUCE)
+    assert plan.judge_planned()  # hybrid scoring: judge weight 0.5
+    assert plan.conda_env("sft") == "../envs/verl.yaml" and plan.conda_env("train") == "../envs/verl.yaml"
+    assert plan.qa_model_input() == LLAMA_READY
+    assert plan.qa_eval_splits() == ["test"]  # qa.ood: null
+    assert json.loads(plan.qa_train_cfg())["reward"]["rubric"] == "config/rubrics/qa_correctness_rubricarm.yaml"
+    with pytest.raises(InputError, match=r"^qa\.source: data/ecg_expert_qa/train\.json does not exist"):
+        plan.qa_source_path()
+    (workdir / "data" / "ecg_expert_qa").mkdir(parents=True)
+    (workdir / "data" / "ecg_expert_qa" / "train.json").write_text("[]")
+    assert plan.qa_source_path() == "data/ecg_expert_qa/train.json"
+    hub = plan_of(QA_REPRODUCE, overlay={"qa": {"source": "hf:some/dataset"}})
+    assert hub.qa_source_path() == []  # resolved by the CLI, not a tracked file
+    assert hub.qa_source_param(wc(), SimpleNamespace()) == "hf:some/dataset"
+    assert hub.qa_source_param(wc(), SimpleNamespace(source="tracked.jsonl")) == "tracked.jsonl"
+
+
+# ----------------------------------------------------------------------------- small pieces
+def test_input_flag_passes_an_optional_input_only_when_the_job_has_it():
+    from snakemake.iocontainers import InputFiles as Namedlist  # what a params function gets as `input`
+
+    with_endpoint = Namedlist(fromdict={"endpoint": "results/x/judge/endpoint.json", "train": "t.parquet"})
+    flag = input_flag("--endpoint", "endpoint")
+    assert flag(wc(), with_endpoint) == ["--endpoint", "results/x/judge/endpoint.json"]
+    # a file NAMED like the key is no key: the test is on the input's names, not its files
+    assert flag(wc(), Namedlist(fromdict={"train": "endpoint"})) == []
+    assert model_dir_of("resources/models/m/.ready") == "resources/models/m"
+    assert model_dir_of("./my/model") == "./my/model"
+
+
+def test_rule_helpers_bind_the_names_the_rule_files_call():
+    helpers = plan_of(DEMO).rule_helpers()
+    assert helpers["RUN"] == "results/demo" and helpers["MODELS"] == "resources/models"
+    assert helpers["QA"] == "results/demo/qa" and helpers["QA_SYNTH"] == "resources/qa"
+    assert helpers["judge_needed"]() is False
+    assert helpers["conda_env"]("train") == "../envs/cpu.yaml"
+    assert not {"rule_helpers", "judge_planned", "from_configfiles"} & set(helpers)
+
+
+def test_no_configfile_is_the_embedded_demo_and_overrides_layer_last():
+    assert Plan.from_configfiles().config == plan_of(DEMO).config  # the Snakefile's rule (runconfig)
+    assert plan_of(overlay={"run_name": "other"}).paths.run == "results/other"
+    with pytest.raises(InputError, match="never cross recipes"):
+        plan_of(REPRODUCE, QA_DEMO)
+
+
+# ----------------------------------------------------------------------------- the workflow runs this plan
+def _cfg(shell: str) -> dict:
+    words = shlex.split(shell)
+    return json.loads(words[words.index("--cfg") + 1])
+
+
+@pytest.mark.parametrize("configfiles", [(), (QA_DEMO,)], ids=["demo", "qa_demo"])
+def test_the_workflow_dry_run_carries_the_plans_values(workflow_dir, configfiles):
+    """A real `snakemake -n -p all`: job counts, threads and --cfg JSON are the plan's."""
+    proc = snakemake(workflow_dir, "all", "-n", "-p", *(("--configfile", *configfiles) if configfiles else ()))
+    text = proc.stdout + proc.stderr
+    counts, jobs = job_counts(text), {j.rule: j for j in parse_dry_run(text)}
+    plan = plan_of(*(configfiles or (DEMO,)))
+    assert _cfg(jobs["release"].shell) == json.loads(plan.release_cfg_json())
+    assert _cfg(jobs["merge_model"].shell) == json.loads(plan.merge_cfg_json())
+    if plan.recipe_is("qa"):
+        assert counts["qa_eval_model"] == len(plan.qa_eval_files())
+        assert _cfg(jobs["qa_train_grpo"].shell) == json.loads(plan.qa_train_cfg())
+        assert jobs["qa_train_grpo"].threads == plan.train_threads()
+        return
+    assert counts["eval_shard"] == len(plan.eval_shard_files("shard"))
+    assert counts["trajectory_shard"] == 2 * len(plan.trajectory_shard_files("train", "parquet"))
+    assert _cfg(jobs["trajectory_shard"].shell) == json.loads(plan.trajectories_cfg_json())
+    assert _cfg(jobs["preflight"].shell) == json.loads(plan.preflight_cfg())
+    assert jobs["preflight"].threads == plan.preflight_threads()
+
+
+def test_a_plan_error_stops_the_workflow_with_its_line(workflow_dir):
+    """The plan's InputError reaches the user as Snakemake's error, one line naming the key."""
+    prepare_reproduce_inputs(workflow_dir)
+    (workflow_dir / "missing.yaml").write_text("cohort: {source: data/nowhere.json}\n")
+    proc = snakemake(workflow_dir, "all", "-n", "--configfile", REPRODUCE, "missing.yaml", check=False)
+    assert proc.returncode != 0
+    assert "cohort.source: data/nowhere.json does not exist." in proc.stdout + proc.stderr
