@@ -84,8 +84,8 @@ def test_demo_models_and_the_trained_variant():
     assert plan.memory_model_input() == SMOLLM2_READY
     assert plan.eval_shard_inputs(wc(variant="base")) == [SMOLLM2_READY]
     assert plan.eval_shard_inputs(wc(variant="trained")) == [
-        SMOLLM2_READY, "results/demo/merged", "results/demo/merge_check.json"]
-    assert plan.eval_memory_arg(wc(variant="trained")) == ["--memory-model", "results/demo/merged"]
+        SMOLLM2_READY, "results/demo/merged", "results/demo/merge_check.json", "results/demo/train/adapter"]
+    assert plan.eval_memory_arg(wc(variant="trained")) == ["--memory-model", "results/demo/merged", "--memory-adapter", "results/demo/train/adapter"]
     assert plan.eval_memory_arg(wc(variant="base")) == []
     assert plan.model_mem_mb(wc(name="smollm2-135m-instruct")) == 16000  # a GGUF to dequantise
     assert json.loads(plan.model_cfg_json(wc(name="smollm2-135m-instruct")))["source"] == "pypi_gguf"
@@ -164,7 +164,8 @@ def test_openai_roles_load_no_local_model():
     served = {"backend": "openai", "model": "served-name", "url": "http://127.0.0.1:8000/v1"}
     plan = plan_of(DEMO, overlay={"roles": {"prediction": served, "evaluation": served}})
     assert plan.role_model_markers() == [SMOLLM2_READY]  # the memory role's model only
-    assert plan.eval_shard_inputs(wc(variant="trained")) == ["results/demo/merged", "results/demo/merge_check.json"]
+    assert plan.eval_shard_inputs(wc(variant="trained")) == ["results/demo/merged", "results/demo/merge_check.json",
+                                                               "results/demo/train/adapter"]
     all_openai = plan_of(DEMO, overlay={"roles": {r: served for r in ("prediction", "evaluation", "memory")}})
     assert all_openai.role_model_markers() == [] and all_openai.eval_shard_inputs(wc(variant="base")) == []
     assert all_openai.conda_env("forward") == "../envs/cpu.yaml"
