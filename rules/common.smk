@@ -637,8 +637,12 @@ def qa_eval_files():
 
 
 def qa_eval_cfg():
+    """The eval knobs + the qa prompt: the evaluation asks in the system prompt training used."""
     return json.dumps(
-        {"eval": {k: v for k, v in config["qa"]["eval"].items() if k != "resources"}},
+        {
+            "eval": {k: v for k, v in config["qa"]["eval"].items() if k != "resources"},
+            "prompt": config["qa"]["prompt"],
+        },
         sort_keys=True,
     )
 
