@@ -278,3 +278,43 @@ def test_verl_rollout_stats_carry_the_qa_step_metrics(tmp_path):
     stats = rollout_stats(tmp_path, 3)
     assert stats["qa/correct"] == 0.5 and stats["qa/extract_none"] == 0.25
     assert stats["qa/high_reward_but_wrong_count"] == 0.0
+
+
+@pytest.mark.slow
+def test_trl_training_logs_qa_correctness_per_step(tmp_path, tiny_model_dir):
+    """A real TRL GRPO run (tiny model, 2 steps) with the qa reward: every train row of metrics.jsonl carries
+    the step's correctness, extraction methods and high_reward_but_wrong (raw keys qa/...)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from llmrnn.qa import data as D
+
+    recs = [{"id": f"q{i}", "question": f"Which condition is number {i}?", "answer": "ABCD"[i % 4],
+             "options": dict(OPTS), "group": f"g{i}"} for i in range(6)]
+    D.write_parquet(tmp_path / "train.parquet", D.rl_rows(recs[:4], "train", D.SYSTEM_PROMPT))
+    D.write_parquet(tmp_path / "val.parquet", D.rl_rows(recs[4:], "val", D.SYSTEM_PROMPT))
+    train = {"engine": "trl", "seed": 3, "lora": {"rank": 8, "alpha": 16}, "lr": 1e-3, "group_size": 4,
+             "batch": {"train": 2, "mini": 2, "micro_per_gpu": 4}, "max_prompt_length": 256,
+             "max_response_length": 8, "epochs": 1, "total_steps": 2, "save_freq": 2, "test_freq": 0,
+             "keep_last": 1}
+    cfg = {"train": train, "reward": {"weights": {"exact_match": 1.0, "format": 0.5}}}
+    out = tmp_path / "run"
+    llmrnn = str(Path(sys.executable).parent / "llmrnn")
+    proc = subprocess.run([llmrnn, "train", "run", "--cfg", json.dumps(cfg), "--train", str(tmp_path / "train.parquet"),
+                           "--val", str(tmp_path / "val.parquet"), "--model", str(tiny_model_dir), "--work-dir",
+                           str(out), "--adapter", str(out / "adapter"), "--metrics", str(out / "metrics.jsonl"),
+                           "--summary", str(out / "summary.json"),
+                           "--reward-func", "llmrnn.qa.rewards:trl_reward_func"],
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=900,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    assert len(train_rows) == 2
+    for row in train_rows:
+        raw = row["raw"]
+        assert 0.0 <= raw["qa/correct"] <= 1.0 and 0.0 <= raw["qa/high_reward_but_wrong"] <= 1.0
+        methods = sum(raw[f"qa/extract_{m}"] for m in R.EXTRACT_METHODS)
+        assert methods == pytest.approx(1.0)
