@@ -233,18 +233,26 @@ def test_judge_graded_correctness_is_a_second_metric(tmp_path):
     rec = {"id": "q1", "question": "Which drug first for stable angina?", "answer": "a beta blocker"}
     graded = [E._graded(t, rec) for t in ("<answer>beta-blockers such as metoprolol</answer>",
                                           "<answer>aspirin only</answer>")]
-    with ScriptedJudge(lambda body: "Score: 9" if "metoprolol" in json.dumps(body) else "Score: 1") as judge:
+    graded.append(E._graded("<answer>no idea</answer>", rec))
+
+    def respond(body):
+        text = json.dumps(body)
+        return "Score: 9" if "metoprolol" in text else "I cannot grade this." if "no idea" in text else "Score: 1"
+
+    with ScriptedJudge(respond) as judge:
         endpoint = write_endpoint(tmp_path, judge.port, rubric)
         E._judge_grades([(rec, g) for g in graded], str(endpoint), None, str(tmp_path / "audit"), 0.5)
-    assert [g["correct"] for g in graded] == [False, False]  # exact match misses the paraphrase
-    assert [g["judge_correct"] for g in graded] == [True, False]
+    assert [g["correct"] for g in graded] == [False, False, False]  # exact match misses the paraphrase
+    assert [g["judge_correct"] for g in graded] == [True, False, False]  # a fallback 0.5 is not "correct"
+    assert graded[2]["judge_parse_method"] == "fallback" and graded[2]["judge_score"] == 0.5
     rows = [{"header": {"variant": "base", "split": "test"}}]
     rows.append({"id": "q1", "answer": rec["answer"], "greedy": graded[0], "samples": graded,
                  "greedy_pass@1": False, "sampling_pass@k": False, "disagrees": True})
-    metrics, _ = E.gather([write_rows(tmp_path / "j.jsonl", rows)], {"k": 2, "stats": {"bootstrap": {"samples": 50, "seed": 0}}})
+    metrics, _ = E.gather([write_rows(tmp_path / "j.jsonl", rows)], {"k": 3, "stats": {"bootstrap": {"samples": 50, "seed": 0}}})
     m = metrics["splits"]["test"]["base"]
     assert m["greedy_pass@1"]["value"] == 0.0 and m["judge_greedy_pass@1"]["value"] == 1.0
     assert "judge" in m["judge_greedy_pass@1"]["mode"] and m["judge_sampling_pass@k"]["value"] == 1.0
+    assert m["judge_fallback_rate"]["value"] == pytest.approx(1 / 4)  # greedy + 3 samples, one unparsed
 
 
 @pytest.mark.slow

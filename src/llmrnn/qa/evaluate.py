@@ -95,13 +95,16 @@ def system_prompt(cfg: dict) -> str:
 
 def _judge_grades(items: list[tuple[dict, dict]], endpoint: str, rubric: str | None, audit_dir: str,
                   threshold: float) -> None:
-    """Judge-grade each (record, graded answer) in place: judge_score and judge_correct (score >= threshold)."""
+    """Judge-grade each (record, graded answer) in place: judge_score, judge_parse_method and judge_correct
+    (score >= threshold from a parseable judge answer)."""
     from llmrnn.qa.rewards import judge_score
 
     for rec, graded in items:
         score, method = judge_score(rec["question"], str(rec["answer"]), graded["extracted"] or "",
                                     {"rubric": rubric}, endpoint_file=endpoint, audit_dir=audit_dir)
-        graded.update(judge_score=score, judge_parse_method=method, judge_correct=score >= threshold)
+        # a judge answer with no parseable score (0.5 by the reward's edge table) grades nothing as correct
+        graded.update(judge_score=score, judge_parse_method=method,
+                      judge_correct=method != "fallback" and score >= threshold)
 
 
 def evaluate_model(model_dir: str, questions: str, out: str, variant: str, split: str, cfg: dict,
@@ -311,6 +314,11 @@ def gather(files: list[str], cfg: dict, train: str | None = None) -> tuple[dict,
                 m["judge_sampling_pass@k"] = _metric(
                     [any(s["judge_correct"] for s in r["samples"]) for r in ordered],
                     f"{modes['sampling_pass@k']}; {judged}")
+                graded = [g for r in ordered for g in (r["greedy"], *r["samples"])]
+                m["judge_fallback_rate"] = {
+                    "mode": "diagnostic: share of judged answers the judge gave no parseable score (not correct)",
+                    "value": sum(g.get("judge_parse_method") == "fallback" for g in graded) / len(graded),
+                    "n": len(graded)}
             m["nondeterminism_proxy"] = {
                 "mode": "diagnostic: share of questions whose k samples disagree with the greedy answer",
                 "value": (sum(r["disagrees"] for r in ordered) / len(ordered)) if ordered else None,
