@@ -30,11 +30,11 @@ def _curve(cells: dict, kind: str) -> list[tuple[int, dict]]:
 def plot_pass(metrics: dict, out: str) -> None:
     plt = _plt()
     splits = sorted(metrics["splits"])
-    fig, axes = plt.subplots(1, len(splits), figsize=(6 * len(splits), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(splits), figsize=(6 * len(splits), 5.6), squeeze=False)
     for ax, split in zip(axes[0], splits):
         variants = sorted(metrics["splits"][split], key=_variant_order)
         n = 0
-        for v in variants:
+        for i, v in enumerate(variants):
             cells = metrics["splits"][split][v]
             color = COLORS.get(v, "#9467bd")
             for kind, style in (("pass", "-o"), ("maj", "--s")):
@@ -43,7 +43,8 @@ def plot_pass(metrics: dict, out: str) -> None:
                     ax.plot([j for j, _ in curve], [c["value"] or 0.0 for _, c in curve], style, color=color,
                             label=f"{v} sampling {kind}@j", markersize=4)
             g = cells["greedy_pass@1"]
-            ax.errorbar([1], [g["value"] or 0.0], yerr=[[max(0.0, (g["value"] or 0) - g["ci95"][0])],
+            x = 1 + 0.06 * (i - (len(variants) - 1) / 2)  # side by side: the CIs stay readable
+            ax.errorbar([x], [g["value"] or 0.0], yerr=[[max(0.0, (g["value"] or 0) - g["ci95"][0])],
                                                          [max(0.0, g["ci95"][1] - (g["value"] or 0))]],
                         fmt="*", color=color, markersize=11, capsize=4, label=f"{v} greedy_pass@1 (T=0)")
             n = g["n"]
@@ -62,7 +63,7 @@ def plot_pass(metrics: dict, out: str) -> None:
         ax.set_ylim(0, 1.05)
         ax.set_title(f"{split} (n={n} questions)")
         ax.set_ylabel("share correct (exact match)")
-        ax.legend(fontsize=6, loc="lower right")
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     _save(fig, out)
     plt.close(fig)
 
