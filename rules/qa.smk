@@ -198,7 +198,8 @@ rule qa_eval_model:
 
 rule qa_eval_gather:
     input:
-        qa_eval_files(),
+        files=qa_eval_files(),
+        train=rules.qa_data.output.train,
     output:
         metrics=f"{QA_EVAL}/metrics.json",
         comparison=f"{QA_EVAL}/comparison.json",
@@ -208,9 +209,9 @@ rule qa_eval_gather:
         conda_env("data")
     params:
         cfg=qa_eval_cfg(),
-        code=code_hash("llmrnn.qa.evaluate", "llmrnn.stats"),
+        code=code_hash("llmrnn.qa.evaluate", "llmrnn.qa.rewards", "llmrnn.stats"),
     shell:
-        "llmrnn qa gather --inputs {input:q} --metrics {output.metrics:q} "
+        "llmrnn qa gather --inputs {input.files:q} --train {input.train:q} --metrics {output.metrics:q} "
         "--comparison {output.comparison:q} --cfg {params.cfg:q} 2> {log:q}"
 
 

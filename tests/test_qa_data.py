@@ -285,3 +285,90 @@ def test_enospc_stand_in_leaves_none_of_the_outputs(tmp_path, monkeypatch):
 def _write_json(path, data) -> str:
     path.write_text(json.dumps(data))
     return str(path)
+
+
+def test_dedupe_ignores_the_options():
+    """The same question with other distractors (or options in another order) is a duplicate."""
+    raw = records(3)
+    raw[1]["q"] = "  " + raw[0]["q"].upper().replace(":", " ;") + " "
+    raw[1]["choices"] = ["sepsis", "gout", "syncope", "cond 0"]  # other distractors, other order
+    raw[2]["q"] = "The " + raw[0]["q"]  # an article more: the same normalised text
+    kept, counts = D.filter_records(D.load_records_from(raw, FIELDS))
+    assert counts["duplicate"] == 2 and [r["id"] for r in kept] == ["r0"]
+
+
+def test_a_question_shared_by_groups_never_spans_two_splits():
+    """With dedupe off, a question asked in two groups joins them: both land in one split."""
+    raw = records(24, groups=12)
+    for i in range(1, 12):  # every group asks question 0 once more (other options): one unit
+        raw[i]["q"] = raw[0]["q"]
+    recs, _ = D.filter_records(D.load_records_from(raw, FIELDS), {"dedupe": False})
+    with pytest.raises(InputError, match="out of 1 groups"):
+        D.split_records(recs, 1, 1, seed=7)
+    raw = records(24, groups=12)
+    raw[13]["q"] = raw[0]["q"]  # p0 and p1 share a question
+    recs, _ = D.filter_records(D.load_records_from(raw, FIELDS), {"dedupe": False})
+    for seed in range(20):
+        splits = D.split_records(recs, 2, 3, seed)
+        where = {r["group"]: name for name, part in splits.items() for r in part}
+        assert where["p0"] == where["p1"]
+        keys = {name: {D.question_key(r["question"]) for r in part} for name, part in splits.items()}
+        assert not keys["train"] & keys["test"] and not keys["train"] & keys["val"]
+
+
+def test_a_group_field_keeps_a_recording_in_one_split(tmp_path):
+    raw = [{"id": f"e{i}", "question": f"ECG {i}: what rhythm is shown in lead II of this recording?",
+            "answer": f"rhythm {i % 5}", "recording": f"rec{i // 4}"} for i in range(40)]
+    src = tmp_path / "ecg.json"
+    src.write_text(json.dumps(raw))
+    cfg = {"fields": {"group": "recording"}, "split": {"val_size": 2, "test_size": 3, "seed": 1}}
+    summary = D.prepare(cfg, D.output_paths(tmp_path / "out"), str(src))
+    assert summary["groups"] == {"train": 5, "val": 2, "test": 3} and summary["sizes"]["test"] == 12
+    where: dict[str, set] = {}
+    for name in ("train", "val", "test"):
+        for rec in io.read_jsonl(tmp_path / f"out/{name}.jsonl"):
+            where.setdefault(rec["group"], set()).add(name)
+    assert len(where) == 10 and all(len(s) == 1 for s in where.values())
+
+
+def test_synthetic_questions_do_not_state_their_answer_and_letters_are_balanced():
+    from collections import Counter
+
+    from llmrnn.cohort import ACUTE, synthesize_cohort
+    from llmrnn.qa.data import correct_option_text, states_answer
+
+    ind, ood = questions_from_cohort(synthesize_cohort(40, seed=3), seed=1)
+    assert len(ind) > 40 and len(ood) > 8
+    for rec in ind + ood:
+        truth = correct_option_text(rec)
+        assert not states_answer(rec["question"], truth), rec
+        assert rec["options"][rec["answer"]] == truth
+    for part in (ind, ood):
+        letters = Counter(r["answer"] for r in part)
+        assert max(letters.values()) - min(letters.values()) <= 1, letters
+    # OOD needs transfer: its answers are never an in-distribution answer, and copying a named
+    # condition from an OOD question never finds the right option
+    assert not {correct_option_text(r) for r in ind} & set(ACUTE)
+    for rec in ood:
+        named = [k for k, v in rec["options"].items() if states_answer(rec["question"], v)]
+        assert rec["answer"] not in named
+
+
+def test_splits_json_reports_what_needs_no_skill(tmp_path):
+    from llmrnn.cohort import synthesize_cohort
+
+    ind, ood = questions_from_cohort(synthesize_cohort(30, seed=7), seed=0)
+    io.write_jsonl(tmp_path / "q.jsonl", ind)
+    io.write_jsonl(tmp_path / "o.jsonl", ood)
+    cfg = {"split": {"val_size": 2, "test_size": 5, "seed": 42}}
+    summary = D.prepare(cfg, D.output_paths(tmp_path / "out"), str(tmp_path / "q.jsonl"), str(tmp_path / "o.jsonl"))
+    checks = summary["checks"]
+    assert checks["states_correct_option"] == {"train": 0, "val": 0, "test": 0, "ood": 0}
+    assert checks["repeats_train_question"] == {"val": 0, "test": 0, "ood": 0}
+    common = checks["most_common_train_answer"]
+    assert common["answer"] in "abcd" and 0 <= common["share"]["test"] <= 0.5
+    assert summary["filter"]["duplicate"] > 0  # the cohort repeats questions; the dedupe drops them
+    # a leaking record is counted, not hidden
+    leak = {"id": "x", "question": "Which is it: gout or anemia, given gout history?", "answer": "B",
+            "options": {"A": "anemia", "B": "gout"}, "group": "g"}
+    assert D.data_checks({"train": [], "test": [leak]})["states_correct_option"]["test"] == 1

@@ -512,7 +512,9 @@ class Plan:
         ]
 
     def qa_eval_cfg(self) -> str:
-        return _json({"eval": {k: v for k, v in self.config["qa"]["eval"].items() if k != "resources"}})
+        """The eval knobs + the qa prompt: the evaluation asks in the system prompt training used."""
+        return _json({"eval": {k: v for k, v in self.config["qa"]["eval"].items() if k != "resources"},
+                      "prompt": self.config["qa"]["prompt"]})
 
     def qa_eval_targets(self) -> list[str]:
         qa_eval = self.paths.qa_eval

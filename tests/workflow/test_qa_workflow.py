@@ -59,6 +59,8 @@ def test_qa_demo_runs_end_to_end_and_reruns_by_the_table(workflow_dir, tiny_mode
     run = workflow_dir / "results/qatest"
     splits = json.loads((run / "qa/splits.json").read_text())
     assert splits["overlap"] == 0 and splits["sizes"]["test"] > 0 and splits["sizes"]["ood"] > 0
+    assert splits["checks"]["states_correct_option"] == {"train": 0, "val": 0, "test": 0, "ood": 0}
+    assert splits["checks"]["repeats_train_question"] == {"val": 0, "test": 0, "ood": 0}
 
     for check in (run / "qa/sft/merge_check.json", run / "merge_check.json"):
         report = json.loads(check.read_text())
@@ -76,6 +78,10 @@ def test_qa_demo_runs_end_to_end_and_reruns_by_the_table(workflow_dir, tiny_mode
                 m["sampling_pass@k"]["mode"]
             lo, hi = m["greedy_pass@1"]["ci95"]
             assert 0 <= lo <= m["greedy_pass@1"]["value"] <= hi <= 1
+            assert {"sampling_pass@1", "sampling_pass@2", "sampling_maj@1", "sampling_maj@2"} <= set(m)
+            assert m["sampling_pass@2"]["value"] == pytest.approx(m["sampling_pass@k"]["value"])
+            assert m["greedy_pass@1"]["chance"]["uniform_guess"] == 0.25  # 4 options
+            assert m["sampling_pass@2"]["chance"]["most_common_train_answer"] is not None
             assert m["sampling_pass@k"]["value"] >= m["greedy_pass@1"]["value"] or m["sampling_pass@k"]["n"] > 0
     comparison = json.loads((run / "eval/comparison.json").read_text())
     assert set(comparison["splits"]["test"]) == {"sft_vs_base", "grpo_vs_base", "grpo_vs_sft"}
@@ -87,6 +93,7 @@ def test_qa_demo_runs_end_to_end_and_reruns_by_the_table(workflow_dir, tiny_mode
     assert (run / "eval/plots/pass_at_k.png").read_bytes().startswith(b"\x89PNG")
     summary = (run / "eval/plots/summary.tsv").read_text()
     assert "greedy_pass@1" in summary and "sampling_pass@k" in summary and "grpo_vs_sft" in summary
+    assert "sampling_maj@2" in summary and "chance_uniform_guess" in summary.splitlines()[0]
 
     rows = [json.loads(x) for x in (run / "train/metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
@@ -113,3 +120,27 @@ def test_qa_demo_runs_end_to_end_and_reruns_by_the_table(workflow_dir, tiny_mode
     data = planned(workflow_dir, small_layer(workflow_dir, tiny_model_dir, split={
         "val_size": 1, "test_size": 2, "seed": 43}))
     assert {"qa_data", "qa_sft", "qa_train_grpo"} <= set(data) and "qa_synth" not in data
+
+
+def test_qa_eval_gets_the_prompt_and_gather_the_train_split(workflow_dir, tiny_model_dir):
+    """Dry run: the evaluation asks in qa.prompt.system (a change reruns it), and gather reads the train
+    split for the always-the-most-common-answer baseline."""
+    layer = small_layer(workflow_dir, tiny_model_dir, prompt={"system": "You are QA-bot 7."})
+    out = snakemake(workflow_dir, "all", "-n", "-p", "--configfile", "config/qa_demo.yaml", layer).stdout
+    evals = [ln for ln in out.splitlines() if "llmrnn qa eval " in ln]
+    assert evals and all("QA-bot 7" in ln for ln in evals)
+    gather = [ln for ln in out.splitlines() if "llmrnn qa gather " in ln]
+    assert len(gather) == 1 and "--train" in gather[0] and "qa/train.jsonl" in gather[0]
+
+
+def test_qa_reproduce_names_an_ood_set_or_says_why_not():
+    from tests.conftest import REPO
+
+    text = (REPO / "config/qa_reproduce.yaml").read_text()
+    qa = yaml.safe_load(text)["qa"]
+    if qa.get("ood"):
+        return
+    lines = text.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.strip().startswith("ood:"))
+    reason = " ".join(ln.strip() for ln in lines[max(0, at - 4):at] if ln.strip().startswith("#"))
+    assert "OOD" in reason and "because" in reason.lower() or "on purpose" in reason, reason

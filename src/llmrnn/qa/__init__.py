@@ -3,8 +3,8 @@
     llmrnn qa synth   --cohort resources/cohort/synthetic.json --out Q.jsonl --ood O.jsonl --cfg JSON
     llmrnn qa data    --source Q [--ood O] --cfg JSON --train ... --summary splits.json  (every output named)
     llmrnn qa sft     --train sft_train.jsonl --val sft_val.jsonl --model DIR --adapter D --metrics M --summary S
-    llmrnn qa eval    --model DIR --questions test.jsonl --variant V --split S --out F --cfg JSON
-    llmrnn qa gather  --inputs F... --metrics M --comparison C --cfg JSON
+    llmrnn qa eval    --model DIR --questions test.jsonl --variant V --split S --out F --cfg JSON [--endpoint E]
+    llmrnn qa gather  --inputs F... --metrics M --comparison C --cfg JSON [--train train.jsonl]
     llmrnn qa report  --metrics M --comparison C --inputs F... --plot P --summary S --questions Q
 GRPO uses the shared train stage (`llmrnn train run --reward-func llmrnn.qa.rewards:trl_reward_func`),
 merges use `llmrnn merge run`, the release `llmrnn release build`.
@@ -20,6 +20,15 @@ log = logging.getLogger(__name__)
 def _cfg(args, key: str) -> dict:
     cfg = args.cfg or {}
     return cfg.get(key, cfg) if isinstance(cfg.get(key), dict) else cfg
+
+
+def _eval_cfg(args) -> dict:
+    """The eval section plus the qa prompt (the evaluation asks in the system prompt training used)."""
+    cfg = dict(_cfg(args, "eval"))
+    prompt = (args.cfg or {}).get("prompt")
+    if isinstance(prompt, dict):
+        cfg["prompt"] = prompt
+    return cfg
 
 
 def cmd_synth(args) -> int:
@@ -54,7 +63,8 @@ def cmd_eval(args) -> int:
     from llmrnn.qa.evaluate import evaluate_model
 
     model = args.model.removesuffix("/.ready")
-    evaluate_model(model, args.questions, args.out, args.variant, args.split, _cfg(args, "eval"), args.threads)
+    evaluate_model(model, args.questions, args.out, args.variant, args.split, _eval_cfg(args), args.threads,
+                   args.endpoint, args.rubric)
     return 0
 
 
@@ -62,7 +72,7 @@ def cmd_gather(args) -> int:
     from llmrnn import io
     from llmrnn.qa.evaluate import gather
 
-    metrics, comparison = gather(args.inputs, _cfg(args, "eval"))
+    metrics, comparison = gather(args.inputs, _cfg(args, "eval"), args.train)
     io.write_json(args.comparison, comparison)
     io.write_json(args.metrics, metrics)
     return 0
@@ -117,6 +127,8 @@ def register(sub) -> None:
     e.add_argument("--split", required=True)
     e.add_argument("--out", required=True)
     e.add_argument("--threads", type=int, default=1)
+    e.add_argument("--endpoint", default=None, help="judge endpoint.json: also judge-grade every answer")
+    e.add_argument("--rubric", default=None, help="the judge's rubric (default: the endpoint's)")
     e.add_argument("--cfg", type=json_arg, required=True)
     e.set_defaults(func=cmd_eval)
 
@@ -124,6 +136,7 @@ def register(sub) -> None:
     g.add_argument("--inputs", nargs="+", required=True)
     g.add_argument("--metrics", required=True)
     g.add_argument("--comparison", required=True)
+    g.add_argument("--train", default=None, help="train.jsonl: the always-the-most-common-answer baseline")
     g.add_argument("--cfg", type=json_arg, required=True)
     g.set_defaults(func=cmd_gather)
 

@@ -3,9 +3,12 @@
 Records are normalised to {id, question, answer, options?, context?, reasoning?, group} with field
 names from `qa.fields`. Filter pipeline, in order (counts in splits.json): length (question and answer
 chars), dedupe (normalised question text; the first wins), answer parseable (an MC answer must name one
-of the options; any answer must survive normalisation). Splits are seeded, by group (the patient for
-questions made from the cohort, else the record), val then test sampled, train = the rest; zero overlap
-of ids, groups and normalised questions is asserted; each split's sha256 is recorded.
+of the options; any answer must survive normalisation). The dedupe key is the normalised question text
+alone: the same question with other options or distractors is a duplicate. Splits are seeded, by group
+(`qa.fields.group`: e.g. the patient or recording, so all its questions share a split; the patient for
+questions made from the cohort; else the record), val then test sampled, train = the rest. Groups that
+share a normalised question are split as one unit (so even with dedupe off, no question is in two
+splits); zero overlap of ids, groups and normalised questions is asserted; each split's sha256 is recorded.
 
 Outputs: {train,val,test}.jsonl (records), {train,val}.parquet (verl RLHFDataset rows), sft_{train,val}.jsonl
 (chat messages with the target answer), ood.jsonl (the optional OOD set, filtered the same way), splits.json.
@@ -19,6 +22,7 @@ import math
 import os
 import random
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +160,44 @@ def load_records_from(raw: list, fields: dict | None = None, label: str = "recor
 
 
 # ----------------------------------------------------------------------------- filters + splits
+def question_key(question: str) -> str:
+    """The dedupe / overlap key of a question: its normalised text (case, punctuation, articles)."""
+    return normalize_text(question)
+
+
+def states_answer(question: str, answer_text: str) -> bool:
+    """Whether the (normalised) question contains the (normalised) answer text as whole words."""
+    q, a = f" {normalize_text(question)} ", f" {normalize_text(answer_text)} "
+    return a.strip() != "" and a in q
+
+
+def correct_option_text(rec: dict) -> str | None:
+    """The text of a multiple-choice record's correct option (None for free text)."""
+    if not rec.get("options"):
+        return None
+    letter = normalize_answer(rec["answer"], rec["options"])
+    return next((str(v) for k, v in rec["options"].items() if k.lower() == letter), None)
+
+
+def data_checks(splits: dict[str, list[dict]]) -> dict:
+    """What the splits let a model get right without skill (splits.json `checks`): questions that state
+    their correct option's text, questions repeating a train question (normalised text), and the share of
+    each split whose answer is the train split's most common one."""
+    train_keys = {question_key(r["question"]) for r in splits.get("train", [])}
+    answers = Counter(normalize_answer(r["answer"], r["options"]) for r in splits.get("train", []))
+    common = answers.most_common(1)[0][0] if answers else None
+    out: dict[str, Any] = {"states_correct_option": {}, "repeats_train_question": {},
+                           "most_common_train_answer": {"answer": common, "share": {}}}
+    for name, part in splits.items():
+        out["states_correct_option"][name] = sum(
+            bool(text) and states_answer(r["question"], text) for r in part for text in [correct_option_text(r)])
+        if name != "train":
+            out["repeats_train_question"][name] = sum(question_key(r["question"]) in train_keys for r in part)
+        hits = [normalize_answer(r["answer"], r["options"]) == common for r in part]
+        out["most_common_train_answer"]["share"][name] = sum(hits) / len(hits) if hits else None
+    return out
+
+
 def filter_records(records: list[dict], cfg: dict | None = None) -> tuple[list[dict], dict]:
     cfg = {**FILTER_DEFAULTS, **(cfg or {})}
     counts = {"input": len(records), "too_short": 0, "too_long": 0, "duplicate": 0, "unparseable_answer": 0}
@@ -169,7 +211,7 @@ def filter_records(records: list[dict], cfg: dict | None = None) -> tuple[list[d
         if len(q) > cfg["max_question_chars"] or len(a) > cfg["max_answer_chars"]:
             counts["too_long"] += 1
             continue
-        key = normalize_text(q + " " + json.dumps(rec["options"], sort_keys=True))
+        key = question_key(q)  # options ignored: other distractors do not make another question
         if cfg["dedupe"] and key in seen:
             counts["duplicate"] += 1
             continue
@@ -183,22 +225,47 @@ def filter_records(records: list[dict], cfg: dict | None = None) -> tuple[list[d
     return kept, counts
 
 
+def split_units(records: list[dict]) -> dict[str, str]:
+    """group -> its split unit: groups joined when they share a normalised question (union-find), so a
+    question asked in two groups cannot land in two splits; the unit is named by its smallest group."""
+    parent: dict[str, str] = {}
+
+    def find(g: str) -> str:
+        parent.setdefault(g, g)
+        while parent[g] != g:
+            parent[g] = parent[parent[g]]
+            g = parent[g]
+        return g
+
+    first_group: dict[str, str] = {}
+    for rec in records:
+        find(rec["group"])
+        other = first_group.setdefault(question_key(rec["question"]), rec["group"])
+        a, b = find(other), find(rec["group"])
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    return {g: find(g) for g in parent}
+
+
 def split_records(records: list[dict], val_size: int, test_size: int, seed: int) -> dict[str, list[dict]]:
-    """val then test sampled by group with the seed; train = the rest. Sizes count groups."""
-    groups = sorted({r["group"] for r in records})
-    if val_size < 1 or test_size < 1 or val_size + test_size >= len(groups):
+    """val then test sampled by group with the seed; train = the rest. Sizes count groups (groups that share
+    a question count as one)."""
+    unit_of = split_units(records)
+    units = sorted(set(unit_of.values()))
+    if val_size < 1 or test_size < 1 or val_size + test_size >= len(units):
         raise InputError(
             f"qa.split: val_size {val_size} + test_size {test_size} must be >= 1 each and leave train groups "
-            f"out of {len(groups)} groups after filtering")
+            f"out of {len(units)} groups after filtering")
     rng = random.Random(seed)
-    rng.shuffle(groups)
-    which = {g: "val" for g in groups[:val_size]}
-    which.update({g: "test" for g in groups[val_size:val_size + test_size]})
+    rng.shuffle(units)
+    which = {u: "val" for u in units[:val_size]}
+    which.update({u: "test" for u in units[val_size:val_size + test_size]})
     splits: dict[str, list[dict]] = {"train": [], "val": [], "test": []}
     for rec in records:
-        splits[which.get(rec["group"], "train")].append(rec)
-    for key in ("id", "group"):
-        sets = {name: {r[key] for r in part} for name, part in splits.items()}
+        splits[which.get(unit_of[rec["group"]], "train")].append(rec)
+    for key in ("id", "group", "question"):
+        sets = {name: {question_key(r[key]) if key == "question" else r[key] for r in part}
+                for name, part in splits.items()}
         overlap = (sets["train"] & sets["val"]) | (sets["train"] & sets["test"]) | (sets["val"] & sets["test"])
         assert not overlap, f"qa split overlap on {key}: {sorted(overlap)[:5]}"
     return splits
@@ -287,8 +354,8 @@ def prepare(cfg: dict, outputs: dict[str, str], source: str, ood: str | None = N
     ood_counts = None
     if ood:
         ood_records, ood_counts = filter_records(load_records(ood, fields, dataset), cfg.get("filter"))
-        seen = {normalize_text(r["question"]) for r in records}
-        ood_records = [r for r in ood_records if normalize_text(r["question"]) not in seen]
+        seen = {question_key(r["question"]) for r in records}
+        ood_records = [r for r in ood_records if question_key(r["question"]) not in seen]
     system = (cfg.get("prompt") or {}).get("system") or SYSTEM_PROMPT
     files = {name: jsonl_bytes(part) for name, part in splits.items()} | {"ood": jsonl_bytes(ood_records)}
     hashes = {name: io.sha256_bytes(data) for name, data in files.items()}
@@ -307,6 +374,7 @@ def prepare(cfg: dict, outputs: dict[str, str], source: str, ood: str | None = N
         "sha256": hashes,
         "overlap": 0,
         "ood_filter": ood_counts,
+        "checks": data_checks({**splits, "ood": ood_records}),
     }
     # every output or none (a full disk half-way leaves nothing that looks complete)
     writers = {outputs[name]: (lambda tmp, data=data: tmp.write_bytes(data)) for name, data in files.items()}
@@ -315,7 +383,7 @@ def prepare(cfg: dict, outputs: dict[str, str], source: str, ood: str | None = N
         writers[outputs[f"{name}_parquet"]] = lambda tmp, rows=rows: _parquet_to(tmp, rows)
     writers[outputs["summary"]] = lambda tmp: tmp.write_text(io.json_text(summary), encoding="utf-8")
     io.write_all(writers)
-    log.info("qa data: %s", json.dumps(summary["sizes"]))
+    log.info("qa data: %s; checks %s", json.dumps(summary["sizes"]), json.dumps(summary["checks"]))
     return summary
 
 

@@ -1,34 +1,46 @@
-"""QA evaluation: per-question outputs per model, then metrics with Wilson CIs and paired tests.
+"""QA evaluation: per-question outputs per model, then metrics with CIs, chance baselines and paired tests.
 
 Modes, never conflated (each metric carries its mode in the output):
 - `greedy_pass@1`: temperature 0 (argmax), n = 1: is the one greedy answer correct;
-- `sampling_pass@k`: temperature T > 0, n = k samples: is at least one of the k answers correct;
-- `nondeterminism_proxy` (diagnostic, not a score): share of questions whose k sampled answers do not
-  all agree with the greedy answer (how much sampling changes the model's answer).
+- `sampling_pass@j` for every j <= n (n = qa.eval.k samples per question at temperature T > 0): the
+  unbiased estimator of Chen et al. 2021, per question 1 - C(n-c, j) / C(n, j) with c correct samples,
+  averaged over questions (`sampling_pass@k` is j = n: at least one of the n samples is correct);
+- `sampling_maj@j`: the majority answer of j samples is correct, averaged over every j-subset of the n
+  samples (ties split evenly);
+- `nondeterminism_proxy` (diagnostic, not a score): share of questions whose sampled answers do not all
+  agree with the greedy answer.
+Every metric carries `chance` beside it: `uniform_guess` (guessing an option uniformly: 1/m per try, so
+pass@j = 1 - (1 - 1/m)^j and maj@j = 1/m; none for free text) and `most_common_train_answer` (always
+answering the train split's most common normalised answer; needs the train split).
 Correctness is the exact-match reward (llmrnn.qa.rewards): the same extraction and normalisation as
-training. Pairs of variants are compared per metric with McNemar's test on the paired per-question
+training. Where a judge is configured (`qa eval --endpoint`), free-text answers are also graded by it
+(`judge_*` metrics: judge score >= qa.eval.judge_threshold), a second metric beside exact match.
+Pairs of variants are compared on the binary metrics with McNemar's test on the paired per-question
 outcomes and a paired bootstrap CI of the difference.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
+import random
 import time
+from collections import Counter
 from itertools import combinations
 from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import InputError
 from llmrnn.models import model_folder
-from llmrnn.qa.data import messages
-from llmrnn.qa.rewards import exact_match
+from llmrnn.qa.data import SYSTEM_PROMPT, messages
+from llmrnn.qa.rewards import exact_match, normalize_answer
 
 log = logging.getLogger(__name__)
 
 EVAL_DEFAULTS = {"k": 4, "temperature": 0.8, "top_p": 0.95, "max_new_tokens": 96, "max_questions": None,
-                 "seed": 1234, "batch_size": 8, "system": None}
-METRICS = ("greedy_pass@1", "sampling_pass@k")
+                 "seed": 1234, "batch_size": 8, "system": None, "judge_threshold": 0.5}
+METRICS = ("greedy_pass@1", "sampling_pass@k")  # the binary per-question outcomes the paired tests compare
 
 
 class Generator:
@@ -71,16 +83,38 @@ class Generator:
 
 def _graded(text: str, rec: dict) -> dict:
     em = exact_match(text, rec["answer"], rec.get("options"))
-    return {"text": text, "extracted": em["extracted"], "normalized": em["normalized"],
-            "correct": bool(em["exact_match"])}
+    return {"text": text, "extracted": em["extracted"], "extract_method": em["extract_method"],
+            "normalized": em["normalized"], "correct": bool(em["exact_match"])}
+
+
+def system_prompt(cfg: dict) -> str:
+    """The system prompt of the evaluation: qa.eval.system, else qa.prompt.system (what training saw), else
+    the built-in format prompt."""
+    return cfg.get("system") or (cfg.get("prompt") or {}).get("system") or SYSTEM_PROMPT
+
+
+def _judge_grades(items: list[tuple[dict, dict]], endpoint: str, rubric: str | None, audit_dir: str,
+                  threshold: float) -> None:
+    """Judge-grade each (record, graded answer) in place: judge_score, judge_parse_method and judge_correct
+    (score >= threshold from a parseable judge answer)."""
+    from llmrnn.qa.rewards import judge_score
+
+    for rec, graded in items:
+        score, method = judge_score(rec["question"], str(rec["answer"]), graded["extracted"] or "",
+                                    {"rubric": rubric}, endpoint_file=endpoint, audit_dir=audit_dir)
+        # a judge answer with no parseable score (0.5 by the reward's edge table) grades nothing as correct
+        graded.update(judge_score=score, judge_parse_method=method,
+                      judge_correct=method != "fallback" and score >= threshold)
 
 
 def evaluate_model(model_dir: str, questions: str, out: str, variant: str, split: str, cfg: dict,
-                   threads: int = 1) -> dict:
-    """Per-question JSONL (greedy answer, k samples, both outcomes) for one model on one question set."""
+                   threads: int = 1, endpoint: str | None = None, rubric: str | None = None) -> dict:
+    """Per-question JSONL (greedy answer, k samples, both outcomes) for one model on one question set;
+    with a judge endpoint every answer is also judge-graded."""
     cfg = {**EVAL_DEFAULTS, **(cfg or {})}
     if int(cfg["k"]) < 1 or not float(cfg["temperature"]) > 0:
         raise InputError("qa.eval: k must be >= 1 and temperature > 0 (sampling_pass@k samples; greedy is T=0)")
+    system = system_prompt(cfg)
     records = io.read_jsonl(questions)
     if cfg["max_questions"]:
         records = records[: int(cfg["max_questions"])]
@@ -91,17 +125,21 @@ def evaluate_model(model_dir: str, questions: str, out: str, variant: str, split
         size = int(cfg["batch_size"])
         for start in range(0, len(records), size):
             batch = records[start:start + size]
-            chats = [messages(r, cfg["system"]) if cfg["system"] else messages(r) for r in batch]
+            chats = [messages(r, system) for r in batch]
             greedy = gen.generate(chats, 1, 0.0, 1.0, int(cfg["max_new_tokens"]))
             sampled = gen.generate(chats, int(cfg["k"]), float(cfg["temperature"]), float(cfg["top_p"]),
                                    int(cfg["max_new_tokens"]), seed=int(cfg["seed"]) + start)
             for rec, g, s in zip(batch, greedy, sampled):
                 g_out = _graded(g[0], rec)
                 samples = [_graded(t, rec) for t in s]
+                if endpoint:
+                    audit = str(Path(out).parent / f".judge_audit_{Path(out).stem}")
+                    _judge_grades([(rec, g_out)] + [(rec, x) for x in samples], endpoint, rubric, audit,
+                                  float(cfg["judge_threshold"]))
                 rows.append({
                     "id": rec["id"], "variant": variant, "split": split, "question": rec["question"],
                     "options": rec.get("options"), "answer": rec["answer"],
-                    "greedy": g_out, "samples": samples,
+                    "greedy": g_out, "samples": samples, "n_samples": len(samples),
                     "greedy_pass@1": g_out["correct"],
                     "sampling_pass@k": any(x["correct"] for x in samples),
                     "samples_correct": sum(x["correct"] for x in samples),
@@ -109,9 +147,79 @@ def evaluate_model(model_dir: str, questions: str, out: str, variant: str, split
                 })
             log.info("%s/%s: %d/%d questions", variant, split, len(rows), len(records))
     header = {"variant": variant, "split": split, "model": str(model_dir), "questions": len(rows),
+              "samples_per_question": int(cfg["k"]), "system_prompt": system, "judge": bool(endpoint),
               "seconds": round(time.perf_counter() - t0, 2), "cfg": cfg}
     io.write_jsonl(out, [{"header": header}, *rows])
     return header
+
+
+# ----------------------------------------------------------------------------- estimators
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+MAJ_SUBSETS = 5000  # above this many k-subsets maj@k averages over a seeded sample of them
+
+
+def maj_at_k(answers: list[str], correct: list[bool], k: int, seed: int = 0) -> float:
+    """Expected correctness of the majority answer of k of the samples: over every k-subset (or a seeded
+    sample of MAJ_SUBSETS), ties split evenly among the tied answers; an empty answer never wins."""
+    n = len(answers)
+    if not 1 <= k <= n:
+        raise ValueError(f"maj@k needs 1 <= k <= n, got k={k}, n={n}")
+    right = {a for a, ok in zip(answers, correct) if ok and a}
+    if not right:
+        return 0.0
+    if math.comb(n, k) <= MAJ_SUBSETS:
+        subsets = list(combinations(range(n), k))
+    else:
+        rng = random.Random(seed)
+        subsets = [tuple(rng.sample(range(n), k)) for _ in range(MAJ_SUBSETS)]
+    total = 0.0
+    for subset in subsets:
+        votes = Counter(answers[i] for i in subset if answers[i])
+        if votes:
+            top = max(votes.values())
+            tied = [a for a, v in votes.items() if v == top]
+            total += sum(a in right for a in tied) / len(tied)
+    return total / len(subsets)
+
+
+def chance_baselines(rows: list[dict], train_answers: list[str] | None) -> dict:
+    """Per question: the chance a uniform guess over its m options is right (1/m; None without options)
+    and whether the train split's most common normalised answer is right (None without a train split)."""
+    uniform = [1 / len(r["options"]) if r.get("options") else None for r in rows]
+    most_common = None
+    if train_answers:
+        most_common = Counter(a for a in train_answers if a).most_common(1)[0][0]
+    common = [None if most_common is None else normalize_answer(r["answer"], r.get("options")) == most_common
+              for r in rows]
+    return {"uniform": uniform, "common": common, "most_common": most_common}
+
+
+def _chance(base: dict, kind: str, j: int) -> dict:
+    """The two chance baselines of one metric (kind pass or maj, j tries), means over the questions."""
+    def mean(values):
+        values = [v for v in values if v is not None]
+        return sum(values) / len(values) if values and len(values) == len(base["uniform"]) else None
+
+    if kind == "pass":
+        uniform = mean([None if u is None else 1 - (1 - u) ** j for u in base["uniform"]])
+    else:  # the majority of uniform guesses is itself a uniform guess
+        uniform = mean(base["uniform"])
+    common = mean([None if c is None else float(c) for c in base["common"]])
+    return {"uniform_guess": uniform, "most_common_train_answer": common,
+            "most_common_answer": base["most_common"]}
+
+
+def train_answers(path: str) -> list[str]:
+    """The normalised answers of the train split (for the always-the-most-common-answer baseline)."""
+    return [normalize_answer(r["answer"], r.get("options")) for r in io.read_jsonl(path)]
 
 
 # ----------------------------------------------------------------------------- gather
@@ -124,29 +232,93 @@ def _metric(outcomes: list[bool], mode: str) -> dict:
     return {"mode": mode, "value": c / n if n else None, "correct": c, "n": n, "ci95": [lo, hi]}
 
 
-def gather(files: list[str], cfg: dict) -> tuple[dict, dict]:
-    """(metrics, comparison) over every per-question file: metrics per split and variant, tests per pair."""
+def _mean_metric(values: list[float], mode: str, boot: dict) -> dict:
+    """A mean of per-question values in [0, 1] with a bootstrap 95% CI over questions."""
+    from llmrnn.stats import paired_bootstrap
+
+    if not values:
+        return {"mode": mode, "value": None, "n": 0, "ci95": [None, None]}
+    b = paired_bootstrap([0.0] * len(values), values, int(boot["samples"]), int(boot["seed"]))
+    return {"mode": mode, "value": sum(values) / len(values), "n": len(values), "ci95": b["ci95"],
+            "ci_method": "bootstrap over questions"}
+
+
+def _read_eval(path: str, default_k: int) -> tuple[dict, list[dict], int]:
+    """(header, rows, samples per question) of one eval file; one line if its rows disagree on it. A file
+    whose rows keep no samples counts the header's samples_per_question, else qa.eval.k."""
+    rows = io.read_jsonl(path)
+    if not rows or "header" not in rows[0]:
+        raise InputError(f"{path}: not a qa eval file (no header line)")
+    counts = {len(r.get("samples") or []) for r in rows[1:]}
+    if len(counts) > 1:
+        raise InputError(f"{path}: mixed sample counts per question {sorted(counts)}; re-run its evaluation")
+    head = rows[0]["header"]
+    n = counts.pop() if counts else 0
+    return head, rows[1:], n or int(head.get("samples_per_question") or default_k)
+
+
+def gather(files: list[str], cfg: dict, train: str | None = None) -> tuple[dict, dict]:
+    """(metrics, comparison) over every per-question file: metrics per split and variant (each with its mode
+    and chance baselines), tests per pair. `train`: the train split's records (most-common-answer baseline)."""
     from llmrnn.stats import mcnemar, paired_bootstrap
 
     cfg = {**EVAL_DEFAULTS, **(cfg or {})}
     boot = (cfg.get("stats") or {}).get("bootstrap") or {"samples": 2000, "seed": 0}
-    modes = {"greedy_pass@1": "greedy: temperature 0, n 1",
-             "sampling_pass@k": f"sampling: temperature {cfg['temperature']}, top_p {cfg['top_p']}, n {cfg['k']}"}
+    sampling = f"sampling: temperature {cfg['temperature']}, top_p {cfg['top_p']}"
     by: dict[str, dict[str, dict[str, dict]]] = {}
+    counts: dict[str, dict[int, list[str]]] = {}
     for path in files:
-        rows = io.read_jsonl(path)
-        if not rows or "header" not in rows[0]:
-            raise InputError(f"{path}: not a qa eval file (no header line)")
-        head = rows[0]["header"]
-        by.setdefault(head["split"], {})[head["variant"]] = {r["id"]: r for r in rows[1:]}
-    metrics: dict = {"k": cfg["k"], "splits": {}}
+        head, rows, n = _read_eval(path, int(cfg["k"]))
+        by.setdefault(head["split"], {})[head["variant"]] = {r["id"]: r for r in rows}
+        counts.setdefault(head["split"], {}).setdefault(n, []).append(path)
+    mixed = {split: c for split, c in counts.items() if len(c) > 1}
+    if mixed:
+        split, c = min(mixed.items())
+        names = "; ".join(f"{n} per question: {', '.join(paths)}" for n, paths in sorted(c.items()))
+        raise InputError(f"qa gather: split {split} mixes sample counts ({names}); evaluate every model "
+                         "with the same qa.eval.k")
+    answers = train_answers(train) if train else None
+    k_used = {split: max(c) for split, c in counts.items()}
+    metrics: dict = {"k": cfg["k"], "samples_per_question": k_used, "splits": {},
+                     "chance": {"uniform_guess": "guess one option uniformly: pass@j 1-(1-1/m)^j, maj@j and "
+                                                 "greedy 1/m (multiple choice only)",
+                                "most_common_train_answer": "always answer the train split's most common "
+                                                            "normalised answer" + ("" if train else
+                                                                                   " (no train split given)")}}
     comparison: dict = {"test": "McNemar (exact below 25 discordant pairs) + paired bootstrap of the difference",
                         "splits": {}}
     for split, variants in by.items():
+        n = k_used[split]
+        modes = {"greedy_pass@1": "greedy: temperature 0, n 1", "sampling_pass@k": f"{sampling}, n {n}"}
         metrics["splits"][split] = {}
         for variant, rows in variants.items():
             ordered = [rows[i] for i in sorted(rows)]
+            base = chance_baselines(ordered, answers)
             m = {name: _metric([bool(r[name]) for r in ordered], modes[name]) for name in METRICS}
+            m["greedy_pass@1"]["chance"] = _chance(base, "maj", 1)
+            m["sampling_pass@k"]["chance"] = _chance(base, "pass", n)
+            kept = all(len(r["samples"]) == n for r in ordered)  # the samples themselves (not only outcomes)
+            for j in range(1, n + 1 if kept and ordered else 1):
+                mode = f"{sampling}, unbiased estimate from n {n} samples"
+                m[f"sampling_pass@{j}"] = _mean_metric(
+                    [pass_at_k(n, sum(s["correct"] for s in r["samples"]), j) for r in ordered], mode, boot)
+                m[f"sampling_pass@{j}"]["chance"] = _chance(base, "pass", j)
+                m[f"sampling_maj@{j}"] = _mean_metric(
+                    [maj_at_k([s["normalized"] for s in r["samples"]], [s["correct"] for s in r["samples"]], j)
+                     for r in ordered], f"{sampling}, majority vote over every {j} of n {n} samples", boot)
+                m[f"sampling_maj@{j}"]["chance"] = _chance(base, "maj", j)
+            if ordered and all("judge_correct" in r["greedy"] for r in ordered):
+                judged = "graded by the judge (score >= qa.eval judge_threshold)"
+                m["judge_greedy_pass@1"] = _metric([bool(r["greedy"]["judge_correct"]) for r in ordered],
+                                                   f"{modes['greedy_pass@1']}; {judged}")
+                m["judge_sampling_pass@k"] = _metric(
+                    [any(s["judge_correct"] for s in r["samples"]) for r in ordered],
+                    f"{modes['sampling_pass@k']}; {judged}")
+                graded = [g for r in ordered for g in (r["greedy"], *r["samples"])]
+                m["judge_fallback_rate"] = {
+                    "mode": "diagnostic: share of judged answers the judge gave no parseable score (not correct)",
+                    "value": sum(g.get("judge_parse_method") == "fallback" for g in graded) / len(graded),
+                    "n": len(graded)}
             m["nondeterminism_proxy"] = {
                 "mode": "diagnostic: share of questions whose k samples disagree with the greedy answer",
                 "value": (sum(r["disagrees"] for r in ordered) / len(ordered)) if ordered else None,

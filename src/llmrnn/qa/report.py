@@ -1,53 +1,90 @@
-"""Report of the qa recipe: greedy_pass@1 and sampling_pass@k of base vs SFT vs GRPO, for `snakemake --report`.
+"""Report of the qa recipe: pass@j / maj@j curves and greedy_pass@1 of base vs SFT vs GRPO beside chance,
+for `snakemake --report`.
 
-  pass_at_k.png   both metrics per variant (per split) with Wilson 95% CIs, each labelled with its mode
-  summary.tsv     one row per (split, variant, metric): value, CI, mode; then one row per pair and metric:
-                  difference, bootstrap CI, McNemar p
+  pass_at_k.png   per split: unbiased sampling_pass@j and sampling_maj@j for j = 1..n per variant, greedy_pass@1
+                  at j = 1, and the two chance baselines (uniform guess, always the train split's most
+                  common answer); every line labelled with its mode
+  summary.tsv     one row per (split, variant, metric): value, CI, n, mode, both chance baselines; then one
+                  row per pair and binary metric: difference, bootstrap CI, McNemar p
   questions.tsv   per question: the greedy answer of each variant (qualitative comparison)
 """
 
 from __future__ import annotations
+
+import re
 
 from llmrnn import io
 from llmrnn.qa.evaluate import METRICS, _variant_order
 from llmrnn.report import _plt, _save
 
 COLORS = {"base": "#7f7f7f", "sft": "#ff7f0e", "grpo": "#1f77b4"}
+_CURVE = re.compile(r"sampling_(pass|maj)@(\d+)$")
+
+
+def _curve(cells: dict, kind: str) -> list[tuple[int, dict]]:
+    found = [(int(m.group(2)), cell) for name, cell in cells.items()
+             if (m := _CURVE.match(name)) and m.group(1) == kind]
+    return sorted(found, key=lambda x: x[0])
 
 
 def plot_pass(metrics: dict, out: str) -> None:
     plt = _plt()
     splits = sorted(metrics["splits"])
-    fig, axes = plt.subplots(1, len(splits), figsize=(5.5 * len(splits), 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(splits), figsize=(6 * len(splits), 5.6), squeeze=False)
     for ax, split in zip(axes[0], splits):
         variants = sorted(metrics["splits"][split], key=_variant_order)
-        width = 0.38
-        for j, name in enumerate(METRICS):
-            xs = [i + (j - 0.5) * width for i in range(len(variants))]
-            cells = [metrics["splits"][split][v][name] for v in variants]
-            vals = [c["value"] or 0.0 for c in cells]
-            err = [[max(0.0, v - c["ci95"][0]) for v, c in zip(vals, cells)],
-                   [max(0.0, c["ci95"][1] - v) for v, c in zip(vals, cells)]]
-            label = name.replace("@k", f"@{metrics['k']}") + f" ({cells[0]['mode'].split(':')[0]})"
-            ax.bar(xs, vals, width, yerr=err, capsize=4, label=label, edgecolor="black",
-                   color=[COLORS.get(v, "#9467bd") for v in variants], hatch="" if j == 0 else "//")
-        ax.set_xticks(range(len(variants)), variants)
+        n = 0
+        for i, v in enumerate(variants):
+            cells = metrics["splits"][split][v]
+            color = COLORS.get(v, "#9467bd")
+            for kind, style in (("pass", "-o"), ("maj", "--s")):
+                curve = _curve(cells, kind)
+                if curve:
+                    ax.plot([j for j, _ in curve], [c["value"] or 0.0 for _, c in curve], style, color=color,
+                            label=f"{v} sampling {kind}@j", markersize=4)
+            g = cells["greedy_pass@1"]
+            x = 1 + 0.06 * (i - (len(variants) - 1) / 2)  # side by side: the CIs stay readable
+            ax.errorbar([x], [g["value"] or 0.0], yerr=[[max(0.0, (g["value"] or 0) - g["ci95"][0])],
+                                                         [max(0.0, g["ci95"][1] - (g["value"] or 0))]],
+                        fmt="*", color=color, markersize=11, capsize=4, label=f"{v} greedy_pass@1 (T=0)")
+            n = g["n"]
+        first = metrics["splits"][split][variants[0]]
+        curve = _curve(first, "pass")
+        js = [j for j, _ in curve] or [1]
+        chance_cells = [c for _, c in curve] or [first["greedy_pass@1"]]
+        uniform = [(c.get("chance") or {}).get("uniform_guess") for c in chance_cells]
+        common = [(c.get("chance") or {}).get("most_common_train_answer") for c in chance_cells]
+        if all(u is not None for u in uniform):
+            ax.plot(js, uniform, ":", color="black", label="chance: uniform guess (pass@j)")
+        if all(c is not None for c in common):
+            ax.plot(js, common, "-.", color="#d62728", label="chance: always the train's most common answer")
+        ax.set_xticks(js)
+        ax.set_xlabel("j (samples; unbiased estimate from n samples)")
         ax.set_ylim(0, 1.05)
-        ax.set_title(f"{split} (n={cells[0]['n']})")
+        ax.set_title(f"{split} (n={n} questions)")
         ax.set_ylabel("share correct (exact match)")
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     _save(fig, out)
     plt.close(fig)
 
 
+def _fmt(value) -> str:
+    return "" if value is None else f"{value:.4f}"
+
+
 def summary_tsv(metrics: dict, comparison: dict) -> str:
-    lines = ["split\trow\tmetric\tmode\tvalue\tci95_low\tci95_high\tn\tmcnemar_p"]
+    columns = ("split", "row", "metric", "mode", "value", "ci95_low", "ci95_high", "n", "mcnemar_p",
+               "chance_uniform_guess", "chance_most_common_train_answer")
+    lines = ["\t".join(columns)]
     for split, variants in sorted(metrics["splits"].items()):
         for variant in sorted(variants, key=_variant_order):
-            for name in METRICS:
-                m = variants[variant][name]
-                lines.append(f"{split}\t{variant}\t{name}\t{m['mode']}\t{m['value']:.4f}\t{m['ci95'][0]:.4f}\t"
-                             f"{m['ci95'][1]:.4f}\t{m['n']}\t")
+            for name, m in variants[variant].items():
+                if "ci95" not in m:  # diagnostics (nondeterminism_proxy) are no score
+                    continue
+                chance = m.get("chance") or {}
+                lines.append(f"{split}\t{variant}\t{name}\t{m['mode']}\t{_fmt(m['value'])}\t{_fmt(m['ci95'][0])}\t"
+                             f"{_fmt(m['ci95'][1])}\t{m['n']}\t\t{_fmt(chance.get('uniform_guess'))}\t"
+                             f"{_fmt(chance.get('most_common_train_answer'))}")
         for pair, tests in comparison["splits"].get(split, {}).items():
             for name in METRICS:
                 t = tests[name]
@@ -55,7 +92,7 @@ def summary_tsv(metrics: dict, comparison: dict) -> str:
                 diff = "" if b["diff"] is None else f"{b['diff']:.4f}"
                 lo, hi = ("", "") if b["diff"] is None else (f"{b['ci95'][0]:.4f}", f"{b['ci95'][1]:.4f}")
                 lines.append(f"{split}\t{pair}\t{name}\t{t['mode']}\t{diff}\t{lo}\t{hi}\t{t['n_pairs']}\t"
-                             f"{t['mcnemar']['p_value']:.4g}")
+                             f"{t['mcnemar']['p_value']:.4g}\t\t")
     return "\n".join(lines) + "\n"
 
 

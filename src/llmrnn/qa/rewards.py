@@ -10,18 +10,31 @@ exact_match (answer extracted, then normalised; the reference is normalised the 
 | `... Answer: (b).`                         | answer_line | MC letter `b`                       |
 | option text with options given            | any         | its letter (`Syncope` -> `c`)       |
 | `1,000.50` vs `1000.5`                     | any         | number `1000.5` (also `+3` = `3.0`) |
+| `1234567` vs `1234568`, `100.0001` vs `100.0002` | any   | different numbers: 0                |
+| `-0` vs `0`, `1e3` vs `1000`, `042` vs `42` | any        | equal numbers: 1                    |
 | `The  Syncope!`                            | any         | `syncope` (case, punctuation, article) |
 | empty / whitespace                         | none        | 0                                   |
 
+Numbers are compared EXACTLY as decimals (no rounding, no tolerance: every digit given counts; the
+sign of zero does not). Tag names are matched case-insensitively everywhere: `<Answer>B</Answer>`
+counts for the answer AND for the format reward, like `<answer>`.
+
 format: 1 when each required tag pair (default reasoning, answer) opens and closes exactly once, in
-that order, with nothing after the last closing tag but whitespace; else 0.
+that order, each with non-blank content, with nothing after the last closing tag but whitespace; else 0.
 
 judge: the rubric judge service (llmrnn.reward.Scorer, the same client, cache and audit as the memory
 head) scores the answer against the reference; the rubric's template sees the question as {visit}, the
-reference as {ground_truth} and the answer as {candidate_memory}.
+reference as {ground_truth} and the answer as {candidate_memory}. Every judged sample goes through the
+memory head's fallback guard (llmrnn.reward.FallbackGuard): an unparseable judge answer scores 0.5 AND is
+counted, the batch's fallback rate is logged, and too many fallbacks stop training (JudgeDegraded).
 
 fluency: 1 - ln(ppl) / ln(max_ppl) clipped to [0, 1], ppl = perplexity of the response under the base
 model (qa.reward.fluency_model); an empty response scores 0.
+
+Per-step diagnostics (STEP_KEYS, both engines): `correct` (exact match), the extraction method as 0/1
+flags (`extract_tag`, `extract_answer_line`, `extract_last_line`, `extract_none`), and
+`high_reward_but_wrong`: the answer is wrong by exact match yet its reward is at least half the most a
+response can earn (sum of the weights) -- a judge or format reward paying for wrong answers.
 
 The verl entry point is `compute_score(data_source, solution_str, ground_truth, extra_info, **kw)`;
 TRL's `trl_reward_func(prompts, completions, **columns)` returns the same scores.
@@ -36,6 +49,7 @@ import os
 import re
 import string
 import unicodedata
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation
 from typing import Any
 
 from llmrnn.errors import InputError
@@ -54,7 +68,9 @@ DEFAULTS: dict[str, Any] = {
 
 _ANSWER_LINE = re.compile(r"(?:final\s+)?answer\s*(?:is|:|=)\s*(.+)", re.IGNORECASE)
 _LETTER = re.compile(r"^\(?([a-z])\)?(?:[.):,]|\s|$)")
-_NUMBER = re.compile(r"^[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?%?$")
+_NUMBER = re.compile(r"^[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?%?$", re.IGNORECASE)
+EXTRACT_METHODS = ("tag", "answer_line", "last_line", "none")
+STEP_KEYS = ("correct", *(f"extract_{m}" for m in EXTRACT_METHODS), "high_reward_but_wrong")
 _ARTICLES = {"a", "an", "the"}
 _PUNCT = str.maketrans({c: " " for c in string.punctuation})
 
@@ -94,7 +110,7 @@ def reward_config(value: Any = None) -> dict:
 def extract_answer(text: str, tag: str = "answer") -> tuple[str | None, str]:
     """(answer, method): the last <tag>...</tag>, else the last `Answer: X` line, else the last line."""
     text = text or ""
-    blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", text, re.DOTALL | re.IGNORECASE)
+    blocks = re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, re.DOTALL | re.IGNORECASE)
     if blocks and blocks[-1].strip():
         return blocks[-1].strip(), "tag"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -108,10 +124,20 @@ def extract_answer(text: str, tag: str = "answer") -> tuple[str | None, str]:
 
 
 def _number(text: str) -> str | None:
+    """The canonical decimal string of a number (exact: Decimal, never float rounding), else None."""
     if not _NUMBER.match(text):
         return None
-    value = float(text.rstrip("%").replace(",", ""))
-    return f"{value:g}" + ("%" if text.endswith("%") else "")
+    try:
+        value = Decimal(text.rstrip("%").replace(",", ""))
+    except InvalidOperation:
+        return None
+    if not value.is_finite():
+        return None
+    # a context as wide as the text: normalize() never rounds a digit away nor overflows (1e999999999)
+    ctx = Context(prec=max(28, len(text)), Emax=MAX_EMAX, Emin=MIN_EMIN)
+    value = Decimal(0) if value.is_zero() else value.normalize(ctx)  # -0 == 0; 3.0 == 3
+    plain = -40 <= value.adjusted() <= 40  # 1e999999 stays in exponent form, never a million digits
+    return (format(value, "f") if plain else str(value)) + ("%" if text.endswith("%") else "")
 
 
 def normalize_text(text: str) -> str:
@@ -157,15 +183,18 @@ def exact_match(solution: str, reference: str, options: dict | None = None, tag:
 
 
 def format_score(text: str, tags: tuple[str, ...] | list[str] = DEFAULT_TAGS) -> float:
-    """1.0 when every tag opens and closes exactly once, tags in the given order, nothing after the last."""
+    """1.0 when every tag opens and closes exactly once (tag names in any case), tags in the given order,
+    each enclosing non-blank text, and nothing follows the last closing tag."""
     text = text or ""
     pos = 0
     for tag in tags:
-        opens = [m.start() for m in re.finditer(rf"<{tag}>", text)]
-        closes = [m.start() for m in re.finditer(rf"</{tag}>", text)]
-        if len(opens) != 1 or len(closes) != 1 or not pos <= opens[0] < closes[0]:
+        opens = list(re.finditer(rf"<{re.escape(tag)}>", text, re.IGNORECASE))
+        closes = list(re.finditer(rf"</{re.escape(tag)}>", text, re.IGNORECASE))
+        if len(opens) != 1 or len(closes) != 1 or not pos <= opens[0].start() < closes[0].start():
             return 0.0
-        pos = closes[0] + len(tag) + 3
+        if not text[opens[0].end():closes[0].start()].strip():
+            return 0.0
+        pos = closes[0].end()
     return float(not text[pos:].strip())
 
 
@@ -207,8 +236,10 @@ def fluency_score(text: str, model_dir: str, max_ppl: float = 1000.0) -> tuple[f
 
 # ----------------------------------------------------------------------------- judge (the rubric service)
 def judge_score(question: str, reference: str, answer: str, cfg: dict, **kwargs) -> tuple[float, str]:
-    """Score from the running judge service (endpoint from kwargs or the environment, like the memory head)."""
-    from llmrnn.reward import get_scorer
+    """Score from the running judge service (endpoint from kwargs or the environment, like the memory head).
+    The result passes the memory head's fallback guard: a judge that stops giving parseable scores during
+    training stops it (JudgeDegraded) instead of paying every answer 0.5."""
+    from llmrnn.reward import JudgeDegraded, get_scorer
     from llmrnn.rubric import scalar_request
 
     scorer = get_scorer(kwargs.get("endpoint_file"), kwargs.get("rubric_file") or cfg.get("rubric"),
@@ -217,7 +248,14 @@ def judge_score(question: str, reference: str, answer: str, cfg: dict, **kwargs)
     call = scorer.judge(scalar_request(scorer.rubric, step, answer or "(empty)"))
     result = scorer._scalar_result(call)
     scorer.audit.write({"kind": "qa_judge", "question": question, "answer": answer, "reference": reference,
-                        "response": call.response, "score": result["judge_score"]})
+                        "response": call.response, "score": result["judge_score"],
+                        "parse_method": result["parse_method"]})
+    if scorer.guard is not None:
+        try:  # valid_json: the guard's "the judge was asked" flag (qa answers are always sent)
+            scorer.guard.record([{"valid_json": True, "parse_method": result["parse_method"]}])
+        except JudgeDegraded as exc:
+            scorer.stop_reason(str(exc))
+            raise
     return float(result["judge_score"]), result["parse_method"]
 
 
@@ -238,10 +276,21 @@ def parse_ground_truth(ground_truth: Any) -> dict:
     return gt
 
 
+def step_diagnostics(result: dict, weights: dict) -> dict:
+    """The STEP_KEYS of one scored response (numbers, so verl can average them per step)."""
+    correct = float(result["exact_match"])
+    out = {"correct": correct}
+    out.update({f"extract_{m}": float(result["extract_method"] == m) for m in EXTRACT_METHODS})
+    best = sum(weights.values())
+    out["high_reward_but_wrong"] = float(not correct and result["score"] >= 0.5 * best)
+    return out
+
+
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
                   **kwargs) -> dict:
-    """verl's reward signature; returns {"score", one key per component, extraction diagnostics}.
-    numeric_only=True (verl averages every key it gets back) drops the text diagnostics."""
+    """verl's reward signature; returns {"score", one key per component, STEP_KEYS, extraction diagnostics}.
+    numeric_only=True (verl averages every key it gets back) keeps numbers only; with the judge on it adds
+    the memory head's `valid_json`/`parse_fallback` flags, which llmrnn's verl step stats count."""
     numeric_only = bool(kwargs.pop("numeric_only", False))
     cfg = reward_config(kwargs.pop("reward_cfg", None))
     gt = parse_ground_truth(ground_truth)
@@ -258,10 +307,28 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
         answer = em["extracted"] or ""
         parts["judge"], out["judge_parse_method"] = judge_score(
             str(gt.get("question", "")), str(gt["answer"]), answer, cfg, **kwargs)
-    score = sum(weights[name] * value for name, value in parts.items())
+    score = float(sum(weights[name] * value for name, value in parts.items()))
+    diagnostics = step_diagnostics({**em, "score": score}, weights)
     if numeric_only:
-        out = {"extracted_by_tag": float(out["extract_method"] == "tag")}
-    return {"score": float(score), **parts, **out}
+        judged = {}
+        if "judge_parse_method" in out:
+            judged = {"valid_json": 1.0, "parse_fallback": float(out["judge_parse_method"] == "fallback")}
+        out = {"extracted_by_tag": diagnostics["extract_tag"], **judged}
+    return {"score": score, **parts, **diagnostics, **out}
+
+
+def step_metrics(results: list[dict]) -> dict[str, float]:
+    """Means of STEP_KEYS over a batch of compute_score results (+ the count of high_reward_but_wrong and,
+    when the judge scored, its fallback rate). TRL averages a step's batches; verl's step is one batch."""
+    if not results:
+        return {}
+    out = {f"qa/{k}": sum(float(r[k]) for r in results) / len(results) for k in STEP_KEYS}
+    out["qa/high_reward_but_wrong_count"] = float(sum(float(r["high_reward_but_wrong"]) for r in results))
+    judged = [bool(r["parse_fallback"]) if "parse_fallback" in r else r["judge_parse_method"] == "fallback"
+              for r in results if "parse_fallback" in r or "judge_parse_method" in r]
+    if judged:
+        out["judge_fallback_rate"] = sum(judged) / len(judged)
+    return out
 
 
 def _completion_text(completion: Any) -> str:
@@ -273,16 +340,21 @@ def _completion_text(completion: Any) -> str:
 
 
 def trl_reward_func(prompts: list, completions: list, **columns) -> list[float]:
-    """TRL GRPOTrainer reward: the parquet columns arrive as lists; same values as compute_score."""
+    """TRL GRPOTrainer reward: the parquet columns arrive as lists; same values as compute_score. The
+    batch's step_metrics go to TRL's `log_metric` (metrics.jsonl raw: qa/correct, qa/extract_*,
+    qa/high_reward_but_wrong[_count], judge_fallback_rate)."""
     n = len(completions)
     reward_model = columns.get("reward_model") or [None] * n
     sources = columns.get("data_source") or [DATA_SOURCE] * n
     extra = columns.get("extra_info") or [{}] * n
     kw = {k: columns[k] for k in ("reward_cfg", "endpoint_file", "rubric_file", "audit_dir") if k in columns}
-    scores = []
+    results = []
     for completion, rm, source, info in zip(completions, reward_model, sources, extra):
         gt = rm.get("ground_truth") if isinstance(rm, dict) else rm
         if gt is None:
             raise InputError("qa trl_reward_func: column reward_model.ground_truth missing (verl parquet format)")
-        scores.append(compute_score(source, _completion_text(completion), gt, info, **kw)["score"])
-    return scores
+        results.append(compute_score(source, _completion_text(completion), gt, info, **kw))
+    if callable(columns.get("log_metric")):  # TRL >= 1.x hands reward functions a per-step logger
+        for name, value in step_metrics(results).items():
+            columns["log_metric"](name, value)
+    return [r["score"] for r in results]

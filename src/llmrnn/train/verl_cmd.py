@@ -215,19 +215,23 @@ def _follow_metrics(log_path: Path, writer: MetricsWriter, seen: set[int], total
 
 
 def rollout_stats(rollout_dir: Path, step: int) -> dict:
-    """reward std and judge fallback rate of one step from verl's rollout dump ({step}.jsonl)."""
+    """reward std and judge fallback rate of one step from verl's rollout dump ({step}.jsonl), and the qa
+    recipe's per-step correctness/extraction stats (the same raw keys TRL logs)."""
+    from llmrnn.qa.rewards import STEP_KEYS, step_metrics
     from llmrnn.reward import fallback_rate
 
     path = rollout_dir / f"{step}.jsonl"
     if not path.is_file():
         return {}
-    scores, fallbacks = [], []
+    scores, fallbacks, qa = [], [], []
     for item in io.read_jsonl(path, skip_bad=True):
         if isinstance(item.get("score"), (int, float)):
             scores.append(float(item["score"]))
         if isinstance(item.get("parse_fallback"), (int, float, bool)):  # llmrnn.reward numeric_only flags
             fallbacks.append(item)
-    out = {}
+        if all(isinstance(item.get(k), (int, float, bool)) for k in STEP_KEYS):  # llmrnn.qa.rewards rows
+            qa.append(item)
+    out = {k: v for k, v in step_metrics(qa).items() if k != "judge_fallback_rate"}  # qa/correct ...
     if scores:
         mean = sum(scores) / len(scores)
         out["llmrnn/reward_std"] = (sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5
