@@ -189,6 +189,7 @@ def eval_heldout_targets():
         f"{plots}/acc_bars.png",
         f"{plots}/acc_by_visit.png",
         f"{plots}/memory_recall.png",
+        f"{plots}/memory_specificity.png",
         f"{plots}/summary.tsv",
     ]
 

@@ -5,9 +5,11 @@
   acc_by_visit.png    accuracy by visit index per variant (does memory help as visits accumulate?)
   memory_recall.png   memory recall of the next visit's diagnoses per variant and by visit, with the paired
                       trained-vs-base difference (bootstrap CI, Wilcoxon p) in the title
+  memory_specificity.png  memory recall against the patient's own visits vs other patients' (the control),
+                      with the trained-vs-base test on the gap in the title
   summary.tsv         one row per variant: Acc@1/Acc@5 with CIs and, vs base, the difference, CI and McNemar p
 `llmrnn report training` (rule train_plots), from RUN/train/metrics.jsonl (llmrnn.train.metrics rows):
-  reward.png          train reward mean +- within-step std, and the val reward
+  reward.png          train reward mean +- within-step std, the val reward, and the chosen checkpoint (summary.json)
   kl.png              KL of the policy to the frozen base (a note instead when the loss has no KL term)
   truncation.png      share of rollouts cut at max_response_length (train and val) and mean response length
 """
@@ -114,8 +116,41 @@ def plot_memory_recall(metrics: dict, comparison: dict, out: str | Path) -> None
     plt.close(fig)
 
 
-def plot_reward(rows: list[dict], out: str | Path) -> None:
-    """Train reward mean +- within-step std, and the val reward, per step."""
+def plot_specificity(metrics: dict, comparison: dict, out: str | Path) -> None:
+    """Memory recall against the patient's own next visits vs against other patients' (the control), per
+    variant, with the trained-vs-base test on the gap in the title."""
+    plt = _plt()
+    spec = {v: m.get("memory_specificity") for v, m in metrics["variants"].items()}
+    shown = [v for v, s in spec.items() if s]
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.8 * len(shown) + 2), 3.6))
+    width = 0.38
+    for j, (key, label) in enumerate((("own_recall", "own patient's next visits"),
+                                      ("other_recall", "other patients' visits (control)"))):
+        xs = [i + (j - 0.5) * width for i in range(len(shown))]
+        vals = [spec[v][key] for v in shown]
+        ax.bar(xs, vals, width, label=label, color=[COLORS.get(v, "#9467bd") for v in shown],
+               alpha=0.85 if j == 0 else 0.35, hatch="" if j == 0 else "//", edgecolor="black")
+        for x, v in zip(xs, vals):
+            ax.text(x, v + 0.02, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+    for i, v in enumerate(shown):
+        ax.text(i, -0.12, f"gap {spec[v]['gap']:+.2f}", ha="center", fontsize=8, transform=ax.get_xaxis_transform())
+    ax.set_xticks(range(len(shown)), shown)
+    ax.set_ylim(0, 1.1)
+    ax.set_ylabel("share of visit diagnoses named")
+    ax.legend(loc="upper left", fontsize=8)
+    c = (comparison.get("comparisons", {}).get("trained") or {}).get("memory_specificity")
+    title = "Memory specificity: own vs other patients' visits"
+    if c:
+        lo, hi = c["ci95"]
+        title += (f"\ngap trained - base = {_fmt(c['diff'])} [95% CI {_fmt(lo)}, {_fmt(hi)}], "
+                  f"Wilcoxon p = {_fmt(c['wilcoxon']['p_value'], 4)}, n = {c['n_pairs']}")
+    ax.set_title(title, fontsize=9)
+    _save(fig, out)
+    plt.close(fig)
+
+
+def plot_reward(rows: list[dict], out: str | Path, checkpoint: dict | None = None) -> None:
+    """Train reward mean +- within-step std, and the val reward, per step; the chosen checkpoint marked."""
     plt = _plt()
     train = [r for r in rows if r["kind"] == "train" and r.get("reward_mean") is not None]
     val = [r for r in rows if r["kind"] == "val" and r.get("val_reward_mean") is not None]
@@ -129,9 +164,14 @@ def plot_reward(rows: list[dict], out: str | Path) -> None:
                         label="+- std within step")
     if val:
         ax.plot([r["step"] for r in val], [r["val_reward_mean"] for r in val], marker="o", label="val reward")
+    title = "GRPO reward"
+    if checkpoint and checkpoint.get("step") is not None:
+        ax.axvline(checkpoint["step"], color="black", linestyle="--", alpha=0.6,
+                   label=f"chosen checkpoint: step {checkpoint['step']} ({checkpoint.get('select')})")
+        title += f"\n{checkpoint.get('why', '')}"
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
-    ax.set_title("GRPO reward")
+    ax.set_title(title, fontsize=8)
     ax.legend(fontsize=8)
     _save(fig, out)
     plt.close(fig)
@@ -190,7 +230,8 @@ def summary_table(metrics: dict, comparison: dict) -> str:
     head = ["variant", "n", "acc@1", "acc@1 95% CI", "acc@5", "acc@5 95% CI",
             "acc@1 diff vs base", "diff 95% CI", "McNemar p (acc@1)",
             "acc@5 diff vs base", "diff 95% CI", "McNemar p (acc@5)",
-            "memory recall", "recall diff vs base", "diff 95% CI", "Wilcoxon p (recall)"]
+            "memory recall", "recall diff vs base", "diff 95% CI", "Wilcoxon p (recall)",
+            "other-patient recall", "specificity gap", "gap diff vs base", "diff 95% CI", "Wilcoxon p (gap)"]
     lines = ["\t".join(head)]
     for v, m in metrics["variants"].items():
         row = [v, str(m["n_patients"])]
@@ -207,6 +248,11 @@ def summary_table(metrics: dict, comparison: dict) -> str:
         mr = (c or {}).get("memory_recall")
         row += ([_fmt(mr["diff"]), f"[{_fmt(mr['ci95'][0])}, {_fmt(mr['ci95'][1])}]", _fmt(mr["wilcoxon"]["p_value"], 4)]
                 if mr else ["", "", ""])
+        spec = m.get("memory_specificity") or {}
+        row += [_fmt(spec.get("other_recall")), _fmt(spec.get("gap"))]
+        ms = (c or {}).get("memory_specificity")
+        row += ([_fmt(ms["diff"]), f"[{_fmt(ms['ci95'][0])}, {_fmt(ms['ci95'][1])}]", _fmt(ms["wilcoxon"]["p_value"], 4)]
+                if ms else ["", "", ""])
         lines.append("\t".join(row))
     return "\n".join(lines) + "\n"
 
@@ -220,15 +266,22 @@ def _cmd_plots(args: argparse.Namespace) -> None:
     plot_accuracy(metrics, args.bars)
     plot_by_visit(metrics, args.by_visit)
     plot_memory_recall(metrics, comparison, args.memory_recall)
+    if args.specificity:
+        plot_specificity(metrics, comparison, args.specificity)
     io.write_text(args.summary, summary_table(metrics, comparison))
-    log.info("wrote %s, %s, %s, %s", args.bars, args.by_visit, args.memory_recall, args.summary)
+    log.info("wrote %s, %s, %s, %s, %s", args.bars, args.by_visit, args.memory_recall, args.specificity, args.summary)
 
 
 def _cmd_training(args: argparse.Namespace) -> None:
     if not Path(args.metrics).is_file():
         raise InputError(f"{args.metrics}: not found (run the training first: snakemake train_grpo)")
     rows = io.read_jsonl(args.metrics)
-    plot_reward(rows, args.reward)
+    checkpoint = None
+    if args.summary:
+        if not Path(args.summary).is_file():
+            raise InputError(f"{args.summary}: not found (the training summary names the chosen checkpoint)")
+        checkpoint = io.read_json(args.summary).get("checkpoint")
+    plot_reward(rows, args.reward, checkpoint)
     plot_kl(rows, args.kl)
     plot_truncation(rows, args.truncation)
     log.info("wrote %s, %s, %s", args.reward, args.kl, args.truncation)
@@ -244,9 +297,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--by-visit", required=True, help="output: accuracy by visit (png)")
     p.add_argument("--memory-recall", required=True, help="output: memory recall per variant and by visit (png)")
     p.add_argument("--summary", required=True, help="output: summary table (tsv)")
+    p.add_argument("--specificity", default=None,
+                   help="output: memory recall against own vs other patients' visits (png)")
     p.set_defaults(func=_cmd_plots)
     t = rsub.add_parser("training", help="training curves: reward, KL and truncation per step")
     t.add_argument("--metrics", required=True, help="RUN/train/metrics.jsonl")
+    t.add_argument("--summary", default=None, help="RUN/train/summary.json (marks the chosen checkpoint)")
     t.add_argument("--reward", required=True, help="output: reward curve (png)")
     t.add_argument("--kl", required=True, help="output: KL curve (png)")
     t.add_argument("--truncation", required=True, help="output: truncation rate and response length (png)")
