@@ -79,6 +79,7 @@ def all_targets():
         # rules.X: all_targets is called by rule all, after every rule file is included
         rules.preflight.output.report,
         *rules.train_plots.output,
+        *judge_agreement_targets(),
         *release_targets(),
         *eval_heldout_targets(),
     ]
@@ -246,6 +247,23 @@ def preflight_judge_input(wildcards):
     if not judge_needed():
         return {}
     return {**judge_endpoint_input(wildcards), "rubric": config["judge"]["rubric"]}
+
+
+def judge_agreement_source():
+    """Where the judge agreement is measured: preflight.json when the reward asks the judge (preflight runs
+    the check), else the judge_agreement rule's own check beside the training path."""
+    return (
+        rules.preflight.output.report
+        if judge_needed()
+        else rules.judge_agreement.output.report
+    )
+
+
+def judge_agreement_targets():
+    """The judge agreement figure, unless preflight.agreement_pairs is 0."""
+    if not config["preflight"]["agreement_pairs"]:
+        return []
+    return rules.judge_agreement_plot.output
 
 
 def input_flag(flag, name):

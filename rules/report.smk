@@ -73,3 +73,22 @@ rule eval_plots:
         "--bars {output.bars:q} --by-visit {output.by_visit:q} "
         "--memory-recall {output.memory_recall:q} --specificity {output.specificity:q} "
         "--summary {output.summary:q} 2> {log:q}"
+
+
+rule judge_agreement_plot:
+    input:
+        agreement=judge_agreement_source(),
+    output:
+        plot=report(
+            f"{RUN}/judge/plots/judge_agreement.png",
+            category="Judge",
+            caption="../workflow/report/judge_agreement.rst",
+        ),
+    log:
+        f"{LOGS}/judge_agreement_plot.log",
+    conda:
+        conda_env("data")
+    params:
+        code=code_hash("llmrnn.report", "llmrnn.stats"),
+    shell:
+        "llmrnn report agreement --agreement {input.agreement:q} --plot {output.plot:q} 2> {log:q}"

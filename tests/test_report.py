@@ -166,3 +166,21 @@ def test_training_plot_marks_the_chosen_checkpoint(tmp_path):
     assert marked.startswith(PNG) and marked != (plots / "r.png").read_bytes()  # the marker changes the plot
     with pytest.raises(InputError, match="nope.json: not found"):
         run_report_cli([*argv, "--summary", str(tmp_path / "nope.json")])
+
+
+def test_agreement_plot_from_the_check_and_from_preflight(tmp_path):
+    agreement = {"mode": "scalar", "judge_model": "judge", "pairs": 12, "agreed": 5, "ties": 3, "rate": 5 / 12,
+                 "ci95": [0.19, 0.68], "verdict": "fail", "warn_below": 0.75, "fail_below": 0.5,
+                 "training_reward_mode": "outcome",
+                 "by_kind": {"other_patient": {"pairs": 4, "agreed": 1, "ties": 1, "rate": 0.25},
+                             "truncated": {"pairs": 8, "agreed": 4, "ties": 2, "rate": 0.5}}}
+    write_json(tmp_path / "agreement.json", agreement)
+    run_report_cli(["agreement", "--agreement", str(tmp_path / "agreement.json"), "--plot", str(tmp_path / "a.png")])
+    assert (tmp_path / "a.png").read_bytes().startswith(PNG)
+    write_json(tmp_path / "preflight.json", {"ok": True, "judge_agreement": agreement})
+    run_report_cli(["agreement", "--agreement", str(tmp_path / "preflight.json"), "--plot", str(tmp_path / "b.png")])
+    assert (tmp_path / "b.png").read_bytes().startswith(PNG)
+    write_json(tmp_path / "skipped.json", {"judge_agreement": {"skipped": "reward.mode outcome asks no judge"}})
+    with pytest.raises(InputError, match="no judge agreement in it \\(reward.mode outcome asks no judge\\)"):
+        run_report_cli(["agreement", "--agreement", str(tmp_path / "skipped.json"), "--plot", str(tmp_path / "c.png")])
+    assert not (tmp_path / "c.png").exists()

@@ -369,8 +369,9 @@ def test_clip_and_loss_reach_both_engines(tmp_path, mode, loss_type):
     ({"clip_ratio": {"low": 0}}, "train.clip_ratio.low: expected a number > 0, got 0"),
     ({"select": "best"}, "train.select: 'best' is not one of ['last', 'best_val']"),
     ({"select": "best_val", "test_freq": 0}, "train.select: best_val needs validation"),
-    ({"select": "best_val", "save_freq": 3, "test_freq": 2},
-     "save_freq=3 is not a multiple of train.test_freq=2"),
+    ({"select": "best_val", "engine": "verl", "save_freq": 3, "test_freq": 2, "keep_last": None},
+     "best_val with engine verl needs every saved step validated, but train.save_freq=3 is not a multiple of "
+     "train.test_freq=2"),
     ({"select": "best_val", "engine": "verl", "keep_last": 1}, "best_val with engine verl needs every checkpoint kept"),
 ])
 def test_bad_clip_loss_or_select_is_one_line(over, message):
@@ -383,6 +384,14 @@ def test_bad_clip_loss_or_select_is_one_line(over, message):
 
 # --------------------------------------------------------------------------- checkpoint choice
 VAL_ROWS = [{"step": s, "kind": "val", "val_reward_mean": v} for s, v in ((0, 0.28), (4, 0.556), (8, 0.444))]
+
+
+def test_best_val_with_trl_validates_every_save_itself():
+    """TRL validates at every save under best_val, so saves and tests need not coincide there (the small
+    workflow configs save every 2 steps and validate every 4)."""
+    from llmrnn.train import config as tcfg
+
+    assert tcfg.normalize(tiny_cfg(select="best_val", save_freq=3, test_freq=2, keep_last=1))["select"] == "best_val"
 
 
 def test_choose_checkpoint_last_and_best_val():
@@ -414,7 +423,8 @@ def test_verl_merges_the_chosen_steps_adapter(tmp_path):
 @pytest.mark.slow
 def test_best_val_exports_the_best_checkpoints_adapter(tmp_path, tiny_model_dir, parquets):
     """A reward that falls with every call makes the first saved validation (step 2) the best: with
-    train.select best_val the adapter is checkpoint-2's (kept despite keep_last 2), and summary.json says why."""
+    train.select best_val TRL validates at every save (test_freq 4, save_freq 2), the adapter is
+    checkpoint-2's (kept despite keep_last 2), and summary.json says why."""
     from llmrnn.train import trl_engine
 
     reward = tmp_path / "falling.py"
@@ -425,7 +435,7 @@ def test_best_val_exports_the_best_checkpoints_adapter(tmp_path, tiny_model_dir,
         "    return [1.0 / CALLS[0] + 0.01 * i for i in range(len(completions))]\n"
     )
     out = tmp_path / "train"
-    cfg = tiny_cfg(val_before_train=False, select="best_val", keep_last=2)
+    cfg = tiny_cfg(val_before_train=False, select="best_val", keep_last=2, test_freq=4)  # saves every 2
     summary = trl_engine.train(cfg, parquets[0], parquets[1], tiny_model_dir, **outputs(out),
                                reward_spec=f"{reward}:falling")
     chosen = summary["checkpoint"]

@@ -8,6 +8,8 @@
   memory_specificity.png  memory recall against the patient's own visits vs other patients' (the control),
                       with the trained-vs-base test on the gap in the title
   summary.tsv         one row per variant: Acc@1/Acc@5 with CIs and, vs base, the difference, CI and McNemar p
+`llmrnn report agreement` (rule judge_agreement_plot), from RUN/judge/agreement.json:
+  judge_agreement.png how often the judge ranks a patient's reference memory above a wrong one (Wilson CI)
 `llmrnn report training` (rule train_plots), from RUN/train/metrics.jsonl (llmrnn.train.metrics rows):
   reward.png          train reward mean +- within-step std, the val reward, and the chosen checkpoint (summary.json)
   kl.png              KL of the policy to the frozen base (a note instead when the loss has no KL term)
@@ -222,6 +224,40 @@ def plot_truncation(rows: list[dict], out: str | Path) -> None:
     plt.close(fig)
 
 
+def plot_agreement(agreement: dict, out: str | Path) -> None:
+    """Judge agreement: the share of pairs where the judge scored a patient's reference memory above a wrong
+    one, overall and by kind of wrong memory, with the Wilson 95% interval and the warn/fail thresholds."""
+    from llmrnn.stats import wilson_ci
+
+    plt = _plt()
+    kinds = agreement.get("by_kind") or {}
+    labels = ["all", *kinds]
+    counts = [(agreement.get("agreed", 0), agreement.get("pairs", 0))] + [(k["agreed"], k["pairs"]) for k in kinds.values()]
+    vals = [a / n if n else 0.0 for a, n in counts]
+    cis = [wilson_ci(a, n) for a, n in counts]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    err = [[max(0.0, v - c[0]) for v, c in zip(vals, cis)], [max(0.0, c[1] - v) for v, c in zip(vals, cis)]]
+    ax.bar(range(len(labels)), vals, yerr=err, capsize=4, edgecolor="black",
+           color=["#1f77b4"] + ["#aec7e8"] * len(kinds))
+    for i, ((a, n), v) in enumerate(zip(counts, vals)):
+        ax.text(i, v + 0.02, f"{a}/{n}", ha="center", va="bottom", fontsize=8)
+    for key, style, name in (("warn_below", ":", "warn below"), ("fail_below", "--", "fail below")):
+        if agreement.get(key) is not None:
+            ax.axhline(agreement[key], linestyle=style, color="tab:red", alpha=0.7, label=f"{name} {agreement[key]:.0%}")
+    ax.set_xticks(range(len(labels)), [x.replace("_", "\n") for x in labels], fontsize=8)
+    ax.set_ylim(0, 1.1)
+    ax.set_ylabel("reference memory ranked above the wrong one")
+    ax.legend(fontsize=7, loc="upper right")
+    title = (f"Judge agreement ({agreement.get('mode')}, {agreement.get('judge_model') or 'judge'}): "
+             f"{_fmt(agreement.get('rate'), 2)} [95% CI {_fmt(agreement['ci95'][0], 2)}, {_fmt(agreement['ci95'][1], 2)}], "
+             f"ties {agreement.get('ties', 0)}: {agreement.get('verdict')}")
+    if agreement.get("training_reward_mode") == "outcome":
+        title += "\ntraining pays the outcome reward (reward.mode outcome), not this judge"
+    ax.set_title(title, fontsize=8)
+    _save(fig, out)
+    plt.close(fig)
+
+
 def _fmt(x: Any, digits: int = 3) -> str:
     return "" if x is None else f"{x:.{digits}f}"
 
@@ -287,6 +323,17 @@ def _cmd_training(args: argparse.Namespace) -> None:
     log.info("wrote %s, %s, %s", args.reward, args.kl, args.truncation)
 
 
+def _cmd_agreement(args: argparse.Namespace) -> None:
+    if not Path(args.agreement).is_file():
+        raise InputError(f"{args.agreement}: not found (run the judge agreement check first: snakemake judge_agreement)")
+    data = io.read_json(args.agreement)
+    data = data.get("judge_agreement", data)  # preflight.json carries it under judge_agreement
+    if "pairs" not in data:
+        raise InputError(f"{args.agreement}: no judge agreement in it ({data.get('skipped', 'no pairs key')})")
+    plot_agreement(data, args.plot)
+    log.info("wrote %s", args.plot)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     rep = sub.add_parser("report", help="plots and tables for the Snakemake report")
     rsub = rep.add_subparsers(dest="report_command", required=True)
@@ -300,6 +347,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--specificity", default=None,
                    help="output: memory recall against own vs other patients' visits (png)")
     p.set_defaults(func=_cmd_plots)
+    a = rsub.add_parser("agreement", help="judge agreement: reference memory ranked above wrong ones (png)")
+    a.add_argument("--agreement", required=True, help="RUN/judge/agreement.json (or a preflight.json)")
+    a.add_argument("--plot", required=True, help="output: judge_agreement.png")
+    a.set_defaults(func=_cmd_agreement)
     t = rsub.add_parser("training", help="training curves: reward, KL and truncation per step")
     t.add_argument("--metrics", required=True, help="RUN/train/metrics.jsonl")
     t.add_argument("--summary", default=None, help="RUN/train/summary.json (marks the chosen checkpoint)")

@@ -48,7 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "val_before_train": True,
     "val_generations": None,
     # which saved checkpoint becomes the adapter: "last" (the reference's) or "best_val" (the highest val
-    # reward among saved steps; needs every save to be a validation step: save_freq a multiple of test_freq)
+    # reward among saved steps; verl: save_freq must be a multiple of test_freq, TRL validates at every save)
     "select": "last",
     "n_gpus_per_node": 1,
     "nnodes": 1,
@@ -110,10 +110,10 @@ def normalize(train_cfg: dict | None) -> dict:
 
 
 def check_select(cfg: dict) -> None:
-    """train.select best_val chooses among SAVED steps by their val reward: every saved step must be a
-    validated one (both engines validate and save every N steps; verl also validates and saves the last
-    step), and verl must keep every checkpoint (it rotates them without regard to val; TRL keeps the best
-    one through save_total_limit)."""
+    """train.select best_val chooses among SAVED steps by their val reward, so every saved step must be
+    validated. TRL validates at every save itself (llmrnn.train.trl_engine) and keeps the best checkpoint
+    through save_total_limit; verl validates every test_freq steps and at the last one, so its saves must
+    fall on validation steps, and it must keep every checkpoint (it rotates them without regard to val)."""
     if cfg["select"] not in SELECT:
         raise InputError(f"train.select: {cfg['select']!r} is not one of {list(SELECT)}")
     if cfg["select"] != "best_val":
@@ -121,10 +121,12 @@ def check_select(cfg: dict) -> None:
     save, test = int(cfg["save_freq"] or 0), int(cfg["test_freq"] or 0)
     if test < 1:
         raise InputError("train.select: best_val needs validation: set train.test_freq > 0")
+    if cfg["engine"] != "verl":
+        return
     if save < 1 or save % test:
         raise InputError(
-            f"train.select: best_val needs every saved step validated, but train.save_freq={save} is not a "
-            f"multiple of train.test_freq={test}: set save_freq to a multiple of test_freq"
+            f"train.select: best_val with engine verl needs every saved step validated, but train.save_freq={save} "
+            f"is not a multiple of train.test_freq={test}: set save_freq to a multiple of test_freq"
         )
     if cfg["engine"] == "verl" and cfg["keep_last"] is not None:
         raise InputError(

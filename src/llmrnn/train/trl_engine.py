@@ -345,6 +345,19 @@ def early_stop_callback(cfg: dict, holder: dict, updates_per_step: int):
     return EarlyStop()
 
 
+def eval_at_save_callback():
+    """train.select best_val: validate at every save (HF evaluates before it saves in the same step), so
+    every checkpoint has a val reward to be chosen by, whatever test_freq is."""
+    from transformers import TrainerCallback
+
+    class EvalAtSave(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if control.should_save:  # set by DefaultFlowCallback, which runs first
+                control.should_evaluate = True
+
+    return EvalAtSave()
+
+
 def _text(value: Any) -> str:
     """A prompt/completion as text (TRL passes chat message lists for conversational rows)."""
     if isinstance(value, list):
@@ -456,7 +469,9 @@ def train(
         processing_class=tokenizer,
         peft_config=lora_config(cfg),
         callbacks=[progress_callback(writer, max_steps), sample_dump_callback(work / "samples", holder, upd),
-                   early_stop_callback(cfg, holder, upd), *(callbacks or [])],
+                   early_stop_callback(cfg, holder, upd),
+                   *([eval_at_save_callback()] if cfg["select"] == "best_val" and val_rows else []),
+                   *(callbacks or [])],
     )
     trainer.remove_callback(PrinterCallback)  # our Progress callback logs one line per step instead
     holder["trainer"] = trainer
