@@ -370,8 +370,8 @@ def test_clip_and_loss_reach_both_engines(tmp_path, mode, loss_type):
     ({"select": "best"}, "train.select: 'best' is not one of ['last', 'best_val']"),
     ({"select": "best_val", "test_freq": 0}, "train.select: best_val needs validation"),
     ({"select": "best_val", "engine": "verl", "save_freq": 3, "test_freq": 2, "keep_last": None},
-     "best_val with engine verl needs every saved step validated, but train.save_freq=3 is not a multiple of "
-     "train.test_freq=2"),
+     ("best_val with engine verl needs every saved step validated, but train.save_freq=3 is not a multiple of "
+     "train.test_freq=2")),
     ({"select": "best_val", "engine": "verl", "keep_last": 1}, "best_val with engine verl needs every checkpoint kept"),
 ])
 def test_bad_clip_loss_or_select_is_one_line(over, message):
