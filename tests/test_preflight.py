@@ -201,7 +201,8 @@ def test_workflow_runs_judge_service_and_preflight(workflow_dir, tiny_model_dir)
     for on_problem in ("fail", "warn"):
         (workflow_dir / f"{on_problem}.yaml").write_text(json.dumps({
             "run_name": "t", "judge": {"rubric": str(rubric.relative_to(workflow_dir))},
-            "preflight": {"rows": 2, "on_problem": on_problem},
+            # agreement_pairs 0: the audit below counts the compliance candidates (agreement: its own test)
+            "preflight": {"rows": 2, "on_problem": on_problem, "agreement_pairs": 0},
             "reward": {"mode": "scalar"},  # the judge's reward (the demo default, outcome, asks no judge)
             "roles": {"memory": {"model": str(tiny_model_dir)}},  # the policy whose tokenizer training checks use
         }))
@@ -411,3 +412,28 @@ def test_bad_agreement_thresholds_are_one_line(over, message):
 
     with pytest.raises(InputError, match=re.escape(message)):
         PreflightConfig.from_dict(over)
+
+
+@pytest.mark.slow
+def test_workflow_runs_the_judge_agreement_beside_an_outcome_run(workflow_dir, tiny_model_dir):
+    """Real snakemake, reward.mode outcome: rule judge_agreement starts the judge service for itself alone,
+    writes agreement.json (whatever the random tiny judge's verdict, it never fails the run) and the
+    report figure; the service is gone afterwards and preflight/train_grpo were never involved."""
+    rubric = write_rubric(workflow_dir / "config", score_method="expected", prefix="Score:",
+                          model=str(tiny_model_dir), source="path", max_tokens=2)
+    run = workflow_dir / "results" / "t"
+    write_parquet(run / "trajectories" / "train.parquet", _patient_steps())
+    (workflow_dir / "agree.yaml").write_text(json.dumps({
+        "run_name": "t", "judge": {"rubric": str(rubric.relative_to(workflow_dir))},
+        "reward": {"mode": "outcome"}, "preflight": {"agreement_pairs": 4},
+    }))
+    proc = snakemake(workflow_dir, "--configfile", "agree.yaml", "--allowed-rules", "judge_server", "judge_agreement",
+                     "judge_agreement_plot", "--", "results/t/judge/plots/judge_agreement.png", check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((run / "judge" / "agreement.json").read_text())
+    assert report["pairs"] == 4 and report["mode"] == "scalar" and report["verdict"] in ("ok", "warn", "fail")
+    assert report["training_reward_mode"] == "outcome" and "outcome" in report["why_training_reward"]
+    assert (run / "judge" / "plots" / "judge_agreement.png").read_bytes().startswith(b"\x89PNG")
+    log = (workflow_dir / "logs" / "t" / "judge_server.log").read_text()
+    assert "judge healthy at http://127.0.0.1:" in log and _port_closed(log)
+    assert not (run / "judge" / "endpoint.json").exists() and not (run / "train").exists()
