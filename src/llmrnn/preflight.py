@@ -317,7 +317,9 @@ def agreement_checks(scorer, rows: list[dict], cfg: PreflightConfig) -> tuple[di
     samples = []
     for i, pair in enumerate(pairs):
         row = pair["row"]
-        for which, memory in (("reference", _as_policy_output(row["step"].get("h_ref"))), ("wrong", pair["wrong"])):
+        # both as {"evolving_summary": ...}: the judge compares contents, never two formats
+        reference = _memory_json(_summary_of(row["step"].get("h_ref")))
+        for which, memory in (("reference", reference), ("wrong", pair["wrong"])):
             samples.append({"data_source": row["data_source"], "solution_str": memory, "ground_truth": row["ground_truth"],
                             "extra_info": dict(row["extra_info"], candidate=f"agreement_{which}_{pair['kind']}"),
                             "group": f"agreement_{i}"})
