@@ -65,7 +65,7 @@ rule judge_agreement:
     # a core of its own while the judge service beside it computes (the service takes 0)
     threads: 1
     params:
-        cfg=cfg_json("judge", "reward", "preflight"),
+        cfg=judge_agreement_cfg(),
         code=code_hash(
             "llmrnn.preflight",
             "llmrnn.reward",
