@@ -128,7 +128,7 @@ def check_select(cfg: dict) -> None:
             f"train.select: best_val with engine verl needs every saved step validated, but train.save_freq={save} "
             f"is not a multiple of train.test_freq={test}: set save_freq to a multiple of test_freq"
         )
-    if cfg["engine"] == "verl" and cfg["keep_last"] is not None:
+    if cfg["keep_last"] is not None:
         raise InputError(
             f"train.select: best_val with engine verl needs every checkpoint kept (train.keep_last: null, not "
             f"{cfg['keep_last']}): verl deletes old checkpoints without regard to their val reward"

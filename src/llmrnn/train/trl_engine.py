@@ -513,7 +513,12 @@ def choose_trl_checkpoint(cfg: dict, ckpt_dir: Path, rows: list[dict], reached: 
     saved.setdefault(reached, None)  # the model in memory is the final step's
     chosen = choose_checkpoint(cfg["select"], sorted(saved), rows)
     path = saved[chosen["step"]] if chosen["step"] != reached else None
+    def per_step(values: dict) -> dict:  # keys in rollout steps too
+        return {str(int(k) // upd): v for k, v in values.items()}
+
     return {**chosen, "step": chosen["step"] // upd, "saved_steps": [s // upd for s in chosen["saved_steps"]],
+            "val_reward_by_step": per_step(chosen["val_reward_by_step"]),
+            "val_reward_of_saved": per_step(chosen["val_reward_of_saved"]),
             "checkpoint_dir": str(path) if path else None}
 
 
