@@ -447,3 +447,20 @@ def test_best_val_exports_the_best_checkpoints_adapter(tmp_path, tiny_model_dir,
     final = out / "checkpoints" / "checkpoint-8"
     assert (out / "adapter" / "adapter_model.safetensors").read_bytes() != \
         (final / "adapter_model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("layers,select", [(["config.yaml"], "best_val"), (["config.yaml", "reproduce.yaml"], "last"),
+                                           (["config.yaml", "qa_reproduce.yaml"], "last"),
+                                           (["config.yaml", "qa_demo.yaml"], "last")])
+def test_shipped_configs_select_their_checkpoint(layers, select):
+    """The demo merges its best-val step; the reproductions keep the reference's last step (layered over
+    config/config.yaml, as snakemake --configfile layers them, so they must say so themselves)."""
+    import yaml
+
+    from llmrnn.io import deep_merge
+    from llmrnn.train import config as tcfg
+
+    cfg: dict = {}
+    for name in layers:
+        cfg = deep_merge(cfg, yaml.safe_load((Path(__file__).parents[1] / "config" / name).read_text()))
+    assert tcfg.normalize(cfg["train"])["select"] == select
