@@ -262,7 +262,11 @@ def judge_agreement_source():
 def judge_agreement_cfg():
     """What the judge-agreement check depends on: the judge, the reward's scorer settings, and preflight's
     agreement keys and seed (not its compliance keys, which rerun only preflight)."""
-    pre = {k: v for k, v in config["preflight"].items() if k.startswith("agreement_") or k == "seed"}
+    pre = {
+        k: v
+        for k, v in config["preflight"].items()
+        if k.startswith("agreement_") or k == "seed"
+    }
     return json.dumps(
         {"judge": config["judge"], "reward": config["reward"], "preflight": pre},
         sort_keys=True,
