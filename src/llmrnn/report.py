@@ -247,7 +247,7 @@ def plot_agreement(agreement: dict, out: str | Path) -> None:
     ax.set_xticks(range(len(labels)), [x.replace("_", "\n") for x in labels], fontsize=8)
     ax.set_ylim(0, 1.1)
     ax.set_ylabel("reference memory ranked above the wrong one")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # off the bars and their labels
     title = (f"Judge agreement ({agreement.get('mode')}, {agreement.get('judge_model') or 'judge'}): "
              f"{_fmt(agreement.get('rate'), 2)} [95% CI {_fmt(agreement['ci95'][0], 2)}, {_fmt(agreement['ci95'][1], 2)}], "
              f"ties {agreement.get('ties', 0)}: {agreement.get('verdict')}")
