@@ -4,11 +4,13 @@
 
 Needs one finished `make demo` (results/demo). For each seed S it runs the workflow as run `demo_s<S>`
 with only `train.seed` changed: the stages that do not depend on the training seed (cohort, splits,
-trajectories, the base model's eval shards) are copied from results/demo with their timestamps, so
-Snakemake reruns exactly train_grpo onwards (its rerun table), and the held-out patients are the
-demo's own, fixed before any result. Seed 42 (the demo's) is read from results/demo itself. Prints one
+trajectories, the base model's eval shards, the judge-agreement check) are copied from results/demo
+with their timestamps, so Snakemake reruns exactly train_grpo onwards (its rerun table), and the
+held-out patients are the demo's own, fixed before any result. Seed 42 (the demo's) is read from results/demo itself. Prints one
 line per seed: base and trained memory recall, the paired difference with its bootstrap 95% CI, the
-Wilcoxon p, the val reward before and after training and the wall time of the run.
+Wilcoxon p, the patient-specificity control (each memory's recall against other patients' visits: the
+gap own - other for base and trained, and trained - base on the gap with its Wilcoxon p), the val reward
+before and after training, the checkpoint merged (train.select) and the wall time of the run.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = ["cohort", "splits", "trajectories", "eval/base"]
+SHARED = ["cohort", "splits", "trajectories", "eval/base", "judge"]  # judge: the agreement check (no train.seed in it)
 
 
 def seed_run(seed: int, cores: int) -> tuple[str, float]:
@@ -60,6 +62,26 @@ def truncation(run: str) -> str:
     return f"truncated: train mean {mean:.0%}, val last {val[-1] if val else float('nan'):.0%}"
 
 
+def specificity(comparison: dict) -> str:
+    """Own- minus other-patient memory recall (the control), base and trained, and the paired test on the gap."""
+    ms = comparison["comparisons"]["trained"].get("memory_specificity")
+    if not ms:
+        return "specificity: n/a"
+    return (f"other-patient recall base {ms['a_other_recall']:.3f} trained {ms['b_other_recall']:.3f}; "
+            f"specificity gap base {ms['a']:+.3f} trained {ms['b']:+.3f} diff {ms['diff']:+.3f} "
+            f"[95% CI {ms['ci95'][0]:+.3f}, {ms['ci95'][1]:+.3f}] Wilcoxon p {ms['wilcoxon']['p_value']:.4f}")
+
+
+def chosen_step(run: str) -> str:
+    """The checkpoint merged (train/summary.json `checkpoint`: step, train.select, its val reward)."""
+    path = REPO / "results" / run / "train" / "summary.json"
+    chosen = json.loads(path.read_text()).get("checkpoint") if path.is_file() else None
+    if not chosen:
+        return "checkpoint: n/a"
+    val = chosen.get("val_reward")
+    return f"checkpoint step {chosen['step']} ({chosen['select']}, val {'n/a' if val is None else f'{val:.3f}'})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[42, 1, 2])
@@ -75,8 +97,8 @@ def main() -> None:
         print(
             f"seed {seed}: memory recall base {mr['a']:.3f} trained {mr['b']:.3f} diff {mr['diff']:+.3f} "
             f"[95% CI {mr['ci95'][0]:+.3f}, {mr['ci95'][1]:+.3f}] Wilcoxon p {mr['wilcoxon']['p_value']:.4f} "
-            f"(n = {mr['n_pairs']}); val reward {val[0] if val else float('nan'):.3f} -> "
-            f"{val[-1] if val else float('nan'):.3f}; {truncation(run)}; run {wall:.0f} s",
+            f"(n = {mr['n_pairs']}); {specificity(c)}; val reward {val[0] if val else float('nan'):.3f} -> "
+            f"{val[-1] if val else float('nan'):.3f}; {chosen_step(run)}; {truncation(run)}; run {wall:.0f} s",
             flush=True,
         )
 

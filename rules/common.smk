@@ -97,6 +97,7 @@ def all_targets():
         *trajectory_targets(),
         rules.preflight.output.report,
         *rules.train_plots.output,
+        *judge_agreement_targets(),
         *release_targets(),
         *eval_heldout_targets(),
     ]
@@ -110,6 +111,19 @@ def judge_endpoint_input(wildcards):
 def preflight_judge_input(wildcards):
     """Preflight's judge inputs: the endpoint and the rubric it checks, when the reward asks the judge."""
     return {**judge_endpoint_input(wildcards), **preflight_rubric_input()}
+
+
+def judge_agreement_source():
+    """Where the judge agreement is measured: preflight.json when the reward asks the judge (preflight runs
+    the check), else the judge_agreement rule's own check beside the training path."""
+    if judge_needed():
+        return rules.preflight.output.report
+    return rules.judge_agreement.output.report
+
+
+def judge_agreement_targets():
+    """The judge agreement figure, unless preflight.agreement_pairs is 0."""
+    return rules.judge_agreement_plot.output if judge_agreement_on() else []
 
 
 def grpo_rule():

@@ -5,6 +5,7 @@
 rule merge_model:
     input:
         base=merge_base_input(),
+        # the adapter of the checkpoint train.select chose (last | best_val; summary.json says which)
         adapter=grpo_rule().output.adapter,
     output:
         merged=directory(f"{RUN}/merged"),

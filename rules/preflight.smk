@@ -43,3 +43,38 @@ rule preflight:
         "llmrnn preflight run --train-parquet {input.train:q} --val-parquet {input.val:q} "
         "{params.endpoint:q} --out {output.report:q} --audit-dir {output.audit:q} "
         "--tokenizer-dir {input.policy:q} --cfg {params.cfg:q} 2> {log:q}"
+
+
+# Judge agreement beside the training path, for a run whose reward asks no judge (reward.mode outcome, the
+# demo): the judge of judge.rubric is started for this check only, scores preflight.agreement_pairs pairs
+# (a patient's reference memory vs a wrong one) and the result goes to the report; it never blocks or
+# stops training (a judged run's preflight runs the same check and stops on it).
+rule judge_agreement:
+    input:
+        endpoint=rules.judge_server.output.endpoint,
+        rubric=config["judge"]["rubric"],
+        train=f"{RUN}/trajectories/train.parquet",
+    output:
+        report=f"{RUN}/judge/agreement.json",
+        audit=directory(f"{RUN}/judge/agreement_audit"),
+    log:
+        f"{LOGS}/judge_agreement.log",
+    conda:
+        conda_env("cpu")
+    # a core of its own while the judge service beside it computes (the service takes 0)
+    threads: 1
+    params:
+        cfg=judge_agreement_cfg(),
+        code=code_hash(
+            "llmrnn.preflight",
+            "llmrnn.reward",
+            "llmrnn.rubric",
+            "llmrnn.judge.client",
+            "llmrnn.retry",
+            "llmrnn.jsonparse",
+            "llmrnn.matching",
+            "llmrnn.stats",
+        ),
+    shell:
+        "llmrnn preflight agreement --train-parquet {input.train:q} --endpoint {input.endpoint:q} "
+        "--out {output.report:q} --audit-dir {output.audit:q} --cfg {params.cfg:q} 2> {log:q}"

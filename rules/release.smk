@@ -11,6 +11,7 @@ rule release:
         merged=rules.merge_model.output.merged,
         check=rules.merge_model.output.check,
         metrics=grpo_rule().output.metrics,
+        train_summary=grpo_rule().output.summary,
     output:
         card=f"{RUN}/release/README.md",
         manifest=f"{RUN}/release/MANIFEST.json",
@@ -29,6 +30,6 @@ rule release:
     shell:
         "llmrnn release build --merged {input.merged:q} --merge-check {input.check:q} "
         "--splits {input.splits:q} --split-files {input.split_files:q} {params.split_format:q} "
-        "--metrics {input.metrics:q} "
+        "--metrics {input.metrics:q} --train-summary {input.train_summary:q} "
         "{params.rubric:q} --cfg {params.cfg:q} --card {output.card:q} "
         "--manifest {output.manifest:q} --receipt {output.receipt:q} 2> {log:q}"

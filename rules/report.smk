@@ -4,6 +4,7 @@
 rule train_plots:
     input:
         metrics=rules.train_grpo.output.metrics,
+        summary=rules.train_grpo.output.summary,
     output:
         reward=report(
             f"{RUN}/train/plots/reward.png",
@@ -27,7 +28,7 @@ rule train_plots:
     params:
         code=code_hash("llmrnn.report", "llmrnn.train.metrics"),
     shell:
-        "llmrnn report training --metrics {input.metrics:q} --reward {output.reward:q} "
+        "llmrnn report training --metrics {input.metrics:q} --summary {input.summary:q} --reward {output.reward:q} "
         "--kl {output.kl:q} --truncation {output.truncation:q} 2> {log:q}"
 
 
@@ -51,6 +52,11 @@ rule eval_plots:
             category="Held-out evaluation",
             caption="../workflow/report/memory_recall.rst",
         ),
+        specificity=report(
+            f"{RUN}/eval/plots/memory_specificity.png",
+            category="Held-out evaluation",
+            caption="../workflow/report/memory_specificity.rst",
+        ),
         summary=report(
             f"{RUN}/eval/plots/summary.tsv",
             category="Held-out evaluation",
@@ -65,4 +71,24 @@ rule eval_plots:
     shell:
         "llmrnn report plots --metrics {input.metrics:q} --comparison {input.comparison:q} "
         "--bars {output.bars:q} --by-visit {output.by_visit:q} "
-        "--memory-recall {output.memory_recall:q} --summary {output.summary:q} 2> {log:q}"
+        "--memory-recall {output.memory_recall:q} --specificity {output.specificity:q} "
+        "--summary {output.summary:q} 2> {log:q}"
+
+
+rule judge_agreement_plot:
+    input:
+        agreement=judge_agreement_source(),
+    output:
+        plot=report(
+            f"{RUN}/judge/plots/judge_agreement.png",
+            category="Judge",
+            caption="../workflow/report/judge_agreement.rst",
+        ),
+    log:
+        f"{LOGS}/judge_agreement_plot.log",
+    conda:
+        conda_env("data")
+    params:
+        code=code_hash("llmrnn.report", "llmrnn.stats"),
+    shell:
+        "llmrnn report agreement --agreement {input.agreement:q} --plot {output.plot:q} 2> {log:q}"

@@ -310,3 +310,58 @@ def test_wilcoxon_signed_rank_all_equal_is_not_a_finding():
     assert wilcoxon_signed_rank([0.5, 0.2], [0.5, 0.2])["p_value"] == 1.0
     with pytest.raises(ValueError):
         wilcoxon_signed_rank([0.1], [0.1, 0.2])
+
+
+# ----------------------------------------------------------------------------- patient specificity (control)
+OWN = ["asthma", "gout", "psoriasis", "epilepsy", "glaucoma", "migraine"]
+
+
+def cohort_with_memories(summary_of) -> list[dict]:
+    """Six patients: visit t >= 1 of patient i has diagnoses [OWN[i], hypertension] (hypertension is common to
+    all); the memory shown at each visit is summary_of(i)."""
+    out = []
+    for i, own in enumerate(OWN):
+        rec = patient(f"p{i}", RIGHT)
+        for v in rec["visits"]:
+            v["ground_truth"] = [own, "hypertension"]
+        out.append(with_memories(rec, [summary_of(i)] * 2))
+    return out
+
+
+def test_specificity_separates_remembering_the_patient_from_listing_common_conditions(tmp_path):
+    """Two memories with the same recall gain over base: one names the patient's own condition (specific),
+    the other lists every condition in the cohort (its recall against other patients is as high)."""
+    judge = evaluate.FinalJudge(CFG["final_judge"])
+    variants = {
+        "base": cohort_with_memories(lambda i: "hypertension"),                       # own 0.5, other 0.5
+        "trained": cohort_with_memories(lambda i: f"{OWN[i]}; hypertension"),          # own 1.0, other 0.5
+        "zero_shot": cohort_with_memories(lambda i: "; ".join([*OWN, "hypertension"])),  # own 1.0, other 1.0
+    }
+    records = {k: evaluate.grade_records(v, judge) for k, v in variants.items()}
+    metrics, comparison = evaluate.gather(write(tmp_path, records, 2), CFG)
+    spec = {v: metrics["variants"][v]["memory_specificity"] for v in variants}
+    assert (spec["base"]["own_recall"], spec["base"]["other_recall"], spec["base"]["gap"]) == (0.5, 0.5, 0.0)
+    assert (spec["trained"]["own_recall"], spec["trained"]["other_recall"]) == (1.0, 0.5)
+    assert spec["zero_shot"]["gap"] == 0.0 and spec["zero_shot"]["own_recall"] == 1.0
+    assert spec["trained"]["others_per_patient"] == 20 and spec["trained"]["n_transitions"] == 12
+    # the same recall gain, but only the specific memory widens the gap, with its paired test
+    for v in ("trained", "zero_shot"):
+        assert comparison["comparisons"][v]["memory_recall"]["diff"] == pytest.approx(0.5)
+    ms = comparison["comparisons"]["trained"]["memory_specificity"]
+    assert (ms["a"], ms["b"], ms["diff"], ms["n_pairs"]) == (0.0, 0.5, 0.5, 6)
+    assert (ms["a_other_recall"], ms["b_other_recall"]) == (0.5, 0.5)
+    assert ms["wilcoxon"]["b_better"] == 6 and ms["wilcoxon"]["p_value"] == pytest.approx(2 / 64)
+    assert comparison["comparisons"]["zero_shot"]["memory_specificity"]["diff"] == 0.0
+
+
+def test_other_patients_are_a_fixed_seeded_sample_shared_by_variants():
+    pids = [f"p{i}" for i in range(30)]
+    first = evaluate.other_patients(pids, "p3", 5, seed=0)
+    assert len(first) == 5 and "p3" not in first
+    assert first == evaluate.other_patients(list(reversed(pids)), "p3", 5, seed=0)  # order of records irrelevant
+    assert first != evaluate.other_patients(pids, "p3", 5, seed=1)
+    assert evaluate.other_patients(pids, "p3", None, seed=0) == sorted(set(pids) - {"p3"})
+    # a sample of others: own recall unchanged, the other-patient recall is over the chosen ones only
+    recs = cohort_with_memories(lambda i: f"{OWN[i]}; hypertension")
+    few = evaluate.specificity_by_patient(recs, {"others": 1, "seed": 0})
+    assert all(p["own"] == 1.0 and p["other"] == 0.5 for p in few.values())

@@ -4,6 +4,7 @@ the real workflow (judge_server service + preflight) runs under Snakemake with a
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -21,8 +22,10 @@ from tests.judge_helpers import (
     write_rubric,
 )
 
+# agreement_pairs 0: these tests count the compliance check's judge calls; the agreement tests turn it on
 CFG = {"reward": {"retries": 1, "backoff_s": 0.01, "health_timeout_s": 5},
-       "preflight": {"rows": 4, "max_fallback_rate": 0.25, "min_distinct_rewards": 3, "on_problem": "fail"}}
+       "preflight": {"rows": 4, "max_fallback_rate": 0.25, "min_distinct_rewards": 3, "on_problem": "fail",
+                     "agreement_pairs": 0}}
 
 
 def _steps(n=6):
@@ -198,7 +201,8 @@ def test_workflow_runs_judge_service_and_preflight(workflow_dir, tiny_model_dir)
     for on_problem in ("fail", "warn"):
         (workflow_dir / f"{on_problem}.yaml").write_text(json.dumps({
             "run_name": "t", "judge": {"rubric": str(rubric.relative_to(workflow_dir))},
-            "preflight": {"rows": 2, "on_problem": on_problem},
+            # agreement_pairs 0: the audit below counts the compliance candidates (agreement: its own test)
+            "preflight": {"rows": 2, "on_problem": on_problem, "agreement_pairs": 0},
             "reward": {"mode": "scalar"},  # the judge's reward (the demo default, outcome, asks no judge)
             "roles": {"memory": {"model": str(tiny_model_dir)}},  # the policy whose tokenizer training checks use
         }))
@@ -307,3 +311,147 @@ def test_a_loopback_judge_with_several_training_nodes_fails_preflight(tmp_path, 
         assert run_preflight(str(parquet), str(endpoint), str(tmp_path / "p1.json"), str(tmp_path / "a"), cfg)["ok"]
     finally:
         judge.__exit__(None, None, None)
+
+
+# ----------------------------------------------------------------------------- judge agreement
+CONDITIONS = ["asthma exacerbation", "gout flare", "psoriasis", "epilepsy", "glaucoma", "migraine"]
+
+
+def _patient_steps():
+    """Six patients, each with its own next-visit diagnosis, named by its reference memory."""
+    steps = []
+    for i, cond in enumerate(CONDITIONS):
+        step = make_step(i, ref=f"lives alone with a cat; hypertension; {cond}")
+        step["next_ground_truth_diagnoses"] = [cond]
+        step["ground_truth_diagnoses"] = ["hypertension"]
+        steps.append(step)
+    return steps
+
+
+def reading_judge(body):
+    """A judge that reads: the score grows with the share of the next visit's diagnosis words the memory names."""
+    from tests.judge_helpers import prompt_of
+
+    text = prompt_of(body)
+    memory = text.split("Memory:", 1)[1].split("Next visit, true diagnoses:", 1)[0].lower()
+    truth = text.split("Next visit, true diagnoses:", 1)[1].splitlines()[0].lower()
+    words = [w.strip(",.;[]'\"") for w in truth.split()]
+    words = [w for w in words if w]
+    share = sum(w in memory for w in words) / max(1, len(words))
+    return f"Score: {1 + round(8 * share)}"
+
+
+def _agreement(tmp_path, respond, cfg_over=None):
+    from llmrnn.preflight import run_agreement
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    judge = ScriptedJudge(respond).__enter__()
+    try:
+        endpoint = write_endpoint(tmp_path, judge.port, write_rubric(tmp_path))
+        parquet = write_parquet(tmp_path / "trajectories" / "train.parquet", _patient_steps())
+        cfg = {"reward": {"mode": "outcome", "retries": 1, "backoff_s": 0.01, "health_timeout_s": 5},
+               "preflight": {"agreement_pairs": 6, **(cfg_over or {})}}
+        out = tmp_path / "judge" / "agreement.json"
+        report = run_agreement(str(parquet), str(endpoint), str(out), str(tmp_path / "audit"), cfg)
+    finally:
+        judge.__exit__(None, None, None)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    return report
+
+
+def test_judge_agreement_of_a_judge_that_reads_the_memory(tmp_path):
+    report = _agreement(tmp_path, reading_judge)
+    assert report["mode"] == "scalar" and report["training_reward_mode"] == "outcome"
+    assert (report["pairs"], report["agreed"], report["ties"], report["rate"]) == (6, 6, 0, 1.0)
+    assert report["verdict"] == "ok" and report["problems"] == [] and report["warnings"] == []
+    from llmrnn.stats import wilson_ci
+
+    assert report["ci95"] == list(wilson_ci(6, 6)) and report["ci_method"] == "wilson"
+    assert set(report["by_kind"]) == {"other_patient", "diagnoses_removed", "truncated"}
+    assert all(k["pairs"] == 2 and k["rate"] == 1.0 for k in report["by_kind"].values())
+    assert "outcome" in report["why_training_reward"] and "6 pairs" in report["sample_note"]
+
+
+def test_judge_agreement_of_a_judge_that_ignores_the_memory(tmp_path):
+    """A constant score ties every pair: agreement 0 is below agreement_fail_below, said in one line; the
+    standalone check records the verdict without stopping anything."""
+    report = _agreement(tmp_path, lambda body: "Score: 5")
+    assert (report["pairs"], report["agreed"], report["ties"]) == (6, 0, 6)
+    assert report["verdict"] == "fail" and report["ci95"][1] < 0.5
+    assert report["problems"] == [
+        ("judge agreement: the judge ranked a patient's reference memory above a wrong one in 0/6 pairs (0%, 95% CI "
+        "0%-39%, ties 6), below preflight.agreement_fail_below 50%: its reward would not tell right memories from "
+        "wrong ones")]
+    # between the thresholds: a warning
+    half = _agreement(tmp_path / "w", lambda body: reading_judge(body) if "gout" not in prompt_text(body) else "Score: 5",
+                      {"agreement_warn_below": 0.95, "agreement_fail_below": 0.5})
+    assert half["verdict"] == "warn" and half["warnings"] and 0.5 <= half["rate"] < 0.95
+
+
+def prompt_text(body):
+    from tests.judge_helpers import prompt_of
+
+    return prompt_of(body)
+
+
+def test_judged_preflight_fails_on_a_judge_that_ignores_the_memory(tmp_path):
+    judge = ScriptedJudge(content_score).__enter__()  # input-dependent scores, but not about the patient
+    try:
+        endpoint = write_endpoint(tmp_path, judge.port, write_rubric(tmp_path))
+        parquet = write_parquet(tmp_path / "trajectories" / "train.parquet", _patient_steps())
+        cfg = json.loads(json.dumps(CFG))
+        cfg["preflight"].update(agreement_pairs=6, agreement_fail_below=0.9, agreement_warn_below=0.95)
+        out = tmp_path / "train" / "preflight.json"
+        with pytest.raises(CheckFailed, match=r"judge agreement: the judge ranked a patient's reference memory above "
+                                              r"a wrong one in \d/6 pairs"):
+            run_preflight(str(parquet), str(endpoint), str(out), str(tmp_path / "audit"), cfg)
+        saved = json.loads(out.read_text())
+        assert saved["judge_agreement"]["pairs"] == 6 and saved["judge_agreement"]["verdict"] == "fail"
+    finally:
+        judge.__exit__(None, None, None)
+    # a judge that reads the memory passes the same preflight, its agreement in preflight.json
+    judge = ScriptedJudge(reading_judge).__enter__()
+    try:
+        endpoint = write_endpoint(tmp_path, judge.port, write_rubric(tmp_path))
+        cfg["preflight"]["min_distinct_rewards"] = 2
+        report = run_preflight(str(parquet), str(endpoint), str(out), str(tmp_path / "audit"), cfg)
+    finally:
+        judge.__exit__(None, None, None)
+    assert report["ok"] and report["judge_agreement"]["rate"] == 1.0
+
+
+@pytest.mark.parametrize("over,message", [
+    ({"agreement_fail_below": 0.8, "agreement_warn_below": 0.6}, "preflight.agreement_fail_below (0.8) <= "),
+    ({"agreement_pairs": -1}, "preflight.agreement_pairs: must be >= 0"),
+])
+def test_bad_agreement_thresholds_are_one_line(over, message):
+    from llmrnn.errors import InputError
+    from llmrnn.preflight import PreflightConfig
+
+    with pytest.raises(InputError, match=re.escape(message)):
+        PreflightConfig.from_dict(over)
+
+
+@pytest.mark.slow
+def test_workflow_runs_the_judge_agreement_beside_an_outcome_run(workflow_dir, tiny_model_dir):
+    """Real snakemake, reward.mode outcome: rule judge_agreement starts the judge service for itself alone,
+    writes agreement.json (whatever the random tiny judge's verdict, it never fails the run) and the
+    report figure; the service is gone afterwards and preflight/train_grpo were never involved."""
+    rubric = write_rubric(workflow_dir / "config", score_method="expected", prefix="Score:",
+                          model=str(tiny_model_dir), source="path", max_tokens=2)
+    run = workflow_dir / "results" / "t"
+    write_parquet(run / "trajectories" / "train.parquet", _patient_steps())
+    (workflow_dir / "agree.yaml").write_text(json.dumps({
+        "run_name": "t", "judge": {"rubric": str(rubric.relative_to(workflow_dir))},
+        "reward": {"mode": "outcome"}, "preflight": {"agreement_pairs": 4},
+    }))
+    proc = snakemake(workflow_dir, "--configfile", "agree.yaml", "--allowed-rules", "judge_server", "judge_agreement",
+                     "judge_agreement_plot", "--", "results/t/judge/plots/judge_agreement.png", check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((run / "judge" / "agreement.json").read_text())
+    assert report["pairs"] == 4 and report["mode"] == "scalar" and report["verdict"] in ("ok", "warn", "fail")
+    assert report["training_reward_mode"] == "outcome" and "outcome" in report["why_training_reward"]
+    assert (run / "judge" / "plots" / "judge_agreement.png").read_bytes().startswith(b"\x89PNG")
+    log = (workflow_dir / "logs" / "t" / "judge_server.log").read_text()
+    assert "judge healthy at http://127.0.0.1:" in log and _port_closed(log)
+    assert not (run / "judge" / "endpoint.json").exists() and not (run / "train").exists()

@@ -367,3 +367,22 @@ def test_a_base_model_card_in_merged_is_replaced_and_left_untouched(inputs, tmp_
     assert (inputs["merged"] / "README.md").read_text() == base_card
     assert (out / "README.md").read_text().startswith("---\n") and receipt["files"].count("README.md") == 1
     assert "README.md" not in json.loads((out / "MANIFEST.json").read_text())["model_files"]
+
+
+def test_card_names_the_checkpoint_merged_and_why(inputs, tmp_path, monkeypatch):
+    """train.select: the training summary's chosen step reaches the card and the manifest."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    out = tmp_path / "run" / "release"
+    summary = tmp_path / "run" / "summary.json"
+    why = "train.select best_val: step 2 had the highest val reward (0.556) of the saved steps [2, 4]"
+    io.write_json(summary, {"steps": 4, "checkpoint": {"step": 2, "select": "best_val", "why": why,
+                                                       "val_reward": 0.556, "saved_steps": [2, 4]}})
+    release.build_release(
+        merged=inputs["merged"], merge_check=inputs["merge_check"], splits=inputs["splits"],
+        split_files=inputs["split_files"], metrics=inputs["metrics"], rubric=inputs["rubric"],
+        cfg={"run_name": "demo", "release": {"base_model": "x/y"}, "knobs": KNOBS}, card_out=out / "README.md",
+        manifest_out=out / "MANIFEST.json", receipt_out=out / "upload_receipt.json", train_summary=summary)
+    card = (out / "README.md").read_text()
+    assert "| `checkpoint merged` | step 2 (train.select best_val) |" in card and f"| `why this step` | {why} |" in card
+    manifest = json.loads((out / "MANIFEST.json").read_text())
+    assert manifest["training"]["checkpoint"] == {"step": 2, "select": "best_val", "why": why, "val_reward": 0.556}

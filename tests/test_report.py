@@ -125,3 +125,62 @@ def test_trl_val_rows_carry_truncation_and_length():
     assert progress_line(row, 8) == "val   step 4/8: reward 0.47, truncated 0.03, len 19.3"
     train = trl_row(5, {"reward": 0.4, "completions/clipped_ratio": 0.0})
     assert train["kind"] == "train" and train["truncation_rate"] == 0.0 and "val_truncation_rate" not in train
+
+
+def test_plots_cli_shows_the_specificity_control(tmp_path):
+    """memory_specificity.png + summary columns: other-patient recall, the gap and trained-vs-base on the gap."""
+    metrics, comparison = _metrics_and_comparison(tmp_path)
+    write_json(tmp_path / "metrics.json", metrics)
+    write_json(tmp_path / "comparison.json", comparison)
+    out = tmp_path / "plots"
+    run_report_cli(["plots", "--metrics", str(tmp_path / "metrics.json"), "--comparison",
+                    str(tmp_path / "comparison.json"), "--bars", str(out / "b.png"), "--by-visit", str(out / "v.png"),
+                    "--memory-recall", str(out / "m.png"), "--specificity", str(out / "memory_specificity.png"),
+                    "--summary", str(out / "summary.tsv")])
+    data = (out / "memory_specificity.png").read_bytes()
+    assert data.startswith(PNG) and len(data) > 5000
+    rows = [line.split("\t") for line in (out / "summary.tsv").read_text().splitlines()]
+    head, by_variant = rows[0], {r[0]: r for r in rows[1:]}
+    for name in ("other-patient recall", "specificity gap", "gap diff vs base", "Wilcoxon p (gap)"):
+        assert name in head
+    spec = metrics["variants"]["trained"]["memory_specificity"]
+    assert by_variant["trained"][head.index("specificity gap")] == f"{spec['gap']:.3f}"
+    assert by_variant["trained"][head.index("gap diff vs base")] == \
+        f"{comparison['comparisons']['trained']['memory_specificity']['diff']:.3f}"
+    assert by_variant["base"][head.index("gap diff vs base")] == ""
+
+
+def test_training_plot_marks_the_chosen_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "kind": "train", "reward_mean": 0.1 * s} for s in (1, 2, 3, 4)]
+    rows += [{"step": s, "kind": "val", "val_reward_mean": v} for s, v in ((2, 0.5), (4, 0.3))]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = tmp_path / "summary.json"
+    write_json(summary, {"checkpoint": {"step": 2, "select": "best_val", "why": "train.select best_val: step 2"}})
+    plots = tmp_path / "plots"
+    argv = ["training", "--metrics", str(path), "--reward", str(plots / "r.png"), "--kl", str(plots / "k.png"),
+            "--truncation", str(plots / "t.png")]
+    run_report_cli([*argv, "--summary", str(summary)])
+    marked = (plots / "r.png").read_bytes()
+    run_report_cli(argv)
+    assert marked.startswith(PNG) and marked != (plots / "r.png").read_bytes()  # the marker changes the plot
+    with pytest.raises(InputError, match="nope.json: not found"):
+        run_report_cli([*argv, "--summary", str(tmp_path / "nope.json")])
+
+
+def test_agreement_plot_from_the_check_and_from_preflight(tmp_path):
+    agreement = {"mode": "scalar", "judge_model": "judge", "pairs": 12, "agreed": 5, "ties": 3, "rate": 5 / 12,
+                 "ci95": [0.19, 0.68], "verdict": "fail", "warn_below": 0.75, "fail_below": 0.5,
+                 "training_reward_mode": "outcome",
+                 "by_kind": {"other_patient": {"pairs": 4, "agreed": 1, "ties": 1, "rate": 0.25},
+                             "truncated": {"pairs": 8, "agreed": 4, "ties": 2, "rate": 0.5}}}
+    write_json(tmp_path / "agreement.json", agreement)
+    run_report_cli(["agreement", "--agreement", str(tmp_path / "agreement.json"), "--plot", str(tmp_path / "a.png")])
+    assert (tmp_path / "a.png").read_bytes().startswith(PNG)
+    write_json(tmp_path / "preflight.json", {"ok": True, "judge_agreement": agreement})
+    run_report_cli(["agreement", "--agreement", str(tmp_path / "preflight.json"), "--plot", str(tmp_path / "b.png")])
+    assert (tmp_path / "b.png").read_bytes().startswith(PNG)
+    write_json(tmp_path / "skipped.json", {"judge_agreement": {"skipped": "reward.mode outcome asks no judge"}})
+    with pytest.raises(InputError, match="no judge agreement in it \\(reward.mode outcome asks no judge\\)"):
+        run_report_cli(["agreement", "--agreement", str(tmp_path / "skipped.json"), "--plot", str(tmp_path / "c.png")])
+    assert not (tmp_path / "c.png").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -334,3 +335,132 @@ def test_outcome_reward_trains_without_a_judge_endpoint(tmp_path, tiny_model_dir
     audit = [json.loads(x) for f in (out / "audit").glob("calls_*.jsonl") for x in f.read_text().splitlines()]
     assert len(audit) == 4 * 2 * 4  # steps x prompts x group
     assert {(a["mode"], a["rubric"], len(a["judge"]), a["parse_method"]) for a in audit} == {("outcome", None, 0, "outcome")}
+
+
+# --------------------------------------------------------------------------- clip range and loss aggregation
+@pytest.mark.parametrize("mode,loss_type", [("token-mean", "dapo"), ("seq-mean-token-mean", "grpo"),
+                                            ("seq-mean-token-sum-norm", "dr_grpo")])
+def test_clip_and_loss_reach_both_engines(tmp_path, mode, loss_type):
+    """train.clip_ratio and train.loss_agg_mode are what TRL (epsilon, epsilon_high, loss_type) and verl
+    (actor.clip_ratio[_low|_high], actor.loss_agg_mode) run with, set explicitly on both."""
+    from llmrnn.train import config as tcfg
+    from llmrnn.train.trl_engine import grpo_arguments
+    from llmrnn.train.verl_cmd import build_overrides
+
+    knobs = {"clip_ratio": {"low": 0.15, "high": 0.28}, "loss_agg_mode": mode}
+    cfg = tcfg.normalize(tiny_cfg(**knobs))
+    args = grpo_arguments(cfg, tcfg.geometry(cfg, "trl"), tmp_path, max_steps=4, validate=False)
+    assert (args.epsilon, args.epsilon_high, args.loss_type) == (0.15, 0.28, loss_type)
+    overrides = build_overrides({**tiny_cfg(**knobs), "engine": "verl"}, train_parquet="t.parquet",
+                                val_parquet="v.parquet", model_dir="m", out_dir=str(tmp_path), experiment_name="x",
+                                verl_version="0.7.1")
+    for item in ("actor_rollout_ref.actor.clip_ratio=0.15", "actor_rollout_ref.actor.clip_ratio_low=0.15",
+                 "actor_rollout_ref.actor.clip_ratio_high=0.28", f"actor_rollout_ref.actor.loss_agg_mode={mode}"):
+        assert item in overrides
+    # the defaults are verl's (the reference run's): TRL's own loss_type default is not relied on
+    cfg = tcfg.normalize(tiny_cfg())
+    args = grpo_arguments(cfg, tcfg.geometry(cfg, "trl"), tmp_path, max_steps=4, validate=False)
+    assert (args.epsilon, args.epsilon_high, args.loss_type) == (0.2, 0.2, "dapo")
+
+
+@pytest.mark.parametrize("over,message", [
+    ({"loss_agg_mode": "seq-mean-token-sum"}, "train.loss_agg_mode: 'seq-mean-token-sum' is verl-only"),
+    ({"loss_agg_mode": "sum"}, "train.loss_agg_mode: 'sum' is not one of"),
+    ({"clip_ratio": {"low": 0}}, "train.clip_ratio.low: expected a number > 0, got 0"),
+    ({"select": "best"}, "train.select: 'best' is not one of ['last', 'best_val']"),
+    ({"select": "best_val", "test_freq": 0}, "train.select: best_val needs validation"),
+    ({"select": "best_val", "engine": "verl", "save_freq": 3, "test_freq": 2, "keep_last": None},
+     ("best_val with engine verl needs every saved step validated, but train.save_freq=3 is not a multiple of "
+     "train.test_freq=2")),
+    ({"select": "best_val", "engine": "verl", "keep_last": 1}, "best_val with engine verl needs every checkpoint kept"),
+])
+def test_bad_clip_loss_or_select_is_one_line(over, message):
+    from llmrnn.errors import InputError
+    from llmrnn.train import config as tcfg
+
+    with pytest.raises(InputError, match=re.escape(message)):
+        tcfg.normalize(tiny_cfg(**over))
+
+
+# --------------------------------------------------------------------------- checkpoint choice
+VAL_ROWS = [{"step": s, "kind": "val", "val_reward_mean": v} for s, v in ((0, 0.28), (4, 0.556), (8, 0.444))]
+
+
+def test_best_val_with_trl_validates_every_save_itself():
+    """TRL validates at every save under best_val, so saves and tests need not coincide there (the small
+    workflow configs save every 2 steps and validate every 4)."""
+    from llmrnn.train import config as tcfg
+
+    assert tcfg.normalize(tiny_cfg(select="best_val", save_freq=3, test_freq=2, keep_last=1))["select"] == "best_val"
+
+
+def test_choose_checkpoint_last_and_best_val():
+    from llmrnn.train.checkpoints import choose_checkpoint
+
+    last = choose_checkpoint("last", [8, 4], VAL_ROWS)
+    assert last["step"] == 8 and "final step 8" in last["why"] and last["val_reward"] == 0.444
+    best = choose_checkpoint("best_val", [4, 8], VAL_ROWS)
+    assert best["step"] == 4 and best["val_reward"] == 0.556
+    assert "step 4 had the highest val reward (0.556)" in best["why"] and "last step 8 had 0.444" in best["why"]
+    # step 0 (before training) has no checkpoint: never a candidate; ties go to the later step
+    tie = choose_checkpoint("best_val", [4, 8], [*VAL_ROWS[:2], {**VAL_ROWS[2], "val_reward_mean": 0.556}])
+    assert tie["step"] == 8
+    with pytest.raises(CheckFailed, match=r"saved step\(s\) \[6\] have no val reward"):
+        choose_checkpoint("best_val", [4, 6, 8], VAL_ROWS)
+
+
+def test_verl_merges_the_chosen_steps_adapter(tmp_path):
+    """verl: the saved global_step_N/actor folders and verl's val rows choose the adapter."""
+    from llmrnn.train.verl_cmd import choose_verl_checkpoint
+
+    for step in (4, 8):
+        (tmp_path / f"global_step_{step}" / "actor").mkdir(parents=True)
+    cfg = {"select": "best_val"}
+    assert choose_verl_checkpoint(cfg, tmp_path, VAL_ROWS)["step"] == 4
+    assert choose_verl_checkpoint({"select": "last"}, tmp_path, VAL_ROWS)["step"] == 8
+
+
+@pytest.mark.slow
+def test_best_val_exports_the_best_checkpoints_adapter(tmp_path, tiny_model_dir, parquets):
+    """A reward that falls with every call makes the first saved validation (step 2) the best: with
+    train.select best_val TRL validates at every save (test_freq 4, save_freq 2), the adapter is
+    checkpoint-2's (kept despite keep_last 2), and summary.json says why."""
+    from llmrnn.train import trl_engine
+
+    reward = tmp_path / "falling.py"
+    reward.write_text(
+        "CALLS = [0]\n"
+        "def falling(prompts, completions, **kw):\n"
+        "    CALLS[0] += 1\n"
+        "    return [1.0 / CALLS[0] + 0.01 * i for i in range(len(completions))]\n"
+    )
+    out = tmp_path / "train"
+    cfg = tiny_cfg(val_before_train=False, select="best_val", keep_last=2, test_freq=4)  # saves every 2
+    summary = trl_engine.train(cfg, parquets[0], parquets[1], tiny_model_dir, **outputs(out),
+                               reward_spec=f"{reward}:falling")
+    chosen = summary["checkpoint"]
+    assert chosen["step"] == 2 and chosen["saved_steps"] == [2, 8] and chosen["select"] == "best_val"
+    assert "step 2 had the highest val reward" in chosen["why"]
+    kept = out / "checkpoints" / "checkpoint-2"
+    assert (out / "adapter" / "adapter_model.safetensors").read_bytes() == \
+        (kept / "adapter_model.safetensors").read_bytes()
+    final = out / "checkpoints" / "checkpoint-8"
+    assert (out / "adapter" / "adapter_model.safetensors").read_bytes() != \
+        (final / "adapter_model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("layers,select", [(["config.yaml"], "best_val"), (["config.yaml", "reproduce.yaml"], "last"),
+                                           (["config.yaml", "qa_reproduce.yaml"], "last"),
+                                           (["config.yaml", "qa_demo.yaml"], "last")])
+def test_shipped_configs_select_their_checkpoint(layers, select):
+    """The demo merges its best-val step; the reproductions keep the reference's last step (layered over
+    config/config.yaml, as snakemake --configfile layers them, so they must say so themselves)."""
+    import yaml
+
+    from llmrnn.io import deep_merge
+    from llmrnn.train import config as tcfg
+
+    cfg: dict = {}
+    for name in layers:
+        cfg = deep_merge(cfg, yaml.safe_load((Path(__file__).parents[1] / "config" / name).read_text()))
+    assert tcfg.normalize(cfg["train"])["select"] == select

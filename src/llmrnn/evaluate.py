@@ -10,10 +10,13 @@ Three steps, each a Snakemake job:
   gather  all graded shards -> RUN/eval/metrics.json (Acc@1/Acc@5 at each patient's last visit with
           Wilson CIs, accuracy by visit index, unparsable rates per role, memory length, memory recall) and
           RUN/eval/comparison.json (each variant vs base: paired bootstrap CI of the difference, McNemar;
-          memory recall: paired bootstrap CI + Wilcoxon signed-rank).
+          memory recall: paired bootstrap CI + Wilcoxon signed-rank; memory specificity: the same test on
+          each patient's gap between own-patient and other-patient memory recall).
 Memory recall (judge-free): at every visit t >= 1, the share of visit t's discharge diagnoses that the
 memory shown to the prediction model (h_{t-1}) names (llmrnn.reward.outcome_share, the quantity the outcome
-reward pays for); a patient's value is the mean over its transitions.
+reward pays for); a patient's value is the mean over its transitions. Its control, memory specificity:
+the same memory scored against OTHER test patients' visit t (a fixed, seeded set per patient,
+eval.stats.specificity); a memory that lists conditions common in the cohort scores there too.
 Metrics depend only on the union of shards, never on how patients were split across them.
 """
 
@@ -104,6 +107,102 @@ def memory_recall_metrics(records: list[dict]) -> dict | None:
         "n_patients": len(per_patient),
         "n_transitions": sum(len(v) for v in by_visit.values()),
         "by_visit_index": {str(t): statistics.fmean(v) for t, v in sorted(by_visit.items())},
+    }
+
+
+# ----------------------------------------------------------------------------- patient specificity
+SPECIFICITY_DEFAULTS = {"others": 20, "seed": 0}
+
+
+def _transitions(record: dict) -> dict[int, tuple[str, list[str]]]:
+    """visit index -> (memory shown, ground truth) for every visit t >= 1 with diagnoses."""
+    out = {}
+    for i, v in enumerate(record["visits"]):
+        t = int(v.get("visit_index", i))
+        if t >= 1 and v.get("ground_truth"):
+            out[t] = (memory_shown(v), list(v["ground_truth"]))
+    return out
+
+
+def other_patients(pids: list[str], pid: str, others: int | None, seed: int) -> list[str]:
+    """The fixed set of OTHER patients a patient's memories are scored against: all others, or a sample of
+    `others` seeded by (seed, patient id), so every variant meets the same ones."""
+    pool = sorted(p for p in pids if p != pid)
+    if others is None or others >= len(pool):
+        return pool
+    return sorted(random.Random(f"{seed}:{pid}").sample(pool, int(others)))
+
+
+def specificity_by_patient(records: list[dict], cfg: dict | None = None) -> dict[str, dict]:
+    """Patient id -> {"own", "other", "gap"}: the recall of each memory h_{t-1} against the patient's own visit t
+    ("own", the memory recall) and against the visit t of other patients ("other", mean over the fixed set of
+    other_patients that have a visit t), averaged over the transitions that have both; gap = own - other.
+    A memory that lists conditions common in the cohort scores on other patients' visits too; only what
+    remembers THIS patient widens the gap."""
+    from llmrnn.reward import outcome_share
+
+    cfg = {**SPECIFICITY_DEFAULTS, **(cfg or {})}
+    visits = {str(r["patient_id"]): _transitions(r) for r in records}
+    pids = sorted(visits)
+    out = {}
+    for pid in pids:
+        chosen = other_patients(pids, pid, cfg["others"], int(cfg["seed"]))
+        own, other = [], []
+        for t, (memory, truth) in sorted(visits[pid].items()):
+            theirs = [visits[q][t][1] for q in chosen if t in visits[q]]
+            if not theirs:
+                continue
+            own.append(outcome_share(memory, truth))
+            other.append(statistics.fmean(outcome_share(memory, gt) for gt in theirs))
+        if own:
+            o, x = statistics.fmean(own), statistics.fmean(other)
+            out[pid] = {"own": o, "other": x, "gap": o - x, "transitions": len(own)}
+    return out
+
+
+def specificity_metrics(records: list[dict], cfg: dict | None = None) -> dict | None:
+    per = specificity_by_patient(records, cfg)
+    if not per:
+        return None
+    cfg = {**SPECIFICITY_DEFAULTS, **(cfg or {})}
+    return {
+        "own_recall": statistics.fmean(p["own"] for p in per.values()),
+        "other_recall": statistics.fmean(p["other"] for p in per.values()),
+        "gap": statistics.fmean(p["gap"] for p in per.values()),
+        "n_patients": len(per),
+        "n_transitions": sum(p["transitions"] for p in per.values()),
+        "others_per_patient": cfg["others"],
+        "seed": cfg["seed"],
+        "definition": "own = recall of each memory h_{t-1} against the patient's own visit t; other = its recall "
+                      "against visit t of a fixed, seeded set of other test patients; gap = own - other, "
+                      "per patient (mean over transitions)",
+    }
+
+
+def compare_specificity(reference: list[dict], other: list[dict], boot: dict, cfg: dict | None = None) -> dict | None:
+    """The specificity gap (own - other-patient recall) of `other` vs the reference, paired by patient:
+    bootstrap CI of the difference in gaps and Wilcoxon signed-rank."""
+    from llmrnn.stats import paired_bootstrap, wilcoxon_signed_rank
+
+    ref, oth = specificity_by_patient(reference, cfg), specificity_by_patient(other, cfg)
+    pids = sorted(set(ref) & set(oth))
+    if not pids:
+        return None
+    a, b = [ref[p]["gap"] for p in pids], [oth[p]["gap"] for p in pids]
+    bs = paired_bootstrap(a, b, samples=int(boot.get("samples", 10_000)), seed=int(boot.get("seed", 0)))
+    return {
+        "metric": "specificity gap (own-patient minus other-patient memory recall)",
+        "a": statistics.fmean(a),
+        "b": statistics.fmean(b),
+        "a_other_recall": statistics.fmean(ref[p]["other"] for p in pids),
+        "b_other_recall": statistics.fmean(oth[p]["other"] for p in pids),
+        "a_own_recall": statistics.fmean(ref[p]["own"] for p in pids),
+        "b_own_recall": statistics.fmean(oth[p]["own"] for p in pids),
+        "n_pairs": len(pids),
+        "diff": bs["diff"],
+        "ci95": bs["ci95"],
+        "bootstrap": {"samples": bs["samples"], "seed": bs["seed"], "se": bs.get("se")},
+        "wilcoxon": wilcoxon_signed_rank(a, b),
     }
 
 
@@ -274,7 +373,7 @@ def _check_patients(variant: str, records: list[dict]) -> None:
             raise InputError(f"eval {variant}: patient {pid}: last visit is not graded (run `llmrnn evaluate grade`)")
 
 
-def variant_metrics(records: list[dict]) -> dict:
+def variant_metrics(records: list[dict], specificity: dict | None = None) -> dict:
     """Metrics of one variant from its graded patient records (order-independent)."""
     from llmrnn.stats import wilson_ci
 
@@ -326,6 +425,7 @@ def variant_metrics(records: list[dict]) -> dict:
         else None
     )
     out["memory_recall"] = memory_recall_metrics(records)
+    out["memory_specificity"] = specificity_metrics(records, specificity)
     return out
 
 
@@ -350,7 +450,8 @@ def compare_memory_recall(reference: list[dict], other: list[dict], boot: dict) 
     }
 
 
-def compare(reference: list[dict], other: list[dict], name: str, boot: dict, exact_below: int) -> dict:
+def compare(reference: list[dict], other: list[dict], name: str, boot: dict, exact_below: int,
+            specificity: dict | None = None) -> dict:
     """`name` vs the reference on paired patients: difference + paired bootstrap CI + McNemar per metric."""
     from llmrnn.stats import mcnemar, paired_bootstrap
 
@@ -374,6 +475,7 @@ def compare(reference: list[dict], other: list[dict], name: str, boot: dict, exa
             "mcnemar": mcnemar(a, b, exact_below=exact_below),
         }
     result["memory_recall"] = compare_memory_recall(reference, other, boot)
+    result["memory_specificity"] = compare_specificity(reference, other, boot, specificity)
     return result
 
 
@@ -385,12 +487,13 @@ def gather(graded: dict[str, list[Path]], cfg: dict) -> tuple[dict, dict]:
         _check_patients(variant, records)
         per_variant[variant] = records
     judge = FinalJudge(cfg.get("final_judge", {}))
+    stats_cfg = cfg.get("stats", {})
+    specificity = stats_cfg.get("specificity")
     metrics = {
         "final_judge": judge.describe(),
         "scored_visit": "last visit of each patient (Acc@1, Acc@5); by_visit_index grades every graded visit",
-        "variants": {v: variant_metrics(r) for v, r in per_variant.items()},
+        "variants": {v: variant_metrics(r, specificity) for v, r in per_variant.items()},
     }
-    stats_cfg = cfg.get("stats", {})
     boot = stats_cfg.get("bootstrap", {})
     exact_below = int(stats_cfg.get("mcnemar_exact_below", 25))
     if REFERENCE not in per_variant:
@@ -399,7 +502,7 @@ def gather(graded: dict[str, list[Path]], cfg: dict) -> tuple[dict, dict]:
         "reference": REFERENCE,
         "primary": "trained",
         "comparisons": {
-            v: compare(per_variant[REFERENCE], recs, v, boot, exact_below)
+            v: compare(per_variant[REFERENCE], recs, v, boot, exact_below, specificity)
             for v, recs in per_variant.items()
             if v != REFERENCE
         },
@@ -487,8 +590,10 @@ def _cmd_gather(args: argparse.Namespace) -> None:
     io.write_json(args.comparison, comparison)
     for v, m in metrics["variants"].items():
         recall = (m.get("memory_recall") or {}).get("value")
-        log.info("%s: Acc@1 %.3f Acc@5 %.3f memory recall %s (n=%d)", v, m["acc_at_1"]["value"] or 0,
-                 m["acc_at_5"]["value"] or 0, "n/a" if recall is None else f"{recall:.3f}", m["n_patients"])
+        spec = m.get("memory_specificity") or {}
+        log.info("%s: Acc@1 %.3f Acc@5 %.3f memory recall %s, other patients %s (n=%d)", v, m["acc_at_1"]["value"] or 0,
+                 m["acc_at_5"]["value"] or 0, "n/a" if recall is None else f"{recall:.3f}",
+                 "n/a" if spec.get("other_recall") is None else f"{spec['other_recall']:.3f}", m["n_patients"])
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -277,6 +277,16 @@ class Plan:
         """The rubric preflight checks, when the reward asks the judge (its endpoint comes beside it)."""
         return {"rubric": self.config["judge"]["rubric"]} if self.judge_planned() else {}
 
+    def judge_agreement_cfg(self) -> str:
+        """What the judge-agreement check depends on: the judge, the reward's scorer settings, and preflight's
+        agreement keys and seed (not its compliance keys, which rerun only preflight)."""
+        pre = {k: v for k, v in self.config["preflight"].items() if k.startswith("agreement_") or k == "seed"}
+        return _json({"judge": self.config["judge"], "reward": self.config["reward"], "preflight": pre})
+
+    def judge_agreement_on(self) -> bool:
+        """The judge-agreement figure is made unless preflight.agreement_pairs is 0."""
+        return bool(self.config["preflight"]["agreement_pairs"])
+
     def preflight_cfg(self) -> str:
         """Preflight depends on the judge (when the reward asks it), reward and preflight sections (+ train:
         its training checks)."""
@@ -378,6 +388,7 @@ class Plan:
             f"{plots}/acc_bars.png",
             f"{plots}/acc_by_visit.png",
             f"{plots}/memory_recall.png",
+            f"{plots}/memory_specificity.png",
             f"{plots}/summary.tsv",
         ]
 

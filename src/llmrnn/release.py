@@ -362,6 +362,16 @@ def _card_intro_qa(parts: list[str], rel: dict, repo_id: str, qa: dict) -> None:
         )
 
 
+def _chosen_checkpoint(train_summary: str | Path | None) -> dict | None:
+    """The checkpoint the merged adapter came from (train summary.json `checkpoint`: step, select, why)."""
+    if not train_summary:
+        return None
+    if not Path(train_summary).is_file():
+        raise InputError(f"{train_summary}: training summary not found")
+    chosen = io.read_json(train_summary).get("checkpoint") or {}
+    return {k: chosen.get(k) for k in ("step", "select", "why", "val_reward")} if chosen else None
+
+
 def _card_identity(parts: list[str], manifest: dict) -> None:
     git, tr = manifest["git"], manifest["training"]
     train_cfg = manifest["knobs"].get("train", {})
@@ -376,6 +386,8 @@ def _card_identity(parts: list[str], manifest: dict) -> None:
         ("training engine", engine),
         ("training steps logged", tr.get("train_steps")),
         ("last step", tr.get("last_step")),
+        *([("checkpoint merged", f"step {ck['step']} (train.select {ck['select']})"), ("why this step", ck["why"])]
+          if (ck := tr.get("checkpoint")) else []),
     ], ("field", "value")) + "\n")
 
 
@@ -711,7 +723,7 @@ def _release_outputs(*paths: str | Path):
 def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | Path, split_files: list[str],
                   metrics: str | Path | None, rubric: str | Path | None,
                   cfg: dict, card_out: str | Path, manifest_out: str | Path, receipt_out: str | Path,
-                  split_format: str = "cohort") -> dict:
+                  split_format: str = "cohort", train_summary: str | Path | None = None) -> dict:
     """`split_files` are what must not leak: the cohort splits (`split_format` cohort) or the QA data
     stage's record files (qa)."""
     merged = Path(merged)
@@ -732,6 +744,7 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
     repo_id = rel["repo_id"] or f"llmrnn-{run_name}-merged"
     inputs = {"merge_check": str(merge_check), "splits": str(splits), "metrics": str(metrics) if metrics else None,
               "rubric": str(rubric) if rubric else None}
+    chosen = _chosen_checkpoint(train_summary)  # before anything is written: a missing summary is one line
     # the receipt's temp is entered first, so it is renamed into place last
     with _release_outputs(receipt_out, card_out, manifest_out) as (receipt_tmp, card_tmp, manifest_tmp):
         try:
@@ -745,7 +758,7 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
                 split_files=split_files, split_format=split_format, card_tmp=card_tmp, manifest_tmp=manifest_tmp,
                 manifest=upload.redact_credentials(build_manifest(
                     run_name=run_name, knobs=knobs, rel=rel, merge_check=check, splits=io.read_json(splits),
-                    metrics=metrics_summary(metrics), model_files=staged, inputs=inputs,
+                    metrics={**metrics_summary(metrics), "checkpoint": chosen}, model_files=staged, inputs=inputs,
                     rubric=({"rubric_file": None, "model": None, "note": "reward.mode outcome asks no judge"}
                             if rubric is None and outcome_reward(knobs) else rubric_info(rubric)),
                 )),
@@ -811,6 +824,7 @@ def _cmd_build(args: argparse.Namespace) -> None:
         merged=args.merged, merge_check=args.merge_check, splits=args.splits, split_files=args.split_files,
         metrics=args.metrics, rubric=args.rubric or None, cfg=args.cfg,
         card_out=args.card, manifest_out=args.manifest, receipt_out=args.receipt, split_format=args.split_format,
+        train_summary=args.train_summary,
     )
 
 
@@ -835,6 +849,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "data stage's train/val/test/ood JSONL (--split-format qa)")
     p.add_argument("--split-format", choices=sorted(phi_guard.SPLIT_FORMATS), default="cohort")
     p.add_argument("--metrics", help="RUN/train/metrics.jsonl")
+    p.add_argument("--train-summary", default=None,
+                   help="RUN/train/summary.json (names the checkpoint merged and why)")
     p.add_argument("--rubric", help="the rubric YAML (judge model)")
     p.add_argument("--cfg", type=json_arg, required=True, help='JSON: {"run_name", "release", "knobs"}')
     p.add_argument("--card", required=True)

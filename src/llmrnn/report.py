@@ -5,9 +5,13 @@
   acc_by_visit.png    accuracy by visit index per variant (does memory help as visits accumulate?)
   memory_recall.png   memory recall of the next visit's diagnoses per variant and by visit, with the paired
                       trained-vs-base difference (bootstrap CI, Wilcoxon p) in the title
+  memory_specificity.png  memory recall against the patient's own visits vs other patients' (the control),
+                      with the trained-vs-base test on the gap in the title
   summary.tsv         one row per variant: Acc@1/Acc@5 with CIs and, vs base, the difference, CI and McNemar p
+`llmrnn report agreement` (rule judge_agreement_plot), from RUN/judge/agreement.json:
+  judge_agreement.png how often the judge ranks a patient's reference memory above a wrong one (Wilson CI)
 `llmrnn report training` (rule train_plots), from RUN/train/metrics.jsonl (llmrnn.train.metrics rows):
-  reward.png          train reward mean +- within-step std, and the val reward
+  reward.png          train reward mean +- within-step std, the val reward, and the chosen checkpoint (summary.json)
   kl.png              KL of the policy to the frozen base (a note instead when the loss has no KL term)
   truncation.png      share of rollouts cut at max_response_length (train and val) and mean response length
 """
@@ -114,8 +118,41 @@ def plot_memory_recall(metrics: dict, comparison: dict, out: str | Path) -> None
     plt.close(fig)
 
 
-def plot_reward(rows: list[dict], out: str | Path) -> None:
-    """Train reward mean +- within-step std, and the val reward, per step."""
+def plot_specificity(metrics: dict, comparison: dict, out: str | Path) -> None:
+    """Memory recall against the patient's own next visits vs against other patients' (the control), per
+    variant, with the trained-vs-base test on the gap in the title."""
+    plt = _plt()
+    spec = {v: m.get("memory_specificity") for v, m in metrics["variants"].items()}
+    shown = [v for v, s in spec.items() if s]
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.8 * len(shown) + 2), 3.6))
+    width = 0.38
+    for j, (key, label) in enumerate((("own_recall", "own patient's next visits"),
+                                      ("other_recall", "other patients' visits (control)"))):
+        xs = [i + (j - 0.5) * width for i in range(len(shown))]
+        vals = [spec[v][key] for v in shown]
+        ax.bar(xs, vals, width, label=label, color=[COLORS.get(v, "#9467bd") for v in shown],
+               alpha=0.85 if j == 0 else 0.35, hatch="" if j == 0 else "//", edgecolor="black")
+        for x, v in zip(xs, vals):
+            ax.text(x, v + 0.02, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+    for i, v in enumerate(shown):
+        ax.text(i, -0.12, f"gap {spec[v]['gap']:+.2f}", ha="center", fontsize=8, transform=ax.get_xaxis_transform())
+    ax.set_xticks(range(len(shown)), shown)
+    ax.set_ylim(0, 1.1)
+    ax.set_ylabel("share of visit diagnoses named")
+    ax.legend(loc="upper left", fontsize=8)
+    c = (comparison.get("comparisons", {}).get("trained") or {}).get("memory_specificity")
+    title = "Memory specificity: own vs other patients' visits"
+    if c:
+        lo, hi = c["ci95"]
+        title += (f"\ngap trained - base = {_fmt(c['diff'])} [95% CI {_fmt(lo)}, {_fmt(hi)}], "
+                  f"Wilcoxon p = {_fmt(c['wilcoxon']['p_value'], 4)}, n = {c['n_pairs']}")
+    ax.set_title(title, fontsize=9)
+    _save(fig, out)
+    plt.close(fig)
+
+
+def plot_reward(rows: list[dict], out: str | Path, checkpoint: dict | None = None) -> None:
+    """Train reward mean +- within-step std, and the val reward, per step; the chosen checkpoint marked."""
     plt = _plt()
     train = [r for r in rows if r["kind"] == "train" and r.get("reward_mean") is not None]
     val = [r for r in rows if r["kind"] == "val" and r.get("val_reward_mean") is not None]
@@ -129,9 +166,14 @@ def plot_reward(rows: list[dict], out: str | Path) -> None:
                         label="+- std within step")
     if val:
         ax.plot([r["step"] for r in val], [r["val_reward_mean"] for r in val], marker="o", label="val reward")
+    title = "GRPO reward"
+    if checkpoint and checkpoint.get("step") is not None:
+        ax.axvline(checkpoint["step"], color="black", linestyle="--", alpha=0.6,
+                   label=f"chosen checkpoint: step {checkpoint['step']} ({checkpoint.get('select')})")
+        title += f"\n{checkpoint.get('why', '')}"
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
-    ax.set_title("GRPO reward")
+    ax.set_title(title, fontsize=8)
     ax.legend(fontsize=8)
     _save(fig, out)
     plt.close(fig)
@@ -182,6 +224,40 @@ def plot_truncation(rows: list[dict], out: str | Path) -> None:
     plt.close(fig)
 
 
+def plot_agreement(agreement: dict, out: str | Path) -> None:
+    """Judge agreement: the share of pairs where the judge scored a patient's reference memory above a wrong
+    one, overall and by kind of wrong memory, with the Wilson 95% interval and the warn/fail thresholds."""
+    from llmrnn.stats import wilson_ci
+
+    plt = _plt()
+    kinds = agreement.get("by_kind") or {}
+    labels = ["all", *kinds]
+    counts = [(agreement.get("agreed", 0), agreement.get("pairs", 0))] + [(k["agreed"], k["pairs"]) for k in kinds.values()]
+    vals = [a / n if n else 0.0 for a, n in counts]
+    cis = [wilson_ci(a, n) for a, n in counts]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    err = [[max(0.0, v - c[0]) for v, c in zip(vals, cis)], [max(0.0, c[1] - v) for v, c in zip(vals, cis)]]
+    ax.bar(range(len(labels)), vals, yerr=err, capsize=4, edgecolor="black",
+           color=["#1f77b4"] + ["#aec7e8"] * len(kinds))
+    for i, ((a, n), v) in enumerate(zip(counts, vals)):
+        ax.text(i, v + 0.02, f"{a}/{n}", ha="center", va="bottom", fontsize=8)
+    for key, style, name in (("warn_below", ":", "warn below"), ("fail_below", "--", "fail below")):
+        if agreement.get(key) is not None:
+            ax.axhline(agreement[key], linestyle=style, color="tab:red", alpha=0.7, label=f"{name} {agreement[key]:.0%}")
+    ax.set_xticks(range(len(labels)), [x.replace("_", "\n") for x in labels], fontsize=8)
+    ax.set_ylim(0, 1.1)
+    ax.set_ylabel("reference memory ranked above the wrong one")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # off the bars and their labels
+    title = (f"Judge agreement ({agreement.get('mode')}, {agreement.get('judge_model') or 'judge'}): "
+             f"{_fmt(agreement.get('rate'), 2)} [95% CI {_fmt(agreement['ci95'][0], 2)}, {_fmt(agreement['ci95'][1], 2)}], "
+             f"ties {agreement.get('ties', 0)}: {agreement.get('verdict')}")
+    if agreement.get("training_reward_mode") == "outcome":
+        title += "\ntraining pays the outcome reward (reward.mode outcome), not this judge"
+    ax.set_title(title, fontsize=8)
+    _save(fig, out)
+    plt.close(fig)
+
+
 def _fmt(x: Any, digits: int = 3) -> str:
     return "" if x is None else f"{x:.{digits}f}"
 
@@ -190,7 +266,8 @@ def summary_table(metrics: dict, comparison: dict) -> str:
     head = ["variant", "n", "acc@1", "acc@1 95% CI", "acc@5", "acc@5 95% CI",
             "acc@1 diff vs base", "diff 95% CI", "McNemar p (acc@1)",
             "acc@5 diff vs base", "diff 95% CI", "McNemar p (acc@5)",
-            "memory recall", "recall diff vs base", "diff 95% CI", "Wilcoxon p (recall)"]
+            "memory recall", "recall diff vs base", "diff 95% CI", "Wilcoxon p (recall)",
+            "other-patient recall", "specificity gap", "gap diff vs base", "diff 95% CI", "Wilcoxon p (gap)"]
     lines = ["\t".join(head)]
     for v, m in metrics["variants"].items():
         row = [v, str(m["n_patients"])]
@@ -207,6 +284,11 @@ def summary_table(metrics: dict, comparison: dict) -> str:
         mr = (c or {}).get("memory_recall")
         row += ([_fmt(mr["diff"]), f"[{_fmt(mr['ci95'][0])}, {_fmt(mr['ci95'][1])}]", _fmt(mr["wilcoxon"]["p_value"], 4)]
                 if mr else ["", "", ""])
+        spec = m.get("memory_specificity") or {}
+        row += [_fmt(spec.get("other_recall")), _fmt(spec.get("gap"))]
+        ms = (c or {}).get("memory_specificity")
+        row += ([_fmt(ms["diff"]), f"[{_fmt(ms['ci95'][0])}, {_fmt(ms['ci95'][1])}]", _fmt(ms["wilcoxon"]["p_value"], 4)]
+                if ms else ["", "", ""])
         lines.append("\t".join(row))
     return "\n".join(lines) + "\n"
 
@@ -220,18 +302,36 @@ def _cmd_plots(args: argparse.Namespace) -> None:
     plot_accuracy(metrics, args.bars)
     plot_by_visit(metrics, args.by_visit)
     plot_memory_recall(metrics, comparison, args.memory_recall)
+    if args.specificity:
+        plot_specificity(metrics, comparison, args.specificity)
     io.write_text(args.summary, summary_table(metrics, comparison))
-    log.info("wrote %s, %s, %s, %s", args.bars, args.by_visit, args.memory_recall, args.summary)
+    log.info("wrote %s, %s, %s, %s, %s", args.bars, args.by_visit, args.memory_recall, args.specificity, args.summary)
 
 
 def _cmd_training(args: argparse.Namespace) -> None:
     if not Path(args.metrics).is_file():
         raise InputError(f"{args.metrics}: not found (run the training first: snakemake train_grpo)")
     rows = io.read_jsonl(args.metrics)
-    plot_reward(rows, args.reward)
+    checkpoint = None
+    if args.summary:
+        if not Path(args.summary).is_file():
+            raise InputError(f"{args.summary}: not found (the training summary names the chosen checkpoint)")
+        checkpoint = io.read_json(args.summary).get("checkpoint")
+    plot_reward(rows, args.reward, checkpoint)
     plot_kl(rows, args.kl)
     plot_truncation(rows, args.truncation)
     log.info("wrote %s, %s, %s", args.reward, args.kl, args.truncation)
+
+
+def _cmd_agreement(args: argparse.Namespace) -> None:
+    if not Path(args.agreement).is_file():
+        raise InputError(f"{args.agreement}: not found (run the judge agreement check first: snakemake judge_agreement)")
+    data = io.read_json(args.agreement)
+    data = data.get("judge_agreement", data)  # preflight.json carries it under judge_agreement
+    if "pairs" not in data:
+        raise InputError(f"{args.agreement}: no judge agreement in it ({data.get('skipped', 'no pairs key')})")
+    plot_agreement(data, args.plot)
+    log.info("wrote %s", args.plot)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -244,9 +344,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--by-visit", required=True, help="output: accuracy by visit (png)")
     p.add_argument("--memory-recall", required=True, help="output: memory recall per variant and by visit (png)")
     p.add_argument("--summary", required=True, help="output: summary table (tsv)")
+    p.add_argument("--specificity", default=None,
+                   help="output: memory recall against own vs other patients' visits (png)")
     p.set_defaults(func=_cmd_plots)
+    a = rsub.add_parser("agreement", help="judge agreement: reference memory ranked above wrong ones (png)")
+    a.add_argument("--agreement", required=True, help="RUN/judge/agreement.json (or a preflight.json)")
+    a.add_argument("--plot", required=True, help="output: judge_agreement.png")
+    a.set_defaults(func=_cmd_agreement)
     t = rsub.add_parser("training", help="training curves: reward, KL and truncation per step")
     t.add_argument("--metrics", required=True, help="RUN/train/metrics.jsonl")
+    t.add_argument("--summary", default=None, help="RUN/train/summary.json (marks the chosen checkpoint)")
     t.add_argument("--reward", required=True, help="output: reward curve (png)")
     t.add_argument("--kl", required=True, help="output: KL curve (png)")
     t.add_argument("--truncation", required=True, help="output: truncation rate and response length (png)")

@@ -1,5 +1,6 @@
 """Dry runs: the judge server (and its model's download) is planned only when the reward asks the judge.
-reward.mode outcome (the embedded default) plans neither, and preflight/train_grpo get no --endpoint;
+reward.mode outcome (the embedded default) plans them only for the judge-agreement check beside training,
+and preflight/train_grpo get no --endpoint;
 a scalar config and config/reproduce.yaml plan judge_server as before."""
 
 from __future__ import annotations
@@ -41,12 +42,18 @@ def _override(workflow_dir, name: str, cfg: dict) -> str:
     return name
 
 
-def test_outcome_reward_plans_no_judge(workflow_dir):
+def test_outcome_reward_plans_no_judge_for_training(workflow_dir):
+    """The embedded default's reward asks no judge: preflight and train_grpo get no endpoint; its judge is
+    started only for the judge-agreement check beside the training path (preflight.agreement_pairs 0: none)."""
     default = yaml.safe_load((workflow_dir / "config" / "config.yaml").read_text())
     assert default["reward"]["mode"] == "outcome"  # the embedded default's reward asks no judge
     counts, shells = _plan(workflow_dir, "config/config.yaml")
     assert counts["preflight"] == 1 and counts["train_grpo"] == 1
-    assert not JUDGE_RULES & set(counts), counts
+    assert counts["judge_server"] == 1 and counts["judge_agreement"] == 1 and counts["judge_agreement_plot"] == 1
+    assert "--endpoint results/demo/judge/endpoint.json" in shells["judge_agreement"]
+    off = _override(workflow_dir, "no_agreement.yaml", {"preflight": {"agreement_pairs": 0}})
+    counts_off, _ = _plan(workflow_dir, "config/config.yaml", off)
+    assert not JUDGE_RULES & set(counts_off) and "judge_agreement" not in counts_off, counts_off
     assert "--endpoint" not in shells["preflight"] and "--endpoint" not in shells["train_grpo"]
     assert "--judge-gpus 0" in shells["train_grpo"]
     assert '"judge"' not in shells["preflight"]  # the judge section is no parameter of an outcome preflight
@@ -74,9 +81,13 @@ def test_reproduce_config_plans_the_judge_server_and_its_model(workflow_dir):
 
 
 def test_outcome_mode_with_a_hub_judge_downloads_nothing(workflow_dir):
-    """reproduce.yaml's RubricARM judge (`source: hub`) with the outcome reward: no download job either."""
+    """reproduce.yaml's RubricARM judge (`source: hub`) with the outcome reward and no judge-agreement check
+    (preflight.agreement_pairs 0): no download job either; with the check, the judge is fetched for it alone."""
     prepare_reproduce_inputs(workflow_dir)
-    extra = _override(workflow_dir, "outcome.yaml", {"reward": {"mode": "outcome"}})
+    extra = _override(workflow_dir, "outcome.yaml", {"reward": {"mode": "outcome"}, "preflight": {"agreement_pairs": 0}})
     counts, shells = _plan(workflow_dir, "config/reproduce.yaml", extra)
     assert counts["train_grpo"] == 1 and not JUDGE_RULES & set(counts), counts
     assert "--judge-gpus 0" in shells["train_grpo"]
+    extra = _override(workflow_dir, "outcome_checked.yaml", {"reward": {"mode": "outcome"}})
+    counts, shells = _plan(workflow_dir, "config/reproduce.yaml", extra)
+    assert JUDGE_RULES <= set(counts) and counts["judge_agreement"] == 1 and "--judge-gpus 0" in shells["train_grpo"]

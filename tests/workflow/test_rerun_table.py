@@ -32,6 +32,9 @@ GROUP_WAIT = ["--latency-wait", "180"]
 TRAINED_SIDE = {"train_grpo", "train_plots", "merge_model", "release", "eval_shard", "eval_grade", "eval_gather",
                 "eval_plots", "report"}
 JUDGED = {"judge_server", "preflight"}
+# the judge-agreement figure: from preflight.json in judged modes; in outcome mode from its own check (rule
+# judge_agreement, with the judge service started for it alone)
+AGREEMENT = {"judge_server", "judge_agreement", "judge_agreement_plot"}
 
 
 @dataclass
@@ -69,18 +72,21 @@ def _edit_rubric(work: Path, cfg: dict) -> Path:
 
 ROWS = [
     Row("split seed", config={"split": {"seed": 4242}},
-        rerun={"split_cohort", "trajectory_shard", "dump_trajectories"} | JUDGED | TRAINED_SIDE),
+        rerun={"split_cohort", "trajectory_shard", "dump_trajectories"} | JUDGED | TRAINED_SIDE | AGREEMENT),
     Row("rubric change", edit_file=_edit_rubric, needs_rules={"judge_server"},
-        rerun=JUDGED | TRAINED_SIDE, reward_modes=("scalar", "pairwise")),
-    # reward.mode outcome (the embedded default) starts no judge and its card names none: nothing reruns
-    Row("rubric change, outcome reward", edit_file=_edit_rubric, rerun=set(), reward_modes=("outcome",)),
+        rerun=JUDGED | TRAINED_SIDE | {"judge_agreement_plot"}, reward_modes=("scalar", "pairwise")),
+    # reward.mode outcome (the embedded default) trains with no judge and its card names none: only the
+    # judge-agreement check (and its figure) reruns
+    Row("rubric change, outcome reward", edit_file=_edit_rubric, rerun=AGREEMENT, reward_modes=("outcome",)),
     Row("training knob", config={"train": {"lr": 2.5e-6}}, needs_rules={"train_grpo"},
-        rerun=JUDGED | TRAINED_SIDE),
+        rerun=JUDGED | TRAINED_SIDE | {"judge_agreement_plot"}, reward_modes=("scalar", "pairwise")),
+    Row("training knob, outcome reward", config={"train": {"lr": 2.5e-6}}, needs_rules={"train_grpo"},
+        rerun={"preflight"} | TRAINED_SIDE, reward_modes=("outcome",)),
     Row("eval knob", config={"eval": {"stats": {"bootstrap": {"samples": 1999}}}},
         rerun={"eval_gather", "eval_plots", "report"}),
     Row("release knob", config={"release": {"private": False}}, needs_rules={"release"}, rerun={"release"}),
     Row("reward code", edit_module="llmrnn.reward", needs_rules={"preflight"},
-        rerun=JUDGED | TRAINED_SIDE),
+        rerun=JUDGED | TRAINED_SIDE | AGREEMENT),
 ]
 
 

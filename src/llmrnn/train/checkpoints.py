@@ -43,3 +43,34 @@ def discard_stale_checkpoints(out: Path, fingerprint: str) -> None:
         shutil.rmtree(out / "checkpoints")
         shutil.rmtree(out / "state", ignore_errors=True)
     io.write_text(stamp, fingerprint + "\n")
+
+
+def choose_checkpoint(select: str, saved_steps: list[int], metrics_rows: list[dict]) -> dict:
+    """The saved step whose adapter becomes the run's adapter, and why (train.select).
+
+    `saved_steps`: rollout steps with a checkpoint on disk; `metrics_rows`: metrics.jsonl rows (val rows carry
+    val_reward_mean). "last": the newest saved step. "best_val": the saved step with the highest val reward
+    (ties: the later step); every saved step must have one (train.config.check_select makes it so)."""
+    from llmrnn.errors import CheckFailed
+
+    if not saved_steps:
+        raise CheckFailed("train: no saved checkpoint to choose from")
+    steps = sorted({int(s) for s in saved_steps})
+    val = {int(r["step"]): float(r["val_reward_mean"]) for r in metrics_rows
+           if r.get("kind") == "val" and r.get("val_reward_mean") is not None}
+    candidates = {str(s): val.get(s) for s in steps}
+    out = {"select": select, "saved_steps": steps, "val_reward_by_step": {str(k): v for k, v in sorted(val.items())},
+           "val_reward_of_saved": candidates}
+    if select == "last":
+        step = steps[-1]
+        return {**out, "step": step, "val_reward": val.get(step),
+                "why": f"train.select last: the final step {step} (the reference's choice)"}
+    missing = [s for s in steps if s not in val]
+    if missing:
+        raise CheckFailed(f"train.select best_val: saved step(s) {missing} have no val reward in metrics.jsonl "
+                          "(save_freq must be a multiple of test_freq)")
+    step = max(steps, key=lambda s: (val[s], s))
+    last = steps[-1]
+    why = (f"train.select best_val: step {step} had the highest val reward ({val[step]:.4g}) of the saved steps "
+           f"{steps}" + ("" if step == last else f"; the last step {last} had {val[last]:.4g}"))
+    return {**out, "step": step, "val_reward": val[step], "why": why}

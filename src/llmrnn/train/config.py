@@ -30,6 +30,11 @@ DEFAULTS: dict[str, Any] = {
     "kl": {"coef": 0.001, "estimator": "low_var_kl", "in_loss": True},
     "entropy_coef": 0.0,
     "grad_clip": 1.0,
+    # PPO clip range of the policy ratio (verl actor.clip_ratio_low/high, TRL epsilon/epsilon_high) and how
+    # token losses are averaged (verl actor.loss_agg_mode; TRL loss_type via LOSS_TYPES): verl's defaults,
+    # which the reference run kept; TRL's own defaults are set over explicitly so both engines agree
+    "clip_ratio": {"low": 0.2, "high": 0.2},
+    "loss_agg_mode": "token-mean",
     "group_size": 8,
     "batch": {"train": 16, "mini": 16, "micro_per_gpu": 4},
     "rollout": {"temperature": 0.8, "top_p": 0.95, "tensor_parallel": 1, "gpu_memory_utilization": 0.6},
@@ -42,6 +47,9 @@ DEFAULTS: dict[str, Any] = {
     "keep_last": None,
     "val_before_train": True,
     "val_generations": None,
+    # which saved checkpoint becomes the adapter: "last" (the reference's) or "best_val" (the highest val
+    # reward among saved steps; verl: save_freq must be a multiple of test_freq, TRL validates at every save)
+    "select": "last",
     "n_gpus_per_node": 1,
     "nnodes": 1,
     "project_name": "llmrnn_grpo",
@@ -60,6 +68,13 @@ SCHEDULERS = ("constant", "cosine")
 # verl's actor load (fsdp_workers._build_model_optimizer): "flash_attention_2" (verl's default) needs the
 # flash-attn package, which the GPU lock leaves out (a CUDA source build); sdpa is torch's own kernel
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+SELECT = ("last", "best_val")
+# verl loss_agg_mode -> TRL loss_type with the same normalisation: token-mean = every token of the batch
+# weighs the same (TRL dapo: over the global accumulated batch); seq-mean-token-mean = each sequence's mean
+# token loss, averaged (TRL grpo); seq-mean-token-sum-norm = token sums over a constant (TRL dr_grpo: the
+# max completion length). verl's seq-mean-token-sum has no TRL counterpart.
+LOSS_TYPES = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo",
+              "seq-mean-token-sum": None}
 
 
 def normalize(train_cfg: dict | None) -> dict:
@@ -78,6 +93,16 @@ def normalize(train_cfg: dict | None) -> dict:
     if cfg["verl"]["attn_implementation"] not in ATTN_IMPLEMENTATIONS:
         raise InputError(f"train.verl.attn_implementation: {cfg['verl']['attn_implementation']!r} is not one of "
                          f"{list(ATTN_IMPLEMENTATIONS)}")
+    if cfg["loss_agg_mode"] not in LOSS_TYPES:
+        raise InputError(f"train.loss_agg_mode: {cfg['loss_agg_mode']!r} is not one of {list(LOSS_TYPES)}")
+    if cfg["engine"] == "trl" and LOSS_TYPES[cfg["loss_agg_mode"]] is None:
+        raise InputError(f"train.loss_agg_mode: {cfg['loss_agg_mode']!r} is verl-only (TRL has no such loss_type); "
+                         f"use one of {[k for k, v in LOSS_TYPES.items() if v]}")
+    for side in ("low", "high"):
+        value = cfg["clip_ratio"][side]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise InputError(f"train.clip_ratio.{side}: expected a number > 0, got {value!r}")
+    check_select(cfg)
     if cfg["lr_scheduler"] not in SCHEDULERS:
         raise InputError(f"train.lr_scheduler: {cfg['lr_scheduler']!r} is not one of {list(SCHEDULERS)}")
     for path in ("group_size", "epochs", "max_prompt_length", "max_response_length", "n_gpus_per_node",
@@ -88,6 +113,32 @@ def normalize(train_cfg: dict | None) -> dict:
     if not cfg["lora"]["target_modules"]:
         raise InputError("train.lora.target_modules: empty list")
     return cfg
+
+
+def check_select(cfg: dict) -> None:
+    """train.select best_val chooses among SAVED steps by their val reward, so every saved step must be
+    validated. TRL validates at every save itself (llmrnn.train.trl_engine) and keeps the best checkpoint
+    through save_total_limit; verl validates every test_freq steps and at the last one, so its saves must
+    fall on validation steps, and it must keep every checkpoint (it rotates them without regard to val)."""
+    if cfg["select"] not in SELECT:
+        raise InputError(f"train.select: {cfg['select']!r} is not one of {list(SELECT)}")
+    if cfg["select"] != "best_val":
+        return
+    save, test = int(cfg["save_freq"] or 0), int(cfg["test_freq"] or 0)
+    if test < 1:
+        raise InputError("train.select: best_val needs validation: set train.test_freq > 0")
+    if cfg["engine"] != "verl":
+        return
+    if save < 1 or save % test:
+        raise InputError(
+            f"train.select: best_val with engine verl needs every saved step validated, but train.save_freq={save} "
+            f"is not a multiple of train.test_freq={test}: set save_freq to a multiple of test_freq"
+        )
+    if cfg["keep_last"] is not None:
+        raise InputError(
+            f"train.select: best_val with engine verl needs every checkpoint kept (train.keep_last: null, not "
+            f"{cfg['keep_last']}): verl deletes old checkpoints without regard to their val reward"
+        )
 
 
 def get(cfg: dict, dotted: str) -> Any:

@@ -32,7 +32,7 @@ from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.train import config as tcfg
 from llmrnn.train import data as tdata
-from llmrnn.train.checkpoints import discard_stale_checkpoints, run_fingerprint
+from llmrnn.train.checkpoints import choose_checkpoint, discard_stale_checkpoints, run_fingerprint
 from llmrnn.train.metrics import MetricsWriter, progress_line, trl_row
 
 log = logging.getLogger(__name__)
@@ -162,6 +162,10 @@ def grpo_arguments(cfg: dict, geo, ckpt_dir: Path, max_steps: int, validate: boo
         max_grad_norm=float(cfg["grad_clip"]),
         beta=float(cfg["kl"]["coef"]),
         entropy_coef=float(cfg["entropy_coef"]),
+        # set explicitly: TRL's own defaults are not verl's (train.clip_ratio, train.loss_agg_mode)
+        epsilon=float(cfg["clip_ratio"]["low"]),
+        epsilon_high=float(cfg["clip_ratio"]["high"]),
+        loss_type=tcfg.LOSS_TYPES[cfg["loss_agg_mode"]],
         num_generations=g,
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=geo.grad_accum,
@@ -186,6 +190,9 @@ def grpo_arguments(cfg: dict, geo, ckpt_dir: Path, max_steps: int, validate: boo
         dataloader_num_workers=0,
         shuffle_dataset=True,
         gradient_checkpointing=bool(cfg["trl"]["gradient_checkpointing"]),
+        # best_val: HF tracks the best val reward and never rotates that checkpoint away (save_total_limit)
+        metric_for_best_model="reward" if cfg["select"] == "best_val" else None,
+        greater_is_better=True if cfg["select"] == "best_val" else None,
     )
 
 
@@ -338,6 +345,19 @@ def early_stop_callback(cfg: dict, holder: dict, updates_per_step: int):
     return EarlyStop()
 
 
+def eval_at_save_callback():
+    """train.select best_val: validate at every save (HF evaluates before it saves in the same step), so
+    every checkpoint has a val reward to be chosen by, whatever test_freq is."""
+    from transformers import TrainerCallback
+
+    class EvalAtSave(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if control.should_save:  # set by DefaultFlowCallback, which runs first
+                control.should_evaluate = True
+
+    return EvalAtSave()
+
+
 def _text(value: Any) -> str:
     """A prompt/completion as text (TRL passes chat message lists for conversational rows)."""
     if isinstance(value, list):
@@ -449,7 +469,9 @@ def train(
         processing_class=tokenizer,
         peft_config=lora_config(cfg),
         callbacks=[progress_callback(writer, max_steps), sample_dump_callback(work / "samples", holder, upd),
-                   early_stop_callback(cfg, holder, upd), *(callbacks or [])],
+                   early_stop_callback(cfg, holder, upd),
+                   *([eval_at_save_callback()] if cfg["select"] == "best_val" and val_rows else []),
+                   *(callbacks or [])],
     )
     trainer.remove_callback(PrinterCallback)  # our Progress callback logs one line per step instead
     holder["trainer"] = trainer
@@ -462,8 +484,13 @@ def train(
         )
 
     finish_metrics(live_metrics, Path(metrics_path))
-    export_adapter(trainer.model, tokenizer, Path(adapter_dir), cfg)
-    log.info("GRPO done: %d/%d steps, adapter at %s", reached, max_steps, adapter_dir)
+    chosen = choose_trl_checkpoint(cfg, ckpt_dir, io.read_jsonl(metrics_path), reached, upd)
+    if chosen["checkpoint_dir"] is None:
+        export_adapter(trainer.model, tokenizer, Path(adapter_dir), cfg)
+    else:
+        export_checkpoint_adapter(Path(chosen["checkpoint_dir"]), tokenizer, Path(adapter_dir), cfg)
+    log.info("GRPO done: %d/%d steps, adapter of step %d at %s (%s)", reached, max_steps, chosen["step"],
+             adapter_dir, chosen["why"])
     return {
         "engine": "trl",
         "steps": reached,
@@ -474,7 +501,34 @@ def train(
         "val_rows": len(val_rows),
         "seconds": round(time.perf_counter() - t0, 2),
         "geometry": geo.as_dict(),
+        "checkpoint": chosen,
     }
+
+
+def choose_trl_checkpoint(cfg: dict, ckpt_dir: Path, rows: list[dict], reached: int, upd: int) -> dict:
+    """train.select over the complete checkpoints on disk (TRL steps are optimizer steps, as in
+    metrics.jsonl); `step` is in rollout steps (save_freq's unit). checkpoint_dir None = the final model."""
+    saved = {int(CKPT_RE.match(p.name).group(1)): p for p in ckpt_dir.iterdir()
+             if p.is_dir() and CKPT_RE.match(p.name) and checkpoint_complete(p)} if ckpt_dir.is_dir() else {}
+    saved.setdefault(reached, None)  # the model in memory is the final step's
+    chosen = choose_checkpoint(cfg["select"], sorted(saved), rows)
+    path = saved[chosen["step"]] if chosen["step"] != reached else None
+    def per_step(values: dict) -> dict:  # keys in rollout steps too
+        return {str(int(k) // upd): v for k, v in values.items()}
+
+    return {**chosen, "step": chosen["step"] // upd, "saved_steps": [s // upd for s in chosen["saved_steps"]],
+            "val_reward_by_step": per_step(chosen["val_reward_by_step"]),
+            "val_reward_of_saved": per_step(chosen["val_reward_of_saved"]),
+            "checkpoint_dir": str(path) if path else None}
+
+
+def export_checkpoint_adapter(checkpoint: Path, tokenizer, adapter_dir: Path, cfg: dict) -> None:
+    """The LoRA adapter of an earlier checkpoint (PEFT's files in checkpoint-N/) as the run's adapter."""
+    with io.atomic_dir(adapter_dir) as tmp:
+        for f in checkpoint.glob("adapter_*"):
+            shutil.copy2(f, Path(tmp) / f.name)
+        tokenizer.save_pretrained(tmp)
+    check_adapter(adapter_dir, cfg)
 
 
 def finish_metrics(live: Path, final: Path) -> None:

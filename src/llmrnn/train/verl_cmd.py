@@ -124,6 +124,11 @@ def build_overrides(
         "actor_rollout_ref.actor.kl_loss_type": kl["estimator"],
         "actor_rollout_ref.actor.entropy_coeff": float(cfg["entropy_coef"]),
         "actor_rollout_ref.actor.grad_clip": float(cfg["grad_clip"]),
+        # clip_ratio is verl's fallback for an unset low/high: all three set, so none is left to it
+        "actor_rollout_ref.actor.clip_ratio": float(cfg["clip_ratio"]["low"]),
+        "actor_rollout_ref.actor.clip_ratio_low": float(cfg["clip_ratio"]["low"]),
+        "actor_rollout_ref.actor.clip_ratio_high": float(cfg["clip_ratio"]["high"]),
+        "actor_rollout_ref.actor.loss_agg_mode": cfg["loss_agg_mode"],
         "actor_rollout_ref.actor.data_loader_seed": cfg["seed"],
         "actor_rollout_ref.rollout.name": "vllm",
         "actor_rollout_ref.rollout.n": cfg["group_size"],
@@ -315,9 +320,19 @@ def run(
     from llmrnn.train.trl_engine import finish_metrics
 
     finish_metrics(out / "state" / "metrics.jsonl", Path(metrics_path))
-    copy_adapter(ckpt_dir / f"global_step_{reached}" / "actor" / "lora_adapter", Path(adapter_dir), cfg)
+    chosen = choose_verl_checkpoint(cfg, ckpt_dir, io.read_jsonl(metrics_path))
+    copy_adapter(ckpt_dir / f"global_step_{chosen['step']}" / "actor" / "lora_adapter", Path(adapter_dir), cfg)
     return {"engine": "verl", "steps": reached, "planned_steps": planned, "resumed_from_step": start,
-            "train_rows": n_rows}
+            "train_rows": n_rows, "checkpoint": chosen}
+
+
+def choose_verl_checkpoint(cfg: dict, ckpt_dir: Path, rows: list[dict]) -> dict:
+    """train.select over verl's saved steps (global_step_N/actor), by verl's own val metrics per step."""
+    from llmrnn.train.checkpoints import choose_checkpoint
+
+    saved = [int(p.name.rsplit("_", 1)[1]) for p in ckpt_dir.glob("global_step_*")
+             if p.name.rsplit("_", 1)[1].isdigit() and (p / "actor").is_dir()]
+    return choose_checkpoint(cfg["select"], saved, rows)
 
 
 def _main_ppo(cmd: list[str], env: dict, out: Path, follow) -> subprocess.Popen:
