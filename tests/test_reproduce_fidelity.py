@@ -76,6 +76,10 @@ REPRODUCE_CONFIG = {
     "train.save_freq":                 20,
     "train.test_freq":                 5,
     "train.keep_last":                 None,
+    "train.select":                    "last",           # the reference merged its final step
+    "train.clip_ratio.low":            0.2,              # the card states no ratio clip ("clip 1.0" is the
+    "train.clip_ratio.high":           0.2,              # gradient's): verl's defaults, now explicit
+    "train.loss_agg_mode":             "token-mean",     # verl's default (TRL's differs: set on both engines)
     "train.val_before_train":          True,                          # val enabled
     "train.val_generations":           None,                          # verl's own validation
     "train.n_gpus_per_node":           2,
@@ -102,6 +106,11 @@ VERL_COMMON = {
     # the GPU lock, so the actor loads with sdpa and no remove-padding (tests/verl/load_actor.py proves both)
     "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
     "actor_rollout_ref.model.use_remove_padding":          "false",
+    # the ratio clip and loss aggregation, explicit (verl's defaults; the card names neither)
+    "actor_rollout_ref.actor.clip_ratio":                  "0.2",
+    "actor_rollout_ref.actor.clip_ratio_low":              "0.2",
+    "actor_rollout_ref.actor.clip_ratio_high":             "0.2",
+    "actor_rollout_ref.actor.loss_agg_mode":               "token-mean",
     "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": "0.0",
     "trainer.resume_mode":                                 "auto",
     "trainer.logger":                                      "[console,file]",
@@ -223,6 +232,10 @@ QA_REPRODUCE_CONFIG = {
     "train.save_freq":                 20,
     "train.test_freq":                 5,
     "train.keep_last":                 None,
+    "train.select":                    "last",           # the reference merged its final step
+    "train.clip_ratio.low":            0.2,              # the card states no ratio clip ("clip 1.0" is the
+    "train.clip_ratio.high":           0.2,              # gradient's): verl's defaults, now explicit
+    "train.loss_agg_mode":             "token-mean",     # verl's default (TRL's differs: set on both engines)
     "train.val_before_train":          True,
     "train.val_generations":           None,
     "train.n_gpus_per_node":           2,
