@@ -232,12 +232,12 @@ def load_cohort_secrets(split_files: Iterable[str | Path], min_id_digits: int = 
 QA_TEXT_FIELDS = ("question", "context", "reasoning")
 
 
-def load_qa_secrets(qa_files: Iterable[str | Path], min_id_digits: int = 5) -> Secrets:
+def load_qa_secrets(qa_files: Iterable[str | Path], min_id_digits: int = 5,
+                    made_up_id: Callable[[str], bool] = lambda value: False) -> Secrets:
     """Record ids, group ids (the patient for cohort-made questions) and texts of the QA data stage's
-    split files (JSONL of normalised records), and their sha256. Ids the data stage made up for records
-    that had none are not data and are left out."""
-    from llmrnn.qa.data import is_generated_id
-
+    split files (JSONL of normalised records), and their sha256. Ids that `made_up_id` (the caller's: the
+    recipe knows its own scheme) says the data stage made up for records that had none are not data and
+    are left out."""
     secrets = Secrets(noun="QA data")
     for path, records in _reference_files(qa_files, io.read_jsonl, "QA split file", secrets):
         for n, record in enumerate(records):
@@ -245,7 +245,7 @@ def load_qa_secrets(qa_files: Iterable[str | Path], min_id_digits: int = 5) -> S
                 raise InputError(f"{path}: record {n}: not a JSON object (not a QA split file)")
             for key, kind in (("id", "record id"), ("group", "group id")):
                 value = record.get(key)
-                if value is not None and not is_generated_id(str(value)):
+                if value is not None and not made_up_id(str(value)):
                     secrets.add_id(kind, value, min_id_digits)
             texts = [(f, record.get(f)) for f in QA_TEXT_FIELDS]
             if not record.get("options"):  # a free-text answer is the record's own text; a letter is not
@@ -909,13 +909,16 @@ def find_clinical_text(scan: Scan) -> None:
 
 
 def scan_bundle(bundle: str | Path, split_files: Iterable[str | Path], min_words: int = 8,
-                min_id_digits: int = 5, min_line_words: int = 3, split_format: str = "cohort") -> dict:
+                min_id_digits: int = 5, min_line_words: int = 3, split_format: str = "cohort",
+                made_up_id: Callable[[str], bool] | None = None) -> dict:
     """Scan every file under `bundle` (links followed) for the data of `split_files` (`split_format`:
-    cohort split JSONs or QA split JSONL); the report's `findings` lists what was found."""
+    cohort split JSONs or QA split JSONL, whose ids `made_up_id` says are not data are left out); the
+    report's `findings` lists what was found."""
     root = Path(bundle)
     if split_format not in SPLIT_FORMATS:
         raise InputError(f"PHI guard: split format {split_format!r} is not one of {sorted(SPLIT_FORMATS)}")
-    secrets = SPLIT_FORMATS[split_format](split_files, min_id_digits)
+    extra = {"made_up_id": made_up_id} if made_up_id is not None else {}
+    secrets = SPLIT_FORMATS[split_format](split_files, min_id_digits, **extra)
     secrets.min_words, secrets.min_line_words = min_words, min_line_words
     files = sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink())
     scan = Scan(secrets)

@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -562,6 +563,15 @@ def stage_bundle(merged: Path, card: str, manifest: dict, parent: Path) -> Path:
     return stage
 
 
+def made_up_ids(split_format: str) -> Callable[[str], bool] | None:
+    """The PHI guard's test for ids the recipe's data stage made up (not data): QA records that had no id."""
+    if split_format != "qa":
+        return None
+    from llmrnn.qa.data import is_generated_id
+
+    return is_generated_id
+
+
 def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | Path, split_files: list[str],
                   metrics: str | Path | None, rubric: str | Path | None,
                   cfg: dict, card_out: str | Path, manifest_out: str | Path, receipt_out: str | Path,
@@ -593,7 +603,8 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
     release_dir = Path(card_out).parent
     stage = stage_bundle(merged, card, manifest, release_dir.parent)
     try:
-        guard = phi_guard.scan_bundle(stage, split_files, **rel["phi_guard"], split_format=split_format)
+        guard = phi_guard.scan_bundle(stage, split_files, **rel["phi_guard"], split_format=split_format,
+                                      made_up_id=made_up_ids(split_format))
         phi_guard.enforce(guard, f"{stage.name} (merged model + card + manifest)")
         receipt: dict[str, Any] = {"uploaded": False, "repo_id": repo_id, "private": rel["private"],
                                    "created_utc": utc(), "files": sorted(manifest["model_files"]) + ["README.md", "MANIFEST.json"],
@@ -635,7 +646,8 @@ def _cmd_build(args: argparse.Namespace) -> None:
 
 def _cmd_guard(args: argparse.Namespace) -> None:
     report = phi_guard.scan_bundle(args.bundle, args.split_files, args.min_words, args.min_id_digits,
-                                   args.min_line_words, split_format=args.split_format)
+                                   args.min_line_words, split_format=args.split_format,
+                                   made_up_id=made_up_ids(args.split_format))
     print(json.dumps(report, indent=2))
     phi_guard.enforce(report, args.bundle)
 
