@@ -1,6 +1,4 @@
 # Helpers only: config validation, path builders, the config subsets rules pass as params.
-import hashlib
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -8,6 +6,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from llmrnn.provenance import code_identity
 from llmrnn.upload import env_problems
 
 # before validate: a schema error would echo a key typed in place of a variable name into the log
@@ -28,18 +27,11 @@ def cfg_json(*sections):
     return json.dumps({s: config[s] for s in sections}, sort_keys=True)
 
 
-def code_hash(*modules):
-    """sha256 of the package modules a job runs (Snakemake's code trigger sees only the shell line)."""
-    digest = hashlib.sha256()
-    for name in sorted(modules):
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
-            raise WorkflowError(
-                f"code_hash: module {name} not found; is llmrnn installed (pip install -e .)?"
-            )
-        digest.update(name.encode())
-        digest.update(Path(spec.origin).read_bytes())
-    return digest.hexdigest()[:16]
+def code_hash(verb, *also):
+    """params: the code identity of a job running `llmrnn <verb>` (+ modules `also` its command line
+    names): a hash of the package modules the verb can run (llmrnn.provenance, from the imports).
+    """
+    return code_identity(verb, *also)
 
 
 def raw_cohort_path(wildcards):
@@ -116,23 +108,6 @@ def eval_forward_cfg():
         },
         sort_keys=True,
     )
-
-
-def eval_code_hash(step):
-    modules = ["llmrnn.evaluate", "llmrnn.matching"]
-    if step == "shard":
-        modules += [
-            "llmrnn.rnn",
-            "llmrnn.backends",
-            "llmrnn.prefix_engine",
-            "llmrnn.prompts",
-            "llmrnn.jsonparse",
-            "llmrnn.cohort",
-            "llmrnn.trajectories",
-        ]
-    if step == "grade" and config["eval"]["final_judge"]["mode"] == "llm":
-        modules += ["llmrnn.backends", "llmrnn.jsonparse"]
-    return code_hash(*modules)
 
 
 def eval_role_model_inputs(roles):

@@ -27,19 +27,7 @@ rule preflight:
     params:
         endpoint=input_flag("--endpoint", "endpoint"),
         cfg=preflight_cfg(),
-        code=code_hash(
-            "llmrnn.preflight",
-            "llmrnn.reward",
-            "llmrnn.rubric",
-            "llmrnn.judge.client",
-            "llmrnn.retry",
-            "llmrnn.train.config",
-            "llmrnn.train.data",
-            "llmrnn.jsonparse",
-            "llmrnn.matching",
-            "llmrnn.stats",
-            "llmrnn.models",
-        ),
+        code=code_hash("preflight run"),
     shell:
         "llmrnn preflight run --train-parquet {input.train:q} --val-parquet {input.val:q} "
         "{params.endpoint:q} --out {output.report:q} --audit-dir {output.audit:q} "

@@ -25,7 +25,7 @@ rule train_plots:
     conda:
         conda_env("data")
     params:
-        code=code_hash("llmrnn.report", "llmrnn.train.metrics"),
+        code=code_hash("report training"),
     shell:
         "llmrnn report training --metrics {input.metrics:q} --reward {output.reward:q} "
         "--kl {output.kl:q} --truncation {output.truncation:q} 2> {log:q}"
@@ -61,7 +61,7 @@ rule eval_plots:
     conda:
         conda_env("data")
     params:
-        code=code_hash("llmrnn.report"),
+        code=code_hash("report plots"),
     shell:
         "llmrnn report plots --metrics {input.metrics:q} --comparison {input.comparison:q} "
         "--bars {output.bars:q} --by-visit {output.by_visit:q} "
