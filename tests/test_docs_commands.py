@@ -279,3 +279,16 @@ def test_a_broken_command_fails(sandbox):
     assert runs("snakemake all --configfile config/qa_demo.yaml")
     assert not runs("llmrnn chat --modle x")  # a misspelt option
     assert not runs("make no-such-target")
+
+
+def test_the_readme_seed_table_is_the_one_its_script_prints():
+    """Numbers with their script: the README's seed table has the columns benchmarks/demo_seeds.py prints."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_seeds", REPO / "benchmarks" / "demo_seeds.py")
+    demo_seeds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo_seeds)
+    readme = [line.strip() for line in (REPO / "README.md").read_text().splitlines()]
+    header = demo_seeds.HEADER.splitlines()
+    assert header[0] in readme and readme[readme.index(header[0]) + 1] == header[1]
+    assert "benchmarks/demo_seeds.py" in "\n".join(readme[max(0, readme.index(header[0]) - 6):readme.index(header[0])])
