@@ -6,6 +6,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from llmrnn.errors import LlmrnnError
 from llmrnn.provenance import code_identity
 from llmrnn.upload import env_problems
 
@@ -31,7 +32,10 @@ def code_hash(verb, *also):
     """params: the code identity of a job running `llmrnn <verb>` (+ modules `also` its command line
     names): a hash of the package modules the verb can run (llmrnn.provenance, from the imports).
     """
-    return code_identity(verb, *also)
+    try:
+        return code_identity(verb, *also)
+    except (LlmrnnError, ValueError) as exc:
+        raise WorkflowError(f"code_hash({verb!r}): {exc}") from exc
 
 
 def raw_cohort_path(wildcards):

@@ -336,3 +336,16 @@ def test_every_module_reruns_exactly_its_importers(plans):
         assert plans.changed_rules(plan) == set(), f"{plan}: a plan just marked made has params changes"
         for module in modules:
             _check(plans, plan, module)
+
+
+@pytest.mark.slow
+def test_a_rule_naming_an_unknown_module_stops_the_plan_with_one_line(workflow_dir):
+    from tests.conftest import snakemake
+
+    rules = workflow_dir / "rules" / "cohort.smk"
+    text = rules.read_text()
+    assert 'code=code_hash("cohort split"),' in text
+    rules.write_text(text.replace('code=code_hash("cohort split"),', 'code=code_hash("cohort split", "llmrnn.nope"),'))
+    proc = snakemake(workflow_dir, "-n", "all", check=False)
+    assert proc.returncode != 0
+    assert "code_hash('cohort split'): provenance: module llmrnn.nope has no source" in proc.stdout + proc.stderr
