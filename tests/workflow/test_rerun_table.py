@@ -82,7 +82,7 @@ ROWS = [
     Row("training knob", config={"train": {"lr": 2.5e-6}}, needs_rules={"train_grpo"},
         rerun=JUDGED | TRAINED_SIDE),
     Row("eval knob", config={"eval": {"stats": {"bootstrap": {"samples": 1999}}}},
-        rerun={"eval_gather", "eval_plots", "report"}),
+        rerun={"eval_gather", "eval_plots"}),
     Row("release knob", config={"release": {"private": False}}, needs_rules={"release"}, rerun={"release"}),
     Row("reward code", edit_module="llmrnn.reward", needs_rules={"preflight"},
         rerun=JUDGED | TRAINED_SIDE),
