@@ -272,7 +272,7 @@ def test_a_row_that_checks_nothing_fails(baseline: Baseline):
     """A row whose rule is missing from `all` (or from the workflow) is a failure, not a skip."""
     assert row_problem(Row("ghost", rerun={"no_such_rule"}), baseline) == (
         "names rules the workflow does not have: ['no_such_rule']")
-    assert "not in the workflow's `all`" in row_problem(Row("qa", rerun={"qa_sft"}), baseline)
+    assert row_problem(Row("qa", rerun={"qa_sft"}), baseline) == "none of ['qa_sft'] is in the workflow's `all`"
     assert "does not exist" in row_problem(Row("m", rerun={"preflight"}, edit_module="llmrnn.nope"), baseline)
 
 
