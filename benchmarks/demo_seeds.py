@@ -4,13 +4,13 @@
 
 Needs one finished `make demo` (results/demo). For each seed S it runs the workflow as run `demo_s<S>`
 with only `train.seed` changed: the stages that do not depend on the training seed (cohort, splits,
-trajectories, the base model's eval shards, the judge-agreement check) are copied from results/demo
-with their timestamps, so Snakemake reruns exactly train_grpo onwards (its rerun table), and the
-held-out patients are the demo's own, fixed before any result. Seed 42 (the demo's) is read from results/demo itself. Prints one
-line per seed: base and trained memory recall, the paired difference with its bootstrap 95% CI, the
-Wilcoxon p, the patient-specificity control (each memory's recall against other patients' visits: the
-gap own - other for base and trained, and trained - base on the gap with its Wilcoxon p), the val reward
-before and after training, the checkpoint merged (train.select) and the wall time of the run.
+trajectories, the base model's eval shards) are copied from results/demo with their timestamps, so
+Snakemake reruns exactly train_grpo onwards (its rerun table), and the held-out patients are the
+demo's own, fixed before any result. Seed 42 (the demo's) is read from results/demo itself. Prints the
+README's seed table ("What the demo measures"), one row per seed: base and trained memory recall, the
+paired difference with its bootstrap 95% CI, the Wilcoxon p, the patients better / worse, the val reward
+at every validation, the truncation, the patient-specificity control (each memory's recall against other
+patients' visits: trained - base on the gap own - other, with its Wilcoxon p) and the checkpoint merged; the wall time of each run goes to stderr.
 """
 
 from __future__ import annotations
@@ -53,33 +53,45 @@ def val_curve(run: str) -> list[float]:
     return [r["val_reward_mean"] for r in train_rows(run) if r.get("val_reward_mean") is not None]
 
 
-def truncation(run: str) -> str:
+def truncation(run: str) -> tuple[float, float]:
     """Rollouts cut at max_response_length: mean over the training steps, and at the last validation."""
     rows = train_rows(run)
     train = [r["truncation_rate"] for r in rows if r.get("kind") == "train" and r.get("truncation_rate") is not None]
     val = [r["val_truncation_rate"] for r in rows if r.get("val_truncation_rate") is not None]
-    mean = sum(train) / len(train) if train else float("nan")
-    return f"truncated: train mean {mean:.0%}, val last {val[-1] if val else float('nan'):.0%}"
+    return (sum(train) / len(train) if train else float("nan")), (val[-1] if val else float("nan"))
+
+
+HEADER = ("| seed | base | trained | difference [95% CI] | Wilcoxon p | patients better / worse | "
+          "val reward step 0 -> ... -> last | truncated: train mean, val last step | "
+          "specificity gap base -> trained, difference (Wilcoxon p) | checkpoint merged |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
+
+
+def table_row(seed: int, run: str) -> str:
+    """One row of the README's seed table, every column from the run's own files."""
+    c = json.loads((REPO / "results" / run / "eval" / "comparison.json").read_text())
+    mr = c["comparisons"]["trained"]["memory_recall"]
+    w = mr["wilcoxon"]
+    train_cut, val_cut = truncation(run)
+    return (f"| {seed} | {mr['a']:.3f} | {mr['b']:.3f} | {mr['diff']:+.3f} [{mr['ci95'][0]:+.3f}, {mr['ci95'][1]:+.3f}] "
+            f"| {w['p_value']:.4f} | {w['b_better']} / {w['a_better']} | "
+            f"{' -> '.join(f'{v:.3f}' for v in val_curve(run))} | {train_cut:.0%}, {val_cut:.0%} | "
+            f"{specificity(c)} | {chosen_step(run)} |")
 
 
 def specificity(comparison: dict) -> str:
-    """Own- minus other-patient memory recall (the control), base and trained, and the paired test on the gap."""
+    """Own- minus other-patient memory recall (the control): base -> trained, and the paired test on the gap."""
     ms = comparison["comparisons"]["trained"].get("memory_specificity")
     if not ms:
-        return "specificity: n/a"
-    return (f"other-patient recall base {ms['a_other_recall']:.3f} trained {ms['b_other_recall']:.3f}; "
-            f"specificity gap base {ms['a']:+.3f} trained {ms['b']:+.3f} diff {ms['diff']:+.3f} "
-            f"[95% CI {ms['ci95'][0]:+.3f}, {ms['ci95'][1]:+.3f}] Wilcoxon p {ms['wilcoxon']['p_value']:.4f}")
+        return "n/a"
+    return f"{ms['a']:+.3f} -> {ms['b']:+.3f}, {ms['diff']:+.3f} (p {ms['wilcoxon']['p_value']:.4f})"
 
 
 def chosen_step(run: str) -> str:
-    """The checkpoint merged (train/summary.json `checkpoint`: step, train.select, its val reward)."""
+    """The checkpoint merged (train/summary.json `checkpoint`: step and train.select)."""
     path = REPO / "results" / run / "train" / "summary.json"
     chosen = json.loads(path.read_text()).get("checkpoint") if path.is_file() else None
-    if not chosen:
-        return "checkpoint: n/a"
-    val = chosen.get("val_reward")
-    return f"checkpoint step {chosen['step']} ({chosen['select']}, val {'n/a' if val is None else f'{val:.3f}'})"
+    return f"step {chosen['step']} ({chosen['select']})" if chosen else "n/a"
 
 
 def main() -> None:
@@ -89,18 +101,11 @@ def main() -> None:
     args = ap.parse_args()
     if not (REPO / "results" / "demo" / "eval" / "comparison.json").is_file():
         sys.exit("results/demo/eval/comparison.json missing: run `make demo` first")
+    print(HEADER, flush=True)
     for seed in args.seeds:
         run, wall = ("demo", float("nan")) if seed == 42 else seed_run(seed, args.cores)
-        c = json.loads((REPO / "results" / run / "eval" / "comparison.json").read_text())
-        mr = c["comparisons"]["trained"]["memory_recall"]
-        val = val_curve(run)
-        print(
-            f"seed {seed}: memory recall base {mr['a']:.3f} trained {mr['b']:.3f} diff {mr['diff']:+.3f} "
-            f"[95% CI {mr['ci95'][0]:+.3f}, {mr['ci95'][1]:+.3f}] Wilcoxon p {mr['wilcoxon']['p_value']:.4f} "
-            f"(n = {mr['n_pairs']}); {specificity(c)}; val reward {val[0] if val else float('nan'):.3f} -> "
-            f"{val[-1] if val else float('nan'):.3f}; {chosen_step(run)}; {truncation(run)}; run {wall:.0f} s",
-            flush=True,
-        )
+        print(table_row(seed, run), flush=True)
+        print(f"seed {seed}: run {run}, {wall:.0f} s", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ rule synth_cohort:
     params:
         patients=config["cohort"]["synthetic"]["patients"],
         seed=config["cohort"]["synthetic"]["seed"],
-        code=code_hash("llmrnn.cohort"),
+        code=code_hash("cohort synth"),
     shell:
         "llmrnn cohort synth --patients {params.patients:q} --seed {params.seed:q} "
         "--out {output.cohort:q} --meta {output.meta:q} 2> {log:q}"
@@ -27,7 +27,7 @@ rule clean_cohort:
         conda_env("data")
     params:
         raw_cohort_sha256=raw_cohort_sha256,
-        code=code_hash("llmrnn.cohort"),
+        code=code_hash("cohort clean"),
     shell:
         "llmrnn cohort clean --cohort {input.cohort:q} --out {output.cleaned:q} "
         "--report {output.report:q} 2> {log:q}"
@@ -47,7 +47,7 @@ rule split_cohort:
         conda_env("data")
     params:
         cfg=split_cfg_json(),
-        code=code_hash("llmrnn.cohort"),
+        code=code_hash("cohort split"),
     shell:
         "llmrnn cohort split --cohort {input.cleaned:q} --train {output.train:q} --val {output.val:q} --test {output.test:q} "
         "--summary {output.summary:q} "

@@ -2,8 +2,6 @@
 # pass as params) lives in llmrnn.plan (tested by tests/test_plan.py); what stays here needs Snakemake:
 # its `rules`/`workflow` objects, WorkflowError, or the code hashes of the modules a job runs.
 import functools
-import hashlib
-import importlib.util
 import os
 from pathlib import Path
 
@@ -13,6 +11,7 @@ from snakemake.utils import validate
 from llmrnn.configcheck import shard_problems, value_problems
 from llmrnn.errors import LlmrnnError
 from llmrnn.plan import Plan
+from llmrnn.provenance import code_identity
 from llmrnn.upload import env_problems
 
 # before validate: a schema error would echo a key typed in place of a variable name into the log
@@ -56,35 +55,14 @@ globals().update(
 )
 
 
-def code_hash(*modules):
-    """sha256 of the package modules a job runs (Snakemake's code trigger sees only the shell line)."""
-    digest = hashlib.sha256()
-    for name in sorted(modules):
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
-            raise WorkflowError(
-                f"code_hash: module {name} not found; is llmrnn installed (pip install -e .)?"
-            )
-        digest.update(name.encode())
-        digest.update(Path(spec.origin).read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def eval_code_hash(step):
-    modules = ["llmrnn.evaluate", "llmrnn.matching"]
-    if step == "shard":
-        modules += [
-            "llmrnn.rnn",
-            "llmrnn.backends",
-            "llmrnn.prefix_engine",
-            "llmrnn.prompts",
-            "llmrnn.jsonparse",
-            "llmrnn.cohort",
-            "llmrnn.trajectories",
-        ]
-    if step == "grade" and config["eval"]["final_judge"]["mode"] == "llm":
-        modules += ["llmrnn.backends", "llmrnn.jsonparse"]
-    return code_hash(*modules)
+def code_hash(verb, *also):
+    """params: the code identity of a job running `llmrnn <verb>` (+ modules `also` its command line
+    names): a hash of the package modules the verb can run (llmrnn.provenance, from the imports).
+    """
+    try:
+        return code_identity(verb, *also)
+    except (LlmrnnError, ValueError) as exc:
+        raise WorkflowError(f"code_hash({verb!r}): {exc}") from exc
 
 
 # ----------------------------------------------------------------------------- glue over `rules`/`workflow`

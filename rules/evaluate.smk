@@ -27,7 +27,7 @@ rule eval_shard:
         cfg=eval_forward_cfg(),
         memory=eval_memory_arg,
         shards=config["eval"]["shards"],
-        code=eval_code_hash("shard"),
+        code=code_hash("evaluate shard"),
     shell:
         "llmrnn evaluate shard --test {input.test:q} --variant {wildcards.variant:q} {params.memory:q} "
         "--prompts {input.prompts:q} --threads {threads:q} "
@@ -48,7 +48,7 @@ rule eval_grade:
         conda_env("data")
     params:
         cfg=eval_cfg_json("final_judge", "grade_visits"),
-        code=eval_code_hash("grade"),
+        code=code_hash("evaluate grade"),
     shell:
         "llmrnn evaluate grade --shard {input:q} --out {output:q} --cfg {params.cfg:q} 2> {log:q}"
 
@@ -65,7 +65,7 @@ rule eval_gather:
         conda_env("data")
     params:
         cfg=eval_cfg_json("final_judge", "stats"),
-        code=code_hash("llmrnn.evaluate", "llmrnn.stats", "llmrnn.matching"),
+        code=code_hash("evaluate gather"),
     shell:
         "llmrnn evaluate gather --graded {input:q} --metrics {output.metrics:q} "
         "--comparison {output.comparison:q} --cfg {params.cfg:q} 2> {log:q}"

@@ -21,17 +21,7 @@ rule judge_server:
         cpus_per_task=config["judge"]["resources"]["cpus_per_task"],
     params:
         cfg=cfg_json("judge"),
-        code=code_hash(
-            "llmrnn.judge",
-            "llmrnn.judge.client",
-            "llmrnn.judge.launcher",
-            "llmrnn.judge.server",
-            "llmrnn.backends",
-            "llmrnn.models",
-            "llmrnn.retry",
-            "llmrnn.rubric",
-            "llmrnn.train.ray_cluster",
-        ),
+        code=code_hash("judge server"),
     shell:
         # exec: Snakemake's SIGTERM at the end of the consumers reaches the launcher, which stops the server.
         "exec llmrnn judge server --rubric {input.rubric:q} --endpoint {output.endpoint:q} "

@@ -22,7 +22,7 @@ rule merge_model:
         cpus_per_task=config["merge"]["resources"]["cpus_per_task"],
     params:
         cfg=merge_cfg_json(),
-        code=code_hash("llmrnn.merge"),
+        code=code_hash("merge run"),
     shell:
         "llmrnn merge run --base {input.base:q} --adapter {input.adapter:q} --out {output.merged:q} "
         "--check {output.check:q} --cfg {params.cfg:q} 2> {log:q}"

@@ -20,7 +20,7 @@ rule prepare_base_model:
         mem_mb=model_mem_mb,
     params:
         cfg=model_cfg_json,
-        code=code_hash("llmrnn.models"),
+        code=code_hash("models prepare"),
     shell:
         "llmrnn models prepare --name {wildcards.name:q} --cfg {params.cfg:q} --out {output.marker:q} 2> {log:q}"
 
@@ -44,5 +44,6 @@ rule prepare_judge_model:
     params:
         rubric=config["judge"]["rubric"],
         model=judge_model_cfg_json(),
+        code=code_hash("judge prepare-model"),
     shell:
         "llmrnn judge prepare-model --rubric {params.rubric:q} --out {output.marker:q} 2> {log:q}"

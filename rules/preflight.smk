@@ -25,20 +25,7 @@ rule preflight:
     params:
         endpoint=input_flag("--endpoint", "endpoint"),
         cfg=preflight_cfg(),
-        code=code_hash(
-            "llmrnn.preflight",
-            "llmrnn.reward",
-            "llmrnn.rubric",
-            "llmrnn.judge.client",
-            "llmrnn.retry",
-            "llmrnn.train.config",
-            "llmrnn.train.data",
-            "llmrnn.train.ray_cluster",
-            "llmrnn.jsonparse",
-            "llmrnn.matching",
-            "llmrnn.stats",
-            "llmrnn.models",
-        ),
+        code=code_hash("preflight run"),
     shell:
         "llmrnn preflight run --train-parquet {input.train:q} --val-parquet {input.val:q} "
         "{params.endpoint:q} --out {output.report:q} --audit-dir {output.audit:q} "
@@ -65,16 +52,7 @@ rule judge_agreement:
     threads: 1
     params:
         cfg=judge_agreement_cfg(),
-        code=code_hash(
-            "llmrnn.preflight",
-            "llmrnn.reward",
-            "llmrnn.rubric",
-            "llmrnn.judge.client",
-            "llmrnn.retry",
-            "llmrnn.jsonparse",
-            "llmrnn.matching",
-            "llmrnn.stats",
-        ),
+        code=code_hash("preflight agreement"),
     shell:
         "llmrnn preflight agreement --train-parquet {input.train:q} --endpoint {input.endpoint:q} "
         "--out {output.report:q} --audit-dir {output.audit:q} --cfg {params.cfg:q} 2> {log:q}"

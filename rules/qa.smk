@@ -15,7 +15,7 @@ rule qa_synth:
         conda_env("data")
     params:
         cfg=qa_synth_cfg(),
-        code=code_hash("llmrnn.qa.synth", "llmrnn.qa.data"),
+        code=code_hash("qa synth"),
     shell:
         "llmrnn qa synth --cohort {input.cohort:q} --out {output.questions:q} --ood {output.ood:q} "
         "--cfg {params.cfg:q} 2> {log:q}"
@@ -43,7 +43,7 @@ rule qa_data:
         source=qa_source_param,
         ood=qa_ood_param,
         cfg=qa_data_cfg(),
-        code=code_hash("llmrnn.qa.data", "llmrnn.qa.rewards"),
+        code=code_hash("qa data"),
     shell:
         "llmrnn qa data --source {params.source:q} --ood {params.ood:q} --cfg {params.cfg:q} "
         "--train {output.train:q} --val {output.val:q} --test {output.test:q} --ood-out {output.ood:q} "
@@ -72,7 +72,7 @@ rule qa_sft:
         cpus_per_task=config["qa"]["sft"]["resources"]["cpus_per_task"],
     params:
         cfg=qa_sft_cfg(),
-        code=code_hash("llmrnn.qa.sft", "llmrnn.train.trl_engine"),
+        code=code_hash("qa sft"),
     shell:
         "llmrnn qa sft --train {input.train:q} --val {input.val:q} --model {input.model:q} "
         "--adapter {output.adapter:q} --metrics {output.metrics:q} --summary {output.summary:q} "
@@ -98,7 +98,7 @@ rule qa_merge_sft:
         cpus_per_task=config["merge"]["resources"]["cpus_per_task"],
     params:
         cfg=qa_sft_merge_cfg(),
-        code=code_hash("llmrnn.merge"),
+        code=code_hash("merge run"),
     shell:
         "llmrnn merge run --base {input.base:q} --adapter {input.adapter:q} --out {output.merged:q} "
         "--check {output.check:q} --cfg {params.cfg:q} 2> {log:q}"
@@ -118,7 +118,7 @@ rule qa_preflight:
     params:
         cfg=cfg_json("train"),
         out_dir=lambda w, output: os.path.dirname(output.report),
-        code=code_hash("llmrnn.preflight", "llmrnn.train.config", "llmrnn.train.data"),
+        code=code_hash("preflight training"),
     shell:
         "llmrnn preflight training --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
         "--model {input.policy:q} --out-dir {params.out_dir:q} --out {output.report:q} > {log:q} 2>&1"
@@ -150,17 +150,7 @@ rule qa_train_grpo:
         work=lambda w, output: os.path.dirname(output.metrics),
         cfg=qa_train_cfg(),
         endpoint=input_flag("--endpoint", "endpoint"),
-        code=code_hash(
-            "llmrnn.train",
-            "llmrnn.train.checkpoints",
-            "llmrnn.train.config",
-            "llmrnn.train.data",
-            "llmrnn.train.metrics",
-            "llmrnn.train.ray_cluster",
-            "llmrnn.train.trl_engine",
-            "llmrnn.train.verl_cmd",
-            "llmrnn.qa.rewards",
-        ),
+        code=code_hash("train run", "llmrnn.qa.rewards"),
     shell:
         "llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
         "--model {input.model:q} --work-dir {params.work:q} --adapter {output.adapter:q} "
@@ -189,7 +179,7 @@ rule qa_eval_model:
         cpus_per_task=config["qa"]["eval"]["resources"]["cpus_per_task"],
     params:
         cfg=qa_eval_cfg(),
-        code=code_hash("llmrnn.qa.evaluate", "llmrnn.qa.rewards", "llmrnn.qa.data"),
+        code=code_hash("qa eval"),
     shell:
         "llmrnn qa eval --model {input.model:q} --questions {input.questions:q} "
         "--variant {wildcards.variant:q} --split {wildcards.split:q} --threads {threads:q} --out {output:q} "
@@ -209,7 +199,7 @@ rule qa_eval_gather:
         conda_env("data")
     params:
         cfg=qa_eval_cfg(),
-        code=code_hash("llmrnn.qa.evaluate", "llmrnn.qa.rewards", "llmrnn.stats"),
+        code=code_hash("qa gather"),
     shell:
         "llmrnn qa gather --inputs {input.files:q} --train {input.train:q} --metrics {output.metrics:q} "
         "--comparison {output.comparison:q} --cfg {params.cfg:q} 2> {log:q}"
@@ -237,7 +227,7 @@ rule qa_report:
     conda:
         conda_env("data")
     params:
-        code=code_hash("llmrnn.qa.report", "llmrnn.report"),
+        code=code_hash("qa report"),
     shell:
         "llmrnn qa report --metrics {input.metrics:q} --comparison {input.comparison:q} "
         "--inputs {input.files:q} --plot {output.plot:q} --summary {output.summary:q} "

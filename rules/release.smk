@@ -24,9 +24,7 @@ rule release:
         cfg=release_cfg_json(),
         split_format=release_split_format(),
         rubric=input_flag("--rubric", "rubric"),
-        code=code_hash(
-            "llmrnn.release", "llmrnn.phi_guard", "llmrnn.upload", "llmrnn.qa.data"
-        ),
+        code=code_hash("release build"),
     shell:
         "llmrnn release build --merged {input.merged:q} --merge-check {input.check:q} "
         "--splits {input.splits:q} --split-files {input.split_files:q} {params.split_format:q} "

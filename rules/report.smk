@@ -26,7 +26,7 @@ rule train_plots:
     conda:
         conda_env("data")
     params:
-        code=code_hash("llmrnn.report", "llmrnn.train.metrics"),
+        code=code_hash("report training"),
     shell:
         "llmrnn report training --metrics {input.metrics:q} --summary {input.summary:q} --reward {output.reward:q} "
         "--kl {output.kl:q} --truncation {output.truncation:q} 2> {log:q}"
@@ -67,7 +67,7 @@ rule eval_plots:
     conda:
         conda_env("data")
     params:
-        code=code_hash("llmrnn.report"),
+        code=code_hash("report plots"),
     shell:
         "llmrnn report plots --metrics {input.metrics:q} --comparison {input.comparison:q} "
         "--bars {output.bars:q} --by-visit {output.by_visit:q} "
@@ -89,6 +89,6 @@ rule judge_agreement_plot:
     conda:
         conda_env("data")
     params:
-        code=code_hash("llmrnn.report", "llmrnn.stats"),
+        code=code_hash("report agreement"),
     shell:
         "llmrnn report agreement --agreement {input.agreement:q} --plot {output.plot:q} 2> {log:q}"

@@ -35,25 +35,7 @@ rule train_grpo:
         cfg=cfg_json("train", "reward", "preflight"),
         judge_gpus=train_judge_gpus(),
         endpoint=input_flag("--endpoint", "endpoint"),
-        code=code_hash(
-            "llmrnn.train",
-            "llmrnn.train.checkpoints",
-            "llmrnn.train.config",
-            "llmrnn.train.data",
-            "llmrnn.train.metrics",
-            "llmrnn.train.ray_cluster",
-            "llmrnn.train.trl_engine",
-            "llmrnn.train.verl_cmd",
-            "llmrnn.reward",
-            "llmrnn.rubric",
-            "llmrnn.judge",
-            "llmrnn.judge.client",
-            "llmrnn.retry",
-            "llmrnn.preflight",
-            "llmrnn.jsonparse",
-            "llmrnn.matching",
-            "llmrnn.models",
-        ),
+        code=code_hash("train run"),
     shell:
         "llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
         "--model {input.model:q} --work-dir {params.work:q} --adapter {output.adapter:q} "

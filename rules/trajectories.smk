@@ -27,15 +27,7 @@ rule trajectory_shard:
         cpus_per_task=config["trajectories"]["resources"]["cpus_per_task"],
     params:
         cfg=trajectories_cfg_json(),
-        code=code_hash(
-            "llmrnn.trajectories",
-            "llmrnn.rnn",
-            "llmrnn.backends",
-            "llmrnn.prefix_engine",
-            "llmrnn.prompts",
-            "llmrnn.jsonparse",
-            "llmrnn.matching",
-        ),
+        code=code_hash("trajectories shard"),
     shell:
         "llmrnn trajectories shard --split {wildcards.split:q} --split-file {input.split:q} "
         "--shard {wildcards.k:q} --prompts {input.prompts:q} --threads {threads:q} "
@@ -58,7 +50,7 @@ rule dump_trajectories:
     conda:
         conda_env("cpu")
     params:
-        code=code_hash("llmrnn.trajectories", "llmrnn.stats", "llmrnn.models"),
+        code=code_hash("trajectories gather"),
     shell:
         "llmrnn trajectories gather --split {wildcards.split:q} --parts {input.parts:q} "
         "--stats {input.stats:q} --tokenizer {input.tokenizer:q} "

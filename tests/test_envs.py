@@ -4,7 +4,9 @@ metadata only); the verl env installs the GPU lock in its post-deploy script."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -45,7 +47,26 @@ def test_pip_section_resolves(path, tmp_path):
 def test_verl_env_installs_the_gpu_lock_as_written():
     conda = yaml.safe_load((REPO / "envs" / "verl.yaml").read_text())["dependencies"]
     assert "uv" in conda and not _pip_lines(REPO / "envs" / "verl.yaml")
-    script = REPO / "envs" / "verl.post-deploy.sh"
-    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
-    text = script.read_text()
-    assert '--no-deps -r "$LLMRNN_REPO/envs/gpu-lock.txt"' in text and '-e "$LLMRNN_REPO"' in text
+
+
+def test_verl_post_deploy_installs_the_lock_then_llmrnn_without_resolving(tmp_path):
+    """The script run as Snakemake runs it (LLMRNN_REPO set), with a stand-in `uv` that records its
+    arguments (the real one would install a GPU stack): the lock as written, then llmrnn, both --no-deps."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "bin" / "uv"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {calls}\n')
+    fake.chmod(0o755)
+    env = dict(os.environ, LLMRNN_REPO=str(REPO), PATH=f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.run(["bash", str(REPO / "envs" / "verl.post-deploy.sh")], env=env, capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    python = shutil.which("python", path=env["PATH"])
+    assert calls.read_text().splitlines() == [
+        f"pip install --python {python} --no-deps -r {REPO}/envs/gpu-lock.txt",
+        f"pip install --python {python} --no-deps -e {REPO}",
+    ]
+    env.pop("LLMRNN_REPO")
+    proc = subprocess.run(["bash", str(REPO / "envs" / "verl.post-deploy.sh")], env=env, capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode != 0 and "LLMRNN_REPO must name the llmrnn repository" in proc.stderr

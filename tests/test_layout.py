@@ -98,7 +98,7 @@ def test_each_command_is_registered_by_the_module_the_table_names():
         if row["command"] is None:
             continue
         home = module_name(row["modules"][0])
-        assert home in cli.STAGE_MODULES, f"{name}: {home} is not in cli.STAGE_MODULES"
+        assert home in map(cli.stage_module, cli.STAGES), f"{name}: {home} is not a stage module of cli.STAGES"
         assert row["command"] in registered_commands(home), f"{name}: {home} does not register {row['command']}"
 
 
@@ -134,3 +134,107 @@ def test_no_function_is_longer_than_100_lines():
     long = [f"{where} ({n} lines)" for n, where, rel in lengths
             if n > MAX_FUNCTION_LINES]
     assert not long, "split these where the parts have names of their own: " + "; ".join(long)
+
+
+# ----------------------------------------------------------------------------- layers that point one way
+# The package bottom up. A module imports (at module level or in a function, as llmrnn.provenance reads it)
+# only modules of its own layer or below, and the import graph has no loop. cli sits low: it holds the
+# argument types the stages' register() use and loads the stage it dispatches to by name, never by import.
+LAYERS: list[tuple[str, set[str]]] = [
+    ("leaves", {"errors", "constants"}),
+    ("helpers", {"io", "stats", "jsonparse", "matching", "retry", "prompts", "rubric", "gpus", "upload", "cli"}),
+    ("services", {"prefix_engine", "backends", "models", "cohort", "judge", "judge.client", "judge.server",
+                  "judge.launcher", "phi_guard"}),
+    ("reward", {"reward"}),
+    ("stages", {"rnn", "trajectories", "merge", "report", "gpu_stack", "train", "train.checkpoints",
+                "train.config", "train.data", "train.diagnose", "train.metrics", "train.trl_engine",
+                "train.verl_cmd"}),
+    ("checks and recipes", {"evaluate", "preflight", "qa", "qa.data", "qa.evaluate", "qa.report", "qa.rewards",
+                            "qa.sft", "qa.synth"}),
+    ("top", {"release", "check", "chat", "provenance"}),
+]
+
+
+def package_modules() -> list[str]:
+    root = REPO / "src" / "llmrnn"
+    return sorted(module_name(str(p.relative_to(REPO))) for p in root.rglob("*.py"))
+
+
+def import_graph() -> dict[str, set[str]]:
+    from llmrnn import provenance
+
+    root = REPO / "src" / "llmrnn"
+    return {m: provenance.direct_imports(m, root) - {m} for m in package_modules()}
+
+
+def upward_imports(graph: dict[str, set[str]], layers: list[tuple[str, set[str]]]) -> list[str]:
+    layer_of = {f"llmrnn.{m}".removesuffix("."): (i, name) for i, (name, mods) in enumerate(layers) for m in mods}
+    return [f"{a} ({layer_of[a][1]}) imports {b} ({layer_of[b][1]})" for a, targets in sorted(graph.items())
+            for b in sorted(targets) if a in layer_of and b in layer_of and layer_of[b][0] > layer_of[a][0]]
+
+
+def import_loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The loops of the graph (strongly connected parts of more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    loops: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                loops.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return loops
+
+
+def test_every_module_has_a_layer():
+    listed = {f"llmrnn.{m}" for _, mods in LAYERS for m in mods}
+    modules = set(package_modules()) - {"llmrnn"}
+    assert modules - listed == set(), f"give these modules a layer in LAYERS: {sorted(modules - listed)}"
+    assert listed - modules == set(), f"LAYERS names modules that do not exist: {sorted(listed - modules)}"
+
+
+def test_no_import_runs_back_up_the_layers():
+    graph = import_graph()
+    assert "llmrnn.train.config" in graph["llmrnn.preflight"]  # the reader sees function-level imports
+    assert upward_imports(graph, LAYERS) == []
+    assert import_loops(graph) == []
+
+
+def test_the_shared_pieces_sit_below_their_users():
+    """The issue's three arrows: training does not import its preflight, the release guard knows no
+    recipe, and the reward (verl's reward workers import it) does not bring the forward pass along."""
+    from llmrnn import provenance
+
+    root = REPO / "src" / "llmrnn"
+    graph = import_graph()
+    assert "llmrnn.preflight" not in provenance.closure(["llmrnn.train"], root)
+    assert not [m for m in graph["llmrnn.phi_guard"] if m.startswith("llmrnn.qa")]
+    reward = set(provenance.closure(["llmrnn.reward"], root))
+    assert not reward & {"llmrnn.trajectories", "llmrnn.rnn", "llmrnn.backends", "llmrnn.prefix_engine"}, reward
+
+
+def test_an_upward_import_or_a_loop_is_found():
+    layers = [("low", {"a"}), ("high", {"b"})]
+    assert upward_imports({"llmrnn.a": {"llmrnn.b"}, "llmrnn.b": set()}, layers) == [
+        "llmrnn.a (low) imports llmrnn.b (high)"]
+    assert upward_imports({"llmrnn.b": {"llmrnn.a"}, "llmrnn.a": set()}, layers) == []
+    assert import_loops({"x": {"y"}, "y": {"z"}, "z": {"x"}, "w": {"x"}}) == [["x", "y", "z"]]

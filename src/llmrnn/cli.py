@@ -16,24 +16,20 @@ import sys
 
 from llmrnn.errors import InputError, LlmrnnError
 
-# Each module exposes `register(subparsers)`; its subcommands set `func` (args -> int | None).
-STAGE_MODULES = [
-    "llmrnn.cohort",
-    "llmrnn.models",
-    "llmrnn.trajectories",
-    "llmrnn.judge",
-    "llmrnn.preflight",
-    "llmrnn.train",
-    "llmrnn.merge",
-    "llmrnn.release",
-    "llmrnn.evaluate",
-    "llmrnn.report",
-    "llmrnn.check",
-    "llmrnn.runconfig",
-    "llmrnn.gpus",
-    "llmrnn.qa",
-    "llmrnn.chat",
-]
+# `llmrnn <stage>` is served by the module llmrnn.<stage> (MODULE_OF names the exceptions), which exposes
+# `register(subparsers)`; its subcommands set `func` (args -> int | None). A command imports only its own
+# stage module, so the code a job runs is that module's import closure (llmrnn.provenance hashes it for the
+# rules' `code` params).
+STAGES = ("cohort", "models", "trajectories", "judge", "preflight", "train", "merge", "release", "evaluate",
+          "report", "check", "config", "gpus", "qa", "chat")
+MODULE_OF = {"config": "llmrnn.runconfig"}
+
+
+def stage_module(stage: str) -> str:
+    """The module that registers `llmrnn <stage>`."""
+    if stage not in STAGES:
+        raise ValueError(f"no llmrnn stage {stage!r}; stages: {', '.join(STAGES)}")
+    return MODULE_OF.get(stage, f"llmrnn.{stage}")
 
 
 def json_arg(text: str) -> dict:
@@ -51,13 +47,12 @@ def json_arg(text: str) -> dict:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(stages: tuple[str, ...] = STAGES) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmrnn", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in STAGE_MODULES:
-        module = importlib.import_module(name)
-        module.register(sub)
+    for stage in stages:
+        importlib.import_module(stage_module(stage)).register(sub)
     return parser
 
 
@@ -96,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
     if command in PATIENT_TEXT_COMMANDS:  # before parsing: a usage error may quote an argument
         private_log_files()
-    parser = build_parser()
+    # a known stage loads its module alone; anything else (--help, a typo) gets the parser of all stages
+    parser = build_parser((command,) if command in STAGES else STAGES)
     try:
         args = parser.parse_args(argv)
     except LlmrnnError as exc:  # raised by an argument's type, e.g. json_arg

@@ -106,3 +106,17 @@ def register(sub) -> None:
     p.add_argument("--judge-gpus", type=int, default=1)
     p.add_argument("--train-gpus", type=int, default=None)
     p.set_defaults(func=_cmd_assign)
+
+
+def visible_gpus() -> int:
+    """GPUs this process can use (torch if importable, else CUDA_VISIBLE_DEVICES)."""
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except Exception as exc:  # noqa: BLE001 - no torch: fall back to the environment
+        log.debug("torch GPU count unavailable: %s", exc)
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return len([x for x in env.split(",") if x.strip() and x.strip() != "-1"])
+    return 0

@@ -37,59 +37,21 @@ import os
 import shutil
 import time
 from collections import Counter
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
+from llmrnn.gpus import visible_gpus
 from llmrnn.models import model_folder
 from llmrnn.stats import percentile
+from llmrnn.train.config import PreflightConfig
 
 log = logging.getLogger(__name__)
 
 
 CANDIDATES = ("h_ref", "h_prev", "empty")
 EMPTY_MEMORY = json.dumps({"evolving_summary": ""})
-
-
-@dataclass(frozen=True)
-class PreflightConfig:
-    """Config section `preflight` (config/README.md)."""
-
-    rows: int = 8
-    seed: int = 0
-    max_fallback_rate: float = 0.25
-    fallback_window: int = 64  # judged samples the training-time guard looks back over
-    min_distinct_rewards: int = 3
-    on_problem: str = "fail"  # fail | warn
-    # judge agreement: does the judge's reward rank a patient's reference memory above a wrong one?
-    agreement_pairs: int = 12
-    agreement_warn_below: float = 0.75  # a warning below this share of pairs ranked right
-    agreement_fail_below: float = 0.5  # a problem (on_problem) below this: no better than a coin
-
-    @classmethod
-    def from_dict(cls, value: dict | None) -> PreflightConfig:
-        value = dict(value or {})
-        allowed = {f.name for f in fields(cls)}
-        unknown = set(value) - allowed
-        if unknown:
-            raise InputError(f"preflight: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
-        cfg = cls(**value)
-        if cfg.on_problem not in ("fail", "warn"):
-            raise InputError(f"preflight.on_problem: {cfg.on_problem!r} is not one of fail, warn")
-        if cfg.rows < 1:
-            raise InputError("preflight.rows: must be >= 1")
-        if cfg.fallback_window < 1:
-            raise InputError("preflight.fallback_window: must be >= 1")
-        if cfg.agreement_pairs < 0:
-            raise InputError("preflight.agreement_pairs: must be >= 0 (0 = no agreement check)")
-        if not 0 <= cfg.agreement_fail_below <= cfg.agreement_warn_below <= 1:
-            raise InputError(
-                f"preflight.agreement_fail_below ({cfg.agreement_fail_below}) <= agreement_warn_below "
-                f"({cfg.agreement_warn_below}) must both lie in [0, 1]"
-            )
-        return cfg
 
 
 def load_rows(parquet: str | Path, k: int, seed: int) -> list[dict]:
@@ -388,20 +350,6 @@ def _first_answer(scorer, result: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- training checks
-def visible_gpus() -> int:
-    """GPUs this process can use (torch if importable, else CUDA_VISIBLE_DEVICES)."""
-    try:
-        import torch
-
-        return int(torch.cuda.device_count())
-    except Exception as exc:  # noqa: BLE001 - no torch: fall back to the environment
-        log.debug("torch GPU count unavailable: %s", exc)
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        return len([x for x in env.split(",") if x.strip() and x.strip() != "-1"])
-    return 0
-
-
 def _split_lengths(split: str, path, tokenizer, limit: int, max_dropped_fraction: float) -> tuple[dict, int, list[str]]:
     """Prompt lengths of one parquet vs max_prompt_length: (report, rows that fit, problems)."""
     from llmrnn.train import data as tdata

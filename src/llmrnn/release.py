@@ -29,6 +29,7 @@ import stat
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any

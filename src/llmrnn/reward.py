@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from llmrnn import jsonparse
+from llmrnn.constants import DATA_SOURCE
 from llmrnn.errors import InputError, LlmrnnError
 from llmrnn.judge.client import Endpoint, JudgeClient, JudgeUnavailable, wait_for_endpoint
 from llmrnn.matching import anticipated_share
@@ -73,7 +74,6 @@ from llmrnn.rubric import (
     response_text,
     scalar_request,
 )
-from llmrnn.trajectories import DATA_SOURCE
 
 log = logging.getLogger(__name__)
 

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from llmrnn import io
+from llmrnn.constants import DATA_SOURCE
 from llmrnn.errors import InputError
 from llmrnn.stats import percentile
 
 log = logging.getLogger(__name__)
 
-DATA_SOURCE = "llm_as_rnn_memory_update"
 ABILITY = "clinical_summary"
 REWARD_STYLE = "rubric"
 MIN_VISITS = 3

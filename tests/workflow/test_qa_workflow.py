@@ -72,7 +72,7 @@ def test_qa_demo_runs_end_to_end_and_reruns_by_the_table(workflow_dir, tiny_mode
     assert set(metrics["splits"]) == {"test", "ood"}
     for split in ("test", "ood"):
         assert set(metrics["splits"][split]) == {"base", "sft", "grpo"}
-        for m in metrics["splits"][split].values():
+        for variant, m in metrics["splits"][split].items():
             assert m["greedy_pass@1"]["mode"] == "greedy: temperature 0, n 1"
             assert m["sampling_pass@k"]["mode"].startswith("sampling: temperature 0.8") and "n 2" in \
                 m["sampling_pass@k"]["mode"]
@@ -82,7 +82,11 @@ def test_qa_demo_runs_end_to_end_and_reruns_by_the_table(workflow_dir, tiny_mode
             assert m["sampling_pass@2"]["value"] == pytest.approx(m["sampling_pass@k"]["value"])
             assert m["greedy_pass@1"]["chance"]["uniform_guess"] == 0.25  # 4 options
             assert m["sampling_pass@2"]["chance"]["most_common_train_answer"] is not None
-            assert m["sampling_pass@k"]["value"] >= m["greedy_pass@1"]["value"] or m["sampling_pass@k"]["n"] > 0
+            # each metric counts its questions' own answers: greedy correct, and any of the k samples correct
+            answers = [json.loads(x) for x in (run / f"eval/{variant}/{split}.jsonl").read_text().splitlines()[1:]]
+            assert answers and m["sampling_pass@k"]["n"] == m["greedy_pass@1"]["n"] == len(answers)
+            assert m["greedy_pass@1"]["correct"] == sum(a["greedy"]["correct"] for a in answers)
+            assert m["sampling_pass@k"]["correct"] == sum(any(x["correct"] for x in a["samples"]) for a in answers)
     comparison = json.loads((run / "eval/comparison.json").read_text())
     assert set(comparison["splits"]["test"]) == {"sft_vs_base", "grpo_vs_base", "grpo_vs_sft"}
     for pair in comparison["splits"]["test"].values():

@@ -1,10 +1,13 @@
 """Rerun table: after one real run of `all`, each change reruns exactly the stages that
 depend on it, and nothing else. Asserted by dry runs with params/code/input/mtime triggers.
 
-Data-driven: a row names its change and the rules that must rerun. Expected rules that the workflow
-does not run (yet) are dropped from the row; a row whose change needs a config key or rule that does
-not exist is skipped with the reason. Every rule in the run that a row does not name must NOT rerun.
-test_wrong_expectation_fails shows the check catches a wrong row.
+Data-driven: a row names its change and the rules that must rerun. A row runs against the baseline of
+its reward mode: the demo's outcome reward (no judge), or a judged one (reward.mode scalar: the judge
+server, preflight and training ask the judge) for the rows about the judge. Expected rules that the
+baseline does not run (judge_server in outcome mode) are dropped from the row; a row that names a rule the
+workflow does not have, or whose change needs a config key, module or rule missing from the baseline's
+`all`, FAILS (a table that skips checks nothing). Every rule in the run that a row does not name must NOT
+rerun. test_wrong_expectation_fails shows the check catches a wrong row.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator
@@ -21,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from llmrnn import provenance
 from tests.conftest import REPO, WORKFLOW_PARTS
 from tests.slurm.dag import EXTRA_PARTS, parse_dry_run, run, write_small_config
 
@@ -30,7 +35,7 @@ TRIGGERS = ["--rerun-triggers", "params", "code", "input", "mtime"]
 # waits (up to --latency-wait) for preflight.json, which takes longer than the default 5 s here.
 GROUP_WAIT = ["--latency-wait", "180"]
 TRAINED_SIDE = {"train_grpo", "train_plots", "merge_model", "release", "eval_shard", "eval_grade", "eval_gather",
-                "eval_plots", "report"}
+                "eval_plots"}
 JUDGED = {"judge_server", "preflight"}
 # the judge-agreement figure: from preflight.json in judged modes; in outcome mode from its own check (rule
 # judge_agreement, with the judge service started for it alone)
@@ -83,7 +88,7 @@ ROWS = [
     Row("training knob, outcome reward", config={"train": {"lr": 2.5e-6}}, needs_rules={"train_grpo"},
         rerun={"preflight"} | TRAINED_SIDE, reward_modes=("outcome",)),
     Row("eval knob", config={"eval": {"stats": {"bootstrap": {"samples": 1999}}}},
-        rerun={"eval_gather", "eval_plots", "report"}),
+        rerun={"eval_gather", "eval_plots"}),
     Row("release knob", config={"release": {"private": False}}, needs_rules={"release"}, rerun={"release"}),
     Row("reward code", edit_module="llmrnn.reward", needs_rules={"preflight"},
         rerun=JUDGED | TRAINED_SIDE | AGREEMENT),
@@ -109,6 +114,12 @@ def _rules_to_run(text: str) -> set[str]:
     return {job.rule for job in parse_dry_run(text) if job.shell is not None}
 
 
+# The judged baseline: the demo's rubric (SmolLM2-135M judging on CPU) scores preflight's rows and every
+# rollout. It barely ranks memories, so its preflight warns instead of failing and no fallback rate stops
+# training: this run is about what reruns, not about learning.
+JUDGED_BASELINE = {"reward": {"mode": "scalar"}, "preflight": {"on_problem": "warn", "max_fallback_rate": 1.0}}
+
+
 @dataclass
 class Baseline:
     work: Path
@@ -116,19 +127,20 @@ class Baseline:
     config: dict
     src: Path  # the package snapshot every snakemake call imports (PYTHONPATH)
     configfiles: list[str]  # the layers of the baseline config
+    mode: str = "outcome"  # its reward.mode
 
 
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory) -> Baseline:
-    """One real run of `all` (small config). LLMRNN_RERUN_BASELINE=<dir of an earlier baseline> reuses
-    it (for wiring new rows without a half-hour run; the dir is printed in the test's -s output)."""
-    reuse = os.environ.get("LLMRNN_RERUN_BASELINE")
+def make_baseline(tmp_path_factory, mode: str) -> Baseline:
+    """One real run of `all` (small config; reward.mode `mode`). LLMRNN_RERUN_BASELINE (outcome) or
+    LLMRNN_RERUN_BASELINE_JUDGED = <dir of an earlier baseline> reuses it (for wiring new rows without a
+    half-hour run; the dir is printed in the test's -s output)."""
+    reuse = os.environ.get("LLMRNN_RERUN_BASELINE" + ("" if mode == "outcome" else "_JUDGED"))
     if reuse and (Path(reuse) / "ran.json").is_file():
         work = Path(reuse)
         meta = json.loads((work / "ran.json").read_text())
         default = yaml.safe_load((work / "config" / "config.yaml").read_text())
-        return Baseline(work, set(meta["ran"]), default, work / ".pkg" / "src", meta["configfiles"])
-    work = tmp_path_factory.mktemp("rerun")
+        return Baseline(work, set(meta["ran"]), default, work / ".pkg" / "src", meta["configfiles"], mode)
+    work = tmp_path_factory.mktemp(f"rerun-{mode}")
     for part in dict.fromkeys(WORKFLOW_PARTS + EXTRA_PARTS):
         src = REPO / part
         if src.is_dir():
@@ -141,13 +153,30 @@ def baseline(tmp_path_factory) -> Baseline:
     env = _env(PYTHONPATH=str(snapshot))
     default = yaml.safe_load((work / "config" / "config.yaml").read_text())
     files = ["config/config.yaml", write_small_config(work)]
+    if mode != "outcome":
+        (work / "judged.yaml").write_text(yaml.safe_dump({**JUDGED_BASELINE, "reward": {"mode": mode}}))
+        files.append("judged.yaml")
     ran = _rules_to_run(_snakemake(work, env, "-n", "-p", "all", "--configfile", *files))
     _snakemake(work, env, "all", "--configfile", *files, timeout=3000)
     left = _snakemake(work, env, "-n", "all", *TRIGGERS, "--configfile", *files)
     assert "Nothing to be done" in left, f"a fresh run is not up to date:\n{left[-3000:]}"
     (work / "ran.json").write_text(json.dumps({"ran": sorted(ran), "configfiles": files}))
-    print(f"rerun table baseline: {work}")
-    return Baseline(work, ran, default, snapshot, files)
+    print(f"rerun table baseline ({mode}): {work}")
+    return Baseline(work, ran, default, snapshot, files, mode)
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory) -> Baseline:
+    """The demo's own reward (outcome: no judge)."""
+    return make_baseline(tmp_path_factory, "outcome")
+
+
+@pytest.fixture(scope="module")
+def judged_baseline(tmp_path_factory) -> Baseline:
+    """A judged reward: the judge server runs, preflight and training ask it."""
+    base = make_baseline(tmp_path_factory, "scalar")
+    assert {"judge_server", "preflight", "train_grpo"} <= base.ran, base.ran
+    return base
 
 def _has_path(cfg: dict, override: dict) -> str | None:
     """The first key of override missing from the config, or None (new keys would fail the schema)."""
@@ -207,32 +236,50 @@ def check_row(row: Row, base: Baseline, observed: set[str]) -> None:
     )
 
 
-def _skip_reason(row: Row, base: Baseline) -> str | None:
-    mode = (base.config.get("reward") or {}).get("mode", "scalar")
-    if row.reward_modes is not None and mode not in row.reward_modes:
-        return f"the baseline's reward.mode is {mode}; the row holds for {', '.join(row.reward_modes)}"
-    if row.rerun and not row.rerun & base.ran:  # an empty row says "nothing reruns": it always holds
-        return f"none of {sorted(row.rerun)} is in the workflow's `all` yet"
-    if row.needs_rules - base.ran:
-        return f"stage not in the workflow's `all` yet: {sorted(row.needs_rules - base.ran)}"
-    if row.config is not None and (missing := _has_path(base.config, row.config)):
-        return f"config key {missing} not in config/config.yaml yet"
-    if row.edit_file is not None and not base.config.get("judge", {}).get("rubric"):
-        return "no judge.rubric in the config yet"
-    if row.edit_module is not None:
-        import importlib.util
+def workflow_rules() -> set[str]:
+    return {m.group(1) for path in (REPO / "rules").glob("*.smk")
+            for m in re.finditer(r"^(?:local)?rule (\w+):", path.read_text(), re.MULTILINE)}
 
-        if importlib.util.find_spec(row.edit_module) is None:
-            return f"module {row.edit_module} does not exist yet"
+
+def row_problem(row: Row, base: Baseline) -> str | None:
+    """Why the row cannot check anything on this baseline (a failure, not a skip), or None."""
+    unknown = (row.rerun | row.needs_rules) - workflow_rules()
+    if unknown:
+        return f"names rules the workflow does not have: {sorted(unknown)}"
+    if row.rerun and not row.rerun & base.ran:  # an empty row says "nothing reruns": it always holds
+        return f"none of {sorted(row.rerun)} is in the workflow's `all`"
+    if row.needs_rules - base.ran:
+        return f"stage not in the workflow's `all`: {sorted(row.needs_rules - base.ran)}"
+    if row.config is not None and (missing := _has_path(base.config, row.config)):
+        return f"config key {missing} not in config/config.yaml"
+    if row.edit_file is not None and not base.config.get("judge", {}).get("rubric"):
+        return "no judge.rubric in the config"
+    if row.edit_module is not None and provenance.module_path(row.edit_module, base.src / "llmrnn") is None:
+        return f"module {row.edit_module} does not exist"
     return None
 
 
+def baseline_for(row: Row, request) -> Baseline:
+    """The outcome baseline, or the judged one for a row that holds for judged modes only."""
+    if row.reward_modes is None or "outcome" in row.reward_modes:
+        return request.getfixturevalue("baseline")
+    return request.getfixturevalue("judged_baseline")
+
+
 @pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
-def test_rerun_table(row: Row, baseline: Baseline, tmp_path):
-    reason = _skip_reason(row, baseline)
-    if reason:
-        pytest.skip(reason)
-    check_row(row, baseline, observed_reruns(row, baseline, tmp_path))
+def test_rerun_table(row: Row, request, tmp_path):
+    base = baseline_for(row, request)
+    problem = row_problem(row, base)
+    assert problem is None, f"row {row.name!r}: {problem}"
+    check_row(row, base, observed_reruns(row, base, tmp_path))
+
+
+def test_a_row_that_checks_nothing_fails(baseline: Baseline):
+    """A row whose rule is missing from `all` (or from the workflow) is a failure, not a skip."""
+    assert row_problem(Row("ghost", rerun={"no_such_rule"}), baseline) == (
+        "names rules the workflow does not have: ['no_such_rule']")
+    assert row_problem(Row("qa", rerun={"qa_sft"}), baseline) == "none of ['qa_sft'] is in the workflow's `all`"
+    assert "does not exist" in row_problem(Row("m", rerun={"preflight"}, edit_module="llmrnn.nope"), baseline)
 
 
 def test_nothing_reruns_without_a_change(baseline: Baseline):

@@ -36,8 +36,8 @@ def _assign_gpus(cfg: dict, judge_gpus: int) -> None:
 def _guard_fallbacks(cfg: dict, audit_dir: Path) -> None:
     """Turn on the reward's fallback guard for this run (every scoring process inherits the environment)
     with the preflight's threshold, and forget the stop reason of an earlier attempt."""
-    from llmrnn.preflight import PreflightConfig
     from llmrnn.reward import STOP_REASON_FILE, guard_env
+    from llmrnn.train.config import PreflightConfig
 
     pre = PreflightConfig.from_dict(cfg.get("preflight"))
     os.environ.update(guard_env(pre.max_fallback_rate, pre.fallback_window))
@@ -81,7 +81,7 @@ def cmd_run(args) -> int:
     engine = args.engine or cfg["engine"]
     if engine == "verl":  # here, in the job that holds the GPUs (preflight's step holds none)
         from llmrnn import gpu_stack
-        from llmrnn.preflight import visible_gpus
+        from llmrnn.gpus import visible_gpus
 
         gpu_stack.require_verl()
         gpu_stack.require_gpus(cfg["n_gpus_per_node"], visible_gpus())

@@ -9,7 +9,7 @@ optimizer updates (1 in the reference run: 16/16/4).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from llmrnn.errors import InputError
@@ -242,3 +242,43 @@ def lr_at(cfg: dict, step: int, total: int) -> float:
         progress = (step - warm) / max(1, total - warm)
         return lr * 0.5 * (1 + math.cos(math.pi * progress))
     return lr
+
+
+@dataclass(frozen=True)
+class PreflightConfig:
+    """Config section `preflight` (config/README.md): the preflight's checks, and the fallback guard
+    that training keeps with the same threshold (max_fallback_rate over fallback_window)."""
+
+    rows: int = 8
+    seed: int = 0
+    max_fallback_rate: float = 0.25
+    fallback_window: int = 64  # judged samples the training-time guard looks back over
+    min_distinct_rewards: int = 3
+    on_problem: str = "fail"  # fail | warn
+    # judge agreement: does the judge's reward rank a patient's reference memory above a wrong one?
+    agreement_pairs: int = 12
+    agreement_warn_below: float = 0.75  # a warning below this share of pairs ranked right
+    agreement_fail_below: float = 0.5  # a problem (on_problem) below this: no better than a coin
+
+    @classmethod
+    def from_dict(cls, value: dict | None) -> PreflightConfig:
+        value = dict(value or {})
+        allowed = {f.name for f in fields(cls)}
+        unknown = set(value) - allowed
+        if unknown:
+            raise InputError(f"preflight: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
+        cfg = cls(**value)
+        if cfg.on_problem not in ("fail", "warn"):
+            raise InputError(f"preflight.on_problem: {cfg.on_problem!r} is not one of fail, warn")
+        if cfg.rows < 1:
+            raise InputError("preflight.rows: must be >= 1")
+        if cfg.fallback_window < 1:
+            raise InputError("preflight.fallback_window: must be >= 1")
+        if cfg.agreement_pairs < 0:
+            raise InputError("preflight.agreement_pairs: must be >= 0 (0 = no agreement check)")
+        if not 0 <= cfg.agreement_fail_below <= cfg.agreement_warn_below <= 1:
+            raise InputError(
+                f"preflight.agreement_fail_below ({cfg.agreement_fail_below}) <= agreement_warn_below "
+                f"({cfg.agreement_warn_below}) must both lie in [0, 1]"
+            )
+        return cfg

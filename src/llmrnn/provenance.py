@@ -1,0 +1,195 @@
+"""Code provenance: which of the package's modules a CLI verb can run, and one hash of them.
+
+A rule's `code` param is this hash, so Snakemake reruns a job exactly when code it can execute changed.
+The modules come from the source, not from a list kept by hand: the import closure of the verb, read
+with `ast` (nothing is imported). Followed, within `llmrnn` only:
+  - `import llmrnn.x`, `from llmrnn.x import y` (y too, where it is a submodule), relative imports;
+  - imports at any depth (inside functions too: stages import lazily, and what a function may import,
+    it may run);
+  - a string constant that names a module of the package (`"llmrnn.reward:trl_reward_func"`,
+    `["-m", "llmrnn.cli"]`): what is loaded by name at run time (reward functions, subprocesses);
+  - every package a module lies in, as far as importing it runs (its module level, not its functions).
+The verb's own stage module counts as far as the verb reaches it: its module level, register() and the
+subcommand's handler with the functions it names, so `llmrnn qa synth` does not depend on `qa sft`.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from llmrnn.errors import InputError
+
+PACKAGE = "llmrnn"
+ROOT = Path(__file__).resolve().parent  # the package folder this process imports
+CLI = "llmrnn.cli"
+_MODULE_STRING = re.compile(r"llmrnn(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?")
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+
+
+def module_path(name: str, root: Path = ROOT) -> Path | None:
+    """The source file of module `name` of the package under `root`, or None where there is none."""
+    parts = name.split(".")
+    if parts[0] != PACKAGE or not all(p.isidentifier() for p in parts):
+        return None
+    base = root.joinpath(*parts[1:])
+    candidates = [base / "__init__.py"] if len(parts) == 1 else [base.with_name(f"{base.name}.py"), base / "__init__.py"]
+    return next((path for path in candidates if path.is_file()), None)
+
+
+def _parents(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _resolve_relative(module: str | None, level: int, importer: str, is_package: bool) -> str:
+    base = importer.split(".")
+    if not is_package:
+        base = base[:-1]
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([module] if module else []))
+
+
+def _parse(name: str, root: Path) -> tuple[ast.Module, bool]:
+    path = module_path(name, root)
+    if path is None:
+        raise InputError(f"provenance: module {name} has no source under {root}")
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path)), path.name == "__init__.py"
+
+
+def _walk(nodes: Iterable[ast.AST], into_functions: bool) -> Iterator[ast.AST]:
+    todo = list(nodes)
+    while todo:
+        node = todo.pop()
+        yield node
+        if into_functions or not isinstance(node, _FUNCTIONS):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def _imports_in(nodes: Iterable[ast.AST], name: str, is_package: bool, root: Path,
+                into_functions: bool = True) -> set[str]:
+    found: set[str] = set()
+    for node in _walk(nodes, into_functions):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            target = (_resolve_relative(node.module, node.level, name, is_package) if node.level
+                      else node.module or "")
+            # `from pkg import sub` runs sub, and pkg's module level only (a parent); `from pkg import f`, pkg
+            subs = {f"{target}.{alias.name}" for alias in node.names}
+            modules = {m for m in subs if module_path(m, root) is not None}
+            found |= modules | ({target} if modules != subs else set())
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and _MODULE_STRING.fullmatch(node.value)):
+            found.add(node.value.split(":")[0])
+    return {m for m in found if module_path(m, root) is not None}
+
+
+def direct_imports(name: str, root: Path = ROOT, into_functions: bool = True) -> set[str]:
+    """Modules of the package that module `name` imports or names (see the module docstring);
+    into_functions=False: only what importing it runs (its module level)."""
+    tree, is_package = _parse(name, root)
+    return _imports_in([tree], name, is_package, root, into_functions)
+
+
+def _handler(register: ast.FunctionDef, subcommand: str) -> str | None:
+    """The function that register() binds to `subcommand`: `v = x.add_parser("sub"); v.set_defaults(func=f)`."""
+    parsers: dict[str, str] = {}  # variable -> the subcommand whose parser it holds now (`p` is reused)
+    for node in sorted(ast.walk(register), key=lambda n: (getattr(n, "lineno", 0), getattr(n, "col_offset", 0))):
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute)
+                and node.value.func.attr == "add_parser" and node.value.args
+                and isinstance(node.value.args[0], ast.Constant)):
+            parsers[node.targets[0].id] = node.value.args[0].value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "set_defaults" and isinstance(node.func.value, ast.Name)
+                and parsers.get(node.func.value.id) == subcommand):
+            for kw in node.keywords:
+                if kw.arg == "func" and isinstance(kw.value, ast.Name):
+                    return kw.value.id
+    return None
+
+
+def verb_imports(stage_module: str, subcommand: str | None, root: Path = ROOT) -> set[str] | None:
+    """What `llmrnn <stage> <subcommand>` can run of its stage module: the module level, register() and
+    the handler with every function or class of the module it names (transitively). None where no
+    handler is found: the whole module counts then."""
+    tree, is_package = _parse(stage_module, root)
+    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    register = defs.get("register")
+    handler = _handler(register, subcommand) if subcommand and isinstance(register, ast.FunctionDef) else None
+    if handler not in defs:
+        return None
+    # register() names every subcommand's handler; only this one runs
+    others = {kw.value.id for n in ast.walk(register) if isinstance(n, ast.Call)
+              for kw in n.keywords if kw.arg == "func" and isinstance(kw.value, ast.Name)} - {handler}
+    reached: set[str] = set()
+    todo = ["register", handler]
+    while todo:
+        name = todo.pop()
+        if name not in reached and name not in others:
+            reached.add(name)
+            todo.extend(n.id for n in ast.walk(defs[name]) if isinstance(n, ast.Name) and n.id in defs)
+    found = _imports_in([tree], stage_module, is_package, root, into_functions=False)
+    return found | _imports_in([defs[n] for n in reached], stage_module, is_package, root)
+
+
+def closure(entry_modules: Iterable[str], root: Path = ROOT, partial: dict[str, set[str]] | None = None
+            ) -> list[str]:
+    """Every module of the package that the entry modules can run, sorted (entries and their packages
+    included). partial: module -> the imports that count for it where it is an entry (a verb's stage)."""
+    partial = dict(partial or {})
+    todo = [(name, True) for name in entry_modules]
+    whole_done: set[str] = set()
+    seen: set[str] = set()
+    while todo:
+        name, whole = todo.pop()
+        if name in whole_done or (name in seen and not whole):
+            continue
+        if module_path(name, root) is None:
+            raise InputError(f"provenance: module {name} has no source under {root}")
+        seen.add(name)
+        todo.extend((parent, False) for parent in _parents(name))
+        if whole and name in partial:
+            found = partial.pop(name)  # reached again by a real import: then it counts whole
+        else:
+            found = direct_imports(name, root, into_functions=whole)
+            if whole:
+                whole_done.add(name)
+        todo.extend((m, True) for m in found)
+    return sorted(seen)
+
+
+def verb_closure(verb: str, *also: str, root: Path = ROOT) -> list[str]:
+    """The modules `llmrnn <verb>` can run: the CLI, its stage module as far as the verb reaches it, what
+    those import, and `also` (modules it loads by a name given on its command line)."""
+    from llmrnn.cli import stage_module
+
+    words = verb.split()
+    stage = stage_module(words[0])
+    part = verb_imports(stage, words[1] if len(words) > 1 else None, root)
+    return closure([CLI, stage, *also], root, {stage: part} if part is not None else None)
+
+
+def hash_modules(modules: Iterable[str], root: Path = ROOT) -> str:
+    """sha256 (16 hex digits) of the modules' names and sources."""
+    digest = hashlib.sha256()
+    for name in sorted(modules):
+        path = module_path(name, root)
+        if path is None:
+            raise InputError(f"provenance: module {name} has no source under {root}")
+        digest.update(name.encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def code_identity(verb: str, *also: str) -> str:
+    """The code identity of a job running `llmrnn <verb>` (e.g. "cohort split"), plus the modules it
+    loads by a name given on its command line (`also`, e.g. a `--reward-func` module)."""
+    return hash_modules(verb_closure(verb, *also))

@@ -1,0 +1,351 @@
+"""Code provenance: a rule's `code` param is the hash of the modules its verb can run, read from the imports.
+
+Unit tests on a small package written here (every kind of import), the closure against what the CLI
+really imports, every rule against the verb its shell runs, and real Snakemake plans: in a copy of the
+workflow whose outputs are marked made (`--touch`), an edit of a module changes the params of exactly the
+rules whose verb imports it (`--list-params-changes`), and an edit of a module no verb imports, of none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from llmrnn import cli, provenance
+from llmrnn.errors import InputError
+from tests.conftest import REPO, WORKFLOW_PARTS
+from tests.slurm.dag import EXTRA_PARTS
+from tests.test_layout import rules_in_workflow
+
+
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    """A package `llmrnn` under root from {relative path: source}; returns the package folder."""
+    pkg = root / "llmrnn"
+    for rel, text in files.items():
+        path = pkg / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return pkg
+
+
+@pytest.fixture
+def pkg(tmp_path) -> Path:
+    return write_package(tmp_path, {
+        "__init__.py": "",
+        "errors.py": "",
+        "io.py": "from llmrnn.errors import *\n",
+        "leaf.py": "import json\nimport numpy\n",
+        "lazy.py": "def f():\n    from llmrnn import leaf\n",
+        "named.py": "REWARD = 'llmrnn.sub.scored:compute'\nDOC = 'see llmrnn.leaf for more'\n",
+        "unused.py": "import llmrnn.io\n",
+        "sub/__init__.py": "from llmrnn import io\n\ndef helper():\n    from llmrnn import lazy\n",
+        "sub/rel.py": "from . import sibling\nfrom .sibling import thing\nfrom .. import named\n",
+        "sub/sibling.py": "thing = 1\n",
+        "sub/scored.py": "def compute():\n    pass\n",
+        "sub/user.py": "from llmrnn.sub import sibling\n",
+        "sub/name_user.py": "from llmrnn.sub import helper\n",
+    })
+
+
+def test_closure_follows_module_function_and_relative_imports(pkg):
+    root = pkg
+    assert provenance.closure(["llmrnn.lazy"], root) == ["llmrnn", "llmrnn.lazy", "llmrnn.leaf"]
+    # `from . import x`, `from .x import y`, `from .. import z`; z names a module by a string
+    assert provenance.closure(["llmrnn.sub.rel"], root) == [
+        "llmrnn", "llmrnn.errors", "llmrnn.io", "llmrnn.named", "llmrnn.sub", "llmrnn.sub.rel",
+        "llmrnn.sub.scored", "llmrnn.sub.sibling"]
+    # third-party imports (json, numpy) and prose that mentions a module are no part of it
+    assert provenance.closure(["llmrnn.leaf"], root) == ["llmrnn", "llmrnn.leaf"]
+    assert "llmrnn.leaf" not in provenance.closure(["llmrnn.named"], root)
+
+
+def test_a_package_reached_as_a_parent_counts_its_module_level_only(pkg):
+    # importing llmrnn.sub.sibling runs sub/__init__.py (which imports io), not sub.helper (lazy)
+    assert provenance.closure(["llmrnn.sub.user"], pkg) == [
+        "llmrnn", "llmrnn.errors", "llmrnn.io", "llmrnn.sub", "llmrnn.sub.sibling", "llmrnn.sub.user"]
+    # a name taken from the package itself may be its function: then the package counts whole
+    assert "llmrnn.lazy" in provenance.closure(["llmrnn.sub.name_user"], pkg)
+
+
+def test_an_unknown_module_is_one_clear_error(pkg):
+    with pytest.raises(InputError, match="llmrnn.nope has no source"):
+        provenance.closure(["llmrnn.nope"], pkg)
+
+
+STAGE = """
+    from llmrnn import io
+
+    def _light(args):
+        from llmrnn import leaf
+        return _shared()
+
+    def _heavy(args):
+        from llmrnn import lazy
+
+    def _shared():
+        from llmrnn.sub import sibling
+
+    def register(sub):
+        from llmrnn.errors import InputError
+        p = sub.add_parser("stage")
+        s = p.add_subparsers()
+        p = s.add_parser("light")
+        p.set_defaults(func=_light)
+        p = s.add_parser("heavy")
+        p.set_defaults(func=_heavy)
+"""
+
+
+def test_a_verb_counts_its_own_handler_not_its_siblings(pkg):
+    (pkg / "stage.py").write_text(textwrap.dedent(STAGE))
+    light = provenance.verb_imports("llmrnn.stage", "light", pkg)
+    assert light == {"llmrnn.io", "llmrnn.errors", "llmrnn.leaf", "llmrnn.sub.sibling"}
+    assert provenance.verb_imports("llmrnn.stage", "heavy", pkg) == {"llmrnn.io", "llmrnn.errors", "llmrnn.lazy"}
+    assert provenance.verb_imports("llmrnn.stage", "nope", pkg) is None  # unknown: the whole module counts
+    # the stage module is hashed itself; what it imports counts only as far as the verb reaches
+    got = provenance.closure(["llmrnn.stage"], pkg, {"llmrnn.stage": light})
+    assert "llmrnn.lazy" not in got and {"llmrnn.stage", "llmrnn.leaf", "llmrnn.sub.sibling"} <= set(got)
+
+
+def test_the_hash_moves_with_a_module_of_the_closure_only(pkg):
+    members = provenance.closure(["llmrnn.lazy"], pkg)
+    before = provenance.hash_modules(members, pkg)
+    (pkg / "unused.py").write_text("import llmrnn.io  # edited\n")
+    assert provenance.hash_modules(members, pkg) == before
+    (pkg / "leaf.py").write_text("import json\n# edited\n")
+    assert provenance.hash_modules(members, pkg) != before
+
+
+def test_verbs_reach_what_the_old_hand_lists_missed():
+    """The cohort stages write through llmrnn.io and run under cli/errors; training reaches the GPU stack."""
+    assert {"llmrnn.io", "llmrnn.errors", "llmrnn.cli"} <= set(provenance.verb_closure("cohort split"))
+    train = set(provenance.verb_closure("train run"))
+    assert {"llmrnn.gpus", "llmrnn.gpu_stack", "llmrnn.io", "llmrnn.reward", "llmrnn.train.verl_cmd"} <= train
+    assert "llmrnn.qa.rewards" in provenance.verb_closure("train run", "llmrnn.qa.rewards")
+    # lazy dispatch: a verb does not depend on another stage's modules
+    assert not {"llmrnn.train", "llmrnn.evaluate", "llmrnn.release"} & set(provenance.verb_closure("cohort synth"))
+
+
+def _imported_by_cli(tmp_path: Path, *argv: str) -> set[str]:
+    probe = ("import json, sys\nfrom llmrnn import cli\nrc = cli.main(sys.argv[1:])\n"
+             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'llmrnn')))\nsys.exit(rc)\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    proc = subprocess.run([sys.executable, "-c", probe, *argv], cwd=tmp_path, env=env, capture_output=True, check=False,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return set(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def test_the_closure_covers_what_the_cli_really_imports(tmp_path):
+    ran = _imported_by_cli(tmp_path, "cohort", "synth", "--patients", "3", "--seed", "0", "--out", "c.json",
+                           "--meta", "m.json")
+    assert "llmrnn.cohort" in ran and ran <= set(provenance.verb_closure("cohort synth")), ran
+    assert "llmrnn.train" not in ran  # the other stages are not even imported
+    ran = _imported_by_cli(tmp_path, "qa", "synth", "--cohort", "c.json", "--out", "q.jsonl", "--ood", "o.jsonl")
+    assert "llmrnn.qa.synth" in ran and ran <= set(provenance.verb_closure("qa synth")), ran
+
+
+def test_help_still_lists_every_stage():
+    text = cli.build_parser().format_help()
+    assert all(stage in text for stage in cli.STAGES)
+    with pytest.raises(ValueError, match="no llmrnn stage 'nope'"):
+        cli.stage_module("nope")
+
+
+CODE_PARAM = re.compile(r'^        code=code_hash\(([^)]*)\),$', re.MULTILINE)
+
+
+def rule_code_args(rule: dict) -> tuple[str, ...] | None:
+    """The arguments of a rule's `code=code_hash(...)` param (None where it has none)."""
+    body = rule["body"]
+    m = CODE_PARAM.search(body)
+    return tuple(json.loads(f"[{m.group(1)}]")) if m else None
+
+
+def rules_with_bodies() -> dict[str, dict]:
+    rules = rules_in_workflow()
+    for path in sorted((REPO / "rules").glob("*.smk")):
+        for m in re.finditer(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", path.read_text(), re.DOTALL | re.MULTILINE):
+            rules[m.group(1)]["body"] = m.group(2)
+    return rules
+
+
+def test_every_rule_hashes_the_verb_its_shell_runs():
+    """Each rule that makes files with an llmrnn command has `code=code_hash("<verb> <sub>", ...)` for that
+    same command, plus every module its command line names for loading (e.g. --reward-func)."""
+    checked = 0
+    for name, rule in rules_with_bodies().items():
+        if rule["command"] is None or not rule["outputs"] and "output:" not in rule["body"]:
+            continue
+        args = rule_code_args(rule)
+        assert args is not None, f"rule {name}: runs {rule['command']} but has no code=code_hash(...) param"
+        assert f"llmrnn {args[0]}" == rule["command"], f"rule {name}: code_hash({args[0]!r}) for {rule['command']}"
+        named = set(re.findall(r"(llmrnn(?:\.\w+)+):\w+", rule["shell"]))
+        assert named == set(args[1:]), f"rule {name}: its command loads {sorted(named)}; code_hash has {args[1:]}"
+        provenance.verb_closure(*args)  # the verb and modules exist
+        checked += 1
+    assert checked >= 20
+
+
+def test_a_rule_without_its_verb_is_found():
+    rule = {"command": "llmrnn cohort split", "outputs": ["x"], "shell": "llmrnn cohort split",
+            "body": '    params:\n        code=code_hash("cohort synth"),\n'}
+    assert rule_code_args(rule) == ("cohort synth",)
+    assert f"llmrnn {rule_code_args(rule)[0]}" != rule["command"]
+
+
+# ----------------------------------------------------------------------------- real Snakemake plans
+JUDGED = {"reward": {"mode": "scalar"}}  # the judge server and its rules join the plan
+PLANS = {"default": ["config/config.yaml"], "judged": ["config/config.yaml", "judged.yaml"],
+         "qa": ["config/qa_demo.yaml"]}
+
+
+# Each job on its own: a dry run names a params change only for a job that nothing upstream reruns, and
+# `--list-params-changes` (Snakemake 9.27) also lists unchanged outputs, so the persistence is asked directly.
+PARAMS_CHANGED = """
+import json, sys
+from pathlib import Path
+from snakemake.api import SnakemakeApi
+from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
+
+with SnakemakeApi(OutputSettings()) as api:
+    wf = api.workflow(resource_settings=ResourceSettings(cores=1), snakefile=Path("Snakefile"),
+                      config_settings=ConfigSettings(configfiles=[Path(p) for p in sys.argv[1:]]))
+    workflow = wf.dag(DAGSettings(targets={"all"})).workflow_api._workflow
+    workflow._prepare_dag(forceall=False, ignore_incomplete=False, lock_warn_only=True)
+    workflow._build_dag()
+    jobs = workflow.dag.jobs
+    print(json.dumps(sorted({j.rule.name for j in jobs if workflow.persistence.params_changed(j)})))
+"""
+
+
+class Plans:
+    """Per config, a copy of the workflow whose every output is marked made (`--touch`: the params
+    recorded as a real run records them), all on one copy of the package (PYTHONPATH)."""
+
+    def __init__(self, work: Path):
+        self.root = work
+        self.src = work / ".pkg" / "src"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("LLMRNN_")}
+        self.env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                        PYTHONPATH=str(self.src), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+        self.rules: dict[str, set[str]] = {}
+
+    def run(self, plan: str, *args: str) -> str:
+        proc = subprocess.run(args, cwd=self.root / plan, env=self.env, capture_output=True, text=True, timeout=600,
+                              check=False)
+        assert proc.returncode == 0, f"{' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        return proc.stdout
+
+    def snakemake(self, plan: str, *args: str) -> str:
+        return self.run(plan, str(Path(sys.executable).parent / "snakemake"), "--cores", "1", *args)
+
+    def made(self, plan: str) -> set[str]:
+        """The rules of the plan, whose outputs are marked made (once)."""
+        if plan in self.rules:
+            return self.rules[plan]
+        work = self.root / plan
+        work.mkdir()
+        for part in dict.fromkeys(WORKFLOW_PARTS + EXTRA_PARTS):
+            (shutil.copytree if (REPO / part).is_dir() else shutil.copy2)(REPO / part, work / part)
+        (work / "judged.yaml").write_text(json.dumps(JUDGED))
+        files = PLANS[plan]
+        rows = [line.split("\t") for line in self.snakemake(plan, "--summary", "all", "--configfile", *files)
+                .splitlines()]
+        outputs = {row[0]: row[2] for row in rows if len(row) > 2 and row[0] != "output_file" and row[2]}
+        for out in outputs:
+            path = work / out
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if "." in path.name:  # a file; the directory() outputs (adapter, merged, audit) have no suffix
+                path.touch()
+            else:
+                path.mkdir(exist_ok=True)
+        self.snakemake(plan, "--touch", "--forceall", "all", "--configfile", *files)
+        self.rules[plan] = set(outputs.values())
+        return self.rules[plan]
+
+    def changed_rules(self, plan: str) -> set[str]:
+        out = self.run(plan, sys.executable, "-c", PARAMS_CHANGED, *PLANS[plan])
+        return set(json.loads(out.splitlines()[-1]))
+
+    def expected(self, plan: str, module: str) -> set[str]:
+        """Rules of the plan whose code_hash verb (+ named modules) can run `module`, per the copy's source."""
+        rules = rules_with_bodies()
+        return {name for name in self.made(plan)
+                if (args := rule_code_args(rules[name])) is not None
+                and module in provenance.verb_closure(*args, root=self.src / "llmrnn")}
+
+    def edited(self, module: str, plan: str) -> set[str]:
+        path = provenance.module_path(module, self.src / "llmrnn")
+        text = path.read_bytes()
+        self.made(plan)
+        path.write_bytes(text + b"\n# an edit (test_provenance)\n")
+        try:
+            return self.changed_rules(plan)
+        finally:
+            path.write_bytes(text)
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory) -> Plans:
+    work = tmp_path_factory.mktemp("plans")
+    shutil.copytree(REPO / "src", work / ".pkg" / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    return Plans(work)
+
+
+def _check(plans: Plans, plan: str, module: str) -> None:
+    expected = plans.expected(plan, module)
+    observed = plans.edited(module, plan)
+    assert observed == expected, (f"{plan}: editing {module} changes the code of {sorted(observed)}; "
+                                  f"its importers are {sorted(expected)}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("plan", "module"), [
+    ("default", "llmrnn.io"),  # every stage writes through it
+    ("qa", "llmrnn.qa.rewards"),
+])
+def test_an_edit_reruns_exactly_the_rules_that_import_it(plans, plan, module):
+    _check(plans, plan, module)
+    assert plans.expected(plan, module), f"{module} is imported by no rule of {plan}: the row checks nothing"
+
+
+@pytest.mark.slow
+def test_an_edit_of_a_module_no_verb_imports_reruns_nothing(plans):
+    assert plans.expected("default", "llmrnn.chat") == set()
+    assert plans.edited("llmrnn.chat", "default") == set()
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_every_module_reruns_exactly_its_importers(plans):
+    """The full sweep: every module of the package, one edit each, under every plan (the judged one
+    adds the judge server); the plans just marked made have no change."""
+    modules = sorted(m for m in (f"llmrnn.{p.relative_to(plans.src / 'llmrnn').with_suffix('').as_posix()}"
+                                 .replace("/", ".").removesuffix(".__init__")
+                                 for p in (plans.src / "llmrnn").rglob("*.py")))
+    for plan in PLANS:
+        assert plans.changed_rules(plan) == set(), f"{plan}: a plan just marked made has params changes"
+        for module in modules:
+            _check(plans, plan, module)
+
+
+@pytest.mark.slow
+def test_a_rule_naming_an_unknown_module_stops_the_plan_with_one_line(workflow_dir):
+    from tests.conftest import snakemake
+
+    rules = workflow_dir / "rules" / "cohort.smk"
+    text = rules.read_text()
+    assert 'code=code_hash("cohort split"),' in text
+    rules.write_text(text.replace('code=code_hash("cohort split"),', 'code=code_hash("cohort split", "llmrnn.nope"),'))
+    proc = snakemake(workflow_dir, "-n", "all", check=False)
+    assert proc.returncode != 0
+    assert "code_hash('cohort split'): provenance: module llmrnn.nope has no source" in proc.stdout + proc.stderr
