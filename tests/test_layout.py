@@ -142,16 +142,17 @@ def test_no_function_is_longer_than_100_lines():
 # argument types the stages' register() use and loads the stage it dispatches to by name, never by import.
 LAYERS: list[tuple[str, set[str]]] = [
     ("leaves", {"errors", "constants"}),
-    ("helpers", {"io", "stats", "jsonparse", "matching", "retry", "prompts", "rubric", "gpus", "upload", "cli"}),
+    ("helpers", {"io", "stats", "jsonparse", "matching", "retry", "prompts", "rubric", "gpus", "upload", "cli",
+                 "configcheck", "runconfig"}),
     ("services", {"prefix_engine", "backends", "models", "cohort", "judge", "judge.client", "judge.server",
                   "judge.launcher", "phi_guard"}),
     ("reward", {"reward"}),
     ("stages", {"rnn", "trajectories", "merge", "report", "gpu_stack", "train", "train.checkpoints",
                 "train.config", "train.data", "train.diagnose", "train.metrics", "train.trl_engine",
-                "train.verl_cmd"}),
+                "train.verl_cmd", "train.ray_cluster"}),
     ("checks and recipes", {"evaluate", "preflight", "qa", "qa.data", "qa.evaluate", "qa.report", "qa.rewards",
                             "qa.sft", "qa.synth"}),
-    ("top", {"release", "check", "chat", "provenance"}),
+    ("top", {"release", "check", "chat", "provenance", "plan"}),
 ]
 
 

@@ -6,7 +6,7 @@ validated: Snakemake's parse (rules/common.smk), `llmrnn check`, and (numbers) e
   schema, since NaN compares false with everything; a NaN threshold or weight would silently turn every
   match false or every reward NaN;
 - no credential in any value: a URL with `user:password@` (or a token as its user), or a string shaped
-  like a key (phi_guard.CREDENTIAL, the release scanner's detector) in a free-text key such as
+  like a key (constants.CREDENTIAL, the release scanner's detector) in a free-text key such as
   `release.commit_message` or `release.tags`; secrets come only from the environment (`*_env` names,
   which upload.env_problems checks), so this is refused at parse time, before any training;
 - shard counts fit the work: no more eval shards than test patients can exist, no more trajectory
@@ -63,7 +63,7 @@ def url_credential_problem(text: str) -> str | None:
 
 def secret_problem(text: str) -> str | None:
     """Why a string looks like it holds a key (the release scanner's detector); never repeats it."""
-    from llmrnn.phi_guard import CREDENTIAL
+    from llmrnn.constants import CREDENTIAL
 
     match = CREDENTIAL.search(text)
     if match:

@@ -1,5 +1,12 @@
 """Names that modules of different layers share, kept in a leaf so sharing one imports nothing else
 (verl's reward workers load llmrnn.reward: the forward pass must not come with the row tag)."""
 
+import re
+
 # `data_source` of the memory-update rows: trajectories writes it, the reward and verl dispatch on it
 DATA_SOURCE = "llm_as_rnn_memory_update"
+
+# a token-shaped secret (Hub, OpenAI, GitHub, GitLab, Slack, AWS, Google keys): the release scanner
+# (phi_guard) and the config check (configcheck) refuse the same shapes
+CREDENTIAL = re.compile(r"(?<![A-Za-z0-9])(hf_|sk-|sk_|ghp_|gho_|ghs_|github_pat_|glpat-|xox[abprs]-|AKIA|AIza)"
+                        r"(?=[A-Za-z_-]*[0-9])[A-Za-z0-9_-]{16,}")

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import MutableMapping
+import shutil
+import socket
+import subprocess
+from collections.abc import Mapping, MutableMapping
 
-from llmrnn.errors import InputError
+from llmrnn.errors import CheckFailed, InputError
 
 log = logging.getLogger(__name__)
 
@@ -120,3 +123,24 @@ def visible_gpus() -> int:
     if env is not None:
         return len([x for x in env.split(",") if x.strip() and x.strip() != "-1"])
     return 0
+
+
+# ----------------------------------------------------------------------------- this node (SLURM)
+def node_address(node: str) -> str:
+    """The IP address SLURM reaches `node` at (NodeAddr, resolved); the hostname's address without SLURM."""
+    addr = node
+    if shutil.which("scontrol"):
+        out = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True,
+                             check=False, timeout=60)
+        for token in out.stdout.split():
+            if token.startswith("NodeAddr="):
+                addr = token.split("=", 1)[1]
+    try:
+        return socket.gethostbyname(addr)
+    except OSError as exc:
+        raise CheckFailed(f"ray: cannot resolve the address of node {node} ({addr}): {exc}") from None
+
+
+def this_node(env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    return env.get("SLURMD_NODENAME") or socket.gethostname()

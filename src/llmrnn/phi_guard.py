@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from llmrnn import io
+from llmrnn.constants import CREDENTIAL
 from llmrnn.errors import CheckFailed, InputError
 
 log = logging.getLogger(__name__)
@@ -91,8 +92,6 @@ WORD = re.compile(r"[^\W_]+")
 ITEM_SPLIT = re.compile(r"\n|;|\u2022|,\s")
 LIST_MARKER = re.compile(r"^\s*(?:[-*\u00b7]|\(?\d{1,2}[.)])\s+")
 # a Hub/OpenAI/GitHub/GitLab/Slack/AWS/Google credential pasted anywhere in the bundle (one digit at least)
-CREDENTIAL = re.compile(r"(?<![A-Za-z0-9])(hf_|sk-|sk_|ghp_|gho_|ghs_|github_pat_|glpat-|xox[abprs]-|AKIA|AIza)"
-                        r"(?=[A-Za-z_-]*[0-9])[A-Za-z0-9_-]{16,}")
 MAX_DECOMPRESSED = 512 * 1024 * 1024
 MAGIC = [(b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"PK\x03\x04", "zip"),
          (b"(\xb5/\xfd", "zstd"), (b"\x80\x02", "pickle"), (b"\x80\x03", "pickle"), (b"\x80\x04", "pickle"),

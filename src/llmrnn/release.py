@@ -29,7 +29,6 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any

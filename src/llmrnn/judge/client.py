@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import re
+import secrets
 import socket
 import threading
 import time
@@ -162,13 +163,54 @@ def wait_for_endpoint(endpoint_file: str | Path, timeout_s: float = 900.0, poll_
         time.sleep(poll_s)
 
 
+class NotOurServer(CheckFailed):
+    """The port answers, but not as the server we started (it ignores the key or serves another model)."""
+
+
+def readiness(base_url: str, key: str, served_name: str, timeout_s: float = 5.0) -> bool:
+    """True once the server at base_url is the one we started; False while it is not up yet.
+
+    Raises NotOurServer when something else answers there. Requests without the key and with a made-up
+    key go first, so a server that ignores auth never receives the real key."""
+    import httpx
+
+    if not health_ok(base_url, timeout_s):
+        return False
+    try:
+        anonymous = httpx.get(f"{base_url}/v1/models", timeout=timeout_s)
+    except httpx.HTTPError:
+        return False
+    if anonymous.status_code == 200:
+        raise NotOurServer(f"{base_url} answers /v1/models without the API key: the port is held by a server "
+                           "we did not start; refusing to send it the key or any prompt")
+    if anonymous.status_code not in (401, 403):
+        return False
+    try:  # a server that takes ANY key is not checking ours: a decoy key must be refused too
+        decoy = httpx.get(f"{base_url}/v1/models", timeout=timeout_s,
+                          headers={"Authorization": f"Bearer {secrets.token_urlsafe(32)}"})
+    except httpx.HTTPError:
+        return False
+    if decoy.status_code not in (401, 403):
+        raise NotOurServer(f"{base_url} accepts a made-up API key: the port is held by a server we did not start; "
+                           "refusing to send it the key or any prompt")
+    try:
+        resp = httpx.get(f"{base_url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=timeout_s)
+        served = [m.get("id") for m in resp.json().get("data", [])] if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return False
+    if served is None:
+        return False
+    if served_name not in served:
+        raise NotOurServer(f"{base_url}/v1/models lists {served} with our key, not {served_name!r}: "
+                           "the port is held by a server we did not start")
+    return True
+
+
 def verified(ep: Endpoint, path: str | Path) -> bool:
     """True when the server the endpoint file names is up and proves it is the one the launcher started
     (the launcher's own check, again: the file may be stale, copied or written by someone else): it
     refuses requests without our key and with a made-up key, and lists the model with ours. False while
     it does not answer yet; UntrustedEndpoint when something else answers."""
-    from llmrnn.judge.launcher import NotOurServer, readiness
-
     key = ep.api_key()
     if not key:
         raise UntrustedEndpoint(f"{path} names no API key file: the judge we start always has a per-run key; "

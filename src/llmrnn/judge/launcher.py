@@ -35,7 +35,7 @@ from typing import Any
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
-from llmrnn.judge.client import ERROR_FILE, KEY_FILE, health_ok
+from llmrnn.judge.client import ERROR_FILE, KEY_FILE, NotOurServer, health_ok, readiness  # noqa: F401
 from llmrnn.rubric import Rubric, load_rubric
 
 log = logging.getLogger(__name__)
@@ -126,49 +126,6 @@ def server_command(rubric: Rubric, model: str, port: int, key_file: Path) -> tup
     return argv, env, rubric.served_model_name
 
 
-class NotOurServer(CheckFailed):
-    """The port answers, but not as the server we started (it ignores the key or serves another model)."""
-
-
-def readiness(base_url: str, key: str, served_name: str, timeout_s: float = 5.0) -> bool:
-    """True once the server at base_url is the one we started; False while it is not up yet.
-
-    Raises NotOurServer when something else answers there. Requests without the key and with a made-up
-    key go first, so a server that ignores auth never receives the real key."""
-    import httpx
-
-    if not health_ok(base_url, timeout_s):
-        return False
-    try:
-        anonymous = httpx.get(f"{base_url}/v1/models", timeout=timeout_s)
-    except httpx.HTTPError:
-        return False
-    if anonymous.status_code == 200:
-        raise NotOurServer(f"{base_url} answers /v1/models without the API key: the port is held by a server "
-                           "we did not start; refusing to send it the key or any prompt")
-    if anonymous.status_code not in (401, 403):
-        return False
-    try:  # a server that takes ANY key is not checking ours: a decoy key must be refused too
-        decoy = httpx.get(f"{base_url}/v1/models", timeout=timeout_s,
-                          headers={"Authorization": f"Bearer {secrets.token_urlsafe(32)}"})
-    except httpx.HTTPError:
-        return False
-    if decoy.status_code not in (401, 403):
-        raise NotOurServer(f"{base_url} accepts a made-up API key: the port is held by a server we did not start; "
-                           "refusing to send it the key or any prompt")
-    try:
-        resp = httpx.get(f"{base_url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=timeout_s)
-        served = [m.get("id") for m in resp.json().get("data", [])] if resp.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return False
-    if served is None:
-        return False
-    if served_name not in served:
-        raise NotOurServer(f"{base_url}/v1/models lists {served} with our key, not {served_name!r}: "
-                           "the port is held by a server we did not start")
-    return True
-
-
 def _set_pdeathsig() -> None:  # runs in the child: die with the launcher, even on SIGKILL
     with contextlib.suppress(Exception):
         import ctypes
@@ -241,7 +198,7 @@ def bind_address(configured: str | None, rubric_host: str) -> str:
     if configured in WILDCARDS:
         raise InputError(f"judge.host: {configured!r} would listen on every interface; name one address or `node`")
     if configured == "node":
-        from llmrnn.train.ray_cluster import node_address, this_node
+        from llmrnn.gpus import node_address, this_node
 
         return node_address(this_node())
     return configured

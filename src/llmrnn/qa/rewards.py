@@ -54,6 +54,9 @@ from typing import Any
 
 from llmrnn.errors import InputError
 
+# the per-step keys both engines log live with the training metrics (verl's rollout stats read them there)
+from llmrnn.train.metrics import EXTRACT_METHODS, STEP_KEYS, step_metrics  # noqa: F401
+
 DATA_SOURCE = "llmrnn_qa"
 DEFAULT_WEIGHTS = {"exact_match": 1.0, "format": 0.0, "judge": 0.0, "fluency": 0.0}
 DEFAULT_TAGS = ("reasoning", "answer")
@@ -69,8 +72,6 @@ DEFAULTS: dict[str, Any] = {
 _ANSWER_LINE = re.compile(r"(?:final\s+)?answer\s*(?:is|:|=)\s*(.+)", re.IGNORECASE)
 _LETTER = re.compile(r"^\(?([a-z])\)?(?:[.):,]|\s|$)")
 _NUMBER = re.compile(r"^[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?%?$", re.IGNORECASE)
-EXTRACT_METHODS = ("tag", "answer_line", "last_line", "none")
-STEP_KEYS = ("correct", *(f"extract_{m}" for m in EXTRACT_METHODS), "high_reward_but_wrong")
 _ARTICLES = {"a", "an", "the"}
 _PUNCT = str.maketrans({c: " " for c in string.punctuation})
 
@@ -315,20 +316,6 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
             judged = {"valid_json": 1.0, "parse_fallback": float(out["judge_parse_method"] == "fallback")}
         out = {"extracted_by_tag": diagnostics["extract_tag"], **judged}
     return {"score": score, **parts, **diagnostics, **out}
-
-
-def step_metrics(results: list[dict]) -> dict[str, float]:
-    """Means of STEP_KEYS over a batch of compute_score results (+ the count of high_reward_but_wrong and,
-    when the judge scored, its fallback rate). TRL averages a step's batches; verl's step is one batch."""
-    if not results:
-        return {}
-    out = {f"qa/{k}": sum(float(r[k]) for r in results) / len(results) for k in STEP_KEYS}
-    out["qa/high_reward_but_wrong_count"] = float(sum(float(r["high_reward_but_wrong"]) for r in results))
-    judged = [bool(r["parse_fallback"]) if "parse_fallback" in r else r["judge_parse_method"] == "fallback"
-              for r in results if "parse_fallback" in r or "judge_parse_method" in r]
-    if judged:
-        out["judge_fallback_rate"] = sum(judged) / len(judged)
-    return out
 
 
 def _completion_text(completion: Any) -> str:

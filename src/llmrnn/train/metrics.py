@@ -165,3 +165,23 @@ def progress_line(row: dict, total: int) -> str:
         f"entropy {f('entropy')}, len {f('response_length_mean')}, grad {f('grad_norm')}, lr {f('lr')}, "
         f"{f('step_time_s')} s"
     )
+
+
+# ----------------------------------------------------------------------------- the qa recipe's step metrics
+# (here, below both engines: TRL's reward wrapper and verl's rollout stats log the same raw keys)
+EXTRACT_METHODS = ("tag", "answer_line", "last_line", "none")  # how an answer was found (llmrnn.qa.rewards)
+STEP_KEYS = ("correct", *(f"extract_{m}" for m in EXTRACT_METHODS), "high_reward_but_wrong")
+
+
+def step_metrics(results: list[dict]) -> dict[str, float]:
+    """Means of STEP_KEYS over a batch of compute_score results (+ the count of high_reward_but_wrong and,
+    when the judge scored, its fallback rate). TRL averages a step's batches; verl's step is one batch."""
+    if not results:
+        return {}
+    out = {f"qa/{k}": sum(float(r[k]) for r in results) / len(results) for k in STEP_KEYS}
+    out["qa/high_reward_but_wrong_count"] = float(sum(float(r["high_reward_but_wrong"]) for r in results))
+    judged = [bool(r["parse_fallback"]) if "parse_fallback" in r else r["judge_parse_method"] == "fallback"
+              for r in results if "parse_fallback" in r or "judge_parse_method" in r]
+    if judged:
+        out["judge_fallback_rate"] = sum(judged) / len(judged)
+    return out

@@ -45,6 +45,7 @@ from urllib.parse import urlparse
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
+from llmrnn.gpus import node_address, this_node
 
 log = logging.getLogger(__name__)
 
@@ -121,26 +122,6 @@ def allocation_nodes(env: Mapping[str, str] | None = None) -> list[str]:
     if out.returncode != 0:
         raise CheckFailed(f"ray: scontrol show hostnames {nodelist} failed: {out.stderr.strip()[:200]}")
     return out.stdout.split()
-
-
-def node_address(node: str) -> str:
-    """The IP address SLURM reaches `node` at (NodeAddr, resolved); the hostname's address without SLURM."""
-    addr = node
-    if shutil.which("scontrol"):
-        out = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True,
-                             check=False, timeout=60)
-        for token in out.stdout.split():
-            if token.startswith("NodeAddr="):
-                addr = token.split("=", 1)[1]
-    try:
-        return socket.gethostbyname(addr)
-    except OSError as exc:
-        raise CheckFailed(f"ray: cannot resolve the address of node {node} ({addr}): {exc}") from None
-
-
-def this_node(env: Mapping[str, str] | None = None) -> str:
-    env = os.environ if env is None else env
-    return env.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def is_loopback(host: str) -> bool:

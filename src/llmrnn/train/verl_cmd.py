@@ -75,6 +75,30 @@ def reward_module_path() -> str:
     return f"pkg://{REWARD_MODULE}"
 
 
+def _actor_overrides(cfg: dict) -> dict[str, object]:
+    """The actor's optimiser and loss: LR schedule, batches, KL in the loss, entropy, clipping, aggregation."""
+    b, kl = cfg["batch"], cfg["kl"]
+    return {
+        "actor_rollout_ref.actor.optim.lr": float(cfg["lr"]),
+        "actor_rollout_ref.actor.optim.lr_warmup_steps": int(cfg["warmup_steps"] or 0),
+        "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": 0.0,
+        "actor_rollout_ref.actor.optim.lr_scheduler_type": cfg["lr_scheduler"],
+        "actor_rollout_ref.actor.ppo_mini_batch_size": b["mini"],
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": b["micro_per_gpu"],
+        "actor_rollout_ref.actor.use_kl_loss": bool(kl["in_loss"]),
+        "actor_rollout_ref.actor.kl_loss_coef": float(kl["coef"]),
+        "actor_rollout_ref.actor.kl_loss_type": kl["estimator"],
+        "actor_rollout_ref.actor.entropy_coeff": float(cfg["entropy_coef"]),
+        "actor_rollout_ref.actor.grad_clip": float(cfg["grad_clip"]),
+        # clip_ratio is verl's fallback for an unset low/high: all three set, so none is left to it
+        "actor_rollout_ref.actor.clip_ratio": float(cfg["clip_ratio"]["low"]),
+        "actor_rollout_ref.actor.clip_ratio_low": float(cfg["clip_ratio"]["low"]),
+        "actor_rollout_ref.actor.clip_ratio_high": float(cfg["clip_ratio"]["high"]),
+        "actor_rollout_ref.actor.loss_agg_mode": cfg["loss_agg_mode"],
+        "actor_rollout_ref.actor.data_loader_seed": cfg["seed"],
+    }
+
+
 def build_overrides(
     cfg: dict,
     *,
@@ -113,23 +137,7 @@ def build_overrides(
         # one, and use_remove_padding (default true) imports flash_attn.bert_padding in the actor's forward;
         # the GPU lock has no flash-attn, so both follow train.verl.attn_implementation (sdpa by default)
         "actor_rollout_ref.model.use_remove_padding": attn == "flash_attention_2",
-        "actor_rollout_ref.actor.optim.lr": float(cfg["lr"]),
-        "actor_rollout_ref.actor.optim.lr_warmup_steps": int(cfg["warmup_steps"] or 0),
-        "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": 0.0,
-        "actor_rollout_ref.actor.optim.lr_scheduler_type": cfg["lr_scheduler"],
-        "actor_rollout_ref.actor.ppo_mini_batch_size": b["mini"],
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": b["micro_per_gpu"],
-        "actor_rollout_ref.actor.use_kl_loss": bool(kl["in_loss"]),
-        "actor_rollout_ref.actor.kl_loss_coef": float(kl["coef"]),
-        "actor_rollout_ref.actor.kl_loss_type": kl["estimator"],
-        "actor_rollout_ref.actor.entropy_coeff": float(cfg["entropy_coef"]),
-        "actor_rollout_ref.actor.grad_clip": float(cfg["grad_clip"]),
-        # clip_ratio is verl's fallback for an unset low/high: all three set, so none is left to it
-        "actor_rollout_ref.actor.clip_ratio": float(cfg["clip_ratio"]["low"]),
-        "actor_rollout_ref.actor.clip_ratio_low": float(cfg["clip_ratio"]["low"]),
-        "actor_rollout_ref.actor.clip_ratio_high": float(cfg["clip_ratio"]["high"]),
-        "actor_rollout_ref.actor.loss_agg_mode": cfg["loss_agg_mode"],
-        "actor_rollout_ref.actor.data_loader_seed": cfg["seed"],
+        **_actor_overrides(cfg),
         "actor_rollout_ref.rollout.name": "vllm",
         "actor_rollout_ref.rollout.n": cfg["group_size"],
         "actor_rollout_ref.rollout.temperature": float(r["temperature"]),
@@ -222,8 +230,8 @@ def _follow_metrics(log_path: Path, writer: MetricsWriter, seen: set[int], total
 def rollout_stats(rollout_dir: Path, step: int) -> dict:
     """reward std and judge fallback rate of one step from verl's rollout dump ({step}.jsonl), and the qa
     recipe's per-step correctness/extraction stats (the same raw keys TRL logs)."""
-    from llmrnn.qa.rewards import STEP_KEYS, step_metrics
     from llmrnn.reward import fallback_rate
+    from llmrnn.train.metrics import STEP_KEYS, step_metrics
 
     path = rollout_dir / f"{step}.jsonl"
     if not path.is_file():
@@ -234,7 +242,7 @@ def rollout_stats(rollout_dir: Path, step: int) -> dict:
             scores.append(float(item["score"]))
         if isinstance(item.get("parse_fallback"), (int, float, bool)):  # llmrnn.reward numeric_only flags
             fallbacks.append(item)
-        if all(isinstance(item.get(k), (int, float, bool)) for k in STEP_KEYS):  # llmrnn.qa.rewards rows
+        if all(isinstance(item.get(k), (int, float, bool)) for k in STEP_KEYS):  # the qa recipe's rows
             qa.append(item)
     out = {k: v for k, v in step_metrics(qa).items() if k != "judge_fallback_rate"}  # qa/correct ...
     if scores:
