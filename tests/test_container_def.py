@@ -95,7 +95,9 @@ def test_glibc_check_names_the_container_route():
 
 def test_make_gpu_env_checks_glibc_before_building_anything(tmp_path):
     venv = tmp_path / "gpu-venv"
-    dry = subprocess.run(["make", "-n", "gpu-env", f"GPU_VENV={venv}"], cwd=REPO, capture_output=True, text=True,
+    # --no-print-directory: under `make test` MAKELEVEL is set and make prints "Entering directory" first
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "gpu-env", f"GPU_VENV={venv}"], cwd=REPO,
+                         capture_output=True, text=True,
                          check=True)
     assert dry.stdout.splitlines()[0].startswith("python3 scripts/check_glibc.py"), dry.stdout
     run = subprocess.run(["make", "gpu-env", f"GPU_VENV={venv}", "GLIBC=2.28"], cwd=REPO, capture_output=True,
