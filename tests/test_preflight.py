@@ -445,7 +445,8 @@ def test_workflow_runs_the_judge_agreement_beside_an_outcome_run(workflow_dir, t
         "run_name": "t", "judge": {"rubric": str(rubric.relative_to(workflow_dir))},
         "reward": {"mode": "outcome"}, "preflight": {"agreement_pairs": 4},
     }))
-    proc = snakemake(workflow_dir, "--configfile", "agree.yaml", "--allowed-rules", "judge_server", "judge_agreement",
+    # layered on the demo (a file named alone would get the schema's reference split sizes)
+    proc = snakemake(workflow_dir, "--configfile", "config/config.yaml", "agree.yaml", "--allowed-rules", "judge_server", "judge_agreement",
                      "judge_agreement_plot", "--", "results/t/judge/plots/judge_agreement.png", check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((run / "judge" / "agreement.json").read_text())
