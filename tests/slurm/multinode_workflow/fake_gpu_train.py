@@ -4,8 +4,16 @@ torch sees none; here the training job counts the devices SLURM gave it (CUDA_VI
 import os
 import sys
 
+import llmrnn.gpus
 import llmrnn.preflight
 from llmrnn.cli import main
 
-llmrnn.preflight.visible_gpus = lambda: len([d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d])
+
+def fake_visible_gpus() -> int:
+    return len([d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d])
+
+
+# the training stage imports llmrnn.gpus.visible_gpus when it runs; the preflight holds its own name
+llmrnn.gpus.visible_gpus = fake_visible_gpus
+llmrnn.preflight.visible_gpus = fake_visible_gpus
 sys.exit(main(sys.argv[1:]))
