@@ -89,6 +89,16 @@ def test_workflow_through_the_profile_on_real_slurm(slurm_cluster, workflow_dir,
     plan = _snakemake(workflow_dir, env, "--profile", "profiles/slurm", "-n", "all")
     planned = {j.rule for j in parse_dry_run(plan) if j.shell is not None}
     assert planned, plan[-3000:]
+    # local rules (the model downloads: compute nodes have no internet) run on the login node, not as jobs
+    import subprocess
+    import sys
+
+    from tests.slurm.test_local_downloads import LOCAL_RULES
+
+    local = subprocess.run([sys.executable, "-c", LOCAL_RULES, *files], cwd=workflow_dir, env=env,
+                           capture_output=True, text=True, timeout=300, check=True)
+    planned -= set(json.loads(local.stdout.strip().splitlines()[-1]))
+    assert planned, plan[-3000:]
     _snakemake(workflow_dir, env, "--profile", "profiles/slurm", "all", *RUN_FLAGS, timeout=3000)
     _assert_jobs_placed(workflow_dir, env, planned)
     # every target produced: nothing left to do for a plain local dry run of the same config (by
