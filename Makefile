@@ -25,7 +25,8 @@ demo: $(STAMP)
 # rerun table's full run) and the real-vLLM tests marked vllm (their venv takes minutes to build);
 # `make test-e2e` builds that venv and runs both; .ci/run runs `make test` then it. Measured 2026-11-23
 # from a fresh clone on 2 quiet cores: .ci/run 28 min 49 s; make test 8 min 27 s, make test-e2e 11 min 50 s
-# (+ its venv), make test-gpu-stack 1 min 38 s.
+# (+ its venv), make test-gpu-stack 1 min 38 s. 2026-11-24, warm venvs, the two tiers run side by side on
+# the same 2 cores: the make-test selection (962 tests) 11 min 58 s, the e2e/vllm selection 13 min 0 s.
 test: $(STAMP) verl-envs
 	$(RUNENV) pytest -x -q --timeout 3600 --durations 15 -m "not e2e and not vllm" tests
 
