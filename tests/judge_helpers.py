@@ -83,8 +83,11 @@ def gzip_bomb_reply(inflated_bytes: int) -> RawReply:
         for _ in range(inflated_bytes >> 20):
             gz.write(block)
         gz.write(b'"}')
-    data = buf.getvalue()
+    return gzip_reply(buf.getvalue())
 
+
+def gzip_reply(data: bytes) -> RawReply:
+    """A 200 answer whose body is `data`, sent as gzip-compressed JSON."""
     def write(h):
         h.send_response(200)
         h.send_header("Content-Type", "application/json")

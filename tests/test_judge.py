@@ -422,17 +422,10 @@ def test_a_gzip_bomb_and_an_oversized_body_are_refused_at_the_cap(tmp_path):
 def test_a_compressed_answer_within_the_cap_is_read(tmp_path):
     import gzip
 
-    data = gzip.compress(json.dumps(chat_payload("7", [_lp("7", -0.2, [("7", -0.2)])])).encode())
+    from tests.judge_helpers import gzip_reply
 
-    def write(h):
-        h.send_response(200)
-        h.send_header("Content-Type", "application/json")
-        h.send_header("Content-Encoding", "gzip")
-        h.send_header("Content-Length", str(len(data)))
-        h.end_headers()
-        h.wfile.write(data)
-
-    with ScriptedJudge(lambda body: RawReply(write)) as judge:
+    reply = gzip_reply(gzip.compress(json.dumps(chat_payload("7", [_lp("7", -0.2, [("7", -0.2)])])).encode()))
+    with ScriptedJudge(lambda body: reply) as judge:
         assert _score(tmp_path, judge)["score"] == pytest.approx(7 / 9)
 
 
