@@ -377,26 +377,27 @@ def decoded_views(text: str, depth: int = 0) -> Iterator[tuple[str, str]]:
             yield (how if n == 0 else f"{how} x{n + 1}"), view
     if depth >= 2:
         return
-    for m in B32_RUN.finditer(text):
-        payload = _b32(m.group())
-        inner = _payload_text(payload) if payload else None
-        if inner:
-            yield f"base32 at char {m.start()}", inner
-            yield from ((f"base32 at char {m.start()}, {how}", t) for how, t in decoded_views(inner, depth + 1))
-    for m in B64_RUN.finditer(text):
-        payload = _b64(m.group())
-        inner = _payload_text(payload) if payload else None
-        if inner:
-            yield f"base64 at char {m.start()}", inner
-            yield from ((f"base64 at char {m.start()}, {how}", t) for how, t in decoded_views(inner, depth + 1))
-        elif payload and len(payload) >= 16:  # binary (an image, ...): the strings inside it
-            strings = [r.decode("ascii") for r in re.findall(rb"[\x20-\x7e]{5,}", payload)]
-            if strings:
-                yield f"strings of base64 at char {m.start()}", "\n".join(strings)
+    for run, decode, name in ((B32_RUN, _b32, "base32"), (B64_RUN, _b64, "base64")):
+        yield from _encoded_views(text, run, decode, name, depth)
     for m in HEX_RUN.finditer(text):
         inner = _payload_text(bytes.fromhex(m.group()))
         if inner:
             yield f"hex at char {m.start()}", inner
+
+
+def _encoded_views(text: str, run: re.Pattern, decode, name: str, depth: int) -> Iterator[tuple[str, str]]:
+    """The text inside each `name`-encoded run of `text` (and its own decoded views); for base64, the
+    strings inside a binary payload."""
+    for m in run.finditer(text):
+        payload = decode(m.group())
+        inner = _payload_text(payload) if payload else None
+        if inner:
+            yield f"{name} at char {m.start()}", inner
+            yield from ((f"{name} at char {m.start()}, {how}", t) for how, t in decoded_views(inner, depth + 1))
+        elif name == "base64" and payload and len(payload) >= 16:  # binary (an image, ...): its strings
+            strings = [r.decode("ascii") for r in re.findall(rb"[\x20-\x7e]{5,}", payload)]
+            if strings:
+                yield f"strings of base64 at char {m.start()}", "\n".join(strings)
 
 
 def _b64(run: str) -> bytes | None:

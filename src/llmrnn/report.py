@@ -107,15 +107,20 @@ def plot_memory_recall(metrics: dict, comparison: dict, out: str | Path) -> None
     axes[1].set_ylim(-0.05, 1.05)
     axes[1].grid(alpha=0.3)
     axes[1].legend(fontsize=8)
-    c = (comparison.get("comparisons", {}).get("trained") or {}).get("memory_recall")
-    title = "Held-out memory recall"
-    if c:
-        lo, hi = c["ci95"]
-        title += (f": trained - base = {_fmt(c['diff'])} [95% CI {_fmt(lo)}, {_fmt(hi)}], "
-                  f"Wilcoxon p = {_fmt(c['wilcoxon']['p_value'], 4)}, n = {c['n_pairs']}")
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(_tested_title("Held-out memory recall", comparison, "memory_recall", ": trained - base"),
+                 fontsize=9)
     _save(fig, out)
     plt.close(fig)
+
+
+def _tested_title(title: str, comparison: dict, metric: str, lead: str) -> str:
+    """A plot title with the trained-vs-base paired test of `metric` (comparison.json), when there is one."""
+    c = (comparison.get("comparisons", {}).get("trained") or {}).get(metric)
+    if not c:
+        return title
+    lo, hi = c["ci95"]
+    return (f"{title}{lead} = {_fmt(c['diff'])} [95% CI {_fmt(lo)}, {_fmt(hi)}], "
+            f"Wilcoxon p = {_fmt(c['wilcoxon']['p_value'], 4)}, n = {c['n_pairs']}")
 
 
 def plot_specificity(metrics: dict, comparison: dict, out: str | Path) -> None:
@@ -140,13 +145,8 @@ def plot_specificity(metrics: dict, comparison: dict, out: str | Path) -> None:
     ax.set_ylim(0, 1.1)
     ax.set_ylabel("share of visit diagnoses named")
     ax.legend(loc="upper left", fontsize=8)
-    c = (comparison.get("comparisons", {}).get("trained") or {}).get("memory_specificity")
-    title = "Memory specificity: own vs other patients' visits"
-    if c:
-        lo, hi = c["ci95"]
-        title += (f"\ngap trained - base = {_fmt(c['diff'])} [95% CI {_fmt(lo)}, {_fmt(hi)}], "
-                  f"Wilcoxon p = {_fmt(c['wilcoxon']['p_value'], 4)}, n = {c['n_pairs']}")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(_tested_title("Memory specificity: own vs other patients' visits", comparison,
+                               "memory_specificity", "\ngap trained - base"), fontsize=9)
     _save(fig, out)
     plt.close(fig)
 
