@@ -66,3 +66,13 @@ def smollm2_dir(tmp_path_factory) -> Path:
     marker = tmp_path_factory.mktemp("smollm2") / name / ".ready"
     prepare_model(name, spec, marker)
     return marker.parent
+
+
+@pytest.fixture
+def in_workflow(workflow_dir, monkeypatch):
+    """A workflow copy as the working directory, offline, with no token or GPU-count variables set."""
+    monkeypatch.chdir(workflow_dir)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "LLMRNN_TRAIN_GPUS", "LLMRNN_TRAIN_NODES", "LLMRNN_JUDGE_GPUS"):
+        monkeypatch.delenv(var, raising=False)
+    return workflow_dir

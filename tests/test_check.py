@@ -15,15 +15,6 @@ from llmrnn.cli import main
 from tests.conftest import REPO
 
 
-@pytest.fixture
-def in_workflow(workflow_dir, monkeypatch):
-    monkeypatch.chdir(workflow_dir)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "LLMRNN_TRAIN_GPUS", "LLMRNN_TRAIN_NODES", "LLMRNN_JUDGE_GPUS"):
-        monkeypatch.delenv(var, raising=False)
-    return workflow_dir
-
-
 def _write(path, data):
     path.write_text(yaml.safe_dump(data))
     return str(path)

@@ -17,15 +17,6 @@ SECRET = "hf_" + "AbCdEf0123456789XyZ" * 2  # shaped like a Hub token, made up
 PASSWORD = "s3cr3t-Pa55"
 
 
-@pytest.fixture
-def in_workflow(workflow_dir, monkeypatch):
-    monkeypatch.chdir(workflow_dir)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "LLMRNN_TRAIN_GPUS", "LLMRNN_TRAIN_NODES", "LLMRNN_JUDGE_GPUS"):
-        monkeypatch.delenv(var, raising=False)
-    return workflow_dir
-
-
 def _check(tmp_path, override: dict) -> list[str]:
     path = tmp_path / "over.yaml"
     path.write_text(yaml.safe_dump(override))

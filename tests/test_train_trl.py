@@ -199,23 +199,29 @@ def test_falls_in_a_row():
     assert falls_in_a_row([0.5, 0.4], 1)
 
 
+def falling_reward(tmp_path) -> str:
+    """A reward function (file:name) that shrinks with every call: each validation is lower than the last."""
+    path = tmp_path / "falling.py"
+    path.write_text(
+        "CALLS = [0]\n"
+        "def falling(prompts, completions, **kw):\n"
+        "    CALLS[0] += 1\n"
+        "    return [1.0 / CALLS[0] + 0.01 * i for i in range(len(completions))]\n"
+    )
+    return f"{path}:falling"
+
+
 @pytest.mark.slow
 def test_early_stopping_on_a_falling_val_reward(tmp_path, tiny_model_dir, parquets):
     """A reward that shrinks with every call makes each validation lower than the one before: with
     patience 2 the run stops after the third validation (step 6 of 8) and still writes its adapter."""
     from llmrnn.train import trl_engine
 
-    reward = tmp_path / "falling.py"
-    reward.write_text(
-        "CALLS = [0]\n"
-        "def falling(prompts, completions, **kw):\n"
-        "    CALLS[0] += 1\n"
-        "    return [1.0 / CALLS[0] + 0.01 * i for i in range(len(completions))]\n"
-    )
+    reward = falling_reward(tmp_path)
     out = tmp_path / "train"
     cfg = tiny_cfg(val_before_train=False, early_stopping={"enabled": True, "patience": 2})
     summary = trl_engine.train(cfg, parquets[0], parquets[1], tiny_model_dir, **outputs(out),
-                               reward_spec=f"{reward}:falling")
+                               reward_spec=reward)
     assert summary["early_stopped_at_step"] == 6 and summary["steps"] == 6
     assert (out / "adapter" / "adapter_config.json").is_file()
     val = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -427,17 +433,11 @@ def test_best_val_exports_the_best_checkpoints_adapter(tmp_path, tiny_model_dir,
     checkpoint-2's (kept despite keep_last 2), and summary.json says why."""
     from llmrnn.train import trl_engine
 
-    reward = tmp_path / "falling.py"
-    reward.write_text(
-        "CALLS = [0]\n"
-        "def falling(prompts, completions, **kw):\n"
-        "    CALLS[0] += 1\n"
-        "    return [1.0 / CALLS[0] + 0.01 * i for i in range(len(completions))]\n"
-    )
+    reward = falling_reward(tmp_path)
     out = tmp_path / "train"
     cfg = tiny_cfg(val_before_train=False, select="best_val", keep_last=2, test_freq=4)  # saves every 2
     summary = trl_engine.train(cfg, parquets[0], parquets[1], tiny_model_dir, **outputs(out),
-                               reward_spec=f"{reward}:falling")
+                               reward_spec=reward)
     chosen = summary["checkpoint"]
     assert chosen["step"] == 2 and chosen["saved_steps"] == [2, 8] and chosen["select"] == "best_val"
     assert "step 2 had the highest val reward" in chosen["why"]
