@@ -18,12 +18,10 @@ Each problem is one line naming the key path and never repeats a secret.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 from urllib.parse import urlsplit
 
-# scheme://userinfo@host: the userinfo is everything before the first '@' of the authority
-URL_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*)://([^/?#\s@]*)@")
+from llmrnn.constants import URL_USERINFO
 
 
 def _walk(tree: Any, path: str = ""):
@@ -47,7 +45,7 @@ def number_problem(value: Any) -> str | None:
 def url_credential_problem(text: str) -> str | None:
     """Why a string holds a URL with credentials in it (None when it does not); never repeats them."""
     for match in URL_USERINFO.finditer(text):
-        scheme, userinfo = match.group(1).lower(), match.group(2)
+        scheme, userinfo = match.group(1).lower().removesuffix("://"), match.group(2)
         if not userinfo:
             continue
         try:

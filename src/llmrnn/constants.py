@@ -10,3 +10,8 @@ DATA_SOURCE = "llm_as_rnn_memory_update"
 # (phi_guard) and the config check (configcheck) refuse the same shapes
 CREDENTIAL = re.compile(r"(?<![A-Za-z0-9])(hf_|sk-|sk_|ghp_|gho_|ghs_|github_pat_|glpat-|xox[abprs]-|AKIA|AIza)"
                         r"(?=[A-Za-z_-]*[0-9])[A-Za-z0-9_-]{16,}")
+
+# scheme://user:password@host: the userinfo of a URL is a credential wherever the URL came from (greedy up
+# to the last @ before the path: a password may hold a raw @). The config check refuses it, the release
+# redacts it (llmrnn.upload.redact_credentials)
+URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#\s]*)@")

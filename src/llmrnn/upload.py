@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from llmrnn.constants import URL_USERINFO
 from llmrnn.errors import CheckFailed
 
 log = logging.getLogger(__name__)
@@ -68,9 +69,6 @@ def offline() -> bool:
     return bool(constants.is_offline_mode())
 
 
-# scheme://user:password@host: the userinfo of a URL is a credential wherever the URL came from
-# (greedy up to the last @ before the path: a password may hold a raw @)
-URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#\s]*)@")
 RELEASE_ID_TRAILER = "llmrnn-release-id"
 
 
