@@ -471,7 +471,7 @@ def _distinct_paths(args: argparse.Namespace, names: tuple[str, ...]) -> None:
 def source_sha256(source: str) -> str | None:
     """sha256 of a user's cohort file, None for the synthetic one (its params rerun it) or a missing file.
 
-    rules/common.smk passes it as a param of clean_cohort: a cohort replaced by a file with an older mtime
+    the workflow (llmrnn.plan) passes it as a param of clean_cohort: a cohort replaced by a file with an older mtime
     still reruns cleaning and everything after it.
     """
     if source == "synthetic" or not Path(source).is_file():

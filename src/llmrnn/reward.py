@@ -138,7 +138,7 @@ NO_JUDGE = "reward.mode outcome asks no judge"  # why preflight and training run
 
 
 def asks_judge(config: dict) -> bool:
-    """Whether a workflow config's reward needs the judge server (rules/common.smk plans judge_server,
+    """Whether a workflow config's reward needs the judge server (llmrnn.plan plans judge_server,
     and preflight/train take its endpoint, only then): recipe qa when its judge weight is on, the memory
     head unless reward.mode is outcome. The one place that decides it for the rules and `llmrnn check`."""
     if config.get("recipe") == "qa":
