@@ -127,16 +127,10 @@ def normalise_record(raw: Any, fields: dict, where: str) -> dict:
     return rec
 
 
-GENERATED_ID = re.compile(r"q\d{6,}")
-
-
 def generated_id(position: int) -> str:
-    """The id of a record that has none: its position (not data; the PHI guard leaves it out)."""
+    """The id of a record that has none: its position (not data: the record is marked `id_generated`, and
+    the PHI guard leaves out exactly the ids so marked, never an id by its shape)."""
     return f"q{position:06d}"
-
-
-def is_generated_id(value: str) -> bool:
-    return bool(GENERATED_ID.fullmatch(value))
 
 
 def load_records(source: str, fields: dict | None = None, dataset: dict | None = None) -> list[dict]:
