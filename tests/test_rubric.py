@@ -108,6 +108,22 @@ def test_expected_score_from_completions_logprobs_and_no_digit_falls_back_to_tex
     assert parsed.parse_method == "fallback" and parsed.score == 0.5
 
 
+def test_superscript_and_other_non_ascii_digit_tokens_are_no_score():
+    """str.isdigit() accepts '¹' and '²', which int() refuses: SmolLM2's top logprobs after "Score: " held
+    '¹', and the judge client crashed grading instead of reading the ASCII digits beside it."""
+    payload = {"choices": [{"message": {"content": "8"}, "logprobs": {"content": [
+        _lp("8", math.log(0.6), [("8", math.log(0.6)), ("¹", math.log(0.2)), ("²", math.log(0.1)),
+                                 ("2", math.log(0.1))]),
+    ]}}]}
+    value, probs = expected_digit(payload)
+    assert probs == {"2": pytest.approx(1 / 7), "8": pytest.approx(6 / 7)} and math.isclose(value, (8 * 6 + 2) / 7)
+    only_superscript = {"choices": [{"message": {"content": "¹"}, "logprobs": {"content": [
+        _lp("¹", -0.1, [("¹", -0.1), ("³", -3)])]}}]}
+    assert expected_digit(only_superscript) is None
+    assert parse_scalar("¹", payload=only_superscript, use_logprobs=True).parse_method == "fallback"
+    assert parse_scalar("x²").parse_method == "fallback"  # the short-answer digit reader skips it too
+
+
 @pytest.mark.parametrize("answer, verdict", [
     ("Winner: A", "A"), ("reasoning...\nWinner: **B**", "B"), ("winner: tie", "tie"), ("I like both", None),
     ("Response A is long.\nWinner: Response B", "B"),

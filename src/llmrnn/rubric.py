@@ -449,16 +449,22 @@ def _position_alternatives(payload: dict) -> list[tuple[str, dict[str, float]]]:
     return out
 
 
+def _is_digit(text: str) -> bool:
+    """One ASCII digit. str.isdigit() also accepts superscripts ('¹') and other marks int() refuses: a
+    judge's top logprobs do hold such tokens (SmolLM2's did)."""
+    return len(text) == 1 and text in "0123456789"
+
+
 def expected_digit(payload: dict, scale_max: int = 9) -> tuple[float, dict[str, float]] | None:
     """G-Eval style: at the first generated position whose chosen token is a digit, the probability-
     weighted mean of the digit tokens 1..scale_max among the top logprobs (renormalised)."""
     for chosen, alts in _position_alternatives(payload):
-        if not chosen.strip()[:1].isdigit():
+        if not _is_digit(chosen.strip()[:1]):
             continue
         probs: dict[str, float] = {}
         for tok, logprob in alts.items():
             t = tok.strip()
-            if len(t) == 1 and t.isdigit() and 1 <= int(t) <= scale_max and logprob is not None:
+            if _is_digit(t) and 1 <= int(t) <= scale_max and logprob is not None:
                 probs[t] = probs.get(t, 0.0) + math.exp(logprob)
         total = sum(probs.values())
         if total <= 0:
@@ -492,7 +498,7 @@ def parse_scalar(text: str, scale_max: int = 9, payload: dict | None = None, pre
         return Parsed(n / scale_max, "score_line", float(n))
     stripped = text.strip()
     if len(stripped) < SHORT_ANSWER_CHARS:
-        digits = [c for c in stripped if c.isdigit()]
+        digits = [c for c in stripped if _is_digit(c)]
         if digits:
             d = min(int(digits[-1]), scale_max)
             return Parsed(d / scale_max, "short_digit", float(d))
