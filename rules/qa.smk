@@ -186,6 +186,39 @@ rule qa_eval_model:
         "--cfg {params.cfg:q} 2> {log:q}"
 
 
+# The judge that grades the answers: judge_server's own rule under another name, so it can live in the
+# grading job's SLURM group (a service runs in its consumers' group; training's judge is in train_node).
+use rule judge_server as qa_eval_judge_server with:
+    output:
+        endpoint=service(f"{QA_EVAL}/judge/endpoint.json"),
+    log:
+        f"{LOGS}/eval/judge_server.log",
+
+
+rule qa_judge_eval:
+    input:
+        answers=qa_answer_files(),
+        endpoint=rules.qa_eval_judge_server.output.endpoint,
+        rubric=qa_grading_rubric(),
+    output:
+        judged=qa_judged_files(),
+        audit=directory(f"{QA_EVAL}/judge/audit"),
+    log:
+        f"{LOGS}/eval/qa_judge_eval.log",
+    conda:
+        conda_env("cpu")
+    # a core of its own while the judge service beside it computes (the service takes 0)
+    threads: 1
+    resources:
+        runtime=config["qa"]["eval"]["resources"]["runtime"],
+    params:
+        cfg=qa_judge_cfg(),
+        code=code_hash("qa judge"),
+    shell:
+        "llmrnn qa judge --inputs {input.answers:q} --outputs {output.judged:q} --endpoint {input.endpoint:q} "
+        "--rubric {input.rubric:q} --audit-dir {output.audit:q} --cfg {params.cfg:q} 2> {log:q}"
+
+
 rule qa_eval_gather:
     input:
         files=qa_eval_files(),

@@ -92,9 +92,11 @@ def test_batch_geometry_and_profile_gpus(in_workflow, monkeypatch):
     assert not any("LLMRNN_TRAIN_GPUS" in p for p in check.check_training(cfg))
 
 
-def test_outcome_reward_needs_no_judge_model_nor_judge_gpu(in_workflow, monkeypatch):
-    """reward.mode outcome starts no judge: an undownloaded hub judge and a profile without a judge GPU
-    are problems only for the judged modes."""
+def test_a_judge_no_job_starts_needs_no_model_nor_gpu(in_workflow, monkeypatch):
+    """An undownloaded hub judge and a profile without a judge GPU are problems only where a job starts the
+    judge: a judged reward, the memory head's judge-agreement check (on by default, also under the outcome
+    reward), the QA answers' grading (qa.eval.judge); not reward.mode outcome with agreement_pairs 0, nor a
+    QA reward without judge weight whose answers exact match grades."""
     monkeypatch.setenv("LLMRNN_JUDGE_GPUS", "0")
     train = {"n_gpus_per_node": 2, "nnodes": 1}
     monkeypatch.setenv("LLMRNN_TRAIN_GPUS", "2")
@@ -103,8 +105,15 @@ def test_outcome_reward_needs_no_judge_model_nor_judge_gpu(in_workflow, monkeypa
     assert any("HF_HUB_OFFLINE" in p for p in check.check_judge(scalar)), check.check_judge(scalar)
     assert check.check_profile_gpus(scalar, train) == [
         "the judge needs 1 GPU(s) but profiles/slurm requests 0: export LLMRNN_JUDGE_GPUS=1"]
-    outcome = {"judge": rubric, "reward": {"mode": "outcome"}}
+    outcome = {"judge": rubric, "reward": {"mode": "outcome"}, "preflight": {"agreement_pairs": 0}}
     assert check.check_judge(outcome) == [] and check.check_profile_gpus(outcome, train) == []
+    needs_gpu = ["the judge needs 1 GPU(s) but profiles/slurm requests 0: export LLMRNN_JUDGE_GPUS=1"]
+    agreement = {"judge": rubric, "reward": {"mode": "outcome"}}  # the agreement check starts the judge
+    assert check.check_judge(agreement) and check.check_profile_gpus(agreement, train) == needs_gpu
+    qa_exact = {"recipe": "qa", "judge": rubric, "qa": {"reward": {"weights": {"judge": 0}}}}
+    assert check.check_judge(qa_exact) == [] and check.check_profile_gpus(qa_exact, train) == []
+    qa_graded = {**qa_exact, "qa": {**qa_exact["qa"], "eval": {"judge": True}}}
+    assert check.check_judge(qa_graded) and check.check_profile_gpus(qa_graded, train) == needs_gpu
 
 
 VERL_ENVS = sorted(REPO.glob(".venv-verl-*/bin/python"))

@@ -231,7 +231,8 @@ def test_qa_demo_plans_sft_then_grpo_on_cpu():
     assert plan.qa_eval_model(wc(variant="sft")) == {"model": f"{qa}/sft/merged", "check": f"{qa}/sft/merge_check.json"}
     assert plan.qa_eval_model(wc(variant="base")) == {"model": SMOLLM2_READY}
     assert plan.release_split_format() == ["--split-format", "qa"]
-    assert plan.release_rubric_input() == {"rubric": plan.config["judge"]["rubric"]}  # qa always names it
+    assert plan.release_rubric_input() == {}  # its reward asks no judge: the card names none
+    assert not plan.qa_eval_judged()  # multiple-choice letters: exact match grades them, no judge started
     reward = json.loads(plan.qa_train_cfg())["reward"]
     assert reward["fluency_model"] == "resources/models/smollm2-135m-instruct"  # the folder, not the marker
     assert reward["rubric"] == plan.config["judge"]["rubric"]  # no qa.reward.rubric: judge.rubric
@@ -264,6 +265,26 @@ def test_qa_reproduce_plans_gpu_sft_verl_and_the_judge(workdir):
     assert hub.qa_source_path() == []  # resolved by the CLI, not a tracked file
     assert hub.qa_source_param(wc(), SimpleNamespace()) == "hf:some/dataset"
     assert hub.qa_source_param(wc(), SimpleNamespace(source="tracked.jsonl")) == "tracked.jsonl"
+
+
+def test_free_text_answers_are_judge_graded_where_a_judge_is_configured():
+    """qa.eval.judge auto: qa_reproduce's free-text answers (judge weight 0.5) are judge-graded by its reward's
+    rubric, gather reads the judged copies; the judge knobs stay out of the generation's params (a threshold
+    change regrades, it does not regenerate); true/false decide for any config."""
+    repro = plan_of(QA_REPRODUCE)
+    assert repro.qa_eval_judged() and repro.qa_grading_rubric() == "config/rubrics/qa_correctness_rubricarm.yaml"
+    assert repro.qa_eval_files() == repro.qa_judged_files() == ["results/qa_ecg_repro/eval/base/test.judged.jsonl",
+                                                                "results/qa_ecg_repro/eval/sft/test.judged.jsonl",
+                                                                "results/qa_ecg_repro/eval/grpo/test.judged.jsonl"]
+    assert repro.qa_answer_files() == [p.replace(".judged", "") for p in repro.qa_judged_files()]
+    assert json.loads(repro.qa_judge_cfg()) == {"eval": {"k": 8, "judge_threshold": 0.5}, "max_fallback_rate": 0.25}
+    assert repro.release_rubric_input() == {"rubric": "config/rubrics/qa_correctness_rubricarm.yaml"}
+    stricter = plan_of(QA_REPRODUCE, overlay={"qa": {"eval": {"judge_threshold": 0.8}}})
+    assert stricter.qa_eval_cfg() == repro.qa_eval_cfg() and stricter.qa_judge_cfg() != repro.qa_judge_cfg()
+    assert not plan_of(QA_REPRODUCE, overlay={"qa": {"eval": {"judge": False}}}).qa_eval_judged()
+    demo = plan_of(QA_DEMO, overlay={"qa": {"eval": {"judge": True}}})
+    assert demo.qa_eval_judged() and not demo.judge_planned()  # graded by a judge that training never asked
+    assert demo.qa_eval_files() == demo.qa_judged_files() and demo.release_rubric_input() == {}
 
 
 # ----------------------------------------------------------------------------- small pieces

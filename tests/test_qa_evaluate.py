@@ -290,3 +290,101 @@ def test_report_puts_chance_beside_every_metric(tmp_path):
     assert {"greedy_pass@1", "sampling_pass@1", "sampling_pass@2", "sampling_maj@2"} <= {m for v, m in rows if v == "base"}
     assert rows[("base", "sampling_pass@2")]["chance_uniform_guess"] == f"{1 - 0.75 ** 2:.4f}"
     assert rows[("base", "greedy_pass@1")]["chance_uniform_guess"] == "0.2500"
+
+
+# ----------------------------------------------------------------------------- judge grading (`qa judge`)
+FREE_TEXT = [{"id": f"q{i}", "question": f"What first for stable angina, case {i}?", "answer": "a beta blocker"}
+             for i in range(4)]
+
+
+def _free_text_eval(tmp_path, variant: str, right: set[int]) -> str:
+    """An eval file of free-text answers: questions in `right` answered by a paraphrase (exact match misses
+    it), the others wrong; 2 samples per question, the same answer as the greedy one."""
+    rows = [{"header": {"variant": variant, "split": "test", "samples_per_question": 2}}]
+    for i, rec in enumerate(FREE_TEXT):
+        text = "<answer>beta-blockers such as metoprolol</answer>" if i in right else "<answer>aspirin only</answer>"
+        greedy = E._graded(text, rec)
+        rows.append({**rec, "variant": variant, "split": "test", "greedy": greedy, "samples": [dict(greedy)] * 2,
+                     "greedy_pass@1": greedy["correct"], "sampling_pass@k": greedy["correct"], "disagrees": False})
+    return write_rows(tmp_path / f"{variant}_test.jsonl", rows)
+
+
+def _qa_judge(tmp_path, endpoint, inputs, outputs, max_rate=0.25):
+    import subprocess
+    import sys
+
+    cfg = {"eval": {"k": 2, "judge_threshold": 0.5}, "max_fallback_rate": max_rate}
+    return subprocess.run([sys.executable, "-m", "llmrnn.cli", "qa", "judge", "--inputs", *inputs,
+                           "--outputs", *outputs, "--endpoint", str(endpoint), "--audit-dir",
+                           str(tmp_path / "audit"), "--cfg", json.dumps(cfg)],
+                          capture_output=True, text=True, check=False)
+
+
+def _qa_rubric(tmp_path):
+    import yaml
+
+    from tests.judge_helpers import REPO
+
+    raw = yaml.safe_load((REPO / "config/rubrics/qa_correctness_smollm2.yaml").read_text())
+    raw["request"].update(score_method="text", assistant_prefix="")
+    rubric = tmp_path / "rubric.yaml"
+    rubric.write_text(yaml.safe_dump(raw))
+    return rubric
+
+
+def test_qa_judge_grades_finished_answers_concurrently_into_a_second_compared_metric(tmp_path):
+    """`llmrnn qa judge` (the workflow's qa_judge_eval) against a real HTTP judge on 127.0.0.1: judged copies
+    of the eval files, the calls in flight together, and gather/report compare the judged outcomes too."""
+    from llmrnn.qa.report import summary_tsv
+    from tests.judge_helpers import ScriptedJudge, write_endpoint
+
+    base, grpo = _free_text_eval(tmp_path, "base", {0}), _free_text_eval(tmp_path, "grpo", {0, 1, 2, 3})
+    outputs = [str(tmp_path / "base_test.judged.jsonl"), str(tmp_path / "grpo_test.judged.jsonl")]
+
+    def respond(body):
+        return "Score: 9" if "metoprolol" in json.dumps(body) else "Score: 1"
+
+    with ScriptedJudge(respond, delay_s=0.05) as judge:
+        proc = _qa_judge(tmp_path, write_endpoint(tmp_path, judge.port, _qa_rubric(tmp_path)), [base, grpo], outputs)
+    assert proc.returncode == 0, proc.stderr
+    assert judge.max_inflight > 1  # sent concurrently, not one answer at a time
+    head, *rows = io.read_jsonl(outputs[1])
+    assert head["header"]["judge"] is True and head["header"]["judge_fallback_rate"] == 0.0
+    assert all(r["greedy"]["judge_correct"] and not r["greedy"]["correct"] for r in rows)  # EM misses paraphrases
+    assert any((tmp_path / "audit").iterdir())  # every call audited
+
+    metrics, comparison = E.gather(outputs, {"k": 2, "stats": {"bootstrap": {"samples": 100, "seed": 0}}})
+    m = metrics["splits"]["test"]
+    assert m["grpo"]["greedy_pass@1"]["value"] == 0.0 and m["grpo"]["judge_greedy_pass@1"]["value"] == 1.0
+    assert m["base"]["judge_greedy_pass@1"]["value"] == 0.25 and "judge" in m["base"]["judge_greedy_pass@1"]["mode"]
+    assert m["base"]["judge_greedy_pass@1"]["chance"] == m["base"]["greedy_pass@1"]["chance"]
+    pair = comparison["splits"]["test"]["grpo_vs_base"]
+    assert pair["judge_greedy_pass@1"]["mcnemar"]["only_b_correct"] == 3
+    assert pair["greedy_pass@1"]["mcnemar"]["only_b_correct"] == 0
+    assert "test\tgrpo_vs_base\tjudge_greedy_pass@1" in summary_tsv(metrics, comparison)
+
+
+def test_qa_judge_that_falls_back_stops_with_one_line_and_writes_nothing(tmp_path):
+    """A judge whose answers carry no score (a judged metric of 0.5 fallbacks) fails the grading job above
+    preflight's fallback bar: one line naming the file and the share, and no judged copy at all."""
+    from tests.judge_helpers import ScriptedJudge, write_endpoint
+
+    base, grpo = _free_text_eval(tmp_path, "base", {0}), _free_text_eval(tmp_path, "grpo", {1})
+    outputs = [str(tmp_path / "base.judged.jsonl"), str(tmp_path / "grpo.judged.jsonl")]
+
+    def respond(body):  # the first file is graded fine, the second's answers get no score
+        return "I cannot grade this." if "case 1" in json.dumps(body) or "case 2" in json.dumps(body) else "Score: 2"
+
+    with ScriptedJudge(respond) as judge:
+        endpoint = write_endpoint(tmp_path, judge.port, _qa_rubric(tmp_path))
+        proc = _qa_judge(tmp_path, endpoint, [base, grpo], outputs)
+        assert proc.returncode != 0 and not any(tmp_path.glob("*.judged.jsonl*"))
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and " INFO " not in ln]
+        assert len(lines) == 1 and "base_test.jsonl" in lines[0] and "6 of 12 answers (50%" in lines[0], lines
+        assert "preflight.max_fallback_rate" in lines[0]
+        # the bar is the config's: at 0.6 the same judge's grades are written, its fallbacks counted as wrong
+        proc = _qa_judge(tmp_path, endpoint, [base, grpo], outputs, max_rate=0.6)
+    assert proc.returncode == 0, proc.stderr
+    metrics, _ = E.gather(outputs, {"k": 2, "stats": {"bootstrap": {"samples": 50, "seed": 0}}})
+    assert metrics["splits"]["test"]["base"]["judge_fallback_rate"]["value"] == 0.5
+    assert metrics["splits"]["test"]["base"]["judge_greedy_pass@1"]["value"] == 0.0  # a fallback is not correct

@@ -203,6 +203,8 @@ QA_REPRODUCE_CONFIG = {
     "qa.eval.top_p":                   0.95,
     "qa.eval.max_new_tokens":          512,
     "qa.eval.max_questions":           None,                          # every test question
+    "qa.eval.judge":                   "auto",                        # free text: judge-graded too
+    "qa.eval.judge_threshold":         0.5,
     "train.engine":                    "verl",
     "train.seed":                      42,
     "train.lora.rank":                 16,

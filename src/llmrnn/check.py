@@ -257,18 +257,27 @@ def check_models(config: dict) -> list[str]:
 
 
 def _judge_in_dag(config: dict) -> bool:
+    """Whether a job starts the judge (as llmrnn.plan plans it): the reward asks it, the memory head's
+    judge-agreement check beside training (preflight.agreement_pairs > 0), or the QA answers are
+    judge-graded (qa.eval.judge: true, or auto where the QA reward asks the judge)."""
     from llmrnn.errors import LlmrnnError
     from llmrnn.reward import asks_judge
+    from llmrnn.train.config import PreflightConfig
 
     try:
-        return asks_judge(config)
+        if asks_judge(config):
+            return True
     except LlmrnnError:  # a bad reward section is the schema's line; check the judge as if it were asked
         return True
+    if config.get("recipe") == "qa":
+        return ((config.get("qa") or {}).get("eval") or {}).get("judge") is True
+    pairs = (config.get("preflight") or {}).get("agreement_pairs", PreflightConfig.agreement_pairs)
+    return bool(pairs)
 
 
 def _judge_gpus_needed(config: dict) -> int | None:
     if not _judge_in_dag(config):
-        return 0  # reward.mode outcome: no judge_server is planned
+        return 0  # no judge_server is planned
     try:
         from llmrnn.rubric import load_rubric
 
@@ -283,7 +292,7 @@ def check_judge(config: dict) -> list[str]:
 
     judge = config.get("judge") or {}
     path = judge.get("rubric")
-    if not path or not _judge_in_dag(config):  # reward.mode outcome: no judge is started, its model is not needed
+    if not path or not _judge_in_dag(config):  # no judge is started: its model is not needed
         return []
     if not Path(path).is_file():
         return [f"judge.rubric: {path} does not exist"]

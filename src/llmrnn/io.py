@@ -165,9 +165,14 @@ def read_jsonl(path: str | os.PathLike, skip_bad: bool = False) -> list[Any]:
     return rows
 
 
+def jsonl_text(rows: Iterable[Any]) -> str:
+    """The JSONL text write_jsonl writes (for write_texts): one JSON value per line, keys sorted."""
+    return "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows)
+
+
 def write_jsonl(path: str | os.PathLike, rows: Iterable[Any], mode: int | None = None) -> None:
     """One JSON value per line (keys sorted), written atomically."""
-    write_text(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows), mode)
+    write_text(path, jsonl_text(rows), mode)
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -427,11 +427,12 @@ class Plan:
         return [f"{release}/README.md", f"{release}/MANIFEST.json", f"{release}/upload_receipt.json"]
 
     def release_rubric_input(self, wildcards=None) -> dict:
-        """The rubric the card and manifest describe: none for a memory head whose reward asks no judge
-        (reward.mode outcome), so they do not name a judge that scored nothing."""
-        if self.recipe_is("qa") or self.judge_planned():
-            return {"rubric": self.config["judge"]["rubric"]}
-        return {}
+        """The rubric the card and manifest describe: the one the reward asked (the QA reward's for recipe
+        qa); none where the reward asks no judge (memory head reward.mode outcome, a QA reward without
+        judge weight), so they do not name a judge that scored nothing."""
+        if not self.judge_planned():
+            return {}
+        return {"rubric": self.qa_grading_rubric() if self.recipe_is("qa") else self.config["judge"]["rubric"]}
 
     def release_split_format(self) -> list[str]:
         """--split-format of `llmrnn release build`: [] (cohort, the CLI's default) or qa; a list for :q."""
@@ -515,16 +516,44 @@ class Plan:
             return {"model": f"{self.paths.qa}/sft/merged", "check": f"{self.paths.qa}/sft/merge_check.json"}
         return {"model": f"{self.paths.run}/merged", "check": f"{self.paths.run}/merge_check.json"}
 
-    def qa_eval_files(self) -> list[str]:
+    def qa_answer_files(self) -> list[str]:
+        """What qa_eval_model writes: every variant's answers on every split."""
         return [
             f"{self.paths.qa_eval}/{variant}/{split}.jsonl"
             for variant in self.qa_variants()
             for split in self.qa_eval_splits()
         ]
 
+    def qa_eval_judged(self) -> bool:
+        """Whether the answers are judge-graded too (a second metric beside exact match): qa.eval.judge
+        auto = where the QA reward asks the judge (free-text answers, e.g. qa_reproduce.yaml), or true/false."""
+        judge = self.config["qa"]["eval"].get("judge", "auto")
+        return self.judge_planned() if judge == "auto" else bool(judge)
+
+    def qa_judged_files(self) -> list[str]:
+        """What qa_judge_eval writes: a judge-graded copy of each of qa_answer_files, in the same order."""
+        return [path.removesuffix(".jsonl") + ".judged.jsonl" for path in self.qa_answer_files()]
+
+    def qa_eval_files(self) -> list[str]:
+        """What gather and the report read: the judged copies where the answers are judge-graded, else
+        qa_eval_model's answers."""
+        return self.qa_judged_files() if self.qa_eval_judged() else self.qa_answer_files()
+
+    def qa_grading_rubric(self) -> str:
+        """The rubric the QA judge grades by: the reward's (qa.reward.rubric), else judge.rubric."""
+        return self.config["qa"]["reward"].get("rubric") or self.config["judge"]["rubric"]
+
+    def qa_judge_cfg(self) -> str:
+        """params of qa_judge_eval: the grading threshold and the fallback bar preflight holds the judge to."""
+        ev = self.config["qa"]["eval"]
+        return _json({"eval": {"k": ev["k"], "judge_threshold": ev["judge_threshold"]},
+                      "max_fallback_rate": self.config["preflight"]["max_fallback_rate"]})
+
     def qa_eval_cfg(self) -> str:
-        """The eval knobs + the qa prompt: the evaluation asks in the system prompt training used."""
-        return _json({"eval": {k: v for k, v in self.config["qa"]["eval"].items() if k != "resources"},
+        """The eval knobs + the qa prompt: the evaluation asks in the system prompt training used. The
+        judge's knobs are qa_judge_cfg's (a threshold change regrades, it does not regenerate)."""
+        skip = {"resources", "judge", "judge_threshold"}
+        return _json({"eval": {k: v for k, v in self.config["qa"]["eval"].items() if k not in skip},
                       "prompt": self.config["qa"]["prompt"]})
 
     def qa_eval_targets(self) -> list[str]:

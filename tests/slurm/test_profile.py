@@ -161,3 +161,30 @@ def test_dry_run_downloads_the_judge_model_once(workflow_dir, tmp_path):
     assert len(jobs) == 1, text[-3000:]
     assert "resources/judge_models/OpenRubrics--RubricARM-8B-Judge/.ready" in text
     assert "llmrnn judge prepare-model" in (jobs[0].shell or "")
+
+
+def test_qa_reproduce_grades_its_free_text_answers_with_a_judge_of_its_own(workflow_dir, tmp_path):
+    """config/qa_reproduce.yaml (free-text answers, judge weight 0.5) on the literal profile: after the three
+    evaluations one SLURM job holds a judge instance of its own (training's judge lives in train_node's job,
+    and a service runs in its consumers' group) and `llmrnn qa judge`, whose judged copies gather reads."""
+    copy_extra_parts(workflow_dir)
+    source = workflow_dir / "data/ecg_expert_qa/train.json"  # ECG-Expert-QA is not shipped: a stand-in
+    source.parent.mkdir(parents=True)
+    source.write_text("[]")
+    env = _clean_env(tmp_path)
+    text = _dry_run(workflow_dir, env, "--profile", "profiles/slurm", "-n", "all", "--configfile",
+                    "config/qa_reproduce.yaml")
+    jobs = {j.rule: j for j in parse_dry_run(text)}
+    assert {"judge_server", "qa_eval_judge_server", "qa_judge_eval"} <= set(jobs)
+    eval_group = text.split("Group job qa_eval_judge ", 1)[1].split("Group job", 1)[0].split("\n[", 1)[0]
+    assert "rule qa_eval_judge_server:" in eval_group and "rule qa_judge_eval:" in eval_group
+    assert "qa_train_grpo" not in eval_group and "rule judge_server:" not in eval_group
+    grader, server = jobs["qa_judge_eval"], jobs["qa_eval_judge_server"]
+    assert "--endpoint results/qa_ecg_repro/eval/judge/endpoint.json" in grader.shell
+    assert "--rubric config/rubrics/qa_correctness_rubricarm.yaml" in grader.shell
+    for variant in ("base", "sft", "grpo"):
+        assert f"eval/{variant}/test.jsonl" in grader.shell and f"eval/{variant}/test.judged.jsonl" in grader.shell
+        assert f"eval/{variant}/test.judged.jsonl" in jobs["qa_eval_gather"].shell
+    assert server.resources["gpu"] == "1" and unquote(server.resources["slurm_partition"]) == "gpu-a100"
+    assert unquote(grader.resources["slurm_partition"]) == "gpu-a100"  # one job: the judge's node
+    assert "--endpoint" not in jobs["qa_eval_model"].shell  # generation never waits on a judge

@@ -148,3 +148,42 @@ def test_qa_reproduce_names_an_ood_set_or_says_why_not():
     at = next(i for i, ln in enumerate(lines) if ln.strip().startswith("ood:"))
     reason = " ".join(ln.strip() for ln in lines[max(0, at - 4):at] if ln.strip().startswith("#"))
     assert "OOD" in reason and "because" in reason.lower() or "on purpose" in reason, reason
+
+
+@pytest.mark.e2e
+def test_qa_answers_are_judge_graded_by_a_judge_of_their_own(workflow_dir, tiny_model_dir, smollm2_dir):
+    """qa.eval.judge: true on CPU: after the six evaluations a second judge instance (SmolLM2-135M, the real
+    llmrnn judge server) grades every answer; metrics, comparison and the report carry the judged metrics
+    beside exact match. The judge's knobs and rubric regrade without regenerating or retraining."""
+    evals = {"k": 2, "max_new_tokens": 12, "max_questions": 4, "judge": True,
+             "stats": {"bootstrap": {"samples": 200, "seed": 0}}}
+    layer = small_layer(workflow_dir, tiny_model_dir, eval=evals)
+    (workflow_dir / "judge_layer.yaml").write_text(yaml.safe_dump({
+        "models": {"smollm2-135m-instruct": {"source": "local", "path": str(smollm2_dir)}},
+        "judge": {"rubric": "config/rubrics/qa_correctness_smollm2.yaml"}}))
+    jobs = planned(workflow_dir, layer, "judge_layer.yaml")
+    assert jobs["qa_eval_judge_server"] == 1 and jobs["qa_judge_eval"] == 1
+    assert "judge_server" not in jobs  # training's reward asks no judge: only the grading starts one
+
+    snakemake(workflow_dir, "all", "--configfile", "config/qa_demo.yaml", layer, "judge_layer.yaml")
+    run = workflow_dir / "results/qatest"
+    metrics = json.loads((run / "eval/metrics.json").read_text())
+    for split in ("test", "ood"):
+        for variant, m in metrics["splits"][split].items():
+            judged = [json.loads(x) for x in (run / f"eval/{variant}/{split}.judged.jsonl").read_text().splitlines()]
+            assert judged[0]["header"]["judge"] is True and len(judged) == len(
+                (run / f"eval/{variant}/{split}.jsonl").read_text().splitlines())
+            assert m["judge_greedy_pass@1"]["correct"] == sum(r["greedy"]["judge_correct"] for r in judged[1:])
+            assert "judge" in m["judge_greedy_pass@1"]["mode"] and m["judge_fallback_rate"]["value"] <= 0.25
+    comparison = json.loads((run / "eval/comparison.json").read_text())
+    assert "judge_greedy_pass@1" in comparison["splits"]["test"]["grpo_vs_base"]
+    assert "\tjudge_greedy_pass@1\t" in (run / "eval/plots/summary.tsv").read_text()
+    assert any((run / "eval/judge/audit").iterdir())
+
+    # the judge's threshold and its rubric regrade; the answers and the models stay
+    stricter = small_layer(workflow_dir, tiny_model_dir, eval={**evals, "judge_threshold": 0.9})
+    regrade = {"qa_eval_judge_server", "qa_judge_eval", "qa_eval_gather", "qa_report", "all"}
+    assert set(planned(workflow_dir, stricter, "judge_layer.yaml")) == regrade
+    rubric = workflow_dir / "config/rubrics/qa_correctness_smollm2.yaml"
+    rubric.write_text(rubric.read_text().replace("1 = wrong or no answer.", "1 = wrong, or no answer at all."))
+    assert set(planned(workflow_dir, layer, "judge_layer.yaml")) == regrade

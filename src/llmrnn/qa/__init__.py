@@ -4,6 +4,7 @@
     llmrnn qa data    --source Q [--ood O] --cfg JSON --train ... --summary splits.json  (every output named)
     llmrnn qa sft     --train sft_train.jsonl --val sft_val.jsonl --model DIR --adapter D --metrics M --summary S
     llmrnn qa eval    --model DIR --questions test.jsonl --variant V --split S --out F --cfg JSON [--endpoint E]
+    llmrnn qa judge   --inputs F... --outputs G... --endpoint E --audit-dir A --cfg JSON  (judged copies)
     llmrnn qa gather  --inputs F... --metrics M --comparison C --cfg JSON [--train train.jsonl]
     llmrnn qa report  --metrics M --comparison C --inputs F... --plot P --summary S --questions Q
 GRPO uses the shared train stage (`llmrnn train run --reward-func llmrnn.qa.rewards:trl_reward_func`),
@@ -65,6 +66,17 @@ def cmd_eval(args) -> int:
     model = args.model.removesuffix("/.ready")
     evaluate_model(model, args.questions, args.out, args.variant, args.split, _eval_cfg(args), args.threads,
                    args.endpoint, args.rubric)
+    return 0
+
+
+def cmd_judge(args) -> int:
+    from llmrnn.qa.evaluate import judge_eval_files
+    from llmrnn.train.config import PreflightConfig
+
+    # the bar preflight and training hold the judge to (preflight.max_fallback_rate)
+    max_rate = float((args.cfg or {}).get("max_fallback_rate", PreflightConfig.max_fallback_rate))
+    judge_eval_files(args.inputs, args.outputs, args.endpoint, args.rubric, _cfg(args, "eval"), max_rate,
+                     args.audit_dir)
     return 0
 
 
@@ -131,6 +143,16 @@ def register(sub) -> None:
     e.add_argument("--rubric", default=None, help="the judge's rubric (default: the endpoint's)")
     e.add_argument("--cfg", type=json_arg, required=True)
     e.set_defaults(func=cmd_eval)
+
+    j = q.add_parser("judge", help="judge-grade finished eval files (a second metric beside exact match)")
+    j.add_argument("--inputs", nargs="+", required=True, help="eval files of `qa eval`")
+    j.add_argument("--outputs", nargs="+", required=True, help="output: one judged copy per input, in order")
+    j.add_argument("--endpoint", required=True, help="the judge service's endpoint.json")
+    j.add_argument("--rubric", default=None, help="the judge's rubric (default: the endpoint's)")
+    j.add_argument("--audit-dir", required=True, help="output: every judge call (0700)")
+    j.add_argument("--cfg", type=json_arg, required=True,
+                   help='{"eval": {judge_threshold, k}, "max_fallback_rate": x (preflight\'s)}')
+    j.set_defaults(func=cmd_judge)
 
     g = q.add_parser("gather", help="metrics (Wilson CIs) and paired tests over the eval files")
     g.add_argument("--inputs", nargs="+", required=True)

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 EVAL_DEFAULTS = {"k": 4, "temperature": 0.8, "top_p": 0.95, "max_new_tokens": 96, "max_questions": None,
                  "seed": 1234, "batch_size": 8, "system": None, "judge_threshold": 0.5}
 METRICS = ("greedy_pass@1", "sampling_pass@k")  # the binary per-question outcomes the paired tests compare
+JUDGE_METRICS = ("judge_greedy_pass@1", "judge_sampling_pass@k")  # the same outcomes graded by the judge
+JUDGED = "graded by the judge (score >= qa.eval.judge_threshold; a fallback score is not correct)"
 
 
 class Generator:
@@ -95,16 +97,49 @@ def system_prompt(cfg: dict) -> str:
 
 def _judge_grades(items: list[tuple[dict, dict]], endpoint: str, rubric: str | None, audit_dir: str,
                   threshold: float) -> None:
-    """Judge-grade each (record, graded answer) in place: judge_score, judge_parse_method and judge_correct
-    (score >= threshold from a parseable judge answer)."""
-    from llmrnn.qa.rewards import judge_score
+    """Judge-grade each (record, graded answer) in place, the calls sent concurrently: judge_score,
+    judge_parse_method and judge_correct (score >= threshold from a parseable judge answer)."""
+    from llmrnn.qa.rewards import judge_scores
 
-    for rec, graded in items:
-        score, method = judge_score(rec["question"], str(rec["answer"]), graded["extracted"] or "",
-                                    {"rubric": rubric}, endpoint_file=endpoint, audit_dir=audit_dir)
+    scores = judge_scores([(rec["question"], str(rec["answer"]), graded["extracted"] or "") for rec, graded in items],
+                          {"rubric": rubric}, endpoint_file=endpoint, audit_dir=audit_dir)
+    for (rec, graded), (score, method) in zip(items, scores):
         # a judge answer with no parseable score (0.5 by the reward's edge table) grades nothing as correct
         graded.update(judge_score=score, judge_parse_method=method,
                       judge_correct=method != "fallback" and score >= threshold)
+
+
+def judge_eval_files(inputs: list[str], outputs: list[str], endpoint: str, rubric: str | None, cfg: dict,
+                     max_fallback_rate: float, audit_dir: str) -> dict[str, float]:
+    """Judge-grade every answer (greedy and samples) of finished eval files into judged copies (same rows,
+    plus judge_score / judge_parse_method / judge_correct; header judge: true). All files are graded before
+    any is written: a judge that falls back on more than max_fallback_rate of one file's answers (a judged
+    metric made of 0.5s) stops with one line and writes nothing. Every judge call is audited in audit_dir.
+    Returns each input's fallback rate."""
+    if len(inputs) != len(outputs):
+        raise InputError(f"qa judge: {len(inputs)} inputs but {len(outputs)} outputs; name one output per input")
+    cfg = {**EVAL_DEFAULTS, **(cfg or {})}
+    threshold = float(cfg["judge_threshold"])
+    Path(audit_dir).mkdir(parents=True, exist_ok=True, mode=0o700)  # an output, even with no answers
+    texts, rates = {}, {}
+    for src, dst in zip(inputs, outputs):
+        head, rows, _ = _read_eval(src, int(cfg["k"]))
+        items = [(r, g) for r in rows for g in (r["greedy"], *r["samples"])]
+        if items:
+            _judge_grades(items, endpoint, rubric, audit_dir, threshold)
+        fallbacks = sum(g["judge_parse_method"] == "fallback" for _, g in items)
+        rates[src] = fallbacks / len(items) if items else 0.0
+        if rates[src] > max_fallback_rate:
+            raise InputError(
+                f"{src}: the judge gave no parseable score for {fallbacks} of {len(items)} answers "
+                f"({rates[src]:.0%} > preflight.max_fallback_rate {max_fallback_rate:.0%}); a judged metric of "
+                "fallback scores means nothing: check the judge's log and rubric")
+        header = {**head, "judge": True, "judge_rubric": rubric, "judge_threshold": threshold,
+                  "judge_fallback_rate": rates[src]}
+        texts[dst] = io.jsonl_text([{"header": header}, *rows])
+        log.info("%s: %d answers judged, %.0f%% fallbacks", src, len(items), 100 * rates[src])
+    io.write_texts(texts)
+    return rates
 
 
 def evaluate_model(model_dir: str, questions: str, out: str, variant: str, split: str, cfg: dict,
@@ -290,6 +325,7 @@ def gather(files: list[str], cfg: dict, train: str | None = None) -> tuple[dict,
     for split, variants in by.items():
         n = k_used[split]
         modes = {"greedy_pass@1": "greedy: temperature 0, n 1", "sampling_pass@k": f"{sampling}, n {n}"}
+        modes.update({f"judge_{name}": f"{modes[name]}; {JUDGED}" for name in METRICS})
         metrics["splits"][split] = {}
         for variant, rows in variants.items():
             ordered = [rows[i] for i in sorted(rows)]
@@ -307,13 +343,11 @@ def gather(files: list[str], cfg: dict, train: str | None = None) -> tuple[dict,
                     [maj_at_k([s["normalized"] for s in r["samples"]], [s["correct"] for s in r["samples"]], j)
                      for r in ordered], f"{sampling}, majority vote over every {j} of n {n} samples", boot)
                 m[f"sampling_maj@{j}"]["chance"] = _chance(base, "maj", j)
-            if ordered and all("judge_correct" in r["greedy"] for r in ordered):
-                judged = "graded by the judge (score >= qa.eval judge_threshold)"
-                m["judge_greedy_pass@1"] = _metric([bool(r["greedy"]["judge_correct"]) for r in ordered],
-                                                   f"{modes['greedy_pass@1']}; {judged}")
-                m["judge_sampling_pass@k"] = _metric(
-                    [any(s["judge_correct"] for s in r["samples"]) for r in ordered],
-                    f"{modes['sampling_pass@k']}; {judged}")
+            if _judged(ordered):
+                for name in JUDGE_METRICS:
+                    m[name] = _metric([_outcome(r, name) for r in ordered], modes[name])
+                m["judge_greedy_pass@1"]["chance"] = m["greedy_pass@1"]["chance"]
+                m["judge_sampling_pass@k"]["chance"] = m["sampling_pass@k"]["chance"]
                 graded = [g for r in ordered for g in (r["greedy"], *r["samples"])]
                 m["judge_fallback_rate"] = {
                     "mode": "diagnostic: share of judged answers the judge gave no parseable score (not correct)",
@@ -328,13 +362,28 @@ def gather(files: list[str], cfg: dict, train: str | None = None) -> tuple[dict,
         for a, b in combinations(sorted(variants, key=_variant_order), 2):
             ids = sorted(set(variants[a]) & set(variants[b]))
             pair = {}
-            for name in METRICS:
-                xa = [bool(variants[a][i][name]) for i in ids]
-                xb = [bool(variants[b][i][name]) for i in ids]
+            both_judged = _judged([variants[a][i] for i in ids]) and _judged([variants[b][i] for i in ids])
+            for name in METRICS + (JUDGE_METRICS if both_judged else ()):
+                xa = [_outcome(variants[a][i], name) for i in ids]
+                xb = [_outcome(variants[b][i], name) for i in ids]
                 pair[name] = {"mode": modes[name], "n_pairs": len(ids), "mcnemar": mcnemar(xa, xb),
                               "bootstrap": paired_bootstrap(xa, xb, int(boot["samples"]), int(boot["seed"]))}
             comparison["splits"][split][f"{b}_vs_{a}"] = pair
     return metrics, comparison
+
+
+def _judged(rows: list[dict]) -> bool:
+    """Whether every answer of these rows carries a judge grade (a judged eval file)."""
+    return bool(rows) and all("judge_correct" in g for r in rows for g in (r["greedy"], *r["samples"]))
+
+
+def _outcome(row: dict, name: str) -> bool:
+    """One question's binary outcome under a METRICS or JUDGE_METRICS name."""
+    if name == "judge_greedy_pass@1":
+        return bool(row["greedy"]["judge_correct"])
+    if name == "judge_sampling_pass@k":
+        return any(s["judge_correct"] for s in row["samples"])
+    return bool(row[name])
 
 
 VARIANT_ORDER = ("base", "sft", "grpo")

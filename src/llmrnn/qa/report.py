@@ -2,8 +2,9 @@
 for `snakemake --report`.
 
   pass_at_k.png   per split: unbiased sampling_pass@j and sampling_maj@j for j = 1..n per variant, greedy_pass@1
-                  at j = 1, and the two chance baselines (uniform guess, always the train split's most
-                  common answer); every line labelled with its mode
+                  at j = 1 (exact match, and judge-graded where a judge is configured), and the two chance
+                  baselines (uniform guess, always the train split's most common answer); every line
+                  labelled with its mode
   summary.tsv     one row per (split, variant, metric): value, CI, n, mode, both chance baselines; then one
                   row per pair and binary metric: difference, bootstrap CI, McNemar p
   questions.tsv   per question: the greedy answer of each variant (qualitative comparison)
@@ -14,7 +15,7 @@ from __future__ import annotations
 import re
 
 from llmrnn import io
-from llmrnn.qa.evaluate import METRICS, _variant_order
+from llmrnn.qa.evaluate import _variant_order
 from llmrnn.report import _plt, _save
 
 COLORS = {"base": "#7f7f7f", "sft": "#ff7f0e", "grpo": "#1f77b4"}
@@ -42,12 +43,16 @@ def plot_pass(metrics: dict, out: str) -> None:
                 if curve:
                     ax.plot([j for j, _ in curve], [c["value"] or 0.0 for _, c in curve], style, color=color,
                             label=f"{v} sampling {kind}@j", markersize=4)
-            g = cells["greedy_pass@1"]
             x = 1 + 0.06 * (i - (len(variants) - 1) / 2)  # side by side: the CIs stay readable
-            ax.errorbar([x], [g["value"] or 0.0], yerr=[[max(0.0, (g["value"] or 0) - g["ci95"][0])],
-                                                         [max(0.0, g["ci95"][1] - (g["value"] or 0))]],
-                        fmt="*", color=color, markersize=11, capsize=4, label=f"{v} greedy_pass@1 (T=0)")
-            n = g["n"]
+            for name, fmt, size, what in (("greedy_pass@1", "*", 11, "exact match"),
+                                          ("judge_greedy_pass@1", "D", 6, "judge-graded")):
+                g = cells.get(name)
+                if g is None:  # judge-graded only where a judge is configured
+                    continue
+                ax.errorbar([x], [g["value"] or 0.0], yerr=[[max(0.0, (g["value"] or 0) - g["ci95"][0])],
+                                                             [max(0.0, g["ci95"][1] - (g["value"] or 0))]],
+                            fmt=fmt, color=color, markersize=size, capsize=4, label=f"{v} greedy_pass@1 (T=0, {what})")
+            n = cells["greedy_pass@1"]["n"]
         first = metrics["splits"][split][variants[0]]
         curve = _curve(first, "pass")
         js = [j for j, _ in curve] or [1]
@@ -62,7 +67,8 @@ def plot_pass(metrics: dict, out: str) -> None:
         ax.set_xlabel("j (samples; unbiased estimate from n samples)")
         ax.set_ylim(0, 1.05)
         ax.set_title(f"{split} (n={n} questions)")
-        ax.set_ylabel("share correct (exact match)")
+        judged = any("judge_greedy_pass@1" in c for c in metrics["splits"][split].values())
+        ax.set_ylabel("share correct (exact match" + ("; diamonds: judge-graded)" if judged else ")"))
         ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     _save(fig, out)
     plt.close(fig)
@@ -86,8 +92,7 @@ def summary_tsv(metrics: dict, comparison: dict) -> str:
                              f"{_fmt(m['ci95'][1])}\t{m['n']}\t\t{_fmt(chance.get('uniform_guess'))}\t"
                              f"{_fmt(chance.get('most_common_train_answer'))}")
         for pair, tests in comparison["splits"].get(split, {}).items():
-            for name in METRICS:
-                t = tests[name]
+            for name, t in tests.items():  # METRICS, then JUDGE_METRICS where both variants were judged
                 b = t["bootstrap"]
                 diff = "" if b["diff"] is None else f"{b['diff']:.4f}"
                 lo, hi = ("", "") if b["diff"] is None else (f"{b['ci95'][0]:.4f}", f"{b['ci95'][1]:.4f}")

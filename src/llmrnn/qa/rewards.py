@@ -240,24 +240,38 @@ def judge_score(question: str, reference: str, answer: str, cfg: dict, **kwargs)
     """Score from the running judge service (endpoint from kwargs or the environment, like the memory head).
     The result passes the memory head's fallback guard: a judge that stops giving parseable scores during
     training stops it (JudgeDegraded) instead of paying every answer 0.5."""
-    from llmrnn.reward import JudgeDegraded, get_scorer
+    return judge_scores([(question, reference, answer)], cfg, **kwargs)[0]
+
+
+def judge_scores(items: list[tuple[str, str, str]], cfg: dict, **kwargs) -> list[tuple[float, str]]:
+    """(score, parse method) of each (question, reference, answer), the judge calls sent concurrently (the
+    scorer's pool; identical calls share one request); audited and guarded as judge_score."""
+    from llmrnn.reward import JudgeDegraded, JudgeUnavailable, get_scorer
     from llmrnn.rubric import scalar_request
 
     scorer = get_scorer(kwargs.get("endpoint_file"), kwargs.get("rubric_file") or cfg.get("rubric"),
                         kwargs.get("audit_dir"), reward_cfg={})
-    step = {"visit": question, "ground_truth_diagnoses": reference}
-    call = scorer.judge(scalar_request(scorer.rubric, step, answer or "(empty)"))
-    result = scorer._scalar_result(call)
-    scorer.audit.write({"kind": "qa_judge", "question": question, "answer": answer, "reference": reference,
-                        "response": call.response, "score": result["judge_score"],
-                        "parse_method": result["parse_method"]})
+    steps = [{"visit": q, "ground_truth_diagnoses": ref} for q, ref, _ in items]
+    try:
+        calls = scorer.judge_many([scalar_request(scorer.rubric, step, answer or "(empty)")
+                                   for step, (_, _, answer) in zip(steps, items)])
+    except JudgeUnavailable as exc:
+        scorer.stop_reason(str(exc))
+        raise
+    out = []
+    for (question, reference, answer), call in zip(items, calls):
+        result = scorer._scalar_result(call)
+        scorer.audit.write({"kind": "qa_judge", "question": question, "answer": answer, "reference": reference,
+                            "response": call.response, "score": result["judge_score"],
+                            "parse_method": result["parse_method"]})
+        out.append((float(result["judge_score"]), result["parse_method"]))
     if scorer.guard is not None:
         try:  # valid_json: the guard's "the judge was asked" flag (qa answers are always sent)
-            scorer.guard.record([{"valid_json": True, "parse_method": result["parse_method"]}])
+            scorer.guard.record([{"valid_json": True, "parse_method": method} for _, method in out])
         except JudgeDegraded as exc:
             scorer.stop_reason(str(exc))
             raise
-    return float(result["judge_score"]), result["parse_method"]
+    return out
 
 
 # ----------------------------------------------------------------------------- entry points
