@@ -436,12 +436,7 @@ def _card_grpo_and_reward(parts: list[str], manifest: dict) -> None:
         )
         return
     parts.append(_table([
-        ("judge model", judge.get("model")),
-        ("rubric", judge.get("name")),
-        ("rubric file", judge.get("rubric_file")),
-        ("rubric sha256", (judge.get("rubric_sha256") or "-")[:16]),
-        ("judge serving", judge.get("serving_engine")),
-        ("score method", judge.get("score_method")),
+        *_judge_rows(judge),
         *[(f"reward.{k}", v) for k, v in _flatten(knobs.get("reward", {}))],
     ], ("field", "value")) + "\n")
     parts.append(
@@ -450,6 +445,17 @@ def _card_grpo_and_reward(parts: list[str], manifest: dict) -> None:
         "that memory, the ground truth and its evaluation. The judge's score is mapped to [0, 1]. Every "
         "judge call is kept in a private audit log that is never part of a release.\n"
     )
+
+
+def _judge_rows(judge: dict) -> list[tuple[str, Any]]:
+    return [
+        ("judge model", judge.get("model")),
+        ("rubric", judge.get("name")),
+        ("rubric file", judge.get("rubric_file")),
+        ("rubric sha256", (judge.get("rubric_sha256") or "-")[:16]),
+        ("judge serving", judge.get("serving_engine")),
+        ("score method", judge.get("score_method")),
+    ]
 
 
 def _card_data(parts: list[str], manifest: dict, synthetic: bool) -> None:
@@ -504,9 +510,19 @@ def _card_curve_and_eval(parts: list[str], manifest: dict) -> None:
     )
 
 
+def _numbered(steps: list[tuple[str, str]]) -> str:
+    return "\n".join(f"{i}. `{rule}`: {text}." for i, (rule, text) in enumerate(steps, 1))
+
+
+def _load_code(repo_id: str) -> str:
+    return ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            f"tok = AutoTokenizer.from_pretrained(\"{repo_id}\")\n"
+            f"model = AutoModelForCausalLM.from_pretrained(\"{repo_id}\")\n")
+
+
 def _card_usage(parts: list[str], repo_id: str, outcome: bool = False) -> None:
     parts.append("## How the workflow made it\n")
-    parts.append("\n".join(f"{i}. `{rule}`: {text}." for i, (rule, text) in enumerate(workflow_steps(outcome), 1)) + "\n")
+    parts.append(_numbered(workflow_steps(outcome)) + "\n")
 
     parts.append("## Intended use\n")
     parts.append(
@@ -514,9 +530,7 @@ def _card_usage(parts: list[str], repo_id: str, outcome: bool = False) -> None:
         "on (config/prompts in llmrnn). In an llmrnn config:\n\n"
         "```yaml\nmodels:\n  memory: <this repo id or a local copy>\n```\n\n"
         "Or directly:\n\n"
-        "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
-        f"tok = AutoTokenizer.from_pretrained(\"{repo_id}\")\n"
-        f"model = AutoModelForCausalLM.from_pretrained(\"{repo_id}\")\n```\n"
+        f"```python\n{_load_code(repo_id)}```\n"
     )
 
 
@@ -525,21 +539,7 @@ def _card_limits(parts: list[str], manifest: dict, synthetic: bool) -> None:
     parts.append("## Limitations\n")
     limits = [
         "Research artifact. It must not be used for the care of real patients.",
-        (
-            f"Trained on {sizes.get('train', '?')} patients; how it behaves on other cohorts, hospitals or "
-            "note styles is unknown."
-        ),
-        (
-            "The reward is a text match of the memory against the next visit's diagnoses; a memory that names "
-            "them is not necessarily a good clinical summary."
-            if outcome_reward(manifest["knobs"]) else
-            "The reward is the opinion of one judge model under one rubric; a higher reward is not the same "
-            "as better downstream predictions unless the held-out evaluation shows it."
-        ),
-        (
-            "Prompts other than the memory-update template it was trained on are unsupported and may yield "
-            "output that is not valid JSON."
-        ),
+        *_limits_memory(manifest["knobs"], sizes),
         "No safety tuning was added on top of the base model.",
     ]
     if synthetic:
@@ -555,6 +555,27 @@ def _card_limits(parts: list[str], manifest: dict, synthetic: bool) -> None:
         "check and the sha256 of every model file. Re-running `snakemake --configfile <config> all` in llmrnn at "
         "that commit rebuilds the same pipeline.\n"
     )
+
+
+def _limits_memory(knobs: dict, sizes: dict) -> list[str]:
+    return [
+        (
+            f"Trained on {sizes.get('train', '?')} patients; how it behaves on other cohorts, hospitals or "
+            "note styles is unknown."
+        ),
+        (
+            "The reward is a text match of the memory against the next visit's diagnoses; a memory that names "
+            "them is not necessarily a good clinical summary."
+            if outcome_reward(knobs) else
+            "The reward is the opinion of one judge model under one rubric; a higher reward is not the same "
+            "as better downstream predictions unless the held-out evaluation shows it."
+        ),
+        (
+            "Prompts other than the memory-update template it was trained on are unsupported and may yield "
+            "output that is not valid JSON."
+        ),
+    ]
+
 
 
 # ----------------------------------------------------------------------------- staging + upload
