@@ -255,6 +255,53 @@ def test_qa_recipe_card_says_what_the_model_is(qa_inputs, tmp_path, monkeypatch)
     assert guard["ok"] and guard["reference"] == "qa" and guard["identifiers_checked"] >= 20
 
 
+def card_section(card: str, title: str) -> str:
+    return card.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_qa_card_without_a_judge_tells_the_qa_workflow_use_and_reward(qa_inputs, tmp_path, monkeypatch):
+    """recipe qa, judge weight 0 (the rule passes no rubric): the qa rules, the answer format and system
+    prompt, the reward's own terms; no memory-head wording, no judge; the manifest says why no judge."""
+    from llmrnn.qa.data import SYSTEM_PROMPT
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    out = tmp_path / "run" / "release_qa"
+    run_qa_release({**qa_inputs, "rubric": None}, out)
+    card = (out / "README.md").read_text()
+    steps = card_section(card, "How the workflow made it")
+    for rule in ("qa_data", "qa_sft / qa_merge_sft", "qa_preflight", "qa_train_grpo", "merge_model", "release"):
+        assert f"`{rule}`:" in steps
+    assert not any(f"`{rule}`" in steps for rule in ("qa_synth", "judge_server", "dump_trajectories", "train_grpo"))
+    assert "`qa_eval_model`" in steps and "after the release" in steps
+    use, limits = card_section(card, "Intended use"), card_section(card, "Limitations")
+    assert "`<reasoning>...</reasoning><answer>...</answer>`" in use and SYSTEM_PROMPT in use
+    assert "memory" not in (use + limits).lower() and "judge" not in limits
+    assert "exact match of the extracted answer against the reference" in limits and "a format term" in limits
+    assert "judge model |" not in card_section(card, "Reward")
+    manifest = json.loads((out / "MANIFEST.json").read_text())
+    assert manifest["judge"] == {"rubric_file": None, "model": None,
+                                 "note": "the QA reward asks no judge (qa.reward.weights.judge is 0)"}
+
+
+def test_qa_card_with_a_judge_names_it_and_its_limits(qa_inputs, tmp_path, monkeypatch):
+    """judge weight > 0 with the QA rubric: the judge is served, named and its limit stated; the system prompt
+    the config trained with is the one shown; no SFT step when SFT is off."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    out = tmp_path / "run" / "release_qa"
+    qa = {**QA_KNOBS["qa"], "sft": {"enabled": False}, "prompt": {"system": "Answer briefly in tags."},
+          "reward": {"weights": {"exact_match": 0.5, "judge": 0.5}}}
+    run_qa_release(qa_inputs, out, knobs={**QA_KNOBS, "qa": qa})
+    card = (out / "README.md").read_text()
+    steps = card_section(card, "How the workflow made it")
+    assert "`judge_server`:" in steps and "`qa_sft" not in steps
+    assert "```text\nAnswer briefly in tags.\n```" in card_section(card, "Intended use")
+    limits = card_section(card, "Limitations")
+    assert "The judge term is the opinion of one judge model under one rubric" in limits
+    assert "a format term" not in limits and "memory" not in limits.lower()
+    assert "| `judge model` | smollm2-135m-instruct |" in card_section(card, "Reward")
+    assert json.loads((out / "MANIFEST.json").read_text())["judge"]["model"] == "smollm2-135m-instruct"
+
+
 def test_qa_data_in_the_card_or_manifest_stops_the_qa_release(qa_inputs, tmp_path):
     from tests.test_phi_guard import QA_ID
 

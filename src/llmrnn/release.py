@@ -167,6 +167,17 @@ def rubric_info(path: str | Path | None) -> dict:
     }
 
 
+def judge_entry(rubric: str | Path | None, knobs: dict) -> dict:
+    """The manifest's judge: the rubric's, or (none given) the plain reason the reward asked no judge."""
+    from llmrnn.reward import asks_judge
+
+    if rubric is not None or asks_judge(knobs):
+        return rubric_info(rubric)
+    why = ("the QA reward asks no judge (qa.reward.weights.judge is 0)" if knobs.get("recipe") == "qa"
+           else "reward.mode outcome asks no judge")
+    return {"rubric_file": None, "model": None, "note": why}
+
+
 def file_hashes(staged: dict[str, dict], enabled: bool) -> dict:
     """The manifest's model_files: size and sha256 of each file as it was copied into the bundle."""
     return {rel: {"bytes": f["bytes"], "sha256": f["sha256"] if enabled else None} for rel, f in sorted(staged.items())}
@@ -306,13 +317,53 @@ def workflow_steps(outcome: bool) -> list[tuple[str, str]]:
     return [OUTCOME_STEPS.get(rule, (rule, text)) for rule, text in WORKFLOW_STEPS]
 
 
+# recipe qa (rules/qa.smk); the shared steps keep the memory head's words
+QA_STEPS = [
+    WORKFLOW_STEPS[0],
+    ("qa_synth", "one multiple-choice question per visit of the synthetic cohort is written (qa.source synthetic)"),
+    ("qa_data", ("the QA records are filtered, de-duplicated and split by group with a fixed seed into train, "
+     "val and test (plus an optional OOD set); overlap is asserted to be zero; train and val become "
+     "verl-format parquet rows and SFT chat rows")),
+    ("qa_sft / qa_merge_sft", ("a LoRA SFT warm start on the train answers, folded into the base model and "
+     "verified like the final merge; GRPO starts from it")),
+    ("judge_server", "the judge named in the rubric file is served on 127.0.0.1 for the reward's judge term"),
+    ("qa_preflight", ("batch geometry, prompt lengths, the learning-rate schedule, GPUs and free disk are "
+     "checked before any GPU time is spent")),
+    ("qa_train_grpo", ("GRPO with a LoRA on the policy: each question is rolled out G times, each rollout is "
+     "scored by the QA reward (see Reward), advantages are taken relative to the group")),
+    ("merge_model", ("the GRPO adapter is folded into the weights it was trained on (the SFT-merged model when "
+     "SFT ran) with PEFT merge_and_unload and verified (merge_check.json)")),
+    ("release", ("this card and MANIFEST.json are generated, the bundle is scanned for the QA data's text and "
+     "identifiers, and it is uploaded only when asked")),
+]
+
+
+def qa_weights(knobs: dict) -> dict:
+    """The QA reward's weights as training used them (qa.rewards fills in the ones not configured)."""
+    from llmrnn.qa.rewards import DEFAULT_WEIGHTS
+
+    return {**DEFAULT_WEIGHTS, **((((knobs.get("qa") or {}).get("reward") or {}).get("weights")) or {})}
+
+
+def qa_workflow_steps(knobs: dict) -> list[tuple[str, str]]:
+    """The QA steps this config ran: qa_synth, the SFT warm start and the judge only where configured."""
+    qa = knobs.get("qa") or {}
+    skipped = {"qa_synth": qa.get("source", "synthetic") != "synthetic",
+               "qa_sft / qa_merge_sft": not (qa.get("sft") or {}).get("enabled", True),
+               "judge_server": not qa_weights(knobs)["judge"]}
+    return [(rule, text) for rule, text in QA_STEPS if not skipped.get(rule)]
+
 
 def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
     """The model card: one section per helper below, in reading order."""
-    synthetic = manifest["knobs"].get("cohort", {}).get("source", "synthetic") == "synthetic"
+    knobs = manifest["knobs"]
+    qa = knobs.get("recipe") == "qa"
+    # the data the model learned from: the QA source for recipe qa (its questions may come from elsewhere)
+    source = (knobs.get("qa") or {}) if qa else knobs.get("cohort", {})
+    synthetic = source.get("source", "synthetic") == "synthetic"
     parts: list[str] = []
-    if manifest["knobs"].get("recipe") == "qa":
-        _card_intro_qa(parts, rel, repo_id, manifest["knobs"].get("qa", {}))
+    if qa:
+        _card_intro_qa(parts, rel, repo_id, knobs.get("qa", {}))
     else:
         _card_intro(parts, rel, repo_id, synthetic)
     _card_identity(parts, manifest)
@@ -320,7 +371,10 @@ def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
     _card_grpo_and_reward(parts, manifest)
     _card_data(parts, manifest, synthetic)
     _card_curve_and_eval(parts, manifest)
-    _card_usage(parts, repo_id, outcome_reward(manifest["knobs"]))
+    if qa:
+        _card_usage_qa(parts, repo_id, knobs)
+    else:
+        _card_usage(parts, repo_id, outcome_reward(knobs))
     _card_limits(parts, manifest, synthetic)
     return "\n".join(parts)
 
@@ -423,6 +477,9 @@ def _card_grpo_and_reward(parts: list[str], manifest: dict) -> None:
     parts.append(_table(_flatten({k: v for k, v in train_cfg.items() if k not in ("lora",)}), ("knob", "value")) + "\n")
 
     parts.append("## Reward\n")
+    if knobs.get("recipe") == "qa":
+        _card_reward_qa(parts, knobs, judge)
+        return
     if outcome_reward(knobs):
         parts.append(_table([
             ("reward", "outcome (no judge): the share of the next visit's diagnoses the memory names"),
@@ -436,12 +493,7 @@ def _card_grpo_and_reward(parts: list[str], manifest: dict) -> None:
         )
         return
     parts.append(_table([
-        ("judge model", judge.get("model")),
-        ("rubric", judge.get("name")),
-        ("rubric file", judge.get("rubric_file")),
-        ("rubric sha256", (judge.get("rubric_sha256") or "-")[:16]),
-        ("judge serving", judge.get("serving_engine")),
-        ("score method", judge.get("score_method")),
+        *_judge_rows(judge),
         *[(f"reward.{k}", v) for k, v in _flatten(knobs.get("reward", {}))],
     ], ("field", "value")) + "\n")
     parts.append(
@@ -450,6 +502,45 @@ def _card_grpo_and_reward(parts: list[str], manifest: dict) -> None:
         "that memory, the ground truth and its evaluation. The judge's score is mapped to [0, 1]. Every "
         "judge call is kept in a private audit log that is never part of a release.\n"
     )
+
+
+def _judge_rows(judge: dict) -> list[tuple[str, Any]]:
+    return [
+        ("judge model", judge.get("model")),
+        ("rubric", judge.get("name")),
+        ("rubric file", judge.get("rubric_file")),
+        ("rubric sha256", (judge.get("rubric_sha256") or "-")[:16]),
+        ("judge serving", judge.get("serving_engine")),
+        ("score method", judge.get("score_method")),
+    ]
+
+
+# what each QA reward term pays (llmrnn.qa.rewards); only the terms with a weight > 0 are described
+QA_REWARD_TEXT = {
+    "exact_match": ("exact_match is 1 when the answer extracted from the response (the last `<answer>` tag, "
+                    "else the last `Answer:` line, else the last line) equals the reference after normalisation "
+                    "(case, punctuation, articles; numbers compared exactly; an option's text counts as its "
+                    "letter), else 0."),
+    "format": ("format is 1 when each required tag pair opens and closes exactly once, in order, around "
+               "non-blank text, with nothing after the last closing tag, else 0."),
+    "fluency": ("fluency is 1 - ln(perplexity) / ln(max perplexity) of the response under the base model, "
+                "clipped to [0, 1]."),
+    "judge": ("judge is the score the judge named in the rubric file gives the extracted answer against the "
+              "reference, mapped to [0, 1]; every judge call is kept in a private audit log that is never part "
+              "of a release."),
+}
+
+
+def _card_reward_qa(parts: list[str], knobs: dict, judge: dict) -> None:
+    """recipe qa: the weighted sum of verifiable terms; the judge's rows only when its term is on."""
+    weights = qa_weights(knobs)
+    terms = " + ".join(f"{weight} x {name}" for name, weight in weights.items() if weight)
+    parts.append(_table([
+        ("reward", f"QA reward: {terms}"),
+        *(_judge_rows(judge) if weights["judge"] else []),
+        *[(f"qa.reward.{k}", v) for k, v in _flatten((knobs.get("qa") or {}).get("reward") or {})],
+    ], ("field", "value")) + "\n")
+    parts.append(" ".join(text for name, text in QA_REWARD_TEXT.items() if weights.get(name)) + "\n")
 
 
 def _card_data(parts: list[str], manifest: dict, synthetic: bool) -> None:
@@ -479,6 +570,14 @@ def _card_data(parts: list[str], manifest: dict, synthetic: bool) -> None:
     )
 
 
+QA_EVAL_NOTE = (
+    "Not part of this release step. After it, the workflow target `eval_heldout` runs `qa_eval_model`, "
+    "`qa_eval_gather` and `qa_report`: greedy_pass@1 and sampling_pass@k of the base model, the SFT model "
+    "(when SFT ran) and this model on the test split (and the OOD set, when one is given), with chance "
+    "baselines and paired tests; see results/<run>/eval/.\n"
+)
+
+
 def _card_curve_and_eval(parts: list[str], manifest: dict) -> None:
     tr = manifest["training"]
     rw = tr.get("reward_mean") or {}
@@ -498,15 +597,28 @@ def _card_curve_and_eval(parts: list[str], manifest: dict) -> None:
 
     # The release never waits for (or reruns with) the evaluation, so the card only points at it.
     parts.append("## Held-out evaluation\n")
+    if manifest["knobs"].get("recipe") == "qa":
+        parts.append(QA_EVAL_NOTE)
+        return
     parts.append(
         "Not part of this release step. The workflow target `eval_heldout` compares this model with the "
         "base model (and baselines) as the memory model on the test split; see results/<run>/eval/.\n"
     )
 
 
+def _numbered(steps: list[tuple[str, str]]) -> str:
+    return "\n".join(f"{i}. `{rule}`: {text}." for i, (rule, text) in enumerate(steps, 1))
+
+
+def _load_code(repo_id: str) -> str:
+    return ("from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            f"tok = AutoTokenizer.from_pretrained(\"{repo_id}\")\n"
+            f"model = AutoModelForCausalLM.from_pretrained(\"{repo_id}\")\n")
+
+
 def _card_usage(parts: list[str], repo_id: str, outcome: bool = False) -> None:
     parts.append("## How the workflow made it\n")
-    parts.append("\n".join(f"{i}. `{rule}`: {text}." for i, (rule, text) in enumerate(workflow_steps(outcome), 1)) + "\n")
+    parts.append(_numbered(workflow_steps(outcome)) + "\n")
 
     parts.append("## Intended use\n")
     parts.append(
@@ -514,9 +626,31 @@ def _card_usage(parts: list[str], repo_id: str, outcome: bool = False) -> None:
         "on (config/prompts in llmrnn). In an llmrnn config:\n\n"
         "```yaml\nmodels:\n  memory: <this repo id or a local copy>\n```\n\n"
         "Or directly:\n\n"
-        "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
-        f"tok = AutoTokenizer.from_pretrained(\"{repo_id}\")\n"
-        f"model = AutoModelForCausalLM.from_pretrained(\"{repo_id}\")\n```\n"
+        f"```python\n{_load_code(repo_id)}```\n"
+    )
+
+
+def _card_usage_qa(parts: list[str], repo_id: str, knobs: dict) -> None:
+    from llmrnn.qa.data import SYSTEM_PROMPT
+
+    parts.append("## How the workflow made it\n")
+    parts.append(_numbered(qa_workflow_steps(knobs)) + "\n")
+    parts.append("The evaluation (`qa_eval_model`, `qa_eval_gather`, `qa_report`) runs after the release, not "
+                 "before it: see Held-out evaluation.\n")
+    system = ((knobs.get("qa") or {}).get("prompt") or {}).get("system") or SYSTEM_PROMPT
+    fence = "````" if "```" in system else "```"  # a prompt that holds a fence must not close ours
+    parts.append("## Intended use\n")
+    parts.append(
+        "Ask it medical questions with the system prompt it was trained with; it answers as "
+        "`<reasoning>...</reasoning><answer>...</answer>` and the text inside `<answer>` is its answer. "
+        f"The system prompt:\n\n{fence}text\n{system}\n{fence}\n\n"
+        "The user turn holds the context (if any), the question and, for multiple choice, the options as "
+        "`A) ...` lines with \"Answer with the letter of one option.\" (llmrnn.qa.data.user_prompt). With "
+        "transformers:\n\n"
+        f"```python\n{_load_code(repo_id)}"
+        "# system_prompt: the text above; question: the user turn\n"
+        "messages = [{\"role\": \"system\", \"content\": system_prompt}, {\"role\": \"user\", \"content\": question}]\n"
+        "inputs = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors=\"pt\")\n```\n"
     )
 
 
@@ -525,21 +659,7 @@ def _card_limits(parts: list[str], manifest: dict, synthetic: bool) -> None:
     parts.append("## Limitations\n")
     limits = [
         "Research artifact. It must not be used for the care of real patients.",
-        (
-            f"Trained on {sizes.get('train', '?')} patients; how it behaves on other cohorts, hospitals or "
-            "note styles is unknown."
-        ),
-        (
-            "The reward is a text match of the memory against the next visit's diagnoses; a memory that names "
-            "them is not necessarily a good clinical summary."
-            if outcome_reward(manifest["knobs"]) else
-            "The reward is the opinion of one judge model under one rubric; a higher reward is not the same "
-            "as better downstream predictions unless the held-out evaluation shows it."
-        ),
-        (
-            "Prompts other than the memory-update template it was trained on are unsupported and may yield "
-            "output that is not valid JSON."
-        ),
+        *(_limits_qa if manifest["knobs"].get("recipe") == "qa" else _limits_memory)(manifest["knobs"], sizes),
         "No safety tuning was added on top of the base model.",
     ]
     if synthetic:
@@ -555,6 +675,52 @@ def _card_limits(parts: list[str], manifest: dict, synthetic: bool) -> None:
         "check and the sha256 of every model file. Re-running `snakemake --configfile <config> all` in llmrnn at "
         "that commit rebuilds the same pipeline.\n"
     )
+
+
+def _limits_memory(knobs: dict, sizes: dict) -> list[str]:
+    return [
+        (
+            f"Trained on {sizes.get('train', '?')} patients; how it behaves on other cohorts, hospitals or "
+            "note styles is unknown."
+        ),
+        (
+            "The reward is a text match of the memory against the next visit's diagnoses; a memory that names "
+            "them is not necessarily a good clinical summary."
+            if outcome_reward(knobs) else
+            "The reward is the opinion of one judge model under one rubric; a higher reward is not the same "
+            "as better downstream predictions unless the held-out evaluation shows it."
+        ),
+        (
+            "Prompts other than the memory-update template it was trained on are unsupported and may yield "
+            "output that is not valid JSON."
+        ),
+    ]
+
+
+QA_LIMIT_TERMS = {
+    "exact_match": "an exact match of the extracted answer against the reference (a correct answer worded "
+                   "differently from the reference scores 0)",
+    "format": "a format term (the answer tags, not what is inside them)",
+    "fluency": "a fluency term (perplexity under the base model, not correctness)",
+    "judge": "a judge term",
+}
+
+QA_JUDGE_LIMIT = ("The judge term is the opinion of one judge model under one rubric; a higher judge score is "
+                  "not the same as a correct answer unless the held-out evaluation shows it.")
+
+
+def _limits_qa(knobs: dict, sizes: dict) -> list[str]:
+    """recipe qa: what its reward measures (only the terms that were on) and the prompt it needs."""
+    weights = qa_weights(knobs)
+    terms = ", plus ".join(text for name, text in QA_LIMIT_TERMS.items() if weights.get(name))
+    return [
+        (f"Trained on {sizes.get('train', '?')} questions; how it answers questions from other sources, "
+         "specialties or formats is unknown."),
+        f"The reward is {terms}; nothing in it checks that the reasoning is right.",
+        *([QA_JUDGE_LIMIT] if weights["judge"] else []),
+        ("Prompts other than the system prompt it was trained with are unsupported; without it the answer may "
+         "not come inside the `<answer>` tags."),
+    ]
 
 
 # ----------------------------------------------------------------------------- staging + upload
@@ -759,8 +925,7 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
                 manifest=upload.redact_credentials(build_manifest(
                     run_name=run_name, knobs=knobs, rel=rel, merge_check=check, splits=io.read_json(splits),
                     metrics={**metrics_summary(metrics), "checkpoint": chosen}, model_files=staged, inputs=inputs,
-                    rubric=({"rubric_file": None, "model": None, "note": "reward.mode outcome asks no judge"}
-                            if rubric is None and outcome_reward(knobs) else rubric_info(rubric)),
+                    rubric=judge_entry(rubric, knobs),
                 )),
             )
             try:
