@@ -574,7 +574,8 @@ QA_EVAL_NOTE = (
     "Not part of this release step. After it, the workflow target `eval_heldout` runs `qa_eval_model`, "
     "`qa_eval_gather` and `qa_report`: greedy_pass@1 and sampling_pass@k of the base model, the SFT model "
     "(when SFT ran) and this model on the test split (and the OOD set, when one is given), with chance "
-    "baselines and paired tests; see results/<run>/eval/.\n"
+    "baselines and paired tests, and where a judge is configured (qa.eval.judge) the same outcomes graded "
+    "by the judge (`qa_judge_eval`); see results/<run>/eval/.\n"
 )
 
 
