@@ -299,3 +299,15 @@ def test_shared_prefix_is_stored_once_and_attended_like_per_row_copies(tiny_mode
     assert cache.get_seq_length() == max(map(len, rows)) - 1 and cache.layers[0].keys.shape[-2] == cache.get_seq_length() - shared
     seeds = [9, 8, 7, 6, 5]
     assert split.generate(SHARED, 1.0, 0.9, 12, seeds=seeds) == copies.generate(SHARED, 1.0, 0.9, 12, seeds=seeds)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-bf16-cpu", "emulated-bf16-cpu"])
+def test_dtype_auto_on_the_cpu_is_bf16_only_where_the_cpu_has_it(tiny_model_dir, monkeypatch, native):
+    import torch
+
+    from llmrnn import gpus
+
+    monkeypatch.setattr(gpus, "cpu_has_native_bf16", lambda cpuinfo=None: native)
+    engine = backends.TransformersBackend(str(tiny_model_dir), dtype="auto")
+    assert engine.model.dtype == (torch.bfloat16 if native else torch.float32)
+    assert backends.TransformersBackend(str(tiny_model_dir), dtype="bfloat16").model.dtype == torch.bfloat16

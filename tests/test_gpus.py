@@ -43,3 +43,19 @@ def test_assign_narrows_the_environment_and_cpu_runs_are_untouched():
     cpu = {}
     assert assign("train", env=cpu) == [] and "CUDA_VISIBLE_DEVICES" not in cpu
     assert visible_devices({"CUDA_VISIBLE_DEVICES": ""}) == []
+
+
+def test_cpu_native_bf16_is_read_from_the_cpu_flags():
+    """dtype auto on the CPU: bfloat16 only with AVX512-BF16 or AMX-BF16 among the flags (a CPU without them,
+    like an AVX2-only EPYC, emulates bf16 and runs it slower than float32)."""
+    from llmrnn.gpus import cpu_bf16, cpu_dtype, cpu_has_native_bf16
+
+    avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    native = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n"
+    amx = "flags\t\t: avx2 amx_tile amx_bf16\n"
+    assert not cpu_has_native_bf16(avx2) and cpu_has_native_bf16(native) and cpu_has_native_bf16(amx)
+    assert not cpu_has_native_bf16("") and not cpu_has_native_bf16("flags\t: avx512f\n")  # avx512 alone is not bf16
+    assert (cpu_dtype("auto", avx2), cpu_dtype("auto", native)) == ("float32", "bfloat16")
+    assert cpu_dtype("bfloat16", avx2) == "bfloat16"  # asked for: kept (only auto decides)
+    assert (cpu_bf16("auto", avx2), cpu_bf16("auto", native), cpu_bf16(True, avx2), cpu_bf16(False, native)) \
+        == (False, True, True, False)

@@ -460,3 +460,19 @@ def test_shipped_configs_select_their_checkpoint(name):
     config, sources = runconfig.resolve([runconfig.read_layer(Path(__file__).parents[1] / "config" / name)])
     assert tcfg.normalize(config["train"])["select"] == "last"
     assert sources["train"]["select"] in (f"config/{name}", runconfig.SCHEMA_DEFAULT)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-bf16-cpu", "emulated-bf16-cpu"])
+def test_cpu_bf16_auto_follows_the_cpu(tmp_path, monkeypatch, native):
+    """train.trl.cpu_bf16: auto autocasts to bf16 only on a CPU that computes it natively (AVX512-BF16/AMX);
+    emulated, bf16 is slower than float32 (benchmarks/cpu_bf16.py). Anything but true/false/auto is refused."""
+    from llmrnn import gpus
+    from llmrnn.errors import InputError
+    from llmrnn.train import config as tcfg
+    from llmrnn.train.trl_engine import grpo_arguments
+
+    monkeypatch.setattr(gpus, "cpu_has_native_bf16", lambda cpuinfo=None: native)
+    cfg = tcfg.normalize(tiny_cfg(trl={"cpu_bf16": "auto"}))
+    assert grpo_arguments(cfg, tcfg.geometry(cfg, "trl"), tmp_path, max_steps=4, validate=True).bf16 is native
+    with pytest.raises(InputError, match=r"train\.trl\.cpu_bf16: expected true, false or auto, got 'yes'"):
+        tcfg.normalize(tiny_cfg(trl={"cpu_bf16": "yes"}))

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from llmrnn import prefix_engine
 from llmrnn.errors import InputError, LlmrnnError
+from llmrnn.gpus import cpu_dtype
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +118,11 @@ class TransformersBackend:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if not self.tokenizer.chat_template:
             raise InputError(f"{model_path}: the tokenizer has no chat template")
-        torch_dtype = torch.float32 if dtype == "auto" and device == "cpu" else dtype
-        if isinstance(torch_dtype, str) and torch_dtype != "auto":
+        # auto on the CPU: bfloat16 only where the CPU computes it natively (emulated it is slower than fp32)
+        torch_dtype = cpu_dtype(dtype) if device == "cpu" else dtype
+        if torch_dtype != "auto":
             torch_dtype = getattr(torch, torch_dtype)
+        log.info("%s: %s on %s", self.model_path, torch_dtype, device)
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype).to(device).eval()
         # the split prefix/rest attention uses the CPU flash kernel; elsewhere the prefix is copied per row
         self.shared_prefix_attention = (

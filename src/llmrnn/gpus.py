@@ -27,6 +27,36 @@ from llmrnn.errors import CheckFailed, InputError
 log = logging.getLogger(__name__)
 
 ROLES = ("judge", "train")
+# CPU features that compute bfloat16 natively; without them PyTorch emulates bf16 matmuls, several times
+# slower than float32 (benchmarks/cpu_bf16.py prints the ratio on the machine it runs on)
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes bfloat16 natively (its /proc/cpuinfo flags; False where there is none)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+                cpuinfo = fh.read()
+        except OSError:
+            return False
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return bool(set(line.partition(":")[2].split()) & set(NATIVE_BF16_FLAGS))
+    return False
+
+
+def cpu_dtype(requested: str, cpuinfo: str | None = None) -> str:
+    """The dtype a CPU job computes in: `auto` = bfloat16 where the CPU has it natively, else float32; any
+    other value as asked."""
+    if requested != "auto":
+        return requested
+    return "bfloat16" if cpu_has_native_bf16(cpuinfo) else "float32"
+
+
+def cpu_bf16(requested: bool | str, cpuinfo: str | None = None) -> bool:
+    """train.trl.cpu_bf16 resolved: true/false as asked, `auto` = where the CPU has bfloat16 natively."""
+    return cpu_dtype("auto", cpuinfo) == "bfloat16" if requested == "auto" else bool(requested)
 
 
 def visible_devices(env: MutableMapping[str, str] | None = None) -> list[str]:

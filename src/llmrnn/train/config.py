@@ -103,6 +103,8 @@ def normalize(train_cfg: dict | None) -> dict:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise InputError(f"train.clip_ratio.{side}: expected a number > 0, got {value!r}")
     check_select(cfg)
+    if cfg["trl"]["cpu_bf16"] not in (True, False, "auto"):
+        raise InputError(f"train.trl.cpu_bf16: expected true, false or auto, got {cfg['trl']['cpu_bf16']!r}")
     if cfg["lr_scheduler"] not in SCHEDULERS:
         raise InputError(f"train.lr_scheduler: {cfg['lr_scheduler']!r} is not one of {list(SCHEDULERS)}")
     for path in ("group_size", "epochs", "max_prompt_length", "max_response_length", "n_gpus_per_node",

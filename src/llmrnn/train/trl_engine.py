@@ -30,6 +30,7 @@ from typing import Any
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
+from llmrnn.gpus import cpu_bf16
 from llmrnn.train import config as tcfg
 from llmrnn.train import data as tdata
 from llmrnn.train.checkpoints import choose_checkpoint, discard_stale_checkpoints, run_fingerprint
@@ -152,8 +153,9 @@ def grpo_arguments(cfg: dict, geo, ckpt_dir: Path, max_steps: int, validate: boo
         seed=int(cfg["seed"]),
         data_seed=int(cfg["seed"]),
         use_cpu=not cuda,
-        # CPU: bf16 autocast only when asked (train.trl.cpu_bf16; LoRA weights stay float32)
-        bf16=bool(torch.cuda.is_bf16_supported()) if cuda else bool(cfg["trl"]["cpu_bf16"]),
+        # CPU: bf16 autocast only when asked (train.trl.cpu_bf16; auto: where the CPU has bf16 natively;
+        # LoRA weights stay float32)
+        bf16=bool(torch.cuda.is_bf16_supported()) if cuda else cpu_bf16(cfg["trl"]["cpu_bf16"]),
         fp16=False,
         learning_rate=float(cfg["lr"]),
         lr_scheduler_type=cfg["lr_scheduler"],
