@@ -101,6 +101,10 @@ def main() -> None:
     args = ap.parse_args()
     if not (REPO / "results" / "demo" / "eval" / "comparison.json").is_file():
         sys.exit("results/demo/eval/comparison.json missing: run `make demo` first")
+    from llmrnn.gpus import cpu_dtype
+
+    # the demo's dtype auto: its numbers differ between a CPU with native bf16 and one without
+    print(f"(this CPU computes in {cpu_dtype('auto')}: roles dtype auto, train.trl.cpu_bf16 auto)", flush=True)
     print(HEADER, flush=True)
     for seed in args.seeds:
         run, wall = ("demo", float("nan")) if seed == 42 else seed_run(seed, args.cores)
