@@ -347,10 +347,12 @@ def qa_weights(knobs: dict) -> dict:
 
 def qa_workflow_steps(knobs: dict) -> list[tuple[str, str]]:
     """The QA steps this config ran: qa_synth, the SFT warm start and the judge only where configured."""
+    from llmrnn.reward import asks_judge  # the one place that decides whether a reward asks the judge
+
     qa = knobs.get("qa") or {}
     skipped = {"qa_synth": qa.get("source", "synthetic") != "synthetic",
                "qa_sft / qa_merge_sft": not (qa.get("sft") or {}).get("enabled", True),
-               "judge_server": not qa_weights(knobs)["judge"]}
+               "judge_server": not asks_judge(knobs)}
     return [(rule, text) for rule, text in QA_STEPS if not skipped.get(rule)]
 
 
