@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from llmrnn.gpus import cpu_dtype
 from llmrnn.judge.client import wait_for_endpoint
 from llmrnn.judge.launcher import server_command
 from llmrnn.reward import compute_score
@@ -168,8 +169,9 @@ open(result, "w").write(json.dumps({"rows": len(rows), "row_keys": sorted(rows[0
 
 
 def _role(model: Path, backend: str) -> dict:
-    # bfloat16: the forward test's two runs took 94 s instead of 141 s in float32 on this AVX512-BF16 CPU
-    role = {"model": str(model), "backend": backend, "dtype": "bfloat16", "temperature": 0.7, "top_p": 0.95,
+    # the CPU's fast dtype: bfloat16 where it is native (the forward test's two runs took 94 s instead of 141 s in
+    # float32 on an AVX512-BF16 CPU), float32 where bf16 is emulated (6-13x slower: benchmarks/cpu_bf16.py)
+    role = {"model": str(model), "backend": backend, "dtype": cpu_dtype("auto"), "temperature": 0.7, "top_p": 0.95,
             "max_tokens": 24}
     if backend == "vllm":
         role.update(max_model_len=2048, enforce_eager=True)
