@@ -93,7 +93,7 @@ def test_checkpoints_survive_adding_a_tracker(tmp_path):
 
     parquet = tmp_path / "t.parquet"
     parquet.write_bytes(b"x")
-    fp = lambda cfg: run_fingerprint(cfg, parquet, tmp_path, "r", "llmrnn.train.verl_cmd")  # noqa: E731
+    fp = lambda cfg: run_fingerprint(cfg, parquet, tmp_path, "r", "llmrnn.train.verl_cmd")
     assert fp({"lr": 1, "report_to": "none"}) == fp({"lr": 1, "report_to": ["tensorboard"]})
     assert fp({"lr": 1}) != fp({"lr": 2})
 
@@ -115,7 +115,8 @@ def test_cpu_trl_run_writes_tensorboard_events_with_the_reward_per_step(tmp_path
            "--train", train, "--model", str(tiny_model_dir), "--work-dir", str(out), "--adapter",
            str(out / "adapter"), "--metrics", str(out / "metrics.jsonl"), "--summary", str(out / "summary.json"),
            "--reward-func", STANDIN]
-    proc = subprocess.run(cmd, env=dict(env, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, env=dict(env, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600,
+                          check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     events = list((out / "tensorboard").rglob("events.out.tfevents.*"))
     assert events, sorted(p.relative_to(out) for p in out.rglob("*"))

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from check_verl import composed  # noqa: E402
+from check_verl import composed
 
 
 def main() -> int:
