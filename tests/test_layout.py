@@ -149,7 +149,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("reward", {"reward"}),
     ("stages", {"rnn", "trajectories", "merge", "report", "gpu_stack", "train", "train.checkpoints",
                 "train.config", "train.data", "train.diagnose", "train.metrics", "train.trl_engine",
-                "train.verl_cmd", "train.ray_cluster"}),
+                "train.verl_cmd", "train.ray_cluster", "train.tracking"}),
     ("checks and recipes", {"evaluate", "preflight", "qa", "qa.data", "qa.evaluate", "qa.report", "qa.rewards",
                             "qa.sft", "qa.synth"}),
     ("top", {"release", "check", "chat", "provenance", "plan"}),

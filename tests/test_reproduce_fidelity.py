@@ -90,8 +90,9 @@ REPRODUCE_CONFIG = {
     "train.verl.extra_overrides":      [],
 }
 # train keys deliberately not pinned: where the job runs (SLURM sizing), engines other than verl, log names
+# and the trackers watching the run (they change nothing it computes)
 TRAIN_UNPINNED = ("train.resources.", "train.trl.", "train.early_stopping.", "train.project_name",
-                  "train.min_free_disk_gb")
+                  "train.min_free_disk_gb", "train.report_to")
 
 # Overrides every verl run renders, whatever the recipe. (Rows that change how verl loads the actor, e.g.
 # the attention implementation, belong here.)
@@ -114,6 +115,7 @@ VERL_COMMON = {
     "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": "0.0",
     "trainer.resume_mode":                                 "auto",
     "trainer.logger":                                      "[console,file]",
+    "trainer.log_val_generations":                         "0",    # no patient text to a tracker
     "trainer.project_name":                                "llmrnn_grpo",
     "reward.custom_reward_function.name":                  "compute_score",
     "+reward.custom_reward_function.reward_kwargs.numeric_only": "true",

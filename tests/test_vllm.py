@@ -85,6 +85,7 @@ def test_every_launcher_flag_is_accepted_by_the_real_vllm_cli(tmp_path, vllm_hom
     key = tmp_path / "key"
     key.write_text("k\n")
     for rubric in (REPO / "config/rubrics/rubric_v2_rubricarm_scalar.yaml",
+                   REPO / "config/rubrics/smoke_smollm2_vllm.yaml",  # config/smoke.yaml's judge
                    _rubric(tmp_path, tmp_path, "expected", "cpu.yaml")):
         argv, _, _ = server_command(load_rubric(rubric), "MODEL", 8000, key)
         assert argv[:3] == ["vllm", "serve", "MODEL"]

@@ -555,7 +555,21 @@ def run_checks(config_paths: list[Path]) -> dict:
                 problems.append(f"{name}: not checked: fix the config problems above first")
         ran.append(name)
     return {"ok": not problems, "problems": problems, "checks": ran,
-            "configfiles": [str(p) for p in config_paths], "run_name": config.get("run_name")}
+            "configfiles": [str(p) for p in config_paths], "run_name": config.get("run_name"),
+            "advice": smoke_advice(config)}
+
+
+SMOKE_COMMAND = "snakemake --profile slurm all --configfile config/smoke.yaml"
+
+
+def smoke_advice(config: dict) -> list[str]:
+    """A long verl run (more steps than the smoke test's few) gets told to run the cluster smoke test first."""
+    train = config.get("train") or {}
+    steps = train.get("total_steps")
+    if not isinstance(train, dict) or train.get("engine", "verl") != "verl" or (isinstance(steps, int) and steps <= 4):
+        return []
+    return [(f"first run the cluster smoke test on this cluster ({SMOKE_COMMAND}, about 15 min on one GPU node; "
+             "README 'Smoke test first'): it fails in minutes where this run would fail after hours")]
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -568,6 +582,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
         write_json(args.out, report)
     files = " + ".join(report["configfiles"])
+    for advice in report["advice"]:
+        print(f"llmrnn check: {advice}", file=sys.stderr)
     if report["ok"]:
         print(f"llmrnn check: OK ({files}; checked {', '.join(report['checks'])})")
         return 0

@@ -39,6 +39,12 @@ def _vllm_free_lora_rank_check() -> None:
     sys.modules[module.__name__] = module
 
 
+def _tracking_backends() -> list[str]:
+    from verl.utils.tracking import Tracking
+
+    return list(Tracking.supported_backend)
+
+
 def composed(overrides_file: str):
     """verl's ppo_trainer config with the overrides, as main_ppo prepares it before it needs a GPU."""
     with open(overrides_file, encoding="utf-8") as fh:
@@ -103,6 +109,9 @@ def main() -> int:
         "default_local_dir": config.trainer.default_local_dir,
         "resume_mode": config.trainer.resume_mode,
         "logger": list(config.trainer.logger),
+        # names verl's Tracking would refuse (its __init__ asserts each is in supported_backend)
+        "logger_unsupported": [x for x in config.trainer.logger if x not in _tracking_backends()],
+        "log_val_generations": config.trainer.log_val_generations,
         # what verl's FSDP worker reads when it loads the actor (tests/verl/load_actor.py mirrors that load)
         "model_override_config": OmegaConf.to_container(config.actor_rollout_ref.model.get("override_config", {})),
         "use_remove_padding": bool(config.actor_rollout_ref.model.get("use_remove_padding", False)),

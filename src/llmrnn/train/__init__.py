@@ -77,6 +77,10 @@ def cmd_run(args) -> int:
     os.environ.update(reward_env(args.endpoint, work / "audit", (args.cfg or {}).get("reward")))
     _guard_fallbacks(args.cfg or {}, work / "audit")
     _assign_gpus(cfg, args.judge_gpus)
+    from llmrnn.train import tracking
+
+    tracking.prepare(cfg, work)  # train.report_to's trackers write into the run folder
+    run_name = args.experiment or work.parent.name
     outputs = {"work_dir": str(work), "adapter_dir": args.adapter, "metrics_path": args.metrics}
     engine = args.engine or cfg["engine"]
     if engine == "verl":  # here, in the job that holds the GPUs (preflight's step holds none)
@@ -89,14 +93,15 @@ def cmd_run(args) -> int:
         from llmrnn.train import trl_engine
 
         summary = trl_engine.train(cfg, args.train, args.val, args.model, **outputs,
-                                   reward_spec=args.reward_func or trl_engine.DEFAULT_REWARD)
+                                   reward_spec=args.reward_func or trl_engine.DEFAULT_REWARD,
+                                   run_name=run_name, tracked_config=args.cfg)
     else:
         from llmrnn.train import verl_cmd
 
         # --reward-func names the TRL function; verl calls compute_score of the same module
         reward_module = args.reward_func.split(":", 1)[0] if args.reward_func else None
         summary = verl_cmd.run(cfg, train_parquet=args.train, val_parquet=args.val, model_dir=args.model, **outputs,
-                               experiment_name=args.experiment or work.parent.name, endpoint_file=args.endpoint,
+                               experiment_name=run_name, endpoint_file=args.endpoint,
                                reward_module=reward_module)
     io.write_json(args.summary, summary)
     return 0

@@ -24,7 +24,8 @@ def run_fingerprint(cfg: dict, train_parquet, model_dir, reward_spec: str, engin
     """What a checkpoint is valid for: knobs, data, base model, reward config and the code that scores
     (llmrnn.reward) and trains (`engine_module`)."""
     digest = hashlib.sha256()
-    digest.update(json.dumps(cfg, sort_keys=True).encode())
+    # the trackers watching a run (train.report_to) change nothing it computes: adding one resumes the run
+    digest.update(json.dumps({k: v for k, v in cfg.items() if k != "report_to"}, sort_keys=True).encode())
     digest.update(io.sha256_file(train_parquet).encode())
     digest.update(str(Path(model_dir).resolve()).encode())
     digest.update(reward_spec.encode())

@@ -53,6 +53,8 @@ DEFAULTS: dict[str, Any] = {
     "n_gpus_per_node": 1,
     "nnodes": 1,
     "project_name": "llmrnn_grpo",
+    # experiment trackers (llmrnn.train.tracking): none | tensorboard | wandb | mlflow, or a list of them
+    "report_to": "none",
     "min_free_disk_gb": 1.0,
     "verl": {"reward_manager": "naive", "reward_num_workers": 8, "attn_implementation": "sdpa", "extra_overrides": []},
     "trl": {"num_threads": 1, "logging_steps": 1, "stop_at_json": False, "gradient_checkpointing": False,
@@ -103,6 +105,9 @@ def normalize(train_cfg: dict | None) -> dict:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise InputError(f"train.clip_ratio.{side}: expected a number > 0, got {value!r}")
     check_select(cfg)
+    from llmrnn.train.tracking import report_to
+
+    report_to(cfg)  # one line for an unknown tracker
     if cfg["trl"]["cpu_bf16"] not in (True, False, "auto"):
         raise InputError(f"train.trl.cpu_bf16: expected true, false or auto, got {cfg['trl']['cpu_bf16']!r}")
     if cfg["lr_scheduler"] not in SCHEDULERS:

@@ -138,10 +138,20 @@ def load_rows(path: str | os.PathLike, split: str, tokenizer, max_prompt_length:
     return kept
 
 
-def grpo_arguments(cfg: dict, geo, ckpt_dir: Path, max_steps: int, validate: bool):
+def grpo_arguments(cfg: dict, geo, ckpt_dir: Path, max_steps: int, validate: bool, run_name: str | None = None):
     """GRPOConfig from the shared knobs (the mapping in the module docstring)."""
+    import dataclasses
+
     import torch
     from trl import GRPOConfig
+
+    from llmrnn.train import tracking
+
+    # train.report_to: the trackers, under the run's name; transformers 4.x takes the TensorBoard folder as
+    # logging_dir, 5.x from TENSORBOARD_LOGGING_DIR (llmrnn.train.tracking.prepare sets both)
+    tb_dir = os.environ.get("TENSORBOARD_LOGGING_DIR")
+    logging_dir = ({"logging_dir": tb_dir} if tb_dir and "logging_dir" in {f.name for f in dataclasses.fields(GRPOConfig)}
+                   else {})
 
     cuda = torch.cuda.is_available()
     g = cfg["group_size"]
@@ -187,7 +197,9 @@ def grpo_arguments(cfg: dict, geo, ckpt_dir: Path, max_steps: int, validate: boo
         per_device_eval_batch_size=val_n * max(1, int(cfg["batch"]["train"]) * g // val_n),
         num_generations_eval=val_n,
         logging_steps=int(cfg["trl"]["logging_steps"]),
-        report_to=[],
+        report_to=tracking.report_to(cfg),
+        run_name=run_name,
+        **logging_dir,
         disable_tqdm=True,
         dataloader_num_workers=0,
         shuffle_dataset=True,
@@ -196,6 +208,14 @@ def grpo_arguments(cfg: dict, geo, ckpt_dir: Path, max_steps: int, validate: boo
         metric_for_best_model="reward" if cfg["select"] == "best_val" else None,
         greater_is_better=True if cfg["select"] == "best_val" else None,
     )
+
+
+def _tracker_callbacks(cfg: dict, tracked_config: dict | None) -> list:
+    """train.report_to's trackers get llmrnn's own config sections too (transformers attaches the GRPOConfig)."""
+    from llmrnn.train import tracking
+
+    trackers = tracking.report_to(cfg)
+    return [tracking.config_callback(tracked_config or {"train": cfg}, trackers)] if trackers else []
 
 
 def lora_config(cfg: dict):
@@ -427,6 +447,8 @@ def train(
     metrics_path: str | os.PathLike,
     reward_spec: str = DEFAULT_REWARD,
     callbacks: list | None = None,
+    run_name: str | None = None,
+    tracked_config: dict | None = None,
 ) -> dict:
     """Run (or resume) GRPO with TRL; returns a summary. Raises CheckFailed if the planned steps were not reached.
 
@@ -465,7 +487,7 @@ def train(
     trainer = resumable_trainer_class()(
         model=load_policy(model_dir, tokenizer, cfg),
         reward_funcs=[traced_reward(load_callable(reward_spec), trace_path, holder)],
-        args=grpo_arguments(cfg, geo, ckpt_dir, max_steps, validate=bool(val_rows)),
+        args=grpo_arguments(cfg, geo, ckpt_dir, max_steps, validate=bool(val_rows), run_name=run_name),
         train_dataset=Dataset.from_list(train_rows),
         eval_dataset=Dataset.from_list(val_rows) if val_rows else None,
         processing_class=tokenizer,
@@ -473,7 +495,7 @@ def train(
         callbacks=[progress_callback(writer, max_steps), sample_dump_callback(work / "samples", holder, upd),
                    early_stop_callback(cfg, holder, upd),
                    *([eval_at_save_callback()] if cfg["select"] == "best_val" and val_rows else []),
-                   *(callbacks or [])],
+                   *(callbacks or []), *_tracker_callbacks(cfg, tracked_config)],
     )
     trainer.remove_callback(PrinterCallback)  # our Progress callback logs one line per step instead
     holder["trainer"] = trainer

@@ -25,6 +25,7 @@ from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.reward import reward_env
 from llmrnn.train import config as tcfg
+from llmrnn.train import tracking
 from llmrnn.train.checkpoints import discard_stale_checkpoints, run_fingerprint
 from llmrnn.train.metrics import MetricsWriter, progress_line, verl_rows
 
@@ -161,7 +162,9 @@ def build_overrides(
         "trainer.resume_mode": "auto",
         "trainer.default_local_dir": str(out / "checkpoints"),
         "trainer.rollout_data_dir": str(out / "rollouts"),
-        "trainer.logger": ["console", "file"],
+        "trainer.logger": tracking.verl_loggers(cfg),  # console + file (metrics.jsonl) + train.report_to
+        # verl logs val generations (patient text) to the trackers when this is > 0: never
+        "trainer.log_val_generations": 0,
         "trainer.project_name": cfg["project_name"],
         "trainer.experiment_name": experiment_name,
         "trainer.max_actor_ckpt_to_keep": cfg["keep_last"],

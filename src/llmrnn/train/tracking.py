@@ -1,0 +1,125 @@
+"""Experiment trackers of a training run (`train.report_to`): the one place that maps the config to verl's
+`trainer.logger` and TRL's `report_to`, and that points each tracker into the run folder.
+
+    train.report_to: none | tensorboard | wandb | mlflow, or a list of them
+
+Where each one writes (RUN/train/ = the rule's work dir; a variable the user exported wins):
+- tensorboard: RUN/train/tensorboard/ (verl reads TENSORBOARD_DIR, transformers 5 TENSORBOARD_LOGGING_DIR,
+  transformers 4 `logging_dir`); `tensorboard --logdir results/RUN/train/tensorboard`.
+- wandb: offline into RUN/train/wandb/ (WANDB_MODE=offline, WANDB_DIR): compute nodes often have no
+  internet. Sync it from a login node with `wandb sync results/RUN/train/wandb/offline-run-*`, or export
+  WANDB_MODE=online where the nodes reach W&B. WANDB_CONSOLE=off: the run's stdout (which may quote
+  patient text) is never copied into the W&B run.
+- mlflow: a SQLite store RUN/train/mlflow.db (MLFLOW_TRACKING_URI; verl's own default is one file under
+  /tmp shared by every user of the node); `mlflow ui --backend-store-uri sqlite:///results/RUN/train/mlflow.db`.
+
+Secrets (WANDB_API_KEY, MLflow credentials) are read by the trackers from the environment only: no config
+key holds one, and nothing here writes the environment anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from llmrnn.errors import InputError
+
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+NONE = "none"
+# what verl's Tracking always gets besides the trackers: progress on the console, and the JSONL file that
+# llmrnn.train.verl_cmd follows into metrics.jsonl
+VERL_BASE_LOGGERS = ["console", "file"]
+TENSORBOARD_SUBDIR = "tensorboard"
+MLFLOW_DB = "mlflow.db"
+
+
+def report_to(cfg: Mapping) -> list[str]:
+    """train.report_to as a list of trackers ([] for none); an unknown name is one line."""
+    value = cfg.get("report_to", NONE)
+    names = [value] if isinstance(value, str) or value is None else list(value)
+    names = [NONE if n is None else n for n in names]
+    bad = [n for n in names if n not in (*TRACKERS, NONE)]
+    if bad:
+        raise InputError(f"train.report_to: {bad[0]!r} is not one of {[NONE, *TRACKERS]}")
+    if NONE in names and len(names) > 1:
+        raise InputError(f"train.report_to: {NONE!r} cannot be listed with trackers ({names})")
+    out: list[str] = []
+    for n in names:
+        if n != NONE and n not in out:
+            out.append(n)
+    return out
+
+
+def verl_loggers(cfg: Mapping) -> list[str]:
+    """verl's trainer.logger: console + file (always) and the trackers."""
+    return [*VERL_BASE_LOGGERS, *report_to(cfg)]
+
+
+def tensorboard_dir(work_dir: str | os.PathLike) -> Path:
+    return Path(work_dir).resolve() / TENSORBOARD_SUBDIR
+
+
+def tracking_env(cfg: Mapping, work_dir: str | os.PathLike, environ: Mapping[str, str] | None = None) -> dict:
+    """The environment variables that put the configured trackers into the run folder (absolute paths:
+    verl's trainer runs in a Ray actor). Variables already in `environ` are kept (the user's choice)."""
+    environ = os.environ if environ is None else environ
+    work = Path(work_dir).resolve()
+    trackers = report_to(cfg)
+    want: dict[str, str] = {}
+    if "tensorboard" in trackers:
+        tb = str(tensorboard_dir(work))
+        want.update(TENSORBOARD_DIR=tb, TENSORBOARD_LOGGING_DIR=tb)
+    if "wandb" in trackers:
+        want.update(WANDB_MODE="offline", WANDB_DIR=str(work), WANDB_CONSOLE="off",
+                    WANDB_PROJECT=str(cfg.get("project_name") or "llmrnn_grpo"))
+    if "mlflow" in trackers:
+        want.update(MLFLOW_TRACKING_URI=f"sqlite:///{work / MLFLOW_DB}",
+                    MLFLOW_EXPERIMENT_NAME=str(cfg.get("project_name") or "llmrnn_grpo"))
+    return {k: v for k, v in want.items() if not environ.get(k)}
+
+
+def prepare(cfg: Mapping, work_dir: str | os.PathLike) -> dict:
+    """Set tracking_env in this process (TRL trains here; verl's main_ppo inherits it) and make the folders
+    the trackers expect; returns what was set."""
+    env = tracking_env(cfg, work_dir)
+    os.environ.update(env)
+    for key in ("TENSORBOARD_DIR", "WANDB_DIR"):
+        if key in env:
+            Path(env[key]).mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def config_callback(config: Mapping, trackers: list[str]):
+    """A TRL/transformers callback that attaches llmrnn's effective training config (the config sections
+    the trainer got) to each tracker when training starts, beside the GRPOConfig that transformers attaches
+    itself: TensorBoard text `llmrnn/config`, W&B run config key `llmrnn`, MLflow artifact llmrnn_config.json."""
+    import json
+
+    from transformers import TrainerCallback
+
+    text = json.dumps(config, indent=1, sort_keys=True, default=str)
+
+    class AttachConfig(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            if not state.is_world_process_zero:
+                return
+            if "tensorboard" in trackers:
+                from torch.utils.tensorboard import SummaryWriter
+
+                logdir = os.environ.get("TENSORBOARD_LOGGING_DIR") or getattr(args, "logging_dir", None)
+                if logdir:
+                    with SummaryWriter(log_dir=logdir) as writer:
+                        writer.add_text("llmrnn/config", f"```\n{text}\n```")
+            if "wandb" in trackers:
+                import wandb
+
+                if wandb.run is not None:
+                    wandb.run.config.update({"llmrnn": json.loads(text)}, allow_val_change=True)
+            if "mlflow" in trackers:
+                import mlflow
+
+                if mlflow.active_run() is not None:
+                    mlflow.log_dict(json.loads(text), "llmrnn_config.json")
+
+    return AttachConfig()
