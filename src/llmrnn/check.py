@@ -20,14 +20,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
-
-from llmrnn.io import deep_merge
+from llmrnn.io import deep_merge, read_yaml
 
 log = logging.getLogger(__name__)
 
-SCHEMA = Path("workflow/schemas/config.schema.yaml")
-DEFAULT_CONFIG = Path("config/config.yaml")
 
 
 # ----------------------------------------------------------------------------- config
@@ -42,34 +38,29 @@ def _fill_defaults(instance, schema: dict) -> None:
             _fill_defaults(instance[key], sub)
 
 
-def load_config(paths: list[Path], schema_path: Path = SCHEMA) -> tuple[dict, list[str]]:
+def load_config(paths: list[Path], schema_path: Path | None = None) -> tuple[dict, list[str]]:
     """The merged config with schema defaults, and every schema problem (not just the first)."""
     import jsonschema
 
     problems: list[str] = []
     config: dict = {}
     layers: list[tuple[str, dict]] = []
+    from llmrnn.errors import InputError
+    from llmrnn.runconfig import find_schema, layer_problems, read_layer
+
     for path in paths:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            problems.append(f"config: {path} does not exist")
-            continue
-        except yaml.YAMLError as exc:
-            problems.append(f"config: {path} is not valid YAML: {str(exc).splitlines()[0]}")
-            continue
-        if not isinstance(data, dict):
-            problems.append(f"config: {path} must be a YAML mapping")
+        try:  # the one YAML policy (llmrnn.io.read_yaml): bombs, fifos, duplicate keys, non-UTF-8 refused
+            _, data = read_layer(path)
+        except InputError as exc:
+            problems.append(f"config: {exc}")
             continue
         config = deep_merge(config, data)
         layers.append((str(path), data))
-    from llmrnn.runconfig import layer_problems
-
     problems += layer_problems(layers)  # config layers never cross recipes
     try:
-        schema = yaml.safe_load(Path(schema_path).read_text())
-    except FileNotFoundError:
-        return config, [*problems, f"config: schema {schema_path} missing (run from the workflow directory)"]
+        schema = read_yaml(find_schema(schema_path), "config schema")
+    except InputError as exc:
+        return config, [*problems, f"{exc}" if str(exc).startswith("config:") else f"config: {exc}"]
     from llmrnn.configcheck import shard_problems, value_findings
 
     findings = value_findings(config)
