@@ -354,7 +354,7 @@ class Plans:
         path = provenance.module_path(module, self.src / "llmrnn")
         text = path.read_bytes()
         self.made(plan)
-        path.write_bytes(text + b"\n# an edit (test_provenance)\n")
+        path.write_bytes(text + b"\n_EDITED_BY_TEST_PROVENANCE = 1\n")  # code: a comment changes no hash
         try:
             return self.changed_rules(plan)
         finally:
