@@ -1,6 +1,7 @@
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
 
+from llmrnn.errors import InputError
 from llmrnn.runconfig import layer_problems, snakemake_layers, write_run_config
 
 min_version("9.0")
@@ -14,8 +15,15 @@ if not workflow.config_settings.configfiles:
     configfile: "config/config.yaml"
 
 
-# The layers this run reads (config files, then --config values); they never cross recipes.
-CONFIG_LAYERS = snakemake_layers(workflow.configfiles, workflow.config_settings.config)
+# The layers this run reads (config files, then --config values); they never cross recipes. Each file
+# is read again by llmrnn.io.read_yaml, which refuses what Snakemake's own load let through (an alias
+# bomb, duplicate keys) before validate() walks it: one line, no traceback.
+try:
+    CONFIG_LAYERS = snakemake_layers(
+        workflow.configfiles, workflow.config_settings.config
+    )
+except InputError as exc:
+    raise WorkflowError(str(exc)) from None
 if layer_problems(CONFIG_LAYERS):
     raise WorkflowError(layer_problems(CONFIG_LAYERS)[0])
 

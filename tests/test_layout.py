@@ -143,7 +143,7 @@ def test_no_function_is_longer_than_100_lines():
 LAYERS: list[tuple[str, set[str]]] = [
     ("leaves", {"errors", "constants"}),
     ("helpers", {"io", "stats", "jsonparse", "matching", "retry", "prompts", "rubric", "gpus", "upload", "cli",
-                 "configcheck", "runconfig"}),
+                 "configcheck", "runconfig", "provenance"}),
     ("services", {"prefix_engine", "backends", "models", "cohort", "judge", "judge.client", "judge.server",
                   "judge.launcher", "phi_guard"}),
     ("reward", {"reward"}),
@@ -152,7 +152,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                 "train.verl_cmd", "train.ray_cluster", "train.tracking"}),
     ("checks and recipes", {"evaluate", "preflight", "qa", "qa.data", "qa.evaluate", "qa.report", "qa.rewards",
                             "qa.sft", "qa.synth"}),
-    ("top", {"release", "check", "chat", "provenance", "plan"}),
+    ("top", {"release", "check", "chat", "plan"}),
 ]
 
 

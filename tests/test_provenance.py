@@ -120,8 +120,75 @@ def test_the_hash_moves_with_a_module_of_the_closure_only(pkg):
     before = provenance.hash_modules(members, pkg)
     (pkg / "unused.py").write_text("import llmrnn.io  # edited\n")
     assert provenance.hash_modules(members, pkg) == before
-    (pkg / "leaf.py").write_text("import json\n# edited\n")
+    (pkg / "leaf.py").write_text("import json\nimport os\n")
     assert provenance.hash_modules(members, pkg) != before
+
+
+def test_a_comment_or_docstring_edit_changes_no_hash_and_any_code_edit_does(pkg):
+    """The hash is of the code that runs: comments, docstrings and layout change nothing (a comment edit
+    in errors.py reruns no stage); a changed statement, constant or string that is not a docstring does."""
+    (pkg / "errors.py").write_text('"""Errors."""\n\nclass InputError(Exception):\n    """Bad input."""\n\n'
+                                   'LIMIT = 3\nTEXT = "shown"\n')
+    members = provenance.closure(["llmrnn.io"], pkg)
+    assert "llmrnn.errors" in members
+    before = provenance.hash_modules(members, pkg)
+    (pkg / "errors.py").write_text('"""Errors, reworded."""\n# a comment\n\n\nclass InputError(Exception):\n'
+                                   '    """Bad input, one line."""  # more\n\n\nLIMIT = (3)\nTEXT = "shown"\n')
+    assert provenance.hash_modules(members, pkg) == before
+    for code in ('class InputError(Exception):\n    pass\nLIMIT = 4\nTEXT = "shown"\n',
+                 'class InputError(Exception):\n    pass\nLIMIT = 3\nTEXT = "changed"\n',
+                 'class InputError(ValueError):\n    pass\nLIMIT = 3\nTEXT = "shown"\n'):
+        (pkg / "errors.py").write_text(code)
+        assert provenance.hash_modules(members, pkg) != before, code
+
+
+def test_a_module_that_is_not_utf8_or_not_python_is_named_in_one_line(pkg):
+    (pkg / "leaf.py").write_bytes("NAME = 'caf\xe9'\n".encode("latin-1"))
+    with pytest.raises(InputError, match=r"module llmrnn\.leaf \(.*leaf\.py\): byte \d+: not UTF-8"):
+        provenance.closure(["llmrnn.lazy"], pkg)
+    (pkg / "leaf.py").write_text("def broken(:\n")
+    with pytest.raises(InputError, match=r"module llmrnn\.leaf \(.*leaf\.py\): line 1"):
+        provenance.hash_modules(["llmrnn.leaf"], pkg)
+
+
+# Every place the package loads code by a name it computes at run time, which the import closure cannot
+# follow, and what makes the code identity cover it anyway. A new such call site fails the test below
+# until it is covered (a string constant naming the module, or `also` of code_hash) and listed here.
+COMPUTED_LOADS = {
+    ("llmrnn.cli", "import_module"): "help and dispatch: the verb's own stage is hashed by verb_closure",
+    ("llmrnn.train.trl_engine", "import_module"): "--reward-func: rules name the module in code_hash(...) "
+                                                  "and the checkpoints' job_code",
+    ("llmrnn.train.trl_engine", "spec_from_file_location"): "--reward-func as a file: job_code hashes the file",
+}
+_LOADERS = {"import_module", "__import__", "spec_from_file_location", "run_module", "run_path", "exec", "eval",
+            "load_module"}
+
+
+def computed_loads(root: Path) -> set[tuple[str, str]]:
+    """(module, loader) of every call of a module loader whose first argument is not a string constant."""
+    import ast
+
+    found = set()
+    for path in sorted(root.rglob("*.py")):
+        name = ".".join(["llmrnn", *path.relative_to(root).with_suffix("").parts]).removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            first = node.args[0] if node.args else None
+            if func in ("exec", "eval") and not isinstance(node.func, ast.Name):
+                continue  # model.eval() and the like
+            if func in _LOADERS and not (
+                    isinstance(first, ast.Constant) and isinstance(first.value, str)):
+                found.add((name, func))
+    return found
+
+
+def test_every_module_loaded_by_a_computed_name_is_covered_and_listed(pkg):
+    assert computed_loads(provenance.ROOT) == set(COMPUTED_LOADS)
+    # the scan finds one: a stage that imports a module named at run time
+    (pkg / "sneaky.py").write_text("import importlib\n\ndef f(x):\n    return importlib.import_module('llmrnn.' + x)\n")
+    assert ("llmrnn.sneaky", "import_module") in computed_loads(pkg)
 
 
 def test_verbs_reach_what_the_old_hand_lists_missed():
@@ -287,7 +354,7 @@ class Plans:
         path = provenance.module_path(module, self.src / "llmrnn")
         text = path.read_bytes()
         self.made(plan)
-        path.write_bytes(text + b"\n# an edit (test_provenance)\n")
+        path.write_bytes(text + b"\n_EDITED_BY_TEST_PROVENANCE = 1\n")  # code: a comment changes no hash
         try:
             return self.changed_rules(plan)
         finally:

@@ -20,14 +20,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
-
-from llmrnn.io import deep_merge
+from llmrnn.io import deep_merge, read_yaml
 
 log = logging.getLogger(__name__)
 
-SCHEMA = Path("workflow/schemas/config.schema.yaml")
-DEFAULT_CONFIG = Path("config/config.yaml")
 
 
 # ----------------------------------------------------------------------------- config
@@ -42,34 +38,29 @@ def _fill_defaults(instance, schema: dict) -> None:
             _fill_defaults(instance[key], sub)
 
 
-def load_config(paths: list[Path], schema_path: Path = SCHEMA) -> tuple[dict, list[str]]:
+def load_config(paths: list[Path], schema_path: Path | None = None) -> tuple[dict, list[str]]:
     """The merged config with schema defaults, and every schema problem (not just the first)."""
     import jsonschema
 
     problems: list[str] = []
     config: dict = {}
     layers: list[tuple[str, dict]] = []
+    from llmrnn.errors import InputError
+    from llmrnn.runconfig import find_schema, layer_problems, read_layer
+
     for path in paths:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            problems.append(f"config: {path} does not exist")
-            continue
-        except yaml.YAMLError as exc:
-            problems.append(f"config: {path} is not valid YAML: {str(exc).splitlines()[0]}")
-            continue
-        if not isinstance(data, dict):
-            problems.append(f"config: {path} must be a YAML mapping")
+        try:  # the one YAML policy (llmrnn.io.read_yaml): bombs, fifos, duplicate keys, non-UTF-8 refused
+            _, data = read_layer(path)
+        except InputError as exc:
+            problems.append(f"config: {exc}")
             continue
         config = deep_merge(config, data)
         layers.append((str(path), data))
-    from llmrnn.runconfig import layer_problems
-
     problems += layer_problems(layers)  # config layers never cross recipes
     try:
-        schema = yaml.safe_load(Path(schema_path).read_text())
-    except FileNotFoundError:
-        return config, [*problems, f"config: schema {schema_path} missing (run from the workflow directory)"]
+        schema = read_yaml(find_schema(schema_path), "config schema")
+    except InputError as exc:
+        return config, [*problems, f"{exc}" if str(exc).startswith("config:") else f"config: {exc}"]
     from llmrnn.configcheck import shard_problems, value_findings
 
     findings = value_findings(config)
@@ -198,6 +189,8 @@ def check_cohort(config: dict) -> list[str]:
             patients = load_cohort(source)
         except LlmrnnError as exc:
             return [f"cohort.source: {withhold_ids(str(exc), source)}"]
+    if config.get("recipe") == "qa":
+        return []  # the qa recipe splits questions (qa.split, check_qa_data), not the cohort
     kept, _ = clean_cohort(patients)
     split = config.get("split") or {}
     need = int(split.get("val_size", 0)) + int(split.get("train_size", 0)) + 1
@@ -210,6 +203,62 @@ def check_cohort(config: dict) -> list[str]:
     from llmrnn.configcheck import shard_problems
 
     return [f"config: {p}" for p in shard_problems(config, len(kept) - need + 1) if p.startswith("eval.")]
+
+
+def _qa_records(config: dict, source: str) -> list[dict] | str | None:
+    """The QA records the qa data stage would read from `source` (None: not checkable here, an hf: dataset),
+    or why they cannot be read."""
+    from llmrnn.errors import LlmrnnError
+    from llmrnn.qa.data import load_records, load_records_from
+
+    qa = config.get("qa") or {}
+    try:
+        if source == "synthetic":  # what qa_synth makes of the synthetic cohort
+            from llmrnn.cohort import synthesize_cohort
+            from llmrnn.qa.synth import questions_from_cohort
+
+            synth = (config.get("cohort") or {}).get("synthetic") or {}
+            qsynth = qa.get("synthetic") or {}
+            patients = synthesize_cohort(int(synth.get("patients", 0)), int(synth.get("seed", 0)))
+            raw, _ = questions_from_cohort(patients, int(qsynth.get("seed", 0)), qsynth.get("max_questions"))
+            return load_records_from(raw, qa.get("fields"), "qa synth")
+        if source.startswith("hf:"):
+            return "hf: names no dataset" if not source[3:].strip() else None
+        if "{" in source or "}" in source:
+            return f"{source!r} contains a brace, which Snakemake reads as a wildcard; rename the file"
+        if not Path(source).is_file():
+            return f"{source} is not a file (a JSON/JSONL QA file, hf:<dataset>, or synthetic)"
+        return load_records(source, qa.get("fields"), qa.get("dataset"))
+    except LlmrnnError as exc:
+        return str(exc)
+
+
+def check_qa_data(config: dict) -> list[str]:
+    """recipe qa: the QA source reads as the qa data stage reads it, and qa.split fits the groups left
+    after filtering (so neither fails hours later at run time); the OOD set, when a file, exists."""
+    from llmrnn.qa.data import filter_records, split_units
+
+    qa = config.get("qa") or {}
+    problems = []
+    ood = qa.get("ood")
+    if ood and ood != "synthetic" and not ood.startswith("hf:") and not Path(ood).is_file():
+        problems.append(f"qa.ood: {ood} is not a file (a JSON/JSONL QA file, hf:<dataset>, synthetic or null)")
+    source = str(qa.get("source", "synthetic"))
+    records = _qa_records(config, source)
+    if records is None:
+        return problems
+    if isinstance(records, str):
+        return [*problems, f"qa.source: {records}"]
+    if not records:
+        return [*problems, f"qa.source: {source} holds no QA records (the file is empty)"]
+    kept, _ = filter_records(records, qa.get("filter"))
+    groups = len(set(split_units(kept).values()))
+    split = qa.get("split") or {}
+    val, test = int(split.get("val_size", 0)), int(split.get("test_size", 0))
+    if val + test >= groups:
+        problems.append(f"qa.split: val_size {val} + test_size {test} leave no train group: {source} has "
+                        f"{groups} groups after filtering ({len(kept)} of {len(records)} records kept)")
+    return problems
 
 
 def _model_problem(name: str, spec: dict) -> str | None:
@@ -531,6 +580,7 @@ CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
     ("secrets", check_env_names),
     ("patient text", check_external_endpoints),
     ("cohort", check_cohort),
+    ("qa data", check_qa_data),
     ("models", check_models),
     ("judge", check_judge),
     ("training", check_training),
@@ -540,12 +590,18 @@ CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
 ]
 
 
+# checks that belong to one recipe (the rest apply to both)
+RECIPE_ONLY = {"qa data": "qa"}
+
+
 def run_checks(config_paths: list[Path]) -> dict:
     """Every check, each isolated (one crashing check is a problem, not the end of the list)."""
     config, problems = load_config(config_paths)
     schema_ok = not any(p.startswith("config: ") for p in problems)
     ran = ["schema"]
     for name, fn in CHECKS:
+        if RECIPE_ONLY.get(name, config.get("recipe")) != config.get("recipe"):
+            continue  # each recipe's own checks only
         try:
             problems += fn(config)
         except Exception as exc:  # noqa: BLE001 - report and go on: the point is to list everything

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -126,6 +127,127 @@ def read_input_text(path: str | os.PathLike, what: str = "file") -> str:
     except OSError as exc:
         raise InputError(f"{path}: cannot read the {what} ({exc.strerror or type(exc).__name__})") from None
     return decode_text(raw, str(path))
+
+
+# ----------------------------------------------------------------------------- the YAML reader
+# ONE loader for every YAML file the package reads (config layers, RUN/config.yaml, the schema, rubrics,
+# prompt files): a regular file (a fifo or a device such as /dev/zero is refused before it is opened for
+# reading, so nothing hangs or fills memory) of at most YAML_MAX_BYTES, UTF-8 text (the reader policy),
+# YAML's safe types only, no key twice in one mapping (YAML says keys are unique; PyYAML silently keeps the
+# last), nesting at most YAML_MAX_DEPTH deep and aliases that expand to at most YAML_MAX_NODES nodes (an
+# 800-byte "billion laughs" file of nested anchors would otherwise expand to gigabytes in whatever walks it).
+YAML_MAX_BYTES = 4 * 1024 * 1024
+YAML_MAX_DEPTH = 64
+YAML_MAX_NODES = 200_000
+
+
+def read_regular_bytes(path: str | os.PathLike, what: str = "file", limit: int | None = None) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; anything else is one InputError line."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise InputError(f"{path}: {what} does not exist") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the {what} ({exc.strerror or type(exc).__name__})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise InputError(f"{path}: is a folder, not a {what}")
+        if not stat.S_ISREG(mode):
+            raise InputError(f"{path}: not a regular file (a fifo, socket or device); give the {what} as a file")
+        chunks, size = [], 0
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+            size += len(chunk)
+            if limit is not None and size > limit:
+                raise InputError(f"{path}: larger than {limit} bytes; not a {what}")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the {what} ({exc.strerror or type(exc).__name__})") from None
+    finally:
+        os.close(fd)
+
+
+def _yaml_loader():
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """SafeLoader with duplicate keys refused and nesting bounded while composing."""
+
+        depth = 0
+
+        def compose_node(self, parent, index):
+            self.depth += 1
+            try:
+                if self.depth > YAML_MAX_DEPTH:
+                    mark = self.peek_event().start_mark
+                    raise yaml.YAMLError(f"nested more than {YAML_MAX_DEPTH} levels deep (line {mark.line + 1})")
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+        def compose_mapping_node(self, anchor):
+            node = super().compose_mapping_node(anchor)
+            seen: set = set()  # the keys as written (merge keys `<<` may be overridden: that is their point)
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise yaml.YAMLError(f"key {key!r} appears twice in one mapping "
+                                         f"(line {key_node.start_mark.line + 1})")
+                seen.add(key)
+            return node
+
+    return Loader
+
+
+def _expanded_size(node, memo: dict) -> int:
+    """Nodes of the tree `node` stands for once every alias is expanded (shared nodes counted per use)."""
+    key = id(node)
+    if memo.get(key) == -1:
+        raise InputError(f"an alias (line {node.start_mark.line + 1}) refers to a value that contains it")
+    if key not in memo:
+        memo[key] = -1  # in progress: met again below it, it is a cycle
+        children = node.value if isinstance(node.value, list) else []
+        total = 1
+        for child in children:
+            for sub in (child if isinstance(child, tuple) else (child,)):
+                total += _expanded_size(sub, memo)
+                if total > YAML_MAX_NODES:
+                    break
+        memo[key] = total
+    return memo[key]
+
+
+def loads_yaml(text: str, where: str) -> Any:
+    """The value of a YAML document under the YAML policy above; every problem is one InputError line."""
+    import yaml
+
+    loader = _yaml_loader()(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        try:
+            size = _expanded_size(node, {})
+        except InputError as exc:
+            raise InputError(f"{where}: {exc}") from None
+        if size > YAML_MAX_NODES:
+            raise InputError(f"{where}: its aliases (*name) expand to more than {YAML_MAX_NODES} values; "
+                             "write the values out instead of nesting anchors")
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise InputError(f"{where}: not valid YAML: {' '.join(str(exc).split())[:300]}") from None
+    except (ValueError, RecursionError) as exc:  # an integer of too many digits; a cycle walked too deep
+        raise InputError(f"{where}: not valid YAML: {str(exc).splitlines()[0][:200]}") from None
+    finally:
+        loader.dispose()
+
+
+def read_yaml(path: str | os.PathLike, what: str = "YAML file") -> Any:
+    """A YAML file under the YAML policy above (regular file, size, UTF-8, duplicate keys, depth, aliases)."""
+    return loads_yaml(decode_text(read_regular_bytes(path, what, YAML_MAX_BYTES), str(path)), str(path))
 
 
 def loads_input(text: str, where: str, **hooks) -> Any:

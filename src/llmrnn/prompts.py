@@ -148,8 +148,10 @@ def load_prompts(path: str | Path) -> PromptSet:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: prompt file not found (config prompts.file)")
-    try:
-        data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    from llmrnn.io import read_yaml
+
+    try:  # the one YAML policy (llmrnn.io.read_yaml), then OmegaConf for ${...} interpolation
+        data = OmegaConf.to_container(OmegaConf.create(read_yaml(path, "prompt file") or {}), resolve=True)
     except (OmegaConfBaseException, ValueError) as exc:
         raise InputError(f"{path}: not a valid prompt YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):

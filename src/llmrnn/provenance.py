@@ -11,6 +11,10 @@ with `ast` (nothing is imported). Followed, within `llmrnn` only:
   - every package a module lies in, as far as importing it runs (its module level, not its functions).
 The verb's own stage module counts as far as the verb reaches it: its module level, register() and the
 subcommand's handler with the functions it names, so `llmrnn qa synth` does not depend on `qa sft`.
+A module name built at run time (importlib.import_module of a computed string) is not followed: each
+such call site is listed, with what covers it, in tests/test_provenance.py (a new one fails there).
+The hash is of each module's syntax tree less docstrings (ast.dump: no comments, no positions), so a
+comment or docstring edit reruns nothing, and any change to code that runs reruns its jobs.
 """
 
 from __future__ import annotations
@@ -55,11 +59,59 @@ def _resolve_relative(module: str | None, level: int, importer: str, is_package:
     return ".".join(base + ([module] if module else []))
 
 
+def _read(name: str, path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"provenance: module {name} ({path}): cannot read it ({exc.strerror or exc})") from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _tree(name: str, path: Path, source: bytes) -> ast.Module:
+    """The parsed source of module `name` (read only: never changed; one parse per content); a file that
+    is not UTF-8 Python is one line naming it."""
+    try:
+        return ast.parse(source.decode("utf-8"), filename=str(path))
+    except UnicodeDecodeError as exc:
+        raise InputError(f"provenance: module {name} ({path}): byte {exc.start}: not UTF-8 text "
+                         f"({exc.reason}); save the file as UTF-8") from None
+    except SyntaxError as exc:
+        raise InputError(f"provenance: module {name} ({path}): line {exc.lineno}: {exc.msg}") from None
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"provenance: module {name} ({path}): cannot parse it ({exc})") from None
+
+
 def _parse(name: str, root: Path) -> tuple[ast.Module, bool]:
     path = module_path(name, root)
     if path is None:
         raise InputError(f"provenance: module {name} has no source under {root}")
-    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path)), path.name == "__init__.py"
+    return _tree(name, path, _read(name, path)), path.name == "__init__.py"
+
+
+def _without_docstrings(tree: ast.Module) -> ast.Module:
+    """`tree` less every statement that is a bare string (docstrings and the like): they run nothing."""
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            if isinstance(body, list):
+                body[:] = [stmt for stmt in body if not (
+                    isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+                    and isinstance(stmt.value.value, str))]
+    return tree
+
+
+def code_text(name: str, root: Path = ROOT) -> str:
+    """What of module `name` counts for its code identity: its syntax tree without comments, docstrings
+    and positions (ast.dump), so an edit that changes no code that runs changes nothing."""
+    path = module_path(name, root)
+    if path is None:
+        raise InputError(f"provenance: module {name} has no source under {root}")
+    return _code_text(name, path, _read(name, path))
+
+
+@functools.lru_cache(maxsize=1024)
+def _code_text(name: str, path: Path, source: bytes) -> str:
+    return ast.dump(_without_docstrings(_tree.__wrapped__(name, path, source)))  # a fresh tree: stripped here
 
 
 def _walk(nodes: Iterable[ast.AST], into_functions: bool) -> Iterator[ast.AST]:
@@ -177,19 +229,18 @@ def verb_closure(verb: str, *also: str, root: Path = ROOT) -> list[str]:
 
 
 def hash_modules(modules: Iterable[str], root: Path = ROOT) -> str:
-    """sha256 (16 hex digits) of the modules' names and sources."""
+    """sha256 (16 hex digits) of the modules' names and code (code_text: comments and docstrings left out)."""
     digest = hashlib.sha256()
     for name in sorted(modules):
-        path = module_path(name, root)
-        if path is None:
-            raise InputError(f"provenance: module {name} has no source under {root}")
         digest.update(name.encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
+        digest.update(code_text(name, root).encode() + b"\0")
     return digest.hexdigest()[:16]
 
 
 @functools.cache
-def code_identity(verb: str, *also: str) -> str:
+def code_identity(verb: str, *also: str, root: Path = ROOT) -> str:
     """The code identity of a job running `llmrnn <verb>` (e.g. "cohort split"), plus the modules it
-    loads by a name given on its command line (`also`, e.g. a `--reward-func` module)."""
-    return hash_modules(verb_closure(verb, *also))
+    loads by a name given on its command line (`also`, e.g. a `--reward-func` module). The ONE identity of
+    a job: a rule's `code` param (rules/common.smk code_hash) and the training checkpoints' fingerprint
+    (llmrnn.train.checkpoints) are both this."""
+    return hash_modules(verb_closure(verb, *also, root=root), root)

@@ -145,13 +145,10 @@ def rubric_info(path: str | Path | None) -> dict:
     """Judge model and rubric identity from the rubric file (the single source of truth for the judge)."""
     if not path:
         return {"rubric_file": None, "model": None, "note": "no rubric file given"}
-    import yaml
-
     p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise InputError(f"{p}: cannot read rubric file: {exc}") from exc
+    raw = io.read_yaml(p, "rubric file") or {}  # the one YAML policy
+    if not isinstance(raw, dict):
+        raise InputError(f"{p}: expected a mapping at top level")
     judge = raw.get("judge") or {}
     serving = raw.get("serving") or {}
     request = raw.get("request") or {}

@@ -149,8 +149,10 @@ def load_rubric(path: str | Path) -> Rubric:
     p = str(path)
     if not Path(p).is_file():
         raise InputError(f"{p}: rubric file not found")
-    try:
-        raw = OmegaConf.to_container(OmegaConf.load(p), resolve=True)
+    from llmrnn.io import read_yaml
+
+    try:  # the one YAML policy (llmrnn.io.read_yaml), then OmegaConf for ${...} interpolation
+        raw = OmegaConf.to_container(OmegaConf.create(read_yaml(p, "rubric file") or {}), resolve=True)
     except (OmegaConfBaseException, OSError, ValueError) as exc:
         raise InputError(f"{p}: not a readable rubric YAML: {exc}") from exc
     if not isinstance(raw, dict):

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from llmrnn.errors import InputError
-from llmrnn.io import deep_merge, write_text
+from llmrnn.io import deep_merge, read_yaml, write_text
 
 SCHEMA = Path("workflow/schemas/config.schema.yaml")
 DEFAULT_CONFIG = Path("config/config.yaml")
@@ -37,6 +37,18 @@ COMMAND_LINE = "--config"
 RUN_CONFIG_KEYS = ("configfiles", "config", "sources")
 
 Layer = tuple[str, dict]
+
+
+def find_schema(given: str | os.PathLike | None = None) -> Path:
+    """The config schema: `given`, else workflow/schemas/ of the working directory (the workflow folder a
+    run starts in), else of the repository this package lies in; none is one line, not a traceback."""
+    if given is not None:
+        return Path(given)
+    for candidate in (SCHEMA, Path(__file__).resolve().parents[2] / SCHEMA):
+        if candidate.is_file():
+            return candidate
+    raise InputError(f"config: the schema {SCHEMA} is neither under the working directory nor beside the "
+                     "llmrnn package; run from the llmrnn workflow folder (where the Snakefile is)")
 
 
 def configfiles_for(given: list | tuple | None) -> list[Path]:
@@ -55,14 +67,7 @@ def label(path: str | os.PathLike) -> str:
 
 def read_layer(path: str | os.PathLike) -> Layer:
     """(label, mapping) of one config file; a missing, unparsable or non-mapping file is one line."""
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: config file does not exist") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a folder, not a config file") from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    data = read_yaml(path, "config file")  # the one YAML policy (llmrnn.io): bombs, fifos, duplicates refused
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -87,7 +92,7 @@ def layer_problems(layers: list[Layer]) -> list[str]:
     return problems
 
 
-def with_defaults(config: dict, schema_path: str | os.PathLike = SCHEMA) -> dict:
+def with_defaults(config: dict, schema_path: str | os.PathLike | None = None) -> dict:
     """A validated copy of `config` with the schema's defaults filled in, by Snakemake's own validate()
     (the workflow's `validate(config, schema)`); a schema error is one line."""
     from snakemake.exceptions import WorkflowError
@@ -95,7 +100,7 @@ def with_defaults(config: dict, schema_path: str | os.PathLike = SCHEMA) -> dict
 
     filled = copy.deepcopy(config)
     try:
-        validate(filled, str(Path(schema_path).resolve()))
+        validate(filled, str(find_schema(schema_path).resolve()))
     except WorkflowError as exc:
         raise InputError(f"config: {' '.join(str(exc).split())[:500]}") from None
     return copy.deepcopy(filled)  # defaults are the schema's own objects: never share them
@@ -139,7 +144,7 @@ def sources_of(config: dict, layers: list[Layer]) -> dict:
     return sources
 
 
-def resolve(layers: list[Layer], schema_path: str | os.PathLike = SCHEMA) -> tuple[dict, dict]:
+def resolve(layers: list[Layer], schema_path: str | os.PathLike | None = None) -> tuple[dict, dict]:
     """(effective config, sources) of config layers, refused when they cross recipes."""
     problems = layer_problems(layers)
     if problems:
@@ -172,7 +177,10 @@ def write_run_config(path: str | os.PathLike, config: dict, layers: list[Layer])
     """RUN/config.yaml, atomically (a killed start never leaves half a file)."""
     doc = run_config(json.loads(json.dumps(config)), layers)  # plain types (Snakemake's config may hold others)
     text = HEADER.format(run=config.get("run_name"), folder=Path(path).parent)
-    write_text(path, text + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=110))
+    try:
+        write_text(path, text + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=110))
+    except OSError as exc:  # a full disk, a read-only or missing folder: one line naming the file
+        raise InputError(f"{path}: cannot write the run's config ({exc.strerror or type(exc).__name__})") from None
 
 
 def snakemake_layers(configfiles: list, command_line: Mapping | None) -> list[Layer]:
@@ -185,7 +193,7 @@ def snakemake_layers(configfiles: list, command_line: Mapping | None) -> list[La
 
 
 # ----------------------------------------------------------------------------- show / diff
-def load_any(spec: str | os.PathLike, schema_path: str | os.PathLike = SCHEMA) -> dict:
+def load_any(spec: str | os.PathLike, schema_path: str | os.PathLike | None = None) -> dict:
     """A RUN/config.yaml document from: a run's config.yaml, a results/RUN folder, or a config file
     (resolved alone over the schema's defaults, as a run naming only that file would be)."""
     path = Path(spec)
@@ -195,11 +203,23 @@ def load_any(spec: str | os.PathLike, schema_path: str | os.PathLike = SCHEMA) -
         path = path / "config.yaml"
     name, data = read_layer(path)
     if set(data) == set(RUN_CONFIG_KEYS):
-        if not isinstance(data["config"], dict) or not isinstance(data["sources"], dict):
-            raise InputError(f"{path}: config and sources must be mappings")
-        return data
+        return _run_doc(path, data)
     config, sources = resolve([(name, data)], schema_path)
     return {"configfiles": [name], "config": config, "sources": sources}
+
+
+def _run_doc(path: Path, data: dict) -> dict:
+    """A RUN/config.yaml document as write_run_config writes it; a damaged one is one line."""
+    if not isinstance(data["config"], dict) or not isinstance(data["sources"], dict):
+        raise InputError(f"{path}: config and sources must be mappings")
+    files = data["configfiles"]
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise InputError(f"{path}: configfiles must be a list of file names")
+    try:  # write_run_config writes plain JSON types only; a date or binary value is not one of ours
+        json.dumps(data["config"])
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{path}: config holds a value that is not plain data ({exc})") from None
+    return data
 
 
 def _dotted(path: tuple) -> str:

@@ -204,7 +204,7 @@ def _applied(row: Row, base: Baseline, tmp: Path) -> Iterator[tuple[list[str], d
         src = tmp / "src"
         shutil.copytree(base.src, src)
         module = src / (row.edit_module.replace(".", "/") + ".py")
-        module.write_text(module.read_text() + "\n# a code change (rerun table test)\n")
+        module.write_text(module.read_text() + "\n_RERUN_TABLE_EDIT = 1\n")  # code: a comment reruns nothing
         env["PYTHONPATH"] = str(src)
     # file edits touch only config/ (rubrics, prompts): snapshot it and restore content and mtimes
     saved = [(p, p.read_bytes(), p.stat()) for p in (base.work / "config").rglob("*") if p.is_file()]

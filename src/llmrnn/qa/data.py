@@ -340,7 +340,12 @@ def prepare(cfg: dict, outputs: dict[str, str], source: str, ood: str | None = N
     if missing:
         raise InputError(f"qa data: output path(s) missing: {missing}")
     fields, dataset = cfg.get("fields"), cfg.get("dataset")
-    records, counts = filter_records(load_records(source, fields, dataset), cfg.get("filter"))
+    raw = load_records(source, fields, dataset)
+    if not raw:  # say so, rather than that no split sizes fit 0 groups
+        raise InputError(f"{source}: holds no QA records (the file is empty)")
+    records, counts = filter_records(raw, cfg.get("filter"))
+    if not records:
+        raise InputError(f"{source}: no QA record is left after filtering ({counts}); see qa.filter")
     split_cfg = cfg.get("split") or {}
     splits = split_records(records, int(split_cfg.get("val_size", 2)), int(split_cfg.get("test_size", 2)),
                            int(split_cfg.get("seed", 42)))

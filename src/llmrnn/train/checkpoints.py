@@ -19,19 +19,42 @@ from llmrnn.reward import ENV_CFG
 
 log = logging.getLogger(__name__)
 
+TRAIN_VERB = "train run"
+DEFAULT_REWARD_MODULE = "llmrnn.reward"
 
-def run_fingerprint(cfg: dict, train_parquet, model_dir, reward_spec: str, engine_module: str) -> str:
-    """What a checkpoint is valid for: knobs, data, base model, reward config and the code that scores
-    (llmrnn.reward) and trains (`engine_module`)."""
+
+def job_code(reward_spec: str | None) -> str:
+    """The code identity of this training job: the same import-closure hash the rule's `code` param holds
+    (llmrnn.provenance.code_identity of `train run`, plus the --reward-func module the rule names: rules
+    train_grpo and qa_train_grpo), so a rerun that Snakemake starts for a code change never resumes the
+    checkpoints of the old code. A reward outside the package (a file, another package) adds its source."""
+    from llmrnn.provenance import code_identity, module_path
+
+    module = (reward_spec or DEFAULT_REWARD_MODULE).split(":", 1)[0]
+    if module == DEFAULT_REWARD_MODULE:
+        return code_identity(TRAIN_VERB)
+    if module_path(module) is not None:
+        return code_identity(TRAIN_VERB, module)
+    if module.endswith(".py") and Path(module).is_file():
+        origin = module
+    else:
+        found = importlib.util.find_spec(module)
+        origin = found.origin if found and found.origin else None
+    extra = io.sha256_file(origin) if origin else module
+    return f"{code_identity(TRAIN_VERB)}+{extra}"
+
+
+def run_fingerprint(cfg: dict, train_parquet, model_dir, reward_spec: str | None) -> str:
+    """What a checkpoint is valid for: knobs, data, base model, reward config and the job's code identity
+    (job_code: every module `llmrnn train run` can run, the reward's included)."""
     digest = hashlib.sha256()
     # the trackers watching a run (train.report_to) change nothing it computes: adding one resumes the run
     digest.update(json.dumps({k: v for k, v in cfg.items() if k != "report_to"}, sort_keys=True).encode())
     digest.update(io.sha256_file(train_parquet).encode())
     digest.update(str(Path(model_dir).resolve()).encode())
-    digest.update(reward_spec.encode())
+    digest.update((reward_spec or "").encode())
     digest.update(os.environ.get(ENV_CFG, "").encode())  # the scorer settings the reward workers read
-    for module in ("llmrnn.reward", engine_module):
-        digest.update(Path(importlib.util.find_spec(module).origin).read_bytes())
+    digest.update(job_code(reward_spec).encode())
     return digest.hexdigest()
 
 

@@ -480,7 +480,7 @@ def train(
     max_steps = planned * upd
     val_rows = load_rows(val_parquet, "val", tokenizer, cfg["max_prompt_length"]) if val_parquet and cfg["test_freq"] else []
 
-    discard_stale_checkpoints(work, run_fingerprint(cfg, train_parquet, model_dir, reward_spec, __name__))
+    discard_stale_checkpoints(work, run_fingerprint(cfg, train_parquet, model_dir, reward_spec))
     writer = MetricsWriter(live_metrics)
     resume, resume_step = resume_point(ckpt_dir, writer, trace_path, max_steps)
     holder: dict[str, Any] = {}

@@ -284,7 +284,7 @@ def run(
     if planned < 1:
         raise CheckFailed(f"train: {n_rows} train rows make no full batch of {cfg['batch']['train']} prompts")
     # resume_mode=auto would resume any checkpoint it finds: keep only those of this exact run
-    discard_stale_checkpoints(out, run_fingerprint(cfg, train_parquet, model_dir, "verl", __name__))
+    discard_stale_checkpoints(out, run_fingerprint(cfg, train_parquet, model_dir, reward_module))
     start = latest_step(ckpt_dir)
     writer = MetricsWriter(out / "state" / "metrics.jsonl")  # live; copied to metrics.jsonl at the end
     writer.truncate_after(start)

@@ -1,0 +1,80 @@
+"""One code identity per training job: the checkpoints' fingerprint holds the same import-closure hash as
+the rule's `code` param, so a rerun Snakemake starts for a code change never resumes the old code's
+checkpoints (nor hands back a finished old run's adapter)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from llmrnn import provenance
+from llmrnn.train import checkpoints
+from tests.conftest import REPO
+
+# in a copy of the package: per reward spec, the fingerprint of a fixed run and whether
+# discard_stale_checkpoints kept its checkpoints
+SCRIPT = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from llmrnn.train.checkpoints import discard_stale_checkpoints, run_fingerprint
+    data = sys.argv[1]
+    for i, spec in enumerate(sys.argv[2:]):
+        out = Path(data).parent / f"run{i}"
+        fp = run_fingerprint({"lr": 1e-5}, data, out, spec)
+        discard_stale_checkpoints(out, fp)
+        print(fp, (out / "checkpoints" / "global_step_2").is_dir())
+""")
+SPECS = ("llmrnn.reward:trl_reward_func", "llmrnn.qa.rewards:trl_reward_func")
+
+
+def _run(src: Path, data: Path) -> list[tuple[str, bool]]:
+    env = {"PYTHONPATH": str(src), "PATH": str(Path(sys.executable).parent), "HOME": str(data.parent)}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(data), *SPECS], check=False, env=env,
+                          text=True, capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [(fp, kept == "True") for fp, kept in (line.split() for line in proc.stdout.splitlines())]
+
+
+def test_an_edit_of_a_module_the_reward_runs_discards_the_checkpoints(tmp_path):
+    """matching.py (the outcome reward's matcher) is neither reward.py nor an engine module: an edit of it
+    reruns training (the rule's code hash) and now also starts it over (the fingerprint)."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "src" / "llmrnn", src / "llmrnn", ignore=shutil.ignore_patterns("__pycache__"))
+    data = tmp_path / "train.parquet"
+    data.write_bytes(b"rows")
+    first = _run(src, data)  # stamps each run's checkpoints folder
+    for i in range(len(SPECS)):
+        (tmp_path / f"run{i}" / "checkpoints" / "global_step_2").mkdir(parents=True)
+    matching = src / "llmrnn" / "matching.py"
+    original = matching.read_text()
+    matching.write_text(original + "\n# a comment: changes no code that runs\n")
+    assert _run(src, data) == [(fp, True) for fp, _ in first]  # the same code resumes
+    matching.write_text(original + "\nTHRESHOLD_NUDGE = 1\n")
+    edited = _run(src, data)
+    for (fp, _), (new, kept), spec in zip(first, edited, SPECS):
+        assert new != fp and not kept, spec  # another code's checkpoints are never resumed
+
+
+def _rule_text(path: Path, rule: str) -> str:
+    text = path.read_text(encoding="utf-8")
+    start = text.index(f"rule {rule}:")
+    end = text.find("\nrule ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def test_the_fingerprint_holds_the_code_hash_of_the_rule_that_runs_it():
+    """For each training rule: the code_hash(...) in its params is the job_code of the --reward-func its
+    shell passes (none: llmrnn.reward), i.e. the checkpoints' code identity is the rule's."""
+    for path, rule in ((REPO / "rules" / "train.smk", "train_grpo"), (REPO / "rules" / "qa.smk", "qa_train_grpo")):
+        text = _rule_text(path, rule)
+        args = re.findall(r'"([^"]+)"', re.search(r"code=code_hash\(([^)]*)\)", text).group(1))
+        assert args[0] == checkpoints.TRAIN_VERB
+        spec = re.search(r"--reward-func (\S+)", text)
+        reward = spec.group(1).strip('"') if spec else None
+        assert checkpoints.job_code(reward) == provenance.code_identity(*args), rule
+    # a reward outside the package: its file is part of the identity
+    assert checkpoints.job_code("json:loads") != checkpoints.job_code(None)
