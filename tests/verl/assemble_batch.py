@@ -16,7 +16,6 @@ Prints one JSON line {"verl", "orders", "failures": [...], "keys": {name: [...]}
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import sys
@@ -55,7 +54,7 @@ def main() -> int:
                          "reward_model": np.array([{"ground_truth": s["ground_truth"]}], dtype=object),
                          "extra_info": np.array([{"index": 0, "split": "train"}], dtype=object)},
         )
-        scored.append((s["name"], asyncio.run(manager.run_single(item))))
+        scored.append((s["name"], manager.loop.run_until_complete(manager.run_single(item))))
 
     def output(result: dict) -> _InternalAgentLoopOutput:
         # an agent loop's padded output for a 2-token prompt and a 3-token response (the tensors don't matter)
