@@ -217,6 +217,43 @@ def test_verl_assembles_batches_mixing_every_reward_path_in_every_order(tmp_path
     assert "truncated_calls" in head_report["keys"]["invalid_json"]
 
 
+# ----------------------------------------------------------------------------- the workers' environment
+@pytest.mark.verl
+@pytest.mark.slow
+def test_verl_ray_workers_get_the_metrics_path_reward_env_and_umask_without_the_driver_env(tmp_path, tiny_model_dir):
+    """On a `ray start` cluster a worker on another node has its raylet's environment, not main_ppo's: the
+    metrics path (VERL_FILE_LOGGER_PATH), the reward's LLMRNN_* settings and umask 077 were lost. verl 0.7.1's
+    own run_ppo builds ray.init's runtime_env from our overrides; a Ray worker started in a process that
+    lacks those variables (umask 022) sees them all and writes files 0600 (tests/verl/ray_env.py)."""
+    from llmrnn.reward import guard_env, reward_env
+    from llmrnn.train.ray_cluster import single_node_overrides
+
+    python = verl_python("0.7.1")
+    work = tmp_path / "train"
+    train = write_parquet(tmp_path / "train.parquet", make_rows(6))
+    env = {"VERL_FILE_LOGGER_PATH": str(work / "state" / "verl metrics.jsonl"),
+           **reward_env(tmp_path / "endpoint.json", work / "audit", {"mode": "scalar", "outcome_epsilon": 0.1}),
+           **guard_env(0.2, 64)}
+    overrides = verl_cmd.build_overrides(
+        dict(REFERENCE), train_parquet=train, val_parquet=None, model_dir=str(tiny_model_dir), out_dir=str(work),
+        experiment_name="t", endpoint_file=str(tmp_path / "endpoint.json"), verl_version="0.7.1",
+    ) + single_node_overrides({"SLURM_CPUS_PER_TASK": "1"}) + verl_cmd.runtime_env_overrides(env)
+    (tmp_path / "overrides.json").write_text(json.dumps(overrides))
+    probe_dir = tmp_path / "probe"
+    probe_dir.mkdir()
+    clean = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(tmp_path)), "HF_HUB_OFFLINE": "1",
+             "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [str(python), str(REPO / "tests" / "verl" / "ray_env.py"), "--overrides", str(tmp_path / "overrides.json"),
+         "--probe-dir", str(probe_dir), "--names", ",".join(verl_cmd.FORWARDED_ENV)],
+        capture_output=True, text=True, env=clean, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["env"] == {k: env.get(k) for k in verl_cmd.FORWARDED_ENV}, report
+    assert report["mode"] == "0o600", report  # rollout dumps with patient text: the user's alone
+    assert report["runtime_env"]["env_vars"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "true"  # verl's own stay
+
+
 # ----------------------------------------------------------------------------- the actor's model load
 ATTN_OVERRIDES = ("+actor_rollout_ref.model.override_config.attn_implementation=",
                   "actor_rollout_ref.model.use_remove_padding=")
