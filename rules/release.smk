@@ -2,6 +2,10 @@
 # must not leak, is the recipe's data: release_reference), and the Hub upload
 # when release.upload is on and a token is in the environment (else the receipt says why not).
 # Deliberately independent of eval: the release never waits for (or reruns with) the evaluation.
+# A local rule: the Hub upload needs the internet, which the login node running Snakemake has and compute
+# nodes often lack (the bundle is small text plus the merged model's files, read once for the PHI scan).
+localrules:
+    release,
 
 
 rule release:

@@ -33,8 +33,9 @@ fresh_venv
 # torch first, pinned to the CPU wheel on disk; every later install keeps it (constraint file).
 echo "torch==2.13.0" > "$CONS"
 pip_install torch==2.13.0
-# tenacity: llmrnn.retry, which llmrnn.reward imports (tests/verl/rehearse_reward.py scores through it here)
-pip_install -c "$CONS" "verl==$VERSION" "${EXTRA[@]}" tenacity
+# tenacity: llmrnn.retry, which llmrnn.reward imports (tests/verl/rehearse_reward.py scores through it here);
+# cachetools: verl's agent loop imports it (tests/verl/assemble_batch.py runs AgentLoopWorker._postprocess)
+pip_install -c "$CONS" "verl==$VERSION" "${EXTRA[@]}" tenacity cachetools
 "$VENV/bin/python" -c "import verl, hydra, omegaconf; print('verl', verl.__version__)"
 echo "$WANT" > "$STAMP"
 echo "built $VENV"

@@ -1,7 +1,8 @@
 """The GPU route's install paths work where they are meant to: `make gpu-env` checks glibc before anything
 else and names the container route in one line (vLLM 0.17.1 ships only manylinux_2_31 wheels), and the
-container definition's install set resolves against the image's stack (the GPU lock: numpy<2) as pip
-would resolve it inside the image, without the lock's override (uv's resolver; metadata only)."""
+container definition installs the GPU lock as written (verl 0.7.1 + vLLM 0.17.1, numpy<2), every locked
+package resolves for the image's platform (uv's resolver; metadata only), and the image checks at build and
+test time that verl and vLLM import at the locked versions (scripts/check_gpu_stack.py, run here too)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from tests.test_gpu_lock import PLATFORM, _pypi_reachable, _uv, pins
+from tests.test_gpu_lock import _pypi_reachable, _uv, pins
 
 DEF = REPO / "profiles" / "slurm" / "llmrnn-verl.def"
 CHECK_GLIBC = REPO / "scripts" / "check_glibc.py"
@@ -28,12 +29,14 @@ def _section(name: str) -> list[str]:
             if line.strip() and not line.strip().startswith("#")]
 
 
-def pip_installs() -> list[list[str]]:
-    """The arguments of each `pip install` in %post, container paths mapped back to the repository (%files)."""
+def installs() -> list[list[str]]:
+    """The words of each `pip install` / `uv pip install` in %post, container paths mapped back to the repository."""
     files = {dst: REPO / src for src, dst in (line.split() for line in _section("files"))}
-    installs = []
+    out = []
     for line in _section("post"):
         words = shlex.split(line)
+        if words[:2] == ["uv", "pip"]:
+            words = words[1:]
         if words[:2] != ["pip", "install"]:
             continue
         args = []
@@ -43,42 +46,68 @@ def pip_installs() -> list[list[str]]:
                 continue
             path = files.get(word) or next((files[d] / word[len(d) + 1:] for d in files if word.startswith(d + "/")), None)
             args.append(str(path) if path is not None else word)
-        installs.append(args)
-    return installs
+        out.append(args)
+    return out
 
 
-@pytest.mark.parametrize("python", ["3.11"])
-def test_container_install_set_resolves_against_the_image_stack(python, tmp_path):
-    installs = pip_installs()
-    assert installs, f"{DEF.name}: no pip install in %post"
-    assert "snakemake-executor-plugin-slurm" not in DEF.read_text()  # numpy>=2.4: Snakemake runs outside
+LOCK = REPO / "envs" / "gpu-lock.txt"
+CHECK_STACK = REPO / "scripts" / "check_gpu_stack.py"
+
+
+def test_container_installs_the_gpu_lock_with_verl_and_vllm_and_checks_them():
+    """verl is in the `gpu` extra, not in llmrnn's dependencies: the image installs the GPU lock itself (as
+    `make gpu-env` does, --no-deps) and then llmrnn, and its %post and %test import verl and vLLM and
+    compare them with the lock's pins (scripts/check_gpu_stack.py)."""
+    steps = installs()
+    lock_installs = [a for a in steps if "-r" in a and a[a.index("-r") + 1] == str(LOCK)]
+    assert lock_installs and "--no-deps" in lock_installs[0], steps
+    project = [a for a in steps if PROJECT in a]
+    assert project and "--no-deps" in project[0], steps
+    assert steps.index(lock_installs[0]) < steps.index(project[0])  # the stack first, then llmrnn on it
+    lock = pins(LOCK.read_text())
+    assert (lock["verl"], lock["vllm"]) == ("0.7.1", "0.17.1")
+    gpu_in = pins("\n".join(line for line in (REPO / "envs" / "gpu.in").read_text().splitlines() if "==" in line))
+    assert {k: lock[k] for k in ("verl", "vllm")} == {k: gpu_in[k] for k in ("verl", "vllm")}
+    check = "python /opt/llmrnn/scripts/check_gpu_stack.py /opt/llmrnn/envs/gpu-lock.txt"
+    assert check in _section("post") and check in _section("test")
+    assert "scripts/check_gpu_stack.py /opt/llmrnn/scripts/check_gpu_stack.py" in _section("files")
+
+
+def test_stack_check_names_what_differs_from_the_lock(tmp_path):
+    """The image's check run here: in the verl 0.7.1 venv (verl at the lock's version, no vLLM, CPU torch)
+    it passes verl and names vLLM; with a lock pinning the installed versions it passes."""
+    python = REPO / ".venv-verl-0.7.1" / "bin" / "python"
+    if not python.exists():
+        pytest.skip("no verl 0.7.1 venv (scripts/make_verl_env.sh 0.7.1)")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "src")}
+    bad = subprocess.run([str(python), str(CHECK_STACK), str(LOCK)], capture_output=True, text=True, env=env,
+                         check=False, timeout=300)
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert "vllm does not import" in bad.stderr and "verl " not in bad.stderr.replace("gpu-lock", "")
+    versions = "import importlib.metadata as m; print(*(m.version(p) for p in ('verl', 'torch', 'transformers')))"
+    have = subprocess.run([str(python), "-c", versions], capture_output=True, text=True, check=True).stdout.split()
+    own = tmp_path / "lock.txt"
+    own.write_text(f"verl=={have[0]}\ntorch=={have[1]}\ntransformers=={have[2]}\n")
+    ok = subprocess.run([str(python), str(CHECK_STACK), str(own), "verl", "torch", "transformers"],  # no vLLM here
+                        capture_output=True, text=True, env=env, check=False, timeout=300)
+    assert ok.returncode == 0 and ok.stdout.startswith(f"verl {have[0]}"), ok.stderr
+
+
+@pytest.mark.slow
+def test_every_locked_package_resolves_for_the_image_platform(tmp_path):
+    """The lock the image installs, package by package (--no-deps, as %post installs it), exists for Linux
+    x86_64 glibc 2.31+ and Python 3.11: uv's resolver, metadata only."""
     if not _pypi_reachable():
         pytest.skip("PyPI is unreachable: the resolver needs package metadata")
-    for args in installs:
-        constraints, reqs, i = [], [], 0
-        while i < len(args):
-            word = args[i]
-            if word in ("-c", "--constraint"):
-                constraints += ["-c", args[i + 1]]
-                i += 2
-                continue
-            if word.startswith("-"):
-                assert word in ("--no-cache-dir",), f"{DEF.name}: pip flag {word} is not modelled by this test"
-            elif word == PROJECT:
-                reqs.append(str(REPO / "pyproject.toml"))  # the llmrnn project itself, with its dependencies
-            else:
-                (tmp_path / "extra.in").write_text(word + "\n")
-                reqs.append(str(tmp_path / "extra.in"))
-            i += 1
-        assert constraints, f"{DEF.name}: pip install {args} is not constrained by the GPU lock"
-        proc = subprocess.run(
-            [_uv(), "pip", "compile", *reqs, *constraints, "--python-version", python, "--python-platform", PLATFORM,
-             "--no-header", "--no-annotate", "--quiet", "--cache-dir", str(tmp_path / "uv-cache")],
-            capture_output=True, text=True, check=False, timeout=600,
-        )
-        assert proc.returncode == 0, f"{DEF.name}: pip install {args} does not resolve:\n{proc.stderr[-3000:]}"
-        resolved = pins(proc.stdout)
-        assert resolved["numpy"].startswith("1.") and resolved["transformers"].startswith("4.57"), resolved
+    proc = subprocess.run(
+        [_uv(), "pip", "compile", str(LOCK), "--no-deps", "--python-version", "3.11", "--python-platform",
+         "x86_64-manylinux_2_31", "--no-header", "--no-annotate", "--quiet", "--cache-dir", str(tmp_path / "uv-cache")],
+        capture_output=True, text=True, check=False, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    resolved = pins(proc.stdout)
+    assert resolved["verl"] == "0.7.1" and resolved["vllm"] == "0.17.1" and resolved["numpy"].startswith("1.")
+    assert resolved["transformers"].startswith("4.57")
 
 
 def test_glibc_check_names_the_container_route():

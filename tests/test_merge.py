@@ -52,7 +52,7 @@ def test_merge_of_a_trl_adapter_passes_every_check(tiny_model_dir, adapter_dir, 
     assert on_disk["ok"] is True and report["ok"] is True
     checks = on_disk["checks"]
     assert set(checks) == {"files", "adapter_loaded", "weights_differ", "logits_match", "reload_generate",
-                           "adapter_config"}
+                           "adapter_config", "rope"}
     assert all(c["ok"] for c in checks.values())
     # 2 layers x (q_proj, v_proj, up_proj) changed, nothing else
     assert checks["weights_differ"]["changed_tensors"] == 6 == checks["weights_differ"]["expected_changed"]
@@ -163,3 +163,48 @@ def test_cli_merge_run_exit_codes(tiny_model_dir, adapter_dir, tmp_path):
     ok = subprocess.run(base + ["--cfg", json.dumps(LORA)], capture_output=True, text=True, check=False)
     assert ok.returncode == 0, ok.stderr
     assert json.loads((tmp_path / "c.json").read_text())["ok"] is True
+
+
+# the RoPE of Llama-3.x as its Hub config.json spells it (transformers 4.x keys)
+LLAMA3_ROPE = {"rope_theta": 500000.0, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                                        "original_max_position_embeddings": 64, "rope_type": "llama3"}}
+
+
+def test_merged_config_keeps_the_base_rope_for_transformers_457_and_vllm(tiny_model_dir, adapter_dir, tmp_path):
+    """merge_model runs in envs/cpu.yaml (transformers 5.x), which writes RoPE only as `rope_parameters`;
+    transformers 4.57 (the GPU lock) and vLLM 0.17 read `rope_theta`/`rope_scaling` and would fall back to
+    theta 10000 without llama3 scaling. The merged config.json, loaded by the GPU lock's transformers, has
+    the base's RoPE; merge_check.json records it."""
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, base)
+    cfg = json.loads((base / "config.json").read_text())
+    cfg.pop("rope_parameters", None)
+    (base / "config.json").write_text(json.dumps({**cfg, **LLAMA3_ROPE}))
+    out, check = tmp_path / "merged", tmp_path / "merge_check.json"
+    report = merge.run_merge(base, adapter_dir, out, check, {"merge": {"dtype": "float32"}, **LORA})
+    assert report["ok"] and report["checks"]["rope"]["ok"], report["checks"].get("rope")
+    written = json.loads((out / "config.json").read_text())
+    assert {k: written.get(k) for k in LLAMA3_ROPE} == LLAMA3_ROPE
+    venv = Path(__file__).resolve().parents[1] / ".venv-gpu-cpu"
+    if not (venv / ".installed-llmrnn").exists():
+        pytest.skip("no .venv-gpu-cpu (the GPU lock's transformers): make .venv-gpu-cpu/.installed-llmrnn")
+    python = venv / "bin" / "python"
+    probe = ("import json, sys; from transformers import AutoConfig, __version__ as v; c = [AutoConfig.from_pretrained(p) "
+             "for p in sys.argv[1:]]; print(json.dumps({'v': v, 'rope': [[x.rope_theta, x.rope_scaling] for x in c]}))")
+    proc = subprocess.run([str(python), "-c", probe, str(base), str(out)], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["v"].startswith("4.57")
+    (base_theta, base_scaling), (theta, scaling) = got["rope"]
+    assert base_theta == theta == 500000.0 and scaling == base_scaling and scaling["rope_type"] == "llama3"
+
+
+def test_a_merged_config_without_the_base_rope_fails_the_check(tiny_model_dir, tmp_path):
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, base)
+    cfg = json.loads((base / "config.json").read_text())
+    (base / "config.json").write_text(json.dumps({**cfg, **LLAMA3_ROPE}))
+    check = merge._rope_check(base, tiny_model_dir)  # a folder written by transformers 5.x alone
+    assert not check["ok"] and check["base"]["rope_theta"] == 500000.0
+    assert "rope:" in merge._failures({"rope": check})[0]

@@ -319,3 +319,33 @@ def test_trl_reward_logs_the_fallback_rate_of_judged_samples(judge_env, monkeypa
     trl_reward_func(["p"] * n, completions, reward_model=[{"ground_truth": STEP}] * n,
                     extra_info=[{"index": 0}] * n, log_metric=lambda name, value: logged.append((name, value)), **kw)
     assert logged == [("judge_fallback_rate", 0.25)]  # 1 of the 4 judged; invalid JSON is not judged
+
+
+# --------------------------------------------------------------------------- one key set on every path
+def _paths_judge(body):
+    """Judged: a score line; fallback: a long answer with no score (0.5); pairwise: a verdict."""
+    text = json.dumps(body)
+    if "unscorable" in text:
+        return "I cannot decide this one, the memory is neither good nor bad in my view, sorry. " * 3
+    return "Score: 8" if "Verdict" not in text else "A"
+
+
+@pytest.mark.parametrize("numeric_only", [True, False], ids=["numeric_only", "full"])
+def test_compute_score_returns_the_same_keys_in_the_same_order_on_every_path(judge_env, numeric_only):
+    """verl 0.7.1 takes a worker's reward-extra keys from its FIRST sample and asserts equal key lists when
+    it concatenates workers (tests/verl/assemble_batch.py runs verl's own code on these outputs): judged,
+    invalid JSON, judge fallback, pairwise and outcome results must all carry one key list."""
+    _, kw = judge_env(_paths_judge)
+    solutions = {"judged": memory("CKD stage 3: watch edema."), "invalid_json": "not JSON at all",
+                 "fallback": memory("unscorable memory")}
+    keys = {}
+    for mode in ("scalar", "pairwise", "outcome"):
+        cfg = dict(kw["reward_cfg"], mode=mode)
+        for path, text in solutions.items():
+            out = compute_score(DS, text, STEP, {}, **dict(kw, reward_cfg=cfg), numeric_only=numeric_only)
+            keys[(mode, path)] = list(out)
+    assert compute_score(DS, solutions["fallback"], STEP, {}, **kw)["parse_method"] == "fallback"
+    first = keys[("scalar", "judged")]
+    assert "truncated_calls" in first and "judge_latency_s" in first
+    for where, got in keys.items():
+        assert got == first, (where, got, first)

@@ -270,3 +270,36 @@ def test_bad_examples_are_one_line_naming_file_and_key(tmp_path, examples, probl
     with pytest.raises(InputError, match=problem) as err:
         load_prompts(path)
     assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_full_history_keeps_the_latest_visits_that_fit_the_prediction_context(prompts, tiny_backend):
+    """Every earlier visit appended without a cap passed max_model_len from about the 6th visit of a real
+    cohort, and vLLM refuses the whole LLM.chat batch for one long prompt. The baseline keeps the most recent
+    visits whose prediction prompt fits (counted with the engine's tokenizer), says how many it left out,
+    and records it; a role without a context window keeps them all."""
+    prompt_tokens: list[int] = []
+
+    class Measured:
+        prompt_lengths = staticmethod(tiny_backend.prompt_lengths)
+
+        def generate(self, conversations, temperature, top_p, max_tokens, seeds=None):
+            prompt_tokens.extend(tiny_backend.prompt_lengths(conversations))
+            return ["{}"] * len(conversations)
+
+    patients = [p for p in synthesize_cohort(6, seed=3) if len(p["visits"]) >= 4][:1]
+    assert patients
+    n = len(patients[0]["visits"])
+    free = {name: Role(name, ScriptedBackend("{}")) for name in rnn.ROLES}
+    full = run_forward(patients, dict(free, prediction=Role("prediction", Measured(), max_tokens=32)), prompts,
+                       memory="full_history")[0]["visits"]
+    assert [v["history_omitted"] for v in full] == [0] * n  # no context window: nothing left out
+    longest = max(prompt_tokens)
+    context = longest - 80 + 32  # the longest prompt no longer fits with its 32 new tokens
+    prompt_tokens.clear()
+    role = Role("prediction", Measured(), max_tokens=32, context=context)
+    capped = run_forward(patients, dict(free, prediction=role), prompts, memory="full_history")[0]["visits"]
+    assert max(prompt_tokens) + 32 <= context, (max(prompt_tokens), context)
+    omitted = [v["history_omitted"] for v in capped]
+    assert omitted[-1] > 0 and omitted[0] == 0, omitted
+    last = capped[-1]["memory_shown"]
+    assert last.startswith(f"({omitted[-1]} earlier visit") and f"Visit {n - 1}:" in last and "Visit 1:" not in last

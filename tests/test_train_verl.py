@@ -155,6 +155,105 @@ def test_rehearsal_verl_scores_our_trajectory_parquet_through_compute_score(tmp_
     assert list((tmp_path / "train" / "audit").glob("*.jsonl"))  # every judge call audited
 
 
+# ----------------------------------------------------------------------------- verl's batch assembly
+@pytest.mark.verl
+def test_verl_assembles_batches_mixing_every_reward_path_in_every_order(tmp_path, tiny_model_dir):
+    """verl 0.7.1's own NaiveRewardManager scores real compute_score outputs (memory head: judged, invalid
+    JSON, judge fallback; qa: tag answer, no answer, judge fallback) through a judge on 127.0.0.1; then its
+    AgentLoopWorker._postprocess and DataProto.concat assemble them in every order, as one worker and as
+    one worker per sample (tests/verl/assemble_batch.py). A key on one path only failed here with KeyError
+    'truncated_calls' (judged first) or an AssertionError in concat (the other orders)."""
+    from tests.judge_helpers import ScriptedJudge, make_step, memory, write_endpoint, write_rubric
+
+    python = verl_python("0.7.1")
+    if subprocess.run([str(python), "-c", "import cachetools"], capture_output=True, check=False).returncode:
+        pytest.skip("the verl 0.7.1 venv predates cachetools in scripts/make_verl_env.sh: `make verl-envs` rebuilds it")
+
+    def judge_answer(body):
+        if "unscorable" in json.dumps(body):
+            return "I cannot decide this one, the text is neither good nor bad in my view, sorry. " * 3
+        return "Score: 8"
+
+    with ScriptedJudge(judge_answer) as judge:
+        endpoint = str(write_endpoint(tmp_path, judge.port, write_rubric(tmp_path)))
+        step = json.dumps(make_step())
+        head = {"path": "pkg://llmrnn.reward", "data_source": "llm_as_rnn_memory_update", "ground_truth": step,
+                "reward_kwargs": {"audit_dir": str(tmp_path / "audit"), "numeric_only": True,
+                                  "endpoint_file": endpoint}}
+        qa_cfg = {"weights": {"exact_match": 1.0, "judge": 0.5}}
+        qa = {"path": "pkg://llmrnn.qa.rewards", "data_source": "llmrnn_qa",
+              "ground_truth": json.dumps({"answer": "B", "question": "Which?", "options": {"A": "x", "B": "y"}}),
+              "reward_kwargs": {"audit_dir": str(tmp_path / "qa_audit"), "numeric_only": True,
+                                "endpoint_file": endpoint, "reward_cfg": qa_cfg}}
+        samples = [
+            dict(head, name="judged", solution_str=memory("CKD stage 3: watch edema at the next visit.")),
+            dict(head, name="invalid_json", solution_str="not JSON at all"),
+            dict(head, name="fallback", solution_str=memory("unscorable memory")),
+        ]
+        qa_samples = [
+            dict(qa, name="qa_tag", solution_str="<reasoning>r</reasoning><answer>B</answer>"),
+            dict(qa, name="qa_none", solution_str=""),
+            dict(qa, name="qa_fallback", solution_str="<answer>unscorable</answer>"),
+        ]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+                   HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+        reports = []
+        for batch in (samples, qa_samples):
+            (tmp_path / "samples.json").write_text(json.dumps(batch))
+            proc = subprocess.run(
+                [str(python), str(REPO / "tests" / "verl" / "assemble_batch.py"), "--samples",
+                 str(tmp_path / "samples.json"), "--model", str(tiny_model_dir)],
+                capture_output=True, text=True, env=env, timeout=600, check=False)
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            reports.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    head_report, qa_report = reports
+    assert head_report["verl"] == "0.7.1" and head_report["orders"] == 6 == qa_report["orders"]
+    assert head_report["scores"] == pytest.approx({"judged": 8 / 9, "invalid_json": 0.05, "fallback": 0.5})
+    assert qa_report["scores"]["qa_tag"] == pytest.approx(1.0 + 0.5 * 8 / 9)
+    assert qa_report["scores"]["qa_fallback"] == pytest.approx(0.25)
+    for report in reports:
+        assert report["failures"] == [], report["failures"]
+        assert len({tuple(k) for k in report["keys"].values()}) == 1, report["keys"]
+    assert "truncated_calls" in head_report["keys"]["invalid_json"]
+
+
+# ----------------------------------------------------------------------------- the workers' environment
+@pytest.mark.verl
+@pytest.mark.slow
+def test_verl_ray_workers_get_the_metrics_path_reward_env_and_umask_without_the_driver_env(tmp_path, tiny_model_dir):
+    """On a `ray start` cluster a worker on another node has its raylet's environment, not main_ppo's: the
+    metrics path (VERL_FILE_LOGGER_PATH), the reward's LLMRNN_* settings and umask 077 were lost. verl 0.7.1's
+    own run_ppo builds ray.init's runtime_env from our overrides; a Ray worker started in a process that
+    lacks those variables (umask 022) sees them all and writes files 0600 (tests/verl/ray_env.py)."""
+    from llmrnn.reward import guard_env, reward_env
+    from llmrnn.train.ray_cluster import single_node_overrides
+
+    python = verl_python("0.7.1")
+    work = tmp_path / "train"
+    train = write_parquet(tmp_path / "train.parquet", make_rows(6))
+    env = {"VERL_FILE_LOGGER_PATH": str(work / "state" / "verl metrics.jsonl"),
+           **reward_env(tmp_path / "endpoint.json", work / "audit", {"mode": "scalar", "outcome_epsilon": 0.1}),
+           **guard_env(0.2, 64)}
+    overrides = verl_cmd.build_overrides(
+        dict(REFERENCE), train_parquet=train, val_parquet=None, model_dir=str(tiny_model_dir), out_dir=str(work),
+        experiment_name="t", endpoint_file=str(tmp_path / "endpoint.json"), verl_version="0.7.1",
+    ) + single_node_overrides({"SLURM_CPUS_PER_TASK": "1"}) + verl_cmd.runtime_env_overrides(env)
+    (tmp_path / "overrides.json").write_text(json.dumps(overrides))
+    probe_dir = tmp_path / "probe"
+    probe_dir.mkdir()
+    clean = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(tmp_path)), "HF_HUB_OFFLINE": "1",
+             "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [str(python), str(REPO / "tests" / "verl" / "ray_env.py"), "--overrides", str(tmp_path / "overrides.json"),
+         "--probe-dir", str(probe_dir), "--names", ",".join(verl_cmd.FORWARDED_ENV)],
+        capture_output=True, text=True, env=clean, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["env"] == {k: env.get(k) for k in verl_cmd.FORWARDED_ENV}, report
+    assert report["mode"] == "0o600", report  # rollout dumps with patient text: the user's alone
+    assert report["runtime_env"]["env_vars"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "true"  # verl's own stay
+
+
 # ----------------------------------------------------------------------------- the actor's model load
 ATTN_OVERRIDES = ("+actor_rollout_ref.model.override_config.attn_implementation=",
                   "actor_rollout_ref.model.use_remove_padding=")

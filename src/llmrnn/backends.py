@@ -271,6 +271,12 @@ class VLLMBackend:
         self.sequences = 0
         self._lora_ids: dict[str, int] = {}
 
+    def prompt_lengths(self, conversations: Sequence[Messages]) -> list[int]:
+        """Tokens of each chat prompt as LLM.chat renders it (the engine's own tokenizer and chat template)."""
+        tok = self.llm.get_tokenizer()
+        return [len(tok.apply_chat_template(list(c), tokenize=True, add_generation_prompt=not _continues(c),
+                                            continue_final_message=_continues(c))) for c in conversations]
+
     def _lora_request(self, lora_path: str | None):
         if lora_path is None:
             return None

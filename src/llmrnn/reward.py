@@ -559,14 +559,24 @@ def _scorer_from(kwargs: dict) -> Scorer:
                       kwargs.pop("audit_dir", None), kwargs.pop("reward_cfg", None))
 
 
+# The keys compute_score returns, in this order, on EVERY path (judged, invalid JSON, judge fallback, pairwise,
+# outcome): verl 0.7.1 builds a worker's reward extras from its first sample's keys (AgentLoopWorker._postprocess)
+# and asserts equal `reward_extra_keys` when it concatenates the workers' chunks (DataProto.concat), so a key
+# present on one path only crashes a batch that mixes paths. A diagnostic a path has no value for gets NEUTRAL's.
+PUBLIC_KEYS = ("score", "judge_score", "outcome", "parse_method", "valid_json", "judge_latency_s", "retries",
+               "judge_calls", "cache_hits", "raw_score", "truncated_calls")
+NEUTRAL = {"raw_score": None, "truncated_calls": 0}  # no judge answer: no raw number, none cut off
+PARSE_FLAGS = ("expected", "score_line", "short_digit", "fallback", "invalid_json", "pairwise", "outcome")
+
+
 def _public(result: dict, numeric_only: bool) -> dict:
-    out = {k: v for k, v in result.items() if k not in ("digit_probs", "pairwise")}
+    out = {k: result.get(k, NEUTRAL.get(k)) for k in PUBLIC_KEYS}
     if out.get("judge_score") is None:
         out["judge_score"] = out["score"]
     if numeric_only:  # some trainers average every extra key: keep numbers, encode the method as flags
         method = out.pop("parse_method")
         out.pop("raw_score", None)
-        for m in ("expected", "score_line", "short_digit", "fallback", "invalid_json", "pairwise", "outcome"):
+        for m in PARSE_FLAGS:
             out[f"parse_{m}"] = float(method == m)
         out["valid_json"] = float(out["valid_json"])
     return out

@@ -105,6 +105,14 @@ class Role:
     temperature: float = 0.7
     top_p: float = 0.95
     max_tokens: int = 256
+    context: int | None = None  # the engine's context window (roles.<name>.max_model_len), when one is set
+
+    def prompt_room(self, conversations: Sequence[list[dict]]) -> list[int] | None:
+        """Tokens left in the context after each prompt and max_tokens (None: no window set or no tokenizer)."""
+        lengths = getattr(self.backend, "prompt_lengths", None)
+        if not self.context or lengths is None:
+            return None
+        return [self.context - n - self.max_tokens for n in lengths(conversations)]
 
     def generate(self, conversations: Sequence[list[dict]], seeds: Sequence[int] | None = None) -> list[str]:
         if not conversations:
@@ -155,6 +163,7 @@ def make_roles(roles_cfg: dict, model_paths: dict[str, str] | None = None, cache
             temperature=float(cfg.get("temperature", 0.7)),
             top_p=float(cfg.get("top_p", 0.95)),
             max_tokens=int(cfg.get("max_tokens", 256)),
+            context=int(cfg["max_model_len"]) if cfg.get("max_model_len") else None,
         )
     return roles
 
@@ -273,8 +282,10 @@ class _ForwardRun:
     def start_record(self, s: dict, t: int) -> dict:
         visit = s["patient"]["visits"][t]
         truth = parse_diagnoses((visit.get("clinical_sections") or {}).get("discharge_diagnosis"))
+        visit_text = self.prompts.render_visit(visit)
+        omitted = 0
         if self.memory == "full_history":
-            shown = "\n\n".join(s["history"]) or self.prompts.initial_memory
+            shown, omitted = self.fit_history(s["history"], visit_text, t)
         else:
             shown = summary_text(s["h"])
         return {
@@ -282,11 +293,41 @@ class _ForwardRun:
             "visit_id": str(visit.get("visit_id")),
             "ground_truth": truth,
             "h_prev": s["h"],
-            "_visit_text": self.prompts.render_visit(visit),
+            "_visit_text": visit_text,
             "_memory_text": shown,
-            # full_history's memory is not h: keep what was shown (eval's memory recall reads it)
-            **({"memory_shown": shown} if self.memory == "full_history" else {}),
+            # full_history's memory is not h: keep what was shown (eval's memory recall reads it), and how
+            # many of the earliest visits were left out to fit the prediction model's context window
+            **({"memory_shown": shown, "history_omitted": omitted} if self.memory == "full_history" else {}),
         }
+
+    def fit_history(self, history: list[str], visit_text: str, t: int) -> tuple[str, int]:
+        """full_history's memory: the most recent earlier visits whose prediction prompt fits the prediction
+        role's context (max_model_len - max_tokens, counted with its engine's tokenizer); the earliest are left
+        out first and the text says how many. vLLM refuses a whole batch when one prompt is too long."""
+        role = self.roles["prediction"]
+
+        def text(kept: list[str]) -> str:
+            body = "\n\n".join(kept) or self.prompts.initial_memory
+            left = len(history) - len(kept)
+            return (f"({left} earlier visit{'s' if left != 1 else ''} left out to fit the model's context)\n\n"
+                    + body) if left else body
+
+        def room(kept: list[str]) -> int | None:
+            conv = self.prompts.prediction.messages({"memory": text(kept), "visit": visit_text, "visit_number": t + 1})
+            rooms = role.prompt_room([conv])
+            return None if rooms is None else rooms[0]
+
+        kept = list(history)
+        if room(kept) is None:
+            return text(kept), 0
+        lo, hi = 0, len(kept)  # the fewest visits to leave out (room shrinks as more visits are kept)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if room(kept[mid:]) >= 0:
+                hi = mid
+            else:
+                lo = mid + 1
+        return text(kept[lo:]), lo
 
     def predict(self, t: int, recs: list[dict], keys: list[tuple[str, int]]) -> None:
         """(h_{t-1}, x_t) -> y_t"""

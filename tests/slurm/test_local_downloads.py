@@ -16,6 +16,7 @@ from tests.slurm.test_profile import _clean_env, _dry_run
 pytestmark = pytest.mark.slow
 
 DOWNLOADS = {"prepare_base_model", "prepare_judge_model"}
+UPLOAD = "release"  # the Hub upload: the login node has the internet, compute nodes often not
 
 # Snakemake's dry run prints every job as `rule` ("we don't know how the user wants to execute", jobs.py),
 # so ask the workflow itself which rules it runs locally under an executor (Workflow.is_local without
@@ -47,7 +48,8 @@ def test_hub_downloads_run_on_the_login_node(workflow_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     local = set(json.loads(proc.stdout.strip().splitlines()[-1]))
     assert DOWNLOADS <= local, local
-    assert not DOWNLOADS & set(profile.get("groups", {})), profile.get("groups")  # a group would be submitted
+    assert UPLOAD in jobs and UPLOAD in local, local  # release.upload on a compute node fails at the last step
+    assert not (DOWNLOADS | {UPLOAD}) & set(profile.get("groups", {})), profile.get("groups")  # a group would be submitted
     assert not {"train_grpo", "eval_shard", "trajectory_shard", "judge_server"} & local  # GPU work is submitted
     # the same literal plan grades test patients locally: no hosted final judge unless the config opts in
     trained = [j for j in parse_dry_run(text) if j.rule == "eval_shard" and "--variant trained" in j.shell]

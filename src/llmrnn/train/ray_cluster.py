@@ -195,7 +195,8 @@ def cmd_node(args) -> int:
     cmd = node_command(head=args.head, address=args.address, node_ip=node_address(node), port=args.port,
                        num_cpus=cpus, num_gpus=args.num_gpus, tmp=tmp)
     log.info("ray node %s: %s", node, " ".join(cmd))
-    proc = subprocess.Popen(cmd)
+    # umask 077 for the raylet and every worker it forks: rollout dumps and audits hold patient text
+    proc = subprocess.Popen(cmd, umask=0o077)
     stopping: list[int] = []
 
     def stop(signum, _frame):
@@ -215,6 +216,13 @@ def cmd_node(args) -> int:
     finally:
         n = reap(tmp, grace_s=5.0)
         log.info("ray node %s: stopped (%d leftover process(es) signalled), %s removed", node, n, tmp)
+
+
+def private_worker() -> None:
+    """Ray's `worker_process_setup_hook` for verl's workers (llmrnn.train.verl_cmd.runtime_env_overrides):
+    umask 077 in every worker process on every node, whatever umask its raylet was started with, so the
+    rollout dumps and reward audits it writes (patient text) are readable by the user alone."""
+    os.umask(0o077)
 
 
 def job_processes(marker: str) -> list[int]:

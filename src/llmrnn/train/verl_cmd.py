@@ -23,7 +23,7 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
-from llmrnn.reward import reward_env
+from llmrnn.reward import ENV_AUDIT, ENV_CFG, ENV_ENDPOINT, ENV_GUARD, ENV_RUBRIC, reward_env
 from llmrnn.train import config as tcfg
 from llmrnn.train import tracking
 from llmrnn.train.checkpoints import discard_stale_checkpoints, run_fingerprint
@@ -191,6 +191,22 @@ def build_overrides(
     return items
 
 
+# What verl's Ray workers need from the training job's environment: verl's file logger path (the metrics) and
+# the reward's LLMRNN_* settings. A worker on another node of a `ray start` cluster gets its raylet's
+# environment plus the job's runtime_env, never the driver's: main_ppo merges ray_kwargs.ray_init.runtime_env
+# into the runtime_env of its ray.init (verl 0.7.1 trainer/main_ppo.py run_ppo), so they travel there, with
+# a setup hook that sets umask 077 in every worker process.
+FORWARDED_ENV = ("VERL_FILE_LOGGER_PATH", ENV_ENDPOINT, ENV_RUBRIC, ENV_AUDIT, ENV_CFG, ENV_GUARD)
+WORKER_SETUP_HOOK = "llmrnn.train.ray_cluster.private_worker"
+
+
+def runtime_env_overrides(env: dict) -> list[str]:
+    """Hydra overrides putting FORWARDED_ENV (those set in `env`) and the umask hook into verl's runtime_env."""
+    items = [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_hydra_value(str(env[k]))}"
+             for k in FORWARDED_ENV if env.get(k)]
+    return items + [f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={WORKER_SETUP_HOOK}"]
+
+
 def command(overrides: list[str], python: str | None = None) -> list[str]:
     return [python or sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
 
@@ -305,6 +321,7 @@ def run(
         with open(out / "state" / "verl_metrics.previous.jsonl", "ab") as fh:
             fh.write(file_log.read_bytes())
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(file_log), **reward_env(endpoint_file, out / "audit")}
+    overrides += runtime_env_overrides(env)  # every Ray worker, on every node, gets them (and umask 077)
     # CUDA_VISIBLE_DEVICES was narrowed by llmrnn.gpus.assign("train", ...) in the CLI (judge GPUs taken last)
     seen: set[int] = set(range(1, start + 1))
     follow = lambda: _follow_metrics(file_log, writer, seen, planned, out / "rollouts")

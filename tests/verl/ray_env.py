@@ -1,0 +1,74 @@
+"""Runs INSIDE the verl 0.7.1 venv: what verl's Ray workers get of the training job's environment.
+
+    env -i PATH=... .venv-verl-0.7.1/bin/python tests/verl/ray_env.py --overrides o.json --probe-dir DIR
+
+Started with an environment that LACKS the training job's variables and with umask 022, like a worker node
+of a `ray start` cluster (its raylet was started before the job, by srun). verl's own main_ppo.run_ppo
+builds the ray.init arguments from our composed overrides (stopped right at ray.init, whose arguments are
+kept); a local Ray is then started with exactly those arguments and a Ray task (a worker process, as
+verl's TaskRunner and FSDP workers are) reports the variables it sees and the mode of a file it writes.
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+class _Captured(Exception):
+    pass
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--overrides", required=True)
+    ap.add_argument("--probe-dir", required=True)
+    ap.add_argument("--names", required=True, help="comma-separated variables to report")
+    args = ap.parse_args()
+    os.umask(0o022)
+
+    import ray
+    from check_verl import composed
+    from verl.trainer import main_ppo
+
+    config = composed(args.overrides)
+    captured = {}
+
+    def fake_init(**kwargs):
+        captured.update(kwargs)
+        raise _Captured
+
+    real_init = main_ppo.ray.init
+    main_ppo.ray.init = fake_init
+    try:
+        main_ppo.run_ppo(config)
+    except _Captured:
+        pass
+    finally:
+        main_ppo.ray.init = real_init
+    kwargs = dict(captured)
+    kwargs.update(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(**kwargs)
+    names = args.names.split(",")
+
+    @ray.remote
+    def probe(path: str) -> dict:
+        with open(path, "w") as fh:
+            fh.write("patient text\n")
+        return {"env": {n: os.environ.get(n) for n in names}, "mode": oct(os.stat(path).st_mode & 0o777)}
+
+    try:
+        seen = ray.get(probe.remote(os.path.join(args.probe_dir, "rollout.jsonl")))
+    finally:
+        ray.shutdown()
+    print(json.dumps({"runtime_env": captured.get("runtime_env"), **seen}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
