@@ -277,7 +277,14 @@ def test_free_text_answers_are_judge_graded_where_a_judge_is_configured():
                                                                 "results/qa_ecg_repro/eval/sft/test.judged.jsonl",
                                                                 "results/qa_ecg_repro/eval/grpo/test.judged.jsonl"]
     assert repro.qa_answer_files() == [p.replace(".judged", "") for p in repro.qa_judged_files()]
-    assert json.loads(repro.qa_judge_cfg()) == {"eval": {"k": 8, "judge_threshold": 0.5}, "max_fallback_rate": 0.25}
+    judge_cfg = json.loads(repro.qa_judge_cfg())
+    assert {k: judge_cfg[k] for k in ("eval", "max_fallback_rate")} == {"eval": {"k": 8, "judge_threshold": 0.5},
+                                                                       "max_fallback_rate": 0.25}
+    # every wait on the judge is bounded by the config's reward settings (not the library's defaults)
+    assert {"timeout_s", "retries", "health_timeout_s", "call_budget_s", "dead_after_s"} <= set(judge_cfg["reward"])
+    assert "mode" not in judge_cfg["reward"]  # the judge grades whatever reward.mode trains with
+    quick = plan_of(QA_REPRODUCE, overlay={"reward": {"timeout_s": 7}})
+    assert json.loads(quick.qa_judge_cfg())["reward"]["timeout_s"] == 7
     assert repro.release_rubric_input() == {"rubric": "config/rubrics/qa_correctness_rubricarm.yaml"}
     stricter = plan_of(QA_REPRODUCE, overlay={"qa": {"eval": {"judge_threshold": 0.8}}})
     assert stricter.qa_eval_cfg() == repro.qa_eval_cfg() and stricter.qa_judge_cfg() != repro.qa_judge_cfg()

@@ -151,3 +151,31 @@ def test_compare_with_the_same_folder_and_a_non_utf8_system_prompt_are_refused(t
                           input=b"", capture_output=True, check=False)
     assert proc.returncode == 2 and proc.stderr.decode().strip().splitlines() == [
         "llmrnn chat: error: --system: character 3: not UTF-8 text"]
+
+
+def test_a_huge_line_is_refused_before_tokenising_and_the_chat_goes_on(tiny_model_dir):
+    """A 13 MB line (main: 2.6 GB and 24 s in the tokenizer; 66 MB aborted it): refused by its bytes against
+    a bound from the model's context, read in bounded chunks, then the next line is answered."""
+    wrapper = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], stdin=sys.stdin); "
+               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, p.returncode, file=sys.stderr)")
+    huge = b"word " * 2_600_000  # 13 MB, no newline until its end
+    proc = subprocess.run([sys.executable, "-c", wrapper, LLMRNN, "chat", "--model", str(tiny_model_dir),
+                           "--max-new-tokens", "2"], input=huge + b"\nhello\n/quit\n", capture_output=True,
+                          check=False, timeout=120)
+    err = proc.stderr.decode().strip().splitlines()
+    assert len(err) == 2, err
+    assert err[0].startswith("llmrnn chat: input line 1: 13000000 bytes, not tokenised: a line over ") and err[0].endswith(
+        "exceed the model model's context of 2048; not sent (shorten the line)"), err
+    maxrss_kb, rc = map(int, err[1].split())
+    assert rc == 2 and maxrss_kb < 1_500_000, err  # the line was never held whole nor tokenised
+    out = proc.stdout.decode()
+    assert "bye" in out and out.count("you> ") == 3  # hello was answered: the conversation went on
+
+
+def test_a_system_prompt_longer_than_the_context_is_blamed_on_the_system_prompt(tiny_model_dir):
+    proc = _chat("--model", str(tiny_model_dir), "--max-new-tokens", "2", "--system", "word " * 3000,
+                 stdin=b"hello\n/quit\n")
+    err = proc.stderr.decode().strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1, err
+    assert err[0].startswith("llmrnn chat: error: --system: the system prompt takes ") and "shorten the system prompt" in err[0]
+    assert "line" not in err[0].split("leaves no room")[0]  # the user's line is not blamed

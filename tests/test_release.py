@@ -433,3 +433,41 @@ def test_card_names_the_checkpoint_merged_and_why(inputs, tmp_path, monkeypatch)
     assert "| `checkpoint merged` | step 2 (train.select best_val) |" in card and f"| `why this step` | {why} |" in card
     manifest = json.loads((out / "MANIFEST.json").read_text())
     assert manifest["training"]["checkpoint"] == {"step": 2, "select": "best_val", "why": why, "val_reward": 0.556}
+
+
+def test_a_second_release_of_a_run_while_one_runs_stops_and_leaves_the_first_alone(inputs, tmp_path):
+    """Two releases of one run at once (two real processes): the first holds the run's lock and its own
+    stage; the second stops at once with one line naming the first's pid, neither uploads nor removes the
+    first's stage, and writes nothing. When the first is done, a release runs again."""
+    import os
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    code = ("import sys, time; from pathlib import Path; from llmrnn import release\n"
+            "with release.run_lock(Path(sys.argv[1])):\n"
+            "    stage = Path(sys.argv[1]) / '.bundle.abcd1234.tmp'; stage.mkdir(); (stage / 'w').write_text('x')\n"
+            "    print('locked', flush=True); sys.stdin.read()\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(release.__file__).parents[1])}
+    first = subprocess.Popen([sys.executable, "-c", code, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env=env)
+    try:
+        assert first.stdout.readline().strip() == "locked"
+        out = run / "release"
+        cfg = json.dumps({"run_name": "demo", "release": {"upload": True}, "knobs": KNOBS})
+        second = subprocess.run(
+            [sys.executable, "-m", "llmrnn.cli", "release", "build", "--merged", str(inputs["merged"]),
+             "--merge-check", str(inputs["merge_check"]), "--splits", str(inputs["splits"]),
+             "--split-files", *inputs["split_files"], "--metrics", str(inputs["metrics"]),
+             "--rubric", str(inputs["rubric"]), "--cfg", cfg, "--card", str(out / "README.md"),
+             "--manifest", str(out / "MANIFEST.json"), "--receipt", str(out / "upload_receipt.json")],
+            capture_output=True, text=True, check=False, env={**env, "HF_TOKEN": "hf_test"}, timeout=120)
+        lines = [line for line in second.stderr.splitlines() if line.strip()]
+        assert second.returncode == 3 and len(lines) == 1, second.stderr
+        assert f"another release of {run} is running (pid {first.pid})" in lines[0]
+        assert (run / ".bundle.abcd1234.tmp" / "w").is_file()  # the first's stage is untouched
+        assert not out.exists()
+    finally:
+        first.communicate("", timeout=30)
+    assert first.returncode == 0
+    run_release(inputs, run / "release")  # the lock went with the first process

@@ -203,6 +203,26 @@ def test_missing_audit_dir_is_a_clear_error(monkeypatch, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_full_disk_under_the_audit_is_one_line_naming_the_audit_file(tmp_path):
+    """The training reward's audit writer on a full disk (its file is /dev/full: every write fails with
+    ENOSPC): one CheckFailed naming the audit file, no OSError traceback; the same for an audit dir that
+    cannot be made."""
+    import os
+
+    from llmrnn.errors import CheckFailed
+
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    (audit / f"calls_{os.getpid()}.jsonl").symlink_to("/dev/full")
+    with pytest.raises(CheckFailed, match=rf"{audit}/calls_{os.getpid()}\.jsonl: cannot write the judge audit "
+                                         r"\(No space left on device\)"):
+        compute_score(DS, "not json", STEP, {}, audit_dir=str(audit), reward_cfg={"mode": "outcome"})
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with pytest.raises(CheckFailed, match="cannot write the judge audit"):
+        compute_score(DS, "not json", STEP, {}, audit_dir=str(blocked / "audit"), reward_cfg={"mode": "outcome"})
+
+
 # --------------------------------------------------------------------------- pairwise
 _PAIR = re.compile(r"Memory A:\n(.*?)\n\nMemory B:\n(.*?)\n\nReply", re.DOTALL)
 

@@ -7,7 +7,11 @@ the first model that is not a merge: the untrained base; a model that was never 
 weights equal its base's) is refused, since it would be compared with itself.
 
 A line that is not UTF-8, or that does not fit the model's context with --max-new-tokens left for the
-answer, is refused with one line and not sent; the chat goes on, and its exit status is then 2.
+answer, is refused with one line and not sent; the chat goes on, and its exit status is then 2. A line is
+read at most line_byte_limit() bytes at a time: a longer one (it could not fit: no token of the model's
+vocabulary is that long) is refused before it is tokenised and its rest skipped in bounded chunks, so a
+huge line costs neither the memory nor the time of tokenising it. A system prompt that leaves no room in
+the context is refused at the start, naming --system.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ from llmrnn.models import model_folder
 
 PROMPT = "you> "
 REFUSED_EXIT = 2
+# The bytes one token may stand for, at most, in the line bound (a model's longest vocabulary entry, capped:
+# longer entries are runs of spaces or dashes that no typed line is made of).
+MAX_BYTES_PER_TOKEN = 32
+SKIP_CHUNK = 1 << 20
 
 
 def _number(kind, name: str, lo: float | None = None, hi: float | None = None, lo_open: bool = False):
@@ -103,6 +111,28 @@ def context_limit(gen) -> int | None:
     return None
 
 
+def bytes_per_token(gen) -> int:
+    """The most bytes one token of the model's vocabulary spells (UTF-8 of its entry), at most
+    MAX_BYTES_PER_TOKEN."""
+    vocab = gen.tokenizer.get_vocab()
+    longest = max((len(t.encode("utf-8", "replace")) for t in vocab), default=MAX_BYTES_PER_TOKEN)
+    return max(1, min(longest, MAX_BYTES_PER_TOKEN))
+
+
+def line_byte_limit(gens: dict, max_new: int) -> tuple[int, str, int] | None:
+    """(bytes, model name, its context) of the longest line any model could take: the context left after
+    max_new tokens x the most bytes a token spells. A longer line cannot fit and is never tokenised."""
+    best = None
+    for name, gen in gens.items():
+        limit = context_limit(gen)
+        if limit is None:
+            continue
+        nbytes = (limit - max_new) * bytes_per_token(gen)
+        if best is None or nbytes < best[0]:
+            best = (nbytes, name, limit)
+    return best
+
+
 def prompt_tokens(gen, history: list[dict]) -> int:
     """Tokens of the chat as Generator.generate sends it (template + generation prompt)."""
     text = gen.tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=False)
@@ -131,10 +161,44 @@ def _too_long(gens: dict, histories: dict, text: str, max_new: int) -> str | Non
     return None
 
 
-def _lines(stdin):
-    """Input lines as (text or None, problem): bytes decoded as UTF-8 one line at a time."""
+def _check_system(gens: dict, system: list[dict], max_new: int, bound: tuple[int, str, int] | None) -> None:
+    """The system prompt must leave room for a line and the answer in every model's context: else one line
+    naming --system (not a user line, which would then be refused one by one)."""
+    text = system[0]["content"]
+    if bound and len(text.encode("utf-8")) > bound[0]:
+        raise InputError(f"--system: {len(text.encode('utf-8'))} bytes, more than fit in the {bound[1]} model's "
+                         f"context of {bound[2]} tokens with --max-new-tokens {max_new} left; shorten the system "
+                         "prompt")
+    for name, gen in gens.items():
+        limit = context_limit(gen)
+        if limit is None:
+            continue
+        used = prompt_tokens(gen, [*system, {"role": "user", "content": ""}])
+        if used + max_new >= limit:
+            raise InputError(f"--system: the system prompt takes {used} tokens; with --max-new-tokens {max_new} "
+                             f"that leaves no room for a line in the {name} model's context of {limit}; shorten "
+                             "the system prompt")
+
+
+def _lines(stdin, bound: tuple[int, str, int] | None = None):
+    """Input lines as (text or None, problem): bytes decoded as UTF-8 one line at a time, each read at most
+    bound[0] bytes (+1) at a time; a longer line is a problem and its rest is skipped in bounded chunks."""
     source = getattr(stdin, "buffer", None)
-    for number, raw in enumerate(iter(source.readline if source else stdin.readline, b"" if source else ""), 1):
+    read = source.readline if source else stdin.readline
+    newline = b"\n" if source else "\n"
+    max_bytes = bound[0] if bound else None
+    number = 0
+    while raw := (read(max_bytes + 1) if max_bytes else read()):
+        number += 1
+        if max_bytes and len(raw) > max_bytes and not raw.endswith(newline):
+            size = len(raw)
+            while raw and not raw.endswith(newline):  # the rest of the line, never held whole
+                raw = read(SKIP_CHUNK)
+                size += len(raw)
+            size -= 1 if raw.endswith(newline) else 0
+            yield None, (f"input line {number}: {size} bytes, not tokenised: a line over {max_bytes} bytes would "
+                         f"exceed the {bound[1]} model's context of {bound[2]}; not sent (shorten the line)")
+            continue
         if isinstance(raw, str):
             yield raw, None
             continue
@@ -161,11 +225,14 @@ def run_chat(args: argparse.Namespace, stdin=None, stdout=None) -> int:
             raise InputError(f"--max-new-tokens: {args.max_new_tokens} leaves no room for a prompt in the {name} "
                              f"model's context of {limit} tokens")
     system = [{"role": "system", "content": args.system}] if args.system else []
+    bound = line_byte_limit(gens, args.max_new_tokens)
+    if system:
+        _check_system(gens, system, args.max_new_tokens, bound)
     histories = {name: list(system) for name in gens}
     names = ", ".join(f"{n}={p}" for n, p in models.items())
     print(f"chat with {names}; /reset clears the conversation, /quit leaves", file=stdout, flush=True)
     refused = 0
-    lines = _lines(stdin)
+    lines = _lines(stdin, bound)
     while True:
         print(PROMPT, end="", file=stdout, flush=True)
         line, problem = next(lines, ("", None))

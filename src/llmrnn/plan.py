@@ -545,9 +545,12 @@ class Plan:
 
     def qa_judge_cfg(self) -> str:
         """params of qa_judge_eval: the grading threshold and the fallback bar preflight holds the judge to."""
+        from llmrnn.reward import judge_wait_cfg
+
         ev = self.config["qa"]["eval"]
         return _json({"eval": {"k": ev["k"], "judge_threshold": ev["judge_threshold"]},
-                      "max_fallback_rate": self.config["preflight"]["max_fallback_rate"]})
+                      "max_fallback_rate": self.config["preflight"]["max_fallback_rate"],
+                      "reward": judge_wait_cfg(self.config.get("reward"))})
 
     def qa_eval_cfg(self) -> str:
         """The eval knobs + the qa prompt: the evaluation asks in the system prompt training used. The

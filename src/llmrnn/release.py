@@ -799,6 +799,33 @@ def _walk_regular(folder: Path, shown: str, rel: str = "") -> list[tuple[str, Pa
     return out
 
 
+LOCK_FILE = ".release.lock"
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path):
+    """An exclusive lock on the run's releases (flock on RUN/.release.lock, never waited for): a second
+    release of the same run at the same time stops with one line naming the first's pid, before it stages,
+    removes a stage or uploads anything. The lock goes with the process (also when it is killed)."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise CheckFailed(f"another release of {run_dir} is running (pid {holder}); nothing was staged or "
+                              "uploaded, rerun when it is done") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def remove_stale_stages(parent: Path) -> None:
     """Stage folders of an earlier release that was killed (each holds a full copy of the model)."""
     for old in parent.glob(f"{STAGE_PREFIX}*{STAGE_SUFFIX}"):
@@ -913,9 +940,15 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
     chosen = _chosen_checkpoint(train_summary)  # before anything is written: a missing summary is one line
     # the receipt's temp is entered first, so it is renamed into place last
     with _release_outputs(receipt_out, card_out, manifest_out) as (receipt_tmp, card_tmp, manifest_tmp):
+        run_dir = Path(card_out).parent.parent
+        locked = contextlib.ExitStack()  # the run's lock: from before any stage is made or removed to the end
         try:
-            stage, staged = stage_model_files(merged, Path(card_out).parent.parent)
-        except OSError as exc:  # a full disk, an unwritable run folder: nothing was scanned or uploaded
+            locked.enter_context(run_lock(run_dir))
+            stage, staged = stage_model_files(merged, run_dir)
+        except BaseException as exc:
+            locked.close()
+            if not isinstance(exc, OSError):
+                raise  # a full disk, an unwritable run folder: nothing was scanned or uploaded
             raise InputError(f"{Path(card_out).parent.parent}: cannot stage the release bundle there "
                              f"({exc.strerror or type(exc).__name__}); nothing was uploaded") from None
         try:
@@ -936,6 +969,7 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
                 raise InputError(f"{receipt_out}: cannot write the receipt ({exc.strerror}); {done}") from None
         finally:
             _remove_stage(stage)
+            locked.close()
     log.info("release: card %s, manifest %s, uploaded=%s", card_out, manifest_out, receipt["uploaded"])
     return receipt
 

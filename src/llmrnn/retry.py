@@ -40,26 +40,41 @@ class RetryPolicy:
     retries: int = 4  # tries after the first
     backoff_s: float = 0.5  # first wait; doubles per try
     backoff_max_s: float = 8.0
+    budget_s: float | None = None  # the whole call, every try and wait together; None = tries x timeout
 
     def post_json(self, client, url: str, body: dict, *, headers: dict | None = None,
-                  check: Callable[[object], str | None] | None = None) -> tuple[dict, float, int]:
+                  check: Callable[[object], str | None] | None = None,
+                  sleep: Callable[[float], object] | None = None) -> tuple[dict, float, int]:
         """POST `body` as JSON through an httpx.Client; return (payload, latency of the good try in s,
-        retries used). `check(payload)` returns a problem (retried like a transport failure) or None."""
-        from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+        retries used). `check(payload)` returns a problem (retried like a transport failure) or None.
+        No try starts after `budget_s`; `sleep` waits between tries (an Event's wait can cut it short)."""
+        from tenacity import (
+            Retrying,
+            retry_if_exception_type,
+            stop_after_attempt,
+            stop_after_delay,
+            wait_exponential,
+        )
 
+        stop = stop_after_attempt(self.retries + 1)
+        if self.budget_s is not None:
+            stop = stop | stop_after_delay(self.budget_s)
         retrying = Retrying(
-            stop=stop_after_attempt(self.retries + 1),
+            stop=stop,
             wait=wait_exponential(multiplier=self.backoff_s, max=self.backoff_max_s),
             retry=retry_if_exception_type(Transient),
             reraise=True,
+            sleep=sleep or time.sleep,
         )
+        tries = 0
         try:
             for attempt in retrying:
                 with attempt:
+                    tries = attempt.retry_state.attempt_number
                     payload, latency = _one_try(client, url, body, headers, check)
                     return payload, latency, attempt.retry_state.attempt_number - 1
         except Transient as exc:
-            raise RetriesExhausted(self.retries + 1, str(exc)) from None
+            raise RetriesExhausted(tries, str(exc)) from None
         raise AssertionError("unreachable: tenacity either returns or re-raises")  # pragma: no cover
 
 

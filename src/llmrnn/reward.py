@@ -44,13 +44,14 @@ calls, counted as `cache_hit`. Every scored sample is appended to RUN/train/audi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import threading
 import time
 from collections import OrderedDict, deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, fields
 from functools import partial
 from pathlib import Path
@@ -58,7 +59,7 @@ from typing import Any
 
 from llmrnn import jsonparse
 from llmrnn.constants import DATA_SOURCE
-from llmrnn.errors import InputError, LlmrnnError
+from llmrnn.errors import CheckFailed, InputError, LlmrnnError
 from llmrnn.judge.client import Endpoint, JudgeClient, JudgeUnavailable, wait_for_endpoint
 from llmrnn.matching import anticipated_share
 from llmrnn.rubric import (
@@ -102,6 +103,8 @@ class RewardConfig:
     timeout_s: float = 300.0
     health_timeout_s: float = 900.0
     cache_size: int = 4096
+    call_budget_s: float = 900.0  # one judge call, every try and wait together
+    dead_after_s: float = 30.0  # a judge that is certainly gone (dead pid, refused port) fails the wait then
 
     @classmethod
     def from_any(cls, value: Any) -> RewardConfig:
@@ -132,6 +135,17 @@ class RewardConfig:
     def judged(self) -> bool:
         """Scalar and pairwise modes ask the judge; outcome mode scores the memory's recall alone."""
         return self.mode != "outcome"
+
+
+# The settings that bound every wait on the judge (health, each call, the whole call, a gone judge): what
+# any command that asks the judge gets from config section `reward` (`qa judge` too, whatever the mode).
+JUDGE_WAIT_KEYS = ("max_concurrency", "retries", "backoff_s", "backoff_max_s", "timeout_s", "health_timeout_s",
+                   "call_budget_s", "dead_after_s")
+
+
+def judge_wait_cfg(reward: dict | None) -> dict:
+    """The JUDGE_WAIT_KEYS of config section `reward` (absent keys keep RewardConfig's defaults)."""
+    return {k: v for k, v in (reward or {}).items() if k in JUDGE_WAIT_KEYS}
 
 
 NO_JUDGE = "reward.mode outcome asks no judge"  # why preflight and training run without an endpoint
@@ -184,16 +198,26 @@ class AuditLog:
         return self.directory / f"calls_{os.getpid()}.jsonl"
 
     def write(self, record: dict) -> None:
+        """Append one record; a full disk or an unwritable audit dir is one CheckFailed naming the file
+        (every scored sample must be audited: scoring stops rather than goes on unaudited)."""
         line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
         with self._lock:
-            if self._fh is None or self._pid != os.getpid():
-                self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                os.fchmod(fd, 0o600)
-                self._fh = os.fdopen(fd, "a", encoding="utf-8")
-                self._pid = os.getpid()
-            self._fh.write(line)
-            self._fh.flush()
+            try:
+                if self._fh is None or self._pid != os.getpid():
+                    self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                    os.fchmod(fd, 0o600)
+                    self._fh = os.fdopen(fd, "a", encoding="utf-8")
+                    self._pid = os.getpid()
+                self._fh.write(line)
+                self._fh.flush()
+            except OSError as exc:
+                fh, self._fh = self._fh, None  # a half-written line is not appended to on the next try
+                if fh is not None:
+                    with contextlib.suppress(OSError):
+                        fh.close()
+                raise CheckFailed(f"{self.path}: cannot write the judge audit ({exc.strerror or exc}); "
+                                  "free disk space or fix the audit directory, then rerun") from None
 
 
 # ----------------------------------------------------------------------------- fallback guard
@@ -296,14 +320,16 @@ class Scorer:
         if not endpoint_file:
             raise missing_endpoint(self.cfg.mode, "pass endpoint_file")
         self.endpoint_file = Path(endpoint_file)
-        self.endpoint = wait_for_endpoint(self.endpoint_file, self.cfg.health_timeout_s)
+        self.endpoint = wait_for_endpoint(self.endpoint_file, self.cfg.health_timeout_s,
+                                          dead_after_s=self.cfg.dead_after_s)
         self.rubric = load_rubric(rubric_file or self.endpoint.rubric)
         self.client = JudgeClient(
             self.endpoint, timeout_s=self.cfg.timeout_s, retries=self.cfg.retries,
             backoff_s=self.cfg.backoff_s, backoff_max_s=self.cfg.backoff_max_s,
-            max_connections=self.cfg.max_concurrency,
+            max_connections=self.cfg.max_concurrency, budget_s=self.cfg.call_budget_s,
         )
         self.pool = ThreadPoolExecutor(self.cfg.max_concurrency, thread_name_prefix="judge")
+        self.failed: BaseException | None = None  # the judge failure that ended this scorer
 
     def close(self) -> None:
         if self.pool is not None:
@@ -311,8 +337,20 @@ class Scorer:
         if self.client is not None:
             self.client.close()
 
+    def abort(self, failure: BaseException) -> None:
+        """A judge call failed: end the calls still in flight now (their sockets are cut, queued ones are
+        cancelled) so the process reports the failure and exits instead of waiting on their deadlines;
+        every later call raises the same failure."""
+        self.failed = failure
+        if self.client is not None:
+            self.client.abort()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
     # -- one judge call, deduplicated
     def judge(self, req: JudgeRequest) -> JudgeCall:
+        if self.failed is not None:
+            raise JudgeUnavailable(f"the judge failed earlier: {self.failed}")
         key = req.key()
         with self._lock:
             self.counts["judge_requests"] += 1
@@ -347,7 +385,16 @@ class Scorer:
         """Concurrently (thread pool); identical requests share one HTTP call."""
         if not reqs:  # outcome mode plans none (and has no pool)
             return []
-        return list(self.pool.map(self.judge, reqs))
+        if self.failed is not None:
+            raise JudgeUnavailable(f"the judge failed earlier: {self.failed}")
+        futures = [self.pool.submit(self.judge, req) for req in reqs]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        failures = [f.exception() for f in futures if f.done() and not f.cancelled() and f.exception()]
+        if failures:  # the first real failure, not a call abandoned because of it
+            first = next((e for e in failures if "call abandoned" not in str(e)), failures[0])
+            self.abort(first)
+            raise first
+        return [f.result() for f in futures]
 
     # -- scalar
     def _scalar_result(self, call: JudgeCall) -> dict:

@@ -144,3 +144,76 @@ def test_verl_run_gives_ray_the_job_or_refuses_a_missing_allocation(tmp_path, mo
         with pytest.raises(CheckFailed, match="train.nnodes is 2 but this job holds 0 node"):
             verl_cmd.run(cfg, **kwargs)
         assert ran == []
+
+
+# --------------------------------------------------------------------------- start-up faults (issue 33 item 8)
+def _sleeper(*marker: str):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *marker])
+
+
+def test_a_worker_that_exits_at_once_is_reported_at_once_naming_its_node():
+    """The probe would wait its whole timeout for the missing node; the node's step exiting ends the wait
+    at once, naming the node (real processes: a probe that hangs, a head that runs, a worker that dies)."""
+    import subprocess
+    import sys
+    import time
+
+    from llmrnn.errors import CheckFailed
+
+    head = _sleeper()
+    worker = subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])
+    hung_probe = [sys.executable, "-c", "import time; time.sleep(300)"]
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(CheckFailed, match=r"ray: the worker on node gpu-07 exited with code 7 before the cluster"):
+            rc._probe("127.0.0.1:1", 2, 0, None, dict(os.environ), 300.0, {"gpu-01": head, "gpu-07": worker},
+                      cmd=hung_probe)
+        assert time.monotonic() - t0 < 20
+    finally:
+        head.kill()
+        head.wait()
+
+
+def test_a_probe_past_its_limit_is_one_line_not_a_timeout_traceback(monkeypatch):
+    import sys
+
+    from llmrnn.errors import CheckFailed
+
+    monkeypatch.setattr(rc, "PROBE_SLACK_S", 0.5)
+    with pytest.raises(CheckFailed, match=r"ray: the start-up probe did not finish within 2 s"):
+        rc._probe("127.0.0.1:1", 1, 0, None, dict(os.environ), 1.0, {},
+                  cmd=[sys.executable, "-c", "import time; time.sleep(300)"])
+
+
+def _listener(port_file: Path, *marker: str):
+    import subprocess
+    import sys
+    import time
+
+    code = ("import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+            "open(sys.argv[1], 'w').write(str(s.getsockname()[1])); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(port_file), *marker])
+    deadline = time.monotonic() + 30
+    while not (port_file.exists() and port_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc, int(port_file.read_text())
+
+
+def test_a_listener_on_the_head_port_that_is_not_this_jobs_ray_is_not_taken_for_the_head(tmp_path):
+    from llmrnn.errors import CheckFailed
+
+    head = _sleeper()
+    other, port = _listener(tmp_path / "other")
+    ours, our_port = _listener(tmp_path / "ours", "--temp-dir=/tmp/r17-gpu-01.ray/session_x/logs")
+    try:
+        with pytest.raises(CheckFailed, match=rf"ray: port {port} on 127.0.0.1 is held by pid {other.pid} .*not this "
+                                              "job's Ray head"):
+            rc._wait_port("127.0.0.1", port, 30, {"gpu-01": head}, marker="r17-gpu-01.ray")
+        rc._wait_port("127.0.0.1", our_port, 30, {"gpu-01": head}, marker="r17-gpu-01.ray")  # this job's: taken
+    finally:
+        for p in (head, other, ours):
+            p.kill()
+            p.wait()

@@ -69,6 +69,7 @@ class Endpoint:
     engine: str = "llmrnn"
     status: str = "ready"  # starting | ready | failed (a file without status is taken as ready)
     error: str | None = None
+    launcher_pid: int | None = None
 
     @property
     def base_url(self) -> str:
@@ -93,7 +94,7 @@ class Endpoint:
                 url=data["url"], model=data["model"], api_key_file=data.get("api_key_file"),
                 rubric=data["rubric"], pid=data.get("pid"), host=data.get("host"),
                 engine=data.get("engine", "llmrnn"), status=data.get("status", "ready"),
-                error=data.get("error"),
+                error=data.get("error"), launcher_pid=data.get("launcher_pid"),
             )
         except KeyError as exc:
             raise InputError(f"{path}: judge endpoint file lacks {exc.args[0]!r}") from exc
@@ -112,17 +113,45 @@ def _pid_alive(pid: int | None, host: str | None) -> bool:
 
 
 def health_ok(base_url: str, timeout_s: float = 5.0) -> bool:
+    return health_state(base_url, timeout_s) == "ok"
+
+
+def health_state(base_url: str, timeout_s: float = 5.0) -> str:
+    """"ok" (/health answers 200), "refused" (nothing listens on the port: the connection is refused)
+    or "no answer" (anything else: it listens but is not healthy yet, or is slow)."""
     import httpx
 
     try:
-        return httpx.get(f"{base_url}/health", timeout=timeout_s).status_code == 200
+        return "ok" if httpx.get(f"{base_url}/health", timeout=timeout_s).status_code == 200 else "no answer"
+    except httpx.ConnectError as exc:
+        return "refused" if isinstance(exc.__cause__ or exc.__context__, ConnectionRefusedError) \
+            or "refused" in str(exc).lower() else "no answer"
     except httpx.HTTPError:
-        return False
+        return "no answer"
 
 
-def wait_for_endpoint(endpoint_file: str | Path, timeout_s: float = 900.0, poll_s: float = 1.0) -> Endpoint:
+DEAD_AFTER_S = 30.0  # reward.dead_after_s: a judge that is gone fails the wait after this long
+
+
+def _gone(ep: Endpoint, path: Path) -> str | None:
+    """Why the judge the endpoint file names is certainly not coming (None while it may still come): the
+    processes it names on this host are not running, or (ready) its port refuses connections."""
+    local = not ep.host or ep.host == socket.gethostname()
+    named = [p for p in (ep.pid, ep.launcher_pid) if p]
+    if local and named and not any(_pid_alive(p, ep.host) for p in named):
+        pids = " and ".join(f"pid {p}" for p in named)
+        return f"{path} says {ep.status}, but {pids} on {socket.gethostname()} is not running"
+    if ep.status == "ready" and health_state(ep.base_url) == "refused":
+        return f"{path} says ready, but {ep.base_url} refuses connections (the judge server is gone)"
+    return None
+
+
+def wait_for_endpoint(endpoint_file: str | Path, timeout_s: float = 900.0, poll_s: float = 1.0,
+                      dead_after_s: float = DEAD_AFTER_S) -> Endpoint:
     """Wait until the endpoint file says "ready" and names a live server whose /health answers; else a
-    clear CheckFailed.
+    clear CheckFailed: after timeout_s, or after dead_after_s when the judge is certainly gone (every
+    process the file names on this host is dead, or a ready server's port refuses connections, and the
+    file did not change meanwhile: a stale file being replaced by a starting launcher changes).
 
     The judge_server service starts together with its consumers, so the file may not exist yet or may
     still say "starting" (Snakemake wants a service's output within --latency-wait, so the launcher
@@ -133,6 +162,7 @@ def wait_for_endpoint(endpoint_file: str | Path, timeout_s: float = 900.0, poll_
     start = time.time()
     deadline = start + timeout_s
     state = "endpoint file not written yet"
+    gone_since: tuple[tuple, float] | None = None  # (the file's stat when it was seen gone, since when)
     while True:
         if error_file.exists() and error_file.stat().st_mtime >= start - 2:
             raise CheckFailed(f"judge server failed to start: {error_file.read_text().strip()}")
@@ -144,6 +174,18 @@ def wait_for_endpoint(endpoint_file: str | Path, timeout_s: float = 900.0, poll_
             else:
                 if ep.status == "failed":
                     raise CheckFailed(f"judge server failed to start: {ep.error}")
+                gone = _gone(ep, path)
+                if gone is None:
+                    gone_since = None
+                else:
+                    with contextlib.suppress(OSError):
+                        st = path.stat()
+                        seen = (st.st_mtime_ns, st.st_size, st.st_ino)
+                        if gone_since is None or gone_since[0] != seen:
+                            gone_since = (seen, time.time())
+                        elif time.time() - gone_since[1] >= dead_after_s:
+                            raise CheckFailed(f"judge is gone: {gone} for {dead_after_s:g} s (reward.dead_after_s); "
+                                              "see the judge_server log (logs/RUN/judge_server.log)")
                 if ep.status != "ready":
                     state = f"server still {ep.status} (pid {ep.pid})"
                     if not _pid_alive(ep.pid, ep.host):
@@ -242,21 +284,67 @@ def _too_large(what: str):
     return httpx.RemoteProtocolError(f"the judge's answer is larger than {MAX_RESPONSE_BYTES} bytes {what}")
 
 
+class JudgeAborted(Exception):
+    """The client was aborted (another call of the batch failed): this try ends now and is not retried."""
+
+
+class _Live:
+    """The sockets of every call in flight on one client, so `abort()` can cut them all at once."""
+
+    def __init__(self):
+        self.aborted = threading.Event()
+        self.lock = threading.Lock()
+        self.sockets: set[socket.socket] = set()
+
+    def add(self, sock: socket.socket) -> None:
+        with self.lock:
+            self.sockets.add(sock)
+        if self.aborted.is_set():
+            self.cut(sock)
+
+    def discard(self, sock: socket.socket) -> None:
+        with self.lock:
+            self.sockets.discard(sock)
+
+    @staticmethod
+    def cut(sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)  # wakes a recv() blocked on a silent server
+
+    def abort(self) -> None:
+        self.aborted.set()
+        with self.lock:
+            live = list(self.sockets)
+        for sock in live:
+            self.cut(sock)
+
+
 class _BoundedHTTP:
     """What RetryPolicy posts through: a whole-call deadline (not per read: a server trickling a byte at a
     time or sending an endless chunked body is cut off when the deadline passes, by shutting its socket)
     and a cap on the answer's size, decompressed (a gzip bomb stops at the cap). Failures are httpx
-    transport errors, so the policy retries them and then raises."""
+    transport errors, so the policy retries them and then raises. `until` (monotonic) ends every try of
+    the call (reward.call_budget_s); `live` lets the client abort every call in flight at once."""
 
-    def __init__(self, client, deadline_s: float, max_bytes: int = MAX_RESPONSE_BYTES):
+    def __init__(self, client, deadline_s: float, max_bytes: int = MAX_RESPONSE_BYTES,
+                 until: float | None = None, live: _Live | None = None):
         self.client = client
         self.deadline_s = deadline_s
         self.max_bytes = max_bytes
+        self.until = until
+        self.live = live
 
     def post(self, url: str, json: Any = None, headers: dict | None = None):
         import httpx
 
+        if self.live is not None and self.live.aborted.is_set():
+            raise JudgeAborted("aborted")
         deadline = time.monotonic() + self.deadline_s
+        if self.until is not None:
+            deadline = min(deadline, self.until)
+        seconds = deadline - time.monotonic()
+        if seconds <= 0:  # the call's budget is spent: no try starts
+            raise _timeout_error(self.deadline_s)
         sockets: list[socket.socket] = []
         expired = threading.Event()
 
@@ -266,6 +354,10 @@ class _BoundedHTTP:
                 sock = stream.get_extra_info("socket") if stream is not None else None
                 if sock is not None:
                     sockets.append(sock)
+                    if self.live is not None:
+                        self.live.add(sock)
+                    if expired.is_set():  # the deadline passed while it connected
+                        _Live.cut(sock)
 
         def cut() -> None:
             expired.set()
@@ -273,22 +365,28 @@ class _BoundedHTTP:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)  # wakes a recv() blocked on a silent server
 
-        timer = threading.Timer(self.deadline_s, cut)
+        timer = threading.Timer(seconds, cut)
         timer.daemon = True
         timer.start()
         try:
-            with self.client.stream("POST", url, json=json, headers=headers, extensions={"trace": trace}) as resp:
+            with self.client.stream("POST", url, json=json, headers=headers, extensions={"trace": trace},
+                                    timeout=httpx.Timeout(seconds, connect=min(10.0, seconds))) as resp:
                 data = self._read(resp, deadline)
                 status, kept = resp.status_code, [(k, v) for k, v in resp.headers.items()
                                                   if k.lower() not in ("content-encoding", "content-length",
                                                                        "transfer-encoding")]
                 request = resp.request
         except httpx.HTTPError:
+            if self.live is not None and self.live.aborted.is_set():
+                raise JudgeAborted("aborted") from None
             if expired.is_set() or time.monotonic() >= deadline:
-                raise _timeout_error(self.deadline_s) from None
+                raise _timeout_error(round(seconds, 3)) from None
             raise
         finally:
             timer.cancel()
+            if self.live is not None:
+                for sock in sockets:
+                    self.live.discard(sock)
         return httpx.Response(status, headers=kept, content=data, request=request)
 
     def _read(self, resp, deadline: float) -> bytes:
@@ -421,11 +519,16 @@ class JudgeClient:
     then JudgeUnavailable. Any other 4xx -> JudgeRequestError at once."""
 
     def __init__(self, endpoint: Endpoint, timeout_s: float = 300.0, retries: int = 4,
-                 backoff_s: float = 0.5, backoff_max_s: float = 8.0, max_connections: int = 64):
+                 backoff_s: float = 0.5, backoff_max_s: float = 8.0, max_connections: int = 64,
+                 budget_s: float | None = None):
         import httpx
 
         self.endpoint = endpoint
-        self.policy = RetryPolicy(retries=retries, backoff_s=backoff_s, backoff_max_s=backoff_max_s)
+        self.timeout_s = timeout_s
+        self.budget_s = budget_s
+        self.policy = RetryPolicy(retries=retries, backoff_s=backoff_s, backoff_max_s=backoff_max_s,
+                                  budget_s=budget_s)
+        self._live = _Live()
         key = endpoint.api_key()
         # identity: a compressed answer is inflated by us, within the size cap (_BoundedHTTP)
         headers = {"Accept-Encoding": "identity", **({"Authorization": f"Bearer {key}"} if key else {})}
@@ -436,10 +539,21 @@ class JudgeClient:
             # no keep-alive: each call owns its connection, so its deadline can cut exactly that socket
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=0),
         )
-        self._http = _BoundedHTTP(self._client, timeout_s)
 
     def close(self) -> None:
         self._client.close()
+
+    def abort(self) -> None:
+        """End every call in flight now (their sockets are shut, waits between tries cut short) and refuse
+        new ones: a batch whose one call failed stops at once instead of waiting on the others' deadlines."""
+        self._live.abort()
+
+    def limits(self) -> str:
+        """The settings that bound one call, for the error a user reads."""
+        tries = self.policy.retries + 1
+        budget = f", at most {self.budget_s:g} s in all (reward.call_budget_s)" if self.budget_s else ""
+        return (f"{tries} tries (reward.retries {self.policy.retries} + 1) of at most {self.timeout_s:g} s each "
+                f"(reward.timeout_s){budget}")
 
     def post(self, path: str, body: dict, check: Callable[[object], str | None] | None = None
              ) -> tuple[dict, float, int]:
@@ -449,11 +563,17 @@ class JudgeClient:
         def trusted(payload: object) -> str | None:
             return (check(payload) if check is not None else None) or answer_problem(payload, body)
 
+        until = time.monotonic() + self.budget_s if self.budget_s else None
+        http = _BoundedHTTP(self._client, self.timeout_s, until=until, live=self._live)
         try:
-            return self.policy.post_json(self._http, path, body, check=trusted)
+            return self.policy.post_json(http, path, body, check=trusted, sleep=self._live.aborted.wait)
         except RequestRejected as exc:
             raise JudgeRequestError(f"judge {self.endpoint.url}{path} rejected the request: {exc}") from None
+        except JudgeAborted:
+            raise JudgeUnavailable(f"judge {self.endpoint.url}{path}: call abandoned, another call of the batch "
+                                   "failed") from None
         except RetriesExhausted as exc:
             raise JudgeUnavailable(
-                f"judge {self.endpoint.url}{path} {exc}. Refusing to turn a dead judge into constant rewards."
+                f"judge {self.endpoint.url}{path} {exc} ({self.limits()}). Refusing to turn a dead judge into "
+                "constant rewards."
             ) from None

@@ -65,7 +65,7 @@ def cmd_eval(args) -> int:
 
     model = args.model.removesuffix("/.ready")
     evaluate_model(model, args.questions, args.out, args.variant, args.split, _eval_cfg(args), args.threads,
-                   args.endpoint, args.rubric)
+                   args.endpoint, args.rubric, (args.cfg or {}).get("reward"))
     return 0
 
 
@@ -75,8 +75,9 @@ def cmd_judge(args) -> int:
 
     # the bar preflight and training hold the judge to (preflight.max_fallback_rate)
     max_rate = float((args.cfg or {}).get("max_fallback_rate", PreflightConfig.max_fallback_rate))
+    # every wait on the judge is bounded by config section `reward` (its timeouts, retries, budgets)
     judge_eval_files(args.inputs, args.outputs, args.endpoint, args.rubric, _cfg(args, "eval"), max_rate,
-                     args.audit_dir)
+                     args.audit_dir, (args.cfg or {}).get("reward"))
     return 0
 
 
@@ -151,7 +152,8 @@ def register(sub) -> None:
     j.add_argument("--rubric", default=None, help="the judge's rubric (default: the endpoint's)")
     j.add_argument("--audit-dir", required=True, help="output: every judge call (0700)")
     j.add_argument("--cfg", type=json_arg, required=True,
-                   help='{"eval": {judge_threshold, k}, "max_fallback_rate": x (preflight\'s)}')
+                   help='{"eval": {judge_threshold, k}, "max_fallback_rate": x (preflight\'s), '
+                        '"reward": {timeout_s, retries, call_budget_s, ...} (the judge waits)}')
     j.set_defaults(func=cmd_judge)
 
     g = q.add_parser("gather", help="metrics (Wilson CIs) and paired tests over the eval files")

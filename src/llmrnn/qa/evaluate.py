@@ -96,13 +96,13 @@ def system_prompt(cfg: dict) -> str:
 
 
 def _judge_grades(items: list[tuple[dict, dict]], endpoint: str, rubric: str | None, audit_dir: str,
-                  threshold: float) -> None:
+                  threshold: float, reward_cfg: dict | None = None) -> None:
     """Judge-grade each (record, graded answer) in place, the calls sent concurrently: judge_score,
     judge_parse_method and judge_correct (score >= threshold from a parseable judge answer)."""
     from llmrnn.qa.rewards import judge_scores
 
     scores = judge_scores([(rec["question"], str(rec["answer"]), graded["extracted"] or "") for rec, graded in items],
-                          {"rubric": rubric}, endpoint_file=endpoint, audit_dir=audit_dir)
+                          {"rubric": rubric}, endpoint_file=endpoint, audit_dir=audit_dir, reward_cfg=reward_cfg)
     for (rec, graded), (score, method) in zip(items, scores):
         # a judge answer with no parseable score (0.5 by the reward's edge table) grades nothing as correct
         graded.update(judge_score=score, judge_parse_method=method,
@@ -110,11 +110,12 @@ def _judge_grades(items: list[tuple[dict, dict]], endpoint: str, rubric: str | N
 
 
 def judge_eval_files(inputs: list[str], outputs: list[str], endpoint: str, rubric: str | None, cfg: dict,
-                     max_fallback_rate: float, audit_dir: str) -> dict[str, float]:
+                     max_fallback_rate: float, audit_dir: str, reward_cfg: dict | None = None) -> dict[str, float]:
     """Judge-grade every answer (greedy and samples) of finished eval files into judged copies (same rows,
     plus judge_score / judge_parse_method / judge_correct; header judge: true). All files are graded before
     any is written: a judge that falls back on more than max_fallback_rate of one file's answers (a judged
     metric made of 0.5s) stops with one line and writes nothing. Every judge call is audited in audit_dir.
+    Every wait on the judge is bounded by reward_cfg (config section `reward`: reward.judge_wait_cfg).
     Returns each input's fallback rate."""
     if len(inputs) != len(outputs):
         raise InputError(f"qa judge: {len(inputs)} inputs but {len(outputs)} outputs; name one output per input")
@@ -126,7 +127,7 @@ def judge_eval_files(inputs: list[str], outputs: list[str], endpoint: str, rubri
         head, rows, _ = _read_eval(src, int(cfg["k"]))
         items = [(r, g) for r in rows for g in (r["greedy"], *r["samples"])]
         if items:
-            _judge_grades(items, endpoint, rubric, audit_dir, threshold)
+            _judge_grades(items, endpoint, rubric, audit_dir, threshold, reward_cfg)
         fallbacks = sum(g["judge_parse_method"] == "fallback" for _, g in items)
         rates[src] = fallbacks / len(items) if items else 0.0
         if rates[src] > max_fallback_rate:
@@ -143,7 +144,8 @@ def judge_eval_files(inputs: list[str], outputs: list[str], endpoint: str, rubri
 
 
 def evaluate_model(model_dir: str, questions: str, out: str, variant: str, split: str, cfg: dict,
-                   threads: int = 1, endpoint: str | None = None, rubric: str | None = None) -> dict:
+                   threads: int = 1, endpoint: str | None = None, rubric: str | None = None,
+                   reward_cfg: dict | None = None) -> dict:
     """Per-question JSONL (greedy answer, k samples, both outcomes) for one model on one question set;
     with a judge endpoint every answer is also judge-graded."""
     cfg = {**EVAL_DEFAULTS, **(cfg or {})}
@@ -170,7 +172,7 @@ def evaluate_model(model_dir: str, questions: str, out: str, variant: str, split
                 if endpoint:
                     audit = str(Path(out).parent / f".judge_audit_{Path(out).stem}")
                     _judge_grades([(rec, g_out)] + [(rec, x) for x in samples], endpoint, rubric, audit,
-                                  float(cfg["judge_threshold"]))
+                                  float(cfg["judge_threshold"]), reward_cfg)
                 rows.append({
                     "id": rec["id"], "variant": variant, "split": split, "question": rec["question"],
                     "options": rec.get("options"), "answer": rec["answer"],

@@ -246,11 +246,12 @@ def judge_score(question: str, reference: str, answer: str, cfg: dict, **kwargs)
 def judge_scores(items: list[tuple[str, str, str]], cfg: dict, **kwargs) -> list[tuple[float, str]]:
     """(score, parse method) of each (question, reference, answer), the judge calls sent concurrently (the
     scorer's pool; identical calls share one request); audited and guarded as judge_score."""
-    from llmrnn.reward import JudgeDegraded, JudgeUnavailable, get_scorer
+    from llmrnn.reward import JudgeDegraded, JudgeUnavailable, get_scorer, judge_wait_cfg
     from llmrnn.rubric import scalar_request
 
+    # the judge is always asked here (whatever reward.mode trains with); its waits are the config's
     scorer = get_scorer(kwargs.get("endpoint_file"), kwargs.get("rubric_file") or cfg.get("rubric"),
-                        kwargs.get("audit_dir"), reward_cfg={})
+                        kwargs.get("audit_dir"), reward_cfg=judge_wait_cfg(kwargs.get("reward_cfg")))
     steps = [{"visit": q, "ground_truth_diagnoses": ref} for q, ref, _ in items]
     try:
         calls = scorer.judge_many([scalar_request(scorer.rubric, step, answer or "(empty)")

@@ -284,26 +284,106 @@ def _self_cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "llmrnn.cli", "train", "ray-cluster", *args]
 
 
-def _wait_port(host: str, port: int, timeout_s: float, steps: list[subprocess.Popen]) -> None:
+def _exited(steps: Mapping[str, subprocess.Popen], head: str | None) -> None:
+    """CheckFailed naming the first node whose `ray start` step has exited (it cannot join any more)."""
+    for node, step in steps.items():
+        if step.poll() is not None:
+            role = "head" if node == head else "worker"
+            raise CheckFailed(f"ray: the {role} on node {node} exited with code {step.returncode} before the cluster "
+                              f"was up (its `ray start` failed there); see the train log")
+
+
+def listening_pids(port: int) -> list[int] | None:
+    """Pids of the processes that listen on TCP `port` on this node (from /proc/net/tcp{,6} and the
+    processes' fds); None when something listens but its owner cannot be seen (another user's process)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                f = line.split()
+                if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f[9])
+    if not inodes:
+        return []
+    want = {f"socket:[{i}]" for i in inodes}
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) in want for fd in (entry / "fd").iterdir()):
+                pids.append(int(entry.name))
+    return pids or None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _wait_port(host: str, port: int, timeout_s: float, steps: Mapping[str, subprocess.Popen],
+               marker: str | None = None) -> None:
+    """Until the head's `ray start` listens on host:port. The listener must be THIS job's Ray (its command
+    line names the job's temp dir, `marker`): another process on the port is refused at once, naming it."""
     deadline = time.time() + timeout_s
+    head = next(iter(steps), None)
     while time.time() < deadline:
-        if any(p.poll() is not None for p in steps):
-            raise CheckFailed("ray: the head node's `ray start` exited before it listened; see the train log")
+        _exited(steps, head)
         with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=2):
-            return
+            if marker is None:
+                return
+            pids = listening_pids(port)
+            if pids and any(marker in _cmdline(p) for p in pids):
+                return
+            if pids:
+                who = ", ".join(f"pid {p} ({_cmdline(p)[:80] or '?'})" for p in pids)
+                raise CheckFailed(f"ray: port {port} on {host} is held by {who}, not this job's Ray head; "
+                                  "nothing joined it (rerun: the head takes another free port)")
         time.sleep(0.5)
     raise CheckFailed(f"ray: the head did not listen on {host}:{port} within {timeout_s:.0f} s")
 
 
-def _probe(address: str, nodes: int, gpus: int, judge_url: str | None, env: dict, timeout_s: float) -> dict:
-    cmd = _self_cli("probe", "--address", address, "--nodes", str(nodes), "--gpus", str(gpus),
-                    "--timeout", str(timeout_s))
-    if judge_url:
-        cmd += ["--judge-url", judge_url]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=timeout_s + 120)
-    report = (out.stdout.strip().splitlines() or [""])[-1]  # the probe prints one JSON line last
-    if out.returncode != 0 or not report:
-        why = (out.stderr.strip().splitlines() or ["no output"])[-1]
+PROBE_SLACK_S = 120.0  # the probe's own start (imports, ray.init) beyond its --timeout
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.communicate(timeout=10)
+
+
+def _probe(address: str, nodes: int, gpus: int, judge_url: str | None, env: dict, timeout_s: float,
+           steps: Mapping[str, subprocess.Popen] | None = None, cmd: list[str] | None = None) -> dict:
+    """Run the probe (a Ray driver) while watching every node's step: a node whose `ray start` exits is
+    reported at once, naming it; a probe that outlives its timeout + PROBE_SLACK_S is killed, one line."""
+    if cmd is None:
+        cmd = _self_cli("probe", "--address", address, "--nodes", str(nodes), "--gpus", str(gpus),
+                        "--timeout", str(timeout_s))
+        if judge_url:
+            cmd += ["--judge-url", judge_url]
+    steps = steps or {}
+    limit = timeout_s + PROBE_SLACK_S
+    deadline = time.monotonic() + limit
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while True:
+            try:
+                stdout, stderr = proc.communicate(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            _exited(steps, next(iter(steps), None))
+            if time.monotonic() > deadline:
+                raise CheckFailed(f"ray: the start-up probe did not finish within {limit:.0f} s (train.ray "
+                                  f"start timeout {timeout_s:.0f} s + {PROBE_SLACK_S:.0f} s); see the train log")
+    finally:
+        _kill(proc)
+    report = (stdout.strip().splitlines() or [""])[-1]  # the probe prints one JSON line last
+    if proc.returncode != 0 or not report:
+        why = (stderr.strip().splitlines() or ["no output"])[-1]
         raise CheckFailed(f"ray: {why[:300]}")
     return json.loads(report)
 
@@ -330,26 +410,27 @@ def cluster(*, nodes: list[str], gpus_per_node: int, state_dir: Path, judge_url:
     cpus = job_cpus()
     log.info("ray: %d nodes (%s), head %s at %s, %d GPU(s) and up to %d CPU(s) per node", len(ordered),
              ", ".join(ordered), head, address, gpus_per_node, cpus)
-    steps: list[subprocess.Popen] = []
+    steps: dict[str, subprocess.Popen] = {}  # node -> its `ray start --block` step (the head first)
     # scancel sends SIGTERM: turn it into an exception so the teardown below runs
     previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
     try:
-        steps.append(subprocess.Popen(_srun(head, *_self_cli("node", "--head", "--port", str(port),
-                                                             "--num-cpus", str(cpus), "--num-gpus",
-                                                             str(gpus_per_node))), env=env, stdout=sys.stderr))
-        _wait_port(addresses[head], port, timeout_s, steps)
+        steps[head] = subprocess.Popen(_srun(head, *_self_cli("node", "--head", "--port", str(port),
+                                                              "--num-cpus", str(cpus), "--num-gpus",
+                                                              str(gpus_per_node))), env=env, stdout=sys.stderr)
+        # the head's Ray processes name its temp dir (r<job>-<node>.ray) on their command lines
+        _wait_port(addresses[head], port, timeout_s, steps, marker=temp_dir(head, env).name)
         for node in ordered[1:]:
-            steps.append(subprocess.Popen(_srun(node, *_self_cli("node", "--address", address, "--num-cpus",
-                                                                 str(cpus), "--num-gpus", str(gpus_per_node))),
-                                          env=env, stdout=sys.stderr))
-        probe = _probe(address, len(ordered), gpus_per_node, judge_url, env, timeout_s)
+            steps[node] = subprocess.Popen(_srun(node, *_self_cli("node", "--address", address, "--num-cpus",
+                                                                  str(cpus), "--num-gpus", str(gpus_per_node))),
+                                           env=env, stdout=sys.stderr)
+        probe = _probe(address, len(ordered), gpus_per_node, judge_url, env, timeout_s, steps)
         log.info("ray: %d nodes joined: %s", len(probe["nodes"]), json.dumps(probe))
         yield Cluster(address, ordered, {"RAY_ADDRESS": address, "RAY_AUTH_MODE": "token",
                                          "RAY_AUTH_TOKEN_PATH": str(token)}, probe)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second scancel signal must not cut the teardown
         try:
-            teardown(ordered, steps, env)
+            teardown(ordered, list(steps.values()), env)
         finally:
             token.unlink(missing_ok=True)
             signal.signal(signal.SIGTERM, previous)
