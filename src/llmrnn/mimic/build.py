@@ -290,8 +290,7 @@ def build(hosp: str | Path, note: str | Path, out: str | Path, report: str | Pat
             os.chmod(tmp, 0o600)
             with open(tmp, "w", encoding="utf-8", errors="surrogatepass") as fh:
                 fh.write("[\n")
-                for i, (sid, hadms) in enumerate(kept.items()):
-                    fh.write((",\n" if i else "") + _patient_json(sid, hadms, chosen, spool, patients, icd, coverage))
+                fh.writelines((",\n" if i else "") + _patient_json(sid, hadms, chosen, spool, patients, icd, coverage) for i, (sid, hadms) in enumerate(kept.items()))
                 fh.write("\n]\n")
 
         summary = _report(cfg, counts, coverage, kept, hosp, note)
@@ -311,8 +310,8 @@ def _report(cfg, counts: Counts, coverage: Counts, kept, hosp, note) -> dict[str
         "withheld_discharge_time_text": [s for s in sec.DISCHARGE_TIME if s != "discharge_diagnosis"]
         + [f"{s} from its first DISCHARGE label on" for s in sec.ADMISSION_AND_DISCHARGE],
         "rules": [
-            "one visit per admission with a discharge note; the DS note with the lowest note_seq is used, "
-            "later notes of the admission (addenda) are counted and not used",
+            ("one visit per admission with a discharge note; the DS note with the lowest note_seq is used, "
+             "later notes of the admission (addenda) are counted and not used"),
             "visits ordered by admittime, ties by hadm_id, numbered from 1",
             f"patients with fewer than {cfg['min_visits']} visits dropped",
             "patients with anchor_age under 18 dropped" if cfg["adults_only"] else "no age rule",

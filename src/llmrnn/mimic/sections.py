@@ -78,9 +78,9 @@ def normalise(label: str) -> str:
 
 
 HEADERS: dict[str, str] = {normalise(v): canonical for canonical, vs in HEADER_VARIANTS.items() for v in vs}
-_LABEL_LINE = re.compile(r"^[ \t]*([A-Za-z][A-Za-z0-9 ,/&()'\-]{0,60}?)[ \t]*:[ \t]*([^\n]*)$", re.M)
-_DISCHARGE_WORD = re.compile(r"\bdischarge", re.I)
-_ADMISSION_WORD = re.compile(r"\b(admission|admit|arrival|presentation)", re.I)
+_LABEL_LINE = re.compile(r"^[ \t]*([A-Za-z][A-Za-z0-9 ,/&()'\-]{0,60}?)[ \t]*:[ \t]*([^\n]*)$", re.MULTILINE)
+_DISCHARGE_WORD = re.compile(r"\bdischarge", re.IGNORECASE)
+_ADMISSION_WORD = re.compile(r"\b(admission|admit|arrival|presentation)", re.IGNORECASE)
 _NUMBER = re.compile(r"^(?:\(?\d{1,3}[.):]|\(?[a-zA-Z][.)](?=\s)|[-*\u2022#>]+)\s*")
 
 
