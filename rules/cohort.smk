@@ -33,7 +33,8 @@ rule synth_mimic_iv:
         code=code_hash("cohort synth"),
     shell:
         "llmrnn cohort synth --format mimic-iv --patients {params.patients:q} --seed {params.seed:q} "
-        "--out {params.out:q} 2> {log:q}"
+        "--out {params.out:q} --expect {output.patients:q} {output.admissions:q} {output.diagnoses_icd:q} "
+        "{output.d_icd_diagnoses:q} {output.discharge:q} 2> {log:q}"
 
 
 rule build_cohort:

@@ -434,7 +434,10 @@ def _cmd_synth(args: argparse.Namespace) -> None:
     if args.format == "mimic-iv":
         from llmrnn.mimic import synth
 
-        synth.write(patients, args.seed, args.out)
+        written = {Path(p).resolve() for p in synth.write(patients, args.seed, args.out)}
+        if missing := [p for p in args.expect or () if Path(p).resolve() not in written]:
+            raise InputError(f"cohort synth: --expect {missing[0]}: not one of the files --format mimic-iv writes "
+                             f"under {args.out} ({', '.join(synth.FILES)})")
         log.info("wrote %d synthetic patients as MIMIC-IV files under %s", len(patients), args.out)
         return
     if not args.meta:
@@ -541,6 +544,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="json: the cohort file; mimic-iv: PhysioNet-shaped files under --out (hosp/, note/)")
     p.add_argument("--out", required=True, help="output: the cohort JSON (a folder with --format mimic-iv)")
     p.add_argument("--meta", help="output: how it was made (generator, patients, seed); --format json")
+    p.add_argument("--expect", nargs="+", help="--format mimic-iv: files that must be among those written "
+                   "(the rule's outputs)")
     p.set_defaults(func=_cmd_synth)
 
     p = csub.add_parser("build", help="build the cohort from MIMIC-IV hosp/ and MIMIC-IV-Note note/ files")
