@@ -23,7 +23,7 @@ import tempfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from io import TextIOWrapper
+from io import BufferedReader, TextIOWrapper
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +61,9 @@ def table_paths(hosp: str | Path, note: str | Path, diagnoses: str = "note") -> 
     return {t: table_path(folders[TABLES[t][0]], t) for t in tables_needed(diagnoses)}
 
 
-def _open(path: Path):
+def _open(path: Path, errors: str = "strict"):
     raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115 (closed by caller)
-    return raw, TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline="")
+    return raw, TextIOWrapper(BufferedReader(raw, 1 << 20), encoding="utf-8", errors=errors, newline="")
 
 
 def header_problem(path: Path, table: str) -> str | None:
@@ -72,7 +72,7 @@ def header_problem(path: Path, table: str) -> str | None:
         return f"{path}: missing ({'MIMIC-IV-Note note/' if table == 'discharge' else 'MIMIC-IV hosp/'} " \
                f"{table}.csv.gz)"
     try:
-        raw, text = _open(path)
+        raw, text = _open(path, errors="surrogateescape")  # bad text past the header: rows() names it
         with raw, text:
             header = next(csv.reader(text), None)
     except (OSError, EOFError, zlib.error, csv.Error) as exc:
@@ -90,13 +90,14 @@ def folder_problems(hosp: str | Path, note: str | Path, diagnoses: str = "note")
     return [p for t, path in table_paths(hosp, note, diagnoses).items() if (p := header_problem(path, t))]
 
 
-def rows(path: Path, table: str) -> Iterator[tuple[int, dict[str, str]]]:
-    """(1-based data row, {column: value}) of a table, streamed; a bad file is one InputError line."""
+def rows(path: Path, table: str, locate_bad_text: bool = False) -> Iterator[tuple[int, dict[str, str]]]:
+    """(1-based data row, {column: value}) of a table, streamed; a bad file is one InputError line.
+    locate_bad_text: yield nothing, raise at the first field that is not UTF-8 (after a strict pass failed)."""
     if problem := header_problem(path, table):
         raise InputError(problem)
     row_no = 0
     try:
-        raw, text = _open(path)
+        raw, text = _open(path, errors="surrogateescape" if locate_bad_text else "strict")
         with raw, text:
             reader = csv.reader(text)
             header = next(reader)
@@ -104,11 +105,17 @@ def rows(path: Path, table: str) -> Iterator[tuple[int, dict[str, str]]]:
             for row_no, values in enumerate(reader, 1):
                 if len(values) != len(header):
                     raise InputError(f"{path}: row {row_no}: {len(values)} fields, the header has {len(header)}")
-                record = {c: values[i] for c, i in index.items()}
-                for column, value in record.items():
-                    if _SURROGATE.search(value):
-                        raise InputError(f"{path}: row {row_no}: {column}: not UTF-8 text")
-                yield row_no, record
+                if locate_bad_text:
+                    for column, value in zip(header, values):
+                        if _SURROGATE.search(value):
+                            raise InputError(f"{path}: row {row_no}: {column}: not UTF-8 text")
+                    continue
+                yield row_no, {c: values[i] for c, i in index.items()}
+    except UnicodeDecodeError:
+        # strict decoding is fast but knows only a byte offset: a second pass names the row and field
+        for _ in rows(path, table, locate_bad_text=True):
+            pass
+        raise InputError(f"{path}: row {row_no + 1}: not UTF-8 text") from None
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise InputError(f"{path}: row {row_no + 1}: truncated or corrupt gzip ({exc})") from None
     except csv.Error as exc:
@@ -258,8 +265,7 @@ def _patient_json(sid: int, hadms: list[int], chosen, spool, patients, icd, cove
         visits.append({"visit_id": hadm, "visit_number": number, "sex": patients[sid][0] or None,
                        "allergies": record["allergies"],
                        "clinical_sections": {"discharge_diagnosis": sec.numbered(names), **record["sections"]}})
-    text = json.dumps({"subject_id": sid, "visits": visits}, indent=1, ensure_ascii=False)
-    return " " + text.replace("\n", "\n ")  # as an item of llmrnn.cohort.dump_cohort's list
+    return json.dumps({"subject_id": sid, "visits": visits}, ensure_ascii=False)  # one line: json's C encoder
 
 
 def build(hosp: str | Path, note: str | Path, out: str | Path, report: str | Path, cfg: dict | None = None

@@ -73,12 +73,23 @@ SUBLABEL_WORDS = {
 PRIMARY_WORDS = {"primary", "principal"}
 
 
+_NON_LETTERS = re.compile(r"[^a-z]+")
+_NORMALISED: dict[str, str] = {}
+
+
 def normalise(label: str) -> str:
-    return " ".join(re.sub(r"[^a-z]+", " ", label.lower()).split())
+    """`Past Medical/Surgical History ` -> `past medical surgical history` (cached: labels repeat)."""
+    norm = _NORMALISED.get(label)
+    if norm is None:
+        norm = _NON_LETTERS.sub(" ", label.lower()).strip()
+        if len(_NORMALISED) < 100_000:
+            _NORMALISED[label] = norm
+    return norm
 
 
 HEADERS: dict[str, str] = {normalise(v): canonical for canonical, vs in HEADER_VARIANTS.items() for v in vs}
-_LABEL_LINE = re.compile(r"^[ \t]*([A-Za-z][A-Za-z0-9 ,/&()'\-]{0,60}?)[ \t]*:[ \t]*([^\n]*)$", re.MULTILINE)
+# matched against "\n" + text: a leading literal lets the engine jump from line start to line start
+_LABEL_LINE = re.compile(r"\n[ \t]*([A-Za-z][A-Za-z0-9 ,/&()'\-]{0,60}?)[ \t]*:[ \t]*([^\n]*)")
 _DISCHARGE_WORD = re.compile(r"\bdischarge", re.IGNORECASE)
 _ADMISSION_WORD = re.compile(r"\b(admission|admit|arrival|presentation)", re.IGNORECASE)
 _NUMBER = re.compile(r"^(?:\(?\d{1,3}[.):]|\(?[a-zA-Z][.)](?=\s)|[-*\u2022#>]+)\s*")
@@ -92,7 +103,7 @@ class SplitNote:
 
 
 def _after_blank(text: str, start: int) -> bool:
-    if start == 0:
+    if start <= 1:  # the first line of the note (text starts with the added newline)
         return True
     prev_end = start - 1  # the newline ending the previous line
     prev_start = text.rfind("\n", 0, prev_end) + 1
@@ -111,6 +122,7 @@ def split_note(text: str) -> SplitNote:
     out = SplitNote()
     parts: list[tuple[str, int, int]] = []  # (canonical, content start, header start)
     current = "_header"
+    text = "\n" + text  # positions below are in this text; slicing it gives the same sections
     for m in _LABEL_LINE.finditer(text):
         norm = normalise(m.group(1))
         canonical = HEADERS.get(norm)
@@ -118,11 +130,11 @@ def split_note(text: str) -> SplitNote:
         if canonical is not None and (alone or " " in norm or canonical in ("_header", "allergies")):
             if canonical == current:
                 continue  # `Diagnoses:` inside Discharge Diagnosis: a sub-label, content
-            parts.append((canonical, m.start(2), m.start()))
+            parts.append((canonical, m.start(2), m.start() + 1))
             current = canonical
-        elif alone and norm and _after_blank(text, m.start()) and not _is_sublabel(current, norm):
+        elif alone and norm and _after_blank(text, m.start() + 1) and not _is_sublabel(current, norm):
             out.unknown_headers += 1
-            parts.append(("_unknown", m.end(), m.start()))
+            parts.append(("_unknown", m.end(), m.start() + 1))
             current = "_unknown"
     bounds = [(p[0], p[1], parts[i + 1][2] if i + 1 < len(parts) else len(text)) for i, p in enumerate(parts)]
     for canonical, start, end in bounds:
