@@ -27,7 +27,7 @@ rule synth_mimic_iv:
     conda:
         conda_env("data")
     params:
-        out="resources/cohort/mimic_iv_synthetic",
+        out=lambda wildcards, output: os.path.dirname(os.path.dirname(output.patients)),
         patients=config["cohort"]["synthetic"]["patients"],
         seed=config["cohort"]["synthetic"]["seed"],
         code=code_hash("cohort synth"),

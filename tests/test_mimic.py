@@ -15,7 +15,7 @@ import yaml
 from llmrnn import cli
 from llmrnn.cohort import synthesize_cohort
 from llmrnn.mimic import sections, synth
-from llmrnn.mimic.build import build, folder_problems
+from llmrnn.mimic.build import folder_problems
 from llmrnn.prompts import load_prompts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -155,7 +155,7 @@ def test_unknown_header_is_counted_and_not_merged():
 def test_a_note_without_diagnosis_gives_an_empty_diagnosis(tmp_path):
     text = _note().split("Discharge Diagnoses:")[0]
     _write_tables(tmp_path, [("a", 10, 100, 1, text), ("b", 10, 101, 1, _note())])
-    rc, cohort, report, _ = _build(tmp_path, tmp_path)
+    rc, cohort, _, _ = _build(tmp_path, tmp_path)
     assert rc == 0 and cohort[0]["visits"][1]["clinical_sections"]["discharge_diagnosis"] == ""
 
 

@@ -138,7 +138,6 @@ def prepare_reproduce_inputs(workdir: Path) -> None:
     import yaml
 
     from llmrnn.cohort import dump_cohort, synthesize_cohort
-
     from llmrnn.mimic import synth
 
     cfg = yaml.safe_load((workdir / "config" / "reproduce.yaml").read_text())
