@@ -101,7 +101,7 @@ SYNTHETIC_MIMIC_IV = "resources/cohort/mimic_iv_synthetic"  # `llmrnn cohort syn
 
 def cohort_is_synthetic(cohort: Any) -> bool:
     """The cohort comes from `llmrnn cohort synth`: directly (source: synthetic) or as the synthetic
-    PhysioNet files rule synth_mimic_iv writes from cohort.synthetic (source: mimic_iv, default folders),
+    PhysioNet files rule synth_mimic_iv writes from cohort.synthetic (source: mimic_iv on its folders),
     which build back into the same patients."""
     cohort = cohort if isinstance(cohort, dict) else {}
     source = cohort.get("source", "synthetic")
@@ -109,7 +109,7 @@ def cohort_is_synthetic(cohort: Any) -> bool:
         return True
     mimic = cohort.get("mimic_iv") if isinstance(cohort.get("mimic_iv"), dict) else {}
     return source == "mimic_iv" and all(
-        str(mimic.get(k, f"{SYNTHETIC_MIMIC_IV}/{k}")).rstrip("/") == f"{SYNTHETIC_MIMIC_IV}/{k}" for k in ("hosp", "note"))
+        str(mimic.get(k, "")).rstrip("/") == f"{SYNTHETIC_MIMIC_IV}/{k}" for k in ("hosp", "note"))
 
 
 def max_test_patients(config: dict) -> tuple[int, str] | None:
