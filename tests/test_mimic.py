@@ -205,3 +205,14 @@ def test_synth_files_have_the_real_layout(tmp_path):
     texts = [r["text"] for r in rows]
     assert all("___" in t for t in texts) and any("DISCHARGE EXAM:" in t for t in texts)
     assert len({t.split("Chief")[0] == t for t in texts}) == 2  # CHIEF COMPLAINT and Chief Complaint both occur
+
+
+def test_llmrnn_check_reads_the_physionet_folder(tmp_path):
+    from llmrnn.check import check_cohort
+
+    _write_tables(tmp_path, [("a", 10, 100, 1, "x")])
+    cohort = {"source": "mimic_iv", "mimic_iv": {"hosp": str(tmp_path / "hosp"), "note": str(tmp_path / "nowhere")}}
+    assert check_cohort({"cohort": cohort}) == [f"cohort.mimic_iv: {tmp_path}/nowhere/discharge.csv.gz: missing "
+                                                "(MIMIC-IV-Note note/ discharge.csv.gz)"]
+    cohort["mimic_iv"]["note"] = str(tmp_path / "note")
+    assert check_cohort({"cohort": cohort}) == []
