@@ -212,7 +212,7 @@ def test_llmrnn_check_reads_the_physionet_folder(tmp_path):
 
     _write_tables(tmp_path, [("a", 10, 100, 1, "x")])
     cohort = {"source": "mimic_iv", "mimic_iv": {"hosp": str(tmp_path / "hosp"), "note": str(tmp_path / "nowhere")}}
-    assert check_cohort({"cohort": cohort}) == [f"cohort.mimic_iv: {tmp_path}/nowhere/discharge.csv.gz: missing "
-                                                "(MIMIC-IV-Note note/ discharge.csv.gz)"]
+    expected = f"cohort.mimic_iv: {tmp_path}/nowhere/discharge.csv.gz: missing (MIMIC-IV-Note note/ discharge.csv.gz)"
+    assert check_cohort({"cohort": cohort}) == [expected]
     cohort["mimic_iv"]["note"] = str(tmp_path / "note")
     assert check_cohort({"cohort": cohort}) == []
