@@ -142,6 +142,16 @@ def test_header_variants_order_and_diagnosis_sub_lists(tmp_path):
     assert report["section_coverage"]["discharge_diagnosis"] == 3
 
 
+@pytest.mark.parametrize("label", ["DISCHARGE LABS:", "Hospital Course by Systems:", "Discharge weight: 80 kg",
+                                   "Transitional Issues / Discharge Plan:"])
+def test_unknown_discharge_time_label_is_withheld_wherever_it_stands(label):
+    """No blank line before it, inside a section whose labels are its own parts, or with text after it."""
+    for section in ("History of Present Illness:", "Pertinent Results:", "Past Medical History:"):
+        split = sections.split_note(f"{section}\nseen in clinic\n{label}\n{MARKER} text\nSocial History:\nalone\n")
+        assert MARKER not in json.dumps({k: v for k, v in split.sections.items() if k in sections.KEPT}), (section, label)
+        assert split.sections["social_history"] == "alone"
+
+
 def test_unknown_header_is_counted_and_not_merged():
     split = sections.split_note("Chief Complaint:\ncough\n \nWeird Section:\nsecret text\n \nSocial History:\nalone\n")
     assert split.sections["chief_complaint"] == "cough"

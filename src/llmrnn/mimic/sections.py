@@ -71,6 +71,8 @@ SUBLABEL_WORDS = {
                              "psychiatric", "pmh", "psh", "past", "other", "problems", "hx"},
 }
 PRIMARY_WORDS = {"primary", "principal"}
+# an unknown label with one of these words starts withheld text, whatever section it stands in
+DISCHARGE_TIME_WORDS = {"discharge", "discharged", "course", "instructions", "followup", "disposition", "addendum"}
 
 
 _NON_LETTERS = re.compile(r"[^a-z]+")
@@ -110,6 +112,13 @@ def _after_blank(text: str, start: int) -> bool:
     return not text[prev_start:prev_end].strip()
 
 
+def _written_at_discharge(norm: str) -> bool:
+    """An unknown label naming discharge-time text (`Discharge Labs`, `Hospital Course by Systems`); the
+    ED course in the history is admission-time text."""
+    words = set(norm.split())
+    return bool(words & DISCHARGE_TIME_WORDS) and not norm.startswith("ed ")
+
+
 def _is_sublabel(current: str, norm: str) -> bool:
     if current in ADMISSION_AND_DISCHARGE or current == "hospital_course":  # their own parts (`# Sepsis:`)
         return True
@@ -132,6 +141,10 @@ def split_note(text: str) -> SplitNote:
                 continue  # `Diagnoses:` inside Discharge Diagnosis: a sub-label, content
             parts.append((canonical, m.start(2), m.start() + 1))
             current = canonical
+        elif _written_at_discharge(norm) and not (current == "discharge_diagnosis" and _is_sublabel(current, norm)):
+            out.unknown_headers += 1  # `DISCHARGE LABS:`, `Hospital Course by Systems:` anywhere: withheld
+            parts.append(("_unknown", m.start(2), m.start() + 1))
+            current = "_unknown"
         elif alone and norm and _after_blank(text, m.start() + 1) and not _is_sublabel(current, norm):
             out.unknown_headers += 1
             parts.append(("_unknown", m.end(), m.start() + 1))
