@@ -15,6 +15,48 @@ rule synth_cohort:
         "--out {output.cohort:q} --meta {output.meta:q} 2> {log:q}"
 
 
+rule synth_mimic_iv:
+    output:
+        patients="resources/cohort/mimic_iv_synthetic/hosp/patients.csv.gz",
+        admissions="resources/cohort/mimic_iv_synthetic/hosp/admissions.csv.gz",
+        diagnoses_icd="resources/cohort/mimic_iv_synthetic/hosp/diagnoses_icd.csv.gz",
+        d_icd_diagnoses="resources/cohort/mimic_iv_synthetic/hosp/d_icd_diagnoses.csv.gz",
+        discharge="resources/cohort/mimic_iv_synthetic/note/discharge.csv.gz",
+    log:
+        "logs/synth_mimic_iv.log",
+    conda:
+        conda_env("data")
+    params:
+        out=lambda wildcards, output: os.path.dirname(os.path.dirname(output.patients)),
+        patients=config["cohort"]["synthetic"]["patients"],
+        seed=config["cohort"]["synthetic"]["seed"],
+        code=code_hash("cohort synth"),
+    shell:
+        "llmrnn cohort synth --format mimic-iv --patients {params.patients:q} --seed {params.seed:q} "
+        "--out {params.out:q} --expect {output.patients:q} {output.admissions:q} {output.diagnoses_icd:q} "
+        "{output.d_icd_diagnoses:q} {output.discharge:q} 2> {log:q}"
+
+
+rule build_cohort:
+    input:
+        unpack(mimic_iv_inputs),
+    output:
+        cohort=f"{RUN}/cohort/built.json",
+        report=f"{RUN}/cohort/build_report.json",
+    log:
+        f"{LOGS}/build_cohort.log",
+    conda:
+        conda_env("data")
+    params:
+        hosp=config["cohort"]["mimic_iv"]["hosp"],
+        note=config["cohort"]["mimic_iv"]["note"],
+        cfg=mimic_iv_cfg_json(),
+        code=code_hash("cohort build"),
+    shell:
+        "llmrnn cohort build --hosp {params.hosp:q} --note {params.note:q} --out {output.cohort:q} "
+        "--report {output.report:q} --cfg {params.cfg:q} 2> {log:q}"
+
+
 rule clean_cohort:
     input:
         cohort=raw_cohort_path,

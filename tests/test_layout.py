@@ -145,7 +145,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("helpers", {"io", "stats", "jsonparse", "matching", "retry", "prompts", "rubric", "gpus", "upload", "cli",
                  "configcheck", "runconfig", "provenance"}),
     ("services", {"prefix_engine", "backends", "models", "cohort", "judge", "judge.client", "judge.server",
-                  "judge.launcher", "phi_guard"}),
+                  "judge.launcher", "phi_guard", "mimic", "mimic.sections", "mimic.build", "mimic.synth"}),
     ("reward", {"reward"}),
     ("stages", {"rnn", "trajectories", "merge", "report", "gpu_stack", "train", "train.checkpoints",
                 "train.config", "train.data", "train.diagnose", "train.metrics", "train.trl_engine",

@@ -89,7 +89,8 @@ def test_demo_models_and_the_trained_variant():
     assert plan.eval_memory_arg(wc(variant="base")) == []
     assert plan.model_mem_mb(wc(name="smollm2-135m-instruct")) == 16000  # a GGUF to dequantise
     assert json.loads(plan.model_cfg_json(wc(name="smollm2-135m-instruct")))["source"] == "pypi_gguf"
-    assert plan.raw_cohort_path() == "resources/cohort/synthetic.json"
+    assert plan.raw_cohort_path() == "results/demo/cohort/built.json"  # built from synthetic PhysioNet files
+    assert plan.mimic_iv_inputs()["discharge"] == "resources/cohort/mimic_iv_synthetic/note/discharge.csv.gz"
 
 
 # ----------------------------------------------------------------------------- the reproduction
@@ -110,14 +111,16 @@ def test_reproduce_plans_verl_vllm_and_a_gpu_judge(workdir):
     assert plan.release_rubric_input() == {"rubric": plan.config["judge"]["rubric"]}
     assert plan.eval_variants() == ["base", "trained", "zero_shot", "full_history"]
     assert plan.role_model_markers() == [LLAMA_READY]
-    assert plan.raw_cohort_path() == "data/mimic_iv_llmrnn.json"
-    assert plan.raw_cohort_sha256() is not None  # the user's cohort by content
+    assert plan.raw_cohort_path() == "results/phase1_v2judge_repro/cohort/built.json"  # rule build_cohort
+    assert json.loads(plan.mimic_iv_cfg_json()) == {"diagnoses": "note", "min_visits": 2, "adults_only": False}
 
 
 def test_reproduce_without_its_cohort_is_one_line_naming_the_key():
     plan = plan_of(REPRODUCE)
+    with pytest.raises(InputError, match=r"^cohort\.mimic_iv: data/mimiciv/hosp/patients\.csv\.gz: missing"):
+        plan.mimic_iv_inputs()
     with pytest.raises(InputError, match=r"^cohort\.source: data/mimic_iv_llmrnn\.json does not exist\."):
-        plan.raw_cohort_path()
+        plan_of(REPRODUCE, overlay={"cohort": {"source": "data/mimic_iv_llmrnn.json"}}).raw_cohort_path()
     braced = plan_of(REPRODUCE, overlay={"cohort": {"source": "data/{x}.json"}})
     with pytest.raises(InputError, match="contains a brace"):
         braced.raw_cohort_path()

@@ -170,11 +170,18 @@ def check_cohort(config: dict) -> list[str]:
     """The cohort loads, and the split sizes fit the CLEANED cohort (split_cohort's input), so a cohort
     too small for the configured splits fails here, not hours later at split time."""
     from llmrnn.cohort import clean_cohort, load_cohort, synthesize_cohort
+    from llmrnn.configcheck import cohort_is_synthetic
     from llmrnn.errors import LlmrnnError
 
     cohort = config.get("cohort") or {}
     source = cohort.get("source", "synthetic")
-    if source == "synthetic":
+    if source == "mimic_iv" and not cohort_is_synthetic(cohort):
+        from llmrnn.mimic.build import folder_problems
+
+        mimic = cohort.get("mimic_iv") or {}
+        return [f"cohort.mimic_iv: {p}" for p in folder_problems(mimic.get("hosp", ""), mimic.get("note", ""),
+                                                                 mimic.get("diagnoses", "note"))]
+    if cohort_is_synthetic(cohort):  # also the synthetic PhysioNet files: they build back into this cohort
         synth = cohort.get("synthetic") or {}
         if "patients" not in synth or "seed" not in synth:
             return []  # the schema check names the missing key
@@ -198,7 +205,7 @@ def check_cohort(config: dict) -> list[str]:
         return [(f"cohort.source: {source} has {len(kept)} patients after cleaning ({len(patients)} before); "
                  f"split needs at least {need} (val_size {split.get('val_size', 0)} + train_size "
                  f"{split.get('train_size', 0)} + a test set)")]
-    if source == "synthetic":
+    if cohort_is_synthetic(cohort):
         return []  # load_config's shard check already bounds the synthetic test split
     from llmrnn.configcheck import shard_problems
 

@@ -431,6 +431,17 @@ def synthesize_cohort(n_patients: int, seed: int, empty_diagnosis_rate: float = 
 # ----------------------------------------------------------------------------- CLI
 def _cmd_synth(args: argparse.Namespace) -> None:
     patients = synthesize_cohort(args.patients, args.seed)
+    if args.format == "mimic-iv":
+        from llmrnn.mimic import synth
+
+        written = {Path(p).resolve() for p in synth.write(patients, args.seed, args.out)}
+        if missing := [p for p in args.expect or () if Path(p).resolve() not in written]:
+            raise InputError(f"cohort synth: --expect {missing[0]}: not one of the files --format mimic-iv writes "
+                             f"under {args.out} ({', '.join(synth.FILES)})")
+        log.info("wrote %d synthetic patients as MIMIC-IV files under %s", len(patients), args.out)
+        return
+    if not args.meta:
+        raise InputError("cohort synth: --meta is required with --format json")
     meta = {
         "synthetic": True,
         "generator": "llmrnn cohort synth",
@@ -447,6 +458,14 @@ def _all_dropped(source: str, report: dict) -> InputError:
         f"{source}: every patient was dropped ({report['patients_dropped_empty_diagnosis']} of "
         f"{report['patients_in']} have a visit with an empty clinical_sections.discharge_diagnosis); nothing to split"
     )
+
+
+def _cmd_build(args: argparse.Namespace) -> None:
+    from llmrnn.mimic import build
+
+    _distinct_paths(args, ("out", "report"))
+    summary = build.build(args.hosp, args.note, args.out, args.report, args.cfg)
+    log.info("built cohort: %d patients, %d visits", summary["patients_out"], summary["visits_out"])
 
 
 def _cmd_validate(args: argparse.Namespace) -> None:
@@ -521,9 +540,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = csub.add_parser("synth", help="write a deterministic SYNTHETIC cohort")
     p.add_argument("--patients", type=int, required=True)
     p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--out", required=True, help="output: the cohort JSON")
-    p.add_argument("--meta", required=True, help="output: how it was made (generator, patients, seed)")
+    p.add_argument("--format", choices=("json", "mimic-iv"), default="json",
+                   help="json: the cohort file; mimic-iv: PhysioNet-shaped files under --out (hosp/, note/)")
+    p.add_argument("--out", required=True, help="output: the cohort JSON (a folder with --format mimic-iv)")
+    p.add_argument("--meta", help="output: how it was made (generator, patients, seed); --format json")
+    p.add_argument("--expect", nargs="+", help="--format mimic-iv: files that must be among those written "
+                   "(the rule's outputs)")
     p.set_defaults(func=_cmd_synth)
+
+    p = csub.add_parser("build", help="build the cohort from MIMIC-IV hosp/ and MIMIC-IV-Note note/ files")
+    p.add_argument("--hosp", required=True, help="MIMIC-IV hosp/ folder (patients, admissions, ...csv.gz)")
+    p.add_argument("--note", required=True, help="MIMIC-IV-Note note/ folder (discharge.csv.gz)")
+    p.add_argument("--out", required=True, help="output: the cohort JSON (private, 0600)")
+    p.add_argument("--report", required=True, help="output: build_report.json (counts only)")
+    p.add_argument("--cfg", type=json_arg, default={},
+                   help='JSON: {"diagnoses": "note"|"icd", "min_visits": 2, "adults_only": false}')
+    p.set_defaults(func=_cmd_build)
 
     p = csub.add_parser("validate", help="check every record of a cohort file")
     p.add_argument("cohort")

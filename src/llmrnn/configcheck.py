@@ -96,6 +96,22 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+SYNTHETIC_MIMIC_IV = "resources/cohort/mimic_iv_synthetic"  # `llmrnn cohort synth --format mimic-iv` writes here
+
+
+def cohort_is_synthetic(cohort: Any) -> bool:
+    """The cohort comes from `llmrnn cohort synth`: directly (source: synthetic) or as the synthetic
+    PhysioNet files rule synth_mimic_iv writes from cohort.synthetic (source: mimic_iv on its folders),
+    which build back into the same patients."""
+    cohort = cohort if isinstance(cohort, dict) else {}
+    source = cohort.get("source", "synthetic")
+    if source == "synthetic":
+        return True
+    mimic = cohort.get("mimic_iv") if isinstance(cohort.get("mimic_iv"), dict) else {}
+    return source == "mimic_iv" and all(
+        str(mimic.get(k, "")).rstrip("/") == f"{SYNTHETIC_MIMIC_IV}/{k}" for k in ("hosp", "note"))
+
+
 def max_test_patients(config: dict) -> tuple[int, str] | None:
     """An upper bound on the evaluated test patients known from the config alone, and how it was got;
     None when it needs the cohort file (`llmrnn check` counts that one)."""
@@ -105,7 +121,7 @@ def max_test_patients(config: dict) -> tuple[int, str] | None:
         bounds.append((cap, f"eval.max_patients {cap}"))
     synth = cohort.get("synthetic") if isinstance(cohort.get("synthetic"), dict) else {}
     patients, val, train = (_int(synth.get("patients")), _int(split.get("val_size")), _int(split.get("train_size")))
-    if cohort.get("source", "synthetic") == "synthetic" and None not in (patients, val, train):
+    if cohort_is_synthetic(cohort) and None not in (patients, val, train):
         bounds.append((max(patients - val - train, 0),
                        f"cohort.synthetic.patients {patients} - split.val_size {val} - split.train_size {train}"))
     return min(bounds) if bounds else None

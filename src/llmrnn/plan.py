@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmrnn.configcheck import SYNTHETIC_MIMIC_IV
 from llmrnn.errors import InputError
 from llmrnn.models import MODELS_ROOT, READY
 
@@ -149,6 +150,8 @@ class Plan:
         source = self.config["cohort"]["source"]
         if source == "synthetic":
             return SYNTHETIC_COHORT
+        if source == "mimic_iv":
+            return f"{self.paths.run}/cohort/built.json"
         if "{" in source or "}" in source:
             raise InputError(
                 f"cohort.source: {source!r} contains a brace, which Snakemake reads as a wildcard; "
@@ -169,6 +172,23 @@ class Plan:
         from llmrnn.cohort import source_sha256
 
         return source_sha256(self.config["cohort"]["source"])
+
+    def mimic_iv_inputs(self, wildcards=None) -> dict[str, str]:
+        """build_cohort's inputs: the PhysioNet files themselves (a new release reruns everything after)."""
+        from llmrnn.mimic.build import header_problem, table_paths
+
+        mimic = self.config["cohort"]["mimic_iv"]
+        paths = table_paths(mimic["hosp"], mimic["note"], mimic["diagnoses"])
+        for table, path in paths.items():
+            if "{" in str(path) or "}" in str(path):
+                raise InputError(f"cohort.mimic_iv: {path} contains a brace, which Snakemake reads as a wildcard")
+            if not str(path).startswith(SYNTHETIC_MIMIC_IV + "/") and (problem := header_problem(path, table)):
+                raise InputError(f"cohort.mimic_iv: {problem}")
+        return {table: str(path) for table, path in paths.items()}
+
+    def mimic_iv_cfg_json(self) -> str:
+        """params of build_cohort: the selection and diagnosis knobs (the folders are its inputs)."""
+        return _json({k: v for k, v in self.config["cohort"]["mimic_iv"].items() if k not in ("hosp", "note")})
 
     def split_cfg_json(self) -> str:
         """params of split_cohort: the split section itself."""

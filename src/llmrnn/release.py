@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from llmrnn import io, phi_guard, upload
+from llmrnn.configcheck import cohort_is_synthetic
 from llmrnn.errors import CheckFailed, InputError
 
 log = logging.getLogger(__name__)
@@ -359,7 +360,7 @@ def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
     qa = knobs.get("recipe") == "qa"
     # the data the model learned from: the QA source for recipe qa (its questions may come from elsewhere)
     source = (knobs.get("qa") or {}) if qa else knobs.get("cohort", {})
-    synthetic = source.get("source", "synthetic") == "synthetic"
+    synthetic = source.get("source", "synthetic") == "synthetic" if qa else cohort_is_synthetic(source)
     parts: list[str] = []
     if qa:
         _card_intro_qa(parts, rel, repo_id, knobs.get("qa", {}))

@@ -138,10 +138,17 @@ def prepare_reproduce_inputs(workdir: Path) -> None:
     import yaml
 
     from llmrnn.cohort import dump_cohort, synthesize_cohort
+    from llmrnn.mimic import synth
 
     cfg = yaml.safe_load((workdir / "config" / "reproduce.yaml").read_text())
     source = cfg.get("cohort", {}).get("source", "synthetic")
-    if source != "synthetic":
+    if source == "mimic_iv":  # synthetic PhysioNet files where the user's folders go
+        mimic = cfg["cohort"]["mimic_iv"]
+        synth.write(synthesize_cohort(30, seed=3), 3, workdir / "_physionet")
+        for key in ("hosp", "note"):
+            (workdir / mimic[key]).parent.mkdir(parents=True, exist_ok=True)
+            (workdir / "_physionet" / key).rename(workdir / mimic[key])
+    elif source != "synthetic":
         path = workdir / source
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(dump_cohort(synthesize_cohort(30, seed=3)))

@@ -84,6 +84,17 @@ def test_literal_dry_run_without_slurm_maps_gpu_rules_to_a100(workflow_dir, tmp_
         assert "train_grpo" in seen_gpu and "judge_server" in seen_gpu, seen_gpu
 
 
+def test_reproduce_dry_run_plans_build_cohort_first(workflow_dir, tmp_path):
+    """config/reproduce.yaml reads the user's PhysioNet folders (here synthetic files in their place):
+    build_cohort is the DAG's first stage, before cleaning."""
+    copy_extra_parts(workflow_dir)
+    prepare_reproduce_inputs(workflow_dir)
+    text = _dry_run(workflow_dir, _clean_env(tmp_path), "--profile", "profiles/slurm", "-n", "all")
+    jobs = [j.rule for j in parse_dry_run(text) if j.shell is not None]
+    assert jobs[0] == "build_cohort", jobs[:5]
+    assert jobs.index("build_cohort") < jobs.index("clean_cohort") < jobs.index("split_cohort")
+
+
 def test_env_vars_adapt_the_profile_without_editing_it(workflow_dir, tmp_path):
     env = _clean_env(
         tmp_path,

@@ -109,3 +109,38 @@ def test_brace_in_cohort_path_is_refused_before_any_job(workflow_dir):
     proc = snakemake(workflow_dir, "results/demo/splits/splits.json", "-n", check=False)
     assert proc.returncode != 0
     assert "contains a brace, which Snakemake reads as a wildcard" in proc.stdout + proc.stderr
+
+
+def test_demo_builds_its_cohort_from_synthetic_physionet_files_with_the_same_splits(workflow_dir):
+    """The embedded default (cohort.source mimic_iv on the files synth_mimic_iv writes) runs build_cohort
+    first, and its splits hold the same patients, visits and shown sections as the synthetic JSON's."""
+    cfg = yaml.safe_load((workflow_dir / "config/config.yaml").read_text())
+    assert cfg["cohort"]["source"] == "mimic_iv"
+    cohort = dict(cfg["cohort"], synthetic={"patients": 25, "seed": 3})
+    split = {"val_size": 3, "train_size": 4, "seed": 42}
+    write_config(workflow_dir, cohort=cohort, split=split)
+    target = "results/demo/splits/splits.json"
+    dry = snakemake(workflow_dir, target, "-n")
+    planned = dry.stdout + dry.stderr
+    assert planned.index("rule synth_mimic_iv") < planned.index("rule build_cohort") < planned.index("rule clean_cohort")
+    snakemake(workflow_dir, target)
+    built = {name: json.loads((workflow_dir / f"results/demo/splits/{name}.json").read_text()) for name in ("train", "val", "test")}
+    write_config(workflow_dir, cohort={"source": "synthetic", "synthetic": {"patients": 25, "seed": 3}}, split=split)
+    snakemake(workflow_dir, target)
+    for name, patients in built.items():
+        ref = json.loads((workflow_dir / f"results/demo/splits/{name}.json").read_text())
+        for p in ref:
+            p.pop("synthetic")
+            for v in p["visits"]:
+                v["clinical_sections"].pop("hospital_course")  # withheld by the build: discharge-time text
+        assert patients == ref, name
+
+
+def test_physionet_folder_missing_a_file_fails_before_any_job(workflow_dir):
+    (workflow_dir / "mimic/hosp").mkdir(parents=True)
+    write_config(workflow_dir, cohort={"source": "mimic_iv", "mimic_iv": {"hosp": "mimic/hosp", "note": "mimic/note"}})
+    proc = snakemake(workflow_dir, "results/demo/cohort/cleaned.json", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "cohort.mimic_iv: mimic/hosp/patients.csv.gz: missing" in out, out[-2000:]
+    assert not (workflow_dir / "results/demo/cohort").exists()

@@ -1,0 +1,326 @@
+"""`llmrnn cohort build`: MIMIC-IV hosp/ + MIMIC-IV-Note note/ -> the LLM-as-RNN cohort + build_report.json.
+
+One patient per subject_id, one visit per admission with a discharge note (visit_id = hadm_id), visits
+ordered by admittime (ties by hadm_id) and numbered 1, 2, ...; sex from patients.gender; allergies from
+the note's header block; clinical_sections from the note (llmrnn.mimic.sections), without discharge-time
+text; discharge_diagnosis from the note's Discharge Diagnosis section (`diagnoses: note`) or from
+diagnoses_icd long titles in seq_num order (`diagnoses: icd`), written as `1. name` lines.
+Several notes of one admission: the discharge summary (note_type DS) with the lowest note_seq is the
+visit's note; later ones (addenda) are counted and not used, as they are written after discharge.
+The note file is streamed: each parsed note goes to a spool file beside the output and only its offset
+stays in memory. Any bad input is one InputError line (file, row, field) and no output is left.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from io import BufferedReader, TextIOWrapper
+from pathlib import Path
+from typing import Any
+
+from llmrnn import io
+from llmrnn.errors import InputError
+from llmrnn.mimic import sections as sec
+
+# file -> (folder key, required columns)
+TABLES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "patients": ("hosp", ("subject_id", "gender", "anchor_age")),
+    "admissions": ("hosp", ("subject_id", "hadm_id", "admittime")),
+    "diagnoses_icd": ("hosp", ("subject_id", "hadm_id", "seq_num", "icd_code", "icd_version")),
+    "d_icd_diagnoses": ("hosp", ("icd_code", "icd_version", "long_title")),
+    "discharge": ("note", ("note_id", "subject_id", "hadm_id", "note_type", "note_seq", "text")),
+}
+ICD_TABLES = ("diagnoses_icd", "d_icd_diagnoses")
+DEFAULTS = {"diagnoses": "note", "min_visits": 2, "adults_only": False}
+_SURROGATE = re.compile("[\udc80-\udcff]")  # bytes that are not UTF-8, kept by surrogateescape
+csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+
+
+def tables_needed(diagnoses: str) -> tuple[str, ...]:
+    return tuple(t for t in TABLES if diagnoses == "icd" or t not in ICD_TABLES)
+
+
+def table_path(folder: str | Path, table: str) -> Path:
+    """<folder>/<table>.csv.gz, or <table>.csv where the user unpacked it."""
+    gz = Path(folder) / f"{table}.csv.gz"
+    plain = Path(folder) / f"{table}.csv"
+    return plain if not gz.exists() and plain.exists() else gz
+
+
+def table_paths(hosp: str | Path, note: str | Path, diagnoses: str = "note") -> dict[str, Path]:
+    folders = {"hosp": hosp, "note": note}
+    return {t: table_path(folders[TABLES[t][0]], t) for t in tables_needed(diagnoses)}
+
+
+def _open(path: Path, errors: str = "strict"):
+    raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115 (closed by caller)
+    return raw, TextIOWrapper(BufferedReader(raw, 1 << 20), encoding="utf-8", errors=errors, newline="")
+
+
+def header_problem(path: Path, table: str) -> str | None:
+    """None when the file exists and its header has the columns the build reads, else one line."""
+    if not path.is_file():
+        return f"{path}: missing ({'MIMIC-IV-Note note/' if table == 'discharge' else 'MIMIC-IV hosp/'} " \
+               f"{table}.csv.gz)"
+    try:
+        raw, text = _open(path, errors="surrogateescape")  # bad text past the header: rows() names it
+        with raw, text:
+            header = next(csv.reader(text), None)
+    except (OSError, EOFError, zlib.error, csv.Error) as exc:
+        return f"{path}: row 0: header: unreadable ({exc})"
+    if not header:
+        return f"{path}: row 0: header: empty file"
+    missing = [c for c in TABLES[table][1] if c not in header]
+    if missing:
+        return f"{path}: row 0: header: column {missing[0]} missing (the file has: {', '.join(header)[:200]})"
+    return None
+
+
+def folder_problems(hosp: str | Path, note: str | Path, diagnoses: str = "note") -> list[str]:
+    """What `llmrnn check` says about a PhysioNet folder before anything is queued."""
+    return [p for t, path in table_paths(hosp, note, diagnoses).items() if (p := header_problem(path, t))]
+
+
+def rows(path: Path, table: str, locate_bad_text: bool = False) -> Iterator[tuple[int, dict[str, str]]]:
+    """(1-based data row, {column: value}) of a table, streamed; a bad file is one InputError line.
+    locate_bad_text: yield nothing, raise at the first field that is not UTF-8 (after a strict pass failed)."""
+    if problem := header_problem(path, table):
+        raise InputError(problem)
+    row_no = 0
+    try:
+        raw, text = _open(path, errors="surrogateescape" if locate_bad_text else "strict")
+        with raw, text:
+            reader = csv.reader(text)
+            header = next(reader)
+            index = {c: header.index(c) for c in TABLES[table][1]}
+            for row_no, values in enumerate(reader, 1):
+                if len(values) != len(header):
+                    raise InputError(f"{path}: row {row_no}: {len(values)} fields, the header has {len(header)}")
+                if locate_bad_text:
+                    for column, value in zip(header, values):
+                        if _SURROGATE.search(value):
+                            raise InputError(f"{path}: row {row_no}: {column}: not UTF-8 text")
+                    continue
+                yield row_no, {c: values[i] for c, i in index.items()}
+    except UnicodeDecodeError:
+        # strict decoding is fast but knows only a byte offset: a second pass names the row and field
+        for _ in rows(path, table, locate_bad_text=True):
+            pass
+        raise InputError(f"{path}: row {row_no + 1}: not UTF-8 text") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise InputError(f"{path}: row {row_no + 1}: truncated or corrupt gzip ({exc})") from None
+    except csv.Error as exc:
+        raise InputError(f"{path}: row {row_no + 1}: not CSV ({exc})") from None
+    except OSError as exc:
+        raise InputError(f"{path}: row {row_no + 1}: cannot read ({exc})") from None
+
+
+def _int(path: Path, row: int, column: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise InputError(f"{path}: row {row}: {column}: {value[:40]!r} is not an integer") from None
+
+
+@dataclass
+class Admission:
+    subject_id: int
+    admittime: str
+
+
+def read_patients(path: Path) -> dict[int, tuple[str, int | None]]:
+    out: dict[int, tuple[str, int | None]] = {}
+    for row, r in rows(path, "patients"):
+        sid = _int(path, row, "subject_id", r["subject_id"])
+        if sid in out:
+            raise InputError(f"{path}: row {row}: subject_id: {sid} appears twice")
+        age = _int(path, row, "anchor_age", r["anchor_age"]) if r["anchor_age"].strip() else None
+        out[sid] = (sys.intern(r["gender"].strip()), age)
+    return out
+
+
+def read_admissions(path: Path, patients: dict) -> dict[int, Admission]:
+    out: dict[int, Admission] = {}
+    for row, r in rows(path, "admissions"):
+        hadm = _int(path, row, "hadm_id", r["hadm_id"])
+        sid = _int(path, row, "subject_id", r["subject_id"])
+        if hadm in out:
+            raise InputError(f"{path}: row {row}: hadm_id: {hadm} appears twice")
+        if sid not in patients:
+            raise InputError(f"{path}: row {row}: subject_id: {sid} is in no row of patients")
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?", r["admittime"].strip()):
+            raise InputError(f"{path}: row {row}: admittime: {r['admittime'][:40]!r} is not a date-time "
+                             "(YYYY-MM-DD HH:MM:SS)")
+        out[hadm] = Admission(sid, r["admittime"].strip().replace("T", " "))
+    return out
+
+
+def read_icd(dx_path: Path, titles_path: Path, wanted: set[int]) -> dict[int, list[str]]:
+    """hadm_id -> long titles in seq_num order, for the admissions in `wanted` only."""
+    titles: dict[tuple[str, str], str] = {}
+    for _, r in rows(titles_path, "d_icd_diagnoses"):
+        titles[(r["icd_code"].strip(), r["icd_version"].strip())] = r["long_title"].strip()
+    coded: dict[int, list[tuple[int, str]]] = {}
+    for row, r in rows(dx_path, "diagnoses_icd"):
+        hadm = _int(dx_path, row, "hadm_id", r["hadm_id"])
+        if hadm not in wanted:
+            continue
+        key = (r["icd_code"].strip(), r["icd_version"].strip())
+        if key not in titles:
+            raise InputError(f"{dx_path}: row {row}: icd_code: {key[0]} (version {key[1]}) is in no row of "
+                             f"{titles_path.name}")
+        coded.setdefault(hadm, []).append((_int(dx_path, row, "seq_num", r["seq_num"]), titles[key]))
+    return {h: [t for _, t in sorted(v)] for h, v in coded.items()}
+
+
+class Counts(dict):
+    def add(self, key: str, n: int = 1) -> None:
+        self[key] = self.get(key, 0) + n
+
+
+def stream_notes(path: Path, admissions: dict[int, Admission], spool, counts: Counts) -> dict[int, tuple[tuple, int, int]]:
+    """Parse every note into the spool; hadm_id -> (choice key, offset, length) of the note it keeps."""
+    chosen: dict[int, tuple[tuple, int, int]] = {}
+    seen_ids: set[str] = set()
+    for row, r in rows(path, "discharge"):
+        counts.add("notes_read")
+        note_id = r["note_id"].strip()
+        if not note_id:
+            raise InputError(f"{path}: row {row}: note_id: empty")
+        if note_id in seen_ids:
+            raise InputError(f"{path}: row {row}: note_id: {note_id} appears twice")
+        seen_ids.add(note_id)
+        hadm = _int(path, row, "hadm_id", r["hadm_id"])
+        sid = _int(path, row, "subject_id", r["subject_id"])
+        adm = admissions.get(hadm)
+        if adm is None:
+            raise InputError(f"{path}: row {row}: hadm_id: {hadm} is in no row of admissions")
+        if adm.subject_id != sid:
+            raise InputError(f"{path}: row {row}: subject_id: {sid}, but admissions gives hadm_id {hadm} to "
+                             f"subject_id {adm.subject_id}")
+        seq = _int(path, row, "note_seq", r["note_seq"]) if r["note_seq"].strip() else 0
+        key = (r["note_type"].strip().upper() != "DS", seq, note_id)
+        if hadm in chosen and chosen[hadm][0] <= key:
+            counts.add("notes_unused_later_note_of_admission")
+            continue
+        if hadm in chosen:
+            counts.add("notes_unused_later_note_of_admission")
+        split = sec.split_note(r["text"])
+        counts.add("unknown_headers", split.unknown_headers)
+        counts.add("notes_with_unknown_headers", bool(split.unknown_headers))
+        counts.add("repeated_sections", split.repeated)
+        record = {"allergies": split.sections.get("allergies") or None,
+                  "sections": {k: split.sections[k] for k in sec.KEPT if k in split.sections},
+                  "diagnosis": sec.diagnosis_list(split.sections.get("discharge_diagnosis")),
+                  "has": sorted(split.sections)}
+        data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass")
+        offset = spool.tell()
+        spool.write(data)
+        chosen[hadm] = (key, offset, len(data))
+    return chosen
+
+
+def _select(chosen, admissions, patients, cfg, counts: Counts) -> dict[int, list[int]]:
+    """subject_id -> its kept hadm_ids in visit order, after the selection rules (counted)."""
+    by_subject: dict[int, list[int]] = {}
+    for hadm in chosen:
+        by_subject.setdefault(admissions[hadm].subject_id, []).append(hadm)
+    counts["admissions_read"] = len(admissions)
+    counts["admissions_without_note"] = len(admissions) - len(chosen)
+    counts["patients_read"] = len(patients)
+    counts["patients_without_note"] = len(patients) - len(by_subject)
+    kept: dict[int, list[int]] = {}
+    for sid in sorted(by_subject):
+        visits = sorted(by_subject[sid], key=lambda h: (admissions[h].admittime, h))
+        age = patients[sid][1]
+        if cfg["adults_only"] and (age is None or age < 18):
+            counts.add("patients_dropped_not_adult")
+            counts.add("visits_dropped_not_adult", len(visits))
+        elif len(visits) < cfg["min_visits"]:
+            counts.add("patients_dropped_fewer_than_min_visits")
+            counts.add("visits_dropped_fewer_than_min_visits", len(visits))
+        else:
+            kept[sid] = visits
+    return kept
+
+
+def _patient_json(sid: int, hadms: list[int], chosen, spool, patients, icd, coverage: Counts) -> str:
+    visits = []
+    for number, hadm in enumerate(hadms, 1):
+        _, offset, length = chosen[hadm]
+        spool.seek(offset)
+        record = json.loads(spool.read(length).decode("utf-8", "surrogatepass"))
+        for name in record["has"]:
+            coverage.add(name)
+        names = record["diagnosis"] if icd is None else icd.get(hadm, [])
+        visits.append({"visit_id": hadm, "visit_number": number, "sex": patients[sid][0] or None,
+                       "allergies": record["allergies"],
+                       "clinical_sections": {"discharge_diagnosis": sec.numbered(names), **record["sections"]}})
+    return json.dumps({"subject_id": sid, "visits": visits}, ensure_ascii=False)  # one line: json's C encoder
+
+
+def build(hosp: str | Path, note: str | Path, out: str | Path, report: str | Path, cfg: dict | None = None
+          ) -> dict:
+    cfg = {**DEFAULTS, **(cfg or {})}
+    if cfg["diagnoses"] not in ("note", "icd"):
+        raise InputError(f"cfg: diagnoses: {cfg['diagnoses']!r}; expected note or icd")
+    paths = table_paths(hosp, note, cfg["diagnoses"])
+    for table, path in paths.items():  # every file and header before the long stream
+        if problem := header_problem(path, table):
+            raise InputError(problem)
+    counts, coverage = Counts(), Counts()
+    patients = read_patients(paths["patients"])
+    admissions = read_admissions(paths["admissions"], patients)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=Path(out).parent, prefix=f".{Path(out).name}.spool.") as spool:
+        chosen = stream_notes(paths["discharge"], admissions, spool, counts)
+        kept = _select(chosen, admissions, patients, cfg, counts)
+        icd = None
+        if cfg["diagnoses"] == "icd":
+            icd = read_icd(paths["diagnoses_icd"], paths["d_icd_diagnoses"], {h for v in kept.values() for h in v})
+        if not kept:
+            raise InputError(f"{paths['discharge']}: no patient is left after selection "
+                             f"({counts.get('patients_dropped_fewer_than_min_visits', 0)} have fewer than "
+                             f"min_visits {cfg['min_visits']} visits with a note)")
+
+        def write_cohort(tmp: Path) -> None:
+            os.chmod(tmp, 0o600)
+            with open(tmp, "w", encoding="utf-8", errors="surrogatepass") as fh:
+                fh.write("[\n")
+                fh.writelines((",\n" if i else "") + _patient_json(sid, hadms, chosen, spool, patients, icd, coverage) for i, (sid, hadms) in enumerate(kept.items()))
+                fh.write("\n]\n")
+
+        summary = _report(cfg, counts, coverage, kept, hosp, note)
+        io.write_all({out: write_cohort, report: lambda tmp: tmp.write_text(io.json_text(summary))})
+    return summary
+
+
+def _report(cfg, counts: Counts, coverage: Counts, kept, hosp, note) -> dict[str, Any]:
+    """Counts only, never text (coverage is filled while the cohort is written: a live view)."""
+    return {
+        "hosp": str(hosp), "note": str(note),
+        "diagnoses": cfg["diagnoses"], "min_visits": cfg["min_visits"], "adults_only": cfg["adults_only"],
+        "counts": counts,
+        "patients_out": len(kept),
+        "visits_out": sum(len(v) for v in kept.values()),
+        "section_coverage": coverage,
+        "withheld_discharge_time_text": [s for s in sec.DISCHARGE_TIME if s != "discharge_diagnosis"]
+        + [f"{s} from its first DISCHARGE label on" for s in sec.ADMISSION_AND_DISCHARGE],
+        "rules": [
+            ("one visit per admission with a discharge note; the DS note with the lowest note_seq is used, "
+             "later notes of the admission (addenda) are counted and not used"),
+            "visits ordered by admittime, ties by hadm_id, numbered from 1",
+            f"patients with fewer than {cfg['min_visits']} visits dropped",
+            "patients with anchor_age under 18 dropped" if cfg["adults_only"] else "no age rule",
+            "section_coverage: how many kept notes had each section (before withholding)",
+        ],
+    }
