@@ -226,6 +226,7 @@ def test_verl_ray_workers_get_the_metrics_path_reward_env_and_umask_without_the_
     own run_ppo builds ray.init's runtime_env from our overrides; a Ray worker started in a process that
     lacks those variables (umask 022) sees them all and writes files 0600 (tests/verl/ray_env.py)."""
     from llmrnn.reward import guard_env, reward_env
+    from llmrnn.train import tracking
     from llmrnn.train.ray_cluster import single_node_overrides
 
     python = verl_python("0.7.1")
@@ -233,7 +234,10 @@ def test_verl_ray_workers_get_the_metrics_path_reward_env_and_umask_without_the_
     train = write_parquet(tmp_path / "train.parquet", make_rows(6))
     env = {"VERL_FILE_LOGGER_PATH": str(work / "state" / "verl metrics.jsonl"),
            **reward_env(tmp_path / "endpoint.json", work / "audit", {"mode": "scalar", "outcome_epsilon": 0.1}),
-           **guard_env(0.2, 64)}
+           **guard_env(0.2, 64),
+           # train.report_to's folders reach the workers too; the W&B key (a secret) never travels
+           **tracking.tracking_env({"report_to": ["tensorboard", "wandb", "mlflow"]}, work, environ={}),
+           "WANDB_API_KEY": "sentinel-wandb-key"}
     overrides = verl_cmd.build_overrides(
         dict(REFERENCE), train_parquet=train, val_parquet=None, model_dir=str(tiny_model_dir), out_dir=str(work),
         experiment_name="t", endpoint_file=str(tmp_path / "endpoint.json"), verl_version="0.7.1",
@@ -241,15 +245,18 @@ def test_verl_ray_workers_get_the_metrics_path_reward_env_and_umask_without_the_
     (tmp_path / "overrides.json").write_text(json.dumps(overrides))
     probe_dir = tmp_path / "probe"
     probe_dir.mkdir()
+    names = [*verl_cmd.FORWARDED_ENV, *tracking.FORWARDED_ENV, "WANDB_API_KEY"]
     clean = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(tmp_path)), "HF_HUB_OFFLINE": "1",
              "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
         [str(python), str(REPO / "tests" / "verl" / "ray_env.py"), "--overrides", str(tmp_path / "overrides.json"),
-         "--probe-dir", str(probe_dir), "--names", ",".join(verl_cmd.FORWARDED_ENV)],
+         "--probe-dir", str(probe_dir), "--names", ",".join(names)],
         capture_output=True, text=True, env=clean, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report["env"] == {k: env.get(k) for k in verl_cmd.FORWARDED_ENV}, report
+    assert report["env"] == {k: env.get(k) for k in names if k != "WANDB_API_KEY"} | {"WANDB_API_KEY": None}, report
+    assert report["env"]["TENSORBOARD_DIR"] == str(work.resolve() / "tensorboard")
+    assert "sentinel" not in (tmp_path / "overrides.json").read_text() + proc.stdout + proc.stderr
     assert report["mode"] == "0o600", report  # rollout dumps with patient text: the user's alone
     assert report["runtime_env"]["env_vars"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "true"  # verl's own stay
 

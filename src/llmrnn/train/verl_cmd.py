@@ -201,9 +201,11 @@ WORKER_SETUP_HOOK = "llmrnn.train.ray_cluster.private_worker"
 
 
 def runtime_env_overrides(env: dict) -> list[str]:
-    """Hydra overrides putting FORWARDED_ENV (those set in `env`) and the umask hook into verl's runtime_env."""
-    items = [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_hydra_value(str(env[k]))}"
-             for k in FORWARDED_ENV if env.get(k)]
+    """Hydra overrides putting FORWARDED_ENV and the trackers' variables (tracking.FORWARDED_ENV: paths and
+    modes, never a secret) of those set in `env`, and the umask hook, into verl's runtime_env."""
+    names = [k for k in FORWARDED_ENV if env.get(k)]
+    names += [k for k in tracking.FORWARDED_ENV if tracking.forwardable(k, str(env.get(k) or ""))]
+    items = [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_hydra_value(str(env[k]))}" for k in names]
     return items + [f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={WORKER_SETUP_HOOK}"]
 
 
