@@ -518,3 +518,33 @@ def test_verl_reward_workers_score_outcome_mode_without_an_endpoint(tmp_path, mo
     assert "endpoint" not in str(failed.value) and "exited with" not in str(failed.value)
     scored = [json.loads(x) for step in (1, 2, 3) for x in (out / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
     assert len(scored) == 12 and all(r["parse_outcome"] == 1.0 and r["judge_calls"] == 0 for r in scored)
+
+
+def test_auto_attention_resolves_by_whether_flash_attn_imports_in_the_training_python(tmp_path, monkeypatch):
+    """train.verl.attn_implementation auto: flash_attention_2 + remove-padding where flash-attn imports in the
+    Python that runs main_ppo (the reference's image), sdpa where it does not; the result (and why) goes to
+    the training summary. The 'imports' case is a real package folder on that Python's path (flash_attn with
+    the bert_padding module verl's remove-padding imports), the other this machine's venv."""
+    def rendered(attention):
+        ov = verl_cmd.build_overrides({}, train_parquet="t", val_parquet=None, model_dir="m", out_dir="o",
+                                      experiment_name="e", verl_version="0.7.1", attention=attention)
+        return sorted(o for o in ov if o.startswith(ATTN_OVERRIDES))
+
+    without = verl_cmd.resolve_attention("auto", sys.executable)
+    assert without["ran"] == "sdpa" and not without["use_remove_padding"] and without["flash_attn"] is None
+    assert without["why"].startswith("auto: flash-attn does not import (") and "flash_attn" in without["why"]
+    assert rendered(without["ran"]) == ["+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+                                        "actor_rollout_ref.model.use_remove_padding=false"]
+    pkg = tmp_path / "site" / "flash_attn"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("__version__ = '2.7.4.post1'\n")
+    (pkg / "bert_padding.py").write_text("def unpad_input(*a):\n    raise NotImplementedError\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    with_flash = verl_cmd.resolve_attention("auto", sys.executable)
+    assert with_flash == {"configured": "auto", "ran": "flash_attention_2", "use_remove_padding": True,
+                          "flash_attn": "2.7.4.post1", "why": "auto: flash-attn 2.7.4.post1 imports"}
+    assert rendered(with_flash["ran"]) == [
+        "+actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2",
+        "actor_rollout_ref.model.use_remove_padding=true"]
+    # a configured kernel is taken as is (check_attention refuses flash_attention_2 without flash-attn)
+    assert verl_cmd.resolve_attention("sdpa")["ran"] == "sdpa"
