@@ -471,3 +471,29 @@ def test_a_second_release_of_a_run_while_one_runs_stops_and_leaves_the_first_alo
         first.communicate("", timeout=30)
     assert first.returncode == 0
     run_release(inputs, run / "release")  # the lock went with the first process
+
+
+def test_card_states_the_attention_that_ran_and_the_data_seed_against_the_reference(inputs, tmp_path, monkeypatch):
+    """Item 7 of issue 31: a verl run's card names the attention kernel the actor ran with (the training
+    summary's `attention`, resolved on the node from train.verl.attn_implementation auto) and that data.seed
+    is set where the reference left it unset."""
+    from llmrnn.train import verl_cmd
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    out = tmp_path / "run" / "release"
+    summary = tmp_path / "run" / "summary.json"
+    attention = verl_cmd.resolve_attention("auto")  # this machine: no flash-attn
+    io.write_json(summary, {"steps": 4, "attention": attention})
+    knobs = {**KNOBS, "train": {**KNOBS["train"], "engine": "verl", "seed": 42,
+                                "verl": {"attn_implementation": "auto"}}}
+    release.build_release(
+        merged=inputs["merged"], merge_check=inputs["merge_check"], splits=inputs["splits"],
+        split_files=inputs["split_files"], metrics=inputs["metrics"], rubric=inputs["rubric"],
+        cfg={"run_name": "demo", "release": {"base_model": "x/y"}, "knobs": knobs}, card_out=out / "README.md",
+        manifest_out=out / "MANIFEST.json", receipt_out=out / "upload_receipt.json", train_summary=summary)
+    card = (out / "README.md").read_text()
+    section = card.split("## Differences from the reference run", 1)[1].split("\n## ", 1)[0]
+    assert "| `actor attention` | sdpa, remove-padding off (auto: flash-attn does not import" in section
+    assert "| `data.seed` | 42 (train.seed): the reference left verl's data.seed unset" in section
+    manifest = json.loads((out / "MANIFEST.json").read_text())
+    assert manifest["training"]["attention"]["ran"] == "sdpa"

@@ -84,7 +84,7 @@ REPRODUCE_CONFIG = {
     "train.val_generations":           None,                          # verl's own validation
     "train.n_gpus_per_node":           2,
     "train.nnodes":                    1,
-    "train.verl.attn_implementation":  "sdpa",           # flash-attn is not in the GPU lock
+    "train.verl.attn_implementation":  "auto",           # flash-attn where it imports (the reference's image), else sdpa
     "train.verl.reward_manager":       "naive",
     "train.verl.reward_num_workers":   8,
     "train.verl.extra_overrides":      [],
@@ -104,7 +104,8 @@ VERL_COMMON = {
     "actor_rollout_ref.rollout.load_format":               "safetensors",
     "actor_rollout_ref.rollout.layered_summon":            "true",
     # verl 0.7.1 loads the actor with flash_attention_2 and remove-padding by default; flash-attn is not in
-    # the GPU lock, so the actor loads with sdpa and no remove-padding (tests/verl/load_actor.py proves both)
+    # the GPU lock, so the actor loads with sdpa and no remove-padding (tests/verl/load_actor.py proves both);
+    # train.verl.attn_implementation auto renders these where flash-attn does not import (as here)
     "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
     "actor_rollout_ref.model.use_remove_padding":          "false",
     # the ratio clip and loss aggregation, explicit (verl's defaults; the card names neither)
@@ -156,7 +157,8 @@ REPRODUCE_OVERRIDES = {
     "actor_rollout_ref.rollout.gpu_memory_utilization":    "0.6",
     "data.max_prompt_length":                              "3072",
     "data.max_response_length":                           "512",
-    "data.seed":                                           "42",
+    "data.seed":                                           "42",   # the reference left it unset (an unseeded
+                                                                            # shuffle): stated in the model card
     "actor_rollout_ref.actor.data_loader_seed":            "42",
     "trainer.total_epochs":                                "20",
     "trainer.save_freq":                                   "20",
@@ -244,7 +246,7 @@ QA_REPRODUCE_CONFIG = {
     "train.val_generations":           None,
     "train.n_gpus_per_node":           2,
     "train.nnodes":                    1,
-    "train.verl.attn_implementation":  "sdpa",           # flash-attn is not in the GPU lock
+    "train.verl.attn_implementation":  "auto",           # flash-attn where it imports (the reference's image), else sdpa
     "train.verl.reward_manager":       "naive",
     "train.verl.reward_num_workers":   8,
     "train.verl.extra_overrides":      [],

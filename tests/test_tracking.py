@@ -79,6 +79,27 @@ def test_no_config_key_can_hold_a_tracker_secret():
     assert not [k for k in env if any(s in k for s in ("KEY", "TOKEN", "PASSWORD", "SECRET"))]
 
 
+def test_tracker_variables_reach_verls_ray_workers_but_no_secret_does(tmp_path):
+    """verl's Ray workers (another node of a `ray start` cluster) get the trackers' folders and modes through
+    the job's runtime_env, as the metrics path does; WANDB_API_KEY, MLflow credentials and a tracking URI
+    with a password stay in the environment: never on main_ppo's command line (which verl prints)."""
+    cfg = {"report_to": ["tensorboard", "wandb", "mlflow"], "project_name": "proj"}
+    tracked = tracking.tracking_env(cfg, tmp_path / "train", environ={})
+    secrets = {"WANDB_API_KEY": "sentinel-key-0123", "MLFLOW_TRACKING_PASSWORD": "sentinel-pw",
+               "MLFLOW_TRACKING_TOKEN": "sentinel-token", "HF_TOKEN": "sentinel-hf"}
+    items = verl_cmd.runtime_env_overrides({**secrets, **tracked, "VERL_FILE_LOGGER_PATH": "/m.jsonl"})
+    prefix = "+ray_kwargs.ray_init.runtime_env.env_vars."
+    forwarded = {i[len(prefix):].split("=", 1)[0] for i in items if i.startswith(prefix)}
+    assert forwarded == {*tracked, "VERL_FILE_LOGGER_PATH"}
+    assert set(tracked) <= set(tracking.FORWARDED_ENV)
+    assert not [i for i in items if "sentinel" in i]
+    # a user's own tracking server with credentials in the URI is not forwarded (a plain one is)
+    user = {"MLFLOW_TRACKING_URI": "https://bob:pw-sentinel@mlflow.example.org"}
+    assert not [i for i in verl_cmd.runtime_env_overrides(user) if "sentinel" in i]
+    plain = verl_cmd.runtime_env_overrides({"MLFLOW_TRACKING_URI": "https://mlflow.example.org"})
+    assert f"{prefix}MLFLOW_TRACKING_URI=https://mlflow.example.org" in plain
+
+
 def test_verl_overrides_carry_the_loggers_and_never_log_val_generations(tmp_path):
     ov = verl_cmd.build_overrides({"report_to": ["tensorboard", "wandb"]}, train_parquet="t.parquet",
                                   val_parquet="v.parquet", model_dir="m", out_dir=str(tmp_path),

@@ -226,6 +226,7 @@ def test_verl_ray_workers_get_the_metrics_path_reward_env_and_umask_without_the_
     own run_ppo builds ray.init's runtime_env from our overrides; a Ray worker started in a process that
     lacks those variables (umask 022) sees them all and writes files 0600 (tests/verl/ray_env.py)."""
     from llmrnn.reward import guard_env, reward_env
+    from llmrnn.train import tracking
     from llmrnn.train.ray_cluster import single_node_overrides
 
     python = verl_python("0.7.1")
@@ -233,7 +234,10 @@ def test_verl_ray_workers_get_the_metrics_path_reward_env_and_umask_without_the_
     train = write_parquet(tmp_path / "train.parquet", make_rows(6))
     env = {"VERL_FILE_LOGGER_PATH": str(work / "state" / "verl metrics.jsonl"),
            **reward_env(tmp_path / "endpoint.json", work / "audit", {"mode": "scalar", "outcome_epsilon": 0.1}),
-           **guard_env(0.2, 64)}
+           **guard_env(0.2, 64),
+           # train.report_to's folders reach the workers too; the W&B key (a secret) never travels
+           **tracking.tracking_env({"report_to": ["tensorboard", "wandb", "mlflow"]}, work, environ={}),
+           "WANDB_API_KEY": "sentinel-wandb-key"}
     overrides = verl_cmd.build_overrides(
         dict(REFERENCE), train_parquet=train, val_parquet=None, model_dir=str(tiny_model_dir), out_dir=str(work),
         experiment_name="t", endpoint_file=str(tmp_path / "endpoint.json"), verl_version="0.7.1",
@@ -241,15 +245,18 @@ def test_verl_ray_workers_get_the_metrics_path_reward_env_and_umask_without_the_
     (tmp_path / "overrides.json").write_text(json.dumps(overrides))
     probe_dir = tmp_path / "probe"
     probe_dir.mkdir()
+    names = [*verl_cmd.FORWARDED_ENV, *tracking.FORWARDED_ENV, "WANDB_API_KEY"]
     clean = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(tmp_path)), "HF_HUB_OFFLINE": "1",
              "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
         [str(python), str(REPO / "tests" / "verl" / "ray_env.py"), "--overrides", str(tmp_path / "overrides.json"),
-         "--probe-dir", str(probe_dir), "--names", ",".join(verl_cmd.FORWARDED_ENV)],
+         "--probe-dir", str(probe_dir), "--names", ",".join(names)],
         capture_output=True, text=True, env=clean, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report["env"] == {k: env.get(k) for k in verl_cmd.FORWARDED_ENV}, report
+    assert report["env"] == {k: env.get(k) for k in names if k != "WANDB_API_KEY"} | {"WANDB_API_KEY": None}, report
+    assert report["env"]["TENSORBOARD_DIR"] == str(work.resolve() / "tensorboard")
+    assert "sentinel" not in (tmp_path / "overrides.json").read_text() + proc.stdout + proc.stderr
     assert report["mode"] == "0o600", report  # rollout dumps with patient text: the user's alone
     assert report["runtime_env"]["env_vars"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "true"  # verl's own stay
 
@@ -511,3 +518,33 @@ def test_verl_reward_workers_score_outcome_mode_without_an_endpoint(tmp_path, mo
     assert "endpoint" not in str(failed.value) and "exited with" not in str(failed.value)
     scored = [json.loads(x) for step in (1, 2, 3) for x in (out / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
     assert len(scored) == 12 and all(r["parse_outcome"] == 1.0 and r["judge_calls"] == 0 for r in scored)
+
+
+def test_auto_attention_resolves_by_whether_flash_attn_imports_in_the_training_python(tmp_path, monkeypatch):
+    """train.verl.attn_implementation auto: flash_attention_2 + remove-padding where flash-attn imports in the
+    Python that runs main_ppo (the reference's image), sdpa where it does not; the result (and why) goes to
+    the training summary. The 'imports' case is a real package folder on that Python's path (flash_attn with
+    the bert_padding module verl's remove-padding imports), the other this machine's venv."""
+    def rendered(attention):
+        ov = verl_cmd.build_overrides({}, train_parquet="t", val_parquet=None, model_dir="m", out_dir="o",
+                                      experiment_name="e", verl_version="0.7.1", attention=attention)
+        return sorted(o for o in ov if o.startswith(ATTN_OVERRIDES))
+
+    without = verl_cmd.resolve_attention("auto", sys.executable)
+    assert without["ran"] == "sdpa" and not without["use_remove_padding"] and without["flash_attn"] is None
+    assert without["why"].startswith("auto: flash-attn does not import (") and "flash_attn" in without["why"]
+    assert rendered(without["ran"]) == ["+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+                                        "actor_rollout_ref.model.use_remove_padding=false"]
+    pkg = tmp_path / "site" / "flash_attn"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("__version__ = '2.7.4.post1'\n")
+    (pkg / "bert_padding.py").write_text("def unpad_input(*a):\n    raise NotImplementedError\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    with_flash = verl_cmd.resolve_attention("auto", sys.executable)
+    assert with_flash == {"configured": "auto", "ran": "flash_attention_2", "use_remove_padding": True,
+                          "flash_attn": "2.7.4.post1", "why": "auto: flash-attn 2.7.4.post1 imports"}
+    assert rendered(with_flash["ran"]) == [
+        "+actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2",
+        "actor_rollout_ref.model.use_remove_padding=true"]
+    # a configured kernel is taken as is (check_attention refuses flash_attention_2 without flash-attn)
+    assert verl_cmd.resolve_attention("sdpa")["ran"] == "sdpa"

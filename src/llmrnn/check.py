@@ -583,6 +583,22 @@ def check_engine_budget(config: dict) -> list[str]:
     return problems
 
 
+def check_prompt_lengths(config: dict) -> list[str]:
+    """The longest prompt each role can render fits its max_model_len (and the policy's prompt
+    train.max_prompt_length), counted with the role model's tokenizer (llmrnn.promptfit)."""
+    from llmrnn import promptfit
+    from llmrnn.cohort import load_cohort
+
+    if config.get("recipe") == "qa":
+        return []
+    source = (config.get("cohort") or {}).get("source", "synthetic")
+    patients = load_cohort(source) if source != "synthetic" and Path(source).is_file() else None
+    problems, notes = promptfit.check(config, patients)
+    for note in notes:
+        log.warning("check: %s", note)
+    return problems
+
+
 CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
     ("secrets", check_env_names),
     ("patient text", check_external_endpoints),
@@ -591,6 +607,7 @@ CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
     ("models", check_models),
     ("judge", check_judge),
     ("training", check_training),
+    ("prompt length", check_prompt_lengths),
     ("gpu memory", check_engine_budget),
     ("gpu stack", check_gpu_stack),
     ("upload", check_upload),

@@ -369,6 +369,7 @@ def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
     _card_identity(parts, manifest)
     _card_model(parts, manifest)
     _card_grpo_and_reward(parts, manifest)
+    _card_divergences(parts, manifest)
     _card_data(parts, manifest, synthetic)
     _card_curve_and_eval(parts, manifest)
     if qa:
@@ -424,6 +425,33 @@ def _chosen_checkpoint(train_summary: str | Path | None) -> dict | None:
         raise InputError(f"{train_summary}: training summary not found")
     chosen = io.read_json(train_summary).get("checkpoint") or {}
     return {k: chosen.get(k) for k in ("step", "select", "why", "val_reward")} if chosen else None
+
+
+def _ran_attention(train_summary: str | Path | None) -> dict | None:
+    """The actor attention verl ran with (train summary.json `attention`, verl_cmd.resolve_attention)."""
+    if not train_summary or not Path(train_summary).is_file():
+        return None
+    return io.read_json(train_summary).get("attention")
+
+
+def _card_divergences(parts: list[str], manifest: dict) -> None:
+    """Where this run knowingly differs from the reference run (verl engine only; its settings are the
+    reference's otherwise, tests/test_reproduce_fidelity.py)."""
+    train_cfg = manifest["knobs"].get("train", {})
+    if (train_cfg.get("engine") or manifest["training"].get("engine")) != "verl":
+        return
+    attn = manifest["training"].get("attention") or {}
+    ran = attn.get("ran") or (train_cfg.get("verl") or {}).get("attn_implementation") or "-"
+    rows = [
+        ("actor attention", (f"{ran}, remove-padding {'on' if attn.get('use_remove_padding') else 'off'} "
+                            f"({attn.get('why') or 'train.verl.attn_implementation'}); the reference's verl+vLLM "
+                            "image ran flash_attention_2 with remove-padding: the same model, other kernels "
+                            "(numerics differ in the last bits)")),
+        ("data.seed", (f"{train_cfg.get('seed')} (train.seed): the reference left verl's data.seed unset, so its "
+                      "prompt order was an unseeded shuffle that no rerun reproduces; this run's order is fixed")),
+    ]
+    parts.append("## Differences from the reference run\n")
+    parts.append(_table(rows, ("what", "this run")) + "\n")
 
 
 def _card_identity(parts: list[str], manifest: dict) -> None:
@@ -958,7 +986,8 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
                 split_files=split_files, split_format=split_format, card_tmp=card_tmp, manifest_tmp=manifest_tmp,
                 manifest=upload.redact_credentials(build_manifest(
                     run_name=run_name, knobs=knobs, rel=rel, merge_check=check, splits=io.read_json(splits),
-                    metrics={**metrics_summary(metrics), "checkpoint": chosen}, model_files=staged, inputs=inputs,
+                    metrics={**metrics_summary(metrics), "checkpoint": chosen,
+                             "attention": _ran_attention(train_summary)}, model_files=staged, inputs=inputs,
                     rubric=judge_entry(rubric, knobs),
                 )),
             )

@@ -56,7 +56,7 @@ DEFAULTS: dict[str, Any] = {
     # experiment trackers (llmrnn.train.tracking): none | tensorboard | wandb | mlflow, or a list of them
     "report_to": "none",
     "min_free_disk_gb": 1.0,
-    "verl": {"reward_manager": "naive", "reward_num_workers": 8, "attn_implementation": "sdpa", "extra_overrides": []},
+    "verl": {"reward_manager": "naive", "reward_num_workers": 8, "attn_implementation": "auto", "extra_overrides": []},
     "trl": {"num_threads": 1, "logging_steps": 1, "stop_at_json": False, "gradient_checkpointing": False,
             "cpu_bf16": False},
     # TRL: stop when the val reward fell `patience` validations in a row (off in the reference run)
@@ -69,7 +69,7 @@ KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 SCHEDULERS = ("constant", "cosine")
 # verl's actor load (fsdp_workers._build_model_optimizer): "flash_attention_2" (verl's default) needs the
 # flash-attn package, which the GPU lock leaves out (a CUDA source build); sdpa is torch's own kernel
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "flash_attention_2")  # auto: resolved on the node (verl_cmd)
 SELECT = ("last", "best_val")
 # verl loss_agg_mode -> TRL loss_type with the same normalisation: token-mean = every token of the batch
 # weighs the same (TRL dapo: over the global accumulated batch); seq-mean-token-mean = each sequence's mean

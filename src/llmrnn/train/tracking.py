@@ -79,6 +79,23 @@ def tracking_env(cfg: Mapping, work_dir: str | os.PathLike, environ: Mapping[str
     return {k: v for k, v in want.items() if not environ.get(k)}
 
 
+# What tracking_env may set: the variables verl's Ray workers need too (verl_cmd.runtime_env_overrides puts
+# them into the job's runtime_env, which reaches workers on every node). Paths, modes and names only: a
+# secret (WANDB_API_KEY, MLFLOW_TRACKING_PASSWORD/TOKEN...) is never one of them.
+FORWARDED_ENV = ("TENSORBOARD_DIR", "TENSORBOARD_LOGGING_DIR", "WANDB_MODE", "WANDB_DIR", "WANDB_CONSOLE",
+                 "WANDB_PROJECT", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")
+
+
+def forwardable(name: str, value: str) -> bool:
+    """Whether a tracker variable may travel on verl's command line: one of FORWARDED_ENV, and no URI that
+    carries credentials (a user-exported MLFLOW_TRACKING_URI=https://user:pass@host stays in the environment)."""
+    from urllib.parse import urlsplit
+
+    if name not in FORWARDED_ENV or not value:
+        return False
+    return not (name.endswith("_URI") and "@" in urlsplit(value).netloc)
+
+
 def prepare(cfg: Mapping, work_dir: str | os.PathLike) -> dict:
     """Set tracking_env in this process (TRL trains here; verl's main_ppo inherits it) and make the folders
     the trackers expect; returns what was set."""

@@ -112,13 +112,15 @@ def build_overrides(
     verl_version: str | None = None,
     reward_path: str | None = None,
     reward_name: str = REWARD_NAME,
+    attention: str | None = None,
 ) -> list[str]:
-    """The Hydra overrides for main_ppo (list of 'key=value'), for the given verl release series."""
+    """The Hydra overrides for main_ppo (list of 'key=value'), for the given verl release series.
+    `attention`: the resolved train.verl.attn_implementation (resolve_attention); None resolves it here."""
     cfg = tcfg.normalize(cfg)
     ver = series(verl_version)
     out = Path(out_dir)
     b, r, lora, kl = cfg["batch"], cfg["rollout"], cfg["lora"], cfg["kl"]
-    attn = cfg["verl"]["attn_implementation"]
+    attn = attention or resolve_attention(cfg["verl"]["attn_implementation"])["ran"]
     ov: dict[str, object] = {
         "algorithm.adv_estimator": "grpo",
         "algorithm.use_kl_in_reward": not kl["in_loss"],
@@ -136,7 +138,8 @@ def build_overrides(
         "actor_rollout_ref.model.target_modules": list(lora["target_modules"]),
         # verl 0.7.1 loads the actor with attn_implementation flash_attention_2 unless override_config names
         # one, and use_remove_padding (default true) imports flash_attn.bert_padding in the actor's forward;
-        # the GPU lock has no flash-attn, so both follow train.verl.attn_implementation (sdpa by default)
+        # the GPU lock has no flash-attn, so both follow train.verl.attn_implementation (auto: flash-attn where
+        # it imports on the node, else sdpa; resolve_attention)
         "actor_rollout_ref.model.use_remove_padding": attn == "flash_attention_2",
         **_actor_overrides(cfg),
         "actor_rollout_ref.rollout.name": "vllm",
@@ -191,6 +194,35 @@ def build_overrides(
     return items
 
 
+FLASH_PROBE = "import flash_attn, flash_attn.bert_padding; print(flash_attn.__version__)"
+
+
+def resolve_attention(configured: str, python: str | None = None) -> dict:
+    """train.verl.attn_implementation as it runs: `auto` is flash_attention_2 (with verl's remove-padding, as
+    the reference's verl+vLLM image ran) where flash-attn imports in the Python that runs main_ppo, else sdpa.
+    Returns {configured, ran, use_remove_padding, flash_attn (version or None), why}: the training summary's
+    `attention`, which the model card quotes."""
+    if configured != "auto":
+        return {"configured": configured, "ran": configured, "use_remove_padding": configured == "flash_attention_2",
+                "flash_attn": None, "why": "set in train.verl.attn_implementation"}
+    if python is None:  # this process (check, rendering); training asks the Python that runs main_ppo
+        try:
+            import flash_attn
+            import flash_attn.bert_padding  # verl's remove-padding imports it
+
+            version, tail = str(flash_attn.__version__), ""
+        except (ImportError, OSError, RuntimeError) as exc:  # a CUDA/ABI error too
+            version, tail = None, f"{type(exc).__name__}: {exc}"[:200]
+    else:
+        proc = subprocess.run([python, "-c", FLASH_PROBE], capture_output=True, text=True, timeout=300, check=False)
+        version = proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 and proc.stdout.strip() else None
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
+    ran = "flash_attention_2" if version else "sdpa"
+    why = (f"auto: flash-attn {version} imports" if version else f"auto: flash-attn does not import ({tail})")
+    return {"configured": "auto", "ran": ran, "use_remove_padding": bool(version), "flash_attn": version,
+            "why": why}
+
+
 # What verl's Ray workers need from the training job's environment: verl's file logger path (the metrics) and
 # the reward's LLMRNN_* settings. A worker on another node of a `ray start` cluster gets its raylet's
 # environment plus the job's runtime_env, never the driver's: main_ppo merges ray_kwargs.ray_init.runtime_env
@@ -201,9 +233,11 @@ WORKER_SETUP_HOOK = "llmrnn.train.ray_cluster.private_worker"
 
 
 def runtime_env_overrides(env: dict) -> list[str]:
-    """Hydra overrides putting FORWARDED_ENV (those set in `env`) and the umask hook into verl's runtime_env."""
-    items = [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_hydra_value(str(env[k]))}"
-             for k in FORWARDED_ENV if env.get(k)]
+    """Hydra overrides putting FORWARDED_ENV and the trackers' variables (tracking.FORWARDED_ENV: paths and
+    modes, never a secret) of those set in `env`, and the umask hook, into verl's runtime_env."""
+    names = [k for k in FORWARDED_ENV if env.get(k)]
+    names += [k for k in tracking.FORWARDED_ENV if tracking.forwardable(k, str(env.get(k) or ""))]
+    items = [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_hydra_value(str(env[k]))}" for k in names]
     return items + [f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={WORKER_SETUP_HOOK}"]
 
 
@@ -305,6 +339,8 @@ def run(
     writer = MetricsWriter(out / "state" / "metrics.jsonl")  # live; copied to metrics.jsonl at the end
     writer.truncate_after(start)
     log.info("verl: %s from step %d of %d", "resuming" if start else "starting", start, planned)
+    attention = resolve_attention(cfg["verl"]["attn_implementation"], python or sys.executable)
+    log.info("verl: actor attention %s (%s)", attention["ran"], attention["why"])
     overrides = build_overrides(
         cfg,
         train_parquet=train_parquet,
@@ -315,6 +351,7 @@ def run(
         endpoint_file=endpoint_file,
         verl_version=verl_version,
         reward_path=f"pkg://{reward_module}" if reward_module else None,
+        attention=attention["ran"],
     )
     file_log = out / "state" / "verl_metrics.jsonl"
     if file_log.exists():  # verl's FileLogger opens it with "wb": keep the previous attempt's lines
@@ -351,7 +388,7 @@ def run(
     chosen = choose_verl_checkpoint(cfg, ckpt_dir, io.read_jsonl(metrics_path))
     copy_adapter(ckpt_dir / f"global_step_{chosen['step']}" / "actor" / "lora_adapter", Path(adapter_dir), cfg)
     return {"engine": "verl", "steps": reached, "planned_steps": planned, "resumed_from_step": start,
-            "train_rows": n_rows, "checkpoint": chosen}
+            "train_rows": n_rows, "checkpoint": chosen, "attention": attention}
 
 
 def choose_verl_checkpoint(cfg: dict, ckpt_dir: Path, rows: list[dict]) -> dict:
