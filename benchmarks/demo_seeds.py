@@ -7,7 +7,7 @@ with only `train.seed` changed: the stages that do not depend on the training se
 trajectories, the base model's eval shards) are copied from results/demo with their timestamps, so
 Snakemake reruns exactly train_grpo onwards (its rerun table), and the held-out patients are the
 demo's own, fixed before any result. Seed 42 (the demo's) is read from results/demo itself. Prints the
-README's seed table ("What the demo measures"), one row per seed: base and trained memory recall, the
+seed table of docs/results.md, one row per seed: base and trained memory recall, the
 paired difference with its bootstrap 95% CI, the Wilcoxon p, the patients better / worse, the val reward
 at every validation, the truncation, the patient-specificity control (each memory's recall against other
 patients' visits: trained - base on the gap own - other, with its Wilcoxon p) and the checkpoint merged; the wall time of each run goes to stderr.
@@ -68,7 +68,7 @@ HEADER = ("| seed | base | trained | difference [95% CI] | Wilcoxon p | patients
 
 
 def table_row(seed: int, run: str) -> str:
-    """One row of the README's seed table, every column from the run's own files."""
+    """One row of the seed table of docs/results.md, every column from the run's own files."""
     c = json.loads((REPO / "results" / run / "eval" / "comparison.json").read_text())
     mr = c["comparisons"]["trained"]["memory_recall"]
     w = mr["wilcoxon"]

@@ -5,7 +5,7 @@
 Clones the repository's committed HEAD into a temporary folder, runs `make demo` there under `time`, and
 prints the total wall time, the part before the workflow started (the venv), and per rule the wall time of
 its jobs (from Snakemake's own log: each job's start and `Finished jobid` stamps, 1 s resolution). The
-README's "What the demo measures" timings are these lines. Needs network access to PyPI (or pip's cache).
+demo timings of docs/results.md are these lines. Needs network access to PyPI (or pip's cache).
 """
 
 from __future__ import annotations
