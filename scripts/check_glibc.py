@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
         return 0
     print(f"make gpu-env: glibc {version or 'not found'} is older than {need}, and vLLM 0.17.1 ships only "
           f"manylinux_2_31 wheels (it would be built from source): use the container instead: {CONTAINER} "
-          "(README.md, Running on SLURM)", file=sys.stderr)
+          "(docs/cluster.md 'Software environments: gpu-env, conda, containers')", file=sys.stderr)
     return 1
 
 

@@ -1,5 +1,6 @@
-"""Docs that run: every command of the fenced shell blocks of README.md, config/README.md and CONTRIBUTING.md
-is exercised, so a documented command that breaks fails here.
+"""Docs that run: every command of the fenced shell blocks of README.md, config/README.md, CONTRIBUTING.md and
+every page of docs/ is exercised, so a documented command that breaks fails here; the measured tables of
+docs/results.md are the ones their scripts print.
 
 Each block runs as one bash script (its exports carry to its later lines) in a copy of the workflow, with
 a HOME of its own and no SLURM on PATH, where the documented programs stand for a check of themselves:
@@ -22,6 +23,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from itertools import takewhile
 from pathlib import Path
 
 import pytest
@@ -29,7 +31,8 @@ import pytest
 from tests.conftest import REPO, WORKFLOW_PARTS
 from tests.slurm.dag import EXTRA_PARTS, no_slurm_path, prepare_reproduce_inputs
 
-DOCS = ["README.md", "config/README.md", "CONTRIBUTING.md"]
+DOCS = ["README.md", "config/README.md", "CONTRIBUTING.md",
+        *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))]
 SHELL_LANGS = {"bash", "sh", "shell", "console", "zsh"}
 CHECKED = {"snakemake", "llmrnn", "make"}
 RUN_AS_IS = {"export", "mkdir", "ln", "cd", "echo"}
@@ -281,17 +284,70 @@ def test_a_broken_command_fails(sandbox):
     assert not runs("make no-such-target")
 
 
-def test_the_readme_seed_table_is_the_one_its_script_prints():
-    """Numbers with their script: the README's seed table has the columns benchmarks/demo_seeds.py prints."""
+def _benchmark(name: str):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("demo_seeds", REPO / "benchmarks" / "demo_seeds.py")
-    demo_seeds = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo_seeds)
-    readme = [line.strip() for line in (REPO / "README.md").read_text().splitlines()]
-    header = demo_seeds.HEADER.splitlines()
-    tables = [i for i, line in enumerate(readme) if line == header[0]]
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _results() -> list[str]:
+    return [line.strip() for line in (REPO / "docs" / "results.md").read_text().splitlines()]
+
+
+def test_the_docs_cover_every_page():
+    assert "docs/results.md" in DOCS and "docs/cluster.md" in DOCS and "README.md" in DOCS
+
+
+def test_the_seed_tables_are_the_ones_their_script_prints():
+    """Numbers with their script: docs/results.md's seed tables have the columns benchmarks/demo_seeds.py prints."""
+    results = _results()
+    header = _benchmark("demo_seeds").HEADER.splitlines()
+    tables = [i for i, line in enumerate(results) if line == header[0]]
     assert len(tables) == 2  # float32 (a CPU without native bf16) and bfloat16 (one with it)
     for at in tables:
-        assert readme[at + 1] == header[1]
-        assert "benchmarks/demo_seeds.py" in "\n".join(readme[max(0, at - 6):at])
+        assert results[at + 1] == header[1]
+        assert "benchmarks/demo_seeds.py" in "\n".join(results[max(0, at - 6):at])
+        rows = list(takewhile(lambda line: line.startswith("|"), results[at + 2:]))
+        assert [row.split("|")[1].strip() for row in rows] == ["42", "1", "2"]
+        assert all(row.count("|") == header[0].count("|") for row in rows)
+
+
+def test_the_qa_table_is_the_one_its_script_prints():
+    """benchmarks/qa_demo.py prints the QA table's header and each row's cells in the page's format."""
+    qa_demo = _benchmark("qa_demo")
+    results = _results()
+    header = qa_demo.header(4)
+    at = results.index(header[0])
+    assert results[at + 1] == header[1]
+    assert "benchmarks/qa_demo.py" in "\n".join(results[max(0, at - 6):at])
+    metric = {"value": 0.5, "ci95": [0.25, 0.75]}
+    metrics = {"k": 4, "splits": {"test": {"grpo": dict.fromkeys(
+        ["greedy_pass@1", "sampling_pass@1", "sampling_pass@4", "sampling_maj@4"], metric), "base": {}}}}
+    printed = qa_demo.table(metrics)
+    assert printed[:2] == header
+    assert printed[2:] == ["| test | base | - | - | - | - |",
+                           "| test | GRPO |" + " 0.500 [0.250, 0.750] |" * 4]
+    rows = list(takewhile(lambda line: line.startswith("|"), results[at + 2:]))
+    assert len(rows) == 6 and all(re.fullmatch(r"\| (test|ood) \| (base|SFT|GRPO) \|( [\d.]+ \[[\d.]+, [\d.]+\] \|){4}",
+                                                 row) for row in rows), rows
+
+
+def test_every_results_table_names_its_script_and_when_it_was_measured():
+    """Each table of docs/results.md: a benchmarks/ script that exists, and a measurement date, in its section."""
+    results = _results()
+    section_start = 0
+    problems = []
+    for i, line in enumerate(results):
+        if line.startswith("#"):
+            section_start = i
+        if line.startswith("|---"):
+            before = "\n".join(results[section_start:i])
+            scripts = re.findall(r"benchmarks/(\w+\.py)", before)
+            if not scripts or not all((REPO / "benchmarks" / s).is_file() for s in scripts):
+                problems.append(f"docs/results.md:{i}: no existing benchmarks/ script above the table ({scripts})")
+            if not re.search(r"Measured (on )?\d{4}-\d\d-\d\d", before):
+                problems.append(f"docs/results.md:{i}: no 'Measured YYYY-MM-DD' above the table")
+    assert not problems, problems

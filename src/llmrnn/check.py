@@ -649,7 +649,7 @@ def smoke_advice(config: dict) -> list[str]:
     if not isinstance(train, dict) or train.get("engine", "verl") != "verl" or (isinstance(steps, int) and steps <= 4):
         return []
     return [(f"first run the cluster smoke test on this cluster ({SMOKE_COMMAND}, about 15 min on one GPU node; "
-             "README 'Smoke test first'): it fails in minutes where this run would fail after hours")]
+             "docs/cluster.md 'Smoke test first'): it fails in minutes where this run would fail after hours")]
 
 
 def _cmd_check(args: argparse.Namespace) -> int:

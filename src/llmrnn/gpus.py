@@ -93,7 +93,7 @@ def split(devices: list[str], role: str, judge_gpus: int = 1, train_gpus: int | 
         raise InputError(
             f"gpus: {len(devices)} visible GPU(s) ({','.join(devices)}) cannot hold the judge ({judge_gpus}) "
             f"and the trainer ({train_gpus or 'at least 1'}) on disjoint GPUs; request more GPUs for the "
-            "training node (LLMRNN_TRAIN_GPUS/LLMRNN_JUDGE_GPUS, README 'Running on SLURM')"
+            "training node (LLMRNN_TRAIN_GPUS/LLMRNN_JUDGE_GPUS, docs/cluster.md 'Set up: the GPU stack and the profile')"
         )
     rest = list(devices[: len(devices) - judge_gpus])
     if train_gpus is not None:
