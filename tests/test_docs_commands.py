@@ -29,7 +29,7 @@ import pytest
 from tests.conftest import REPO, WORKFLOW_PARTS
 from tests.slurm.dag import EXTRA_PARTS, no_slurm_path, prepare_reproduce_inputs
 
-DOCS = ["README.md", "config/README.md", "CONTRIBUTING.md"]
+DOCS = ["README.md", "config/README.md", "docs/configuration.md", "CONTRIBUTING.md"]
 SHELL_LANGS = {"bash", "sh", "shell", "console", "zsh"}
 CHECKED = {"snakemake", "llmrnn", "make"}
 RUN_AS_IS = {"export", "mkdir", "ln", "cd", "echo"}

@@ -119,7 +119,11 @@ class RewardConfig:
                 raise InputError(f"reward config is not JSON: {exc}") from exc
         if not isinstance(value, dict):
             raise InputError("reward config must be a mapping")
-        value = value.get("reward", value)  # accept {"reward": {...}} (cfg_json) or the section itself
+        value = dict(value.get("reward", value))  # accept {"reward": {...}} (cfg_json) or the section itself
+        # TODO(i34-reward): reward.custom {path, name} (llmrnn.settings) is used by the engines there
+        custom = value.pop("custom", None)
+        if custom and custom.get("path"):
+            raise InputError("reward.custom.path: a custom reward is not supported by this build")
         allowed = {f.name for f in fields(cls)}
         unknown = set(value) - allowed
         if unknown:

@@ -21,7 +21,7 @@ from llmrnn.settings.release import Merge, Release
 from llmrnn.settings.train import Train
 from llmrnn.settings.workflow import Cohort, ModelSpec, Prompts, Roles, Split, Trajectories
 
-__all__ = ["Config", "defaults", "section_defaults", "SECTIONS"]
+__all__ = ["SECTIONS", "Config", "defaults", "section_defaults"]
 
 
 class Config(Section):

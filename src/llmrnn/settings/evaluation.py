@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
-from llmrnn.settings.base import ENV_NAME, NAME, Section
+from llmrnn.settings.base import ENV_NAME, Section
 
 
 class EvalFinalJudgeMatcher(Section):
@@ -81,7 +81,7 @@ class EvalResources(Section):
 class Eval(Section):
     """`eval`"""
 
-    baselines: list[Literal['zero_shot', 'full_history']] = Field(default_factory=lambda: [], description='extra variants run with the same machinery (no memory; full-history concatenation)', json_schema_extra={'uniqueItems': True})
+    baselines: list[Literal['zero_shot', 'full_history']] = Field(default_factory=list, description='extra variants run with the same machinery (no memory; full-history concatenation)', json_schema_extra={'uniqueItems': True})
     max_patients: int | None = Field(None, ge=1, description='cap on evaluated test patients (seeded sample); null = the whole test split')
     patient_seed: int = Field(0, description='seed of the max_patients sample')
     max_visits: int | None = Field(None, ge=2, description="use only each evaluated patient's first N visits (the sample is drawn first); null = all")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ConfigDict, Field
 
@@ -135,7 +135,7 @@ class QaEvalStats(Section):
     """`qa.eval.stats`"""
 
     model_config = ConfigDict(extra="allow")
-    bootstrap: QaEvalStatsBootstrap = Field(default_factory=lambda: QaEvalStatsBootstrap(**{'samples': 2000, 'seed': 0}), description="paired bootstrap of each pair's difference (with McNemar's test)")
+    bootstrap: QaEvalStatsBootstrap = Field(default_factory=lambda: QaEvalStatsBootstrap(samples=2000, seed=0), description="paired bootstrap of each pair's difference (with McNemar's test)")
 
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
-from llmrnn.settings.base import ENV_NAME, NAME, Section
+from llmrnn.settings.base import ENV_NAME, Section
 
 
 class MergeResources(Section):

@@ -165,7 +165,7 @@ def _type_text(info: FieldInfo) -> str:
 
 def _type_text_of(sub: dict) -> str:
     if "enum" in sub:
-        return " \\| ".join(json.dumps(v) for v in sub["enum"])
+        return " or ".join(json.dumps(v) for v in sub["enum"])
     if "$ref" in sub:
         return "role"
     kind = sub.get("type", "any")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
-from llmrnn.settings.base import ENV_NAME, NAME, Section
+from llmrnn.settings.base import NAME, Section
 
 
 class TrainLora(Section):
@@ -61,7 +61,7 @@ class TrainVerl(Section):
     reward_manager: str = Field('naive', description='verl `reward.reward_manager.name`')
     reward_num_workers: int = Field(8, ge=1, description='verl `reward.num_workers`')
     attn_implementation: Literal['auto', 'sdpa', 'eager', 'flash_attention_2'] = Field('auto', description="actor attention kernel (verl override_config.attn_implementation); auto = flash_attention_2 where flash-attn imports on the training node, else sdpa (what ran: train summary.json attention, the model card); flash_attention_2 needs flash-attn installed and turns verl's use_remove_padding on")
-    extra_overrides: list[str] = Field(default_factory=lambda: [], description='extra Hydra overrides for main_ppo, key=value')
+    extra_overrides: list[str] = Field(default_factory=list, description='extra Hydra overrides for main_ppo, key=value')
 
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from llmrnn.settings.base import ENV_NAME, NAME, Section
+from llmrnn.settings.base import ENV_NAME, Section
 
 
 class Role(Section):
@@ -77,8 +77,8 @@ class Roles(Section):
     """`roles`"""
 
     prediction: Role = Field(default_factory=Role)
-    evaluation: Role = Field(default_factory=lambda: Role(**{'temperature': 0.3}))
-    memory: Role = Field(default_factory=lambda: Role(**{'max_tokens': 128}))
+    evaluation: Role = Field(default_factory=lambda: Role(temperature=0.3))
+    memory: Role = Field(default_factory=lambda: Role(max_tokens=128))
 
 
 
