@@ -239,7 +239,7 @@ def test_schema_defaults_and_code_defaults_agree(section):
         node = node["properties"][key]
     expected = _schema_defaults(node)
     if section == "reward":  # TODO(i34-reward): RewardConfig gains reward.custom {path, name}
-        expected.pop("custom")  # noqa: the section's one home is llmrnn.settings
+        expected.pop("custom")
     assert _code_defaults()[section] == expected
 
 
