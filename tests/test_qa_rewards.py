@@ -74,7 +74,7 @@ def test_weights_compose_and_unknown_keys_are_refused():
     with pytest.raises(InputError, match="unknown reward"):
         R.reward_config({"weights": {"exactmatch": 1}})
     with pytest.raises(InputError, match="every weight is 0"):
-        R.reward_config({"weights": {"exact_match": 0}})
+        R.reward_config({"weights": {"exact_match": 0, "format": 0}})  # format defaults to 0.2 (one default)
     with pytest.raises(InputError, match="fluency_model"):
         R.reward_config({"weights": {"fluency": 1}})
     with pytest.raises(InputError, match="no answer"):

@@ -160,7 +160,7 @@ class Plan:
         if not Path(source).exists():
             raise InputError(
                 f"cohort.source: {source} does not exist. Expected a JSON list of patients in the LLM-as-RNN "
-                "format (see config/README.md). MIMIC-IV is credentialed and never shipped with llmrnn: "
+                "format (see docs/configuration.md). MIMIC-IV is credentialed and never shipped with llmrnn: "
                 "build the file from your own PhysioNet copy, or set cohort.source: synthetic."
             )
         return source

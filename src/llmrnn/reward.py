@@ -90,7 +90,7 @@ OPPONENTS = ("group", "reference")
 
 @dataclass(frozen=True)
 class RewardConfig:
-    """Config section `reward` (documented in config/README.md; schema defaults match these)."""
+    """Config section `reward` (documented in docs/configuration.md; schema defaults match these)."""
 
     mode: str = "scalar"
     pairwise_opponent: str = "group"
@@ -119,7 +119,11 @@ class RewardConfig:
                 raise InputError(f"reward config is not JSON: {exc}") from exc
         if not isinstance(value, dict):
             raise InputError("reward config must be a mapping")
-        value = value.get("reward", value)  # accept {"reward": {...}} (cfg_json) or the section itself
+        value = dict(value.get("reward", value))  # accept {"reward": {...}} (cfg_json) or the section itself
+        # TODO(i34-reward): reward.custom {path, name} (llmrnn.settings) is used by the engines there
+        custom = value.pop("custom", None)
+        if custom and custom.get("path"):
+            raise InputError("reward.custom.path: a custom reward is not supported by this build")
         allowed = {f.name for f in fields(cls)}
         unknown = set(value) - allowed
         if unknown:

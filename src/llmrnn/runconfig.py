@@ -86,7 +86,7 @@ def layer_problems(layers: list[Layer]) -> list[str]:
         if named is not None and recipe != named[1]:
             problems.append(
                 f"config: {name} (recipe {recipe}) is layered over {named[0]} (recipe {named[1]}): config "
-                f"layers never cross recipes; run {name} on its own (config/README.md, 'How configs combine')"
+                f"layers never cross recipes; run {name} on its own (docs/configuration.md, 'How configs combine')"
             )
         named = named or (name, recipe)
     return problems
@@ -279,6 +279,23 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     return 1 if lines else 0
 
 
+def _cmd_schema(args: argparse.Namespace) -> int:
+    from llmrnn.settings import render
+
+    root = Path(__file__).resolve().parents[2]
+    if args.write:
+        changed = render.write(root)
+        print("\n".join(f"wrote {p}" for p in changed) if changed else "up to date")
+        return 0
+    if args.check:
+        changed = render.stale(root)
+        for path in changed:
+            print(f"{path}: differs from the config models (src/llmrnn/settings/); run llmrnn config schema --write")
+        return 1 if changed else 0
+    sys.stdout.write(render.schema_text())
+    return 0
+
+
 def register(sub) -> None:
     p = sub.add_parser("config", help="the effective config of a run or of config files, with each value's source",
                        description=__doc__.splitlines()[0])
@@ -293,3 +310,9 @@ def register(sub) -> None:
     d.add_argument("a", help="a config file, a run's config.yaml or a results/RUN folder")
     d.add_argument("b", help="the same kinds as a")
     d.set_defaults(func=_cmd_diff)
+    g = verbs.add_parser("schema", help="the config schema and key tables generated from the config models")
+    mode = g.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true",
+                      help="regenerate workflow/schemas/config.schema.yaml and docs/configuration.md's key tables")
+    mode.add_argument("--check", action="store_true", help="exit 1 when a generated file differs from the models")
+    g.set_defaults(func=_cmd_schema)

@@ -30,6 +30,7 @@ from typing import Any
 from llmrnn import io
 from llmrnn.errors import InputError
 from llmrnn.mimic import sections as sec
+from llmrnn.settings import section_defaults
 
 # file -> (folder key, required columns)
 TABLES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -40,7 +41,7 @@ TABLES: dict[str, tuple[str, tuple[str, ...]]] = {
     "discharge": ("note", ("note_id", "subject_id", "hadm_id", "note_type", "note_seq", "text")),
 }
 ICD_TABLES = ("diagnoses_icd", "d_icd_diagnoses")
-DEFAULTS = {"diagnoses": "note", "min_visits": 2, "adults_only": False}
+DEFAULTS = {k: v for k, v in section_defaults("cohort.mimic_iv").items() if k in ("diagnoses", "min_visits", "adults_only")}
 _SURROGATE = re.compile("[\udc80-\udcff]")  # bytes that are not UTF-8, kept by surrogateescape
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 

@@ -29,12 +29,12 @@ from typing import Any
 from llmrnn import io
 from llmrnn.errors import InputError
 from llmrnn.qa.rewards import DATA_SOURCE, normalize_answer, normalize_text
+from llmrnn.settings import section_defaults
 
 log = logging.getLogger(__name__)
 
-FIELD_DEFAULTS = {"id": "id", "question": "question", "answer": "answer", "options": "options",
-                  "context": "context", "reasoning": "reasoning", "group": "group"}
-FILTER_DEFAULTS = {"min_question_chars": 10, "max_question_chars": 4000, "max_answer_chars": 200, "dedupe": True}
+FIELD_DEFAULTS = section_defaults("qa.fields")  # the one home of config defaults: llmrnn.settings
+FILTER_DEFAULTS = section_defaults("qa.filter")
 SYSTEM_PROMPT = (
     "You are a careful clinician. Think briefly, then answer. Respond exactly in this format:\n"
     "<reasoning>\n...\n</reasoning>\n<answer>\n...\n</answer>"

@@ -35,11 +35,12 @@ from llmrnn.errors import InputError
 from llmrnn.models import model_folder
 from llmrnn.qa.data import SYSTEM_PROMPT, messages
 from llmrnn.qa.rewards import exact_match, normalize_answer
+from llmrnn.settings import section_defaults
 
 log = logging.getLogger(__name__)
 
-EVAL_DEFAULTS = {"k": 4, "temperature": 0.8, "top_p": 0.95, "max_new_tokens": 96, "max_questions": None,
-                 "seed": 1234, "batch_size": 8, "system": None, "judge_threshold": 0.5}
+EVAL_DEFAULTS = {k: v for k, v in section_defaults("qa.eval").items()  # the one home: llmrnn.settings
+                 if k not in ("judge", "stats", "resources")}
 METRICS = ("greedy_pass@1", "sampling_pass@k")  # the binary per-question outcomes the paired tests compare
 JUDGE_METRICS = ("judge_greedy_pass@1", "judge_sampling_pass@k")  # the same outcomes graded by the judge
 JUDGED = "graded by the judge (score >= qa.eval.judge_threshold; a fallback score is not correct)"

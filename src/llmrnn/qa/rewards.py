@@ -53,21 +53,16 @@ from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation
 from typing import Any
 
 from llmrnn.errors import InputError
+from llmrnn.settings import section_defaults
 
 # the per-step keys both engines log live with the training metrics (verl's rollout stats read them there)
 from llmrnn.train.metrics import EXTRACT_METHODS, STEP_KEYS, step_metrics  # noqa: F401
 
 DATA_SOURCE = "llmrnn_qa"
-DEFAULT_WEIGHTS = {"exact_match": 1.0, "format": 0.0, "judge": 0.0, "fluency": 0.0}
-DEFAULT_TAGS = ("reasoning", "answer")
-DEFAULTS: dict[str, Any] = {
-    "weights": DEFAULT_WEIGHTS,
-    "tags": list(DEFAULT_TAGS),
-    "answer_tag": "answer",
-    "fluency_model": None,
-    "fluency_max_ppl": 1000.0,
-    "rubric": None,
-}
+# the defaults' one home is llmrnn.settings (qa.reward); fluency_model is set by the train stage, not a config key
+DEFAULTS: dict[str, Any] = {**section_defaults("qa.reward"), "fluency_model": None}
+DEFAULT_WEIGHTS = DEFAULTS["weights"]
+DEFAULT_TAGS = tuple(DEFAULTS["tags"])
 
 _ANSWER_LINE = re.compile(r"(?:final\s+)?answer\s*(?:is|:|=)\s*(.+)", re.IGNORECASE)
 _LETTER = re.compile(r"^\(?([a-z])\)?(?:[.):,]|\s|$)")

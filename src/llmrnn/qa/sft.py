@@ -15,22 +15,11 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
-from llmrnn.train.config import ALL_LINEAR
+from llmrnn.settings import section_defaults
 
 log = logging.getLogger(__name__)
 
-DEFAULTS = {
-    "enabled": True,
-    "seed": 42,
-    "lora": {"rank": 16, "alpha": 32, "dropout": 0.0, "target_modules": list(ALL_LINEAR)},
-    "lr": 2e-4,
-    "epochs": 1,
-    "batch_size": 4,
-    "grad_accum": 1,
-    "max_length": 1024,
-    "max_steps": None,
-    "num_threads": 1,
-}
+DEFAULTS = {k: v for k, v in section_defaults("qa.sft").items() if k != "resources"}  # llmrnn.settings
 
 
 def settings(cfg: dict | None) -> dict:

@@ -14,55 +14,13 @@ from typing import Any
 
 from llmrnn.errors import InputError
 from llmrnn.io import deep_merge
+from llmrnn.settings import section_defaults
+from llmrnn.settings.evaluation import Preflight
 
-ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-# Defaults = the reference run (LR 3e-6, KL 0.001 low_var_kl in the loss, G=8, batch 16/16/4, LoRA 16/32);
-# the embedded config overrides a few for a CPU demo. workflow/schemas/config.schema.yaml carries the same
-# defaults for Snakemake's validate() (tests/test_shared_concepts.py asserts they agree).
-DEFAULTS: dict[str, Any] = {
-    "engine": "verl",
-    "seed": 42,
-    "lora": {"rank": 16, "alpha": 32, "dropout": 0.0, "target_modules": list(ALL_LINEAR)},
-    "lr": 3e-6,
-    "lr_scheduler": "constant",
-    "warmup_steps": 0,
-    "kl": {"coef": 0.001, "estimator": "low_var_kl", "in_loss": True},
-    "entropy_coef": 0.0,
-    "grad_clip": 1.0,
-    # PPO clip range of the policy ratio (verl actor.clip_ratio_low/high, TRL epsilon/epsilon_high) and how
-    # token losses are averaged (verl actor.loss_agg_mode; TRL loss_type via LOSS_TYPES): verl's defaults,
-    # which the reference run kept; TRL's own defaults are set over explicitly so both engines agree
-    "clip_ratio": {"low": 0.2, "high": 0.2},
-    "loss_agg_mode": "token-mean",
-    "group_size": 8,
-    "batch": {"train": 16, "mini": 16, "micro_per_gpu": 4},
-    "rollout": {"temperature": 0.8, "top_p": 0.95, "tensor_parallel": 1, "gpu_memory_utilization": 0.6},
-    "max_prompt_length": 3072,
-    "max_response_length": 512,
-    "epochs": 20,
-    "total_steps": None,
-    "save_freq": 20,
-    "test_freq": 5,
-    "keep_last": None,
-    "val_before_train": True,
-    "val_generations": None,
-    # which saved checkpoint becomes the adapter: "last" (the reference's) or "best_val" (the highest val
-    # reward among saved steps; verl: save_freq must be a multiple of test_freq, TRL validates at every save)
-    "select": "last",
-    "n_gpus_per_node": 1,
-    "nnodes": 1,
-    "project_name": "llmrnn_grpo",
-    # experiment trackers (llmrnn.train.tracking): none | tensorboard | wandb | mlflow, or a list of them
-    "report_to": "none",
-    "min_free_disk_gb": 1.0,
-    "verl": {"reward_manager": "naive", "reward_num_workers": 8, "attn_implementation": "auto", "extra_overrides": []},
-    "trl": {"num_threads": 1, "logging_steps": 1, "stop_at_json": False, "gradient_checkpointing": False,
-            "cpu_bf16": False},
-    # TRL: stop when the val reward fell `patience` validations in a row (off in the reference run)
-    "early_stopping": {"enabled": False, "patience": 2},
-    "resources": {"gpu": None, "mem_mb": 8000, "runtime": 120, "cpus_per_task": 2},
-}
+# Defaults = the reference run (LR 3e-6, KL 0.001 low_var_kl in the loss, G=8, batch 16/16/4, LoRA 16/32),
+# kept in ONE place: the `train` model of llmrnn.settings (which also generates the workflow schema)
+DEFAULTS: dict[str, Any] = section_defaults("train")
+ALL_LINEAR = list(DEFAULTS["lora"]["target_modules"])
 
 ENGINES = ("verl", "trl")
 KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
@@ -84,7 +42,7 @@ def normalize(train_cfg: dict | None) -> dict:
     cfg = deep_merge(DEFAULTS, train_cfg)
     unknown = sorted(set(cfg) - set(DEFAULTS))
     if unknown:
-        raise InputError(f"train: unknown key(s) {unknown}; see config/README.md")
+        raise InputError(f"train: unknown key(s) {unknown}; see docs/configuration.md")
     if cfg["engine"] not in ENGINES:
         raise InputError(f"train.engine: {cfg['engine']!r} is not one of {list(ENGINES)}")
     if cfg["engine"] == "verl" and cfg["early_stopping"]["enabled"]:
@@ -251,21 +209,24 @@ def lr_at(cfg: dict, step: int, total: int) -> float:
     return lr
 
 
+_PF = Preflight().model_dump()  # the defaults' one home: llmrnn.settings
+
+
 @dataclass(frozen=True)
 class PreflightConfig:
-    """Config section `preflight` (config/README.md): the preflight's checks, and the fallback guard
+    """Config section `preflight` (docs/configuration.md): the preflight's checks, and the fallback guard
     that training keeps with the same threshold (max_fallback_rate over fallback_window)."""
 
-    rows: int = 8
-    seed: int = 0
-    max_fallback_rate: float = 0.25
-    fallback_window: int = 64  # judged samples the training-time guard looks back over
-    min_distinct_rewards: int = 3
-    on_problem: str = "fail"  # fail | warn
+    rows: int = _PF["rows"]
+    seed: int = _PF["seed"]
+    max_fallback_rate: float = _PF["max_fallback_rate"]
+    fallback_window: int = _PF["fallback_window"]  # judged samples the training-time guard looks back over
+    min_distinct_rewards: int = _PF["min_distinct_rewards"]
+    on_problem: str = _PF["on_problem"]  # fail | warn
     # judge agreement: does the judge's reward rank a patient's reference memory above a wrong one?
-    agreement_pairs: int = 12
-    agreement_warn_below: float = 0.75  # a warning below this share of pairs ranked right
-    agreement_fail_below: float = 0.5  # a problem (on_problem) below this: no better than a coin
+    agreement_pairs: int = _PF["agreement_pairs"]
+    agreement_warn_below: float = _PF["agreement_warn_below"]  # a warning below this share of pairs ranked right
+    agreement_fail_below: float = _PF["agreement_fail_below"]  # a problem (on_problem) below this: a coin
 
     @classmethod
     def from_dict(cls, value: dict | None) -> PreflightConfig:

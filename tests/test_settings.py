@@ -1,0 +1,119 @@
+"""Every setting in one typed home (llmrnn.settings): the workflow schema and the key tables of
+docs/configuration.md are generated from the models and checked in sync; a config default is written once."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel
+
+from llmrnn.settings import Config, render, section_defaults
+from llmrnn.settings.workflow import ModelSpec, Role
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_generated_files_match_the_models():
+    """workflow/schemas/config.schema.yaml and docs/configuration.md are what `llmrnn config schema --write`
+    writes from the models."""
+    assert render.stale(REPO) == [], "run: llmrnn config schema --write"
+
+
+def test_a_hand_edit_of_a_generated_file_is_found(tmp_path):
+    for rel in (render.SCHEMA_FILE, render.DOCS_FILE):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / rel, tmp_path / rel)
+    assert render.stale(tmp_path) == []
+    schema = tmp_path / render.SCHEMA_FILE
+    schema.write_text(schema.read_text().replace("default: 3.0e-06", "default: 1.0e-05", 1))
+    docs = tmp_path / render.DOCS_FILE
+    docs.write_text(docs.read_text().replace("| `lr` |", "| `learning_rate` |", 1))
+    assert render.stale(tmp_path) == [render.SCHEMA_FILE, render.DOCS_FILE]
+
+
+def test_the_schema_carries_the_models_defaults_and_bounds():
+    schema = yaml.safe_load((REPO / render.SCHEMA_FILE).read_text())
+    train = schema["properties"]["train"]["properties"]
+    assert train["lr"] == {**train["lr"], "type": "number", "exclusiveMinimum": 0, "default": 3e-6}
+    assert schema["properties"]["train"]["additionalProperties"] is False
+    assert schema["properties"]["roles"]["properties"]["memory"]["default"] == {"max_tokens": 128}
+    custom = schema["properties"]["reward"]["properties"]["custom"]["properties"]
+    assert custom["path"]["default"] is None and custom["name"]["default"] == "compute_score"
+
+
+def _fields(model: type[BaseModel], prefix: str = ""):
+    for name, info in model.model_fields.items():
+        yield f"{prefix}{name}", info
+        tp = info.annotation
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            yield from _fields(tp, f"{prefix}{name}.")
+
+
+def test_every_key_has_one_line_of_help():
+    missing = [key for model, pre in ((Config, ""), (Role, "roles.<role>."), (ModelSpec, "models.<name>."))
+               for key, info in _fields(model, pre)
+               if not (isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel))
+               and not (info.description or "").strip()]
+    assert not missing
+
+
+def test_qa_format_weight_has_one_default():
+    """It was 0.2 in the schema (what every workflow run got) and 0.0 in qa/rewards.py."""
+    from llmrnn.qa.rewards import DEFAULT_WEIGHTS, reward_config
+
+    schema = yaml.safe_load((REPO / render.SCHEMA_FILE).read_text())
+    weights = schema["properties"]["qa"]["properties"]["reward"]["properties"]["weights"]["properties"]
+    assert weights["format"]["default"] == DEFAULT_WEIGHTS["format"] == 0.2
+    assert reward_config({"weights": {"exact_match": 1.0}})["weights"]["format"] == 0.2
+    assert section_defaults("qa.reward")["weights"] == DEFAULT_WEIGHTS
+
+
+# --------------------------------------------------------------------------- no config default written twice
+def _config_keys() -> set[str]:
+    return {key.rsplit(".", 1)[-1] for model in (Config, Role, ModelSpec) for key, _ in _fields(model)}
+
+
+def literal_defaults(root: Path) -> list[str]:
+    """`x.get("<config key>", <literal>)` (also setdefault/pop) in src/llmrnn outside llmrnn.settings: a
+    default written a second time, which drifts (rnn.py's max_tokens 256 against the schema's 96)."""
+    keys, hits = _config_keys(), []
+    for path in sorted((root / "src" / "llmrnn").rglob("*.py")):
+        if "settings" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("get", "setdefault", "pop") and len(node.args) == 2
+                    and isinstance(node.args[0], ast.Constant) and node.args[0].value in keys
+                    and isinstance(node.args[1], ast.Constant) and node.args[1].value is not None):
+                hits.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    return hits
+
+
+# Debt being paid down: literal defaults that predate llmrnn.settings, per file. The count may only fall;
+# a new one anywhere fails. (Files split by other work keep their count under the new module names.)
+KNOWN = {
+    "src/llmrnn/backends.py": 29, "src/llmrnn/check.py": 17, "src/llmrnn/configcheck.py": 3,
+    "src/llmrnn/evaluate.py": 20, "src/llmrnn/gpu_stack.py": 2, "src/llmrnn/judge/client.py": 1,
+    "src/llmrnn/judge/server.py": 2, "src/llmrnn/models.py": 1, "src/llmrnn/plan.py": 2,
+    "src/llmrnn/preflight.py": 1, "src/llmrnn/qa/__init__.py": 1, "src/llmrnn/qa/data.py": 6,
+    "src/llmrnn/qa/rewards.py": 1, "src/llmrnn/release.py": 9, "src/llmrnn/rnn.py": 3, "src/llmrnn/rubric.py": 1,
+    "src/llmrnn/trajectories.py": 1,
+}
+
+
+def test_no_new_literal_config_default_outside_settings():
+    counts: dict[str, int] = {}
+    for hit in literal_defaults(REPO):
+        counts[hit.split(":", 1)[0]] = counts.get(hit.split(":", 1)[0], 0) + 1
+    grown = {f: n for f, n in counts.items() if n > KNOWN.get(f, 0)}
+    assert not grown, [h for h in literal_defaults(REPO) if h.split(":", 1)[0] in grown]
+
+
+def test_the_scan_finds_a_literal_default(tmp_path):
+    src = tmp_path / "src" / "llmrnn"
+    src.mkdir(parents=True)
+    (src / "stage.py").write_text("def f(cfg):\n    return cfg.get('group_size', 8), cfg.get('run_name')\n")
+    assert literal_defaults(tmp_path) == ["src/llmrnn/stage.py:2: cfg.get('group_size', 8)"]
