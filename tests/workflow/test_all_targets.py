@@ -77,10 +77,27 @@ def _dry_run(workdir: Path, *args: str) -> str:
     return proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("configfile", SHIPPED)
+# Variants that take stages out of the plan: the user's own cohort file (no synth_cohort), no judge
+# agreement (no judge_server either).
+VARIANTS = {
+    "own_cohort_no_agreement": {"cohort": {"source": "data/cohort.json"}, "preflight": {"agreement_pairs": 0}},
+}
+
+
+@pytest.mark.parametrize("configfile", [*SHIPPED, *VARIANTS])
 def test_all_requests_every_durable_output_of_the_planned_dag(workflow_dir, configfile):
-    _stand_in_data(workflow_dir, configfile)
-    jobs = parse_jobs(_dry_run(workflow_dir, "--forceall", "--configfile", configfile))
+    files = [configfile]
+    if configfile in VARIANTS:
+        from llmrnn.cohort import dump_cohort, synthesize_cohort
+
+        (workflow_dir / "data").mkdir()
+        (workflow_dir / "data/cohort.json").write_text(dump_cohort(synthesize_cohort(30, seed=3)))
+        (workflow_dir / "variant.yaml").write_text(yaml.safe_dump(VARIANTS[configfile]))
+        files = ["config/config.yaml", "variant.yaml"]
+    _stand_in_data(workflow_dir, files[0])
+    jobs = parse_jobs(_dry_run(workflow_dir, "--forceall", "--configfile", *files))
+    if configfile in VARIANTS:
+        assert not {"synth_cohort", "judge_server", "judge_agreement"} & {j.rule for j in jobs}
     (all_job,) = [j for j in jobs if j.rule == "all"]
     requested = set(all_job.inputs)
     work = [j for j in jobs if j.rule != "all"]
