@@ -77,7 +77,7 @@ include: "rules/check.smk"
 rule all:
     default_target: True
     input:
-        all_targets(),
+        all_targets,
 
 
 # the held-out evaluation of either recipe (memory head: rules/evaluate.smk; qa: rules/qa.smk)

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.io import is_flagged
 from snakemake.utils import validate
 
 from llmrnn.configcheck import shard_problems, value_problems
@@ -67,7 +68,51 @@ def code_hash(verb, *also):
 
 # ----------------------------------------------------------------------------- glue over `rules`/`workflow`
 # rules.X exists once every rule file is included, so these run from rule bodies or `all` (never earlier).
-def all_targets():
+def all_targets(wildcards):
+    """Input of `all`: this run's products and every durable output of the jobs that make them
+    (planned_outputs). Snakemake takes a missing file as done while the outputs of its consumers are
+    up to date, so a job killed after it removed its outputs (a forced rerun: `-R merge_model`) would
+    look complete; requested here, a missing output replans its job, then the jobs that read it.
+    A function: evaluated only when `all` is planned (never for `snakemake check`)."""
+    products = [str(f) for f in run_products()]
+    return [*products, *(f for f in planned_outputs(products) if f not in products)]
+
+
+def planned_outputs(targets):
+    """Every output of the jobs Snakemake plans for `targets`, found as it finds them: the first rule
+    whose output pattern (wildcard constraints included) matches a file, its outputs and inputs (input
+    functions included) under those wildcards, then the producers of those inputs. Left out: services
+    (a judge's endpoint lives only as long as its consumers) and temp() outputs. A rule whose inputs do
+    not resolve is left to the DAG, which names the problem (e.g. a missing cohort file).
+    """
+    seen, todo, outputs = set(), list(targets), []
+    while todo:
+        path = str(todo.pop())
+        if path in seen:
+            continue
+        seen.add(path)
+        for maker in workflow.rules:
+            if not maker.is_producer(path):
+                continue
+            wildcards = maker.get_wildcards(path)
+            try:
+                inputs = maker.expand_input(wildcards)[0]
+            except WorkflowError:
+                continue
+            produced = maker.expand_output(wildcards)[0]
+            seen.update(str(f) for f in produced)
+            outputs += [
+                str(f)
+                for f in produced
+                if not is_flagged(f, "service") and not is_flagged(f, "temp")
+            ]
+            todo += inputs
+            break
+    return outputs
+
+
+def run_products():
+    """What a run is for: the splits, plots, release and held-out evaluation of its recipe."""
     if recipe_is("qa"):
         return qa_targets()
     return [

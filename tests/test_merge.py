@@ -208,3 +208,32 @@ def test_a_merged_config_without_the_base_rope_fails_the_check(tiny_model_dir, t
     check = merge._rope_check(base, tiny_model_dir)  # a folder written by transformers 5.x alone
     assert not check["ok"] and check["base"]["rope_theta"] == 500000.0
     assert "rope:" in merge._failures({"rope": check})[0]
+
+
+def test_the_temp_folder_of_a_killed_merge_goes_with_the_next_merge_run(tiny_model_dir, adapter_dir, tmp_path):
+    """A merge killed after writing the merged weights (SIGKILL: no cleanup runs) leaves its temp folder
+    `.merged.XXXXXXXX.tmp` (517 MB for SmolLM2) beside an absent merged/ and merge_check.json; the next
+    `llmrnn merge run`, which the workflow then plans again, removes it and writes merged/ in its place."""
+    import os
+    import signal
+
+    out, check = tmp_path / "merged", tmp_path / "merge_check.json"
+    killed = (
+        "import os, signal, sys, json; from llmrnn import merge\n"
+        "def verify(*a, **k): os.kill(os.getpid(), signal.SIGKILL)  # the weights are saved by now\n"
+        "merge.verify_merge = verify\n"
+        "merge.run_merge(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5]))\n"
+    )
+    args = [str(tiny_model_dir), str(adapter_dir), str(out), str(check), json.dumps(LORA)]
+    proc = subprocess.run([sys.executable, "-c", killed, *args], capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": str(Path(merge.__file__).parents[1])})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    (left,) = tmp_path.glob(".merged.*.tmp")
+    assert (left / "model.safetensors").is_file() and not out.exists() and not check.exists()
+
+    exe = Path(sys.executable).parent / "llmrnn"
+    rerun = subprocess.run([str(exe), "merge", "run", "--base", args[0], "--adapter", args[1], "--out", args[2],
+                            "--check", args[3], "--cfg", args[4]], capture_output=True, text=True, check=False)
+    assert rerun.returncode == 0, rerun.stderr
+    assert not left.exists() and not list(tmp_path.glob(".merged.*"))
+    assert json.loads(check.read_text())["ok"] is True and (out / "model.safetensors").is_file()
