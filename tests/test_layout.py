@@ -145,7 +145,9 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("helpers", {"io", "stats", "jsonparse", "matching", "retry", "prompts", "rubric", "gpus", "upload", "cli",
                  "configcheck", "runconfig", "provenance"}),
     ("services", {"prefix_engine", "backends", "models", "cohort", "judge", "judge.client", "judge.server",
-                  "judge.launcher", "phi_guard", "mimic", "mimic.sections", "mimic.build", "mimic.synth"}),
+                  "judge.launcher", "phi_guard", "phi_guard.canonical", "phi_guard.decoders",
+                  "phi_guard.secrets", "phi_guard.identifiers", "phi_guard.scan", "phi_guard.formats",
+                  "phi_guard.files", "phi_guard.bundle", "mimic", "mimic.sections", "mimic.build", "mimic.synth"}),
     ("reward", {"reward"}),
     ("stages", {"rnn", "trajectories", "merge", "report", "gpu_stack", "train", "train.checkpoints",
                 "train.config", "train.data", "train.diagnose", "train.metrics", "train.trl_engine",
@@ -228,7 +230,8 @@ def test_the_shared_pieces_sit_below_their_users():
     root = REPO / "src" / "llmrnn"
     graph = import_graph()
     assert "llmrnn.preflight" not in provenance.closure(["llmrnn.train"], root)
-    assert not [m for m in graph["llmrnn.phi_guard"] if m.startswith("llmrnn.qa")]
+    guard = [name for name in graph if name == "llmrnn.phi_guard" or name.startswith("llmrnn.phi_guard.")]
+    assert len(guard) > 1 and not [m for name in guard for m in graph[name] if m.startswith("llmrnn.qa")]
     reward = set(provenance.closure(["llmrnn.reward"], root))
     assert not reward & {"llmrnn.trajectories", "llmrnn.rnn", "llmrnn.backends", "llmrnn.prefix_engine"}, reward
 
