@@ -1,3 +1,13 @@
+from llmrnn.plan.cohort import CohortPlan
+
+# The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
+raw_cohort_path = helper(CohortPlan.raw_cohort_path)
+raw_cohort_sha256 = helper(CohortPlan.raw_cohort_sha256)
+mimic_iv_inputs = helper(CohortPlan.mimic_iv_inputs)
+mimic_iv_cfg_json = helper(CohortPlan.mimic_iv_cfg_json)
+split_cfg_json = helper(CohortPlan.split_cfg_json)
+
+
 rule synth_cohort:
     output:
         cohort="resources/cohort/synthetic.json",

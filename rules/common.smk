@@ -11,7 +11,14 @@ from snakemake.utils import validate
 
 from llmrnn.configcheck import shard_problems, value_problems
 from llmrnn.errors import LlmrnnError
-from llmrnn.plan import Plan
+from llmrnn.plan import Plan, PlanBase
+from llmrnn.plan.evaluate import EvaluatePlan
+from llmrnn.plan.judge import JudgePlan
+from llmrnn.plan.models import ModelsPlan
+from llmrnn.plan.qa import QaPlan
+from llmrnn.plan.release import ReleasePlan
+from llmrnn.plan.train import TrainPlan
+from llmrnn.plan.trajectories import TrajectoriesPlan
 from llmrnn.provenance import code_identity
 from llmrnn.upload import env_problems
 
@@ -45,15 +52,39 @@ def as_workflow_error(helper):
     return call
 
 
-# The names the rule files call (RUN, LOGS, MODELS, QA*, conda_env(), eval_variants(), judge_needed(),
-# trajectories_cfg_json(), qa_eval_targets(), ...): llmrnn.plan.Plan.rule_helpers() of this config.
+# The run's one plan. Each rule file imports the plan classes it uses by name (llmrnn.plan.<stage>) and
+# binds the methods it calls with `helper`; the names several files (or `all`) call are bound here.
 plan = Plan(config)
-globals().update(
-    {
-        name: as_workflow_error(value) if callable(value) else value
-        for name, value in plan.rule_helpers().items()
-    }
-)
+
+
+def helper(method):
+    """`method` (a function of a llmrnn.plan class, e.g. TrainPlan.train_gpus) bound to this run's plan,
+    its InputError raised as WorkflowError."""
+    return as_workflow_error(method.__get__(plan))
+
+
+RUN = plan.paths.run
+LOGS = plan.paths.logs
+MODELS = plan.paths.models
+QA = plan.paths.qa
+QA_EVAL = plan.paths.qa_eval
+QA_SYNTH = plan.paths.qa_synth
+recipe_is = helper(PlanBase.recipe_is)
+cfg_json = helper(PlanBase.cfg_json)
+conda_env = helper(PlanBase.conda_env)
+memory_model_input = helper(ModelsPlan.memory_model_input)
+judge_needed = helper(
+    JudgePlan.judge_planned
+)  # the reward asks the judge (llmrnn.reward.asks_judge)
+judge_gpus = helper(JudgePlan.judge_gpus)
+judge_agreement_on = helper(JudgePlan.judge_agreement_on)
+preflight_rubric_input = helper(JudgePlan.preflight_rubric_input)
+train_gpus = helper(TrainPlan.train_gpus)
+train_threads = helper(TrainPlan.train_threads)
+trajectory_targets = helper(TrajectoriesPlan.trajectory_targets)
+release_targets = helper(ReleasePlan.release_targets)
+eval_heldout_targets = helper(EvaluatePlan.eval_heldout_targets)
+qa_targets = helper(QaPlan.qa_targets)
 
 
 def code_hash(verb, *also):

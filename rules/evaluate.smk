@@ -1,6 +1,14 @@
 # Held-out evaluation: forward pass over the test split per variant (base | trained memory model, and the
 # configured baselines) scattered over eval.shards jobs, graded by the final judge, gathered into
 # metrics.json + comparison.json. Helpers (eval_*): llmrnn.plan.
+from llmrnn.plan.evaluate import EVAL_VARIANT_PATTERN, EvaluatePlan
+
+# The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
+eval_cfg_json = helper(EvaluatePlan.eval_cfg_json)
+eval_forward_cfg = helper(EvaluatePlan.eval_forward_cfg)
+eval_shard_inputs = helper(EvaluatePlan.eval_shard_inputs)
+eval_memory_arg = helper(EvaluatePlan.eval_memory_arg)
+eval_shard_files = helper(EvaluatePlan.eval_shard_files)
 
 
 rule eval_shard:

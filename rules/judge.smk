@@ -1,5 +1,9 @@
 # Judge server (a Snakemake service: it lives exactly as long as its consumers: preflight and train_grpo).
 # The rubric file is the single source of truth for model, prompts, sampling and serving.
+from llmrnn.plan.judge import JudgePlan
+
+# The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
+judge_model_input = helper(JudgePlan.judge_model_input)
 
 
 rule judge_server:

@@ -1,5 +1,10 @@
 # Fold the trained LoRA into the base memory model (PEFT merge_and_unload, never verl's merger for LoRA)
 # and verify it: merge_check.json lists every check; a failing one exits non-zero and leaves no merged/.
+from llmrnn.plan.merge import MergePlan
+
+# The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
+merge_base_input = helper(MergePlan.merge_base_input)
+merge_cfg_json = helper(MergePlan.merge_cfg_json)
 
 
 rule merge_model:

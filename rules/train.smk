@@ -2,6 +2,11 @@
 # knobs. Resumes from its latest checkpoint after a kill; fails (never exits 0) if it ends short of the
 # planned steps. Runs beside the judge service (one group job on SLURM) when the reward asks the judge;
 # reward.mode outcome asks none (no endpoint input, no judge_server).
+from llmrnn.plan.train import TrainPlan
+from llmrnn.plan.common import input_flag
+
+# The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
+train_judge_gpus = helper(TrainPlan.train_judge_gpus)
 
 
 rule train_grpo:

@@ -1,5 +1,12 @@
 # Phase B: the LLM-as-RNN forward pass over train/val, scattered over trajectories.shards jobs per split
 # (patients batched per visit step inside each job), gathered into verl parquets + a summary per split.
+from llmrnn.plan.models import ModelsPlan
+from llmrnn.plan.trajectories import TrajectoriesPlan
+
+# The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
+role_model_markers = helper(ModelsPlan.role_model_markers)
+trajectories_cfg_json = helper(TrajectoriesPlan.trajectories_cfg_json)
+trajectory_shard_files = helper(TrajectoriesPlan.trajectory_shard_files)
 
 
 rule trajectory_shard:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -12,6 +13,8 @@ import pytest
 
 from llmrnn import merge
 from llmrnn.errors import CheckFailed
+from llmrnn.merge import rope as merge_rope
+from llmrnn.merge import verify as merge_verify
 
 LORA = {"train": {"lora": {"rank": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "up_proj"]}}}
 
@@ -145,7 +148,7 @@ def test_fsdp_full_finetune_needs_verl(tiny_model_dir, tmp_path, monkeypatch):
     (actor / "model_world_size_1_rank_0.pt").write_bytes(b"")
     src = merge.resolve_adapter(tmp_path / "global_step_1")
     assert src.kind == "verl_fsdp_full"
-    monkeypatch.setattr(merge.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(CheckFailed, match=r"verl is not importable"):
         merge.run_merge(tiny_model_dir, actor, tmp_path / "m", tmp_path / "c.json", {"merge": {}})
     assert not (tmp_path / "m").exists()
@@ -205,9 +208,9 @@ def test_a_merged_config_without_the_base_rope_fails_the_check(tiny_model_dir, t
     shutil.copytree(tiny_model_dir, base)
     cfg = json.loads((base / "config.json").read_text())
     (base / "config.json").write_text(json.dumps({**cfg, **LLAMA3_ROPE}))
-    check = merge._rope_check(base, tiny_model_dir)  # a folder written by transformers 5.x alone
+    check = merge_rope._rope_check(base, tiny_model_dir)  # a folder written by transformers 5.x alone
     assert not check["ok"] and check["base"]["rope_theta"] == 500000.0
-    assert "rope:" in merge._failures({"rope": check})[0]
+    assert "rope:" in merge_verify._failures({"rope": check})[0]
 
 
 def test_the_temp_folder_of_a_killed_merge_goes_with_the_next_merge_run(tiny_model_dir, adapter_dir, tmp_path):

@@ -310,13 +310,33 @@ def test_input_flag_passes_an_optional_input_only_when_the_job_has_it():
     assert model_dir_of("./my/model") == "./my/model"
 
 
-def test_rule_helpers_bind_the_names_the_rule_files_call():
-    helpers = plan_of(DEMO).rule_helpers()
-    assert helpers["RUN"] == "results/demo" and helpers["MODELS"] == "resources/models"
-    assert helpers["QA"] == "results/demo/qa" and helpers["QA_SYNTH"] == "resources/qa"
-    assert helpers["judge_needed"]() is False
-    assert helpers["conda_env"]("train") == "../envs/cpu.yaml"
-    assert not {"rule_helpers", "judge_planned", "from_configfiles"} & set(helpers)
+def test_every_plan_method_a_rule_file_calls_is_bound_by_name_from_its_stage_class():
+    """Grepping a helper a rule calls finds its binding `name = helper(StageClass.name)`, the class imported
+    by name from llmrnn.plan.<stage>, and its definition there; nothing is pushed into the globals."""
+    import importlib
+    import re
+
+    rules = {p.name: p.read_text() for p in (REPO / "rules").glob("*.smk")}
+    rules["Snakefile"] = (REPO / "Snakefile").read_text()
+    assert not any("globals()" in text for text in rules.values())
+    bound = {}
+    for name, text in rules.items():
+        imported = {cls: mod for mod, names in re.findall(r"^from llmrnn\.plan(\.\w+)? import (.+)$",
+                                                               text, re.MULTILINE)
+                    for cls in names.split(", ")}
+        for helper, cls, method in re.findall(r"^(\w+) = helper\((\w+)\.(\w+)\)", text, re.MULTILINE):
+            assert helper not in bound, f"{helper} is bound twice ({bound[helper]}, {name})"
+            assert cls in imported, f"{name}: {cls} is not imported by name"
+            module = importlib.import_module("llmrnn.plan" + imported[cls])
+            assert method in vars(getattr(module, cls)), f"{name}: {cls} does not define {method}"
+            bound[helper] = name
+    methods = {m for m in dir(Plan) if not m.startswith("_")} - {"from_configfiles"}
+    called = {m for m in methods for text in rules.values() if re.search(rf"(?<![\w.]){m}\(", text)}
+    assert called and called <= set(bound) | {"judge_planned"}, sorted(called - set(bound))
+    helpers = plan_of(DEMO)
+    assert helpers.paths.run == "results/demo" and helpers.paths.models == "resources/models"
+    assert helpers.paths.qa == "results/demo/qa" and helpers.paths.qa_synth == "resources/qa"
+    assert helpers.conda_env("train") == "../envs/cpu.yaml"
 
 
 def test_no_configfile_is_the_embedded_demo_and_overrides_layer_last():

@@ -390,11 +390,11 @@ def test_stale_stage_folders_of_a_killed_release_are_removed(inputs, tmp_path):
     import sys
 
     run = tmp_path / "run"
-    code = ("import os, signal, sys; from pathlib import Path; from llmrnn import release; "
-            "stage, _ = release.stage_model_files(Path(sys.argv[1]), Path(sys.argv[2])); "
+    code = ("import os, signal, sys; from pathlib import Path; from llmrnn.release import staging; "
+            "stage, _ = staging.stage_model_files(Path(sys.argv[1]), Path(sys.argv[2])); "
             "os.kill(os.getpid(), signal.SIGKILL)")
     proc = subprocess.run([sys.executable, "-c", code, str(inputs["merged"]), str(run)], check=False,
-                          env={**os.environ, "PYTHONPATH": str(Path(release.__file__).parents[1])})
+                          env={**os.environ, "PYTHONPATH": str(Path(release.__file__).parents[2])})
     assert proc.returncode == -signal.SIGKILL
     (stale,) = run.glob(".bundle.*.tmp")
     assert (stale / "model.safetensors").is_file()
@@ -444,11 +444,11 @@ def test_a_second_release_of_a_run_while_one_runs_stops_and_leaves_the_first_alo
     import sys
 
     run = tmp_path / "run"
-    code = ("import sys, time; from pathlib import Path; from llmrnn import release\n"
-            "with release.run_lock(Path(sys.argv[1])):\n"
+    code = ("import sys, time; from pathlib import Path; from llmrnn.release import staging\n"
+            "with staging.run_lock(Path(sys.argv[1])):\n"
             "    stage = Path(sys.argv[1]) / '.bundle.abcd1234.tmp'; stage.mkdir(); (stage / 'w').write_text('x')\n"
             "    print('locked', flush=True); sys.stdin.read()\n")
-    env = {**os.environ, "PYTHONPATH": str(Path(release.__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(release.__file__).parents[2])}
     first = subprocess.Popen([sys.executable, "-c", code, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True, env=env)
     try:

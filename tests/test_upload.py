@@ -234,14 +234,14 @@ def commits_posted(hub: FakeHub) -> list[dict]:
 def _after_the_scan(monkeypatch, action) -> None:
     """Run `action(stage)` right after the PHI guard passed the staged bundle, before anything is uploaded
     (the window in which a file used to be rewritten and then published)."""
-    from llmrnn import phi_guard, release
+    from llmrnn import phi_guard
 
     real = phi_guard.enforce
 
     def enforce_then_act(report, bundle):
         real(report, bundle)
         stage = Path(str(bundle).split(" ")[0])
-        action(next(Path(p) for p in release.Path.cwd().glob("**/" + stage.name)) if not stage.is_absolute()
+        action(next(Path(p) for p in Path.cwd().glob("**/" + stage.name)) if not stage.is_absolute()
                else stage)
 
     monkeypatch.setattr(phi_guard, "enforce", enforce_then_act)

@@ -1,0 +1,147 @@
+"""Stage `evaluate`: held-out LLM-as-RNN evaluation of trained vs base memory model (and baselines).
+
+Three steps, each a Snakemake job:
+  shard   the forward pass (llmrnn.rnn.run_forward) over one shard of the test split with one memory model
+          variant: base | trained (memory = "rnn", memory role's weights swapped) | zero_shot (no memory) |
+          full_history (concatenated history); one JSON line per patient -> RUN/eval/<variant>/shard_<k>.jsonl
+  grade   the final judge grades every visit's prediction against that visit's ground truth: the
+          deterministic matcher (llmrnn.matching) or an LLM judge through the openai backend
+          -> RUN/eval/<variant>/graded_<k>.jsonl
+  gather  all graded shards -> RUN/eval/metrics.json (Acc@1/Acc@5 at each patient's last visit with
+          Wilson CIs, accuracy by visit index, unparsable rates per role, memory length, memory recall) and
+          RUN/eval/comparison.json (each variant vs base: paired bootstrap CI of the difference, McNemar;
+          memory recall: paired bootstrap CI + Wilcoxon signed-rank; memory specificity: the same test on
+          each patient's gap between own-patient and other-patient memory recall).
+Memory recall (judge-free): at every visit t >= 1, the share of visit t's discharge diagnoses that the
+memory shown to the prediction model (h_{t-1}) names (llmrnn.reward.outcome_share, the quantity the outcome
+reward pays for); a patient's value is the mean over its transitions. Its control, memory specificity:
+the same memory scored against OTHER test patients' visit t (a fixed, seeded set per patient,
+eval.stats.specificity); a memory that lists conditions common in the cohort scores there too.
+Metrics depend only on the union of shards, never on how patients were split across them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from llmrnn import io
+from llmrnn.errors import InputError
+from llmrnn.evaluate.gather import gather
+from llmrnn.evaluate.grading import FinalJudge, grade_records, parse_judge_verdict
+from llmrnn.evaluate.recall import (
+    BASELINES,
+    MEMORY_VARIANTS,
+    memory_recall_metrics,
+    recall_by_patient,
+    select_patients,
+)
+from llmrnn.evaluate.shard import run_shard
+from llmrnn.evaluate.specificity import memory_words, other_patients, specificity_by_patient
+from llmrnn.trajectories import shard_of
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "FinalJudge",
+    "gather",
+    "grade_records",
+    "memory_recall_metrics",
+    "memory_words",
+    "other_patients",
+    "parse_judge_verdict",
+    "recall_by_patient",
+    "run_shard",
+    "select_patients",
+    "specificity_by_patient",
+]
+
+
+# ----------------------------------------------------------------------------- CLI
+def _cmd_shard(args: argparse.Namespace) -> None:
+    import os
+
+    import torch
+
+    from llmrnn.cohort import load_cohort
+
+    torch.set_num_threads(max(1, int(args.threads or os.environ.get("OMP_NUM_THREADS", "1"))))
+    cfg = args.cfg
+    ev = cfg.get("eval", {})
+    if "roles" not in cfg:
+        raise InputError("evaluate shard: --cfg has no 'roles' section")
+    patients = select_patients(load_cohort(args.test), ev.get("max_patients"), int(ev.get("patient_seed", 0)))
+    if ev.get("max_visits"):  # each patient's first N visits (the demo's budget); the patient sample is unchanged
+        patients = [{**p, "visits": p["visits"][: int(ev["max_visits"])]} for p in patients]
+    part = shard_of(patients, args.shard, args.shards)  # the trajectories' policy: balanced by visits
+    label = f"eval {args.variant} shard {args.shard + 1}/{args.shards}"
+    log.info("%s: %d of %d selected test patients", label, len(part), len(patients))
+    results, stats = run_shard(
+        part, args.variant, cfg["roles"], args.prompts, int(ev.get("seed", 0)),
+        memory_model=args.memory_model, label=label, memory_adapter=args.memory_adapter,
+    ) if part else ([], {})
+    io.write_jsonl(args.out, results)
+    log.info("%s: done; backend calls %s, unparsable %s", label, stats.get("calls"), stats.get("unparsable"))
+
+
+def _cmd_grade(args: argparse.Namespace) -> None:
+    cfg = args.cfg
+    records = io.read_jsonl(args.shard)
+    judge = FinalJudge(cfg.get("final_judge", {}))
+    grade_records(records, judge, visits=cfg.get("grade_visits", "all"))
+    io.write_jsonl(args.out, records)
+    log.info("graded %d patients of %s with the %s final judge", len(records), args.shard, judge.mode)
+
+
+def _cmd_gather(args: argparse.Namespace) -> None:
+    graded: dict[str, list[Path]] = {}
+    for item in args.graded:  # RUN/eval/<variant>/graded_<k>.jsonl: the variant is the folder's name
+        path = Path(item)
+        if not path.is_file():
+            raise InputError(f"{path}: graded shard not found")
+        graded.setdefault(path.parent.name, []).append(path)
+    metrics, comparison = gather(graded, args.cfg)
+    io.write_json(args.metrics, metrics)
+    io.write_json(args.comparison, comparison)
+    for v, m in metrics["variants"].items():
+        recall = (m.get("memory_recall") or {}).get("value")
+        spec = m.get("memory_specificity") or {}
+        log.info("%s: Acc@1 %.3f Acc@5 %.3f memory recall %s, other patients %s (n=%d)", v, m["acc_at_1"]["value"] or 0,
+                 m["acc_at_5"]["value"] or 0, "n/a" if recall is None else f"{recall:.3f}",
+                 "n/a" if spec.get("other_recall") is None else f"{spec['other_recall']:.3f}", m["n_patients"])
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from llmrnn.cli import json_arg
+
+    ev = sub.add_parser("evaluate", help="held-out evaluation: forward-pass shards, final judge, metrics")
+    esub = ev.add_subparsers(dest="evaluate_command", required=True)
+
+    p = esub.add_parser("shard", help="forward pass over one shard of the test split with one variant")
+    p.add_argument("--test", required=True, help="the test split JSON")
+    p.add_argument("--variant", required=True, choices=[*MEMORY_VARIANTS, *BASELINES])
+    p.add_argument("--memory-model", default=None, help="HF dir replacing the memory role's model (trained)")
+    p.add_argument("--memory-adapter", default=None,
+                   help="the PEFT adapter --memory-model was merged from: a vLLM memory role serves it as a LoRA on "
+                        "the base engine instead of opening a second engine")
+    p.add_argument("--prompts", required=True, help="prompt templates (config prompts.file)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default OMP_NUM_THREADS or 1)")
+    p.add_argument("--shard", type=int, required=True)
+    p.add_argument("--shards", type=int, required=True)
+    p.add_argument("--out", required=True, help="output: shard_<k>.jsonl, one line per patient")
+    p.add_argument("--cfg", type=json_arg, required=True, help="JSON: {eval: forward-pass knobs, roles, prompts}")
+    p.set_defaults(func=_cmd_shard)
+
+    p = esub.add_parser("grade", help="final judge: grade every visit of a forward-pass shard")
+    p.add_argument("--shard", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--cfg", type=json_arg, required=True, help="JSON: the eval section's final_judge etc.")
+    p.set_defaults(func=_cmd_grade)
+
+    p = esub.add_parser("gather", help="graded shards -> metrics.json + comparison.json")
+    p.add_argument("--graded", nargs="+", required=True, help="graded shards, .../eval/<variant>/graded_<k>.jsonl")
+    p.add_argument("--metrics", required=True)
+    p.add_argument("--comparison", required=True)
+    p.add_argument("--cfg", type=json_arg, required=True)
+    p.set_defaults(func=_cmd_gather)

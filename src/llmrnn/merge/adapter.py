@@ -1,0 +1,141 @@
+"""The adapter to merge: where it is (a PEFT folder or verl FSDP shards), its LoRA config and the merge
+settings, an alpha of 0 repaired."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmrnn import io
+from llmrnn.errors import CheckFailed, InputError
+
+log = logging.getLogger(__name__)
+
+
+# Probe prompts: our own generic memory-update requests (no cohort text), rendered with the chat template.
+DEFAULT_PROBES = [
+    (
+        'Memory so far: {"evolving_summary": "Long-standing hypertension, on two agents."} New visit: '
+        "shortness of breath on exertion. Rewrite the memory as JSON."
+    ),
+    "Summarise in one JSON object what a clinician should remember after a visit for a fall at home.",
+    'Return {"evolving_summary": "..."} for a first visit with fever and cough.',
+]
+FSDP_SHARD = re.compile(r"model_world_size_\d+_rank_\d+\.pt$")
+
+
+@dataclass
+class AdapterSource:
+    """What `--adapter` points at, resolved."""
+
+    kind: str  # peft_adapter | verl_lora_adapter | verl_fsdp_full | full_model
+    path: Path  # the folder holding adapter_config.json (LoRA), the actor dir (FSDP) or the model dir
+    given: Path
+    notes: list[str] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- config
+def configured_lora(train: dict | None) -> dict:
+    """Rank/alpha/target modules the training config asked for (`train.lora_rank`, `train.lora_alpha`,
+    `train.lora_target_modules`; a nested `train.lora: {rank|r, alpha, target_modules}` is read too)."""
+    train = train or {}
+    nested = train.get("lora") if isinstance(train.get("lora"), dict) else {}
+    rank = train.get("lora_rank", nested.get("rank", nested.get("r")))
+    alpha = train.get("lora_alpha", nested.get("alpha"))
+    targets = train.get("lora_target_modules", train.get("target_modules", nested.get("target_modules")))
+    return {"rank": rank, "alpha": alpha, "target_modules": targets}
+
+
+def merge_settings(merge: dict | None) -> dict:
+    """The merge section with defaults filled (the schema has the same defaults)."""
+    out = {
+        "dtype": "auto",
+        "device": "auto",
+        "probe_prompts": list(DEFAULT_PROBES),
+        "logits_atol": 1e-3,
+        "logits_rtol": 1e-3,
+        "rounding_margin": 4.0,
+        "max_new_tokens": 8,
+    }
+    out.update({k: v for k, v in (merge or {}).items() if v is not None})
+    if not out["probe_prompts"]:
+        raise InputError("merge.probe_prompts: must list at least one prompt")
+    return out
+
+
+# ----------------------------------------------------------------------------- locating inputs
+def base_dir_of(path: str | Path) -> Path:
+    """`--base` may be the model folder or its `.ready` marker (the rule's input)."""
+    from llmrnn.models import model_folder
+
+    p = model_folder(path)
+    if not (p / "config.json").is_file():
+        raise InputError(f"{p}: base model folder has no config.json (expected an HF model folder)")
+    return p
+
+
+def resolve_adapter(path: str | Path) -> AdapterSource:
+    """Find the adapter (or full weights) behind a TRL adapter folder or a verl checkpoint path."""
+    given = Path(path)
+    p = given
+    if not p.exists():
+        raise InputError(f"{p}: adapter path does not exist")
+    notes: list[str] = []
+    latest = p / "latest_checkpointed_iteration.txt"
+    if latest.is_file():
+        step = latest.read_text().strip()
+        p = p / f"global_step_{step}"
+        notes.append(f"verl checkpoints root: latest step {step}")
+        if not p.is_dir():
+            raise InputError(f"{latest}: names step {step} but {p} does not exist")
+    if (p / "actor").is_dir():
+        p = p / "actor"
+    if (p / "adapter_config.json").is_file():
+        kind = "verl_lora_adapter" if p.name == "lora_adapter" else "peft_adapter"
+        return AdapterSource(kind, p, given, notes)
+    if (p / "lora_adapter" / "adapter_config.json").is_file():
+        return AdapterSource("verl_lora_adapter", p / "lora_adapter", given, notes)
+    if any(FSDP_SHARD.search(f.name) for f in p.iterdir() if f.is_file()):
+        return AdapterSource("verl_fsdp_full", p, given, notes + ["FSDP shards without lora_adapter/"])
+    if (p / "config.json").is_file() and any(p.glob("*.safetensors")):
+        return AdapterSource("full_model", p, given, notes + ["full model folder (no adapter_config.json)"])
+    raise InputError(
+        f"{given}: no adapter found; expected adapter_config.json + adapter_model.safetensors (TRL), a verl "
+        "checkpoint (global_step_N/actor/lora_adapter or FSDP shards) or a full HF model folder"
+    )
+
+
+def read_adapter_config(adapter_dir: Path) -> dict:
+    path = adapter_dir / "adapter_config.json"
+    try:
+        cfg = io.read_json(path)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path}: cannot read adapter config: {exc}") from exc
+    if not isinstance(cfg, dict) or cfg.get("peft_type", "LORA") != "LORA":
+        raise InputError(f"{path}: peft_type: expected LORA, got {cfg.get('peft_type')!r}")
+    return cfg
+
+
+def repair_alpha(adapter_cfg: dict, configured: dict, source: str) -> tuple[dict, dict]:
+    """Return (fixed config, repair record). An alpha of 0/None (verl's merger writes 0) is replaced by the
+    configured alpha; without one the merge cannot be trusted and stops."""
+    original = adapter_cfg.get("lora_alpha")
+    fixed = dict(adapter_cfg)
+    record = {"original_alpha": original, "alpha_repaired": False}
+    if original in (0, None):
+        alpha = configured.get("alpha")
+        if not alpha:
+            raise CheckFailed(
+                f"{source}: lora_alpha is {original!r} (verl's model_merger writes 0) and the "
+                "training config gives no lora_alpha to repair it from; set train.lora_alpha"
+            )
+        fixed["lora_alpha"] = alpha
+        record.update(alpha_repaired=True, repaired_from="train.lora_alpha")
+        log.warning(
+            "%s: lora_alpha=%r in adapter_config.json (verl merger bug); repaired to train.lora_alpha=%s",
+            source, original, alpha,
+        )
+    return fixed, record

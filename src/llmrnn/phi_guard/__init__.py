@@ -1,0 +1,49 @@
+"""PHI guard: scan a release bundle (the exact folder that would be uploaded) for the data it was made from.
+
+The reference (what must not leak) depends on the recipe: the cohort's split files (memory_head), or the
+QA records of the qa data stage (recipe qa: questions, contexts, free-text answers and reasonings, record
+and group ids; for ECG QA they come from patients). Both are read into the same `Secrets` and scanned by
+the same machinery below; findings name the reference ("cohort identifier", "QA data identifier").
+
+Every file is either scanned by its structure or refused; nothing is skipped:
+- policy: a symbolic link (to a file or a folder, dangling or not) or anything but a regular file is refused
+  and never followed; a file type that is not model/card/manifest material (allow-list: safetensors, json, md, txt,
+  jinja, model, yaml, gitattributes), a name that looks like an audit log, cohort or QA file, bytes equal to a
+  split file, JSON shaped like a cohort;
+- content, by structure: JSON values after json.loads (recursing, repeated keys kept; token ids and sizes
+  in model metadata are numbers, not identifiers), tokenizer vocab and merges entry by entry
+  (tokenizer.json, vocab.json, vocab.txt, merges.txt; an entry is flagged only when it IS an identifier,
+  its id or rank never is), safetensors header (it must describe the file's bytes exactly) + metadata +
+  tensor bytes (strings and character codes hidden in tensors), `tokenizer.model` pieces (sentencepiece
+  protobuf or tiktoken lines), text decoded from UTF-8/16/32
+  (BOM or NUL pattern), gzip/bz2/xz decompressed, base64/base32/hex/URL/HTML/backslash escapes decoded
+  (escapes applied several times over are undone as often). Anything that cannot be parsed as what it
+  claims to be is refused. Long texts are scanned in overlapping windows and large text files read from
+  disk window by window, so memory does not grow with the file;
+- identifiers: the cohort's subject/visit ids in any form: digits grouped (`12 345`, `12,345`, `12-345`),
+  other Unicode digits, full-width forms, look-alike letters of other scripts (Cyrillic `АВ7731Х`, via
+  Unicode's confusables data) and O/l typed for 0/1, string ids (`MRN-AB7731X`, also its id-like part
+  `AB7731X`), number literals by value (`0012345`, `0x3039`), `*_id` and signed JSON numbers, and in file
+  names; for QA data also the identifiers written inside a record's texts (`MRN 12345678`). An id the QA
+  data stage made up for a record without one is exempt by provenance (the record says `id_generated`),
+  never by its shape;
+- clinical text: `min_words` consecutive words of a clinical section (or of a QA record's question,
+  context, reasoning or free-text answer), or a whole short line / list item of at least `min_line_words`
+  words (a medication list), matched on decoded text;
+- a credential-like string (hf_..., sk-..., ghp_..., AKIA..., a URL's user:password@) pasted anywhere.
+
+Findings say what and where (file, offset or JSON path, kind) and never repeat the identifier or text.
+Identifiers shorter than `min_id_digits` characters cannot be told apart from ordinary numbers and are
+not matched; the report counts them. Clinical text is still matched for those patients.
+"""
+
+from __future__ import annotations
+
+from llmrnn.phi_guard.bundle import enforce, scan_bundle
+from llmrnn.phi_guard.secrets import SPLIT_FORMATS
+
+__all__ = [
+    "SPLIT_FORMATS",
+    "enforce",
+    "scan_bundle",
+]

@@ -1,0 +1,75 @@
+"""Canonical forms: text and identifiers normalised (Unicode digits, full-width forms, confusable letters,
+O/l typed for 0/1) before matching."""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+import unicodedata
+from typing import Any
+
+WORD = re.compile(r"[^\W_]+")
+
+
+# ----------------------------------------------------------------------------- normalisation
+@functools.cache
+def _char_table() -> dict[int, str | None]:
+    """Every Unicode decimal digit (Arabic-Indic, Devanagari, Thai, ...) -> its ASCII digit; invisible
+    format characters (zero-width space, soft hyphen, word joiner) -> removed."""
+    table: dict[int, str | None] = {}
+    for cp in range(128, sys.maxunicode + 1):
+        ch = chr(cp)
+        if ch.isdecimal():
+            table[cp] = str(unicodedata.decimal(ch))
+        elif unicodedata.category(ch) == "Cf":
+            table[cp] = None
+    return table
+
+
+@functools.cache
+def _confusable_table() -> dict[int, str]:
+    """Non-ASCII characters that look like an ASCII letter or digit -> that character (Unicode's
+    confusables data, UTS #39, as shipped by confusable-homoglyphs): Cyrillic `МRN-АВ7731Х` reads as
+    MRN-AB7731X. Applied after NFKC, so full-width and mathematical forms are already ASCII."""
+    from confusable_homoglyphs.utils import load
+
+    table: dict[int, str] = {}
+    for char, homoglyphs in load("confusables.json").items():
+        if len(char) != 1 or char.isascii() or char.isdecimal():
+            continue
+        for glyph in homoglyphs:
+            c = glyph["c"].strip("\u200e\u200f")
+            if len(c) == 1 and c.isascii() and c.isalnum():
+                table[ord(char)] = c
+                break
+    return table
+
+
+def normalize(text: str) -> str:
+    """NFKC, every decimal digit as ASCII, no invisible characters, look-alike letters as the ASCII
+    letter or digit they imitate, casefolded: the form both the cohort and the bundle are compared in."""
+    nfkc = unicodedata.normalize("NFKC", text.translate(_char_table())).translate(_char_table())
+    return nfkc.translate(_confusable_table()).casefold()
+
+
+def canonical_id(value: Any) -> str:
+    return "".join(ch for ch in normalize(str(value)) if ch.isalnum())
+
+
+def _words(text: str) -> list[str]:
+    return WORD.findall(normalize(text))
+
+
+DIGIT_LOOKALIKE = str.maketrans("oil", "011")
+LOOKALIKE_TOKEN = re.compile(r"[^\W_]*\d[^\W_]*")
+
+
+def letters_as_digits(text: str) -> str:
+    """Normalised text with o/i/l read as 0/1 inside tokens made of digits and those letters only (an id
+    typed 9OOOOOO5 or l2345678); words without a digit are left alone."""
+    def swap(m: re.Match) -> str:
+        token = m.group()
+        return token.translate(DIGIT_LOOKALIKE) if set(token) <= set("0123456789oil") else token
+
+    return LOOKALIKE_TOKEN.sub(swap, text)

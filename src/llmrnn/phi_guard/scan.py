@@ -1,0 +1,166 @@
+"""One scan of a bundle: its findings, the checks every piece of text goes through, and the clinical-text
+pass (shingles of the reference's sections matched on decoded text)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+
+from llmrnn.constants import CREDENTIAL
+from llmrnn.phi_guard.canonical import _words, letters_as_digits, normalize
+from llmrnn.phi_guard.decoders import decoded_views
+from llmrnn.phi_guard.identifiers import find_ids, find_numbers
+from llmrnn.phi_guard.secrets import Secrets
+
+ITEM_SPLIT = re.compile(r"\n|;|\u2022|,\s")
+LIST_MARKER = re.compile(r"^\s*(?:[-*\u00b7]|\(?\d{1,2}[.)])\s+")
+# a credential in a URL: scheme://user:password@host
+URL_CREDENTIAL = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://[^/?#@\s:]*:[^/?#\s]*@")
+# Long texts are scanned in windows that overlap by far more than the longest thing looked for (an id
+# with its separators, `min_words` words, a base64 run of them), so memory stays bounded by the window,
+# not the file; text files above STREAM_ABOVE bytes are read from disk window by window.
+WINDOW_CHARS = 1 << 20
+OVERLAP_CHARS = 1 << 16
+DOC_BUDGET_CHARS = 1 << 20  # decoded text kept for the clinical-text pass before it runs and is dropped
+
+
+# ----------------------------------------------------------------------------- the scan
+class Scan:
+    """Findings of one bundle; documents (decoded text) are kept for the clinical-text pass."""
+
+    def __init__(self, secrets: Secrets):
+        self.secrets = secrets
+        self.findings: list[str] = []
+        self.docs: list[tuple[str, str]] = []  # (where, decoded text)
+        self.doc_chars = 0
+        self.flagged: set[str] = set()  # files with a clinical-text finding already
+        # hashes of the reference's phrases, kept after the first clinical-text pass when there are not
+        # too many (a large file needs several passes); None: not known yet, False: too many to keep
+        self.reference_hashes: list[tuple[str, int]] | bool | None = None
+        self.max_len = secrets.max_len
+        self.numeric_only = all(i.isdigit() for i in secrets.ids)
+        self.numeric_ids = any(i.isdigit() for i in secrets.ids)
+
+    def refuse(self, where: str, what: str) -> None:
+        self.findings.append(f"{where}: {what}")
+
+    def ids_in(self, where: str, text: str, docs: bool = True) -> None:
+        """Identifiers in `text` and in every decoding of it; the texts join the clinical-text pass. A long
+        text is scanned window by window (bounded memory); the first window with a finding ends it."""
+        if len(text) <= WINDOW_CHARS:
+            self.window(where, text, docs)
+            return
+        for start in range(0, len(text), WINDOW_CHARS - OVERLAP_CHARS):
+            if self.window(where, text[start:start + WINDOW_CHARS], docs, start) or start + WINDOW_CHARS >= len(text):
+                return
+
+    def window(self, where: str, text: str, docs: bool = True, base: int = 0) -> bool:
+        """One window of a text, starting at char `base` of it; True when it had a finding."""
+        before = len(self.findings)
+        views = [("", text), *decoded_views(text)]
+        credential = CREDENTIAL.search(text) or URL_CREDENTIAL.search(text)
+        if credential:
+            self.refuse(where, f"a credential-like string at char {base + credential.start()}")
+        for how, view in views:
+            hits, form = self._id_hits(view)
+            if hits:
+                offset, kind = hits[0]
+                more = f" (+{len(hits) - 1} more)" if len(hits) > 1 else ""
+                at = f"{how}, char {offset}" if how else f"char {base + offset}"
+                if how and base:
+                    at = f"char {base} + {at}"
+                self.refuse(where, f"{self.secrets.noun} identifier ({kind}){form} at {at}{more}")
+                break
+            if docs:
+                self.docs.append((f"{where}{' (' + how + ')' if how else ''}", view))
+                self.doc_chars += len(view)
+        if self.doc_chars > DOC_BUDGET_CHARS:
+            find_clinical_text(self)
+        return len(self.findings) > before
+
+    def _id_hits(self, view: str) -> tuple[list[tuple[int, str]], str]:
+        """Hits of the ids written as text, then as the VALUE of a number literal (0012345678,
+        1.2345678e7, 0xBC614E), then with digit look-alike letters read as digits (9OOOOOO5, l2345678)."""
+        hits = find_ids(view, self.secrets.ids, self.max_len)
+        if hits or not self.numeric_ids:
+            return hits, ""
+        normal = normalize(view)
+        if hits := find_numbers(normal, self.secrets.ids):
+            return hits, " as a number"
+        as_digits = letters_as_digits(normal)
+        if as_digits != normal and (hits := find_ids(as_digits, self.secrets.ids, self.max_len)):
+            return hits, " written with look-alike letters"
+        return [], ""
+
+    def number(self, where: str, value: float) -> None:
+        if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+            return
+        kind = self.secrets.ids.get(str(abs(int(value))))  # -12345678 is the id with a sign
+        if kind:
+            self.refuse(where, f"{self.secrets.noun} identifier ({kind}) as a JSON number")
+
+
+# ----------------------------------------------------------------------------- clinical text
+def _shingles(words: list[str], k: int) -> Iterator[tuple[int, str]]:
+    for i in range(len(words) - k + 1):
+        yield i, " ".join(words[i:i + k])
+
+
+def _reference_phrases(secrets: Secrets) -> Iterator[tuple[str, str]]:
+    """(kind, word sequence) to look for, streamed (a real cohort is large, the bundle is small): every
+    `min_words` window of every clinical text, and every whole shorter line or list item of at least
+    `min_line_words` words (medication lists, short sections)."""
+    k = secrets.min_words
+    for text, kind in zip(secrets.texts, secrets.text_kinds, strict=True):
+        yield from ((kind, s) for _, s in _shingles(_words(text), k))
+        for item in [text, *ITEM_SPLIT.split(text)]:
+            words = _words(LIST_MARKER.sub("", item))
+            if secrets.min_line_words <= len(words) < k:
+                yield kind, " ".join(words)
+
+
+REFERENCE_HASHES_KEPT = 500_000
+
+
+def _reference_hashes(scan: Scan) -> Iterator[tuple[str, int]]:
+    """(kind, hash) of every reference phrase: from the list kept by an earlier pass, else computed (and
+    kept when there are at most REFERENCE_HASHES_KEPT of them)."""
+    if isinstance(scan.reference_hashes, list):
+        yield from scan.reference_hashes
+        return
+    kept: list[tuple[str, int]] | None = [] if scan.reference_hashes is None else None
+    for kind, phrase in _reference_phrases(scan.secrets):
+        item = (kind, hash(phrase))
+        if kept is not None:
+            kept.append(item)
+            if len(kept) > REFERENCE_HASHES_KEPT:
+                kept = None
+        yield item
+    scan.reference_hashes = kept if kept is not None else False
+
+
+def find_clinical_text(scan: Scan) -> None:
+    """Every word sequence of the bundle's decoded texts (lengths min_line_words..min_words) is hashed;
+    the cohort's phrases are looked up in that table. Where a sequence starts is packed into one int
+    (document, length, word) to keep the table small."""
+    secrets = scan.secrets
+    lengths = range(min(secrets.min_line_words, secrets.min_words), secrets.min_words + 1)
+    table: dict[int, int] = {}
+    for d, (_, text) in enumerate(scan.docs):
+        words = _words(text)
+        for k in lengths:
+            for i, shingle in _shingles(words, k):
+                table.setdefault(hash(shingle), (d << 48) | (k << 32) | i)
+    flagged = scan.flagged
+    if table:
+        for kind, phrase_hash in _reference_hashes(scan):
+            hit = table.get(phrase_hash)
+            if hit is None:
+                continue
+            where, k, i = scan.docs[hit >> 48][0], (hit >> 32) & 0xFFFF, hit & 0xFFFFFFFF
+            if where.split(" ")[0] not in flagged:
+                scan.refuse(where, f"{kind} ({k} words from word {i} on)")
+                flagged.add(where.split(" ")[0])
+    scan.docs.clear()  # scanned: a long file's texts are checked in batches and then dropped
+    scan.doc_chars = 0

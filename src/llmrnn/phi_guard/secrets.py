@@ -1,0 +1,134 @@
+"""The reference secrets: the identifiers and clinical texts of the cohort or QA data a bundle must not
+contain, read into one `Secrets`."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmrnn import io
+from llmrnn.errors import InputError
+from llmrnn.phi_guard.canonical import canonical_id, letters_as_digits, normalize
+
+ID_KEYS = ("subject_id", "visit_id", "hadm_id", "patient_id", "stay_id", "mrn")
+
+
+# ----------------------------------------------------------------------------- cohort secrets
+@dataclass
+class Secrets:
+    ids: dict[str, str] = field(default_factory=dict)  # canonical id -> kind (subject_id, visit_id, ...)
+    too_short: set[str] = field(default_factory=set)
+    texts: list[str] = field(default_factory=list)
+    text_kinds: list[str] = field(default_factory=list)  # per text, what a finding calls it
+    hashes: set[str] = field(default_factory=set)
+    min_words: int = 8
+    min_line_words: int = 3
+    noun: str = "cohort"  # what the reference is, in findings: "cohort identifier", "QA data identifier"
+
+    def add_text(self, text: str, kind: str) -> None:
+        self.texts.append(text)
+        self.text_kinds.append(kind)
+
+    @property
+    def max_len(self) -> int:
+        return max((len(i) for i in self.ids), default=0)
+
+    def add_id(self, key: str, value: Any, min_len: int) -> None:
+        if value is None or isinstance(value, bool):
+            return
+        full = canonical_id(value)
+        if len(full) < min_len:
+            self.too_short.add(full)
+            return
+        self.ids.setdefault(full, key)
+        # the id-like parts of a string id (MRN-AB7731X -> ab7731x): a card may drop the prefix
+        for part in re.split(r"[\W_]+", normalize(str(value))):
+            # a digits-only part must be long enough not to be a shard number (model-00001-of-00002)
+            needed = max(min_len, 6) if part.isdigit() else min_len
+            if len(part) >= needed and any(c.isdigit() for c in part):
+                self.ids.setdefault(part, key)
+            # a part of digits and o/i/l (LO4567) typed with 0/1 instead (L04567) reads as its digit form
+            as_digits = letters_as_digits(part)
+            if as_digits != part and as_digits.isdigit() and len(as_digits) >= max(min_len, 6):
+                self.ids.setdefault(as_digits, key)
+
+
+def _reference_files(paths: Iterable[str | Path], read: Callable[[Path], Any], what: str,
+                     secrets: Secrets) -> Iterator[tuple[Path, Any]]:
+    """(path, parsed content) of each reference file, its sha256 recorded (a bundle file with the same
+    bytes is refused); an unreadable file is one InputError naming it."""
+    for path in map(Path, paths):
+        try:
+            data = read(path)
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: cannot read {what}: {type(exc).__name__}") from exc
+        secrets.hashes.add(io.sha256_file(path))
+        yield path, data
+
+
+def load_cohort_secrets(split_files: Iterable[str | Path], min_id_digits: int = 5) -> Secrets:
+    """Identifiers (canonical forms), clinical texts and sha256 of the split files."""
+    secrets = Secrets()
+    for _, data in _reference_files(split_files, io.read_json, "split file", secrets):
+        for patient in data if isinstance(data, list) else []:
+            visits = patient.get("visits") if isinstance(patient, dict) else None
+            for record in [patient, *(visits if isinstance(visits, list) else [])]:
+                if not isinstance(record, dict):
+                    continue
+                for key in ID_KEYS:
+                    secrets.add_id(key, record.get(key), min_id_digits)
+                sections = record.get("clinical_sections") or {}
+                for value in [*sections.values(), record.get("allergies")]:
+                    if isinstance(value, str) and value.strip():
+                        secrets.add_text(value, "clinical text from the cohort")
+    secrets.too_short -= set(secrets.ids)
+    return secrets
+
+
+# the QA record fields whose text came from the user's data; options are left out: they are the answer
+# vocabulary shared by many questions (diagnosis names), not one record's text
+QA_TEXT_FIELDS = ("question", "context", "reasoning")
+# an identifier written inside a QA text ("Patient MRN 12345678", "record A1234567"): a token with at
+# least min_id_digits digits (measurements, leads and dates written with separators have fewer)
+TEXT_ID_TOKEN = re.compile(r"[^\s,;:()\[\]{}<>\"']+")
+
+
+def ids_in_text(text: str, min_digits: int) -> Iterator[str]:
+    for token in TEXT_ID_TOKEN.findall(normalize(text)):
+        token = token.strip(".-_/#*'")
+        if sum(ch.isdigit() for ch in token) >= min_digits:
+            yield token
+
+
+def load_qa_secrets(qa_files: Iterable[str | Path], min_id_digits: int = 5) -> Secrets:
+    """Record ids, group ids (the patient for cohort-made questions), identifiers written inside the
+    record's texts, and the texts of the QA data stage's split files (JSONL of normalised records), and
+    their sha256. An id is exempt only by provenance: the data stage marks the ids it made up for records
+    that had none (`id_generated`); an id that merely looks like one (q1234567) is checked like any other."""
+    secrets = Secrets(noun="QA data")
+    for path, records in _reference_files(qa_files, io.read_jsonl, "QA split file", secrets):
+        for n, record in enumerate(records):
+            if not isinstance(record, dict):
+                raise InputError(f"{path}: record {n}: not a JSON object (not a QA split file)")
+            made_up = [record.get("id")] if record.get("id_generated") is True else []
+            for key, kind in (("id", "record id"), ("group", "group id")):
+                value = record.get(key)
+                if value is not None and value not in made_up:
+                    secrets.add_id(kind, value, min_id_digits)
+            texts = [(f, record.get(f)) for f in QA_TEXT_FIELDS]
+            if not record.get("options"):  # a free-text answer is the record's own text; a letter is not
+                texts.append(("answer", record.get("answer")))
+            for name, value in texts:
+                if isinstance(value, str) and value.strip():
+                    secrets.add_text(value, f"QA record text ({name})")
+                    for token in ids_in_text(value, min_id_digits):
+                        secrets.add_id(f"identifier in the {name}", token, min_id_digits)
+    secrets.too_short -= set(secrets.ids)
+    return secrets
+
+
+SPLIT_FORMATS = {"cohort": load_cohort_secrets, "qa": load_qa_secrets}

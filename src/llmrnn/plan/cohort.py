@@ -1,0 +1,67 @@
+"""The cohort stage's plan: the raw cohort file (synthetic, MIMIC-IV or the user's), its hash, the
+MIMIC-IV inputs, and the split params."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmrnn.configcheck import SYNTHETIC_MIMIC_IV
+from llmrnn.errors import InputError
+from llmrnn.plan.common import PlanBase, _json
+
+SYNTHETIC_COHORT = "resources/cohort/synthetic.json"
+
+
+class CohortPlan(PlanBase):
+    """The cohort stage's decisions over self.config (the other stages' methods are reached
+    through Plan, which is all of them)."""
+
+    # ------------------------------------------------------------------------- cohort
+    def raw_cohort_path(self, wildcards=None) -> str:
+        """The cohort file clean_cohort reads: made by synth_cohort, or the user's own file."""
+        source = self.config["cohort"]["source"]
+        if source == "synthetic":
+            return SYNTHETIC_COHORT
+        if source == "mimic_iv":
+            return f"{self.paths.run}/cohort/built.json"
+        if "{" in source or "}" in source:
+            raise InputError(
+                f"cohort.source: {source!r} contains a brace, which Snakemake reads as a wildcard; "
+                "rename the file or its folder"
+            )
+        if not Path(source).exists():
+            raise InputError(
+                f"cohort.source: {source} does not exist. Expected a JSON list of patients in the LLM-as-RNN "
+                "format (see docs/configuration.md). MIMIC-IV is credentialed and never shipped with llmrnn: "
+                "build the file from your own PhysioNet copy, or set cohort.source: synthetic."
+            )
+        return source
+
+    def raw_cohort_sha256(self, wildcards=None) -> str | None:
+        """params of clean_cohort: the user's cohort by content, so a replaced file reruns cleaning (and
+        splits) even when its mtime is older; None for the synthetic cohort (synth_cohort's params rerun it).
+        """
+        from llmrnn.cohort import source_sha256
+
+        return source_sha256(self.config["cohort"]["source"])
+
+    def mimic_iv_inputs(self, wildcards=None) -> dict[str, str]:
+        """build_cohort's inputs: the PhysioNet files themselves (a new release reruns everything after)."""
+        from llmrnn.mimic.build import header_problem, table_paths
+
+        mimic = self.config["cohort"]["mimic_iv"]
+        paths = table_paths(mimic["hosp"], mimic["note"], mimic["diagnoses"])
+        for table, path in paths.items():
+            if "{" in str(path) or "}" in str(path):
+                raise InputError(f"cohort.mimic_iv: {path} contains a brace, which Snakemake reads as a wildcard")
+            if not str(path).startswith(SYNTHETIC_MIMIC_IV + "/") and (problem := header_problem(path, table)):
+                raise InputError(f"cohort.mimic_iv: {problem}")
+        return {table: str(path) for table, path in paths.items()}
+
+    def mimic_iv_cfg_json(self) -> str:
+        """params of build_cohort: the selection and diagnosis knobs (the folders are its inputs)."""
+        return _json({k: v for k, v in self.config["cohort"]["mimic_iv"].items() if k not in ("hosp", "note")})
+
+    def split_cfg_json(self) -> str:
+        """params of split_cohort: the split section itself."""
+        return _json(self.config["split"])

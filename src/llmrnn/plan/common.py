@@ -1,0 +1,111 @@
+"""What every stage's plan shares: the run's path prefixes, the params JSON of a config subset, the small
+params functions, and `PlanBase` (the config, the recipe, the conda env of each stage)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from llmrnn.errors import InputError
+from llmrnn.models import MODELS_ROOT, READY
+
+NOT_A_KNOB = ("resources", "threads")
+CONDA_STAGES = ("data", "cpu", "forward", "judge", "train", "sft")
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Every path prefix of a run, built here only (rules use RUN, LOGS, MODELS, QA, QA_EVAL, QA_SYNTH)."""
+
+    run: str
+    logs: str
+    models: str = str(MODELS_ROOT)
+    qa_synth: str = "resources/qa"
+
+    @classmethod
+    def of(cls, run_name: str) -> Paths:
+        return cls(run=f"results/{run_name}", logs=f"logs/{run_name}")
+
+    @property
+    def qa(self) -> str:
+        return f"{self.run}/qa"
+
+    @property
+    def qa_eval(self) -> str:
+        return f"{self.run}/eval"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def _knobs(section: Mapping) -> dict:
+    return {k: v for k, v in section.items() if k not in NOT_A_KNOB}
+
+
+def is_model_name(ref: str) -> bool:
+    """A role's `model` is a configured model name (prepared under MODELS) unless it looks like a path."""
+    return not (os.sep in ref or os.altsep and os.altsep in ref or ref.startswith("."))
+
+
+def model_dir_of(path: str) -> str:
+    """The HF folder of a model input (its .ready marker or the folder itself), for a value in params."""
+    return os.path.dirname(path) if os.path.basename(path) == READY else path
+
+
+def input_flag(flag: str, name: str) -> Callable:
+    """A params function: [flag, the job's input `name`] when the job has that optional (unpacked) input,
+    else [] (e.g. --endpoint only when the reward asks the judge); a list, so `{params.x:q}` quotes it.
+    """
+
+    def arg(wildcards, input):
+        # input is a Namedlist (a list): `name in input` would look among the files, not the names
+        return [flag, input[name]] if name in input.keys() else []  # noqa: SIM118
+
+    return arg
+
+
+
+
+class PlanBase:
+    """The config of one run and the decisions every stage shares; each stage's plan (llmrnn.plan.<stage>)
+    adds its own, and llmrnn.plan.Plan is all of them over one config."""
+
+    def __init__(self, config: Mapping):
+        self.config = config
+        self.paths = Paths.of(config["run_name"])
+        self._rubric = None
+
+    # ------------------------------------------------------------------------- shared
+    def recipe_is(self, name: str) -> bool:
+        return self.config["recipe"] == name
+
+    def cfg_json(self, *sections: str) -> str:
+        """The exact config subset a rule depends on, as JSON; in params it makes Snakemake rerun the
+        rule when (and only when) that subset changes."""
+        return _json({s: self.config[s] for s in sections})
+
+    def conda_env(self, stage: str) -> str:
+        """The conda env file (--sdm conda) of every job, chosen in this one place. Stages: data (cohort,
+        report), cpu (models, merge, release, preflight), forward (trajectory and eval shards; vllm when a
+        role uses the vLLM backend), judge (vllm for a `vllm serve` judge), train (verl or cpu), sft (the qa
+        recipe's LoRA SFT: the GPU stack, whose lock holds TRL and PEFT, when the job gets a GPU).
+        """
+        c = self.config
+        if stage == "forward":
+            name = "vllm" if any(r.get("backend") == "vllm" for r in c["roles"].values()) else "cpu"
+        elif stage == "judge":
+            name = "vllm" if self.judge_gpus() else "cpu"
+        elif stage == "train":
+            name = "verl" if c["train"]["engine"] == "verl" else "cpu"
+        elif stage == "sft":
+            name = "verl" if c["qa"]["sft"]["resources"]["gpu"] else "cpu"
+        elif stage in ("data", "cpu"):
+            name = stage
+        else:
+            raise InputError(f"conda_env: unknown stage {stage!r}; expected one of {', '.join(CONDA_STAGES)}")
+        return f"../envs/{name}.yaml"
+

@@ -1,0 +1,87 @@
+"""The held-out evaluation's plan: its variants, params, shard inputs and files, and its targets."""
+
+from __future__ import annotations
+
+from llmrnn.plan.common import PlanBase, _json
+
+EVAL_VARIANT_PATTERN = "base|trained|zero_shot|full_history"
+EVAL_ROLES = ("prediction", "evaluation", "memory")
+
+
+class EvaluatePlan(PlanBase):
+    """The held-out evaluation's decisions over self.config (the other stages' methods are reached
+    through Plan, which is all of them)."""
+
+    # ------------------------------------------------------------------------- eval (held-out)
+    def eval_variants(self) -> list[str]:
+        """base + trained memory model, then the configured baselines."""
+        return ["base", "trained", *self.config["eval"]["baselines"]]
+
+    def eval_cfg_json(self, *keys: str) -> str:
+        """A subset of the eval section as JSON (params of the grade/gather rules)."""
+        return _json({k: self.config["eval"][k] for k in keys})
+
+    def eval_forward_cfg(self) -> str:
+        """Everything that changes the forward pass of an eval shard: eval's patient/sampling knobs and the
+        roles/prompts sections (models and the prompt file are inputs). Grading and statistics knobs are
+        left out, so changing them never reruns the forward pass.
+        """
+        c = self.config
+        subset = {k: c["eval"][k] for k in ("max_patients", "max_visits", "patient_seed", "seed")}
+        return _json({"eval": subset, "roles": c.get("roles"), "prompts": c.get("prompts")})
+
+    def eval_role_model_inputs(self, roles) -> list[str]:
+        """Files of the roles' models: the .ready marker of a configured model name, the folder itself for
+        a path; nothing for an openai endpoint."""
+        sections = self._local_roles(self.config["roles"][role] for role in roles)
+        return sorted({self.model_input(cfg["model"]) for cfg in sections})
+
+    def eval_trained_model(self) -> str:
+        """The trained memory model: this run's merged model, or the HF folder named by eval.trained_model."""
+        return self.config["eval"]["trained_model"] or f"{self.paths.run}/merged"
+
+    def eval_shard_inputs(self, wildcards) -> list[str]:
+        """Models of an eval shard; the trained variant's memory model is the merged one (and the merge
+        check must have passed) or eval.trained_model."""
+        if wildcards.variant != "trained":
+            return self.eval_role_model_inputs(EVAL_ROLES)
+        inputs = self.eval_role_model_inputs(("prediction", "evaluation"))
+        trained = self.config["eval"]["trained_model"]
+        if trained:
+            return [*inputs, f"{trained}/config.json"]
+        return [*inputs, f"{self.paths.run}/merged", f"{self.paths.run}/merge_check.json", self.grpo_adapter()]
+
+    def grpo_adapter(self) -> str:
+        """The GRPO adapter folder (train_grpo's or qa_train_grpo's output `adapter`)."""
+        return f"{self.paths.run}/train/adapter"
+
+    def eval_memory_arg(self, wildcards) -> list[str]:
+        """Arguments as a list, so `{params.memory:q}` quotes each one. This run's trained model comes with the
+        adapter it was merged from: a vLLM memory role serves it as a LoRA on the base engine (one engine)."""
+        if wildcards.variant != "trained":
+            return []
+        if self.config["eval"]["trained_model"]:
+            return ["--memory-model", self.eval_trained_model()]
+        return ["--memory-model", self.eval_trained_model(), "--memory-adapter", self.grpo_adapter()]
+
+    def eval_shard_files(self, kind: str) -> list[str]:
+        """All shard files of every variant: kind is "shard" (forward pass) or "graded"."""
+        return [
+            f"{self.paths.run}/eval/{variant}/{kind}_{k}.jsonl"
+            for variant in self.eval_variants()
+            for k in range(self.config["eval"]["shards"])
+        ]
+
+    def eval_heldout_targets(self) -> list[str]:
+        if self.recipe_is("qa"):
+            return self.qa_eval_targets()
+        plots = f"{self.paths.run}/eval/plots"
+        return [
+            f"{self.paths.run}/eval/metrics.json",
+            f"{self.paths.run}/eval/comparison.json",
+            f"{plots}/acc_bars.png",
+            f"{plots}/acc_by_visit.png",
+            f"{plots}/memory_recall.png",
+            f"{plots}/memory_specificity.png",
+            f"{plots}/summary.tsv",
+        ]

@@ -1,0 +1,36 @@
+"""The trajectories stage's plan: its params JSON and the shard files of each split."""
+
+from __future__ import annotations
+
+from llmrnn.plan.common import PlanBase, _json, _knobs
+
+TRAJECTORY_SPLITS = ("train", "val")
+
+
+class TrajectoriesPlan(PlanBase):
+    """The trajectories stage's decisions over self.config (the other stages' methods are reached
+    through Plan, which is all of them)."""
+
+    # ------------------------------------------------------------------------- trajectories
+    def trajectories_cfg_json(self) -> str:
+        """params of trajectory_shard: roles, the models they use, the trajectories knobs (not resources)."""
+        c = self.config
+        used = {r["model"] for r in c["roles"].values()}
+        return _json({
+            "roles": c["roles"],
+            "models": {n: m for n, m in c["models"].items() if n in used},
+            "trajectories": _knobs(c["trajectories"]),
+        })
+
+    def trajectory_shard_files(self, split: str, ext: str) -> list[str]:
+        return [
+            f"{self.paths.run}/trajectories/shards/{split}/part_{k}.{ext}"
+            for k in range(self.config["trajectories"]["shards"])
+        ]
+
+    def trajectory_targets(self) -> list[str]:
+        return [
+            f"{self.paths.run}/trajectories/{s}.{ext}"
+            for s in TRAJECTORY_SPLITS
+            for ext in ("parquet", "summary.json")
+        ]
