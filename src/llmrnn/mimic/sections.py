@@ -17,6 +17,7 @@ discharge:`); a leading admission label (`ADMISSION EXAM:`) is dropped.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -76,20 +77,14 @@ DISCHARGE_TIME_WORDS = {"discharge", "discharged", "course", "instructions", "fo
 
 
 _NON_LETTERS = re.compile(r"[^a-z]+")
-_NORMALISED: dict[str, str] = {}
+@functools.lru_cache(maxsize=100_000)
+def header_key(label: str) -> str:
+    """A header's lookup key in the table: `Past Medical/Surgical History ` -> `past medical surgical
+    history` (cached: labels repeat). Not llmrnn.matching.normalise, which compares diagnoses."""
+    return _NON_LETTERS.sub(" ", label.lower()).strip()
 
 
-def normalise(label: str) -> str:
-    """`Past Medical/Surgical History ` -> `past medical surgical history` (cached: labels repeat)."""
-    norm = _NORMALISED.get(label)
-    if norm is None:
-        norm = _NON_LETTERS.sub(" ", label.lower()).strip()
-        if len(_NORMALISED) < 100_000:
-            _NORMALISED[label] = norm
-    return norm
-
-
-HEADERS: dict[str, str] = {normalise(v): canonical for canonical, vs in HEADER_VARIANTS.items() for v in vs}
+HEADERS: dict[str, str] = {header_key(v): canonical for canonical, vs in HEADER_VARIANTS.items() for v in vs}
 # matched against "\n" + text: a leading literal lets the engine jump from line start to line start
 _LABEL_LINE = re.compile(r"\n[ \t]*([A-Za-z][A-Za-z0-9 ,/&()'\-]{0,60}?)[ \t]*:[ \t]*([^\n]*)")
 _DISCHARGE_WORD = re.compile(r"\bdischarge", re.IGNORECASE)
@@ -133,7 +128,7 @@ def split_note(text: str) -> SplitNote:
     current = "_header"
     text = "\n" + text  # positions below are in this text; slicing it gives the same sections
     for m in _LABEL_LINE.finditer(text):
-        norm = normalise(m.group(1))
+        norm = header_key(m.group(1))
         canonical = HEADERS.get(norm)
         alone = not m.group(2).strip()
         if canonical is not None and (alone or " " in norm or canonical in ("_header", "allergies")):
@@ -194,7 +189,7 @@ def diagnosis_list(body: str | None) -> list[str]:
     for raw in body.split("\n"):
         line = raw.strip()
         m = re.match(r"^([A-Za-z][A-Za-z ,/&()'\-]{0,50}?)\s*:\s*(.*)$", line)
-        if m and (words := normalise(m.group(1)).split()) and all(w in SUBLABEL_WORDS["discharge_diagnosis"]
+        if m and (words := header_key(m.group(1)).split()) and all(w in SUBLABEL_WORDS["discharge_diagnosis"]
                                                                    for w in words):
             target = primary if any(w in PRIMARY_WORDS for w in words) else other
             line = m.group(2).strip()
