@@ -4,6 +4,8 @@
 # reward.mode outcome asks no judge: no endpoint input (judge_server is not planned), the reference
 # memories are scored with the outcome reward.
 
+from llmrnn.reward.custom import code_files as reward_code_files
+
 
 rule preflight:
     input:
@@ -25,7 +27,8 @@ rule preflight:
     params:
         endpoint=input_flag("--endpoint", "endpoint"),
         cfg=preflight_cfg(),
-        code=code_hash("preflight run"),
+        # your own reward (reward.custom.path) is code of this job too: its content is hashed
+        code=code_hash("preflight run", *reward_code_files(config)),
     shell:
         "llmrnn preflight run --train-parquet {input.train:q} --val-parquet {input.val:q} "
         "{params.endpoint:q} --out {output.report:q} --audit-dir {output.audit:q} "

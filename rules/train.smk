@@ -3,6 +3,8 @@
 # planned steps. Runs beside the judge service (one group job on SLURM) when the reward asks the judge;
 # reward.mode outcome asks none (no endpoint input, no judge_server).
 
+from llmrnn.reward.custom import code_files as reward_code_files
+
 
 rule train_grpo:
     input:
@@ -35,7 +37,8 @@ rule train_grpo:
         cfg=cfg_json("train", "reward", "preflight"),
         judge_gpus=train_judge_gpus(),
         endpoint=input_flag("--endpoint", "endpoint"),
-        code=code_hash("train run"),
+        # your own reward (reward.custom.path) is code of this job too: its content is hashed
+        code=code_hash("train run", *reward_code_files(config)),
     shell:
         "llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
         "--model {input.model:q} --work-dir {params.work:q} --adapter {output.adapter:q} "

@@ -34,11 +34,10 @@ def job_code(reward_spec: str | None) -> str:
         return code_identity(TRAIN_VERB)
     if module_path(module) is not None:
         return code_identity(TRAIN_VERB, module)
-    if module.endswith(".py") and Path(module).is_file():
-        origin = module
-    else:
-        found = importlib.util.find_spec(module)
-        origin = found.origin if found and found.origin else None
+    if module.endswith(".py") and Path(module).is_file():  # your own reward (reward.custom): as its rule hashes it
+        return code_identity(TRAIN_VERB, module)
+    found = importlib.util.find_spec(module)
+    origin = found.origin if found and found.origin else None
     extra = io.sha256_file(origin) if origin else module
     return f"{code_identity(TRAIN_VERB)}+{extra}"
 
