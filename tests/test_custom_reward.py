@@ -49,8 +49,8 @@ def test_the_documented_example_is_a_complete_reward_of_ten_lines(example):
 
 
 @pytest.mark.parametrize("source,name,expected", [
-    (WRONG, "compute_score", "has signature (solution_str, ground_truth); verl calls (data_source, solution_str, "
-                             "ground_truth, extra_info, **kwargs) (missing data_source, extra_info)"),
+    (WRONG, "compute_score", ("has signature (solution_str, ground_truth); verl calls (data_source, solution_str, "
+                              "ground_truth, extra_info, **kwargs) (missing data_source, extra_info)")),
     ("def compute_score(data_source, solution_str, ground_truth, extra_info):\n    return 0\n", "compute_score",
      "(no **kwargs)"),
     ("def score(**kw):\n    return 0\n", "compute_score", "defines no 'compute_score'"),

@@ -158,7 +158,7 @@ ONE_HOME = {
     "model folder": ("models", {"model_folder", "_model_dir"}),
     "text normalising": ("matching", {"normalise", "_norm", "_same"}),
     # whether a config's reward asks the judge (rules plan judge_server, check wants its model, only then)
-    "asks judge": ("reward", {"asks_judge", "needs_judge", "uses_judge", "judge_needed"}),
+    "asks judge": ("reward.config", {"asks_judge", "needs_judge", "uses_judge", "judge_needed"}),
 }
 
 

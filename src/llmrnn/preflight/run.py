@@ -36,8 +36,8 @@ def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit
     rows = load_rows(train_parquet, pcfg.rows, pcfg.seed)
     agreement, agreement_problems, agreement_warnings = None, [], []
     custom_problems = []
-    if rcfg.custom:  # your own reward: finite numbers on real rows (no judge, no scorer)
-        judge_report, custom_problems, judge_problems = custom_checks(rcfg.custom, rows, pcfg)
+    if rcfg.custom_reward:  # your own reward: finite numbers on real rows (no judge, no scorer)
+        judge_report, custom_problems, judge_problems = custom_checks(rcfg.custom_reward, rows, pcfg)
     else:
         judge_report, judge_problems, agreement, agreement_problems, agreement_warnings = _scorer_checks(
             endpoint_file, judge_cfg, audit_dir, rcfg, pcfg, train_parquet, rows)
@@ -52,11 +52,11 @@ def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit
                                    out_dir=Path(out).parent,
                                    check_gpus=False)  # a 0-GPU job step: `train run` counts them
     problems, warnings = list(custom_problems), []
-    if rcfg.mode == "outcome" or rcfg.custom:
+    if rcfg.mode == "outcome" or rcfg.custom_reward:
         # The outcome reward asks no judge, and the fixed reference memories (h_ref, h_prev, empty) all
         # miss what the policy must learn to carry, so their spread says nothing about the rollouts'
         # spread: report, do not stop (`llmrnn train diagnose` measures the rollouts' spread).
-        why = "reward.custom" if rcfg.custom else "reward.mode outcome"
+        why = "reward.custom" if rcfg.custom_reward else "reward.mode outcome"
         warnings.extend(f"{why} (no judge): {p}" for p in judge_problems)
     else:
         (problems if pcfg.on_problem == "fail" else warnings).extend(judge_problems + agreement_problems)

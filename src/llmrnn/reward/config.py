@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from llmrnn.errors import InputError
@@ -52,7 +52,8 @@ class RewardConfig:
     cache_size: int = 4096
     call_budget_s: float = 900.0  # one judge call, every try and wait together
     dead_after_s: float = 30.0  # a judge that is certainly gone (dead pid, refused port) fails the wait then
-    custom: dict | None = None  # {"path": file.py, "name": function}: your own reward (llmrnn.reward.custom)
+    # your own reward (llmrnn.reward.custom): {"path": file.py or None (the built-in reward), "name": function}
+    custom: dict = field(default_factory=lambda: {"path": None, "name": CUSTOM_NAME})
 
     @classmethod
     def from_any(cls, value: Any) -> RewardConfig:
@@ -66,9 +67,7 @@ class RewardConfig:
             raise InputError(f"reward: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
         if value.get("custom") is not None:
             custom = settings(value["custom"], "reward.custom")
-            value = {**value, "custom": {"path": custom.get("path"), "name": custom.get("name") or CUSTOM_NAME}}
-            if not value["custom"]["path"]:
-                value["custom"] = None
+            value = {**value, "custom": {"path": custom.get("path") or None, "name": custom.get("name") or CUSTOM_NAME}}
         cfg = cls(**value)
         if cfg.mode not in MODES:
             raise InputError(f"reward.mode: {cfg.mode!r} is not one of {', '.join(MODES)}")
@@ -80,7 +79,12 @@ class RewardConfig:
     def judged(self) -> bool:
         """Scalar and pairwise modes ask the judge; outcome mode scores the memory's recall alone, and your
         own reward (reward.custom) replaces the judge's scorer."""
-        return self.mode != "outcome" and self.custom is None
+        return self.mode != "outcome" and self.custom_reward is None
+
+    @property
+    def custom_reward(self) -> dict | None:
+        """{"path", "name"} of your own reward, None when reward.custom.path is not set."""
+        return dict(self.custom) if (self.custom or {}).get("path") else None
 
 
 # The settings that bound every wait on the judge (health, each call, the whole call, a gone judge): what

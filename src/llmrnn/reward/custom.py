@@ -20,7 +20,8 @@ from typing import Any
 
 from llmrnn.constants import DATA_SOURCE
 from llmrnn.errors import InputError
-from llmrnn.reward.config import CUSTOM_NAME, RewardConfig
+from llmrnn.reward.config import CUSTOM_NAME, RewardConfig, settings
+from llmrnn.reward.entry import _completion_text
 
 PARAMETERS = ("data_source", "solution_str", "ground_truth", "extra_info")
 SIGNATURE = "(data_source, solution_str, ground_truth, extra_info, **kwargs)"
@@ -28,9 +29,11 @@ SIGNATURE = "(data_source, solution_str, ground_truth, extra_info, **kwargs)"
 
 def custom_of(reward: Any) -> dict | None:
     """{"path", "name"} of config section `reward` (or the whole config), None when no own reward is set."""
-    if isinstance(reward, dict) and "reward" in reward and "mode" not in reward:
-        reward = reward.get("reward")
-    return RewardConfig.from_any(reward or {}).custom
+    reward = settings(reward, "reward")
+    custom = reward.get("custom") if isinstance(reward.get("custom"), dict) else None
+    if not custom:  # also a section of another recipe (qa.reward): only its `custom` key is read here
+        return None
+    return RewardConfig.from_any({"custom": custom}).custom_reward
 
 
 def code_files(config: dict) -> list[str]:
@@ -99,14 +102,6 @@ def score_of(result: Any, where: str) -> float:
         raise InputError(f"reward.custom: {where} returned {value!r}; expected a finite number or "
                          "a dict with a finite 'score'")
     return float(value)
-
-
-def _completion_text(completion: Any) -> str:
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        return completion[-1].get("content") or ""
-    if isinstance(completion, dict):
-        return completion.get("content") or ""
-    return str(completion or "")
 
 
 def trl_reward(fn: Callable, name: str = CUSTOM_NAME) -> Callable:
