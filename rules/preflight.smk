@@ -11,6 +11,8 @@ judge_agreement_cfg = helper(JudgePlan.judge_agreement_cfg)
 preflight_cfg = helper(JudgePlan.preflight_cfg)
 preflight_threads = helper(JudgePlan.preflight_threads)
 
+from llmrnn.reward.custom import code_files as reward_code_files
+
 
 rule preflight:
     input:
@@ -32,7 +34,8 @@ rule preflight:
     params:
         endpoint=input_flag("--endpoint", "endpoint"),
         cfg=preflight_cfg(),
-        code=code_hash("preflight run"),
+        # your own reward (reward.custom.path) is code of this job too: its content is hashed
+        code=code_hash("preflight run", *reward_code_files(config)),
     shell:
         "llmrnn preflight run --train-parquet {input.train:q} --val-parquet {input.val:q} "
         "{params.endpoint:q} --out {output.report:q} --audit-dir {output.audit:q} "

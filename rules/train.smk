@@ -8,6 +8,8 @@ from llmrnn.plan.common import input_flag
 # The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
 train_judge_gpus = helper(TrainPlan.train_judge_gpus)
 
+from llmrnn.reward.custom import code_files as reward_code_files
+
 
 rule train_grpo:
     input:
@@ -40,7 +42,8 @@ rule train_grpo:
         cfg=cfg_json("train", "reward", "preflight"),
         judge_gpus=train_judge_gpus(),
         endpoint=input_flag("--endpoint", "endpoint"),
-        code=code_hash("train run"),
+        # your own reward (reward.custom.path) is code of this job too: its content is hashed
+        code=code_hash("train run", *reward_code_files(config)),
     shell:
         "llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
         "--model {input.model:q} --work-dir {params.work:q} --adapter {output.adapter:q} "

@@ -159,6 +159,8 @@ COMPUTED_LOADS = {
     ("llmrnn.train.trl_engine", "import_module"): "--reward-func: rules name the module in code_hash(...) "
                                                   "and the checkpoints' job_code",
     ("llmrnn.train.trl_engine", "spec_from_file_location"): "--reward-func as a file: job_code hashes the file",
+    ("llmrnn.reward.custom", "spec_from_file_location"): "reward.custom.path: code_hash(..., *reward_code_files) "
+                                                         "and job_code hash the file's content",
 }
 _LOADERS = {"import_module", "__import__", "spec_from_file_location", "run_module", "run_path", "exec", "eval",
             "load_module"}
@@ -227,13 +229,14 @@ def test_help_still_lists_every_stage():
         cli.stage_module("nope")
 
 
-CODE_PARAM = re.compile(r'^        code=code_hash\(([^)]*)\),$', re.MULTILINE)
+CODE_PARAM = re.compile(r'^        code=code_hash\(([^)]*?)(?:, \*reward_code_files\(config\))?\),$', re.MULTILINE)
 
 
 def rule_code_args(rule: dict) -> tuple[str, ...] | None:
     """The arguments of a rule's `code=code_hash(...)` param (None where it has none)."""
     body = rule["body"]
     m = CODE_PARAM.search(body)
+    # `*reward_code_files(config)`: your own reward's file (reward.custom.path), none in these configs
     return tuple(json.loads(f"[{m.group(1)}]")) if m else None
 
 

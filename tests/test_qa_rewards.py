@@ -81,11 +81,14 @@ def test_weights_compose_and_unknown_keys_are_refused():
         R.compute_score(R.DATA_SOURCE, "x", json.dumps({"options": OPTS}), reward_cfg=cfg)
 
 
-def test_reward_config_comes_from_the_environment(monkeypatch):
-    from llmrnn.reward import ENV_CFG
-
-    monkeypatch.setenv(ENV_CFG, json.dumps({"weights": {"exact_match": 2.0}}))
-    assert R.compute_score(R.DATA_SOURCE, "<answer>B</answer>", "B")["score"] == 2.0
+def test_reward_config_comes_as_an_argument_not_from_the_environment(monkeypatch):
+    """The settings arrive as `reward_cfg=` (JSON text as verl's reward_kwargs carry it, or a mapping as
+    TRL's arguments); the old LLMRNN_REWARD_CFG environment variable is not read."""
+    monkeypatch.setenv("LLMRNN_REWARD_CFG", json.dumps({"weights": {"exact_match": 5.0}}))
+    assert R.compute_score(R.DATA_SOURCE, "<answer>B</answer>", "B")["score"] == 1.0
+    as_json = json.dumps({"weights": {"exact_match": 2.0}})
+    assert R.compute_score(R.DATA_SOURCE, "<answer>B</answer>", "B", reward_cfg=as_json)["score"] == 2.0
+    assert R.compute_score(R.DATA_SOURCE, "<answer>B</answer>", "B", reward_cfg=json.loads(as_json))["score"] == 2.0
 
 
 def test_fluency_is_the_perplexity_under_the_model(tiny_model_dir):
@@ -223,15 +226,14 @@ def _scripted_qa_judge(tmp_path, respond):
 def test_qa_judge_fallbacks_are_counted_logged_and_stop_training(tmp_path, monkeypatch):
     """An unparseable judge answer scores 0.5 as before, but through the memory head's guard: the batch's
     fallback rate reaches TRL's log_metric, and too many fallbacks raise JudgeDegraded with a stop reason."""
-    from llmrnn.reward import ENV_GUARD, STOP_REASON_FILE, JudgeDegraded, guard_env
-
-    monkeypatch.setenv(ENV_GUARD, guard_env(0.25, 4)[ENV_GUARD])
+    from llmrnn.reward import STOP_REASON_FILE, JudgeDegraded, guard_spec
     judge, endpoint_for = _scripted_qa_judge(tmp_path, lambda body: "I would rather not grade this.")
     cfg = {"weights": {"exact_match": 1.0, "judge": 1.0}}
     gt = json.dumps({"answer": "gout", "question": "Which joint disease?"})
     logged: dict[str, list[float]] = {}
     with judge:
-        kw = {"endpoint_file": str(endpoint_for(judge.port)), "audit_dir": str(tmp_path / "audit"), "reward_cfg": cfg}
+        kw = {"endpoint_file": str(endpoint_for(judge.port)), "audit_dir": str(tmp_path / "audit"), "reward_cfg": cfg,
+              "guard": json.dumps(guard_spec(0.25, 4))}
         one = R.compute_score(R.DATA_SOURCE, "<answer>anemia</answer>", gt, **kw)
         assert one["judge"] == 0.5 and one["judge_parse_method"] == "fallback"
         assert R.compute_score(R.DATA_SOURCE, "<answer>x</answer>", gt, numeric_only=True, **kw)["parse_fallback"] == 1.0

@@ -13,7 +13,6 @@ import pytest
 from llmrnn.errors import InputError
 from llmrnn.judge import JudgeUnavailable
 from llmrnn.reward import (
-    ENV_GUARD,
     STOP_REASON_FILE,
     JudgeDegraded,
     RewardConfig,
@@ -21,9 +20,9 @@ from llmrnn.reward import (
     compute_score,
     compute_score_batch,
     fallback_rate,
-    guard_env,
+    guard_spec,
     outcome_share,
-    reward_env,
+    reward_kwargs,
     trl_reward_func,
 )
 from tests.judge_helpers import ScriptedJudge, chat_payload, make_step, memory, write_endpoint, write_rubric
@@ -108,11 +107,9 @@ def test_outcome_term_depends_on_the_candidate_memory(judge_env):
 
 
 # --------------------------------------------------------------------------- outcome mode: no judge
-def test_outcome_mode_needs_no_judge_endpoint(tmp_path, monkeypatch):
+def test_outcome_mode_needs_no_judge_endpoint(tmp_path):
     """reward.mode outcome asks no judge: every entry point scores without an endpoint, an endpoint given
     anyway is not waited on (this one names no server: a wait would fail), and every sample is audited."""
-    for var in ("LLMRNN_JUDGE_ENDPOINT", "LLMRNN_RUBRIC", "LLMRNN_REWARD_CFG"):
-        monkeypatch.delenv(var, raising=False)
     kw = {"audit_dir": str(tmp_path / "audit"), "reward_cfg": {"mode": "outcome", "health_timeout_s": 1}}
     good = compute_score(DS, memory("Heart failure; CKD stage 3."), STEP, {}, **kw)
     assert (good["score"], good["parse_method"], good["judge_calls"]) == (1.0, "outcome", 0)
@@ -132,11 +129,10 @@ def test_outcome_mode_needs_no_judge_endpoint(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["scalar", "pairwise"])
-def test_judged_modes_without_an_endpoint_stop_with_one_line(tmp_path, monkeypatch, mode):
-    monkeypatch.delenv("LLMRNN_JUDGE_ENDPOINT", raising=False)
+def test_judged_modes_without_an_endpoint_stop_with_one_line(tmp_path, mode):
     kw = {"audit_dir": str(tmp_path / "audit"), "reward_cfg": {"mode": mode}}
-    line = f"reward.mode {mode} asks the judge but no judge endpoint was given: pass endpoint_file= or set "
-    with pytest.raises(InputError, match=re.escape(line + "LLMRNN_JUDGE_ENDPOINT")):
+    line = f"reward.mode {mode} asks the judge but no judge endpoint was given: pass endpoint_file="
+    with pytest.raises(InputError, match=re.escape(line + " (RUN/judge/endpoint.json")):
         compute_score(DS, memory("x"), STEP, {}, **kw)
     with pytest.raises(InputError, match=re.escape(line)):
         trl_reward_func(["p"], [memory("x")], reward_model=[{"ground_truth": STEP}], **kw)
@@ -189,16 +185,17 @@ def test_judge_timing_out_raises_after_retries(judge_env):
         compute_score(DS, memory("z"), STEP, {}, **kw)
 
 
-def test_missing_endpoint_is_a_clear_error(monkeypatch):
-    monkeypatch.delenv("LLMRNN_JUDGE_ENDPOINT", raising=False)
-    with pytest.raises(InputError, match="LLMRNN_JUDGE_ENDPOINT"):
-        compute_score(DS, memory("x"), STEP, {})
+def test_missing_endpoint_is_a_clear_error(monkeypatch, tmp_path):
+    """The settings are arguments only: an endpoint in the old environment variable is not read."""
+    monkeypatch.setenv("LLMRNN_JUDGE_ENDPOINT", str(tmp_path / "endpoint.json"))
+    with pytest.raises(InputError, match="no judge endpoint was given: pass endpoint_file="):
+        compute_score(DS, memory("x"), STEP, {}, audit_dir=str(tmp_path / "audit"))
 
 
 def test_missing_audit_dir_is_a_clear_error(monkeypatch, tmp_path):
     """Every judge call is audited where the caller says; no path is guessed from the endpoint's."""
-    monkeypatch.delenv("LLMRNN_AUDIT_DIR", raising=False)
-    with pytest.raises(InputError, match="no audit directory: pass audit_dir= or set LLMRNN_AUDIT_DIR"):
+    monkeypatch.setenv("LLMRNN_AUDIT_DIR", str(tmp_path / "audit"))  # not read: an argument or nothing
+    with pytest.raises(InputError, match="no audit directory: pass audit_dir=$"):
         compute_score(DS, memory("x"), STEP, {}, endpoint_file=str(tmp_path / "endpoint.json"))
     assert list(tmp_path.iterdir()) == []
 
@@ -261,18 +258,22 @@ def test_pairwise_cancels_position_bias_and_counts_unparsed(judge_env):
     assert r["score"] == 0.5 and r["parse_method"] == "fallback"
 
 
-def test_pairwise_within_group_for_trl(judge_env, monkeypatch):
+def test_pairwise_within_group_for_trl(judge_env):
+    """The settings reach TRL's reward function as the arguments `train run` binds (functools.partial over
+    llmrnn.reward.reward_kwargs: the reward section as JSON text), as verl's reward_kwargs carry them."""
+    import functools
+
     judge, kw = judge_env(prefers_quality)
     cfg = dict(kw["reward_cfg"], mode="pairwise", pairwise_opponent="group")
-    for k, v in reward_env(kw["endpoint_file"], kw["audit_dir"], cfg).items():
-        monkeypatch.setenv(k, v)
+    reward = functools.partial(trl_reward_func, **reward_kwargs(cfg, audit_dir=kw["audit_dir"],
+                                                                endpoint_file=kw["endpoint_file"]))
     step_a, step_b = json.dumps(make_step(0)), json.dumps(make_step(1))
     completions = [[{"role": "assistant", "content": memory(t)}] for t in
                    ("best q9", "mid q5", "worst q1", "other q2", "other q7")]
     completions.insert(3, [{"role": "assistant", "content": "not json"}])
     rm = [{"style": "rubric", "ground_truth": g} for g in (step_a,) * 4 + (step_b,) * 2]
     extra = [{"split": "train", "index": 0}] * 4 + [{"split": "train", "index": 1}] * 2
-    scores = trl_reward_func(["p"] * 6, completions, reward_model=rm, extra_info=extra, data_source=[DS] * 6)
+    scores = reward(["p"] * 6, completions, reward_model=rm, extra_info=extra, data_source=[DS] * 6)
     # group 0: q9 beats both (1.0), q5 beats one (0.5), q1 none (0.0); invalid JSON 0.05; group 1: 0 and 1
     assert scores == [1.0, 0.5, 0.0, 0.05, 0.0, 1.0]
     assert judge.hits == 2 * 3 + 2 * 1  # ordered pairs: 3*2 in group 0, 2*1 in group 1
@@ -305,9 +306,9 @@ def _batch(texts: list[str]) -> dict:
             "extra_infos": [{"index": i} for i in range(n)]}
 
 
-def test_fallback_guard_stops_training_when_the_window_is_mostly_fallbacks(judge_env, monkeypatch, tmp_path):
-    monkeypatch.setenv(ENV_GUARD, guard_env(0.25, 8)[ENV_GUARD])
+def test_fallback_guard_stops_training_when_the_window_is_mostly_fallbacks(judge_env, tmp_path):
     _, kw = judge_env(_vague_or_scored)
+    kw["guard"] = json.dumps(guard_spec(0.25, 8))  # as reward_kwargs carries it (train run sets it)
     two_of_eight = [memory(f"vague {i}") for i in range(2)] + [memory(f"CKD {i}") for i in range(6)]
     results = compute_score_batch(**_batch(two_of_eight), **kw)
     assert [r["parse_method"] for r in results].count("fallback") == 2  # 25%: not above the limit
@@ -321,16 +322,14 @@ def test_fallback_guard_stops_training_when_the_window_is_mostly_fallbacks(judge
         compute_score(DS, memory("CKD again"), STEP, {"index": 0}, **kw)
 
 
-def test_without_the_guard_fallbacks_are_scored_not_stopped(judge_env, monkeypatch):
+def test_without_the_guard_fallbacks_are_scored_not_stopped(judge_env):
     """Preflight measures the rate itself: outside training the guard is off."""
-    monkeypatch.delenv(ENV_GUARD, raising=False)
     _, kw = judge_env(_vague_or_scored)
     results = compute_score_batch(**_batch([memory(f"vague {i}") for i in range(70)]), **kw)
     assert {r["parse_method"] for r in results} == {"fallback"} and fallback_rate(results) == 1.0
 
 
-def test_trl_reward_logs_the_fallback_rate_of_judged_samples(judge_env, monkeypatch):
-    monkeypatch.delenv(ENV_GUARD, raising=False)
+def test_trl_reward_logs_the_fallback_rate_of_judged_samples(judge_env):
     _, kw = judge_env(_vague_or_scored)
     logged: list[tuple[str, float]] = []
     completions = [[{"role": "assistant", "content": text}] for text in

@@ -158,7 +158,7 @@ ONE_HOME = {
     "model folder": ("models", {"model_folder", "_model_dir"}),
     "text normalising": ("matching", {"normalise", "_norm", "_same"}),
     # whether a config's reward asks the judge (rules plan judge_server, check wants its model, only then)
-    "asks judge": ("reward", {"asks_judge", "needs_judge", "uses_judge", "judge_needed"}),
+    "asks judge": ("reward.config", {"asks_judge", "needs_judge", "uses_judge", "judge_needed"}),
 }
 
 
@@ -181,17 +181,15 @@ def test_each_concept_is_defined_in_one_module(concept):
     assert all(modules == [home] for modules in where.values()), f"{concept}: defined in {where}"
 
 
-def test_reward_environment_names_have_one_home():
-    """The LLMRNN_* variables that point the reward at the judge are spelled only in llmrnn.reward."""
-    from llmrnn import reward
-
-    names = [reward.ENV_ENDPOINT, reward.ENV_RUBRIC, reward.ENV_AUDIT, reward.ENV_CFG]
+def test_reward_settings_are_arguments_not_environment_variables():
+    """The reward's settings reach the scorer as arguments (verl's reward_kwargs, TRL's reward-function
+    arguments): no module spells the old LLMRNN_* reward variables, and no reward module reads the environment."""
+    old = ("LLMRNN_JUDGE_ENDPOINT", "LLMRNN_RUBRIC", "LLMRNN_AUDIT_DIR", "LLMRNN_REWARD_CFG", "LLMRNN_FALLBACK_GUARD")
     for path in sorted(SRC.rglob("*.py")):
-        if path.name == "reward.py":
-            continue
         text = path.read_text(encoding="utf-8")
-        assert not [n for n in names if f'"{n}"' in text], f"{path.name} spells a reward variable name"
-
+        assert not [n for n in old if n in text], f"{path}: spells an old reward variable"
+        if "reward" in path.parts or path.name == "rewards.py":
+            assert "os.environ" not in text and "getenv" not in text, f"{path}: a reward reads the environment"
 
 def test_memory_json_round_trips_through_both_parsers():
     h = jsonparse.memory_json("CHF; CKD stage 3")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from llmrnn.errors import CheckFailed
+from llmrnn.reward import guard_spec, reward_kwargs
 from llmrnn.train import verl_cmd
 from tests.verl.rows import make_rows, write_parquet
 
@@ -28,6 +29,11 @@ def verl_python(version: str) -> Path:
     return py
 
 
+# a reward section with what Hydra could misread: a nested mapping, quotes, a comma and spaces in a path
+REWARD_SECTION = {"mode": "pairwise", "outcome_epsilon": 0.1,
+                  "custom": {"path": "/data/it's, here/{r}.py", "name": "compute_score"}}
+
+
 def check(version, tmp_path, model, cfg, extra=(), drop=()):
     """check_verl.py in the verl venv with our overrides (+ `extra`, less those starting with `drop`)."""
     train = write_parquet(tmp_path / "train.parquet", make_rows(6))
@@ -35,6 +41,8 @@ def check(version, tmp_path, model, cfg, extra=(), drop=()):
     overrides = verl_cmd.build_overrides(
         cfg, train_parquet=train, val_parquet=val, model_dir=str(model), out_dir=str(tmp_path / "train"),
         experiment_name="t", endpoint_file=str(tmp_path / "endpoint.json"), verl_version=version,
+        reward_kwargs=reward_kwargs(REWARD_SECTION, audit_dir=tmp_path / "train" / "audit",
+                                    endpoint_file=tmp_path / "endpoint.json", guard=guard_spec(0.2, 64)),
     ) + list(extra)
     overrides = [o for o in overrides if not (drop and o.startswith(tuple(drop)))]
     path = tmp_path / "overrides.json"
@@ -61,9 +69,12 @@ def test_overrides_compose_and_validate_in_real_verl(version, tmp_path, tiny_mod
     assert report["use_kl_loss"] is True and report["kl_loss_type"] == "low_var_kl"
     assert report["load_format"] == "safetensors"
     # verl's own loader resolved OUR reward function (not verl's default scorer) with our kwargs
-    assert report["reward_fn"] == "llmrnn.reward.compute_score"
+    assert report["reward_fn"] == "llmrnn.reward.entry.compute_score"  # pkg://llmrnn.reward re-exports it
     assert report["reward_kwargs"]["endpoint_file"].endswith("endpoint.json")
     assert report["reward_kwargs"]["numeric_only"] is True
+    # the reward's settings reach compute_score as arguments, through Hydra and verl's loader unchanged
+    assert json.loads(report["reward_kwargs"]["reward_cfg"]) == REWARD_SECTION
+    assert json.loads(report["reward_kwargs"]["guard"]) == {"max_fallback_rate": 0.2, "window": 64}
     assert report["default_local_dir"].endswith("train/checkpoints") and report["resume_mode"] == "auto"
     assert report["logger"] == ["console", "file"]
     # our parquet loads through verl's RLHFDataset with a chat-template tokenizer
@@ -177,14 +188,16 @@ def test_verl_assembles_batches_mixing_every_reward_path_in_every_order(tmp_path
     with ScriptedJudge(judge_answer) as judge:
         endpoint = str(write_endpoint(tmp_path, judge.port, write_rubric(tmp_path)))
         step = json.dumps(make_step())
+        # the reward_kwargs `train run` builds (llmrnn.reward.kwargs), as verl's config carries them
+        guard = guard_spec(0.9, 64)
         head = {"path": "pkg://llmrnn.reward", "data_source": "llm_as_rnn_memory_update", "ground_truth": step,
-                "reward_kwargs": {"audit_dir": str(tmp_path / "audit"), "numeric_only": True,
-                                  "endpoint_file": endpoint}}
+                "reward_kwargs": {**reward_kwargs({"mode": "scalar"}, audit_dir=tmp_path / "audit",
+                                                  endpoint_file=endpoint, guard=guard), "numeric_only": True}}
         qa_cfg = {"weights": {"exact_match": 1.0, "judge": 0.5}}
         qa = {"path": "pkg://llmrnn.qa.rewards", "data_source": "llmrnn_qa",
               "ground_truth": json.dumps({"answer": "B", "question": "Which?", "options": {"A": "x", "B": "y"}}),
-              "reward_kwargs": {"audit_dir": str(tmp_path / "qa_audit"), "numeric_only": True,
-                                "endpoint_file": endpoint, "reward_cfg": qa_cfg}}
+              "reward_kwargs": {**reward_kwargs(qa_cfg, audit_dir=tmp_path / "qa_audit", endpoint_file=endpoint,
+                                                guard=guard), "numeric_only": True}}
         samples = [
             dict(head, name="judged", solution_str=memory("CKD stage 3: watch edema at the next visit.")),
             dict(head, name="invalid_json", solution_str="not JSON at all"),
@@ -222,10 +235,11 @@ def test_verl_assembles_batches_mixing_every_reward_path_in_every_order(tmp_path
 @pytest.mark.slow
 def test_verl_ray_workers_get_the_metrics_path_reward_env_and_umask_without_the_driver_env(tmp_path, tiny_model_dir):
     """On a `ray start` cluster a worker on another node has its raylet's environment, not main_ppo's: the
-    metrics path (VERL_FILE_LOGGER_PATH), the reward's LLMRNN_* settings and umask 077 were lost. verl 0.7.1's
-    own run_ppo builds ray.init's runtime_env from our overrides; a Ray worker started in a process that
-    lacks those variables (umask 022) sees them all and writes files 0600 (tests/verl/ray_env.py)."""
-    from llmrnn.reward import guard_env, reward_env
+    metrics path (VERL_FILE_LOGGER_PATH) and umask 077 were lost. verl 0.7.1's own run_ppo builds ray.init's
+    runtime_env from our overrides; a Ray worker started in a process that lacks those variables (umask 022)
+    sees them all and writes files 0600 (tests/verl/ray_env.py). The reward's settings are no variable: they
+    are compute_score's reward_kwargs, which travel in the config to every worker."""
+    from llmrnn.reward import guard_spec, reward_kwargs
     from llmrnn.train import tracking
     from llmrnn.train.ray_cluster import single_node_overrides
 
@@ -233,15 +247,17 @@ def test_verl_ray_workers_get_the_metrics_path_reward_env_and_umask_without_the_
     work = tmp_path / "train"
     train = write_parquet(tmp_path / "train.parquet", make_rows(6))
     env = {"VERL_FILE_LOGGER_PATH": str(work / "state" / "verl metrics.jsonl"),
-           **reward_env(tmp_path / "endpoint.json", work / "audit", {"mode": "scalar", "outcome_epsilon": 0.1}),
-           **guard_env(0.2, 64),
+           "LLMRNN_REWARD_CFG": "the old variable: never forwarded",
            # train.report_to's folders reach the workers too; the W&B key (a secret) never travels
            **tracking.tracking_env({"report_to": ["tensorboard", "wandb", "mlflow"]}, work, environ={}),
            "WANDB_API_KEY": "sentinel-wandb-key"}
     overrides = verl_cmd.build_overrides(
         dict(REFERENCE), train_parquet=train, val_parquet=None, model_dir=str(tiny_model_dir), out_dir=str(work),
         experiment_name="t", endpoint_file=str(tmp_path / "endpoint.json"), verl_version="0.7.1",
+        reward_kwargs=reward_kwargs({"mode": "scalar", "outcome_epsilon": 0.1}, audit_dir=work / "audit",
+                                    endpoint_file=tmp_path / "endpoint.json", guard=guard_spec(0.2, 64)),
     ) + single_node_overrides({"SLURM_CPUS_PER_TASK": "1"}) + verl_cmd.runtime_env_overrides(env)
+    assert not [o for o in overrides if "LLMRNN_" in o]
     (tmp_path / "overrides.json").write_text(json.dumps(overrides))
     probe_dir = tmp_path / "probe"
     probe_dir.mkdir()
@@ -439,7 +455,8 @@ FAKE_SCORING_MAIN_PPO = textwrap.dedent(
     from llmrnn.reward import compute_score
     args = dict(a.split("=", 1) for a in sys.argv[3:] if "=" in a)
     prefix = "+reward.custom_reward_function.reward_kwargs."
-    kwargs = {k[len(prefix):]: v for k, v in args.items() if k.startswith(prefix)}
+    unquote = lambda v: v[1:-1].replace("\\\\'", "'").replace("\\\\\\\\", "\\\\") if v[:1] == "'" else v
+    kwargs = {k[len(prefix):]: unquote(v) for k, v in args.items() if k.startswith(prefix)}
     kwargs["numeric_only"] = kwargs["numeric_only"] == "true"
     log = open(os.environ["VERL_FILE_LOGGER_PATH"], "w")
     os.makedirs(args["trainer.rollout_data_dir"], exist_ok=True)
@@ -473,11 +490,10 @@ def install_scoring_verl(tmp_path, monkeypatch) -> None:
 def test_verl_run_stops_with_the_reason_the_reward_left(tmp_path, monkeypatch):
     """The reward's fallback guard trips inside a (stand-in) verl worker: the run fails naming the reason,
     and the steps before it carry their judge_fallback_rate from compute_score's numeric flags."""
-    from llmrnn.reward import ENV_GUARD, guard_env
+    from llmrnn.reward import guard_spec, reward_kwargs
     from tests.judge_helpers import ScriptedJudge, write_endpoint, write_rubric
 
     install_scoring_verl(tmp_path, monkeypatch)
-    monkeypatch.setenv(ENV_GUARD, guard_env(0.5, 8)[ENV_GUARD])
     monkeypatch.setattr(verl_cmd, "POLL_S", 0.05)
     train = write_parquet(tmp_path / "train.parquet", make_rows(8))
     cfg = {"batch": {"train": 2, "mini": 2, "micro_per_gpu": 4}, "group_size": 4, "epochs": 1, "test_freq": 0,
@@ -489,32 +505,35 @@ def test_verl_run_stops_with_the_reason_the_reward_left(tmp_path, monkeypatch):
         with pytest.raises(CheckFailed, match=r"exited with 1: judge degraded during training: 5 of the last 8"):
             verl_cmd.run(cfg, train_parquet=train, val_parquet=None, model_dir="m", work_dir=str(out),
                          adapter_dir=out / "adapter", metrics_path=out / "metrics.jsonl", experiment_name="e",
-                         endpoint_file=str(endpoint), verl_version="0.7.1")
+                         endpoint_file=str(endpoint), verl_version="0.7.1",
+                         reward_kwargs=reward_kwargs(None, audit_dir=out / "audit", endpoint_file=endpoint,
+                                                     guard=guard_spec(0.5, 8)))
     rows = [json.loads(x) for x in (out / "state" / "metrics.jsonl").read_text().splitlines()]
     assert [r["judge_fallback_rate"] for r in rows if r["kind"] == "train"] == [0.0, 1.0]
 
 
 def test_verl_reward_workers_score_outcome_mode_without_an_endpoint(tmp_path, monkeypatch):
     """reward.mode outcome: the verl command carries no endpoint and its (stand-in) reward workers score
-    through compute_score with only the audit dir and LLMRNN_REWARD_CFG, asking no judge."""
-    from llmrnn.reward import ENV_CFG, ENV_ENDPOINT
+    through compute_score with only the audit dir and the reward section as reward_kwargs, asking no judge."""
+    from llmrnn.reward import reward_kwargs
 
     install_scoring_verl(tmp_path, monkeypatch)
-    monkeypatch.setenv(ENV_CFG, json.dumps({"mode": "outcome"}))  # as `train run` sets it from --cfg
-    monkeypatch.delenv(ENV_ENDPOINT, raising=False)
     monkeypatch.setattr(verl_cmd, "POLL_S", 0.05)
     train = write_parquet(tmp_path / "train.parquet", make_rows(8))
     cfg = {"batch": {"train": 2, "mini": 2, "micro_per_gpu": 4}, "group_size": 4, "epochs": 1, "test_freq": 0,
            "lora": {"rank": 8, "alpha": 16}}
     out = tmp_path / "train"
+    kwargs = reward_kwargs({"mode": "outcome"}, audit_dir=out / "audit")  # as `train run` builds it from --cfg
     overrides = verl_cmd.build_overrides(cfg, train_parquet=train, val_parquet=None, model_dir="m", out_dir=str(out),
-                                         experiment_name="e", endpoint_file=None, verl_version="0.7.1")
+                                         experiment_name="e", endpoint_file=None, verl_version="0.7.1",
+                                         reward_kwargs=kwargs)
     assert not [o for o in overrides if "endpoint" in o]
+    assert "+reward.custom_reward_function.reward_kwargs.reward_cfg='{\"mode\": \"outcome\"}'" in overrides
     # the stand-in scores three steps and writes no checkpoint: the run is (rightly) incomplete
     with pytest.raises(CheckFailed) as failed:
         verl_cmd.run(cfg, train_parquet=train, val_parquet=None, model_dir="m", work_dir=str(out),
                      adapter_dir=out / "adapter", metrics_path=out / "metrics.jsonl", experiment_name="e",
-                     endpoint_file=None, verl_version="0.7.1")
+                     endpoint_file=None, verl_version="0.7.1", reward_kwargs=kwargs)
     assert "endpoint" not in str(failed.value) and "exited with" not in str(failed.value)
     scored = [json.loads(x) for step in (1, 2, 3) for x in (out / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
     assert len(scored) == 12 and all(r["parse_outcome"] == 1.0 and r["judge_calls"] == 0 for r in scored)

@@ -606,6 +606,7 @@ CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
     ("qa data", check_qa_data),
     ("models", check_models),
     ("judge", check_judge),
+    ("own reward", lambda config: [p] if (p := custom_reward_problem(config)) else []),
     ("training", check_training),
     ("prompt length", check_prompt_lengths),
     ("gpu memory", check_engine_budget),
@@ -616,6 +617,13 @@ CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
 
 # checks that belong to one recipe (the rest apply to both)
 RECIPE_ONLY = {"qa data": "qa"}
+
+
+def custom_reward_problem(config: dict) -> str | None:
+    """reward.custom: the file exists, defines the name, and its signature is verl's (one line when not)."""
+    from llmrnn.reward.custom import problem
+
+    return problem(config)
 
 
 def run_checks(config_paths: list[Path]) -> dict:

@@ -238,9 +238,21 @@ def hash_modules(modules: Iterable[str], root: Path = ROOT) -> str:
 
 
 @functools.cache
+def _modules_identity(verb: str, *also: str, root: Path = ROOT) -> str:
+    return hash_modules(verb_closure(verb, *also, root=root), root)
+
+
 def code_identity(verb: str, *also: str, root: Path = ROOT) -> str:
     """The code identity of a job running `llmrnn <verb>` (e.g. "cohort split"), plus the modules it
-    loads by a name given on its command line (`also`, e.g. a `--reward-func` module). The ONE identity of
-    a job: a rule's `code` param (rules/common.smk code_hash) and the training checkpoints' fingerprint
-    (llmrnn.train.checkpoints) are both this."""
-    return hash_modules(verb_closure(verb, *also, root=root), root)
+    loads by a name given on its command line (`also`, e.g. a `--reward-func` module) and the Python files
+    from outside the package it runs (`also` ending in .py: your own reward, reward.custom.path), each by
+    its content's sha256. The ONE identity of a job: a rule's `code` param (rules/common.smk code_hash) and
+    the training checkpoints' fingerprint (llmrnn.train.checkpoints) are both this."""
+    files = [a for a in also if a.endswith(".py")]
+    ident = _modules_identity(verb, *(a for a in also if not a.endswith(".py")), root=root)
+    for file in files:
+        try:
+            ident += "+" + hashlib.sha256(Path(file).read_bytes()).hexdigest()
+        except OSError as exc:
+            raise InputError(f"{file}: cannot read the code it names ({exc.strerror or exc})") from exc
+    return ident

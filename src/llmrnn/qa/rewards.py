@@ -45,7 +45,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import re
 import string
 import unicodedata
@@ -73,16 +72,11 @@ _PUNCT = str.maketrans({c: " " for c in string.punctuation})
 
 # ----------------------------------------------------------------------------- configuration
 def reward_config(value: Any = None) -> dict:
-    """The reward settings: a dict, a JSON string, or (None) the environment; unknown keys are refused."""
-    if value is None:  # the train stage exports the reward section (llmrnn.reward.reward_env)
-        from llmrnn.reward import ENV_CFG
+    """The reward settings given as the `reward_cfg=` argument (a mapping or its JSON; None: the defaults;
+    llmrnn.reward.kwargs); unknown keys are refused."""
+    from llmrnn.reward.config import settings
 
-        value = os.environ.get(ENV_CFG) or "{}"
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"qa.reward: not JSON: {exc}") from exc
+    value = settings(value, "qa.reward")
     unknown = sorted(set(value) - set(DEFAULTS))
     if unknown:
         raise InputError(f"qa.reward: unknown key(s) {unknown}")
@@ -232,7 +226,7 @@ def fluency_score(text: str, model_dir: str, max_ppl: float = 1000.0) -> tuple[f
 
 # ----------------------------------------------------------------------------- judge (the rubric service)
 def judge_score(question: str, reference: str, answer: str, cfg: dict, **kwargs) -> tuple[float, str]:
-    """Score from the running judge service (endpoint from kwargs or the environment, like the memory head).
+    """Score from the running judge service (endpoint and settings from the arguments, like the memory head).
     The result passes the memory head's fallback guard: a judge that stops giving parseable scores during
     training stops it (JudgeDegraded) instead of paying every answer 0.5."""
     return judge_scores([(question, reference, answer)], cfg, **kwargs)[0]
@@ -246,7 +240,8 @@ def judge_scores(items: list[tuple[str, str, str]], cfg: dict, **kwargs) -> list
 
     # the judge is always asked here (whatever reward.mode trains with); its waits are the config's
     scorer = get_scorer(kwargs.get("endpoint_file"), kwargs.get("rubric_file") or cfg.get("rubric"),
-                        kwargs.get("audit_dir"), reward_cfg=judge_wait_cfg(kwargs.get("reward_cfg")))
+                        kwargs.get("audit_dir"), reward_cfg=judge_wait_cfg(kwargs.get("reward_cfg")),
+                        guard=kwargs.get("guard"))
     steps = [{"visit": q, "ground_truth_diagnoses": ref} for q, ref, _ in items]
     try:
         calls = scorer.judge_many([scalar_request(scorer.rubric, step, answer or "(empty)")
@@ -344,7 +339,7 @@ def trl_reward_func(prompts: list, completions: list, **columns) -> list[float]:
     reward_model = columns.get("reward_model") or [None] * n
     sources = columns.get("data_source") or [DATA_SOURCE] * n
     extra = columns.get("extra_info") or [{}] * n
-    kw = {k: columns[k] for k in ("reward_cfg", "endpoint_file", "rubric_file", "audit_dir") if k in columns}
+    kw = {k: columns[k] for k in ("reward_cfg", "endpoint_file", "rubric_file", "audit_dir", "guard") if k in columns}
     results = []
     for completion, rm, source, info in zip(completions, reward_model, sources, extra):
         gt = rm.get("ground_truth") if isinstance(rm, dict) else rm

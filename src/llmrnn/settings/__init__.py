@@ -45,7 +45,7 @@ class Config(Section):
     trajectories: Trajectories = Field(default_factory=Trajectories, description='Phase B, the trajectory parquets (rules/trajectories.smk)')
     eval: Eval = Field(default_factory=Eval, description='held-out evaluation (rules/evaluate.smk) of trained vs base memory model')
     judge: Judge = Field(default_factory=Judge, description='judge server (rules/judge.smk); the rubric file holds model, prompts, sampling and serving')
-    reward: Reward = Field(default_factory=Reward, description='the GRPO reward (llmrnn.reward); passed to training as LLMRNN_REWARD_CFG / reward_cfg')
+    reward: Reward = Field(default_factory=Reward, description='the GRPO reward (llmrnn.reward); passed to the scorer as its reward_cfg argument (verl reward_kwargs, TRL reward-function arguments)')
     preflight: Preflight = Field(default_factory=Preflight, description='judge compliance and training checks before training (rules/preflight.smk; RUN/train/preflight.json)')
     train: Train = Field(default_factory=Train, description='GRPO training (verl on GPU clusters, TRL on CPU), one set of knobs in verl units; defaults = the reference run')
     merge: Merge = Field(default_factory=Merge, description='PEFT merge of the trained LoRA into the base memory model + its checks (merge_check.json)')

@@ -118,7 +118,7 @@ class RewardCustom(Section):
     """`reward.custom`: your own reward function (docs/rewards.md)"""
 
     path: str | None = Field(None, description="a Python file defining the reward function; null = the package's reward")
-    name: str = Field("compute_score", description="the function in `path`, with verl's signature "
+    name: str = Field("compute_score", min_length=1, description="the function in `path`, with verl's signature "
                       "compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)")
 
 
@@ -137,7 +137,8 @@ class Reward(Section):
     health_timeout_s: float = Field(900, gt=0, description='how long a consumer waits for the endpoint file + /health before failing')
     cache_size: int = Field(4096, ge=0, description='identical judge requests (duplicate candidates) sent once; 0 = off')
     call_budget_s: float = Field(900, gt=0, description='one judge call, every try (timeout_s each) and every wait between tries together; then the call fails')
-    custom: RewardCustom = Field(default_factory=RewardCustom)
+    # no default object: a config without `custom` keeps every job's --cfg (and so its reruns) as it was
+    custom: RewardCustom = Field(default_factory=RewardCustom, description="absent by default (the built-in reward); your own reward instead of the judge (docs/rewards.md): a Python file and the function in it with verl's signature, used by both engines", json_schema_extra={"no_default": True})
     dead_after_s: float = Field(30, gt=0, description="a judge that is certainly gone (the endpoint's processes are not running, or a ready server refuses connections) fails the health wait after this long")
 
 

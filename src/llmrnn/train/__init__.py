@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -33,25 +32,43 @@ def _assign_gpus(cfg: dict, judge_gpus: int) -> None:
     assign("train", judge_gpus=judge_gpus, train_gpus=train_gpus)
 
 
-def _guard_fallbacks(cfg: dict, audit_dir: Path) -> None:
-    """Turn on the reward's fallback guard for this run (every scoring process inherits the environment)
-    with the preflight's threshold, and forget the stop reason of an earlier attempt."""
-    from llmrnn.reward import STOP_REASON_FILE, guard_env
+def _reward_kwargs(args, work: Path) -> dict:
+    """The reward's settings as its arguments (llmrnn.reward.kwargs), built once here: config section
+    `reward` (your own reward's file made absolute: verl's reward workers run elsewhere), the judge's
+    endpoint, the audit dir, and the fallback guard at preflight's threshold (training only). The stop
+    reason of an earlier attempt is forgotten."""
+    from llmrnn.reward import STOP_REASON_FILE, guard_spec, reward_kwargs
     from llmrnn.train.config import PreflightConfig
 
+    cfg = args.cfg or {}
+    reward = cfg.get("reward")
+    custom = (reward or {}).get("custom") if isinstance(reward, dict) else None
+    if custom and custom.get("path"):
+        reward = {**reward, "custom": {**custom, "path": str(Path(custom["path"]).resolve())}}
     pre = PreflightConfig.from_dict(cfg.get("preflight"))
-    os.environ.update(guard_env(pre.max_fallback_rate, pre.fallback_window))
-    (audit_dir / STOP_REASON_FILE).unlink(missing_ok=True)
+    (work / "audit" / STOP_REASON_FILE).unlink(missing_ok=True)
+    return reward_kwargs(reward, audit_dir=work / "audit", endpoint_file=args.endpoint,
+                         guard=guard_spec(pre.max_fallback_rate, pre.fallback_window))
+
+
+def _custom_reward(kwargs: dict) -> dict | None:
+    """{"path", "name"} of your own reward (reward.custom), loaded once here so a wrong one stops now."""
+    from llmrnn.reward.custom import custom_of, load
+
+    custom = custom_of(kwargs.get("reward_cfg"))
+    if custom:
+        load(custom["path"], custom["name"])
+    return custom
 
 
 def _require_endpoint(args) -> None:
     """llmrnn.reward's judged modes (scalar, pairwise) need the judge's endpoint: say so before anything
     is loaded. Outcome mode needs none; another reward module (recipe qa's) checks its own."""
-    from llmrnn.reward import ENV_ENDPOINT, RewardConfig, missing_endpoint
+    from llmrnn.reward import RewardConfig, missing_endpoint
     from llmrnn.train.trl_engine import DEFAULT_REWARD
 
     module = (args.reward_func or DEFAULT_REWARD).split(":", 1)[0]
-    if args.endpoint or os.environ.get(ENV_ENDPOINT) or module != DEFAULT_REWARD.split(":", 1)[0]:
+    if args.endpoint or module != DEFAULT_REWARD.split(":", 1)[0]:
         return
     reward = RewardConfig.from_any((args.cfg or {}).get("reward") or {})
     if reward.judged:
@@ -61,7 +78,6 @@ def _require_endpoint(args) -> None:
 def cmd_run(args) -> int:
     from llmrnn import io
     from llmrnn.errors import CheckFailed
-    from llmrnn.reward import reward_env
     from llmrnn.train import config as tcfg
 
     cfg = tcfg.normalize(_cfg(args))
@@ -73,9 +89,8 @@ def cmd_run(args) -> int:
         pre = io.read_json(args.preflight)
         if not pre.get("ok", False):
             raise CheckFailed(f"{args.preflight}: preflight failed: " + "; ".join(pre.get("problems", [])))
-    # the reward section travels with the train config (same scorer settings)
-    os.environ.update(reward_env(args.endpoint, work / "audit", (args.cfg or {}).get("reward")))
-    _guard_fallbacks(args.cfg or {}, work / "audit")
+    reward_kwargs = _reward_kwargs(args, work)  # verl's reward_kwargs, TRL's reward-function arguments
+    custom = _custom_reward(reward_kwargs)
     _assign_gpus(cfg, args.judge_gpus)
     from llmrnn.train import tracking
 
@@ -92,22 +107,35 @@ def cmd_run(args) -> int:
     if engine == "trl":
         from llmrnn.train import trl_engine
 
+        reward_fn = None
+        if custom:  # your own reward, per sample with verl's signature: TRL calls it through trl_reward
+            from llmrnn.reward.custom import load, trl_reward
+
+            reward_fn = trl_reward(load(custom["path"], custom["name"]), custom["name"])
         summary = trl_engine.train(cfg, args.train, args.val, args.model, **outputs,
-                                   reward_spec=args.reward_func or trl_engine.DEFAULT_REWARD,
-                                   run_name=run_name, tracked_config=args.cfg)
+                                   reward_spec=_reward_spec(args, custom) or trl_engine.DEFAULT_REWARD,
+                                   run_name=run_name, tracked_config=args.cfg, reward_kwargs=reward_kwargs,
+                                   reward_fn=reward_fn)
     else:
         from llmrnn.train import verl_cmd
 
         # --reward-func names the TRL function; verl calls compute_score of the same module
         reward_module = args.reward_func.split(":", 1)[0] if args.reward_func else None
         summary = verl_cmd.run(cfg, train_parquet=args.train, val_parquet=args.val, model_dir=args.model, **outputs,
-                               experiment_name=run_name, endpoint_file=args.endpoint,
-                               reward_module=reward_module)
+                               experiment_name=run_name, endpoint_file=args.endpoint, reward_kwargs=reward_kwargs,
+                               reward_module=reward_module, custom=custom)
     io.write_json(args.summary, summary)
     return 0
 
 
+def _reward_spec(args, custom: dict | None) -> str | None:
+    """What the checkpoint fingerprint and job_code name as the reward: your own reward's file:name, else
+    --reward-func."""
+    return f"{custom['path']}:{custom['name']}" if custom else args.reward_func
+
+
 def cmd_verl_cmd(args) -> int:
+    from llmrnn.reward import reward_kwargs
     from llmrnn.train import verl_cmd
 
     overrides = verl_cmd.build_overrides(
@@ -117,7 +145,8 @@ def cmd_verl_cmd(args) -> int:
         model_dir=args.model,
         out_dir=args.out_dir,
         experiment_name=args.experiment,
-        endpoint_file=args.endpoint,
+        reward_kwargs=reward_kwargs(((args.cfg or {}).get("reward") if isinstance(args.cfg, dict) else None),
+                                    audit_dir=Path(args.out_dir) / "audit", endpoint_file=args.endpoint),
         verl_version=args.verl_version,
     )
     if args.json:

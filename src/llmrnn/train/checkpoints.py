@@ -10,12 +10,11 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
 import shutil
 from pathlib import Path
 
 from llmrnn import io
-from llmrnn.reward import ENV_CFG
+from llmrnn.reward import settings_identity
 
 log = logging.getLogger(__name__)
 
@@ -35,25 +34,26 @@ def job_code(reward_spec: str | None) -> str:
         return code_identity(TRAIN_VERB)
     if module_path(module) is not None:
         return code_identity(TRAIN_VERB, module)
-    if module.endswith(".py") and Path(module).is_file():
-        origin = module
-    else:
-        found = importlib.util.find_spec(module)
-        origin = found.origin if found and found.origin else None
+    if module.endswith(".py") and Path(module).is_file():  # your own reward (reward.custom): as its rule hashes it
+        return code_identity(TRAIN_VERB, module)
+    found = importlib.util.find_spec(module)
+    origin = found.origin if found and found.origin else None
     extra = io.sha256_file(origin) if origin else module
     return f"{code_identity(TRAIN_VERB)}+{extra}"
 
 
-def run_fingerprint(cfg: dict, train_parquet, model_dir, reward_spec: str | None) -> str:
-    """What a checkpoint is valid for: knobs, data, base model, reward config and the job's code identity
-    (job_code: every module `llmrnn train run` can run, the reward's included)."""
+def run_fingerprint(cfg: dict, train_parquet, model_dir, reward_spec: str | None,
+                    reward_kwargs: dict | None = None) -> str:
+    """What a checkpoint is valid for: knobs, data, base model, the reward's settings (the very arguments
+    the scorer gets, llmrnn.reward.kwargs, less where files are) and the job's code identity (job_code:
+    every module `llmrnn train run` can run, the reward's included, your own reward's file too)."""
     digest = hashlib.sha256()
     # the trackers watching a run (train.report_to) change nothing it computes: adding one resumes the run
     digest.update(json.dumps({k: v for k, v in cfg.items() if k != "report_to"}, sort_keys=True).encode())
     digest.update(io.sha256_file(train_parquet).encode())
     digest.update(str(Path(model_dir).resolve()).encode())
     digest.update((reward_spec or "").encode())
-    digest.update(os.environ.get(ENV_CFG, "").encode())  # the scorer settings the reward workers read
+    digest.update(settings_identity(reward_kwargs).encode())  # the settings the scorer gets as arguments
     digest.update(job_code(reward_spec).encode())
     return digest.hexdigest()
 

@@ -15,6 +15,7 @@ random stream on resume, which replays/skips prompts past epoch 0).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import itertools
@@ -449,8 +450,13 @@ def train(
     callbacks: list | None = None,
     run_name: str | None = None,
     tracked_config: dict | None = None,
+    reward_kwargs: dict | None = None,
+    reward_fn: Callable | None = None,
 ) -> dict:
     """Run (or resume) GRPO with TRL; returns a summary. Raises CheckFailed if the planned steps were not reached.
+
+    The reward is `reward_fn` (your own reward wrapped by llmrnn.reward.custom.trl_reward) or the function
+    `reward_spec` names, called with `reward_kwargs` bound as keyword arguments (llmrnn.reward.kwargs).
 
     work_dir holds checkpoints/ and state/ (live metrics, data trace): Snakemake deletes a rule's outputs
     before rerunning it, and a resumed run must keep the rows of the steps it does not redo; the outputs
@@ -480,13 +486,14 @@ def train(
     max_steps = planned * upd
     val_rows = load_rows(val_parquet, "val", tokenizer, cfg["max_prompt_length"]) if val_parquet and cfg["test_freq"] else []
 
-    discard_stale_checkpoints(work, run_fingerprint(cfg, train_parquet, model_dir, reward_spec))
+    discard_stale_checkpoints(work, run_fingerprint(cfg, train_parquet, model_dir, reward_spec, reward_kwargs))
+    reward = functools.partial(reward_fn or load_callable(reward_spec), **(reward_kwargs or {}))
     writer = MetricsWriter(live_metrics)
     resume, resume_step = resume_point(ckpt_dir, writer, trace_path, max_steps)
     holder: dict[str, Any] = {}
     trainer = resumable_trainer_class()(
         model=load_policy(model_dir, tokenizer, cfg),
-        reward_funcs=[traced_reward(load_callable(reward_spec), trace_path, holder)],
+        reward_funcs=[traced_reward(reward, trace_path, holder)],
         args=grpo_arguments(cfg, geo, ckpt_dir, max_steps, validate=bool(val_rows), run_name=run_name),
         train_dataset=Dataset.from_list(train_rows),
         eval_dataset=Dataset.from_list(val_rows) if val_rows else None,

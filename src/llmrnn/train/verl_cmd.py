@@ -23,7 +23,7 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
-from llmrnn.reward import ENV_AUDIT, ENV_CFG, ENV_ENDPOINT, ENV_GUARD, ENV_RUBRIC, reward_env
+from llmrnn.reward import reward_kwargs as default_reward_kwargs
 from llmrnn.train import config as tcfg
 from llmrnn.train import tracking
 from llmrnn.train.checkpoints import discard_stale_checkpoints, run_fingerprint
@@ -113,9 +113,12 @@ def build_overrides(
     reward_path: str | None = None,
     reward_name: str = REWARD_NAME,
     attention: str | None = None,
+    reward_kwargs: dict | None = None,
 ) -> list[str]:
     """The Hydra overrides for main_ppo (list of 'key=value'), for the given verl release series.
-    `attention`: the resolved train.verl.attn_implementation (resolve_attention); None resolves it here."""
+    `attention`: the resolved train.verl.attn_implementation (resolve_attention); None resolves it here.
+    `reward_kwargs`: the reward's arguments (llmrnn.reward.kwargs; default: the audit dir under out_dir and
+    `endpoint_file`), rendered into reward.custom_reward_function.reward_kwargs."""
     cfg = tcfg.normalize(cfg)
     ver = series(verl_version)
     out = Path(out_dir)
@@ -182,9 +185,9 @@ def build_overrides(
         ov["trainer.total_training_steps"] = int(cfg["total_steps"])
     # reward_kwargs is not in verl's default config: a new key needs Hydra's '+'
     # numeric_only: verl aggregates the extra keys compute_score returns, so they must be numbers
-    kwargs: dict[str, object] = {"audit_dir": str(out / "audit"), "numeric_only": True}
-    if endpoint_file:
-        kwargs["endpoint_file"] = str(endpoint_file)
+    if reward_kwargs is None:
+        reward_kwargs = default_reward_kwargs(None, audit_dir=out / "audit", endpoint_file=endpoint_file)
+    kwargs: dict[str, object] = {**reward_kwargs, "numeric_only": True}
     items = [f"{k}={_hydra_value(v)}" for k, v in ov.items()]
     items += [f"+reward.custom_reward_function.reward_kwargs.{k}={_hydra_value(v)}" for k, v in kwargs.items()]
     # override_config is an empty mapping in verl's model config: a new key needs '+'
@@ -223,12 +226,13 @@ def resolve_attention(configured: str, python: str | None = None) -> dict:
             "why": why}
 
 
-# What verl's Ray workers need from the training job's environment: verl's file logger path (the metrics) and
-# the reward's LLMRNN_* settings. A worker on another node of a `ray start` cluster gets its raylet's
+# What verl's Ray workers need from the training job's environment: verl's file logger path (the metrics; verl's
+# FileLogger reads it there, so it stays an environment variable). The reward's settings are not here: they
+# are compute_score's arguments (reward_kwargs, llmrnn.reward.kwargs). A worker on another node of a `ray start` cluster gets its raylet's
 # environment plus the job's runtime_env, never the driver's: main_ppo merges ray_kwargs.ray_init.runtime_env
 # into the runtime_env of its ray.init (verl 0.7.1 trainer/main_ppo.py run_ppo), so they travel there, with
 # a setup hook that sets umask 077 in every worker process.
-FORWARDED_ENV = ("VERL_FILE_LOGGER_PATH", ENV_ENDPOINT, ENV_RUBRIC, ENV_AUDIT, ENV_CFG, ENV_GUARD)
+FORWARDED_ENV = ("VERL_FILE_LOGGER_PATH",)
 WORKER_SETUP_HOOK = "llmrnn.train.ray_cluster.private_worker"
 
 
@@ -321,20 +325,27 @@ def run(
     python: str | None = None,
     verl_version: str | None = None,
     reward_module: str | None = None,
+    reward_kwargs: dict | None = None,
+    custom: dict | None = None,
 ) -> dict:
     """Run main_ppo (resuming from the latest checkpoint), stream its metrics, verify it finished, copy the adapter.
 
     work_dir holds verl's checkpoints/, rollouts/, audit/ and state/ (live metrics); the outputs
-    (adapter_dir, metrics_path) are written once the run is complete."""
+    (adapter_dir, metrics_path) are written once the run is complete. `reward_kwargs`: the reward's
+    arguments (default: the audit dir and `endpoint_file`); `custom`: your own reward {"path", "name"}
+    (reward.custom), which verl then calls instead of `reward_module`'s compute_score."""
     cfg = tcfg.normalize(cfg)
     out = Path(work_dir)
+    if reward_kwargs is None:
+        reward_kwargs = default_reward_kwargs(None, audit_dir=out / "audit", endpoint_file=endpoint_file)
+    reward_spec = f"{custom['path']}:{custom['name']}" if custom else reward_module
     ckpt_dir = out / "checkpoints"
     n_rows = count_rows(train_parquet)
     planned = tcfg.planned_steps(cfg, n_rows)
     if planned < 1:
         raise CheckFailed(f"train: {n_rows} train rows make no full batch of {cfg['batch']['train']} prompts")
     # resume_mode=auto would resume any checkpoint it finds: keep only those of this exact run
-    discard_stale_checkpoints(out, run_fingerprint(cfg, train_parquet, model_dir, reward_module))
+    discard_stale_checkpoints(out, run_fingerprint(cfg, train_parquet, model_dir, reward_spec, reward_kwargs))
     start = latest_step(ckpt_dir)
     writer = MetricsWriter(out / "state" / "metrics.jsonl")  # live; copied to metrics.jsonl at the end
     writer.truncate_after(start)
@@ -350,14 +361,16 @@ def run(
         experiment_name=experiment_name,
         endpoint_file=endpoint_file,
         verl_version=verl_version,
-        reward_path=f"pkg://{reward_module}" if reward_module else None,
+        reward_path=custom["path"] if custom else f"pkg://{reward_module}" if reward_module else None,
+        reward_name=custom["name"] if custom else REWARD_NAME,
         attention=attention["ran"],
+        reward_kwargs=reward_kwargs,
     )
     file_log = out / "state" / "verl_metrics.jsonl"
     if file_log.exists():  # verl's FileLogger opens it with "wb": keep the previous attempt's lines
         with open(out / "state" / "verl_metrics.previous.jsonl", "ab") as fh:
             fh.write(file_log.read_bytes())
-    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(file_log), **reward_env(endpoint_file, out / "audit")}
+    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(file_log)}
     overrides += runtime_env_overrides(env)  # every Ray worker, on every node, gets them (and umask 077)
     # CUDA_VISIBLE_DEVICES was narrowed by llmrnn.gpus.assign("train", ...) in the CLI (judge GPUs taken last)
     seen: set[int] = set(range(1, start + 1))

@@ -5,7 +5,7 @@ import os
 import sys
 
 import llmrnn.gpus
-import llmrnn.preflight
+import llmrnn.preflight.training
 from llmrnn.cli import main
 
 
@@ -15,5 +15,5 @@ def fake_visible_gpus() -> int:
 
 # the training stage imports llmrnn.gpus.visible_gpus when it runs; the preflight holds its own name
 llmrnn.gpus.visible_gpus = fake_visible_gpus
-llmrnn.preflight.visible_gpus = fake_visible_gpus
+llmrnn.preflight.training.visible_gpus = fake_visible_gpus
 sys.exit(main(sys.argv[1:]))

@@ -15,9 +15,17 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+
+def hydra_str(value):
+    """A quoted Hydra override value as the string Hydra reads (llmrnn.train.verl_cmd._hydra_value quotes)."""
+    if len(value) >= 2 and value[0] == value[-1] == "'":
+        return value[1:-1].replace("\\'", "'").replace("\\\\", "\\")
+    return value
+
+
 args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
 prefix = "+reward.custom_reward_function.reward_kwargs."
-reward_kwargs = {k[len(prefix):]: v for k, v in args.items() if k.startswith(prefix)}
+reward_kwargs = {k[len(prefix):]: hydra_str(v) for k, v in args.items() if k.startswith(prefix)}
 reward_kwargs["numeric_only"] = reward_kwargs.get("numeric_only") == "true"
 want = int(args["trainer.nnodes"])
 out = Path(args["trainer.default_local_dir"]).parent

@@ -1,0 +1,107 @@
+"""`llmrnn preflight run`: the reward checks + the training checks -> preflight.json."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from llmrnn import io
+from llmrnn.errors import CheckFailed
+from llmrnn.models import model_folder
+from llmrnn.train.config import PreflightConfig
+
+log = logging.getLogger(__name__)
+
+from llmrnn.preflight.agreement import agreement_checks
+from llmrnn.preflight.reward_checks import custom_checks, judge_checks, outcome_checks
+from llmrnn.preflight.rows import load_rows
+from llmrnn.preflight.training import training_checks
+
+
+# ----------------------------------------------------------------------------- command
+def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit_dir: str, cfg: dict,
+                  val_parquet: str | None = None, tokenizer_dir: str | None = None) -> dict:
+    """Reward checks (judge_checks; outcome_checks when reward.mode outcome asks no judge, which needs
+    no endpoint; custom_checks for your own reward, reward.custom) + training checks -> `out`; CheckFailed when a problem counts."""
+    from llmrnn.reward import RewardConfig, missing_endpoint
+
+    pcfg = PreflightConfig.from_dict(cfg.get("preflight"))
+    rcfg = RewardConfig.from_any(cfg.get("reward") or {})
+    if rcfg.judged and not endpoint_file:  # before any work: the judged modes cannot check anything
+        raise missing_endpoint(rcfg.mode, "pass --endpoint")
+    judge_cfg = cfg.get("judge") or {}
+    if tokenizer_dir:
+        tokenizer_dir = str(model_folder(tokenizer_dir))
+    rows = load_rows(train_parquet, pcfg.rows, pcfg.seed)
+    agreement, agreement_problems, agreement_warnings = None, [], []
+    custom_problems = []
+    if rcfg.custom_reward:  # your own reward: finite numbers on real rows (no judge, no scorer)
+        judge_report, custom_problems, judge_problems = custom_checks(rcfg.custom_reward, rows, pcfg)
+    else:
+        judge_report, judge_problems, agreement, agreement_problems, agreement_warnings = _scorer_checks(
+            endpoint_file, judge_cfg, audit_dir, rcfg, pcfg, train_parquet, rows)
+    log.info("reward preflight: %s", json.dumps({k: judge_report[k] for k in
+                                                 ("mode", "parse_methods", "fallback_rate", "reward", "latency_s")}))
+    if cfg.get("train") is None or tokenizer_dir is None:
+        missing = "train config" if cfg.get("train") is None else "--tokenizer-dir"
+        training = {"skipped": f"training checks not run: no {missing} (the preflight rule passes both)",
+                    "problems": [], "warnings": [f"training checks skipped (no {missing})"]}
+    else:  # the disk check looks where checkpoints go: the folder of preflight.json (RUN/train)
+        training = training_checks(cfg["train"], train_parquet, val_parquet, tokenizer_dir,
+                                   out_dir=Path(out).parent,
+                                   check_gpus=False)  # a 0-GPU job step: `train run` counts them
+    problems, warnings = list(custom_problems), []
+    if rcfg.mode == "outcome" or rcfg.custom_reward:
+        # The outcome reward asks no judge, and the fixed reference memories (h_ref, h_prev, empty) all
+        # miss what the policy must learn to carry, so their spread says nothing about the rollouts'
+        # spread: report, do not stop (`llmrnn train diagnose` measures the rollouts' spread).
+        why = "reward.custom" if rcfg.custom_reward else "reward.mode outcome"
+        warnings.extend(f"{why} (no judge): {p}" for p in judge_problems)
+    else:
+        (problems if pcfg.on_problem == "fail" else warnings).extend(judge_problems + agreement_problems)
+        warnings.extend(agreement_warnings)
+    problems.extend(f"training: {p}" for p in training.get("problems", []))
+    warnings.extend(f"training: {w}" for w in training.get("warnings", []) or [])
+    if rcfg.judged and (reach := _judge_reach_problem(endpoint_file, cfg)):
+        problems.append(reach)
+    report = {"ok": not problems, "problems": problems, "warnings": warnings, "judge": judge_report,
+              "judge_agreement": agreement if agreement is not None else {"skipped": (
+                  "reward.mode outcome asks no judge (`llmrnn preflight agreement` checks one beside training)"
+                  if not rcfg.judged else "preflight.agreement_pairs is 0")},
+              "training": training}
+    io.write_json(out, report)
+    for w in warnings:
+        log.warning("preflight warning: %s", w)
+    if problems:
+        raise CheckFailed("preflight failed: " + " | ".join(problems))
+    return report
+
+
+def _scorer_checks(endpoint_file, judge_cfg: dict, audit_dir, rcfg, pcfg, train_parquet, rows: list[dict]):
+    """The built-in reward's checks (judge_checks, or outcome_checks when no judge is asked) and, for a
+    judged mode, the judge agreement: (report, problems, agreement, its problems, its warnings)."""
+    from llmrnn.reward import Scorer
+
+    scorer = Scorer(endpoint_file, judge_cfg.get("rubric") or None, audit_dir, rcfg)
+    agreement, agreement_problems, agreement_warnings = None, [], []
+    try:
+        checks = judge_checks if rcfg.judged else outcome_checks
+        judge_report, judge_problems = checks(scorer, rows, pcfg)
+        if rcfg.judged and pcfg.agreement_pairs:
+            agreement, agreement_problems, agreement_warnings = agreement_checks(
+                scorer, load_rows(train_parquet, pcfg.agreement_pairs, pcfg.seed + 1), pcfg)
+    finally:
+        scorer.close()
+    return judge_report, judge_problems, agreement, agreement_problems, agreement_warnings
+
+
+def _judge_reach_problem(endpoint_file: str | None, cfg: dict) -> str | None:
+    """train.nnodes > 1: verl runs reward workers on every node, so each must reach the judge."""
+    nnodes = int((cfg.get("train") or {}).get("nnodes", 1))
+    if nnodes <= 1 or not endpoint_file:
+        return None
+    from llmrnn.judge.client import Endpoint
+    from llmrnn.train.ray_cluster import judge_layout_problem
+
+    return judge_layout_problem(Endpoint.read(endpoint_file).url, nnodes)
