@@ -236,8 +236,6 @@ def test_schema_defaults_and_code_defaults_agree(section):
     for key in section.split("."):
         node = node["properties"][key]
     expected = _schema_defaults(node)
-    if section == "reward":  # TODO(i34-reward): RewardConfig gains reward.custom {path, name}
-        expected.pop("custom")
     assert _code_defaults()[section] == expected
 
 
