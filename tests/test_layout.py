@@ -143,14 +143,14 @@ def test_no_function_is_longer_than_100_lines():
 LAYERS: list[tuple[str, set[str]]] = [
     ("leaves", {"errors", "constants"}),
     ("helpers", {"io", "stats", "jsonparse", "matching", "retry", "prompts", "rubric", "gpus", "upload", "cli",
-                 "configcheck", "runconfig", "provenance"}),
+                 "configcheck", "runconfig", "provenance", "slurm"}),
     ("services", {"prefix_engine", "backends", "models", "cohort", "judge", "judge.client", "judge.server",
                   "judge.launcher", "phi_guard", "mimic", "mimic.sections", "mimic.build", "mimic.synth"}),
     ("reward", {"reward"}),
     ("stages", {"rnn", "trajectories", "merge", "report", "gpu_stack", "train", "train.checkpoints",
                 "train.config", "train.data", "train.diagnose", "train.metrics", "train.trl_engine",
                 "train.verl_cmd", "train.ray_cluster", "train.tracking"}),
-    ("checks and recipes", {"evaluate", "preflight", "qa", "qa.data", "qa.evaluate", "qa.report", "qa.rewards",
+    ("checks and recipes", {"promptfit", "evaluate", "preflight", "qa", "qa.data", "qa.evaluate", "qa.report", "qa.rewards",
                             "qa.sft", "qa.synth"}),
     ("top", {"release", "check", "chat", "plan"}),
 ]

@@ -199,3 +199,23 @@ def test_qa_reproduce_grades_its_free_text_answers_with_a_judge_of_its_own(workf
     assert server.resources["gpu"] == "1" and unquote(server.resources["slurm_partition"]) == "gpu-a100"
     assert unquote(grader.resources["slurm_partition"]) == "gpu-a100"  # one job: the judge's node
     assert "--endpoint" not in jobs["qa_eval_model"].shell  # generation never waits on a judge
+
+
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_merge_job_asks_the_gpus_merge_resources_gpu_names(workflow_dir, tmp_path, gpus):
+    """Issue 31 item 7: the profile asked an A100 for merge_model (`--gpus=a100:1` from gpu_model) while
+    merge.resources.gpu was 0. The config decides (llmrnn.slurm.gpu_placement): 0 -> the CPU partition and no
+    GPU request at all, 1 -> the GPU partition with the profile's GPU model."""
+    copy_extra_parts(workflow_dir)
+    prepare_reproduce_inputs(workflow_dir)
+    (workflow_dir / "merge_gpus.yaml").write_text(f"merge:\n  resources: {{gpu: {gpus}}}\n")
+    env = _clean_env(tmp_path, LLMRNN_CONFIGFILE="config/reproduce.yaml merge_gpus.yaml",
+                     LLMRNN_SLURM_GPU_PARTITION="a100-80g")
+    text = _dry_run(workflow_dir, env, "--profile", "profiles/slurm", "-n", "merge_model")
+    (merge,) = [j for j in parse_dry_run(text) if j.rule == "merge_model"]
+    res = merge.resources
+    assert int(res.get("gpu", 0)) == gpus, res
+    if gpus:
+        assert res.get("slurm_partition") == "a100-80g" and res.get("gpu_model") == "a100", res
+    else:
+        assert res.get("slurm_partition") == "cpu" and "gpu_model" not in res, res
