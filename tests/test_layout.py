@@ -152,7 +152,8 @@ LAYERS: list[tuple[str, set[str]]] = [
                 "train.verl_cmd", "train.ray_cluster", "train.tracking"}),
     ("checks and recipes", {"promptfit", "evaluate", "preflight", "qa", "qa.data", "qa.evaluate", "qa.report", "qa.rewards",
                             "qa.sft", "qa.synth"}),
-    ("top", {"release", "check", "chat", "plan"}),
+    ("top", {"release", "check", "check.config", "check.models", "check.cohort", "check.judge", "check.training",
+             "check.slurm", "check.outside", "check.gpus", "check.prompts", "chat", "plan"}),
 ]
 
 
