@@ -143,7 +143,7 @@ def test_no_function_is_longer_than_100_lines():
 LAYERS: list[tuple[str, set[str]]] = [
     ("leaves", {"errors", "constants"}),
     ("helpers", {"io", "stats", "jsonparse", "matching", "retry", "prompts", "rubric", "gpus", "upload", "cli",
-                 "configcheck", "runconfig", "provenance", "slurm"}),
+                 "configcheck", "runconfig", "provenance", "slurm", "quota"}),
     ("services", {"prefix_engine", "backends", "models", "cohort", "judge", "judge.client", "judge.server",
                   "judge.launcher", "phi_guard", "mimic", "mimic.sections", "mimic.build", "mimic.synth"}),
     ("reward", {"reward"}),
