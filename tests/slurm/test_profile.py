@@ -147,7 +147,24 @@ def test_every_rule_declaring_a_gpu_is_mapped_by_the_profile():
         for name, body in re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", smk.read_text(), re.MULTILINE | re.DOTALL):
             if re.search(r"^\s+gpu\s*=", body, re.MULTILINE) and name not in mapped:
                 unmapped.append(f"{smk.name}:{name}")
+            # a rule placing itself from its config's GPU count must not be overridden by the profile
+            if "**gpu_placement(" in body and name in mapped:
+                unmapped.append(f"{smk.name}:{name} (gpu_placement and the profile both place it)")
     assert not unmapped, f"GPU rules missing from profiles/slurm set-resources: {unmapped}"
+
+
+def test_rule_side_placement_uses_the_profiles_defaults_and_variables():
+    """llmrnn.slurm.gpu_placement (rules whose GPU count is a config key) reads the profile's variables with
+    the profile's defaults: one partition and one GPU model, whichever side places a job."""
+    from llmrnn import slurm
+
+    for env in ({}, {"LLMRNN_SLURM_GPU_PARTITION": "a100-80g", "LLMRNN_SLURM_GPU_MODEL": "",
+                     "LLMRNN_SLURM_CPU_PARTITION": "short", "LLMRNN_SLURM_CONSTRAINT": "a100_80gb"}):
+        profile = load_profile(env)
+        theirs = {k: unquote(v) for k, v in profile["set-resources"]["eval_shard"].items()}
+        assert slurm.gpu_placement(1, env) == theirs, (env, theirs)
+        assert slurm.gpu_placement(0, env) == {"gpu": 0}
+        assert slurm.setting(slurm.CPU_PARTITION, env) == unquote(profile["default-resources"]["slurm_partition"])
 
 
 def test_documented_install_makes_bare_profile_name_work(workflow_dir, tmp_path):
