@@ -13,11 +13,15 @@ def check_prompt_lengths(config: dict) -> list[str]:
     train.max_prompt_length), counted with the role model's tokenizer (llmrnn.promptfit)."""
     from llmrnn import promptfit
     from llmrnn.cohort import load_cohort
+    from llmrnn.errors import LlmrnnError
 
     if config.get("recipe") == "qa":
         return []
     source = (config.get("cohort") or {}).get("source", "synthetic")
-    patients = load_cohort(source) if source != "synthetic" and Path(source).is_file() else None
+    try:
+        patients = load_cohort(source) if source != "synthetic" and Path(source).is_file() else None
+    except LlmrnnError:  # check_cohort names the bad record without its ids; the visits are estimated here
+        patients = None
     problems, notes = promptfit.check(config, patients)
     for note in notes:
         log.warning("check: %s", note)
