@@ -91,7 +91,9 @@ def test_reproduce_dry_run_plans_build_cohort_first(workflow_dir, tmp_path):
     prepare_reproduce_inputs(workflow_dir)
     text = _dry_run(workflow_dir, _clean_env(tmp_path), "--profile", "profiles/slurm", "-n", "all")
     jobs = [j.rule for j in parse_dry_run(text) if j.shell is not None]
-    assert jobs[0] == "build_cohort", jobs[:5]
+    # the order among the DAG's roots is the scheduler's tie-break (it moved when merge_model's resources
+    # changed): only the model downloads, which need no cohort, may come before build_cohort
+    assert set(jobs[:jobs.index("build_cohort")]) <= {"prepare_judge_model", "prepare_base_model"}, jobs[:5]
     assert jobs.index("build_cohort") < jobs.index("clean_cohort") < jobs.index("split_cohort")
 
 
