@@ -1,5 +1,6 @@
 # Fold the trained LoRA into the base memory model (PEFT merge_and_unload, never verl's merger for LoRA)
 # and verify it: merge_check.json lists every check; a failing one exits non-zero and leaves no merged/.
+from llmrnn.slurm import gpu_placement
 from llmrnn.plan.merge import MergePlan
 
 # The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
@@ -21,7 +22,8 @@ rule merge_model:
         conda_env("cpu")
     threads: config["merge"]["resources"]["cpus_per_task"]
     resources:
-        gpu=config["merge"]["resources"]["gpu"],
+        # the config's GPU count decides the GPU request, partition and model (llmrnn.slurm)
+        **gpu_placement(config["merge"]["resources"]["gpu"]),
         mem_mb=config["merge"]["resources"]["mem_mb"],
         runtime=config["merge"]["resources"]["runtime"],
         cpus_per_task=config["merge"]["resources"]["cpus_per_task"],

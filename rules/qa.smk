@@ -1,6 +1,7 @@
 # The qa recipe (recipe: qa): QA data -> optional LoRA SFT warm start (merged + verified) -> GRPO with
 # verifiable rewards (the shared train stage) -> merge_model / release (shared) -> pass@k evaluation of
 # base vs SFT vs GRPO. Helpers (qa_*): llmrnn.plan.
+from llmrnn.slurm import gpu_placement
 from llmrnn.plan.qa import QA_VARIANT_PATTERN, QaPlan
 from llmrnn.plan.common import input_flag
 
@@ -114,7 +115,8 @@ rule qa_merge_sft:
         conda_env("cpu")
     threads: config["merge"]["resources"]["cpus_per_task"]
     resources:
-        gpu=config["merge"]["resources"]["gpu"],
+        # the config's GPU count decides the GPU request, partition and model (llmrnn.slurm)
+        **gpu_placement(config["merge"]["resources"]["gpu"]),
         mem_mb=config["merge"]["resources"]["mem_mb"],
         runtime=config["merge"]["resources"]["runtime"],
         cpus_per_task=config["merge"]["resources"]["cpus_per_task"],

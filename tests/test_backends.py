@@ -311,3 +311,24 @@ def test_dtype_auto_on_the_cpu_is_bf16_only_where_the_cpu_has_it(tiny_model_dir,
     engine = backends.TransformersBackend(str(tiny_model_dir), dtype="auto")
     assert engine.model.dtype == (torch.bfloat16 if native else torch.float32)
     assert backends.TransformersBackend(str(tiny_model_dir), dtype="bfloat16").model.dtype == torch.bfloat16
+
+
+class _TokenizerOnlyLLM:
+    """The one method of vllm.LLM that VLLMBackend.prompt_lengths calls (vLLM itself: tests/test_vllm.py)."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def get_tokenizer(self):
+        return self.tok
+
+
+def test_vllm_prompt_lengths_count_tokens_not_batch_encoding_keys(tiny):
+    """Issue 31 item 2: with transformers 5, apply_chat_template(tokenize=True) returns a BatchEncoding whose
+    len() is 2 (its keys): full_history's cap saw every prompt as 2 tokens and never left a visit out. The
+    count is the prompt's tokens, for the engine and for the trained model served as a LoRA on it."""
+    engine = object.__new__(backends.VLLMBackend)
+    engine.llm = _TokenizerOnlyLLM(tiny.tokenizer)
+    counts = engine.prompt_lengths(CONVS)
+    assert counts == tiny.prompt_lengths(CONVS) and min(counts) > 10, counts
+    assert backends.LoRAView(engine, "adapter").prompt_lengths(CONVS) == counts

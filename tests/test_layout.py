@@ -144,7 +144,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("leaves", {"errors", "constants", "settings", "settings.base", "settings.workflow", "settings.evaluation",
                 "settings.train", "settings.release", "settings.qa"}),
     ("helpers", {"io", "stats", "jsonparse", "matching", "retry", "prompts", "rubric", "gpus", "upload", "cli",
-                 "configcheck", "runconfig", "provenance", "settings.render"}),
+                 "configcheck", "runconfig", "provenance", "settings.render", "slurm", "quota"}),
     ("services", {"prefix_engine", "backends", "models", "cohort", "judge", "judge.client", "judge.server",
                   "judge.launcher", "promptfit", "phi_guard", "phi_guard.canonical", "phi_guard.decoders",
                   "phi_guard.secrets", "phi_guard.identifiers", "phi_guard.scan", "phi_guard.formats",
@@ -162,7 +162,9 @@ LAYERS: list[tuple[str, set[str]]] = [
                             "qa.sft", "qa.synth"}),
     ("top", {"release", "release.manifest", "release.card", "release.staging", "release.upload", "release.bundle",
              "check", "chat", "plan", "plan.common", "plan.cohort", "plan.models", "plan.trajectories", "plan.judge",
-             "plan.train", "plan.evaluate", "plan.merge", "plan.release", "plan.qa"}),
+             "plan.train", "plan.evaluate", "plan.merge", "plan.release", "plan.qa", "check.config", "check.models",
+             "check.cohort", "check.judge", "check.training", "check.slurm", "check.outside", "check.gpus",
+             "check.prompts", "check.reward"}),
 ]
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +132,44 @@ def test_early_stopping_with_verl_is_refused_not_ignored():
     assert tcfg.normalize({"engine": "trl", "early_stopping": {"enabled": True}})["early_stopping"]["enabled"]
     with pytest.raises(InputError, match="train.early_stopping.enabled: true needs train.engine trl"):
         tcfg.normalize({"engine": "verl", "early_stopping": {"enabled": True}})
+
+
+def _stand_in(bin_dir: Path, name: str, script: str) -> None:
+    """A stand-in quota tool on PATH (the real ones answer on a cluster's login and compute nodes)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / name).write_text("#!/bin/sh\n" + script)
+    (bin_dir / name).chmod(0o755)
+
+
+def test_disk_check_sees_the_lustre_quota_that_statvfs_does_not(parquets, tiny_model_dir, tmp_path, monkeypatch):
+    """Issue 31 item 7: statvfs counted the filesystem's free space (terabytes on a scratch) while the user's
+    quota allowed far less. A stand-in `lfs` answers as Lustre's does for `lfs quota -q -u USER DIR`: 9.9 of
+    10 GB used, so ~0.1 GB left; the check refuses with the quota's numbers and names the knob."""
+    bin_dir = tmp_path / "stand-in-bin"
+    _stand_in(bin_dir, "lfs", '[ "$1 $2 $3" = "quota -q -u" ] || exit 2\n'
+              'echo "     /lustre/scratch  9900000*  9765625 10000000       -   12345       0       0       -"\n')
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    res = training_checks(_cfg(min_free_disk_gb=1), *parquets, tiny_model_dir, out_dir=tmp_path / "train")
+    assert res["disk"]["quota"] == "lfs quota -u {}: 10.14 GB used of a 10.0 GB quota".format(
+        os.environ.get("USER") or getpass.getuser()), res["disk"]
+    (line,) = [p for p in res["problems"] if "quota" in p]
+    assert line.startswith("only 0.0 GB left under your quota at ") and "1.0 GB needed for train.min_free_disk_gb=1" \
+        in line and "set train.keep_last (verl trainer.max_actor_ckpt_to_keep" in line, line
+
+
+def test_disk_check_reads_quota_w_or_says_quotas_were_not_checked(parquets, tiny_model_dir, tmp_path, monkeypatch):
+    from llmrnn.quota import _mount_of
+
+    device, _ = _mount_of(tmp_path)
+    bin_dir = tmp_path / "stand-in-bin"
+    # `quota -w` as quota-tools prints it: 2 GB used of a 3 GB soft / 4 GB hard limit on this filesystem
+    _stand_in(bin_dir, "quota", '[ "$1" = "-w" ] || exit 2\necho "Disk quotas for user u (uid 1):"\n'
+              'echo "     Filesystem  blocks   quota   limit   grace   files   quota   limit   grace"\n'
+              f'echo "{device}  2000000  3000000  4000000  0  10  0  0  0"\n')
+    monkeypatch.setenv("PATH", str(bin_dir) + ":" + str(Path(sys.executable).parent))
+    res = training_checks(_cfg(min_free_disk_gb=2), *parquets, tiny_model_dir, out_dir=tmp_path / "train")
+    assert res["disk"]["quota"] == "quota -w: 2.05 GB used of a 3.07 GB quota", res["disk"]
+    assert any(p.startswith("only 1.0 GB left under your quota") for p in res["problems"]), res["problems"]
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))  # neither tool here
+    res = training_checks(_cfg(), *parquets, tiny_model_dir, out_dir=tmp_path / "train")
+    assert res["disk"]["quota"].startswith("quotas not checked: neither `lfs quota` nor `quota` answered"), res["disk"]

@@ -282,3 +282,69 @@ def test_trained_memory_model_runs_as_a_lora_on_the_base_vllm_engine(tmp_path, s
     out = json.loads(result.read_text())
     assert out["engines"] == ["VLLMBackend"] and out["lora"] == [True] and out["shares"] == [0.85], out
     assert out["memory"][0] and out["prediction"][0] and out["memory"] != out["prediction"], out
+
+
+PROMPT_FIT = r"""
+import json, sys
+from llmrnn import cohort, promptfit, rnn
+from llmrnn.prompts import load_prompts
+roles_cfg, prompts_file, result = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+roles = rnn.make_roles(roles_cfg)
+prompts = load_prompts(prompts_file)
+patients = cohort.synthesize_cohort(6, 3)
+tok_of = {r: roles[r].backend.llm.get_tokenizer() for r in roles}
+visits, _ = promptfit.longest_visits(prompts, patients)
+config = {"roles": roles_cfg, "prompts": {"file": prompts_file}}
+problems, notes = promptfit.check(config, patients)
+out = {"problems": problems, "notes": notes, "ok": {}, "counted": {}}
+for role, convs in promptfit.role_prompts(prompts, tok_of, roles_cfg, visits).items():
+    # llmrnn check counts as vLLM counts: the engine's own prompt_lengths
+    out["counted"][role] = [roles[role].backend.prompt_lengths(convs),
+                            [promptfit.chat_tokens(tok_of[role], c) for c in convs]]
+    try:  # vLLM's own input validation of the whole batch
+        out["ok"][role] = len(roles[role].generate(convs))
+    except Exception as exc:
+        out["ok"][role] = f"{type(exc).__name__}: {exc}"
+# full_history: the capped history passes vLLM's validation; the uncapped one is refused
+run = rnn._ForwardRun(roles, prompts, "full_history", 0, False, {})
+visit = prompts.render_visit(patients[0]["visits"][0])
+history = [f"Visit {i + 1}:\n{visits[-1]}\nDISCHARGE DIAGNOSES: x" for i in range(12)]
+shown, omitted = run.fit_history(history, visit, 12)
+conv = lambda memory: prompts.prediction.messages({"memory": memory, "visit": visit, "visit_number": 13})
+out["omitted"] = omitted
+out["capped_len"] = roles["prediction"].backend.prompt_lengths([conv(shown)])[0]
+out["capped_ok"] = len(roles["prediction"].generate([conv(shown)]))
+try:
+    roles["prediction"].generate([conv("\n\n".join(history))])
+    out["uncapped"] = "accepted"
+except Exception as exc:
+    out["uncapped"] = f"{type(exc).__name__}: {exc}"
+open(result, "w").write(json.dumps(out))
+"""
+
+
+def test_longest_prompts_pass_vllms_own_length_validation_and_uncapped_history_does_not(tmp_path, smollm2_dir,
+                                                                                         vllm_home):
+    """Issue 31 item 2 through vLLM itself (max_model_len 2048, so an overflow is cheap): `llmrnn check`'s
+    token count of each role's longest prompt equals VLLMBackend.prompt_lengths; a role the check passes has
+    its longest prompts accepted by vLLM's own input validation, a role vLLM refuses is one the check names;
+    the full_history cap keeps a long history inside the window, and the same history uncapped is refused."""
+    role = dict(_role(smollm2_dir, "vllm"), max_model_len=2048, max_tokens=64, temperature=0.0,
+                gpu_memory_utilization=0.85)
+    roles = {r: dict(role) for r in ("prediction", "evaluation", "memory")}
+    result = tmp_path / "result.json"
+    env = dict(_env(vllm_home), PYTHONPATH=str(REPO / "src"))
+    proc = subprocess.run([str(VENV / "bin" / "python"), "-c", PROMPT_FIT, json.dumps(roles), str(PROMPTS),
+                           str(result)], capture_output=True, text=True, env=env, timeout=1500, check=False)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    out = json.loads(result.read_text())
+    assert out["notes"] == [], out
+    flagged = {p.split(":", 1)[0].removeprefix("roles.") for p in out["problems"]}
+    for role_name, (engine, ours) in out["counted"].items():
+        assert engine == ours, (role_name, engine, ours)  # the check counts as vLLM counts
+        if role_name not in flagged:  # the check passes: vLLM accepts the role's longest prompts
+            assert max(engine) <= 2048 - 64 and isinstance(out["ok"][role_name], int), (role_name, out)
+        if not isinstance(out["ok"][role_name], int):  # vLLM refuses: the check named that role
+            assert role_name in flagged and "maximum context length is 2048" in out["ok"][role_name], out
+    assert out["omitted"] > 0 and out["capped_len"] <= 2048 - 64 and out["capped_ok"] == 1, out
+    assert out["uncapped"] != "accepted" and "2048" in out["uncapped"], out

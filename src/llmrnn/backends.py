@@ -273,9 +273,10 @@ class VLLMBackend:
 
     def prompt_lengths(self, conversations: Sequence[Messages]) -> list[int]:
         """Tokens of each chat prompt as LLM.chat renders it (the engine's own tokenizer and chat template)."""
+        from llmrnn.prompts import chat_tokens
+
         tok = self.llm.get_tokenizer()
-        return [len(tok.apply_chat_template(list(c), tokenize=True, add_generation_prompt=not _continues(c),
-                                            continue_final_message=_continues(c))) for c in conversations]
+        return [chat_tokens(tok, c) for c in conversations]
 
     def _lora_request(self, lora_path: str | None):
         if lora_path is None:
@@ -314,6 +315,10 @@ class LoRAView:
         self.model_path = self.lora_path
         self.calls = 0
         self.sequences = 0
+
+    def prompt_lengths(self, conversations: Sequence[Messages]) -> list[int]:
+        """The base engine's count (an adapter keeps its base's tokenizer): full_history's cap needs it."""
+        return self.engine.prompt_lengths(conversations)
 
     def generate(self, conversations, temperature, top_p, max_tokens, seeds=None) -> list[str]:
         self.calls += 1

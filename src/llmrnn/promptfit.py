@@ -18,10 +18,11 @@ is also the policy's training prompt: it must fit `train.max_prompt_length` (ver
 
 from __future__ import annotations
 
-from llmrnn.prompts import TARGET_SECTION, PromptSet, load_prompts
+from llmrnn.prompts import TARGET_SECTION, PromptSet, chat_tokens, load_prompts
 
 # a clinical-looking filler for an estimated visit (no cohort file yet): ~4.5 characters per token
 FILLER = "patient admitted with worsening shortness of breath, chest pain and fever; treated with antibiotics. "
+__all__ = ["chat_tokens", "check", "longest_visits", "role_prompts"]
 ROLE_PROMPT = {"prediction": "prediction", "evaluation": "evaluation", "memory": "memory update"}
 
 
@@ -67,13 +68,6 @@ def role_prompts(prompts: PromptSet, tok_of: dict, roles: dict, visits: list[str
             "evaluation": _tokens_text(tok, n("evaluation")), "missed_diagnoses": _tokens_text(tok, 60),
             "visit_number": 99}) for v in visits]
     return out
-
-
-def chat_tokens(tok, conv: list[dict]) -> int:
-    """Tokens of a chat prompt as vLLM's LLM.chat renders it (backends.VLLMBackend.prompt_lengths)."""
-    cont = conv[-1]["role"] == "assistant"
-    ids = tok.apply_chat_template(conv, tokenize=True, add_generation_prompt=not cont, continue_final_message=cont)
-    return len(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5 returns a BatchEncoding
 
 
 def check(config: dict, patients: list[dict] | None = None) -> tuple[list[str], list[str]]:

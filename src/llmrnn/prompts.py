@@ -176,3 +176,13 @@ def load_prompts(path: str | Path) -> PromptSet:
 def show_json(obj: Any) -> str:
     """Compact JSON for placing a parsed object inside a prompt."""
     return json.dumps(obj, ensure_ascii=False)
+
+
+def chat_tokens(tok, conv: list[dict]) -> int:
+    """Tokens of a chat prompt as vLLM's LLM.chat renders it: the tokenizer's chat template, a final assistant
+    message continued (a response prefix). transformers 5 returns a BatchEncoding for tokenize=True, whose len()
+    is its number of keys, not of tokens: count its input_ids."""
+    cont = conv[-1]["role"] == "assistant"
+    ids = tok.apply_chat_template(list(conv), tokenize=True, add_generation_prompt=not cont,
+                                  continue_final_message=cont)
+    return len(ids["input_ids"] if hasattr(ids, "keys") else ids)

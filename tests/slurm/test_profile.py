@@ -91,7 +91,9 @@ def test_reproduce_dry_run_plans_build_cohort_first(workflow_dir, tmp_path):
     prepare_reproduce_inputs(workflow_dir)
     text = _dry_run(workflow_dir, _clean_env(tmp_path), "--profile", "profiles/slurm", "-n", "all")
     jobs = [j.rule for j in parse_dry_run(text) if j.shell is not None]
-    assert jobs[0] == "build_cohort", jobs[:5]
+    # the order among the DAG's roots is the scheduler's tie-break (it moved when merge_model's resources
+    # changed): only the model downloads, which need no cohort, may come before build_cohort
+    assert set(jobs[:jobs.index("build_cohort")]) <= {"prepare_judge_model", "prepare_base_model"}, jobs[:5]
     assert jobs.index("build_cohort") < jobs.index("clean_cohort") < jobs.index("split_cohort")
 
 
@@ -147,7 +149,24 @@ def test_every_rule_declaring_a_gpu_is_mapped_by_the_profile():
         for name, body in re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", smk.read_text(), re.MULTILINE | re.DOTALL):
             if re.search(r"^\s+gpu\s*=", body, re.MULTILINE) and name not in mapped:
                 unmapped.append(f"{smk.name}:{name}")
+            # a rule placing itself from its config's GPU count must not be overridden by the profile
+            if "**gpu_placement(" in body and name in mapped:
+                unmapped.append(f"{smk.name}:{name} (gpu_placement and the profile both place it)")
     assert not unmapped, f"GPU rules missing from profiles/slurm set-resources: {unmapped}"
+
+
+def test_rule_side_placement_uses_the_profiles_defaults_and_variables():
+    """llmrnn.slurm.gpu_placement (rules whose GPU count is a config key) reads the profile's variables with
+    the profile's defaults: one partition and one GPU model, whichever side places a job."""
+    from llmrnn import slurm
+
+    for env in ({}, {"LLMRNN_SLURM_GPU_PARTITION": "a100-80g", "LLMRNN_SLURM_GPU_MODEL": "",
+                     "LLMRNN_SLURM_CPU_PARTITION": "short", "LLMRNN_SLURM_CONSTRAINT": "a100_80gb"}):
+        profile = load_profile(env)
+        theirs = {k: unquote(v) for k, v in profile["set-resources"]["eval_shard"].items()}
+        assert slurm.gpu_placement(1, env) == theirs, (env, theirs)
+        assert slurm.gpu_placement(0, env) == {"gpu": 0}
+        assert slurm.setting(slurm.CPU_PARTITION, env) == unquote(profile["default-resources"]["slurm_partition"])
 
 
 def test_documented_install_makes_bare_profile_name_work(workflow_dir, tmp_path):
@@ -199,3 +218,23 @@ def test_qa_reproduce_grades_its_free_text_answers_with_a_judge_of_its_own(workf
     assert server.resources["gpu"] == "1" and unquote(server.resources["slurm_partition"]) == "gpu-a100"
     assert unquote(grader.resources["slurm_partition"]) == "gpu-a100"  # one job: the judge's node
     assert "--endpoint" not in jobs["qa_eval_model"].shell  # generation never waits on a judge
+
+
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_merge_job_asks_the_gpus_merge_resources_gpu_names(workflow_dir, tmp_path, gpus):
+    """Issue 31 item 7: the profile asked an A100 for merge_model (`--gpus=a100:1` from gpu_model) while
+    merge.resources.gpu was 0. The config decides (llmrnn.slurm.gpu_placement): 0 -> the CPU partition and no
+    GPU request at all, 1 -> the GPU partition with the profile's GPU model."""
+    copy_extra_parts(workflow_dir)
+    prepare_reproduce_inputs(workflow_dir)
+    (workflow_dir / "merge_gpus.yaml").write_text(f"merge:\n  resources: {{gpu: {gpus}}}\n")
+    env = _clean_env(tmp_path, LLMRNN_CONFIGFILE="config/reproduce.yaml merge_gpus.yaml",
+                     LLMRNN_SLURM_GPU_PARTITION="a100-80g")
+    text = _dry_run(workflow_dir, env, "--profile", "profiles/slurm", "-n", "merge_model")
+    (merge,) = [j for j in parse_dry_run(text) if j.rule == "merge_model"]
+    res = merge.resources
+    assert int(res.get("gpu", 0)) == gpus, res
+    if gpus:
+        assert res.get("slurm_partition") == "a100-80g" and res.get("gpu_model") == "a100", res
+    else:
+        assert res.get("slurm_partition") == "cpu" and "gpu_model" not in res, res

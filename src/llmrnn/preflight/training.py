@@ -136,8 +136,15 @@ def _disk_checks(cfg: dict, target: Path, model_dir, planned: int) -> tuple[dict
     probe = target
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    free_gb = shutil.disk_usage(probe).free / 1e9
+    free_gb = shutil.disk_usage(probe).free / 1e9  # statvfs: blind to the user's quota
     disk = {"path": str(target), "free_gb": round(free_gb, 2)}
+    from llmrnn.quota import user_quota
+
+    quota = user_quota(probe)
+    disk["quota"] = quota.note
+    where = f"{free_gb:.1f} GB free at {probe}"
+    if quota.left_gb is not None and quota.left_gb < free_gb:
+        free_gb, where = quota.left_gb, f"{quota.left_gb:.1f} GB left under your quota at {probe} ({quota.note})"
     need_gb, why = float(cfg["min_free_disk_gb"]), f"train.min_free_disk_gb={cfg['min_free_disk_gb']}"
     if cfg["engine"] == "verl":
         ckpt_gb, kept = checkpoint_disk_gb(model_dir, cfg["keep_last"], planned, cfg["save_freq"])
@@ -148,8 +155,9 @@ def _disk_checks(cfg: dict, target: Path, model_dir, planned: int) -> tuple[dict
     disk["min_free_gb"] = need_gb
     problems = []
     if free_gb < need_gb:
-        problems.append(f"only {free_gb:.1f} GB free at {probe}; {need_gb:.1f} GB needed for {why}: free disk "
-                        "or set train.keep_last")
+        problems.append(f"only {where}; {need_gb:.1f} GB needed for {why}: free disk, or set train.keep_last "
+                        "(verl trainer.max_actor_ckpt_to_keep; the reference kept every checkpoint, train.select "
+                        "last needs only the last)")
     return disk, problems
 
 

@@ -12,7 +12,7 @@ from llmrnn.settings.base import ENV_NAME, Section
 class MergeResources(Section):
     """`merge.resources`"""
 
-    gpu: int = Field(0, ge=0, description='resources of the `merge_model` job')
+    gpu: int = Field(0, ge=0, description='GPUs of the merge jobs (merge_model, qa_merge_sft); on SLURM it decides their request: 0 = the CPU partition, no --gpus; N > 0 = the GPU partition with --gpus=<LLMRNN_SLURM_GPU_MODEL>:N')
     mem_mb: int = Field(8000, ge=1, description='resources of the `merge_model` job')
     runtime: int = Field(60, ge=1, description='resources of the `merge_model` job')
     cpus_per_task: int = Field(1, ge=1, description='resources of the `merge_model` job')

@@ -117,7 +117,7 @@ class Train(Section):
     total_steps: int | None = Field(None, ge=1, description='cap on steps (verl trainer.total_training_steps)')
     save_freq: int = Field(20, ge=0, description='checkpoint every N steps (and always at the end)')
     test_freq: int = Field(5, ge=0, description='validate on the val parquet every N steps; 0 = never')
-    keep_last: int | None = Field(None, ge=1, description='checkpoints kept; null = all')
+    keep_last: int | None = Field(None, ge=1, description='checkpoints kept (verl max_actor_ckpt_to_keep, TRL save_total_limit); null = all. Preflight compares their size with the free disk and your quota (lfs quota / quota -w); short of room, set it (select: last needs only the last; the reference kept all)')
     val_before_train: bool = Field(True, description='validate once before the first step')
     val_generations: int | None = Field(None, ge=1, description="rollouts per val prompt; null = the engine's own (TRL: group_size at the rollout temperature; verl: one greedy sample). Set, verl samples that many (val_kwargs.n)")
     select: Literal['last', 'best_val'] = Field('last', description="which saved checkpoint becomes the adapter: last (the reference's) or best_val (highest val reward among saved steps; needs test_freq > 0; verl also save_freq a multiple of test_freq and keep_last null)")

@@ -1,0 +1,125 @@
+"""`llmrnn check`: the pre-submit check. Runs on a login node (no GPU) and lists ALL problems at once,
+before anything is queued: config schema, cohort file, base models + chat templates (or hub ids that
+resolve), the judge rubric and model, batch geometry, the verl command composed against the installed
+verl config, the Hub token and target repo when upload is on, and the SLURM profile's GPU counts.
+
+    llmrnn check [--configfile config/reproduce.yaml ...] [--out check.json]
+
+Exit 0 when no problem was found, 1 otherwise (every problem on its own line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+# one module per concept; the names below are `llmrnn.check`'s API (tests and other modules use them)
+from llmrnn.check.cohort import check_cohort, check_qa_data, withhold_ids
+from llmrnn.check.config import VALUE_ERRORS, load_config
+from llmrnn.check.gpus import check_engine_budget, check_gpu_stack
+from llmrnn.check.judge import check_judge
+from llmrnn.check.models import chat_template_problem, check_models, hub_problem
+from llmrnn.check.outside import check_env_names, check_external_endpoints, check_upload
+from llmrnn.check.prompts import check_prompt_lengths
+from llmrnn.check.reward import check_custom_reward
+from llmrnn.check.slurm import PROFILE_GPU_DEFAULTS, check_partition_time, check_profile_gpus
+from llmrnn.check.training import check_attention, check_training, check_verl_command, compose_verl
+
+__all__ = ["CHECKS", "PROFILE_GPU_DEFAULTS", "RECIPE_ONLY", "SMOKE_COMMAND", "VALUE_ERRORS", "chat_template_problem",
+           "check_attention", "check_cohort", "check_custom_reward", "check_engine_budget", "check_env_names", "check_external_endpoints",
+           "check_gpu_stack", "check_judge", "check_models", "check_partition_time", "check_profile_gpus", "check_prompt_lengths",
+           "check_qa_data", "check_training", "check_upload", "check_verl_command", "compose_verl", "hub_problem",
+           "load_config", "register", "run_checks", "smoke_advice", "withhold_ids"]
+
+log = logging.getLogger(__name__)
+
+
+CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
+    ("secrets", check_env_names),
+    ("patient text", check_external_endpoints),
+    ("cohort", check_cohort),
+    ("qa data", check_qa_data),
+    ("models", check_models),
+    ("judge", check_judge),
+    ("own reward", check_custom_reward),
+    ("training", check_training),
+    ("prompt length", check_prompt_lengths),
+    ("gpu memory", check_engine_budget),
+    ("gpu stack", check_gpu_stack),
+    ("slurm time limits", check_partition_time),
+    ("upload", check_upload),
+]
+
+
+# checks that belong to one recipe (the rest apply to both)
+RECIPE_ONLY = {"qa data": "qa"}
+
+
+def run_checks(config_paths: list[Path]) -> dict:
+    """Every check, each isolated (one crashing check is a problem, not the end of the list)."""
+    config, problems = load_config(config_paths)
+    schema_ok = not any(p.startswith("config: ") for p in problems)
+    ran = ["schema"]
+    for name, fn in CHECKS:
+        if RECIPE_ONLY.get(name, config.get("recipe")) != config.get("recipe"):
+            continue  # each recipe's own checks only
+        try:
+            problems += fn(config)
+        except Exception as exc:  # noqa: BLE001 - report and go on: the point is to list everything
+            if schema_ok:
+                problems.append(f"{name}: check crashed: {type(exc).__name__}: {exc}")
+            else:  # a value the schema already named (e.g. a list where a number belongs) tripped it
+                problems.append(f"{name}: not checked: fix the config problems above first")
+        ran.append(name)
+    return {"ok": not problems, "problems": problems, "checks": ran,
+            "configfiles": [str(p) for p in config_paths], "run_name": config.get("run_name"),
+            "advice": smoke_advice(config)}
+
+
+SMOKE_COMMAND = "snakemake --profile slurm all --configfile config/smoke.yaml"
+
+
+def smoke_advice(config: dict) -> list[str]:
+    """A long verl run (more steps than the smoke test's few) gets told to run the cluster smoke test first."""
+    train = config.get("train") or {}
+    steps = train.get("total_steps")
+    if not isinstance(train, dict) or train.get("engine", "verl") != "verl" or (isinstance(steps, int) and steps <= 4):
+        return []
+    return [(f"first run the cluster smoke test on this cluster ({SMOKE_COMMAND}, about 15 min on one GPU node; "
+             "docs/cluster.md 'Smoke test first'): it fails in minutes where this run would fail after hours")]
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    # like the Snakefile: the given files alone, config/config.yaml only when none is given
+    from llmrnn.runconfig import configfiles_for
+
+    report = run_checks(configfiles_for(args.configfile))
+    if args.out:
+        from llmrnn.io import write_json
+
+        write_json(args.out, report)
+    files = " + ".join(report["configfiles"])
+    for advice in report["advice"]:
+        print(f"llmrnn check: {advice}", file=sys.stderr)
+    if report["ok"]:
+        print(f"llmrnn check: OK ({files}; checked {', '.join(report['checks'])})")
+        return 0
+    print(f"llmrnn check: {len(report['problems'])} problem(s) with {files}:", file=sys.stderr)
+    for problem in report["problems"]:
+        print(f"  - {problem}", file=sys.stderr)
+    return 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "check",
+        help="pre-submit check: list every problem of the config and its inputs before queueing",
+        description=__doc__.splitlines()[0],
+    )
+    p.add_argument("--configfile", nargs="*", default=[],
+                   help="config files layered in order, as snakemake --configfile; none: config/config.yaml")
+    p.add_argument("--out", help="also write the report as JSON")
+    p.set_defaults(func=_cmd_check)

@@ -1,0 +1,129 @@
+"""The cohort (memory head) and the QA data (recipe qa) load as their stages read them, and the splits fit;
+no patient or visit id of the file is repeated in a problem line."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+
+def withhold_ids(message: str, source: str | Path) -> str:
+    """A cohort problem as check prints it (to the terminal and to logs/RUN/check.log): the patient is
+    named by its record number in the file, and no patient or visit id of the file is repeated."""
+    try:
+        data = json.loads(Path(source).read_bytes().decode("utf-8-sig"))
+    except (OSError, ValueError, RecursionError):
+        return message  # not JSON: the loader's message names a line and column, no record
+    records = [r if isinstance(r, dict) else {} for r in data] if isinstance(data, list) else []
+    for n, record in enumerate(records):
+        if record.get("subject_id") is not None:
+            message = re.sub(rf"\bpatient {re.escape(str(record['subject_id']))}(?=[ :])", f"record {n}", message)
+    ids = {str(i) for r in records for i in [r.get("subject_id"), *(v.get("visit_id") for v in r.get("visits") or []
+                                                                   if isinstance(v, dict))]
+           if i is not None and len(str(i)) >= 3}
+    for value in sorted(ids, key=len, reverse=True):
+        message = re.sub(rf"(?<![\w-]){re.escape(value)}(?![\w-])", "<id withheld>", message)
+    return message
+
+
+def check_cohort(config: dict) -> list[str]:
+    """The cohort loads, and the split sizes fit the CLEANED cohort (split_cohort's input), so a cohort
+    too small for the configured splits fails here, not hours later at split time."""
+    from llmrnn.cohort import clean_cohort, load_cohort, synthesize_cohort
+    from llmrnn.configcheck import cohort_is_synthetic
+    from llmrnn.errors import LlmrnnError
+
+    cohort = config.get("cohort") or {}
+    source = cohort.get("source", "synthetic")
+    if source == "mimic_iv" and not cohort_is_synthetic(cohort):
+        from llmrnn.mimic.build import folder_problems
+
+        mimic = cohort.get("mimic_iv") or {}
+        return [f"cohort.mimic_iv: {p}" for p in folder_problems(mimic.get("hosp", ""), mimic.get("note", ""),
+                                                                 mimic.get("diagnoses", "note"))]
+    if cohort_is_synthetic(cohort):  # also the synthetic PhysioNet files: they build back into this cohort
+        synth = cohort.get("synthetic") or {}
+        if "patients" not in synth or "seed" not in synth:
+            return []  # the schema check names the missing key
+        patients = synthesize_cohort(int(synth["patients"]), int(synth["seed"]))
+    else:
+        if "{" in source or "}" in source:
+            return [(f"cohort.source: {source!r} contains a brace, which Snakemake reads as a wildcard; "
+                    "rename the file or its folder")]
+        if not Path(source).is_file():
+            return [f"cohort.source: {source} does not exist (the cleaned cohort JSON in LLM-as-RNN format)"]
+        try:
+            patients = load_cohort(source)
+        except LlmrnnError as exc:
+            return [f"cohort.source: {withhold_ids(str(exc), source)}"]
+    if config.get("recipe") == "qa":
+        return []  # the qa recipe splits questions (qa.split, check_qa_data), not the cohort
+    kept, _ = clean_cohort(patients)
+    split = config.get("split") or {}
+    need = int(split.get("val_size", 0)) + int(split.get("train_size", 0)) + 1
+    if len(kept) < need:
+        return [(f"cohort.source: {source} has {len(kept)} patients after cleaning ({len(patients)} before); "
+                 f"split needs at least {need} (val_size {split.get('val_size', 0)} + train_size "
+                 f"{split.get('train_size', 0)} + a test set)")]
+    if cohort_is_synthetic(cohort):
+        return []  # load_config's shard check already bounds the synthetic test split
+    from llmrnn.configcheck import shard_problems
+
+    return [f"config: {p}" for p in shard_problems(config, len(kept) - need + 1) if p.startswith("eval.")]
+
+
+def _qa_records(config: dict, source: str) -> list[dict] | str | None:
+    """The QA records the qa data stage would read from `source` (None: not checkable here, an hf: dataset),
+    or why they cannot be read."""
+    from llmrnn.errors import LlmrnnError
+    from llmrnn.qa.data import load_records, load_records_from
+
+    qa = config.get("qa") or {}
+    try:
+        if source == "synthetic":  # what qa_synth makes of the synthetic cohort
+            from llmrnn.cohort import synthesize_cohort
+            from llmrnn.qa.synth import questions_from_cohort
+
+            synth = (config.get("cohort") or {}).get("synthetic") or {}
+            qsynth = qa.get("synthetic") or {}
+            patients = synthesize_cohort(int(synth.get("patients", 0)), int(synth.get("seed", 0)))
+            raw, _ = questions_from_cohort(patients, int(qsynth.get("seed", 0)), qsynth.get("max_questions"))
+            return load_records_from(raw, qa.get("fields"), "qa synth")
+        if source.startswith("hf:"):
+            return "hf: names no dataset" if not source[3:].strip() else None
+        if "{" in source or "}" in source:
+            return f"{source!r} contains a brace, which Snakemake reads as a wildcard; rename the file"
+        if not Path(source).is_file():
+            return f"{source} is not a file (a JSON/JSONL QA file, hf:<dataset>, or synthetic)"
+        return load_records(source, qa.get("fields"), qa.get("dataset"))
+    except LlmrnnError as exc:
+        return str(exc)
+
+
+def check_qa_data(config: dict) -> list[str]:
+    """recipe qa: the QA source reads as the qa data stage reads it, and qa.split fits the groups left
+    after filtering (so neither fails hours later at run time); the OOD set, when a file, exists."""
+    from llmrnn.qa.data import filter_records, split_units
+
+    qa = config.get("qa") or {}
+    problems = []
+    ood = qa.get("ood")
+    if ood and ood != "synthetic" and not ood.startswith("hf:") and not Path(ood).is_file():
+        problems.append(f"qa.ood: {ood} is not a file (a JSON/JSONL QA file, hf:<dataset>, synthetic or null)")
+    source = str(qa.get("source", "synthetic"))
+    records = _qa_records(config, source)
+    if records is None:
+        return problems
+    if isinstance(records, str):
+        return [*problems, f"qa.source: {records}"]
+    if not records:
+        return [*problems, f"qa.source: {source} holds no QA records (the file is empty)"]
+    kept, _ = filter_records(records, qa.get("filter"))
+    groups = len(set(split_units(kept).values()))
+    split = qa.get("split") or {}
+    val, test = int(split.get("val_size", 0)), int(split.get("test_size", 0))
+    if val + test >= groups:
+        problems.append(f"qa.split: val_size {val} + test_size {test} leave no train group: {source} has "
+                        f"{groups} groups after filtering ({len(kept)} of {len(records)} records kept)")
+    return problems

@@ -1,0 +1,29 @@
+"""The GPU stack installed here, and the vLLM engines of each forward-pass job within its GPUs."""
+
+from __future__ import annotations
+
+
+def check_gpu_stack(config: dict) -> list[str]:
+    """verl/vLLM releases installed here that the config cannot use; more than one training node."""
+    from llmrnn.gpu_stack import stack_problems
+
+    return stack_problems(config)
+
+
+def check_engine_budget(config: dict) -> list[str]:
+    """The vLLM engines each forward-pass job opens, planned by the code the jobs run
+    (llmrnn.backends.plan_engines via rnn.make_roles), fit the GPUs the job asks for: trajectory shards and
+    eval shards of the base and the trained memory model (a second model: split budget, or a LoRA)."""
+    from llmrnn.backends import gpu_budget_problems, plan_engines
+
+    roles = config.get("roles") or {}
+    if not any((r or {}).get("backend") == "vllm" for r in roles.values()):
+        return []
+    problems = []
+    jobs = [("trajectory_shard", "trajectories", None), ("eval_shard (base)", "eval", None),
+            ("eval_shard (trained)", "eval", {"memory": "<trained memory model>"})]
+    for where, section, paths in jobs:
+        gpus = (((config.get(section) or {}).get("resources")) or {}).get("gpu")
+        plan = plan_engines(roles, paths)
+        problems += gpu_budget_problems(plan, 1 if gpus is None else int(gpus), where)
+    return problems

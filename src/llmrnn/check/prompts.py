@@ -1,0 +1,28 @@
+"""The longest prompt each role can render fits its context window (llmrnn.promptfit)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def check_prompt_lengths(config: dict) -> list[str]:
+    """The longest prompt each role can render fits its max_model_len (and the policy's prompt
+    train.max_prompt_length), counted with the role model's tokenizer (llmrnn.promptfit)."""
+    from llmrnn import promptfit
+    from llmrnn.cohort import load_cohort
+    from llmrnn.errors import LlmrnnError
+
+    if config.get("recipe") == "qa":
+        return []
+    source = (config.get("cohort") or {}).get("source", "synthetic")
+    try:
+        patients = load_cohort(source) if source != "synthetic" and Path(source).is_file() else None
+    except LlmrnnError:  # check_cohort names the bad record without its ids; the visits are estimated here
+        patients = None
+    problems, notes = promptfit.check(config, patients)
+    for note in notes:
+        log.warning("check: %s", note)
+    return problems

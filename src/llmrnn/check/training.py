@@ -1,0 +1,86 @@
+"""Training: batch geometry, the verl command composed against the installed verl config, attention."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from llmrnn.check.slurm import check_profile_gpus
+
+log = logging.getLogger(__name__)
+
+
+def check_training(config: dict) -> list[str]:
+    """Batch geometry (TRAIN's config.geometry) and, for verl, the command composed against the
+    installed verl config (when verl is importable here)."""
+    if "train" not in config:
+        return []
+    try:
+        from llmrnn.train import config as tcfg
+    except ImportError:
+        return []
+    from llmrnn.errors import LlmrnnError
+
+    try:
+        cfg = tcfg.normalize(config["train"])
+        problems = [f"train: {p}" for p in tcfg.geometry(cfg).problems]
+    except LlmrnnError as exc:
+        return [f"train: {exc}"]
+    if cfg.get("engine") == "verl":
+        # the qa recipe's reward is llmrnn.qa.rewards.compute_score (same signature, other module)
+        problems += check_verl_command(cfg, "llmrnn.qa.rewards" if config.get("recipe") == "qa" else None)
+        problems += check_profile_gpus(config, cfg)
+        problems += check_attention(cfg)
+    return problems
+
+
+def check_attention(train_cfg: dict) -> list[str]:
+    """flash_attention_2 (and the remove-padding it turns on) imports flash-attn in verl's actor: refuse
+    it where flash-attn is not importable (the GPU lock does not carry it: a CUDA source build)."""
+    import importlib.util
+
+    if train_cfg["verl"]["attn_implementation"] != "flash_attention_2" or importlib.util.find_spec("flash_attn"):
+        return []
+    return [("train.verl.attn_implementation: flash_attention_2 needs the flash-attn package, which is not "
+             "importable here (envs/gpu-lock.txt leaves it out); use sdpa (the default) or install flash-attn")]
+
+
+def check_verl_command(cfg: dict, reward_module: str | None = None) -> list[str]:
+    try:
+        import verl  # noqa: F401
+    except ImportError:
+        log.info("check: verl not importable here; the verl command is checked by preflight on the GPU node")
+        return []
+    from llmrnn.errors import LlmrnnError
+    from llmrnn.train import verl_cmd
+
+    try:
+        overrides = verl_cmd.build_overrides(
+            cfg, train_parquet="train.parquet", val_parquet="val.parquet", model_dir="model",
+            out_dir="out", experiment_name="check",
+            reward_path=f"pkg://{reward_module}" if reward_module else None,
+        )
+    except LlmrnnError as exc:
+        return [f"train (verl command): {exc}"]
+    return compose_verl(overrides)
+
+
+def compose_verl(overrides: list[str]) -> list[str]:
+    """Compose verl's ppo_trainer config with the overrides (Hydra rejects unknown keys)."""
+    try:
+        import verl
+        from hydra import compose, initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+    except ImportError as exc:
+        return [f"train (verl command): cannot import hydra/verl to compose it: {exc}"]
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            compose(config_name="ppo_trainer", overrides=overrides)
+    except Exception as exc:  # noqa: BLE001 - Hydra raises several types; each is a config problem
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        return [f"train (verl {getattr(verl, '__version__', '?')} command): {first}"]
+    finally:
+        GlobalHydra.instance().clear()
+    return []
