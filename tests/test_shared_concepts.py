@@ -216,6 +216,7 @@ def _code_defaults():
     from dataclasses import asdict
 
     from llmrnn.preflight import PreflightConfig
+    from llmrnn.release.manifest import settings as release_settings
     from llmrnn.reward import RewardConfig
     from llmrnn.train.config import DEFAULTS as TRAIN
 
@@ -223,7 +224,7 @@ def _code_defaults():
         "train": TRAIN,
         "reward": asdict(RewardConfig()),
         "preflight": asdict(PreflightConfig()),
-        "release": release.DEFAULTS,
+        "release": release_settings(None),  # read through the models (runconfig.filled)
         "eval.final_judge.matcher": asdict(Matcher()),
     }
 
