@@ -289,7 +289,7 @@ def test_qa_card_with_a_judge_names_it_and_its_limits(qa_inputs, tmp_path, monke
     monkeypatch.delenv("HF_TOKEN", raising=False)
     out = tmp_path / "run" / "release_qa"
     qa = {**QA_KNOBS["qa"], "sft": {"enabled": False}, "prompt": {"system": "Answer briefly in tags."},
-          "reward": {"weights": {"exact_match": 0.5, "judge": 0.5}}}
+          "reward": {"weights": {"exact_match": 0.5, "judge": 0.5, "format": 0.0}}}  # format defaults to 0.2
     run_qa_release(qa_inputs, out, knobs={**QA_KNOBS, "qa": qa})
     card = (out / "README.md").read_text()
     steps = card_section(card, "How the workflow made it")

@@ -303,3 +303,16 @@ def test_full_history_keeps_the_latest_visits_that_fit_the_prediction_context(pr
     assert omitted[-1] > 0 and omitted[0] == 0, omitted
     last = capped[-1]["memory_shown"]
     assert last.startswith(f"({omitted[-1]} earlier visit") and f"Visit {n - 1}:" in last and "Visit 1:" not in last
+
+
+def test_a_role_without_sampling_keys_gets_the_models_defaults():
+    """A library caller naming only the engine gets what a workflow run gets (llmrnn.settings): rnn.py used
+    to read max_tokens 256 and temperature 0.7 where the schema says 96 (memory 128; evaluation T 0.3)."""
+    from llmrnn.settings import section_defaults
+
+    cfg = {"backend": "openai", "url": "http://127.0.0.1:9/v1", "model": "m"}
+    roles = rnn.make_roles({name: dict(cfg) for name in rnn.ROLES}, cache=False)
+    got = {name: (r.temperature, r.top_p, r.max_tokens) for name, r in roles.items()}
+    assert got == {name: tuple(section_defaults(f"roles.{name}")[k] for k in ("temperature", "top_p", "max_tokens"))
+                   for name in rnn.ROLES}
+    assert got["memory"][2] == 128 and got["prediction"][2] == 96 and got["evaluation"][0] == 0.3

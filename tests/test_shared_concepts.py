@@ -155,6 +155,8 @@ ONE_HOME = {
     "sharding": ("trajectories", {"shard_of", "assign_shards"}),
     "jsonl": ("io", {"read_jsonl", "write_jsonl", "read_rows", "_truncate_jsonl"}),
     "deep merge": ("io", {"deep_merge", "_merge", "_deep_merge"}),
+    # the schema's defaults into a config (check used to keep its own beside runconfig's)
+    "schema defaults": ("runconfig", {"fill_defaults", "_fill_defaults", "with_defaults", "filled"}),
     "model folder": ("models", {"model_folder", "_model_dir"}),
     "text normalising": ("matching", {"normalise", "_norm", "_same"}),
     # whether a config's reward asks the judge (rules plan judge_server, check wants its model, only then)
@@ -214,6 +216,7 @@ def _code_defaults():
     from dataclasses import asdict
 
     from llmrnn.preflight import PreflightConfig
+    from llmrnn.release.manifest import settings as release_settings
     from llmrnn.reward import RewardConfig
     from llmrnn.train.config import DEFAULTS as TRAIN
 
@@ -221,7 +224,7 @@ def _code_defaults():
         "train": TRAIN,
         "reward": asdict(RewardConfig()),
         "preflight": asdict(PreflightConfig()),
-        "release": release.DEFAULTS,
+        "release": release_settings(None),  # read through the models (runconfig.filled)
         "eval.final_judge.matcher": asdict(Matcher()),
     }
 

@@ -38,6 +38,8 @@ from typing import Any, Protocol
 from llmrnn import prefix_engine
 from llmrnn.errors import InputError, LlmrnnError
 from llmrnn.gpus import cpu_dtype
+from llmrnn.settings import defaults
+from llmrnn.settings.workflow import Role
 
 log = logging.getLogger(__name__)
 
@@ -429,22 +431,30 @@ class OpenAIBackend:
 _POOL: dict[tuple, Any] = {}
 
 
+def role_settings(role_cfg: dict) -> dict:
+    """A role's config over the Role model's defaults (llmrnn.settings; what a workflow run gets from the
+    schema), so a library or CLI caller that names fewer keys gets the same engine. Keys of the engine
+    plan (enable_lora, lora_adapter, ...) pass through."""
+    return {**defaults(Role), **role_cfg}
+
+
 def engine_key(role_cfg: dict, model_path: str | None) -> tuple:
     """What identifies one loaded engine: roles with the same key share it."""
-    backend = role_cfg.get("backend", "transformers")
+    role_cfg = role_settings(role_cfg)
+    backend = role_cfg["backend"]
     if backend == "transformers":
-        return (backend, str(model_path), role_cfg.get("device", "cpu"), role_cfg.get("dtype", "float32"),
-                int(role_cfg.get("batch_size", 16)), bool(role_cfg.get("stop_at_json", True)),
-                int(role_cfg.get("prefill_batch", 4)), role_cfg.get("generation", "prefix_cache"))
+        return (backend, str(model_path), role_cfg["device"], role_cfg["dtype"],
+                int(role_cfg["batch_size"]), bool(role_cfg["stop_at_json"]),
+                int(role_cfg["prefill_batch"]), role_cfg["generation"])
     if backend == "vllm":
-        return (backend, str(model_path), role_cfg.get("dtype", "auto"),
-                float(role_cfg.get("gpu_memory_utilization", 0.85)), role_cfg.get("max_model_len"),
-                int(role_cfg.get("tensor_parallel_size", 1)), bool(role_cfg.get("enforce_eager", False)),
+        return (backend, str(model_path), role_cfg["dtype"],
+                float(role_cfg["gpu_memory_utilization"]), role_cfg.get("max_model_len"),
+                int(role_cfg["tensor_parallel_size"]), bool(role_cfg["enforce_eager"]),
                 bool(role_cfg.get("enable_lora", False)), int(role_cfg.get("max_lora_rank", 16)))
     if backend == "openai":
         return (backend, role_cfg.get("url"), str(model_path or role_cfg.get("model")),
-                role_cfg.get("api_key_env"), int(role_cfg.get("concurrency", 8)),
-                bool(role_cfg.get("allow_external", False)))
+                role_cfg.get("api_key_env"), int(role_cfg["concurrency"]),
+                bool(role_cfg["allow_external"]))
     raise InputError(f"roles: backend {backend!r}: expected one of {', '.join(BACKENDS)}")
 
 
@@ -456,34 +466,35 @@ def make_backend(role_cfg: dict, model_path: str | os.PathLike | None, cache: bo
             raise InputError("roles: lora_adapter is served by the vllm backend only")
         base = {k: v for k, v in role_cfg.items() if k != "lora_adapter"}
         return LoRAView(make_backend({**base, "enable_lora": True}, model_path, cache), role_cfg["lora_adapter"])
+    role_cfg = role_settings(role_cfg)
     key = engine_key(role_cfg, model_path)
     if cache and key in _POOL:
         return _POOL[key]
     backend = key[0]
     t0 = time.time()
     if backend == "transformers":
-        engine = TransformersBackend(model_path, device=role_cfg.get("device", "cpu"),
-                                     dtype=role_cfg.get("dtype", "float32"),
-                                     batch_size=int(role_cfg.get("batch_size", 16)),
-                                     stop_at_json=bool(role_cfg.get("stop_at_json", True)),
-                                     prefill_batch=int(role_cfg.get("prefill_batch", 4)),
-                                     generation=role_cfg.get("generation", "prefix_cache"))
+        engine = TransformersBackend(model_path, device=role_cfg["device"],
+                                     dtype=role_cfg["dtype"],
+                                     batch_size=int(role_cfg["batch_size"]),
+                                     stop_at_json=bool(role_cfg["stop_at_json"]),
+                                     prefill_batch=int(role_cfg["prefill_batch"]),
+                                     generation=role_cfg["generation"])
     elif backend == "vllm":
-        engine = VLLMBackend(model_path, dtype=role_cfg.get("dtype", "auto"),
-                             gpu_memory_utilization=float(role_cfg.get("gpu_memory_utilization", 0.85)),
+        engine = VLLMBackend(model_path, dtype=role_cfg["dtype"],
+                             gpu_memory_utilization=float(role_cfg["gpu_memory_utilization"]),
                              max_model_len=role_cfg.get("max_model_len"),
-                             tensor_parallel_size=int(role_cfg.get("tensor_parallel_size", 1)),
-                             enforce_eager=bool(role_cfg.get("enforce_eager", False)),
+                             tensor_parallel_size=int(role_cfg["tensor_parallel_size"]),
+                             enforce_eager=bool(role_cfg["enforce_eager"]),
                              enable_lora=bool(role_cfg.get("enable_lora", False)),
                              max_lora_rank=int(role_cfg.get("max_lora_rank", 16)))
     else:
         engine = OpenAIBackend(url=role_cfg.get("url"), model=model_path or role_cfg.get("model"),
                                api_key_env=role_cfg.get("api_key_env"),
-                               allow_external=bool(role_cfg.get("allow_external", False)),
+                               allow_external=bool(role_cfg["allow_external"]),
                                opt_in=role_cfg.get("opt_in_key", "roles.<role>.allow_external"),
-                               concurrency=int(role_cfg.get("concurrency", 8)),
-                               timeout_s=float(role_cfg.get("timeout_s", 120)),
-                               max_retries=int(role_cfg.get("max_retries", 4)))
+                               concurrency=int(role_cfg["concurrency"]),
+                               timeout_s=float(role_cfg["timeout_s"]),
+                               max_retries=int(role_cfg["max_retries"]))
     log.info("%s engine for %s ready in %.1f s", backend, model_path, time.time() - t0)
     if cache:
         _POOL[key] = engine
@@ -570,9 +581,9 @@ def plan_engines(roles_cfg: dict, model_paths: dict | None = None, memory_adapte
     for members in groups.values():
         first = roles_cfg[members[0]]
         engines.append({"model": model_of(members[0]), "roles": members,
-                        "gpu_memory_utilization": max(float(roles_cfg[m].get("gpu_memory_utilization", 0.85))
+                        "gpu_memory_utilization": max(float(role_settings(roles_cfg[m])["gpu_memory_utilization"])
                                                       for m in members),
-                        "tensor_parallel_size": int(first.get("tensor_parallel_size", 1)),
+                        "tensor_parallel_size": int(role_settings(first)["tensor_parallel_size"]),
                         "lora": roles_cfg["memory"].get("lora_adapter") if "memory" in members else None})
     total = sum(e["gpu_memory_utilization"] for e in engines)
     if total > 1:

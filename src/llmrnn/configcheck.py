@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from llmrnn.constants import URL_USERINFO
+from llmrnn.settings import Config, section_defaults
 
 
 def _walk(tree: Any, path: str = ""):
@@ -104,7 +105,7 @@ def cohort_is_synthetic(cohort: Any) -> bool:
     PhysioNet files rule synth_mimic_iv writes from cohort.synthetic (source: mimic_iv on its folders),
     which build back into the same patients."""
     cohort = cohort if isinstance(cohort, dict) else {}
-    source = cohort.get("source", "synthetic")
+    source = cohort.get("source", section_defaults("cohort")["source"])
     if source == "synthetic":
         return True
     mimic = cohort.get("mimic_iv") if isinstance(cohort.get("mimic_iv"), dict) else {}
@@ -138,13 +139,13 @@ def shard_problems(config: dict, test_patients: int | None = None) -> list[str]:
         cap = _int(ev.get("max_patients"))
         real = min(test_patients, cap) if cap is not None else test_patients
         bound = min(bound, (real, "test patients")) if bound else (real, "test patients")
-    if config.get("recipe", "memory_head") == "memory_head" and shards is not None and bound and shards > max(bound[0], 1):
+    if config.get("recipe", Config.model_fields["recipe"].default) == "memory_head" and shards is not None and bound and shards > max(bound[0], 1):
         out.append(f"eval.shards: {shards} shards for at most {bound[0]} test patients ({bound[1]}); "
                    f"set eval.shards <= {max(bound[0], 1)}")
     traj = config.get("trajectories") if isinstance(config.get("trajectories"), dict) else {}
     split = config.get("split") if isinstance(config.get("split"), dict) else {}
     tshards, sizes = _int(traj.get("shards")), [_int(split.get(k)) for k in ("val_size", "train_size")]
-    if config.get("recipe", "memory_head") == "memory_head" and tshards is not None and None not in sizes \
+    if config.get("recipe", Config.model_fields["recipe"].default) == "memory_head" and tshards is not None and None not in sizes \
             and tshards > max(sizes):
         out.append(f"trajectories.shards: {tshards} shards per split for splits of {sizes[0]} (val) and "
                    f"{sizes[1]} (train) patients; set trajectories.shards <= {max(sizes)}")

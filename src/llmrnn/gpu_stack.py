@@ -24,6 +24,8 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from llmrnn.runconfig import filled
+
 log = logging.getLogger(__name__)
 
 VERL_RANGE = SpecifierSet(">=0.7.1,<0.8")
@@ -94,11 +96,11 @@ def layout_problems(config: dict, env_nodes: str | None = None) -> list[str]:
     nodes cannot reach (loopback while reward workers run on every node)."""
     from llmrnn.train.ray_cluster import is_loopback
 
-    train = config.get("train") or {}
-    nodes = max(int(train.get("nnodes", 1)), int(env_nodes or 1))
+    train = filled("train", config.get("train"))
+    nodes = max(int(train["nnodes"]), int(env_nodes or 1))
     if nodes <= 1:
         return []
-    if train.get("engine", "verl") != "verl":
+    if train["engine"] != "verl":
         return [(f"train: {nodes} nodes requested (train.nnodes / LLMRNN_TRAIN_NODES) but train.engine "
                  f"{train.get('engine')} trains in one process on one node: use train.engine verl or train.nnodes: 1")]
     try:

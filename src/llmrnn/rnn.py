@@ -139,6 +139,7 @@ def make_roles(roles_cfg: dict, model_paths: dict[str, str] | None = None, cache
     """
     from llmrnn.backends import make_backend, plan_engines
     from llmrnn.models import resolve_model
+    from llmrnn.runconfig import filled
 
     # vLLM engines fit one GPU's memory together: the memory adapter as a LoRA on the base engine, or the
     # memory share split among the engines (llmrnn.backends.plan_engines; `llmrnn check` runs the same plan)
@@ -150,7 +151,7 @@ def make_roles(roles_cfg: dict, model_paths: dict[str, str] | None = None, cache
     for name in ROLES:
         if name not in roles_cfg:
             raise InputError(f"roles.{name}: missing (need {', '.join(ROLES)})")
-        cfg = roles_cfg[name]
+        cfg = filled(f"roles.{name}", roles_cfg[name])  # the role's own defaults (memory: max_tokens 128)
         if name in model_paths:
             path = str(model_paths[name])
         elif cfg.get("backend") == "openai":
@@ -160,9 +161,9 @@ def make_roles(roles_cfg: dict, model_paths: dict[str, str] | None = None, cache
         roles[name] = Role(
             name=name,
             backend=make_backend(cfg, path, cache=cache),
-            temperature=float(cfg.get("temperature", 0.7)),
-            top_p=float(cfg.get("top_p", 0.95)),
-            max_tokens=int(cfg.get("max_tokens", 256)),
+            temperature=float(cfg["temperature"]),
+            top_p=float(cfg["top_p"]),
+            max_tokens=int(cfg["max_tokens"]),
             context=int(cfg["max_model_len"]) if cfg.get("max_model_len") else None,
         )
     return roles

@@ -37,6 +37,7 @@ from typing import Any
 from llmrnn.errors import InputError
 
 ENGINES = ("llmrnn", "vllm")
+JUDGE_SOURCE = "local"  # a rubric's judge.source when it names none: resources/models/<model>
 APIS = ("chat", "completions")
 SCORE_METHODS = ("text", "expected")
 SHORT_ANSWER_CHARS = 20
@@ -169,7 +170,7 @@ def load_rubric(path: str | Path) -> Rubric:
     unknown = set(judge) - {"model", "source", "served_model_name"}
     if unknown:
         raise InputError(f"{p}: judge: unknown key(s) {sorted(unknown)}")
-    source = judge.get("source", "local")
+    source = judge.get("source", JUDGE_SOURCE)
     if source not in ("local", "hub", "path"):
         raise InputError(f"{p}: judge.source: {source!r} is not one of local, hub, path")
     serving = _section(raw, "serving", Serving, p)

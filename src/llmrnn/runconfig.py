@@ -106,6 +106,28 @@ def with_defaults(config: dict, schema_path: str | os.PathLike | None = None) ->
     return copy.deepcopy(filled)  # defaults are the schema's own objects: never share them
 
 
+def fill_defaults(instance: Any, schema: dict) -> None:
+    """The schema's `default:` values into a config in place, without validating it (what
+    snakemake.utils.validate(set_default=True) fills; `llmrnn check` fills them after it has listed every
+    schema problem and dropped the bad values)."""
+    if not isinstance(instance, dict) or schema.get("type") not in (None, "object"):
+        return
+    for key, sub in (schema.get("properties") or {}).items():
+        if key not in instance and "default" in sub:
+            instance[key] = copy.deepcopy(sub["default"])
+        if key in instance:
+            fill_defaults(instance[key], sub)
+
+
+def filled(section: str, given: Mapping | None) -> dict:
+    """A config section as a library or CLI caller passed it (partial, or None) over the models' defaults
+    (llmrnn.settings, the defaults a workflow run gets from the schema): `filled("eval.stats", cfg)["seed"]`.
+    Keys the models do not know (an engine's own, such as enable_lora) pass through."""
+    from llmrnn.settings import section_defaults
+
+    return deep_merge(section_defaults(section), dict(given or {}))
+
+
 def leaves(tree: Any, path: tuple = ()) -> Iterator[tuple[tuple, Any]]:
     """(path, value) of every leaf: a value that is not a mapping, or an empty mapping."""
     if isinstance(tree, Mapping) and tree:

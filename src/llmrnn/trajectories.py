@@ -27,6 +27,7 @@ from typing import Any
 from llmrnn import io
 from llmrnn.constants import DATA_SOURCE
 from llmrnn.errors import InputError
+from llmrnn.runconfig import filled
 from llmrnn.stats import percentile
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ def run_shard(split: str, split_file: str | Path, shard: int, cfg: dict, prompts
         log.info("%s shard %d/%d: %d patients, %d visits", split, shard + 1, shards, len(mine),
                  sum(len(p["visits"]) for p in mine))
         results = run_forward(
-            mine, roles, prompts, memory="rnn", seed=int(tcfg.get("seed", 0)),
+            mine, roles, prompts, memory="rnn", seed=int(filled("trajectories", tcfg)["seed"]),
             last_visit=lambda p: len(p["visits"]) - 2, stats=stats, label=f"{split} shard {shard}",
         )
         rows = trajectory_rows(split, mine, results)

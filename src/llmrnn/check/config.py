@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 from llmrnn.io import deep_merge, read_yaml
-
-
-def _fill_defaults(instance, schema: dict) -> None:
-    """Schema `default:` values into the config (what snakemake.utils.validate(set_default=True) does)."""
-    if not isinstance(instance, dict) or schema.get("type") not in (None, "object"):
-        return
-    for key, sub in (schema.get("properties") or {}).items():
-        if key not in instance and "default" in sub:
-            instance[key] = copy.deepcopy(sub["default"])
-        if key in instance:
-            _fill_defaults(instance[key], sub)
 
 
 def load_config(paths: list[Path], schema_path: Path | None = None) -> tuple[dict, list[str]]:
@@ -27,7 +15,7 @@ def load_config(paths: list[Path], schema_path: Path | None = None) -> tuple[dic
     config: dict = {}
     layers: list[tuple[str, dict]] = []
     from llmrnn.errors import InputError
-    from llmrnn.runconfig import find_schema, layer_problems, read_layer
+    from llmrnn.runconfig import fill_defaults, find_schema, layer_problems, read_layer
 
     for path in paths:
         try:  # the one YAML policy (llmrnn.io.read_yaml): bombs, fifos, duplicate keys, non-UTF-8 refused
@@ -63,7 +51,7 @@ def load_config(paths: list[Path], schema_path: Path | None = None) -> tuple[dic
     problems += [f"config: {where}: {problem}" for where, problem, _ in findings]
     for path in invalid:  # the other checks see the schema default, not a value of the wrong type
         _drop(config, path)
-    _fill_defaults(config, schema)
+    fill_defaults(config, schema)  # the one home of filling schema defaults (runconfig)
     if not invalid:
         problems += [f"config: {p}" for p in shard_problems(config)]
     return config, problems

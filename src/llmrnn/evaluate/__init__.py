@@ -39,6 +39,7 @@ from llmrnn.evaluate.recall import (
 )
 from llmrnn.evaluate.shard import run_shard
 from llmrnn.evaluate.specificity import memory_words, other_patients, specificity_by_patient
+from llmrnn.runconfig import filled
 from llmrnn.trajectories import shard_of
 
 log = logging.getLogger(__name__)
@@ -68,17 +69,17 @@ def _cmd_shard(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(max(1, int(args.threads or os.environ.get("OMP_NUM_THREADS", "1"))))
     cfg = args.cfg
-    ev = cfg.get("eval", {})
+    ev = filled("eval", cfg.get("eval"))  # the models' defaults under what --cfg names
     if "roles" not in cfg:
         raise InputError("evaluate shard: --cfg has no 'roles' section")
-    patients = select_patients(load_cohort(args.test), ev.get("max_patients"), int(ev.get("patient_seed", 0)))
+    patients = select_patients(load_cohort(args.test), ev.get("max_patients"), int(ev["patient_seed"]))
     if ev.get("max_visits"):  # each patient's first N visits (the demo's budget); the patient sample is unchanged
         patients = [{**p, "visits": p["visits"][: int(ev["max_visits"])]} for p in patients]
     part = shard_of(patients, args.shard, args.shards)  # the trajectories' policy: balanced by visits
     label = f"eval {args.variant} shard {args.shard + 1}/{args.shards}"
     log.info("%s: %d of %d selected test patients", label, len(part), len(patients))
     results, stats = run_shard(
-        part, args.variant, cfg["roles"], args.prompts, int(ev.get("seed", 0)),
+        part, args.variant, cfg["roles"], args.prompts, int(ev["seed"]),
         memory_model=args.memory_model, label=label, memory_adapter=args.memory_adapter,
     ) if part else ([], {})
     io.write_jsonl(args.out, results)
@@ -86,10 +87,10 @@ def _cmd_shard(args: argparse.Namespace) -> None:
 
 
 def _cmd_grade(args: argparse.Namespace) -> None:
-    cfg = args.cfg
+    cfg = filled("eval", args.cfg)
     records = io.read_jsonl(args.shard)
-    judge = FinalJudge(cfg.get("final_judge", {}))
-    grade_records(records, judge, visits=cfg.get("grade_visits", "all"))
+    judge = FinalJudge(cfg["final_judge"])
+    grade_records(records, judge, visits=cfg["grade_visits"])
     io.write_jsonl(args.out, records)
     log.info("graded %d patients of %s with the %s final judge", len(records), args.shard, judge.mode)
 

@@ -11,6 +11,7 @@ from llmrnn.errors import InputError
 from llmrnn.evaluate.grading import FinalJudge
 from llmrnn.evaluate.recall import REFERENCE, ROLES, memory_recall_metrics, recall_by_patient
 from llmrnn.evaluate.specificity import compare_specificity, specificity_metrics
+from llmrnn.runconfig import filled
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -96,7 +97,8 @@ def compare_memory_recall(reference: list[dict], other: list[dict], boot: dict) 
     if not pids:
         return None
     a, b = [ref[p] for p in pids], [oth[p] for p in pids]
-    bs = paired_bootstrap(a, b, samples=int(boot.get("samples", 10_000)), seed=int(boot.get("seed", 0)))
+    boot = filled("eval.stats.bootstrap", boot)
+    bs = paired_bootstrap(a, b, samples=int(boot["samples"]), seed=int(boot["seed"]))
     return {
         "a": statistics.fmean(a),
         "b": statistics.fmean(b),
@@ -119,11 +121,12 @@ def compare(reference: list[dict], other: list[dict], name: str, boot: dict, exa
         missing = sorted(set(ref) ^ set(oth))[:5]
         raise InputError(f"eval: {name} and {REFERENCE} graded different patients (e.g. {missing}); pairs must match")
     pids = sorted(ref)
+    boot = filled("eval.stats.bootstrap", boot)
     result: dict[str, Any] = {"a": REFERENCE, "b": name, "n_pairs": len(pids), "difference": "b - a"}
     for key, metric in (("primary_correct", "acc_at_1"), ("any_top5_correct", "acc_at_5")):
         a = [bool(ref[p][key]) for p in pids]
         b = [bool(oth[p][key]) for p in pids]
-        bs = paired_bootstrap(a, b, samples=int(boot.get("samples", 10_000)), seed=int(boot.get("seed", 0)))
+        bs = paired_bootstrap(a, b, samples=int(boot["samples"]), seed=int(boot["seed"]))
         result[metric] = {
             "a": sum(a) / len(a) if a else None,
             "b": sum(b) / len(b) if b else None,
@@ -145,15 +148,15 @@ def gather(graded: dict[str, list[Path]], cfg: dict) -> tuple[dict, dict]:
         _check_patients(variant, records)
         per_variant[variant] = records
     judge = FinalJudge(cfg.get("final_judge", {}))
-    stats_cfg = cfg.get("stats", {})
-    specificity = stats_cfg.get("specificity")
+    stats_cfg = filled("eval.stats", cfg.get("stats"))
+    specificity = stats_cfg["specificity"]
     metrics = {
         "final_judge": judge.describe(),
         "scored_visit": "last visit of each patient (Acc@1, Acc@5); by_visit_index grades every graded visit",
         "variants": {v: variant_metrics(r, specificity) for v, r in per_variant.items()},
     }
-    boot = stats_cfg.get("bootstrap", {})
-    exact_below = int(stats_cfg.get("mcnemar_exact_below", 25))
+    boot = stats_cfg["bootstrap"]
+    exact_below = int(stats_cfg["mcnemar_exact_below"])
     if REFERENCE not in per_variant:
         raise InputError(f"eval gather: no {REFERENCE} variant among {sorted(per_variant)}")
     comparison = {

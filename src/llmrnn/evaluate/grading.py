@@ -7,6 +7,7 @@ import logging
 
 from llmrnn import jsonparse
 from llmrnn.errors import InputError
+from llmrnn.runconfig import filled
 
 log = logging.getLogger(__name__)
 
@@ -32,28 +33,29 @@ class FinalJudge:
     """Grades (parsed prediction, ground-truth list) pairs -> {primary_correct, any_top5_correct, judge_ok}."""
 
     def __init__(self, cfg: dict):
-        self.mode = cfg.get("mode", "matcher")
+        cfg = filled("eval.final_judge", cfg)  # a library caller's partial section over the models' defaults
+        self.mode = cfg["mode"]
         if self.mode == "matcher":
             from llmrnn.matching import Matcher
 
-            m = cfg.get("matcher", {})
+            m = cfg["matcher"]
             self.matcher = Matcher(
-                threshold=float(m.get("threshold", 0.5)),
-                primary_target=m.get("primary_target", "first"),
-                synonyms=m.get("synonyms", []),
+                threshold=float(m["threshold"]),
+                primary_target=m["primary_target"],
+                synonyms=m["synonyms"],
             )
         elif self.mode == "llm":
-            self.llm_cfg = dict(cfg.get("llm", {}))
+            self.llm_cfg = dict(cfg["llm"])
             # test-patient text goes to this endpoint: a host outside the site only with the explicit opt-in
             from llmrnn.backends import external_problem
 
-            problem = external_problem(self.llm_cfg.get("url"), bool(cfg.get("allow_external", False)),
+            problem = external_problem(self.llm_cfg.get("url"), bool(cfg["allow_external"]),
                                        "eval.final_judge.llm.url", "eval.final_judge.allow_external")
             if problem:
                 raise InputError(problem)
-            self.llm_cfg.update(allow_external=bool(cfg.get("allow_external", False)),
+            self.llm_cfg.update(allow_external=bool(cfg["allow_external"]),
                                 opt_in_key="eval.final_judge.allow_external")
-            self.primary_target = cfg.get("matcher", {}).get("primary_target", "first")
+            self.primary_target = cfg["matcher"]["primary_target"]
             self._backend = None
         else:
             raise InputError(f"eval.final_judge.mode: expected 'matcher' or 'llm', got {self.mode!r}")
@@ -110,14 +112,14 @@ class FinalJudge:
                 out[i] = {"primary_correct": False, "any_top5_correct": False, "judge_ok": True}
             else:
                 asks.append(i)
-        batch = int(self.llm_cfg.get("batch_size", 64))
+        batch = int(self.llm_cfg["batch_size"])
         for start in range(0, len(asks), batch):
             idx = asks[start : start + batch]
             texts = self._backend.generate(
                 [self._messages(*items[i]) for i in idx],
-                temperature=float(self.llm_cfg.get("temperature", 0.0)),
-                top_p=float(self.llm_cfg.get("top_p", 1.0)),
-                max_tokens=int(self.llm_cfg.get("max_tokens", 128)),
+                temperature=float(self.llm_cfg["temperature"]),
+                top_p=float(self.llm_cfg["top_p"]),
+                max_tokens=int(self.llm_cfg["max_tokens"]),
             )
             for i, text in zip(idx, texts):
                 out[i] = parse_judge_verdict(text)

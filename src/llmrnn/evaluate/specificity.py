@@ -8,9 +8,10 @@ import statistics
 from typing import Any
 
 from llmrnn.evaluate.recall import memory_shown
+from llmrnn.runconfig import filled
 
 # ----------------------------------------------------------------------------- patient specificity
-SPECIFICITY_DEFAULTS = {"others": 20, "seed": 0}
+# eval.stats.specificity's defaults are the models' (runconfig.filled), read where a section is used
 
 
 def _transitions(record: dict) -> dict[int, tuple[str, list[str]]]:
@@ -40,7 +41,7 @@ def specificity_by_patient(records: list[dict], cfg: dict | None = None) -> dict
     remembers THIS patient widens the gap."""
     from llmrnn.reward import outcome_share
 
-    cfg = {**SPECIFICITY_DEFAULTS, **(cfg or {})}
+    cfg = filled("eval.stats.specificity", cfg)
     visits = {str(r["patient_id"]): _transitions(r) for r in records}
     pids = sorted(visits)
     out = {}
@@ -63,7 +64,7 @@ def specificity_metrics(records: list[dict], cfg: dict | None = None) -> dict | 
     per = specificity_by_patient(records, cfg)
     if not per:
         return None
-    cfg = {**SPECIFICITY_DEFAULTS, **(cfg or {})}
+    cfg = filled("eval.stats.specificity", cfg)
     return {
         "own_recall": statistics.fmean(p["own"] for p in per.values()),
         "other_recall": statistics.fmean(p["other"] for p in per.values()),
@@ -88,7 +89,8 @@ def compare_specificity(reference: list[dict], other: list[dict], boot: dict, cf
     if not pids:
         return None
     a, b = [ref[p]["gap"] for p in pids], [oth[p]["gap"] for p in pids]
-    bs = paired_bootstrap(a, b, samples=int(boot.get("samples", 10_000)), seed=int(boot.get("seed", 0)))
+    boot = filled("eval.stats.bootstrap", boot)
+    bs = paired_bootstrap(a, b, samples=int(boot["samples"]), seed=int(boot["seed"]))
     return {
         "metric": "specificity gap (own-patient minus other-patient memory recall)",
         "a": statistics.fmean(a),

@@ -33,6 +33,7 @@ from typing import Any
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError, LlmrnnError
 from llmrnn.retry import RequestRejected, RetriesExhausted, RetryPolicy
+from llmrnn.rubric import Serving
 
 log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
@@ -93,7 +94,7 @@ class Endpoint:
             return cls(
                 url=data["url"], model=data["model"], api_key_file=data.get("api_key_file"),
                 rubric=data["rubric"], pid=data.get("pid"), host=data.get("host"),
-                engine=data.get("engine", "llmrnn"), status=data.get("status", "ready"),
+                engine=data.get("engine", Serving.engine), status=data.get("status", "ready"),
                 error=data.get("error"), launcher_pid=data.get("launcher_pid"),
             )
         except KeyError as exc:

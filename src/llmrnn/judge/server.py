@@ -23,6 +23,9 @@ from pathlib import Path
 
 from llmrnn.errors import InputError
 
+# an OpenAI request without temperature / top_p samples at 1.0 (the API's own defaults; not llmrnn config)
+OPENAI_TEMPERATURE = OPENAI_TOP_P = 1.0
+
 log = logging.getLogger(__name__)
 
 
@@ -105,8 +108,8 @@ def sampling(body: dict, served_model_name: str) -> dict | str:
     stop = body.get("stop") or []
     return {
         "max_tokens": int(body.get("max_completion_tokens") or body.get("max_tokens") or 16),
-        "temperature": float(body.get("temperature", 1.0) or 0.0),
-        "top_p": float(body.get("top_p", 1.0) or 1.0), "seed": body.get("seed"),
+        "temperature": float(body.get("temperature", OPENAI_TEMPERATURE) or 0.0),
+        "top_p": float(body.get("top_p", OPENAI_TOP_P) or 1.0), "seed": body.get("seed"),
         "logprobs": logprobs, "stop": [stop] if isinstance(stop, str) else list(stop),
         "include_stop": bool(body.get("include_stop_str_in_output")),
         "n": int(body.get("n") or 1),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from llmrnn.errors import InputError
 from llmrnn.models import READY
 from llmrnn.plan.common import PlanBase, _json, is_model_name
+from llmrnn.settings.workflow import Role
 
 
 class ModelsPlan(PlanBase):
@@ -36,7 +37,7 @@ class ModelsPlan(PlanBase):
 
     def _local_roles(self, roles) -> list[dict]:
         """The roles' sections that load a model here (an openai role calls a server instead)."""
-        return [r for r in roles if r.get("backend", "transformers") != "openai"]
+        return [r for r in roles if r.get("backend", Role.model_fields["backend"].default) != "openai"]
 
     def role_model_markers(self) -> list[str]:
         """.ready markers of the local models the forward-pass roles load (openai roles load none)."""

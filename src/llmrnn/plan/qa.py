@@ -6,6 +6,7 @@ from pathlib import Path
 
 from llmrnn.errors import InputError
 from llmrnn.plan.common import PlanBase, _json, _knobs, model_dir_of
+from llmrnn.runconfig import filled
 
 QA_VARIANT_PATTERN = "base|sft|grpo"
 
@@ -103,7 +104,7 @@ class QaPlan(PlanBase):
     def qa_eval_judged(self) -> bool:
         """Whether the answers are judge-graded too (a second metric beside exact match): qa.eval.judge
         auto = where the QA reward asks the judge (free-text answers, e.g. qa_reproduce.yaml), or true/false."""
-        judge = self.config["qa"]["eval"].get("judge", "auto")
+        judge = filled("qa.eval", self.config["qa"]["eval"])["judge"]
         return self.judge_planned() if judge == "auto" else bool(judge)
 
     def qa_judged_files(self) -> list[str]:

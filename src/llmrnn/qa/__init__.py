@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 
+from llmrnn.runconfig import filled
+
 log = logging.getLogger(__name__)
 
 
@@ -37,8 +39,8 @@ def cmd_synth(args) -> int:
     from llmrnn.qa.data import write_hashed
     from llmrnn.qa.synth import questions_from_cohort
 
-    cfg = _cfg(args, "synthetic")
-    ind, ood = questions_from_cohort(load_cohort(args.cohort), int(cfg.get("seed", 0)), cfg.get("max_questions"))
+    cfg = filled("qa.synthetic", _cfg(args, "synthetic"))
+    ind, ood = questions_from_cohort(load_cohort(args.cohort), int(cfg["seed"]), cfg["max_questions"])
     write_hashed(args.ood, ood)
     write_hashed(args.out, ind)
     log.info("qa synth: %d questions, %d OOD", len(ind), len(ood))

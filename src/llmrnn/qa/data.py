@@ -29,6 +29,7 @@ from typing import Any
 from llmrnn import io
 from llmrnn.errors import InputError
 from llmrnn.qa.rewards import DATA_SOURCE, normalize_answer, normalize_text
+from llmrnn.runconfig import filled
 from llmrnn.settings import section_defaults
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ SYSTEM_PROMPT = (
 # ----------------------------------------------------------------------------- reading
 def read_source(source: str, dataset: dict | None = None) -> tuple[list[Any], str]:
     """Raw records and a label: a .json list, a .jsonl file, or `hf:<name or path>` through `datasets`."""
-    dataset = dataset or {}
+    dataset = filled("qa.dataset", dataset)
     if source.startswith("hf:"):
         name = source[3:]
         try:
@@ -52,9 +53,9 @@ def read_source(source: str, dataset: dict | None = None) -> tuple[list[Any], st
 
             if Path(name).is_dir() and (Path(name) / "dataset_info.json").exists():
                 ds = load_from_disk(name)
-                ds = ds[dataset.get("split", "train")] if hasattr(ds, "keys") else ds
+                ds = ds[dataset["split"]] if hasattr(ds, "keys") else ds
             else:
-                ds = load_dataset(name, dataset.get("config"), split=dataset.get("split", "train"))
+                ds = load_dataset(name, dataset["config"], split=dataset["split"])
         except Exception as exc:
             raise InputError(f"{source}: cannot load the dataset: {str(exc).splitlines()[0]}") from exc
         return list(ds), source
@@ -346,9 +347,8 @@ def prepare(cfg: dict, outputs: dict[str, str], source: str, ood: str | None = N
     records, counts = filter_records(raw, cfg.get("filter"))
     if not records:
         raise InputError(f"{source}: no QA record is left after filtering ({counts}); see qa.filter")
-    split_cfg = cfg.get("split") or {}
-    splits = split_records(records, int(split_cfg.get("val_size", 2)), int(split_cfg.get("test_size", 2)),
-                           int(split_cfg.get("seed", 42)))
+    split_cfg = filled("qa.split", cfg.get("split"))
+    splits = split_records(records, int(split_cfg["val_size"]), int(split_cfg["test_size"]), int(split_cfg["seed"]))
     ood_records: list[dict] = []
     ood_counts = None
     if ood:
@@ -369,7 +369,7 @@ def prepare(cfg: dict, outputs: dict[str, str], source: str, ood: str | None = N
         "filter": counts,
         "sizes": {name: len(part) for name, part in splits.items()} | {"ood": len(ood_records)},
         "groups": {name: len({r["group"] for r in part}) for name, part in splits.items()},
-        "seed": int(split_cfg.get("seed", 42)),
+        "seed": int(split_cfg["seed"]),
         "sha256": hashes,
         "overlap": 0,
         "ood_filter": ood_counts,

@@ -21,10 +21,9 @@ import json
 
 from llmrnn import phi_guard
 from llmrnn.release.bundle import build_release
-from llmrnn.release.manifest import DEFAULTS, metrics_summary, rubric_info
+from llmrnn.release.manifest import metrics_summary, rubric_info
 
 __all__ = [
-    "DEFAULTS",
     "build_release",
     "metrics_summary",
     "rubric_info",

@@ -11,6 +11,9 @@ from llmrnn import io
 from llmrnn.configcheck import cohort_is_synthetic
 from llmrnn.errors import InputError
 from llmrnn.release.manifest import outcome_reward
+from llmrnn.runconfig import filled
+
+UNKNOWN = "?"  # a count the run's splits.json does not give
 
 
 def _fmt(value: Any) -> str:
@@ -121,9 +124,9 @@ def qa_workflow_steps(knobs: dict) -> list[tuple[str, str]]:
     """The QA steps this config ran: qa_synth, the SFT warm start and the judge only where configured."""
     from llmrnn.reward import asks_judge  # the one place that decides whether a reward asks the judge
 
-    qa = knobs.get("qa") or {}
-    skipped = {"qa_synth": qa.get("source", "synthetic") != "synthetic",
-               "qa_sft / qa_merge_sft": not (qa.get("sft") or {}).get("enabled", True),
+    qa = filled("qa", knobs.get("qa"))
+    skipped = {"qa_synth": qa["source"] != "synthetic",
+               "qa_sft / qa_merge_sft": not qa["sft"]["enabled"],
                "judge_server": not asks_judge(knobs)}
     return [(rule, text) for rule, text in QA_STEPS if not skipped.get(rule)]
 
@@ -133,8 +136,8 @@ def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
     knobs = manifest["knobs"]
     qa = knobs.get("recipe") == "qa"
     # the data the model learned from: the QA source for recipe qa (its questions may come from elsewhere)
-    source = (knobs.get("qa") or {}) if qa else knobs.get("cohort", {})
-    synthetic = source.get("source", "synthetic") == "synthetic" if qa else cohort_is_synthetic(source)
+    source = filled("qa", knobs.get("qa")) if qa else knobs.get("cohort", {})
+    synthetic = source["source"] == "synthetic" if qa else cohort_is_synthetic(source)
     parts: list[str] = []
     if qa:
         _card_intro_qa(parts, rel, repo_id, knobs.get("qa", {}))
@@ -174,9 +177,10 @@ def _card_intro(parts: list[str], rel: dict, repo_id: str, synthetic: bool) -> N
 
 def _card_intro_qa(parts: list[str], rel: dict, repo_id: str, qa: dict) -> None:
     """recipe: qa: a question-answering model (SFT warm start + GRPO on verifiable rewards)."""
+    qa = filled("qa", qa)
     parts.append(f"---\n{_metadata(rel)}\n---\n")
     parts.append(f"# {repo_id.split('/')[-1]}\n")
-    sft = "a LoRA SFT warm start, then " if (qa.get("sft") or {}).get("enabled", True) else ""
+    sft = "a LoRA SFT warm start, then " if qa["sft"]["enabled"] else ""
     weights = ", ".join(f"{k} {v}" for k, v in ((qa.get("reward") or {}).get("weights") or {}).items() if v)
     parts.append(
         "A medical question-answering model trained by the llmrnn `qa` recipe: "
@@ -184,7 +188,7 @@ def _card_intro_qa(parts: list[str], rel: dict, repo_id: str, qa: dict) -> None:
         "`<reasoning>...</reasoning><answer>...</answer>`. The adapters are folded into the weights: load it "
         "as a plain transformers causal LM.\n"
     )
-    if qa.get("source", "synthetic") == "synthetic":
+    if qa["source"] == "synthetic":
         parts.append(
             "> **Demo build.** Trained on multiple-choice questions made from the SYNTHETIC cohort of llmrnn; "
             "it shows that the pipeline works end to end and says nothing about medical quality.\n"
@@ -351,7 +355,7 @@ def _card_data(parts: list[str], manifest: dict, synthetic: bool) -> None:
     sizes = splits.get("sizes") or {}
     sha = splits.get("sha256") or {}
     if knobs.get("recipe") == "qa":  # splits.json of the QA data stage: sizes count questions
-        qa_source = str((knobs.get("qa") or {}).get("source", "synthetic"))
+        qa_source = str(filled("qa", knobs.get("qa"))["source"])
         source = ("questions made from the synthetic cohort (`llmrnn qa synth`)" if qa_source == "synthetic"
                   else f"`{Path(qa_source.removeprefix('hf:')).name}`")
         field, names, unit = "QA data", ("train", "val", "test", "ood"), "questions"
@@ -483,7 +487,7 @@ def _card_limits(parts: list[str], manifest: dict, synthetic: bool) -> None:
 def _limits_memory(knobs: dict, sizes: dict) -> list[str]:
     return [
         (
-            f"Trained on {sizes.get('train', '?')} patients; how it behaves on other cohorts, hospitals or "
+            f"Trained on {sizes.get('train', UNKNOWN)} patients; how it behaves on other cohorts, hospitals or "
             "note styles is unknown."
         ),
         (
@@ -516,7 +520,7 @@ def _limits_qa(knobs: dict, sizes: dict) -> list[str]:
     weights = qa_weights(knobs)
     terms = ", plus ".join(text for name, text in QA_LIMIT_TERMS.items() if weights.get(name))
     return [
-        (f"Trained on {sizes.get('train', '?')} questions; how it answers questions from other sources, "
+        (f"Trained on {sizes.get('train', UNKNOWN)} questions; how it answers questions from other sources, "
          "specialties or formats is unknown."),
         f"The reward is {terms}; nothing in it checks that the reasoning is right.",
         *([QA_JUDGE_LIMIT] if weights["judge"] else []),

@@ -14,33 +14,19 @@ from typing import Any
 
 from llmrnn import io
 from llmrnn.errors import InputError
+from llmrnn.rubric import JUDGE_SOURCE
+from llmrnn.runconfig import filled
 
 PACKAGES = ("llmrnn", "torch", "transformers", "tokenizers", "peft", "trl", "accelerate", "safetensors",
             "huggingface_hub", "datasets", "snakemake", "verl", "vllm")
-DEFAULT_TAGS = ["llmrnn", "llm-as-rnn", "grpo", "lora", "merged", "clinical-summarization", "memory-update"]
-DEFAULTS: dict[str, Any] = {
-    "upload": False,
-    "repo_id": None,
-    "private": True,
-    "license": "apache-2.0",
-    "base_model": None,
-    "tags": list(DEFAULT_TAGS),
-    "commit_message": None,
-    "endpoint": None,
-    "token_env": "HF_TOKEN",
-    "hash_files": True,
-    "phi_guard": {"min_words": 8, "min_id_digits": 5, "min_line_words": 3},
-}
+# the release section's defaults are the models' (llmrnn.settings.Release); a null value means "the default"
+# except for the keys whose null has a meaning of its own
+NULL_MEANS_SOMETHING = ("repo_id", "base_model", "endpoint", "commit_message")
 
 
 def settings(release: dict | None) -> dict:
-    out = json.loads(json.dumps(DEFAULTS))
-    for key, value in (release or {}).items():
-        if key == "phi_guard" and isinstance(value, dict):
-            out["phi_guard"].update(value)
-        elif value is not None or key in ("repo_id", "base_model", "endpoint", "commit_message"):
-            out[key] = value
-    return out
+    given = {k: v for k, v in (release or {}).items() if v is not None or k in NULL_MEANS_SOMETHING}
+    return filled("release", given)
 
 
 def utc(ts: float | None = None) -> str:
@@ -134,7 +120,7 @@ def rubric_info(path: str | Path | None) -> dict:
         "rubric_sha256": io.sha256_file(p),
         "name": raw.get("name"),
         "model": judge.get("model"),
-        "model_source": judge.get("source", "local"),
+        "model_source": judge.get("source", JUDGE_SOURCE),
         "serving_engine": serving.get("engine"),
         "score_method": request.get("score_method", "text"),
         "scale_max": (raw.get("scale") or {}).get("max", 9),

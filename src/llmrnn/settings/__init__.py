@@ -59,8 +59,10 @@ SECTIONS: dict[str, type[Section]] = {
 
 
 def section_defaults(dotted: str) -> dict:
-    """The defaults of a (nested) section by its dotted key, e.g. "train" or "eval.final_judge.matcher"."""
-    model: type[Section] = Config
-    for key in dotted.split("."):
-        model = model.model_fields[key].annotation
-    return defaults(model)
+    """The defaults of a (nested) section by its dotted key, e.g. "train", "eval.final_judge.matcher" or
+    "roles.memory" (read from the parent's default, so a role's own defaults count: memory max_tokens 128)."""
+    first, *rest = dotted.split(".")
+    value = defaults(Config.model_fields[first].annotation)
+    for key in rest:
+        value = value[key]
+    return value

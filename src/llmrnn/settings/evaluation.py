@@ -21,15 +21,15 @@ class EvalFinalJudgeMatcher(Section):
 class EvalFinalJudgeLlm(Section):
     """`eval.final_judge.llm`"""
 
-    url: str | None = Field(None, description='OpenAI-compatible endpoint and model name')
-    model: str | None = Field(None, description='OpenAI-compatible endpoint and model name')
+    url: str | None = Field(None, description='mode llm: OpenAI-compatible endpoint (base URL) of the judge')
+    model: str | None = Field(None, description='mode llm: the model name served at url')
     api_key_env: str | None = Field(None, pattern=ENV_NAME, description='NAME of the environment variable holding the key (never the key itself)')
-    temperature: float = Field(0.0, ge=0, description='sampling of the judge')
-    top_p: float = Field(1.0, gt=0, le=1, description='sampling of the judge')
-    max_tokens: int = Field(128, ge=1, description='sampling of the judge')
-    batch_size: int = Field(64, ge=1, description='prompts per batched call; requests in flight; per-request timeout (transport errors are retried, then stop the job)')
-    concurrency: int = Field(8, ge=1, description='prompts per batched call; requests in flight; per-request timeout (transport errors are retried, then stop the job)')
-    timeout_s: float = Field(120, gt=0, description='prompts per batched call; requests in flight; per-request timeout (transport errors are retried, then stop the job)')
+    temperature: float = Field(0.0, ge=0, description='sampling temperature of the judge')
+    top_p: float = Field(1.0, gt=0, le=1, description='nucleus sampling of the judge')
+    max_tokens: int = Field(128, ge=1, description='most tokens of one judge answer')
+    batch_size: int = Field(64, ge=1, description='prompts per batched call to the judge')
+    concurrency: int = Field(8, ge=1, description='judge requests in flight')
+    timeout_s: float = Field(120, gt=0, description='per-request timeout (seconds); transport errors are retried, then stop the job')
 
 
 
@@ -47,7 +47,7 @@ class EvalStatsBootstrap(Section):
     """`eval.stats.bootstrap`"""
 
     samples: int = Field(10000, ge=100, description='paired bootstrap of the difference vs `base` (patients resampled with their pair)')
-    seed: int = Field(0, description='patient-specificity control of memory recall: each memory h_{t-1} is also scored against visit t of this many OTHER test patients (a sample seeded by seed and patient id, the same for every variant; null = all others). Per patient, gap = own recall - other-patient recall; `comparison.json` `memory_specificity` tests trained vs base on the gap (paired bootstrap CI, Wilcoxon), `memory_specificity.png` shows it')
+    seed: int = Field(0, description='seed of the bootstrap resampling')
 
 
 
@@ -55,7 +55,7 @@ class EvalStatsSpecificity(Section):
     """`eval.stats.specificity`"""
 
     others: int | None = Field(20, ge=1, description='other patients per patient (a seeded sample); null = all others')
-    seed: int = Field(0, description='patient-specificity control of memory recall: each memory h_{t-1} is also scored against visit t of this many OTHER test patients (a sample seeded by seed and patient id, the same for every variant; null = all others). Per patient, gap = own recall - other-patient recall; `comparison.json` `memory_specificity` tests trained vs base on the gap (paired bootstrap CI, Wilcoxon), `memory_specificity.png` shows it')
+    seed: int = Field(0, description='seed of the other-patient sample (drawn per patient id, the same for every variant)')
 
 
 
@@ -71,10 +71,10 @@ class EvalStats(Section):
 class EvalResources(Section):
     """`eval.resources`"""
 
-    gpu: int = Field(0, ge=0, description='resources of each `eval_shard` job (profiles/slurm sets its own)')
-    mem_mb: int = Field(8000, ge=1, description='resources of each `eval_shard` job (profiles/slurm sets its own)')
-    runtime: int = Field(120, ge=1, description='resources of each `eval_shard` job (profiles/slurm sets its own)')
-    cpus_per_task: int = Field(2, ge=1, description='resources of each `eval_shard` job (profiles/slurm sets its own)')
+    gpu: int = Field(0, ge=0, description='GPUs of each eval_shard job (profiles/slurm maps gpu to the A100 partition)')
+    mem_mb: int = Field(8000, ge=1, description='memory of each eval_shard job (MB)')
+    runtime: int = Field(120, ge=1, description='time limit of each eval_shard job (minutes)')
+    cpus_per_task: int = Field(2, ge=1, description='CPU cores of each eval_shard job')
 
 
 
@@ -130,9 +130,9 @@ class Reward(Section):
     outcome_epsilon: float = Field(0.0, ge=0, description='weight of the next-visit anticipation term (0 = reference reward)')
     invalid_json_score: float = Field(0.05, ge=0, le=1, description='reward of a policy output that is not exactly `{"evolving_summary": "<text>"}` (optionally in one ```json fence); prose around it counts as invalid, as in the reference (the forward pass is more lenient: it also finds the object inside prose)')
     max_concurrency: int = Field(64, ge=1, description='judge calls in flight (thread pool + connection pool)')
-    retries: int = Field(4, ge=0, description='transport retries (refused, timeout, 5xx, 429, and a 200 with no choices, empty content or missing/malformed logprobs) with exponential backoff, then the call RAISES `JudgeUnavailable`')
-    backoff_s: float = Field(0.5, ge=0, description='transport retries (refused, timeout, 5xx, 429, and a 200 with no choices, empty content or missing/malformed logprobs) with exponential backoff, then the call RAISES `JudgeUnavailable`')
-    backoff_max_s: float = Field(8.0, ge=0, description='transport retries (refused, timeout, 5xx, 429, and a 200 with no choices, empty content or missing/malformed logprobs) with exponential backoff, then the call RAISES `JudgeUnavailable`')
+    retries: int = Field(4, ge=0, description='transport retries (refused, timeout, 5xx, 429, a 200 without usable content or logprobs) with exponential backoff; then the call raises JudgeUnavailable')
+    backoff_s: float = Field(0.5, ge=0, description='first wait between judge retries (seconds), growing exponentially')
+    backoff_max_s: float = Field(8.0, ge=0, description='longest wait between judge retries (seconds)')
     timeout_s: float = Field(300, gt=0, description='per judge call')
     health_timeout_s: float = Field(900, gt=0, description='how long a consumer waits for the endpoint file + /health before failing')
     cache_size: int = Field(4096, ge=0, description='identical judge requests (duplicate candidates) sent once; 0 = off')

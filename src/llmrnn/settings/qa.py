@@ -12,8 +12,8 @@ from llmrnn.settings.base import Section
 class QaSynthetic(Section):
     """`qa.synthetic`"""
 
-    seed: int = Field(0, description='distractor sampling; cap of the synthetic set')
-    max_questions: int | None = Field(None, ge=1, description='generation settings of the evaluation')
+    seed: int = Field(0, description='seed of the synthetic questions (distractor sampling)')
+    max_questions: int | None = Field(None, ge=1, description='cap on the synthetic questions; null = all')
 
 
 
@@ -33,18 +33,18 @@ class QaFields(Section):
 class QaDataset(Section):
     """`qa.dataset`"""
 
-    split: str = Field('train', description='for `hf:` sources')
-    config: str | None = Field(None, description='for `hf:` sources')
+    split: str = Field('train', description='hf: sources: the dataset split read')
+    config: str | None = Field(None, description="hf: sources: the dataset configuration name; null = the dataset's default")
 
 
 
 class QaFilter(Section):
     """`qa.filter`"""
 
-    min_question_chars: int = Field(10, ge=0, description='the filter pipeline, in order: length, dedupe (the normalised question text alone: the same question with other options is a duplicate), answer parseable (an MC answer must name an option); counts in `RUN/qa/splits.json`')
-    max_question_chars: int = Field(4000, ge=1, description='the filter pipeline, in order: length, dedupe (the normalised question text alone: the same question with other options is a duplicate), answer parseable (an MC answer must name an option); counts in `RUN/qa/splits.json`')
-    max_answer_chars: int = Field(200, ge=1, description='the filter pipeline, in order: length, dedupe (the normalised question text alone: the same question with other options is a duplicate), answer parseable (an MC answer must name an option); counts in `RUN/qa/splits.json`')
-    dedupe: bool = Field(True, description='the filter pipeline, in order: length, dedupe (the normalised question text alone: the same question with other options is a duplicate), answer parseable (an MC answer must name an option); counts in `RUN/qa/splits.json`')
+    min_question_chars: int = Field(10, ge=0, description='questions shorter than this many characters are dropped (counts in RUN/qa/splits.json)')
+    max_question_chars: int = Field(4000, ge=1, description='questions longer than this many characters are dropped')
+    max_answer_chars: int = Field(200, ge=1, description='records whose answer is longer than this many characters are dropped')
+    dedupe: bool = Field(True, description='drop a question whose normalised text was seen before (the same question with other options is a duplicate)')
 
 
 
@@ -53,7 +53,7 @@ class QaSplit(Section):
 
     val_size: int = Field(2, ge=1, description='groups (patients / records) in val')
     test_size: int = Field(4, ge=1, description='groups in test')
-    seed: int = Field(42, description='generation settings of the evaluation')
+    seed: int = Field(42, description='seed of the split into train, val and test groups')
 
 
 
@@ -67,10 +67,10 @@ class QaPrompt(Section):
 class QaRewardWeights(Section):
     """`qa.reward.weights`"""
 
-    exact_match: float = Field(1.0, ge=0, description='the reward is the weighted SUM of the components (each in [0, 1]; weight 0 = not computed)')
-    format: float = Field(0.2, ge=0, description='the reward is the weighted SUM of the components (each in [0, 1]; weight 0 = not computed)')
-    judge: float = Field(0.0, ge=0, description='the reward is the weighted SUM of the components (each in [0, 1]; weight 0 = not computed)')
-    fluency: float = Field(0.0, ge=0, description='the reward is the weighted SUM of the components (each in [0, 1]; weight 0 = not computed)')
+    exact_match: float = Field(1.0, ge=0, description='weight of exact match of the answer (the reward is the weighted sum of components in [0, 1]; weight 0 = not computed)')
+    format: float = Field(0.2, ge=0, description='weight of the format term (each tag once, in order, nothing after)')
+    judge: float = Field(0.0, ge=0, description="weight of the judge's score (asks the judge service)")
+    fluency: float = Field(0.0, ge=0, description='weight of fluency under the base model (1 - ln(ppl)/ln(fluency_max_ppl))')
 
 
 
@@ -78,8 +78,8 @@ class QaReward(Section):
     """`qa.reward`"""
 
     weights: QaRewardWeights = Field(default_factory=QaRewardWeights)
-    tags: list[str] = Field(default_factory=lambda: ['reasoning', 'answer'], description='format: each tag once, in order, nothing after; the answer is read from the last `<answer>`')
-    answer_tag: str = Field('answer', description='format: each tag once, in order, nothing after; the answer is read from the last `<answer>`')
+    tags: list[str] = Field(default_factory=lambda: ['reasoning', 'answer'], description='the tags a response holds, each once, in this order, nothing after (the format term)')
+    answer_tag: str = Field('answer', description='the tag the answer is read from (the last one in the response)')
     fluency_max_ppl: float = Field(1000.0, gt=1, description='fluency = 1 - ln(ppl)/ln(max_ppl), ppl of the response under the base model')
     rubric: str | None = Field(None, description='judge reward: rubric file (default judge.rubric)')
 
@@ -109,16 +109,16 @@ class QaSft(Section):
     """`qa.sft`"""
 
     enabled: bool = Field(True, description="LoRA SFT warm start (TRL SFTTrainer, loss on the answer only), merged and checked like GRPO's adapter; GRPO starts from it")
-    seed: int = Field(42, description='generation settings of the evaluation')
+    seed: int = Field(42, description='seed of the SFT run (data order, adapter init)')
     lora: QaSftLora = Field(default_factory=QaSftLora)
-    lr: float = Field(0.0002, gt=0, description='SFT knobs (a change reruns SFT onwards)')
-    epochs: int = Field(1, ge=1, description='SFT knobs (a change reruns SFT onwards)')
-    batch_size: int = Field(4, ge=1, description='generation settings of the evaluation')
-    grad_accum: int = Field(1, ge=1, description='SFT knobs (a change reruns SFT onwards)')
-    max_length: int = Field(1024, ge=1, description='SFT knobs (a change reruns SFT onwards)')
-    max_steps: int | None = Field(None, ge=1, description='SFT knobs (a change reruns SFT onwards)')
-    num_threads: int = Field(1, ge=1, description='SFT knobs (a change reruns SFT onwards)')
-    resources: QaSftResources = Field(default_factory=QaSftResources, description='SLURM resources of `qa_sft` / `qa_eval_model`')
+    lr: float = Field(0.0002, gt=0, description='SFT learning rate (a change reruns SFT onwards)')
+    epochs: int = Field(1, ge=1, description='passes over the SFT data')
+    batch_size: int = Field(4, ge=1, description='SFT examples per step and device')
+    grad_accum: int = Field(1, ge=1, description='gradient accumulation steps of SFT')
+    max_length: int = Field(1024, ge=1, description='SFT examples are cut to this many tokens')
+    max_steps: int | None = Field(None, ge=1, description='cap on SFT steps; null = epochs decide')
+    num_threads: int = Field(1, ge=1, description='torch CPU threads of SFT')
+    resources: QaSftResources = Field(default_factory=QaSftResources, description='SLURM resources of the qa_sft job')
 
 
 
@@ -127,7 +127,7 @@ class QaEvalStatsBootstrap(Section):
 
     model_config = ConfigDict(extra="allow")
     samples: int = Field(..., ge=1, description='bootstrap resamples')
-    seed: int = Field(..., description='generation settings of the evaluation')
+    seed: int = Field(..., description='seed of the bootstrap resampling')
 
 
 
@@ -154,16 +154,16 @@ class QaEval(Section):
 
     k: int = Field(4, ge=1, description='samples per question of sampling_pass@k')
     temperature: float = Field(0.8, gt=0, description='sampling_pass@k only; greedy_pass@1 is T=0')
-    top_p: float = Field(0.95, gt=0, le=1, description='`sampling_pass@k`: k samples at T; `greedy_pass@1` is always T = 0, n = 1')
-    max_new_tokens: int = Field(96, ge=1, description='generation settings of the evaluation')
-    max_questions: int | None = Field(None, ge=1, description='generation settings of the evaluation')
-    seed: int = Field(1234, description='generation settings of the evaluation')
-    batch_size: int = Field(8, ge=1, description='generation settings of the evaluation')
-    system: str | None = Field(None, description='generation settings of the evaluation')
+    top_p: float = Field(0.95, gt=0, le=1, description='nucleus sampling of sampling_pass@k (greedy_pass@1 is always T = 0, n = 1)')
+    max_new_tokens: int = Field(96, ge=1, description='most new tokens per answer')
+    max_questions: int | None = Field(None, ge=1, description='cap on the evaluated questions per split; null = all')
+    seed: int = Field(1234, description='sampling seed of the evaluation')
+    batch_size: int = Field(8, ge=1, description='questions per generate() batch')
+    system: str | None = Field(None, description='system prompt of the evaluation; null = qa.prompt.system (what training saw), else the built-in one')
     judge: Literal['auto', True, False] = Field('auto', description='judge-grade the answers too (judge_* metrics beside exact match; the judge service of judge.rubric grades by qa.reward.rubric or judge.rubric): auto = where the QA reward asks the judge (free text)')
     judge_threshold: float = Field(0.5, ge=0, le=1, description='judge score (0-1) at or above which a judge-graded answer counts as correct')
     stats: QaEvalStats = Field(default_factory=QaEvalStats)
-    resources: QaEvalResources = Field(default_factory=QaEvalResources, description='SLURM resources of `qa_sft` / `qa_eval_model`')
+    resources: QaEvalResources = Field(default_factory=QaEvalResources, description='SLURM resources of the qa_eval_model job')
 
 
 

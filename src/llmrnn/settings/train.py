@@ -12,10 +12,10 @@ from llmrnn.settings.base import NAME, Section
 class TrainLora(Section):
     """`train.lora`"""
 
-    rank: int = Field(16, ge=1, description='LoRA rank and alpha; the alpha is written to `adapter/adapter_config.json` and checked')
+    rank: int = Field(16, ge=1, description='LoRA rank')
     alpha: int = Field(32, ge=1, description='written into adapter_config.json (merge uses it)')
     dropout: float = Field(0.0, ge=0, le=1, description='LoRA dropout (TRL; verl uses none)')
-    target_modules: list[str] = Field(default_factory=lambda: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'], min_length=1, description='`q,k,v,o,gate,up,down_proj`')
+    target_modules: list[str] = Field(default_factory=lambda: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'], min_length=1, description='modules the LoRA adapts')
 
 
 
@@ -31,8 +31,8 @@ class TrainKl(Section):
 class TrainClipRatio(Section):
     """`train.clip_ratio`"""
 
-    low: float = Field(0.2, gt=0, description='PPO clip range of the policy ratio, [1 - low, 1 + high]: verl `actor.clip_ratio_low` / `clip_ratio_high` (and `clip_ratio` = low), TRL `epsilon` / `epsilon_high`. The reference card\'s "clip 1.0" is the grad clip; its ratio clip is verl\'s default 0.2')
-    high: float = Field(0.2, gt=0, description='PPO clip range of the policy ratio, [1 - low, 1 + high]: verl `actor.clip_ratio_low` / `clip_ratio_high` (and `clip_ratio` = low), TRL `epsilon` / `epsilon_high`. The reference card\'s "clip 1.0" is the grad clip; its ratio clip is verl\'s default 0.2')
+    low: float = Field(0.2, gt=0, description='PPO ratio clip below: ratio >= 1 - low (verl clip_ratio_low and clip_ratio, TRL epsilon)')
+    high: float = Field(0.2, gt=0, description='PPO ratio clip above: ratio <= 1 + high (verl clip_ratio_high, TRL epsilon_high)')
 
 
 
@@ -48,8 +48,8 @@ class TrainBatch(Section):
 class TrainRollout(Section):
     """`train.rollout`"""
 
-    temperature: float = Field(0.8, gt=0, description='rollout sampling')
-    top_p: float = Field(0.95, gt=0, le=1, description='rollout sampling')
+    temperature: float = Field(0.8, gt=0, description='rollout sampling temperature')
+    top_p: float = Field(0.95, gt=0, le=1, description='rollout nucleus sampling')
     tensor_parallel: int = Field(1, ge=1, description='vLLM TP size (verl)')
     gpu_memory_utilization: float = Field(0.6, gt=0, le=1, description="verl's vLLM rollout")
 
@@ -79,8 +79,8 @@ class TrainTrl(Section):
 class TrainEarlyStopping(Section):
     """`train.early_stopping`"""
 
-    enabled: bool = Field(False, description='TRL: stop when the val reward fell `patience` validations in a row (needs `test_freq` > 0; refused with `engine: verl`, which runs its planned steps); the adapter of the last step is kept and `summary.json` says `early_stopped_at_step`')
-    patience: int = Field(2, ge=1, description='TRL: stop when the val reward fell `patience` validations in a row (needs `test_freq` > 0; refused with `engine: verl`, which runs its planned steps); the adapter of the last step is kept and `summary.json` says `early_stopped_at_step`')
+    enabled: bool = Field(False, description="TRL: stop when the val reward fell `patience` validations in a row (needs test_freq > 0; refused with engine verl); the last step's adapter is kept")
+    patience: int = Field(2, ge=1, description='validations in a row the val reward must fall before TRL stops')
 
 
 
@@ -88,9 +88,9 @@ class TrainResources(Section):
     """`train.resources`"""
 
     gpu: int | None = Field(None, ge=0, description='GPUs of the job; null = `n_gpus_per_node` for verl, 0 for TRL')
-    mem_mb: int = Field(8000, ge=1, description='SLURM resources of `train_grpo`')
-    runtime: int = Field(120, ge=1, description='SLURM resources of `train_grpo`')
-    cpus_per_task: int = Field(2, ge=1, description='SLURM resources of `train_grpo`')
+    mem_mb: int = Field(8000, ge=1, description='memory of the train_grpo job (MB)')
+    runtime: int = Field(120, ge=1, description='time limit of the train_grpo job (minutes)')
+    cpus_per_task: int = Field(2, ge=1, description='CPU cores of the train_grpo job')
 
 
 
@@ -122,7 +122,7 @@ class Train(Section):
     val_generations: int | None = Field(None, ge=1, description="rollouts per val prompt; null = the engine's own (TRL: group_size at the rollout temperature; verl: one greedy sample). Set, verl samples that many (val_kwargs.n)")
     select: Literal['last', 'best_val'] = Field('last', description="which saved checkpoint becomes the adapter: last (the reference's) or best_val (highest val reward among saved steps; needs test_freq > 0; verl also save_freq a multiple of test_freq and keep_last null)")
     n_gpus_per_node: int = Field(1, ge=1, description="actor+rollout GPUs (verl); the judge's GPU is extra")
-    nnodes: int = Field(1, ge=1, description='actor+rollout GPUs per node for verl (the judge\'s GPU comes on top, taken last: `llmrnn.gpus`); `nnodes` > 1: verl on a Ray cluster over that many nodes of one SLURM job (docs/cluster.md "Training across nodes"; needs `judge.host: node` and `LLMRNN_TRAIN_NODES`)')
+    nnodes: int = Field(1, ge=1, description='nodes verl trains on: > 1 runs a Ray cluster over that many nodes of one SLURM job (needs judge.host: node and LLMRNN_TRAIN_NODES; docs/cluster.md)')
     project_name: str = Field('llmrnn_grpo', pattern=NAME, description='verl project name (the experiment name is the run name)')
     min_free_disk_gb: float = Field(1.0, ge=0, description='preflight fails with less free disk at RUN/train')
     report_to: Any = Field('none', description='experiment trackers of the training run (verl trainer.logger, TRL report_to), writing into RUN/train/: none, tensorboard, wandb (offline unless WANDB_MODE is set), mlflow, or a list (docs/configuration.md)', json_schema_extra={'oneOf': [{'enum': ['none', 'tensorboard', 'wandb', 'mlflow']}, {'type': 'array', 'uniqueItems': True, 'items': {'enum': ['tensorboard', 'wandb', 'mlflow']}}]})
