@@ -98,7 +98,9 @@ def _scorer_checks(endpoint_file, judge_cfg: dict, audit_dir, rcfg, pcfg, train_
 
 def _judge_reach_problem(endpoint_file: str | None, cfg: dict) -> str | None:
     """train.nnodes > 1: verl runs reward workers on every node, so each must reach the judge."""
-    nnodes = int((cfg.get("train") or {}).get("nnodes", 1))
+    from llmrnn.runconfig import filled
+
+    nnodes = int(filled("train", cfg.get("train"))["nnodes"])
     if nnodes <= 1 or not endpoint_file:
         return None
     from llmrnn.judge.client import Endpoint
