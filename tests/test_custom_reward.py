@@ -158,3 +158,49 @@ def test_your_own_reward_file_is_part_of_the_code_identity(tmp_path, example):
     assert custom.code_files({"reward": {"mode": "outcome"}}) == []
     with pytest.raises(InputError):
         custom.load(str(tmp_path / "absent.py"))
+
+
+@pytest.mark.slow
+def test_a_workflow_run_trains_with_your_own_reward(workflow_dir, tiny_model_dir):
+    """`snakemake` up to train_grpo on CPU (tiny model, synthetic cohort) with reward.custom set in a config
+    layer: preflight and training call your file (named relative to the workflow directory) with verl's
+    arguments and the reward settings; a wrong signature stops the run before any job, in one line."""
+    import yaml
+
+    from tests.conftest import snakemake
+
+    (workflow_dir / "my_reward.py").write_text(RECORDING)
+    role = {"model": "tiny", "backend": "transformers", "temperature": 0.7, "top_p": 0.95, "max_tokens": 8}
+    layer = {
+        "run_name": "own",
+        "cohort": {"source": "synthetic", "synthetic": {"patients": 16, "seed": 7}},
+        "split": {"val_size": 2, "train_size": 8, "seed": 42},
+        "models": {"tiny": {"source": "local", "path": str(tiny_model_dir)}},
+        "roles": {r: dict(role) for r in ("prediction", "evaluation", "memory")},
+        "trajectories": {"shards": 1, "max_visits": 3, "seed": 0},
+        "reward": {"mode": "outcome", "custom": {"path": "my_reward.py"}},
+        "preflight": {"agreement_pairs": 0},
+        "train": {"group_size": 4, "batch": {"train": 2, "mini": 2, "micro_per_gpu": 4}, "max_response_length": 12,
+                  "total_steps": 2, "save_freq": 2, "test_freq": 0,
+                  "val_before_train": False},
+    }
+    (workflow_dir / "own.yaml").write_text(yaml.safe_dump(layer))
+    run = workflow_dir / "results" / "own"
+    args = ("results/own/train/summary.json", "--configfile", "config/config.yaml", "own.yaml")
+    snakemake(workflow_dir, *args)
+
+    assert json.loads((run / "train" / "summary.json").read_text())["steps"] == 2
+    calls = [json.loads(x) for x in (workflow_dir / "calls.jsonl").read_text().splitlines()]
+    preflight = [c for c in calls if "guard" not in c["kwargs"]]  # its rows get the settings, not the guard
+    assert len(preflight) == 4 * 3 and preflight == calls[:12]  # preflight.rows x (h_ref, h_prev, empty)
+    assert len(calls) - len(preflight) >= 2 * 2 * 4  # steps x prompts x group
+    assert {"audit_dir", "guard", "reward_cfg"} <= set(calls[-1]["kwargs"])
+    assert calls[-1]["reward_cfg"]["custom"]["path"] == str(workflow_dir / "my_reward.py")
+    assert "my_reward.py:compute_score" in (run / "train" / "preflight.json").read_text()
+
+    (workflow_dir / "my_reward.py").write_text(WRONG)  # its content is the jobs' code: they rerun, and stop
+    proc = snakemake(workflow_dir, *args, check=False)
+    assert proc.returncode != 0 and "Error in rule preflight" in proc.stderr, proc.stderr[-3000:]
+    log = (workflow_dir / "logs" / "own" / "preflight.log").read_text().strip().splitlines()
+    assert len(log) == 1 and log[0].startswith("llmrnn preflight: error: reward.custom: my_reward.py:compute_score "
+                                               "has signature (solution_str, ground_truth); verl calls"), log

@@ -15,7 +15,7 @@ from typing import ClassVar
 import pytest
 import yaml
 
-from llmrnn import backends, check, rnn
+from llmrnn import backends, check, engine_budget, rnn
 from tests.conftest import REPO
 
 REPRO_ROLES = yaml.safe_load((REPO / "config/reproduce.yaml").read_text())["roles"]
@@ -98,7 +98,7 @@ def test_same_model_roles_with_different_shares_share_one_engine(stand_in_vllm):
 
 
 def test_three_models_split_three_ways():
-    plan = backends.plan_engines({"prediction": {"backend": "vllm", "model": "a"},
+    plan = engine_budget.plan_engines({"prediction": {"backend": "vllm", "model": "a"},
                                   "evaluation": {"backend": "vllm", "model": "b", "gpu_memory_utilization": 0.9},
                                   "memory": {"backend": "transformers", "model": "c"}}, {})
     assert [e["gpu_memory_utilization"] for e in plan.engines] == [0.45, 0.45] and plan.utilization <= 1
@@ -106,11 +106,11 @@ def test_three_models_split_three_ways():
 
 
 def test_budget_problems_name_the_engines():
-    plan = backends.EnginePlan([{"model": "a", "roles": ["prediction"], "gpu_memory_utilization": 0.85,
+    plan = engine_budget.EnginePlan([{"model": "a", "roles": ["prediction"], "gpu_memory_utilization": 0.85,
                                  "tensor_parallel_size": 1, "lora": None},
                                 {"model": "b", "roles": ["memory"], "gpu_memory_utilization": 0.85,
                                  "tensor_parallel_size": 2, "lora": None}], {}, {}, [])
-    problems = backends.gpu_budget_problems(plan, 1, "eval_shard (trained)")
+    problems = engine_budget.gpu_budget_problems(plan, 1, "eval_shard (trained)")
     assert any("reserve 1.70 of each GPU" in p and "a (prediction) 0.85" in p for p in problems), problems
     assert any("tensor_parallel_size 2 but the job asks for 1 GPU" in p for p in problems), problems
 

@@ -92,29 +92,9 @@ def literal_defaults(root: Path) -> list[str]:
     return hits
 
 
-# Debt being paid down: literal defaults that predate llmrnn.settings, per file. The count may only fall;
-# a new one anywhere fails. Left: files other work owns (check.py being split into a package; preflight.py and
-# qa/rewards.py with the reward work). Everything else reads the models (runconfig.filled, settings).
-KNOWN = {"src/llmrnn/check.py": 17, "src/llmrnn/preflight.py": 1, "src/llmrnn/qa/rewards.py": 1}
-
-
-SPLIT = {"evaluate", "release", "merge", "phi_guard", "plan", "check", "reward", "preflight"}
-
-
-def _known_key(path: str) -> str:
-    """A module split into a package keeps its count under its old name (src/llmrnn/evaluate/gather.py ->
-    src/llmrnn/evaluate.py)."""
-    parts = path.split("/")
-    return f"src/llmrnn/{parts[2]}.py" if len(parts) > 3 and parts[2] in SPLIT else path
-
-
-def test_no_new_literal_config_default_outside_settings():
-    counts: dict[str, int] = {}
-    for hit in literal_defaults(REPO):
-        key = _known_key(hit.split(":", 1)[0])
-        counts[key] = counts.get(key, 0) + 1
-    grown = {f: n for f, n in counts.items() if n > KNOWN.get(f, 0)}
-    assert not grown, [h for h in literal_defaults(REPO) if _known_key(h.split(":", 1)[0]) in grown]
+def test_no_literal_config_default_outside_settings():
+    """Every default is the models' (runconfig.filled, settings.section_defaults, backends.role_settings)."""
+    assert literal_defaults(REPO) == []
 
 
 def test_the_scan_finds_a_literal_default(tmp_path):

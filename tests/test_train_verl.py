@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from llmrnn.errors import CheckFailed
+from llmrnn.errors import CheckFailed, InputError
 from llmrnn.reward import guard_spec, reward_kwargs
 from llmrnn.train import verl_cmd
 from tests.verl.rows import make_rows, write_parquet
@@ -222,7 +222,8 @@ def test_verl_assembles_batches_mixing_every_reward_path_in_every_order(tmp_path
     head_report, qa_report = reports
     assert head_report["verl"] == "0.7.1" and head_report["orders"] == 6 == qa_report["orders"]
     assert head_report["scores"] == pytest.approx({"judged": 8 / 9, "invalid_json": 0.05, "fallback": 0.5})
-    assert qa_report["scores"]["qa_tag"] == pytest.approx(1.0 + 0.5 * 8 / 9)
+    # exact match 1, format 1 at qa.reward.weights.format's one default 0.2 (the tags are there), judge 8/9 at 0.5
+    assert qa_report["scores"]["qa_tag"] == pytest.approx(1.0 + 0.2 + 0.5 * 8 / 9)
     assert qa_report["scores"]["qa_fallback"] == pytest.approx(0.25)
     for report in reports:
         assert report["failures"] == [], report["failures"]
@@ -368,6 +369,24 @@ def test_overrides_use_the_reward_keys_that_work_in_both_releases():
         verl_cmd.build_overrides({}, train_parquet="t", val_parquet=None, model_dir="m", out_dir="o",
                                  experiment_name="e", verl_version="0.3.0")
 
+
+
+def test_the_train_section_is_normalised_once(monkeypatch):
+    """`llmrnn train run` normalises the section at the CLI boundary; verl_cmd.run and build_overrides
+    take it as it is (they normalised it again, twice, before) and still normalise a raw one."""
+    from llmrnn.train import config as tcfg
+
+    cfg = tcfg.normalize({"group_size": 4})
+    assert tcfg.normalize(cfg) is cfg and isinstance(cfg, dict)
+    merges = []
+    real = tcfg.deep_merge
+    monkeypatch.setattr(tcfg, "deep_merge", lambda *a: merges.append(a) or real(*a))
+    kw = {"train_parquet": "t.parquet", "val_parquet": None, "model_dir": "m", "out_dir": "o", "experiment_name": "e"}
+    normalised = verl_cmd.build_overrides(cfg, **kw)
+    assert merges == [] and "actor_rollout_ref.rollout.n=4" in normalised
+    assert verl_cmd.build_overrides({"group_size": 4}, **kw) == normalised and len(merges) == 1
+    with pytest.raises(InputError, match="train.group_size"):
+        verl_cmd.build_overrides({"group_size": 0}, **kw)
 
 # ----------------------------------------------------------------------------- the run wrapper
 FAKE_MAIN_PPO = textwrap.dedent(

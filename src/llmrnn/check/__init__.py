@@ -84,9 +84,11 @@ SMOKE_COMMAND = "snakemake --profile slurm all --configfile config/smoke.yaml"
 
 def smoke_advice(config: dict) -> list[str]:
     """A long verl run (more steps than the smoke test's few) gets told to run the cluster smoke test first."""
+    from llmrnn.runconfig import filled
+
     train = config.get("train") or {}
     steps = train.get("total_steps")
-    if not isinstance(train, dict) or train.get("engine", "verl") != "verl" or (isinstance(steps, int) and steps <= 4):
+    if not isinstance(train, dict) or filled("train", train)["engine"] != "verl" or (isinstance(steps, int) and steps <= 4):
         return []
     return [(f"first run the cluster smoke test on this cluster ({SMOKE_COMMAND}, about 15 min on one GPU node; "
              "docs/cluster.md 'Smoke test first'): it fails in minutes where this run would fail after hours")]

@@ -33,18 +33,18 @@ def check_cohort(config: dict) -> list[str]:
     from llmrnn.cohort import clean_cohort, load_cohort, synthesize_cohort
     from llmrnn.configcheck import cohort_is_synthetic
     from llmrnn.errors import LlmrnnError
+    from llmrnn.runconfig import filled
 
-    cohort = config.get("cohort") or {}
-    source = cohort.get("source", "synthetic")
+    cohort = filled("cohort", config.get("cohort"))
+    source = cohort["source"]
     if source == "mimic_iv" and not cohort_is_synthetic(cohort):
         from llmrnn.mimic.build import folder_problems
 
-        mimic = cohort.get("mimic_iv") or {}
-        return [f"cohort.mimic_iv: {p}" for p in folder_problems(mimic.get("hosp", ""), mimic.get("note", ""),
-                                                                 mimic.get("diagnoses", "note"))]
+        mimic = cohort["mimic_iv"]
+        return [f"cohort.mimic_iv: {p}" for p in folder_problems(mimic["hosp"], mimic["note"], mimic["diagnoses"])]
     if cohort_is_synthetic(cohort):  # also the synthetic PhysioNet files: they build back into this cohort
-        synth = cohort.get("synthetic") or {}
-        if "patients" not in synth or "seed" not in synth:
+        synth = cohort["synthetic"]
+        if synth.get("patients") is None or synth.get("seed") is None:
             return []  # the schema check names the missing key
         patients = synthesize_cohort(int(synth["patients"]), int(synth["seed"]))
     else:
@@ -60,12 +60,12 @@ def check_cohort(config: dict) -> list[str]:
     if config.get("recipe") == "qa":
         return []  # the qa recipe splits questions (qa.split, check_qa_data), not the cohort
     kept, _ = clean_cohort(patients)
-    split = config.get("split") or {}
-    need = int(split.get("val_size", 0)) + int(split.get("train_size", 0)) + 1
+    split = filled("split", config.get("split"))
+    need = int(split["val_size"]) + int(split["train_size"]) + 1
     if len(kept) < need:
         return [(f"cohort.source: {source} has {len(kept)} patients after cleaning ({len(patients)} before); "
-                 f"split needs at least {need} (val_size {split.get('val_size', 0)} + train_size "
-                 f"{split.get('train_size', 0)} + a test set)")]
+                 f"split needs at least {need} (val_size {split['val_size']} + train_size "
+                 f"{split['train_size']} + a test set)")]
     if cohort_is_synthetic(cohort):
         return []  # load_config's shard check already bounds the synthetic test split
     from llmrnn.configcheck import shard_problems
@@ -78,6 +78,7 @@ def _qa_records(config: dict, source: str) -> list[dict] | str | None:
     or why they cannot be read."""
     from llmrnn.errors import LlmrnnError
     from llmrnn.qa.data import load_records, load_records_from
+    from llmrnn.runconfig import filled
 
     qa = config.get("qa") or {}
     try:
@@ -85,10 +86,10 @@ def _qa_records(config: dict, source: str) -> list[dict] | str | None:
             from llmrnn.cohort import synthesize_cohort
             from llmrnn.qa.synth import questions_from_cohort
 
-            synth = (config.get("cohort") or {}).get("synthetic") or {}
-            qsynth = qa.get("synthetic") or {}
-            patients = synthesize_cohort(int(synth.get("patients", 0)), int(synth.get("seed", 0)))
-            raw, _ = questions_from_cohort(patients, int(qsynth.get("seed", 0)), qsynth.get("max_questions"))
+            synth = filled("cohort.synthetic", (config.get("cohort") or {}).get("synthetic"))
+            qsynth = filled("qa.synthetic", qa.get("synthetic"))
+            patients = synthesize_cohort(int(synth["patients"]), int(synth["seed"]))
+            raw, _ = questions_from_cohort(patients, int(qsynth["seed"]), qsynth["max_questions"])
             return load_records_from(raw, qa.get("fields"), "qa synth")
         if source.startswith("hf:"):
             return "hf: names no dataset" if not source[3:].strip() else None
@@ -105,13 +106,14 @@ def check_qa_data(config: dict) -> list[str]:
     """recipe qa: the QA source reads as the qa data stage reads it, and qa.split fits the groups left
     after filtering (so neither fails hours later at run time); the OOD set, when a file, exists."""
     from llmrnn.qa.data import filter_records, split_units
+    from llmrnn.runconfig import filled
 
     qa = config.get("qa") or {}
     problems = []
     ood = qa.get("ood")
     if ood and ood != "synthetic" and not ood.startswith("hf:") and not Path(ood).is_file():
         problems.append(f"qa.ood: {ood} is not a file (a JSON/JSONL QA file, hf:<dataset>, synthetic or null)")
-    source = str(qa.get("source", "synthetic"))
+    source = str(filled("qa", qa)["source"])
     records = _qa_records(config, source)
     if records is None:
         return problems
@@ -121,8 +123,8 @@ def check_qa_data(config: dict) -> list[str]:
         return [*problems, f"qa.source: {source} holds no QA records (the file is empty)"]
     kept, _ = filter_records(records, qa.get("filter"))
     groups = len(set(split_units(kept).values()))
-    split = qa.get("split") or {}
-    val, test = int(split.get("val_size", 0)), int(split.get("test_size", 0))
+    split = filled("qa.split", qa.get("split"))
+    val, test = int(split["val_size"]), int(split["test_size"])
     if val + test >= groups:
         problems.append(f"qa.split: val_size {val} + test_size {test} leave no train group: {source} has "
                         f"{groups} groups after filtering ({len(kept)} of {len(records)} records kept)")

@@ -12,9 +12,9 @@ def check_gpu_stack(config: dict) -> list[str]:
 
 def check_engine_budget(config: dict) -> list[str]:
     """The vLLM engines each forward-pass job opens, planned by the code the jobs run
-    (llmrnn.backends.plan_engines via rnn.make_roles), fit the GPUs the job asks for: trajectory shards and
+    (llmrnn.engine_budget.plan_engines via rnn.make_roles), fit the GPUs the job asks for: trajectory shards and
     eval shards of the base and the trained memory model (a second model: split budget, or a LoRA)."""
-    from llmrnn.backends import gpu_budget_problems, plan_engines
+    from llmrnn.engine_budget import gpu_budget_problems, plan_engines
 
     roles = config.get("roles") or {}
     if not any((r or {}).get("backend") == "vllm" for r in roles.values()):

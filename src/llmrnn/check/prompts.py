@@ -17,7 +17,9 @@ def check_prompt_lengths(config: dict) -> list[str]:
 
     if config.get("recipe") == "qa":
         return []
-    source = (config.get("cohort") or {}).get("source", "synthetic")
+    from llmrnn.runconfig import filled
+
+    source = filled("cohort", config.get("cohort"))["source"]
     try:
         patients = load_cohort(source) if source != "synthetic" and Path(source).is_file() else None
     except LlmrnnError:  # check_cohort names the bad record without its ids; the visits are estimated here

@@ -27,7 +27,7 @@ def check_profile_gpus(config: dict, train_cfg: dict) -> list[str]:
     if want != profile_train:
         problems.append(f"train.n_gpus_per_node is {want} but profiles/slurm requests {profile_train} GPU(s) for "
                         f"train_grpo: export LLMRNN_TRAIN_GPUS={want}")
-    nodes = int(train_cfg.get("nnodes", 1))
+    nodes = int(train_cfg["nnodes"])  # normalised (train.config.normalize): every key is there
     profile_nodes = _profile_value("LLMRNN_TRAIN_NODES")
     if nodes != profile_nodes:
         problems.append(f"train.nnodes is {nodes} but profiles/slurm requests {profile_nodes} node(s): "

@@ -151,8 +151,10 @@ def _first_answer(scorer, result: dict) -> str:
     return "?"
 
 
-def custom_checks(custom: dict, rows: list[dict], cfg: PreflightConfig) -> tuple[dict, list[str], list[str]]:
-    """Your own reward (reward.custom) on the fixed candidates of real rows, called as verl calls it: every
+def custom_checks(custom: dict, rows: list[dict], cfg: PreflightConfig,
+                  kwargs: dict | None = None) -> tuple[dict, list[str], list[str]]:
+    """Your own reward (reward.custom) on the fixed candidates of real rows, called as verl calls it (with
+    `kwargs`, the reward settings training passes as reward_kwargs): every
     score must be a finite number (else one problem naming the row and candidate); the spread of the
     scores is reported like the outcome reward's."""
     from llmrnn.reward.custom import load, score_of
@@ -166,7 +168,7 @@ def custom_checks(custom: dict, rows: list[dict], cfg: PreflightConfig) -> tuple
             text = EMPTY_MEMORY if which == "empty" else _as_policy_output(r["step"].get(which))
             try:
                 result = fn(data_source=r["data_source"], solution_str=text, ground_truth=r["ground_truth"],
-                            extra_info=dict(r["extra_info"], candidate=which))
+                            extra_info=dict(r["extra_info"], candidate=which), **(kwargs or {}))
                 scores.append(score_of(result, f"{where} on row {r['index']} ({which})"))
             except Exception as exc:  # noqa: BLE001 - the user's code: whatever it raises is one line of the report
                 problems.append(f"reward.custom: {where} on row {r['index']} ({which}): {type(exc).__name__}: {exc}"

@@ -37,7 +37,12 @@ def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit
     agreement, agreement_problems, agreement_warnings = None, [], []
     custom_problems = []
     if rcfg.custom_reward:  # your own reward: finite numbers on real rows (no judge, no scorer)
-        judge_report, custom_problems, judge_problems = custom_checks(rcfg.custom_reward, rows, pcfg)
+        from llmrnn.reward import reward_kwargs
+
+        Path(audit_dir).mkdir(parents=True, exist_ok=True)  # the rule's output, though no scorer writes in it
+        # the reward settings as training passes them (verl's reward_kwargs), so a reward reading them runs here
+        kwargs = reward_kwargs(cfg.get("reward"), audit_dir=audit_dir)
+        judge_report, custom_problems, judge_problems = custom_checks(rcfg.custom_reward, rows, pcfg, kwargs)
     else:
         judge_report, judge_problems, agreement, agreement_problems, agreement_warnings = _scorer_checks(
             endpoint_file, judge_cfg, audit_dir, rcfg, pcfg, train_parquet, rows)
@@ -98,7 +103,9 @@ def _scorer_checks(endpoint_file, judge_cfg: dict, audit_dir, rcfg, pcfg, train_
 
 def _judge_reach_problem(endpoint_file: str | None, cfg: dict) -> str | None:
     """train.nnodes > 1: verl runs reward workers on every node, so each must reach the judge."""
-    nnodes = int((cfg.get("train") or {}).get("nnodes", 1))
+    from llmrnn.runconfig import filled
+
+    nnodes = int(filled("train", cfg.get("train"))["nnodes"])
     if nnodes <= 1 or not endpoint_file:
         return None
     from llmrnn.judge.client import Endpoint

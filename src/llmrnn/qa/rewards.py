@@ -312,7 +312,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     if weights["judge"]:
         answer = em["extracted"] or ""
         parts["judge"], out["judge_parse_method"] = judge_score(
-            str(gt.get("question", "")), str(gt["answer"]), answer, cfg, **kwargs)
+            str(gt["question"]) if "question" in gt else "", str(gt["answer"]), answer, cfg, **kwargs)
     score = float(sum(weights[name] * value for name, value in parts.items()))
     diagnostics = step_diagnostics({**em, "score": score}, weights)
     if numeric_only:

@@ -136,10 +136,11 @@ def _reward_spec(args, custom: dict | None) -> str | None:
 
 def cmd_verl_cmd(args) -> int:
     from llmrnn.reward import reward_kwargs
+    from llmrnn.train import config as tcfg
     from llmrnn.train import verl_cmd
 
     overrides = verl_cmd.build_overrides(
-        _cfg(args),
+        tcfg.normalize(_cfg(args)),
         train_parquet=args.train,
         val_parquet=args.val,
         model_dir=args.model,

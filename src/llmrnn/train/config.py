@@ -37,8 +37,17 @@ LOSS_TYPES = {"token-mean": "dapo", "seq-mean-token-mean": "grpo", "seq-mean-tok
               "seq-mean-token-sum": None}
 
 
-def normalize(train_cfg: dict | None) -> dict:
-    """Fill defaults and check types/ranges that the schema cannot (one clear line per problem)."""
+class Train(dict):
+    """The train section after normalize(): defaults filled, values checked. normalize() hands one back as
+    it is, so the section is normalised once, at the CLI boundary, however many functions it passes through
+    (train run -> verl_cmd.run -> build_overrides; preflight -> training_checks)."""
+
+
+def normalize(train_cfg: dict | None) -> Train:
+    """Fill defaults and check types/ranges that the schema cannot (one clear line per problem). An already
+    normalised section (a Train) is returned unchanged: nothing is filled or checked twice."""
+    if isinstance(train_cfg, Train):
+        return train_cfg
     cfg = deep_merge(DEFAULTS, train_cfg)
     unknown = sorted(set(cfg) - set(DEFAULTS))
     if unknown:
@@ -77,7 +86,7 @@ def normalize(train_cfg: dict | None) -> dict:
             raise InputError(f"train.{path}: expected a positive integer, got {value!r}")
     if not cfg["lora"]["target_modules"]:
         raise InputError("train.lora.target_modules: empty list")
-    return cfg
+    return Train(cfg)
 
 
 def check_select(cfg: dict) -> None:

@@ -118,8 +118,10 @@ def build_overrides(
     """The Hydra overrides for main_ppo (list of 'key=value'), for the given verl release series.
     `attention`: the resolved train.verl.attn_implementation (resolve_attention); None resolves it here.
     `reward_kwargs`: the reward's arguments (llmrnn.reward.kwargs; default: the audit dir under out_dir and
-    `endpoint_file`), rendered into reward.custom_reward_function.reward_kwargs."""
-    cfg = tcfg.normalize(cfg)
+    `endpoint_file`), rendered into reward.custom_reward_function.reward_kwargs.
+    `cfg`: the train section as normalised at the CLI boundary (train.config.normalize; a library caller's
+    raw section is normalised here, a normalised one is used as it is)."""
+    cfg = tcfg.normalize(cfg)  # a no-op for the normalised section `llmrnn train run` / `verl-cmd` pass
     ver = series(verl_version)
     out = Path(out_dir)
     b, r, lora, kl = cfg["batch"], cfg["rollout"], cfg["lora"], cfg["kl"]
@@ -333,8 +335,9 @@ def run(
     work_dir holds verl's checkpoints/, rollouts/, audit/ and state/ (live metrics); the outputs
     (adapter_dir, metrics_path) are written once the run is complete. `reward_kwargs`: the reward's
     arguments (default: the audit dir and `endpoint_file`); `custom`: your own reward {"path", "name"}
-    (reward.custom), which verl then calls instead of `reward_module`'s compute_score."""
-    cfg = tcfg.normalize(cfg)
+    (reward.custom), which verl then calls instead of `reward_module`'s compute_score. `cfg`: the normalised
+    train section (train.config.normalize), passed on to build_overrides as it is."""
+    cfg = tcfg.normalize(cfg)  # a no-op for the normalised section `llmrnn train run` passes
     out = Path(work_dir)
     if reward_kwargs is None:
         reward_kwargs = default_reward_kwargs(None, audit_dir=out / "audit", endpoint_file=endpoint_file)
