@@ -114,7 +114,7 @@ def test_checkpoints_survive_adding_a_tracker(tmp_path):
 
     parquet = tmp_path / "t.parquet"
     parquet.write_bytes(b"x")
-    fp = lambda cfg: run_fingerprint(cfg, parquet, tmp_path, "r", "llmrnn.train.verl_cmd")
+    fp = lambda cfg: run_fingerprint(cfg, parquet, tmp_path, "llmrnn.reward:compute_score")
     assert fp({"lr": 1, "report_to": "none"}) == fp({"lr": 1, "report_to": ["tensorboard"]})
     assert fp({"lr": 1}) != fp({"lr": 2})
 
