@@ -203,7 +203,7 @@ def _applied(row: Row, base: Baseline, tmp: Path) -> Iterator[tuple[list[str], d
     if row.edit_module is not None:
         src = tmp / "src"
         shutil.copytree(base.src, src)
-        module = src / (row.edit_module.replace(".", "/") + ".py")
+        module = provenance.module_path(row.edit_module, src / "llmrnn")  # a module or a package's __init__
         module.write_text(module.read_text() + "\n_RERUN_TABLE_EDIT = 1\n")  # code: a comment reruns nothing
         env["PYTHONPATH"] = str(src)
     # file edits touch only config/ (rubrics, prompts): snapshot it and restore content and mtimes
