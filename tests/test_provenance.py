@@ -193,6 +193,57 @@ def test_every_module_loaded_by_a_computed_name_is_covered_and_listed(pkg):
     assert ("llmrnn.sneaky", "import_module") in computed_loads(pkg)
 
 
+CACHE_PROBE = """
+import json, sys
+from pathlib import Path
+from llmrnn import provenance
+print(json.dumps({"ident": provenance.code_identity("cohort split"), "parses": provenance._tree.cache_info().misses,
+                  "key": provenance.package_key(), "file": str(provenance._disk_cache(provenance.ROOT).path)}))
+"""
+
+
+def _identity_in_fresh_process(src: Path, cache: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(src), LLMRNN_CACHE_DIR=str(cache))
+    proc = subprocess.run([sys.executable, "-c", CACHE_PROBE], env=env, capture_output=True, text=True,
+                          check=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_identities_are_cached_on_disk_by_the_packages_content(tmp_path):
+    """A second process answers from the cache without parsing a module; an edit of any module between
+    the two (code or not) is a new key, so the cache cannot hand back the identity of other code."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    cache = tmp_path / "cache"
+    first = _identity_in_fresh_process(src, cache)
+    assert first["parses"] > 5 and Path(first["file"]).is_file()
+    assert json.loads(Path(first["file"]).read_text()) == {"cohort split": first["ident"]}
+    second = _identity_in_fresh_process(src, cache)
+    assert second["ident"] == first["ident"] and second["parses"] == 0  # no module parsed: read from disk
+    io = src / "llmrnn" / "io.py"  # every cohort stage writes through it
+    io.write_text(io.read_text() + "\n_EDITED_BY_TEST = 1\n")
+    edited = _identity_in_fresh_process(src, cache)
+    assert edited["key"] != first["key"] and edited["parses"] > 5
+    assert edited["ident"] != first["ident"]
+    # a comment edit is a new key too, yet the identity (code without comments) stays: a rerun-table no-op
+    io.write_text(io.read_text() + "# a comment\n")
+    commented = _identity_in_fresh_process(src, cache)
+    assert commented["key"] != edited["key"] and commented["ident"] == edited["ident"]
+
+
+def test_a_broken_or_unwritable_cache_costs_a_recomputation_not_an_error(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    cache = tmp_path / "cache"
+    good = _identity_in_fresh_process(src, cache)
+    Path(good["file"]).write_text("{not json")
+    assert _identity_in_fresh_process(src, cache)["ident"] == good["ident"]
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache folder would be")
+    assert _identity_in_fresh_process(src, blocked)["ident"] == good["ident"]
+
+
 def test_verbs_reach_what_the_old_hand_lists_missed():
     """The cohort stages write through llmrnn.io and run under cli/errors; training reaches the GPU stack."""
     assert {"llmrnn.io", "llmrnn.errors", "llmrnn.cli"} <= set(provenance.verb_closure("cohort split"))

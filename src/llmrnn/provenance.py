@@ -15,14 +15,25 @@ A module name built at run time (importlib.import_module of a computed string) i
 such call site is listed, with what covers it, in tests/test_provenance.py (a new one fails there).
 The hash is of each module's syntax tree less docstrings (ast.dump: no comments, no positions), so a
 comment or docstring edit reruns nothing, and any change to code that runs reruns its jobs.
+
+Cost: the walk parses every module of the package, and every Snakemake start (a dry run, each SLURM job
+re-reading the Snakefile) asks for ~20 identities. So the identities of a package are kept on disk,
+keyed by the content of every source file of the package and the Python version (ast.dump's output is
+version-specific): an edit to any module is a new key, so a stale identity can never be handed back.
+One read of the package's files (no parse) answers a start whose code did not change.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
+import json
+import os
 import re
+import sys
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -237,9 +248,89 @@ def hash_modules(modules: Iterable[str], root: Path = ROOT) -> str:
     return digest.hexdigest()[:16]
 
 
+CACHE_ENV = "LLMRNN_CACHE_DIR"  # where the identities are kept; default $XDG_CACHE_HOME/llmrnn (~/.cache)
+_CACHE_KEEP = 8  # cache files kept per folder (one per package content seen: old checkouts age out)
+
+
+def cache_dir() -> Path:
+    """The folder of the on-disk identity cache: $LLMRNN_CACHE_DIR, else $XDG_CACHE_HOME/llmrnn, else
+    ~/.cache/llmrnn."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmrnn"
+
+
+@functools.cache
+def package_key(root: Path = ROOT) -> str:
+    """sha256 of every source file of the package under `root` (relative path and bytes) and of the
+    Python version: any edit, added or removed module changes it. Read once per process."""
+    digest = hashlib.sha256(f"{sys.version_info[:2]}\0{PACKAGE}\0".encode())
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(_read(path.stem, path) + b"\0")
+    return digest.hexdigest()[:32]
+
+
+class _DiskCache:
+    """verb key -> identity for one package content, in one JSON file named by package_key. Best effort:
+    a folder that cannot be written or a file that does not parse costs a recomputation, never an error
+    (the identity is the same either way). Written atomically (temp + rename): concurrent jobs each
+    write a whole file."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.folder = cache_dir() / "code-identity"
+        self.path = self.folder / f"{package_key(root)}.json"
+        self.entries = self._load()
+
+    def _load(self) -> dict[str, str]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)} \
+            if isinstance(data, dict) else {}
+
+    def get(self, key: str) -> str | None:
+        return self.entries.get(key)
+
+    def put(self, key: str, ident: str) -> None:
+        self.entries[key] = ident
+        self.entries.update(self._load())  # keep what a concurrent job wrote meanwhile (same content, same values)
+        self.entries[key] = ident
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-", suffix=".json")
+            with os.fdopen(fd, "w") as out:
+                json.dump(self.entries, out, sort_keys=True)
+            os.replace(tmp, self.path)
+        except OSError:
+            with contextlib.suppress(OSError, UnboundLocalError):
+                os.unlink(tmp)
+            return
+        self._prune()
+
+    def _prune(self) -> None:
+        with contextlib.suppress(OSError):
+            files = sorted(self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+            for old in files[_CACHE_KEEP:]:
+                old.unlink(missing_ok=True)
+
+
+@functools.cache
+def _disk_cache(root: Path) -> _DiskCache:
+    return _DiskCache(root)
+
+
 @functools.cache
 def _modules_identity(verb: str, *also: str, root: Path = ROOT) -> str:
-    return hash_modules(verb_closure(verb, *also, root=root), root)
+    cache = _disk_cache(root)
+    key = "\0".join((verb, *also))
+    ident = cache.get(key)
+    if ident is None:
+        ident = hash_modules(verb_closure(verb, *also, root=root), root)
+        cache.put(key, ident)
+    return ident
 
 
 def code_identity(verb: str, *also: str, root: Path = ROOT) -> str:
