@@ -151,21 +151,6 @@ def test_a_module_that_is_not_utf8_or_not_python_is_named_in_one_line(pkg):
         provenance.hash_modules(["llmrnn.leaf"], pkg)
 
 
-# Every place the package loads code by a name it computes at run time, which the import closure cannot
-# follow, and what makes the code identity cover it anyway. A new such call site fails the test below
-# until it is covered (a string constant naming the module, or `also` of code_hash) and listed here.
-COMPUTED_LOADS = {
-    ("llmrnn.cli", "import_module"): "help and dispatch: the verb's own stage is hashed by verb_closure",
-    ("llmrnn.train.trl_engine", "import_module"): "--reward-func: rules name the module in code_hash(...) "
-                                                  "and the checkpoints' job_code",
-    ("llmrnn.train.trl_engine", "spec_from_file_location"): "--reward-func as a file: job_code hashes the file",
-    ("llmrnn.reward.custom", "spec_from_file_location"): "reward.custom.path: code_hash(..., *reward_code_files) "
-                                                         "and job_code hash the file's content",
-}
-_LOADERS = {"import_module", "__import__", "spec_from_file_location", "run_module", "run_path", "exec", "eval",
-            "load_module"}
-
-
 def computed_loads(root: Path) -> set[tuple[str, str]]:
     """(module, loader) of every call of a module loader whose first argument is not a string constant."""
     import ast
@@ -173,24 +158,36 @@ def computed_loads(root: Path) -> set[tuple[str, str]]:
     found = set()
     for path in sorted(root.rglob("*.py")):
         name = ".".join(["llmrnn", *path.relative_to(root).with_suffix("").parts]).removesuffix(".__init__")
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if not isinstance(node, ast.Call):
-                continue
-            func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-            first = node.args[0] if node.args else None
-            if func in ("exec", "eval") and not isinstance(node.func, ast.Name):
-                continue  # model.eval() and the like
-            if func in _LOADERS and not (
-                    isinstance(first, ast.Constant) and isinstance(first.value, str)):
-                found.add((name, func))
+        found |= {(name, func) for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                  if (func := provenance.loader_call(node))}
     return found
 
 
-def test_every_module_loaded_by_a_computed_name_is_covered_and_listed(pkg):
-    assert computed_loads(provenance.ROOT) == set(COMPUTED_LOADS)
-    # the scan finds one: a stage that imports a module named at run time
-    (pkg / "sneaky.py").write_text("import importlib\n\ndef f(x):\n    return importlib.import_module('llmrnn.' + x)\n")
-    assert ("llmrnn.sneaky", "import_module") in computed_loads(pkg)
+def test_the_covered_computed_loads_are_the_packages_own():
+    """COVERED_LOADS lists only call sites that exist (a stale entry would excuse a future one)."""
+    assert set(provenance.COVERED_LOADS) <= computed_loads(provenance.ROOT)
+
+
+@pytest.mark.parametrize(("call", "reaches", "not_reaches"), [
+    ("importlib.import_module('llmrnn.' + x)", {"llmrnn.leaf", "llmrnn.sub.scored", "llmrnn.unused"}, set()),
+    ("importlib.import_module(f'llmrnn.sub.{x}')", {"llmrnn.sub.scored", "llmrnn.sub.sibling"}, {"llmrnn.unused"}),
+    ("importlib.import_module('llmrnn.sub.' + x + '_v2')", {"llmrnn.sub.scored"}, {"llmrnn.unused"}),
+    ("__import__(name)", {"llmrnn.leaf", "llmrnn.named"}, set()),
+    ("exec(compile(src, 'f', 'exec'))", {"llmrnn.leaf"}, set()),
+])
+def test_a_module_loaded_by_a_computed_name_is_in_the_identity(pkg, call, reaches, not_reaches):
+    """A load whose name is built at run time counts as loading whatever it could: the modules under its
+    constant prefix, or the whole package. Editing any of them changes the identity of its importers."""
+    (pkg / "sneaky.py").write_text(f"import importlib\n\ndef f(x, name, src):\n    return {call}\n")
+    members = set(provenance.closure(["llmrnn.sneaky"], pkg))
+    assert reaches <= members and not (not_reaches & members), sorted(members)
+    before = provenance.hash_modules(members, pkg)
+    target = pkg / "sub" / "scored.py"
+    target.write_text(target.read_text() + "\nEDITED = 1\n")
+    assert provenance.hash_modules(provenance.closure(["llmrnn.sneaky"], pkg), pkg) != before
+    # a model's .eval() is no loader
+    (pkg / "calm.py").write_text("def f(model):\n    return model.eval()\n")
+    assert provenance.closure(["llmrnn.calm"], pkg) == ["llmrnn", "llmrnn.calm"]
 
 
 CACHE_PROBE = """

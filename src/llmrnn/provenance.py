@@ -11,8 +11,10 @@ with `ast` (nothing is imported). Followed, within `llmrnn` only:
   - every package a module lies in, as far as importing it runs (its module level, not its functions).
 The verb's own stage module counts as far as the verb reaches it: its module level, register() and the
 subcommand's handler with the functions it names, so `llmrnn qa synth` does not depend on `qa sft`.
-A module name built at run time (importlib.import_module of a computed string) is not followed: each
-such call site is listed, with what covers it, in tests/test_provenance.py (a new one fails there).
+A module name built at run time (importlib.import_module of a computed string, exec, ...) cannot be read:
+such a call counts as loading every module of the package whose name starts with the call's constant
+prefix (`import_module(f"llmrnn.judge.{kind}")`: all of llmrnn.judge), the whole package where it has
+none, unless the call site is one of COVERED_LOADS, whose code is hashed another way.
 The hash is of each module's syntax tree less docstrings (ast.dump: no comments, no positions), so a
 comment or docstring edit reruns nothing, and any change to code that runs reruns its jobs.
 
@@ -44,6 +46,17 @@ ROOT = Path(__file__).resolve().parent  # the package folder this process import
 CLI = "llmrnn.cli"
 _MODULE_STRING = re.compile(r"llmrnn(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?")
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+_LOADERS = frozenset({"import_module", "__import__", "spec_from_file_location", "run_module", "run_path", "exec",
+                      "eval", "load_module"})
+# (module, loader) call sites with a computed name whose code the identity covers another way
+COVERED_LOADS = {
+    ("llmrnn.cli", "import_module"): "help and dispatch: the verb's own stage is hashed by verb_closure",
+    ("llmrnn.train.trl_engine", "import_module"): "--reward-func: rules name the module in code_hash(...) "
+                                                  "and the checkpoints' job_code",
+    ("llmrnn.train.trl_engine", "spec_from_file_location"): "--reward-func as a file: job_code hashes the file",
+    ("llmrnn.reward.custom", "spec_from_file_location"): "reward.custom.path: code_hash(..., *reward_code_files) "
+                                                         "and job_code hash the file's content",
+}
 
 
 def module_path(name: str, root: Path = ROOT) -> Path | None:
@@ -150,7 +163,45 @@ def _imports_in(nodes: Iterable[ast.AST], name: str, is_package: bool, root: Pat
         elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
               and _MODULE_STRING.fullmatch(node.value)):
             found.add(node.value.split(":")[0])
+        elif (prefix := computed_load_prefix(node, name)) is not None:
+            found |= {m for m in package_modules(root) if m == prefix or m.startswith(prefix)}
     return {m for m in found if module_path(m, root) is not None}
+
+
+def loader_call(node: ast.AST) -> str | None:
+    """The loader a call runs with a name computed at run time (its first argument is no string
+    constant), or None: `importlib.import_module(x)`, `__import__(x)`, `exec(code)`, ... (not `m.eval()`)."""
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+    if func not in _LOADERS or (func in ("exec", "eval") and not isinstance(node.func, ast.Name)):
+        return None
+    first = node.args[0] if node.args else None
+    return None if isinstance(first, ast.Constant) and isinstance(first.value, str) else func
+
+
+def computed_load_prefix(node: ast.AST, importer: str) -> str | None:
+    """For a load by a computed name (loader_call) outside COVERED_LOADS: the prefix every module it may
+    load starts with (the constant start of an f-string or `"llmrnn.x." + name`), else the package's."""
+    func = loader_call(node)
+    if func is None or (importer, func) in COVERED_LOADS:
+        return None
+    first = node.args[0] if node.args else None
+    head = first
+    while isinstance(head, ast.BinOp) and isinstance(head.op, ast.Add):
+        head = head.left
+    if isinstance(head, ast.JoinedStr) and head.values:
+        head = head.values[0]
+    text = head.value if isinstance(head, ast.Constant) and isinstance(head.value, str) else ""
+    return text if text.startswith(f"{PACKAGE}.") else PACKAGE
+
+
+@functools.cache
+def package_modules(root: Path = ROOT) -> tuple[str, ...]:
+    """Every module of the package under root, by name."""
+    names = (".".join([PACKAGE, *p.relative_to(root).with_suffix("").parts]).removesuffix(".__init__")
+             for p in sorted(root.rglob("*.py")))
+    return tuple(n for n in names if all(part.isidentifier() for part in n.split(".")))
 
 
 def direct_imports(name: str, root: Path = ROOT, into_functions: bool = True) -> set[str]:
