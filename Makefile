@@ -21,14 +21,15 @@ demo: $(STAMP)
 	$(RUNENV) snakemake --profile profiles/local all
 	$(RUNENV) snakemake --profile profiles/local --report report.html all
 
-# `make test`: every unit and workflow test except the whole-workflow runs marked e2e (real SLURM, the
-# rerun table's full run) and the real-vLLM tests marked vllm (their venv takes minutes to build);
-# `make test-e2e` builds that venv and runs both; .ci/run runs `make test` then it. Measured 2026-11-23
-# from a fresh clone on 2 quiet cores: .ci/run 28 min 49 s; make test 8 min 27 s, make test-e2e 11 min 50 s
-# (+ its venv), make test-gpu-stack 1 min 38 s. 2026-11-24, warm venvs, the two tiers run side by side on
-# the same 2 cores: the make-test selection (962 tests) 11 min 58 s, the e2e/vllm selection 13 min 0 s.
+# `make test`: every unit and integration test except the whole-workflow runs marked e2e (real SLURM, the
+# rerun table, the workflow runs of the QA demo, trajectories, eval and your own reward) and the real-vLLM
+# tests marked vllm (their venv takes minutes to build); `make test-e2e` builds that venv and runs both.
+# The unit tier spreads over the cores (pytest-xdist, TEST_WORKERS processes; one file stays on one worker,
+# so a module's shared fixture is built once). Budgets (docs/results.md#fast-feedback): `make test` under
+# 10 min warm on 2 cores, .ci/run under 45 min from a fresh clone; no test times itself.
+TEST_WORKERS ?= 2
 test: $(STAMP) verl-envs
-	$(RUNENV) pytest -x -q --timeout 3600 --durations 15 -m "not e2e and not vllm" tests
+	$(RUNENV) pytest -q -n $(TEST_WORKERS) --dist loadfile --timeout 3600 --durations 15 -m "not e2e and not vllm" tests
 
 test-e2e: $(STAMP) verl-envs vllm-env
 	$(RUNENV) pytest -x -q --timeout 3600 --durations 15 -m "e2e or vllm" tests

@@ -161,6 +161,7 @@ def test_your_own_reward_file_is_part_of_the_code_identity(tmp_path, example):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # a whole-workflow run: `make test-e2e` (the fast-feedback tiers)
 def test_a_workflow_run_trains_with_your_own_reward(workflow_dir, tiny_model_dir):
     """`snakemake` up to train_grpo on CPU (tiny model, synthetic cohort) with reward.custom set in a config
     layer: preflight and training call your file (named relative to the workflow directory) with verl's

@@ -51,6 +51,7 @@ def planned_jobs(workdir, configfile) -> dict[str, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # a whole-workflow run: `make test-e2e` (the fast-feedback tiers)
 def test_eval_heldout_report_and_eval_only_reruns(workflow_dir, tiny_model_dir, tmp_path):
     from tests.tiny_model import build_tiny_model
 

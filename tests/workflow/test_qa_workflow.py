@@ -48,6 +48,7 @@ def planned(workdir, *configfiles) -> dict[str, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # a whole-workflow run: `make test-e2e` (the fast-feedback tiers)
 def test_qa_demo_runs_end_to_end_and_reruns_by_the_table(workflow_dir, tiny_model_dir):
     layer = small_layer(workflow_dir, tiny_model_dir)
     jobs = planned(workflow_dir, layer)

@@ -31,6 +31,7 @@ def targets(run: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # a whole-workflow run: `make test-e2e` (the fast-feedback tiers)
 def test_trajectories_scatter_gather_and_shard_invariance(workflow_dir, tiny_model_dir):
     write_config(workflow_dir, tiny_model_dir, "k3", shards=3)
     dry = snakemake(workflow_dir, "-n", *targets("k3"))
