@@ -32,7 +32,7 @@ def _build(tmp_path: Path, root: Path, cfg: dict | None = None) -> tuple[int, li
     return rc, cohort, rep, str(out)
 
 
-def _without(patients: list[dict], drop=("hospital_course",)) -> list[dict]:
+def _without(patients: list[dict], drop=("hospital_course", "procedures")) -> list[dict]:
     return [{"subject_id": p["subject_id"],
              "visits": [{**v, "clinical_sections": {k: x for k, x in v["clinical_sections"].items() if k not in drop}}
                         for v in p["visits"]]} for p in patients]
@@ -40,7 +40,8 @@ def _without(patients: list[dict], drop=("hospital_course",)) -> list[dict]:
 
 @pytest.mark.parametrize("diagnoses", ["note", "icd"])
 def test_round_trip_gives_the_synthetic_cohort_back(tmp_path, diagnoses):
-    """Visits (ids, order, numbers), sex, allergies and every section but the withheld hospital course."""
+    """Visits (ids, order, numbers), sex, allergies and every section but the withheld hospital course and
+    procedures (both written during the stay)."""
     patients = synthesize_cohort(12, seed=7)
     synth.write(patients, 7, tmp_path / "src")
     rc, cohort, report, out = _build(tmp_path, tmp_path / "src", {"diagnoses": diagnoses})
@@ -179,7 +180,9 @@ BAD = {
         b"note_id,subject_id,hadm_id,note_type,note_seq,charttime,storetime,text\n"
         b"a,10,100,DS,1,,,\"ok\"\nb,10,101,DS,1,,,\"caf\xe9\"\n")), "discharge.csv.gz: row 2: text: not UTF-8"),
     "hadm in no admission": (lambda root: _write_tables(root, [("a", 10, 999, 1, "x")]),
-                             "discharge.csv.gz: row 1: hadm_id: 999 is in no row of admissions"),
+                             "discharge.csv.gz: row 1: hadm_id: 1 of 1 notes (100.0%) have a hadm_id in no row of "
+                             "admissions, more than max_orphan_share 0.01: hosp/ and note/ are likely from mismatched "
+                             "releases"),
     "duplicate note id": (lambda root: _write_tables(root, [("a", 10, 100, 1, "x"), ("a", 10, 101, 1, "y")]),
                           "discharge.csv.gz: row 2: note_id: a appears twice"),
 }

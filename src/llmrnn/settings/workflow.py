@@ -6,7 +6,11 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
+from llmrnn.mimic.sections import ADMISSION_TIME, REFERENCE, RISK
 from llmrnn.settings.base import ENV_NAME, Section
+
+ShownSection = Literal[tuple(RISK)]  # type: ignore[valid-type]
+_RISKS = "; ".join(f"{name}: {risk}" for name, risk in RISK.items())
 
 
 class Role(Section):
@@ -52,6 +56,14 @@ class CohortMimicIv(Section):
     diagnoses: Literal['note', 'icd'] = Field('note', description="discharge_diagnosis from the note's Discharge Diagnosis section, or diagnoses_icd long titles")
     min_visits: int = Field(2, ge=1, description='drop patients with fewer visits that have a discharge note')
     adults_only: bool = Field(False, description='drop patients with anchor_age under 18')
+    mode: Literal['admission_time', 'reference'] = Field('admission_time', description=f"which note text the cohort shows: `admission_time` = {', '.join(ADMISSION_TIME)}, with Physical Exam and Pertinent Results cut to their admission parts; `reference` = what the reference's prompts showed ({', '.join(REFERENCE)}, results and exam whole): LEAKAGE of discharge-time text, to reproduce the reference's numbers and measure the leak")
+    sections: list[ShownSection] | None = Field(None, description=f"the shown sections instead of the mode's list (the mode still decides how exam and results are cut); the risk of each: {_RISKS}", json_schema_extra={'uniqueItems': True})
+    max_orphan_share: float = Field(0.01, ge=0, le=1, description='notes whose hadm_id is in no admission are skipped and counted; above this share of the notes the build fails (hosp/ and note/ from mismatched releases)')
+    icd_version: Literal[9, 10] | None = Field(None, description='keep only patients every visit of which is coded (diagnoses_icd) in this ICD version; null = any')
+    max_visits: int | None = Field(None, ge=1, description='drop patients with more visits that have a discharge note; null = no cap')
+    max_patients: int | None = Field(None, ge=1, description='a seeded sample of this many patients, drawn after the other rules from those whose every visit has a target (so cleaning keeps them all); null = every patient')
+    patient_seed: int = Field(0, description='seed of the max_patients sample')
+    workers: int = Field(2, ge=1, description='processes splitting notes (the build is bound by the splitter); 1 = in the main process')
 
 
 
