@@ -199,15 +199,18 @@ def admission_part(body: str, withheld: Counter | None = None, section: str = "p
     continuation lines."""
     withheld = withheld if withheld is not None else Counter()
     kept: list[str] = []
-    keep_part, first_stamp, keep_draw = True, None, True
+    keep_part, first_stamp, keep_draw, kind = True, None, True, None
     for line in body.split("\n"):
         label = _part_label(line)
         if label is not None:
             keep_part = _is_admission(label[0])
             first_stamp, keep_draw = None, True
             if not keep_part:
-                withheld[f"{section}:{_part_kind(label[0])}"] += 1
+                if _part_kind(label[0]) != kind:  # `CT abd:` inside IMAGING: one part
+                    kind = _part_kind(label[0])
+                    withheld[f"{section}:{kind}"] += 1
                 continue
+            kind = None
             line = label[1]
             if not line.strip():
                 continue
