@@ -140,8 +140,6 @@ TEMPLATE_WORDING = {header_key(vs[0]) for vs in HEADER_VARIANTS.values()} | {hea
 _LABEL_LINE = re.compile(r"\n[ \t]*([A-Za-z][A-Za-z0-9 ,/&()'\-]{0,60}?)[ \t]*:[ \t]*([^\n]*)")
 
 # ----------------------------------------------------------------------------- parts of a mixed section
-_PART_LABEL = re.compile(r"^[ \t]*(?:[-*\u2022][ \t]*)?([A-Za-z#][\w ,/&()'#.\-]{0,60}?)[ \t]*:[ \t]*(.*)$")
-_CAPS_LINE = re.compile(r"^[ \t]*(?:[-*\u2022][ \t]*)?([A-Z][A-Z0-9 /&()'\-]{2,50})[ \t]*$")
 _PART_WORDS = re.compile(
     r"\b(exam|examination|pe|labs?|laboratory|results?|studies|study|data|imaging|radiology|micro"
     r"|microbiology|cultures?|path|pathology|biopsy|cytology|echo|tte|tee|ekg|ecg|cxr|ct|cta|mri|mra|us"
@@ -163,6 +161,7 @@ _LAB_STAMP = re.compile(r"^[ \t]*(?:___|\[\*\*[^\]]*\*\*\]|\d{1,4}[-/]\d{1,2}[-/
                         r"(\d{1,2}:\d{2}[ \t]*(?:AM|PM|am|pm)?)[ \t]+[A-Z]")
 
 
+@functools.lru_cache(maxsize=100_000)
 def _part_kind(label: str) -> str:
     for kind, pattern in _PART_KIND:
         if pattern.search(label):
@@ -170,66 +169,68 @@ def _part_kind(label: str) -> str:
     return "other"
 
 
+@functools.lru_cache(maxsize=100_000)
 def _starts_part(label: str, alone: bool) -> bool:
     return bool(_PART_WORDS.search(label) or any(p.search(label) for _, p in _PART_KIND[:3])
                 or _written_at_discharge(header_key(label)) or (alone and _ADMISSION_LABEL.search(label)))
 
 
-def _part_label(line: str) -> tuple[str, str] | None:
-    """(label, rest of the line) where a line starts a part of a mixed section, else None: a label naming
-    a kind of exam or result, a time of the stay (discharge, transfer, death) or, alone, admission."""
-    m = _PART_LABEL.match(line)
-    if m:
-        label, rest = m.group(1), m.group(2)
-        return (label, rest) if _starts_part(label, not rest.strip()) else None
-    m = _CAPS_LINE.match(line)
-    if m and _starts_part(m.group(1), True):
-        return m.group(1), ""
-    return None
-
-
+@functools.lru_cache(maxsize=100_000)
 def _is_admission(label: str) -> bool:
     return bool(_ADMISSION_LABEL.search(label)) and _part_kind(label) not in ("discharge", "transfer", "death")
 
 
+# matched against "\n" + body (a leading literal: the engine jumps from line start to line start)
+_CANDIDATE = re.compile(r"\n[ \t]*(?:[-*\u2022][ \t]*)?(?:([A-Za-z#][\w ,/&()'#.\-]{0,60}?)[ \t]*:[ \t]*([^\n]*)"
+                        r"|([A-Z][A-Z0-9 /&()'\-]{2,50})[ \t]*)(?=\n|\Z)")
+
+
+def _first_draw(chunk: str, withheld: Counter, section: str) -> str:
+    """A kept part of the results without the lab lines of a later draw (another time stamp than the
+    part's first), their wrapped continuation lines with them; a blank line ends a draw."""
+    if not _LAB_STAMP.search(chunk) and ":" not in chunk:
+        return chunk
+    kept, first_stamp, keep_draw = [], None, True
+    for line in chunk.split("\n"):
+        stamp = _LAB_STAMP.match(line)
+        if stamp:
+            when = stamp.group(1).replace(" ", "").upper()
+            first_stamp = first_stamp or when
+            keep_draw = when == first_stamp
+            if not keep_draw:
+                withheld[f"{section}:later_draw_lines"] += 1
+        elif not line.strip():
+            keep_draw = True
+        if keep_draw:
+            kept.append(line)
+    return "\n".join(kept)
+
+
 def admission_part(body: str, withheld: Counter | None = None, section: str = "physical_exam") -> str:
     """The opening block and the parts whose label names admission/presentation (their label lines
-    dropped); every other part withheld, counted in `withheld` as `<section>:<kind>`. In pertinent_results
-    a lab line of another draw than the part's first (another time stamp) is withheld with its wrapped
-    continuation lines."""
+    dropped); every other part withheld, counted in `withheld` as `<section>:<kind>` (a run of parts of
+    one kind once: `CT abd:` inside IMAGING). In pertinent_results a lab line of another draw than the
+    part's first (another time stamp) is withheld too (_first_draw)."""
     withheld = withheld if withheld is not None else Counter()
-    kept: list[str] = []
-    keep_part, first_stamp, keep_draw, kind = True, None, True, None
-    for line in body.split("\n"):
-        label = _part_label(line)
-        if label is not None:
-            keep_part = _is_admission(label[0])
-            first_stamp, keep_draw = None, True
-            if not keep_part:
-                if _part_kind(label[0]) != kind:  # `CT abd:` inside IMAGING: one part
-                    kind = _part_kind(label[0])
-                    withheld[f"{section}:{kind}"] += 1
-                continue
+    bounds = []  # (label line start, its end, label, text after the label)
+    for m in _CANDIDATE.finditer("\n" + body):  # positions in body: one less
+        label, rest = (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(3), "")
+        if _starts_part(label, not rest.strip()):
+            bounds.append((m.start(), m.end() - 1, label, rest))
+    draws = section == "pertinent_results"
+    opening = body[:bounds[0][0]] if bounds else body
+    chunks = [_first_draw(opening, withheld, section) if draws else opening]
+    kind = None
+    for i, (_, end, label, rest) in enumerate(bounds):
+        upto = bounds[i + 1][0] if i + 1 < len(bounds) else len(body)
+        if _is_admission(label):
             kind = None
-            line = label[1]
-            if not line.strip():
-                continue
-        if not keep_part:
-            continue
-        if section == "pertinent_results":
-            stamp = _LAB_STAMP.match(line)
-            if stamp:
-                when = stamp.group(1).replace(" ", "").upper()
-                first_stamp = first_stamp or when
-                keep_draw = when == first_stamp
-                if not keep_draw:
-                    withheld[f"{section}:later_draw_lines"] += 1
-            elif not line.strip():
-                keep_draw = True
-            if not keep_draw:
-                continue
-        kept.append(line)
-    return "\n".join(kept).strip()
+            chunk = (rest + "\n" if rest.strip() else "") + body[end + 1:upto]
+            chunks.append(_first_draw(chunk, withheld, section) if draws else chunk)
+        elif _part_kind(label) != kind:
+            kind = _part_kind(label)
+            withheld[f"{section}:{kind}"] += 1
+    return "".join(c if c.endswith("\n") or not c else c + "\n" for c in chunks).strip()
 
 
 # ----------------------------------------------------------------------------- the splitter
