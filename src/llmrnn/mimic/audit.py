@@ -19,24 +19,31 @@ import re
 from collections import Counter
 from datetime import date
 
-SIGNALS = {
-    "discharge_wording": re.compile(
-        r"\b(discharg\w*|d/c'?d|dc'?d|transferred|expired|deceased|died|time of death|passed away|comfort measures"
-        r"|hospice)\b", re.IGNORECASE),
-    "later_day": re.compile(
-        r"\b(POD|HD|hospital day|post-?op(?:erative)? day)\s*#?\s*\d+|\bday of (discharge|transfer)\b"
-        r"|\bon (the )?day \d+\b", re.IGNORECASE),
-    "procedure_phrase": re.compile(
-        r"\b(underwent|s/p|status post|was performed|placement of|intubated|extubated|\w{3,}(ectomy|otomy|ostomy"
-        r"|plasty|scopy))\b", re.IGNORECASE),
-    "result_phrase": re.compile(
-        r"\b(impression:|findings:|culture (grew|positive|negative)|grew|no growth|biopsy (showed|revealed)"
-        r"|pathology|(echo|tte|ct|cxr|mri|ultrasound) (showed|revealed|demonstrated)|EF\s*(of\s*)?\d+\s*%)",
-        re.IGNORECASE),
+# signal -> (literals one of which must be in the lower-cased text, the pattern that confirms it there):
+# str.find over the literals first, as most sections hold none (a case-insensitive regex alone is slow)
+SIGNAL_RULES = {
+    "discharge_wording": (
+        ("discharg", "d/c", "dc'd", "dcd", "transferred", "expired", "deceased", "died", "death", "passed away",
+         "comfort measures", "hospice"),
+        r"discharg|\bd/?c'?d\b|transferred|expired|deceased|\bdied\b|time of death|passed away|comfort measures|hospice"),
+    "later_day": (
+        ("pod", "hd", "hospital day", "op day", "operative day", "day of ", "on day", "the day "),
+        (r"(?<![a-z])(?:pod|hd|hospital day|post-?op(?:erative)? day)\s*#?\s*\d|\bday of (?:discharge|transfer)\b"
+        r"|\bon (?:the )?day \d")),
+    "procedure_phrase": (
+        ("underwent", "s/p", "status post", "was performed", "placement of", "intubated", "extubated", "ectomy",
+         "otomy", "ostomy", "plasty", "scopy"),
+        (r"underwent|\bs/p\b|status post|was performed|placement of|\bintubated|\bextubated"
+        r"|\w(?:ectom|otom|ostom|plast|scop)y\b")),
+    "result_phrase": (
+        ("impression:", "findings:", "culture", "grew", "no growth", "biopsy", "pathology", "showed", "revealed",
+         "demonstrated", "ef"),
+        (r"impression:|findings:|culture (?:grew|positive|negative)|\bgrew\b|no growth|biopsy (?:showed|revealed)"
+        r"|pathology|\b(?:echo|tte|ct|cxr|mri|ultrasound) (?:showed|revealed|demonstrated)|\bef\s*(?:of\s*)?\d+\s*%")),
 }
+SIGNALS = {name: re.compile(pattern) for name, (_, pattern) in SIGNAL_RULES.items()}
 KINDS = (*SIGNALS, "target_verbatim", "any")
 _DATE = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b")
-_SPACE = re.compile(r"\s+")
 
 
 def _later_date(text: str, admitted: date | None) -> bool:
@@ -51,17 +58,43 @@ def _later_date(text: str, admitted: date | None) -> bool:
     return False
 
 
-def visit_signals(text: str, targets: list[str], admitted: date | None = None) -> set[str]:
+class TargetNames:
+    """A visit's target names (4+ letters), found word for word in a text (case and line breaks aside);
+    plain string search: compiling a pattern per visit costs more than the search."""
+
+    def __init__(self, targets: list[str]) -> None:
+        names = {" ".join(n.lower().split()) for n in targets}
+        self.names = [n for n in names if sum(c.isalpha() for c in n) >= 4]
+
+    def search(self, text: str) -> bool:
+        if not self.names:
+            return False
+        low = " ".join(text.lower().split())
+        for name in self.names:
+            at = low.find(name)
+            while at >= 0:
+                end = at + len(name)
+                if (at == 0 or not low[at - 1].isalnum()) and (end == len(low) or not low[end].isalnum()):
+                    return True
+                at = low.find(name, at + 1)
+        return False
+
+
+def target_pattern(targets: list[str]) -> TargetNames | None:
+    found = TargetNames(targets)
+    return found if found.names else None
+
+
+def visit_signals(text: str, targets: list[str] | TargetNames | None, admitted: date | None = None) -> set[str]:
     """The signal kinds one section's text holds (see the module docstring)."""
-    found = {name for name, pattern in SIGNALS.items() if pattern.search(text)}
+    low = text.lower()
+    found = {name for name, (keys, _) in SIGNAL_RULES.items()
+             if any(k in low for k in keys) and SIGNALS[name].search(low)}
     if "later_day" not in found and _later_date(text, admitted):
         found.add("later_day")
-    flat = _SPACE.sub(" ", text).lower()
-    for name in targets:
-        name = _SPACE.sub(" ", name).strip().lower()
-        if len(re.sub(r"[^a-z]", "", name)) >= 4 and re.search(rf"(?<!\w){re.escape(name)}(?!\w)", flat):
-            found.add("target_verbatim")
-            break
+    names = target_pattern(targets) if isinstance(targets, list) else targets
+    if names is not None and names.search(text):
+        found.add("target_verbatim")
     if found:
         found.add("any")
     return found
@@ -74,12 +107,16 @@ class Audit:
         self.by_section: dict[str, Counter] = {}
 
     def add(self, shown: dict[str, str], targets: list[str], admitted: date | None = None) -> None:
-        for name, text in shown.items():
-            if not text or not str(text).strip():
-                continue
+        pattern = target_pattern(targets)
+        self.add_signals({name: visit_signals(str(text), pattern, admitted) for name, text in shown.items()
+                          if text and str(text).strip()})
+
+    def add_signals(self, signals: dict[str, set[str] | list[str]]) -> None:
+        """Counts of sections whose signals were found elsewhere (the build's workers)."""
+        for name, kinds in signals.items():
             counter = self.by_section.setdefault(name, Counter())
             counter["visits"] += 1
-            for kind in visit_signals(str(text), targets, admitted):
+            for kind in kinds:
                 counter[kind] += 1
 
     def summary(self) -> dict:

@@ -33,7 +33,7 @@ from typing import Any
 from llmrnn import io
 from llmrnn.errors import InputError
 from llmrnn.mimic import sections as sec
-from llmrnn.mimic.audit import Audit
+from llmrnn.mimic.audit import Audit, target_pattern, visit_signals
 from llmrnn.settings import section_defaults
 
 # file -> (folder key, required columns)
@@ -221,8 +221,9 @@ class Shown:
         return high
 
 
-def note_record(text: str, shown: Shown) -> tuple[bytes, Counter, str | None]:
-    """One note -> (its spool record as JSON bytes, its counts, why its target is empty or None)."""
+def note_record(text: str, shown: Shown, admitted: date | None = None) -> tuple[bytes, Counter, str | None]:
+    """One note -> (its spool record as JSON bytes, its counts, why its target is empty or None). The
+    record holds the leak audit's signals of each shown section (against the note's own target)."""
     split = sec.split_note(text)
     counts: Counter = Counter({f"withheld_parts:{k}": v for k, v in split.withheld.items()})
     counts["unknown_headers"] = split.unknown_headers
@@ -230,10 +231,13 @@ def note_record(text: str, shown: Shown) -> tuple[bytes, Counter, str | None]:
     counts["headers_in_narrative"] = split.repeated
     body = split.sections if shown.cut_mixed else {**split.sections, **split.full}
     names, why = sec.diagnosis_target(split.sections.get("discharge_diagnosis"))
+    kept = {k: body[k] for k in shown.sections if body.get(k)}
+    pattern = target_pattern(names)
     record = {"allergies": split.sections.get("allergies") or None,
               "sections": {k: body[k] for k in shown.sections if k in body},
               "diagnosis": names,
-              "has": sorted(split.sections)}
+              "has": sorted(split.sections),
+              "signals": {k: sorted(visit_signals(v, pattern, admitted)) for k, v in kept.items() if v.strip()}}
     return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass"), counts, why
 
 
@@ -245,8 +249,8 @@ def _init_worker(shown: Shown) -> None:
     _WORKER_SHOWN = shown
 
 
-def _records(texts: list[str]) -> list[tuple[bytes, Counter, str | None]]:
-    return [note_record(t, _WORKER_SHOWN) for t in texts]
+def _records(items: list[tuple[str, date | None]]) -> list[tuple[bytes, Counter, str | None]]:
+    return [note_record(t, _WORKER_SHOWN, a) for t, a in items]
 
 
 def _kept_rows(path: Path, admissions: dict[int, Admission], counts: Counts) -> Iterator[tuple[int, str, tuple]]:
@@ -271,7 +275,7 @@ def _kept_rows(path: Path, admissions: dict[int, Admission], counts: Counts) -> 
             raise InputError(f"{path}: row {row}: subject_id: {sid}, but admissions gives hadm_id {hadm} to "
                              f"subject_id {adm.subject_id}")
         seq = _int(path, row, "note_seq", r["note_seq"]) if r["note_seq"].strip() else 0
-        yield hadm, r["text"], (r["note_type"].strip().upper() != "DS", seq, note_id)
+        yield hadm, (r["text"], _admitted(adm.admittime)), (r["note_type"].strip().upper() != "DS", seq, note_id)
 
 
 def stream_notes(path: Path, admissions: dict[int, Admission], spool, counts: Counts, shown: Shown,
@@ -305,7 +309,7 @@ def stream_notes(path: Path, admissions: dict[int, Admission], spool, counts: Co
 
     if workers <= 1:
         for batch in batches():
-            take(batch, [note_record(text, shown) for _, text, _ in batch])
+            take(batch, [note_record(text, shown, admitted) for _, (text, admitted), _ in batch])
     else:
         import multiprocessing as mp
 
@@ -313,7 +317,7 @@ def stream_notes(path: Path, admissions: dict[int, Admission], spool, counts: Co
         with mp.get_context("spawn" if sys.platform == "darwin" else "fork").Pool(
                 workers, initializer=_init_worker, initargs=(shown,)) as pool:
             for batch in batches():
-                pending.append((batch, pool.apply_async(_records, ([t for _, t, _ in batch],))))
+                pending.append((batch, pool.apply_async(_records, ([item for _, item, _ in batch],))))
                 while len(pending) > 4 * workers or (pending and pending[0][1].ready()):
                     done, result = pending.pop(0)
                     take(done, result.get())
@@ -390,7 +394,7 @@ def _admitted(admittime: str) -> date | None:
 
 
 def _patient_json(sid: int, hadms: list[int], chosen, spool, patients, icd, coverage: Counts, targets: Counts,
-                  leak: Audit, admissions) -> str:
+                  leak: Audit) -> str:
     visits = []
     for number, hadm in enumerate(hadms, 1):
         _, offset, length, why = chosen[hadm]
@@ -398,15 +402,23 @@ def _patient_json(sid: int, hadms: list[int], chosen, spool, patients, icd, cove
         record = json.loads(spool.read(length).decode("utf-8", "surrogatepass"))
         for name in record["has"]:
             coverage.add(name)
+        signals = record["signals"]
         if icd is None:
             names = record["diagnosis"]
-        else:
+        else:  # the audit's target_verbatim against the icd titles, not the note's section
             names = icd.get(hadm, [])
             why = None if names else "no diagnoses_icd row"
+            pattern = target_pattern(names)
+            for name, kinds in signals.items():
+                kinds[:] = [k for k in kinds if k not in ("target_verbatim", "any")]
+                if pattern is not None and pattern.search(record["sections"][name]):
+                    kinds.append("target_verbatim")
+                if kinds:
+                    kinds.append("any")
         targets.add("visits")
         if why:
             targets.add(f"empty: {why}")
-        leak.add(record["sections"], names, _admitted(admissions[hadm].admittime))
+        leak.add_signals(signals)
         visits.append({"visit_id": hadm, "visit_number": number, "sex": patients[sid][0] or None,
                        "allergies": record["allergies"],
                        "clinical_sections": {"discharge_diagnosis": sec.numbered(names), **record["sections"]}})
@@ -451,7 +463,7 @@ def build(hosp: str | Path, note: str | Path, out: str | Path, report: str | Pat
             with open(tmp, "w", encoding="utf-8", errors="surrogatepass") as fh:
                 fh.write("[\n")
                 fh.writelines((",\n" if i else "") + _patient_json(sid, hadms, chosen, spool, patients, icd, coverage,
-                                                                     targets, leak, admissions)
+                                                                     targets, leak)
                               for i, (sid, hadms) in enumerate(kept.items()))
                 fh.write("\n]\n")
 
