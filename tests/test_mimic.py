@@ -348,6 +348,11 @@ def test_a_header_inside_narrative_does_not_reopen_a_shown_section():
     assert "LEAK8" in s.sections["hospital_course"] and "LEAK9" in s.sections["hospital_course"]
     assert "LEAK12" in s.sections["discharge_instructions"]
     assert s.repeated >= 4  # Past medical history:, Home medications:, Allergies:, Reason for admission:
+    # out of the template's order: Medications on Admission before the course still ends at its header
+    moved = SURGICAL.replace(" \nMedications on Admission:\nlisinopril 10 mg daily\natorvastatin 40 mg daily\n", "")
+    moved = moved.replace(" \nBrief Hospital Course:", " \nMedications on Admission:\nlisinopril 10 mg daily\n"
+                                                         " \nBrief Hospital Course:")
+    assert sections.split_note(moved).sections["admission_medications"] == "lisinopril 10 mg daily"
     m = sections.split_note(MEDICINE)
     assert m.sections["admission_medications"].startswith("The Preadmission Medication list")
     assert "LEAK" not in m.sections["past_medical_history"] + m.sections["admission_medications"]

@@ -188,7 +188,7 @@ _CANDIDATE = re.compile(r"\n[ \t]*(?:[-*\u2022][ \t]*)?(?:([A-Za-z#][\w ,/&()'#.
 def _first_draw(chunk: str, withheld: Counter, section: str) -> str:
     """A kept part of the results without the lab lines of a later draw (another time stamp than the
     part's first), their wrapped continuation lines with them; a blank line ends a draw."""
-    if not _LAB_STAMP.search(chunk) and ":" not in chunk:
+    if ":" not in chunk:  # every time stamp has one
         return chunk
     kept, first_stamp, keep_draw = [], None, True
     for line in chunk.split("\n"):
@@ -272,6 +272,8 @@ def _opens(canonical: str, norm: str, alone: bool, current: str, seen: set[str])
         return now == 0
     if canonical in seen:
         return False
+    if order >= 2 and canonical != "admission_medications" and alone and norm in TEMPLATE_WORDING:
+        return True  # a withheld section's template header ends whatever stands before it, in any order
     if not (order > now or (order == 1 and now <= 1)):
         return False
     if canonical == "discharge_diagnosis" and norm not in TEMPLATE_WORDING and now < TEMPLATE_ORDER["discharge_medications"]:
