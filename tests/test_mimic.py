@@ -472,9 +472,12 @@ def test_audit_counts_discharge_time_signals_per_section(tmp_path, capsys):
     assert "hospital_course" not in report["leak_audit"] and "procedures" not in report["leak_audit"]
     assert report["leak_audit"]["pertinent_results"]["any"] == 0
     audit_json = tmp_path / "audit.json"
-    assert cli.main(["cohort", "audit", "--cohort", ref_out, "--out", str(audit_json)]) == 0
+    assert cli.main(["cohort", "audit", "--cohort", ref_out, str(tmp_path / "out/cohort.json"),
+                     "--out", str(audit_json)]) == 0
     printed = capsys.readouterr().out
-    assert printed.splitlines()[0].split()[:3] == ["section", "visits", "discharge_wording"]
-    saved = json.loads(audit_json.read_text())["sections"]
-    assert saved["hospital_course"]["target_verbatim"] == 2 and "LEAK" not in audit_json.read_text()
+    assert printed.splitlines()[0] == ref_out and printed.count("hospital_course") == 1
+    assert printed.splitlines()[1].split()[:3] == ["section", "visits", "discharge_wording"]
+    saved = json.loads(audit_json.read_text())["cohorts"]
+    assert saved[ref_out]["hospital_course"]["target_verbatim"] == 2
+    assert saved[ref_out]["pertinent_results"]["any"] > saved[str(tmp_path / "out/cohort.json")]["pertinent_results"]["any"] and "LEAK" not in audit_json.read_text()
     assert "LEAK" not in json.dumps(ref_report)

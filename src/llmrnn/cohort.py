@@ -485,15 +485,15 @@ def _cmd_build(args: argparse.Namespace) -> None:
 
 
 def _cmd_audit(args: argparse.Namespace) -> None:
+    """One table per cohort (e.g. built in each mode, side by side); --out: the counts as JSON."""
     from llmrnn.mimic import audit
 
+    if args.out and any(Path(c).resolve() == Path(args.out).resolve() for c in args.cohort):
+        raise InputError(f"--out and --cohort name the same file {args.out}; give each its own")
+    summaries = {str(c): audit.audit_cohort(load_cohort(c)) for c in args.cohort}
     if args.out:
-        _distinct_paths(args, ("cohort", "out"))
-    summary = audit.audit_cohort(load_cohort(args.cohort))
-    if args.out:
-        io.write_texts({args.out: io.json_text({"cohort": str(args.cohort), "signals": list(audit.KINDS),
-                                                "sections": summary})})
-    print(audit.table(summary))
+        io.write_texts({args.out: io.json_text({"signals": list(audit.KINDS), "cohorts": summaries})})
+    print("\n\n".join(f"{path}\n{audit.table(summary)}" for path, summary in summaries.items()))
 
 
 def _cmd_validate(args: argparse.Namespace) -> None:
@@ -587,7 +587,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_build)
 
     p = csub.add_parser("audit", help="count discharge-time signals in each shown section of a cohort (no text)")
-    p.add_argument("--cohort", required=True, help="a cohort JSON (e.g. RUN/cohort/built.json)")
+    p.add_argument("--cohort", required=True, nargs="+",
+                   help="cohort JSON files (e.g. RUN/cohort/built.json of a build in each mode, compared)")
     p.add_argument("--out", help="output: the counts as JSON")
     p.set_defaults(func=_cmd_audit)
 
