@@ -43,11 +43,11 @@ SIGNAL_RULES = {
 }
 SIGNALS = {name: re.compile(pattern) for name, (_, pattern) in SIGNAL_RULES.items()}
 KINDS = (*SIGNALS, "target_verbatim", "any")
-_DATE = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b")
+_DATE = re.compile(r"(?<!\d)([12]\d{3})-(\d{2})-(\d{2})(?!\d)")
 
 
 def _later_date(text: str, admitted: date | None) -> bool:
-    if admitted is None:
+    if admitted is None or "-" not in text:
         return False
     for m in _DATE.finditer(text):
         try:
@@ -66,10 +66,13 @@ class TargetNames:
         names = {" ".join(n.lower().split()) for n in targets}
         self.names = [n for n in names if sum(c.isalpha() for c in n) >= 4]
 
-    def search(self, text: str) -> bool:
+    def search(self, text: str, low: str | None = None) -> bool:
+        """low: text.lower() where the caller has it."""
         if not self.names:
             return False
-        low = " ".join(text.lower().split())
+        low = low if low is not None else text.lower()
+        if "\n" in low or "  " in low or "\t" in low:
+            low = " ".join(low.split())
         for name in self.names:
             at = low.find(name)
             while at >= 0:
@@ -93,7 +96,7 @@ def visit_signals(text: str, targets: list[str] | TargetNames | None, admitted: 
     if "later_day" not in found and _later_date(text, admitted):
         found.add("later_day")
     names = target_pattern(targets) if isinstance(targets, list) else targets
-    if names is not None and names.search(text):
+    if names is not None and names.search(text, low):
         found.add("target_verbatim")
     if found:
         found.add("any")
