@@ -91,8 +91,13 @@ def target_pattern(targets: list[str]) -> TargetNames | None:
 def visit_signals(text: str, targets: list[str] | TargetNames | None, admitted: date | None = None) -> set[str]:
     """The signal kinds one section's text holds (see the module docstring)."""
     low = text.lower()
-    found = {name for name, (keys, _) in SIGNAL_RULES.items()
-             if any(k in low for k in keys) and SIGNALS[name].search(low)}
+    found = set()
+    for name, (keys, _) in SIGNAL_RULES.items():
+        for key in keys:  # a plain loop: a generator per rule costs more than the searches
+            if key in low:
+                if SIGNALS[name].search(low):
+                    found.add(name)
+                break
     if "later_day" not in found and _later_date(text, admitted):
         found.add("later_day")
     names = target_pattern(targets) if isinstance(targets, list) else targets
