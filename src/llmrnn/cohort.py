@@ -266,16 +266,14 @@ def empty_target_reason(patient: dict) -> str | None:
     for index, visit in enumerate(patient["visits"]):
         value = visit["clinical_sections"].get("discharge_diagnosis")
         if is_empty_diagnosis(value):
-            how = "missing" if "discharge_diagnosis" not in visit["clinical_sections"] else \
-                "null" if value is None else "empty"
+            how = "missing" if "discharge_diagnosis" not in visit["clinical_sections"] else "null" if value is None else "empty"
             return f"visit {index} (visit_id {visit['visit_id']}): discharge_diagnosis {how}"
     return None
 
 
 def clean_cohort(patients: list[dict]) -> tuple[list[dict], dict]:
-    """Drop every patient with any visit whose discharge_diagnosis is empty (as the reference did); each
-    dropped patient is logged with its reason (the log is private; the report counts only). A cohort
-    built from MIMIC-IV says in its build_report.json `targets` why a note's target was empty."""
+    """Drop every patient with any visit whose discharge_diagnosis is empty (as the reference did), each
+    logged with its reason (the log is private; the report counts); a MIMIC-IV build's `targets` say why."""
     kept = []
     for p in patients:
         if (why := empty_target_reason(p)) is None:
@@ -289,8 +287,7 @@ def clean_cohort(patients: list[dict]) -> tuple[list[dict], dict]:
         "patients_out": len(kept),
         "visits_out": sum(len(p["visits"]) for p in kept),
         "rule": "drop a patient if any visit has an empty clinical_sections.discharge_diagnosis (each dropped "
-                "patient and its first such visit are in the log; a MIMIC-IV build's reasons are in "
-                "build_report.json targets)",
+                "patient and its first such visit in the log; a MIMIC-IV build's reasons: build_report targets)",
     }
     return kept, report
 
@@ -485,15 +482,9 @@ def _cmd_build(args: argparse.Namespace) -> None:
 
 
 def _cmd_audit(args: argparse.Namespace) -> None:
-    """One table per cohort (e.g. built in each mode, side by side); --out: the counts as JSON."""
     from llmrnn.mimic import audit
 
-    if args.out and any(Path(c).resolve() == Path(args.out).resolve() for c in args.cohort):
-        raise InputError(f"--out and --cohort name the same file {args.out}; give each its own")
-    summaries = {str(c): audit.audit_cohort(load_cohort(c)) for c in args.cohort}
-    if args.out:
-        io.write_texts({args.out: io.json_text({"signals": list(audit.KINDS), "cohorts": summaries})})
-    print("\n\n".join(f"{path}\n{audit.table(summary)}" for path, summary in summaries.items()))
+    audit.command(args, load_cohort)
 
 
 def _cmd_validate(args: argparse.Namespace) -> None:
@@ -582,13 +573,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output: the cohort JSON (private, 0600)")
     p.add_argument("--report", required=True, help="output: build_report.json (counts only)")
     p.add_argument("--cfg", type=json_arg, default={},
-                   help='JSON: the cohort.mimic_iv settings but hosp and note, e.g. {"diagnoses": "note", '
-                        '"min_visits": 2, "mode": "admission_time", "max_patients": null} (docs/configuration.md)')
+                   help='JSON: cohort.mimic_iv but hosp/note, e.g. {"diagnoses": "note", "mode": "admission_time"}')
     p.set_defaults(func=_cmd_build)
 
     p = csub.add_parser("audit", help="count discharge-time signals in each shown section of a cohort (no text)")
-    p.add_argument("--cohort", required=True, nargs="+",
-                   help="cohort JSON files (e.g. RUN/cohort/built.json of a build in each mode, compared)")
+    p.add_argument("--cohort", required=True, nargs="+", help="cohort JSON files (e.g. a build in each mode)")
     p.add_argument("--out", help="output: the counts as JSON")
     p.set_defaults(func=_cmd_audit)
 

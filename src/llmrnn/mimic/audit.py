@@ -153,3 +153,19 @@ def table(summary: dict) -> str:
             for name, c in summary.items()]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [head, *rows])
+
+
+def command(args, load_cohort) -> None:
+    """`llmrnn cohort audit`: one table per cohort (e.g. built in each mode, side by side); --out: the
+    counts as JSON. load_cohort: llmrnn.cohort's reader (passed in: cohort imports this module)."""
+    from pathlib import Path
+
+    from llmrnn import io
+    from llmrnn.errors import InputError
+
+    if args.out and any(Path(c).resolve() == Path(args.out).resolve() for c in args.cohort):
+        raise InputError(f"--out and --cohort name the same file {args.out}; give each its own")
+    summaries = {str(c): audit_cohort(load_cohort(c)) for c in args.cohort}
+    if args.out:
+        io.write_texts({args.out: io.json_text({"signals": list(KINDS), "cohorts": summaries})})
+    print("\n\n".join(f"{path}\n{table(summary)}" for path, summary in summaries.items()))

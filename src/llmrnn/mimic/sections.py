@@ -34,6 +34,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from llmrnn.settings.workflow import ADMISSION_TIME, MODES, REFERENCE, RISK  # noqa: F401 (re-exported)
+
 # canonical section <- header variants (as written in notes; normalised when the table is built).
 # The first variant of each is the template's wording.
 HEADER_VARIANTS: dict[str, tuple[str, ...]] = {
@@ -86,25 +88,8 @@ TEMPLATE_ORDER: dict[str, int] = {
 TARGET_STRICT = ("Discharge Diagnosis", "Discharge Diagnoses", "Discharge Dx", "Discharge Dxs",
                  "Discharge Diagnosis/Diagnoses")
 
-# What each section risks when shown to the model predicting the discharge diagnosis.
-RISK: dict[str, str] = {
-    "chief_complaint": "low: the reason for admission, written from the presentation",
-    "history_present_illness": "low: the presentation; a late edit may add the ED or early course",
-    "past_medical_history": "low: history before this admission",
-    "social_history": "low: history before this admission",
-    "family_history": "low: history before this admission",
-    "admission_medications": "low: medications before this admission",
-    "physical_exam": "low as split: only the admission exam (discharge/transfer/death exams withheld)",
-    "pertinent_results": "medium as split: admission labs only; imaging, micro, pathology and later draws "
-                         "withheld; in reference mode HIGH (every result of the stay)",
-    "procedures": "HIGH: what was done during the stay (for a surgical admission it nearly names the target)",
-    "hospital_course": "HIGH: written at discharge; it states the diagnoses the model must predict",
-}
-ADMISSION_TIME = ("chief_complaint", "history_present_illness", "past_medical_history", "admission_medications",
-                  "pertinent_results", "physical_exam", "social_history", "family_history")
-# what the reference's prediction prompt showed on top (named leakage): the course and every result
-REFERENCE = (*ADMISSION_TIME, "procedures", "hospital_course")
-MODES = {"admission_time": ADMISSION_TIME, "reference": REFERENCE}
+# RISK (what each section risks when shown), ADMISSION_TIME, REFERENCE and MODES live with the settings
+# (cohort.mimic_iv.mode / sections), imported above
 SHOWABLE = tuple(RISK)
 # What the cohort keeps, in this order (llmrnn.cohort's record format), when shown.
 KEPT = ("chief_complaint", "history_present_illness", "past_medical_history", "procedures",

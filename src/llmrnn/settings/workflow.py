@@ -6,8 +6,28 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from llmrnn.mimic.sections import ADMISSION_TIME, REFERENCE, RISK
 from llmrnn.settings.base import ENV_NAME, Section
+
+# What each section of a MIMIC-IV discharge note risks when shown to the model predicting the discharge diagnosis.
+RISK: dict[str, str] = {
+    "chief_complaint": "low: the reason for admission, written from the presentation",
+    "history_present_illness": "low: the presentation; a late edit may add the ED or early course",
+    "past_medical_history": "low: history before this admission",
+    "social_history": "low: history before this admission",
+    "family_history": "low: history before this admission",
+    "admission_medications": "low: medications before this admission",
+    "physical_exam": "low as split: only the admission exam (discharge/transfer/death exams withheld)",
+    "pertinent_results": "medium as split: admission labs only; imaging, micro, pathology and later draws "
+                         "withheld; in reference mode HIGH (every result of the stay)",
+    "procedures": "HIGH: what was done during the stay (for a surgical admission it nearly names the target)",
+    "hospital_course": "HIGH: written at discharge; it states the diagnoses the model must predict",
+}
+ADMISSION_TIME = ("chief_complaint", "history_present_illness", "past_medical_history", "admission_medications",
+                  "pertinent_results", "physical_exam", "social_history", "family_history")
+# what the reference's prediction prompt showed on top (named leakage): the course and every result
+REFERENCE = (*ADMISSION_TIME, "procedures", "hospital_course")
+MODES = {"admission_time": ADMISSION_TIME, "reference": REFERENCE}
+
 
 ShownSection = Literal[tuple(RISK)]  # type: ignore[valid-type]
 _RISKS = "; ".join(f"{name}: {risk}" for name, risk in RISK.items())
