@@ -6,6 +6,7 @@ import csv
 import gzip
 import io as stdio
 import json
+import re
 import stat
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def _build(tmp_path: Path, root: Path, cfg: dict | None = None) -> tuple[int, li
     return rc, cohort, rep, str(out)
 
 
-def _without(patients: list[dict], drop=("hospital_course",)) -> list[dict]:
+def _without(patients: list[dict], drop=("hospital_course", "procedures")) -> list[dict]:
     return [{"subject_id": p["subject_id"],
              "visits": [{**v, "clinical_sections": {k: x for k, x in v["clinical_sections"].items() if k not in drop}}
                         for v in p["visits"]]} for p in patients]
@@ -40,7 +41,8 @@ def _without(patients: list[dict], drop=("hospital_course",)) -> list[dict]:
 
 @pytest.mark.parametrize("diagnoses", ["note", "icd"])
 def test_round_trip_gives_the_synthetic_cohort_back(tmp_path, diagnoses):
-    """Visits (ids, order, numbers), sex, allergies and every section but the withheld hospital course."""
+    """Visits (ids, order, numbers), sex, allergies and every section but the withheld hospital course and
+    procedures (both written during the stay)."""
     patients = synthesize_cohort(12, seed=7)
     synth.write(patients, 7, tmp_path / "src")
     rc, cohort, report, out = _build(tmp_path, tmp_path / "src", {"diagnoses": diagnoses})
@@ -179,7 +181,9 @@ BAD = {
         b"note_id,subject_id,hadm_id,note_type,note_seq,charttime,storetime,text\n"
         b"a,10,100,DS,1,,,\"ok\"\nb,10,101,DS,1,,,\"caf\xe9\"\n")), "discharge.csv.gz: row 2: text: not UTF-8"),
     "hadm in no admission": (lambda root: _write_tables(root, [("a", 10, 999, 1, "x")]),
-                             "discharge.csv.gz: row 1: hadm_id: 999 is in no row of admissions"),
+                             ("discharge.csv.gz: row 1: hadm_id: 1 of 1 notes (100.0%) have a hadm_id in no row of "
+                             "admissions, more than max_orphan_share 0.01: hosp/ and note/ are likely from mismatched "
+                             "releases")),
     "duplicate note id": (lambda root: _write_tables(root, [("a", 10, 100, 1, "x"), ("a", 10, 101, 1, "y")]),
                           "discharge.csv.gz: row 2: note_id: a appears twice"),
 }
@@ -226,3 +230,254 @@ def test_llmrnn_check_reads_the_physionet_folder(tmp_path):
     assert check_cohort({"cohort": cohort}) == [expected]
     cohort["mimic_iv"]["note"] = str(tmp_path / "note")
     assert check_cohort({"cohort": cohort}) == []
+
+
+# ----------------------------------------------------------------------------- notes as real ones are written
+# Hand-written the way MIMIC-IV-Note discharge summaries are (the `___` blanks, the template's header
+# order, capitalised and mixed-case headers, lists), NOT by llmrnn.mimic.synth: the generator and the
+# splitter must not share assumptions. LEAK<n> marks text written during the stay or at discharge.
+SURGICAL = """ \nName:  ___                    Unit No:   ___
+ \nAdmission Date:  ___              Discharge Date:   ___
+ \nDate of Birth:  ___             Sex:   M
+ \nService: SURGERY
+ \nAllergies: \nPatient recorded as having No Known Allergies to Drugs
+ \nAttending: ___.
+ \nChief Complaint:\nRLQ abdominal pain
+ \nMajor Surgical or Invasive Procedure:\n___: Laparoscopic appendectomy LEAK1
+ \nHistory of Present Illness:\nMr. ___ is a ___ y/o M who presents with 1 day of periumbilical pain
+migrating to the RLQ, anorexia and nausea. In the ED, T 100.9.
+ \nPast Medical History:\n1. Hypertension\n2. Hyperlipidemia
+ \nSocial History:\n___\nFamily History:\nMother with DM2. Father with CAD.
+ \nPhysical Exam:\nADMISSION EXAM:\nVS: 100.9 130/80 98 16 98% RA\nGen: uncomfortable, NAD
+Abd: soft, tender at McBurney's point, + rebound
+ \nD/C EXAM:\nAbd: lap sites c/d/i LEAK2
+ \nPertinent Results:\nADMISSION LABS:
+___ 07:20PM BLOOD WBC-15.2* RBC-4.51 Hgb-13.9* Hct-41.0 MCV-91
+MCH-30.8 MCHC-33.9 RDW-12.9 Plt ___
+___ 07:20PM BLOOD Glucose-110* UreaN-14 Creat-0.9 Na-138
+ \n___ 06:10AM BLOOD WBC-8.1 RBC-4.02 Hgb-12.0 LEAK3
+ \nIMAGING:\nCT abd/pelvis ___: Dilated appendix with periappendiceal stranding LEAK4
+ \nMICRO:\nBlood cultures ___: no growth LEAK5
+ \nPATHOLOGY:\nDIAGNOSIS: Appendix, appendectomy: acute suppurative appendicitis LEAK6
+ \nBrief Hospital Course:\nMr. ___ was admitted to the surgical service and taken to the OR LEAK7.
+Past medical history: LEAK8 hypertension, stable.
+Home medications:
+LEAK9 lisinopril was held post-operatively.
+ \nMedications on Admission:\nlisinopril 10 mg daily\natorvastatin 40 mg daily
+ \nDischarge Medications:\n1. OxyCODONE (Immediate Release) 5 mg PO Q4H:PRN pain LEAK10
+ \nDischarge Disposition:\nHome
+ \nDischarge Diagnosis:\nPRIMARY\n==========\n1. Acute appendicitis\n \nSECONDARY\n==========\n- Hypertension
+ \nDischarge Condition:\nMental Status: Clear and coherent.\nActivity Status: Ambulatory - Independent.
+ \nDischarge Instructions:\nDear Mr. ___,\nYou were admitted for appendicitis LEAK11.
+Allergies: LEAK12 none new.\nReason for admission: LEAK13 appendicitis.
+ \nFollowup Instructions:\n___
+"""
+
+MEDICINE = """ \nName:  ___                   Unit No:   ___
+ \nAdmission Date:  ___              Discharge Date:   ___
+ \nDate of Birth:  ___             Sex:   F
+ \nService: MEDICINE
+ \nAllergies: \nSulfa (Sulfonamide Antibiotics)
+ \nAttending: ___.
+ \nCHIEF COMPLAINT:\nShortness of breath
+ \nMAJOR SURGICAL OR INVASIVE PROCEDURE:\nIntubation LEAK20\nRight IJ central line placement LEAK21
+ \nHISTORY OF PRESENT ILLNESS:\nMs. ___ is a ___ woman with CHF (EF 30%) and COPD who presents with
+3 days of worsening dyspnea and ___ edema.
+ \nPAST MEDICAL HISTORY:\n- CHF, EF 30%\n- COPD on 2L home O2\n- Atrial fibrillation on apixaban
+ \nSOCIAL HISTORY:\n___\nFAMILY HISTORY:\nNon-contributory
+ \nPHYSICAL EXAM:\nVS: 97.8 150/90 110 28 88% RA\nGEN: tachypneic, speaking in short sentences
+Lungs: crackles to mid-fields bilaterally\n \nON ADMISSION:\nExt: 2+ pitting edema to knees
+ \nTRANSFER EXAM:\nGEN: intubated, sedated LEAK22\n \nDischrge exam:\nLungs: clear LEAK23
+ \nPhysical exam at time of death:\nNo pulse LEAK24
+ \nPERTINENT RESULTS:\n___ 09:45PM BLOOD proBNP-12450*
+___ 09:45PM BLOOD cTropnT-0.04*\n___ 04:30AM BLOOD proBNP-8010* LEAK25
+ \nAdmission labs:\n___ 09:45PM BLOOD Na-131* K-5.1
+ \nECHO ___: LVEF 20% LEAK26\n \nD/C LABS:\n___ 05:00AM BLOOD Na-136 LEAK27
+ \nBRIEF HOSPITAL COURSE:\n# Acute on chronic systolic heart failure LEAK28: diuresed.
+ \nMEDICATIONS ON ADMISSION:\nThe Preadmission Medication list is accurate and complete.
+1. Furosemide 40 mg PO DAILY\n2. Apixaban 5 mg PO BID
+ \nDISCHARGE MEDICATIONS:\n1. Furosemide 80 mg PO DAILY LEAK29
+ \nDISCHARGE DISPOSITION:\nExtended Care\n \nFacility:\n___
+ \nDischarge Dx:\nAcute on chronic systolic heart failure\nCOPD exacerbation
+ \nDISCHARGE CONDITION:\nStable.
+ \nDISCHARGE INSTRUCTIONS:\nDear Ms. ___,\nPast medical history: LEAK30.\nHome medications: LEAK31
+ \nFOLLOWUP INSTRUCTIONS:\n___
+"""
+
+
+def _leaks(visit_or_split: dict) -> list[str]:
+    return sorted(set(re.findall(r"LEAK\d+", json.dumps(visit_or_split))))
+
+
+def test_shown_sections_hold_no_text_written_during_the_stay():
+    """Classes 1-3 of the issue: procedures, results and exam parts, headers inside narrative."""
+    for note in (SURGICAL, MEDICINE):
+        split = sections.split_note(note)
+        shown = {k: split.sections[k] for k in sections.ADMISSION_TIME if k in split.sections}
+        assert _leaks(shown) == [], _leaks(shown)
+        assert "LEAK" not in split.sections["allergies"]
+
+
+def test_mixed_sections_keep_only_their_admission_parts():
+    s = sections.split_note(SURGICAL)
+    assert s.sections["physical_exam"] == ("VS: 100.9 130/80 98 16 98% RA\nGen: uncomfortable, NAD\n"
+                                           "Abd: soft, tender at McBurney's point, + rebound")
+    assert s.sections["pertinent_results"].splitlines() == [
+        "___ 07:20PM BLOOD WBC-15.2* RBC-4.51 Hgb-13.9* Hct-41.0 MCV-91", "MCH-30.8 MCHC-33.9 RDW-12.9 Plt ___",
+        "___ 07:20PM BLOOD Glucose-110* UreaN-14 Creat-0.9 Na-138"]
+    assert s.withheld == {"physical_exam:discharge": 1, "pertinent_results:later_draw_lines": 1,
+                          "pertinent_results:imaging": 1, "pertinent_results:microbiology": 1,
+                          "pertinent_results:pathology": 1}
+    m = sections.split_note(MEDICINE)
+    # the opening block, then ON ADMISSION; transfer, misspelt discharge and death exams withheld
+    assert m.sections["physical_exam"].splitlines() == [
+        "VS: 97.8 150/90 110 28 88% RA", "GEN: tachypneic, speaking in short sentences",
+        "Lungs: crackles to mid-fields bilaterally", " ", "Ext: 2+ pitting edema to knees"]
+    assert {k: v for k, v in m.withheld.items() if k.startswith("physical_exam")} == {
+        "physical_exam:transfer": 1, "physical_exam:discharge": 1, "physical_exam:death": 1}
+    assert "Na-131* K-5.1" in m.sections["pertinent_results"]  # `Admission labs:` is kept
+    assert m.withheld["pertinent_results:echo_ekg"] == 1 and m.withheld["pertinent_results:discharge"] == 1
+
+
+def test_a_header_inside_narrative_does_not_reopen_a_shown_section():
+    s = sections.split_note(SURGICAL)
+    assert s.sections["past_medical_history"] == "1. Hypertension\n2. Hyperlipidemia"
+    assert s.sections["admission_medications"] == "lisinopril 10 mg daily\natorvastatin 40 mg daily"
+    assert s.sections["chief_complaint"] == "RLQ abdominal pain"
+    assert s.sections["allergies"] == "Patient recorded as having No Known Allergies to Drugs"
+    assert "LEAK8" in s.sections["hospital_course"] and "LEAK9" in s.sections["hospital_course"]
+    assert "LEAK12" in s.sections["discharge_instructions"]
+    assert s.repeated >= 4  # Past medical history:, Home medications:, Allergies:, Reason for admission:
+    # out of the template's order: Medications on Admission before the course still ends at its header
+    moved = SURGICAL.replace(" \nMedications on Admission:\nlisinopril 10 mg daily\natorvastatin 40 mg daily\n", "")
+    moved = moved.replace(" \nBrief Hospital Course:", " \nMedications on Admission:\nlisinopril 10 mg daily\n"
+                                                         " \nBrief Hospital Course:")
+    assert sections.split_note(moved).sections["admission_medications"] == "lisinopril 10 mg daily"
+    m = sections.split_note(MEDICINE)
+    assert m.sections["admission_medications"].startswith("The Preadmission Medication list")
+    assert "LEAK" not in m.sections["past_medical_history"] + m.sections["admission_medications"]
+
+
+def test_procedures_and_hospital_course_are_shown_only_in_reference_mode(tmp_path):
+    _write_tables(tmp_path, [("a", 10, 100, 1, SURGICAL), ("b", 10, 101, 1, MEDICINE)])
+    rc, cohort, report, _ = _build(tmp_path, tmp_path)
+    assert rc == 0 and _leaks(cohort) == []
+    assert "procedures" not in report["shown_sections"] and report["leakage"] == []
+    assert report["withheld_parts"]["pertinent_results:imaging"] == 1
+    rc, ref, ref_report, _ = _build(tmp_path / "ref", tmp_path, {"mode": "reference"})
+    assert rc == 0
+    visit = ref[0]["visits"][1]["clinical_sections"]  # SURGICAL (admitted later)
+    assert {"LEAK1", "LEAK3", "LEAK4", "LEAK7"} <= set(_leaks(visit))
+    assert ref_report["leakage"] == ["procedures", "hospital_course", "physical_exam (whole, not cut to admission)",
+                                     "pertinent_results (whole, not cut to admission)"]
+    assert ref_report["shown_sections"]["hospital_course"].startswith("HIGH")
+
+
+def test_target_is_the_top_level_discharge_diagnosis_cleaned():
+    """Class 4: not the pathology report's DIAGNOSIS:, no list labels or rules as names, Discharge Dx:."""
+    s = sections.split_note(SURGICAL)
+    assert sections.diagnosis_target(s.sections["discharge_diagnosis"]) == (["Acute appendicitis", "Hypertension"], None)
+    m = sections.split_note(MEDICINE)
+    assert sections.diagnosis_target(m.sections["discharge_diagnosis"]) == (
+        ["Acute on chronic systolic heart failure", "COPD exacerbation"], None)
+    assert sections.diagnosis_target("SECONDARY DIAGNOSES\n#1 Anemia\nPRIMARY DIAGNOSIS\n* Sepsis") == (
+        ["Sepsis", "Anemia"], None)
+    assert sections.diagnosis_target(None) == ([], "no section")
+    assert sections.diagnosis_target(" \n") == ([], "empty section")
+    assert sections.diagnosis_target("PRIMARY:\n=======\nSECONDARY:\n-----") == ([], "no diagnosis in the section")
+    # without a Discharge Diagnosis section, the pathology DIAGNOSIS: inside the results is no target
+    no_dx = SURGICAL.split(" \nDischarge Diagnosis:")[0]
+    assert "discharge_diagnosis" not in sections.split_note(no_dx).sections
+
+
+def test_empty_targets_are_counted_with_their_reason_and_cleaning_says_why(tmp_path, caplog):
+    no_dx = SURGICAL.split(" \nDischarge Diagnosis:")[0]
+    rules_only = SURGICAL.replace("1. Acute appendicitis", "").replace("- Hypertension", "")
+    _write_tables(tmp_path, [("a", 10, 100, 1, no_dx), ("b", 10, 101, 1, rules_only), ("c", 10, 102, 1, MEDICINE)])
+    rc, cohort, report, _ = _build(tmp_path, tmp_path)
+    assert rc == 0
+    assert report["targets"] == {"visits": 3, "empty: no section": 1, "empty: no diagnosis in the section": 1}
+    import logging
+
+    from llmrnn.cohort import clean_cohort
+
+    with caplog.at_level(logging.INFO, logger="llmrnn.cohort"):
+        kept, _ = clean_cohort(cohort)
+    assert kept == [] and "patient 10 dropped: visit 0 (visit_id 101): discharge_diagnosis empty" in caplog.text
+
+
+def test_orphan_notes_are_skipped_and_counted_below_the_limit(tmp_path, capsys):
+    """Class 5: hosp/ and note/ of different releases."""
+    notes = [("a", 10, 100, 1, SURGICAL), ("b", 10, 101, 1, MEDICINE), ("o", 10, 999, 1, SURGICAL)]
+    _write_tables(tmp_path, notes)
+    rc, cohort, report, _ = _build(tmp_path, tmp_path, {"max_orphan_share": 0.5})
+    assert rc == 0 and report["counts"]["notes_skipped_orphan"] == 1 and report["visits_out"] == 2
+    rc, cohort, report, _ = _build(tmp_path / "strict", tmp_path, {"max_orphan_share": 0.2})
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and cohort is None and report is None
+    assert "discharge.csv.gz: row 3: hadm_id: 1 of 3 notes (33.3%)" in err[-1] and "mismatched releases" in err[-1]
+
+
+def _many(root: Path, n: int) -> None:
+    """n patients of 1-4 visits; patient 5 has a visit without a target; icd rows: version 10 but patient 7."""
+    notes, admissions, patients, dx = [], [], [], []
+    for p in range(n):
+        sid = 1000 + p
+        patients.append((sid, "F", 60))
+        for v in range(1 + p % 4):
+            hadm = sid * 10 + v
+            admissions.append((sid, hadm, f"2150-0{v + 1}-01 10:00:00"))
+            text = SURGICAL.split(" \nDischarge Diagnosis:")[0] if (p, v) == (5, 1) else MEDICINE
+            notes.append((f"n{hadm}", sid, hadm, 1, text))
+            dx.append((sid, hadm, 1, "I509" if p != 7 else "4280", "10" if p != 7 else "9"))
+    _write_tables(root, notes, admissions, patients)
+    buf = stdio.StringIO()
+    csv.writer(buf).writerows([("subject_id", "hadm_id", "seq_num", "icd_code", "icd_version"), *dx])
+    (root / "hosp/diagnoses_icd.csv.gz").write_bytes(gzip.compress(buf.getvalue().encode()))
+
+
+def test_selection_settings_sample_and_filter_patients(tmp_path):
+    """Class 6: seeded max_patients (from patients whose every visit has a target), ICD version, max_visits."""
+    _many(tmp_path, 24)
+    rc, full, _, _ = _build(tmp_path / "a", tmp_path, {"min_visits": 1})
+    assert rc == 0 and len(full) == 24
+    ids = lambda cohort: [p["subject_id"] for p in cohort]
+    _, one, r1, _ = _build(tmp_path / "b", tmp_path, {"min_visits": 1, "max_patients": 10, "patient_seed": 3})
+    _, two, _, _ = _build(tmp_path / "c", tmp_path, {"min_visits": 1, "max_patients": 10, "patient_seed": 3})
+    _, other, _, _ = _build(tmp_path / "d", tmp_path, {"min_visits": 1, "max_patients": 10, "patient_seed": 4})
+    assert len(one) == 10 and ids(one) == ids(two) != ids(other) and 1005 not in ids(one) + ids(other)
+    assert r1["counts"]["patients_not_eligible_for_sample_empty_target"] == 1
+    assert r1["counts"]["patients_not_sampled"] == 13
+    _, v10, r10, _ = _build(tmp_path / "e", tmp_path, {"min_visits": 1, "icd_version": 10})
+    assert 1007 not in ids(v10) and len(v10) == 23 and r10["counts"]["patients_dropped_other_icd_version"] == 1
+    _, short, rs, _ = _build(tmp_path / "f", tmp_path, {"min_visits": 2, "max_visits": 3})
+    assert {len(p["visits"]) for p in short} == {2, 3} and rs["counts"]["patients_dropped_more_than_max_visits"] == 6
+
+
+def test_workers_do_not_change_the_cohort(tmp_path):
+    _many(tmp_path, 40)
+    _, one, r1, _ = _build(tmp_path / "a", tmp_path, {"workers": 1})
+    _, two, r2, _ = _build(tmp_path / "b", tmp_path, {"workers": 2})
+    assert one == two and r1 == r2 | {"settings": r1["settings"]}
+
+
+def test_audit_counts_discharge_time_signals_per_section(tmp_path, capsys):
+    _write_tables(tmp_path, [("a", 10, 100, 1, SURGICAL), ("b", 10, 101, 1, MEDICINE)])
+    rc, _, ref_report, ref_out = _build(tmp_path / "ref", tmp_path, {"mode": "reference"})
+    _, _, report, _ = _build(tmp_path, tmp_path)
+    assert rc == 0
+    course = ref_report["leak_audit"]["hospital_course"]
+    assert course["visits"] == 2 and course["target_verbatim"] == 2 and course["any"] == 2
+    assert ref_report["leak_audit"]["procedures"]["procedure_phrase"] == 1  # appendectomy
+    assert "hospital_course" not in report["leak_audit"] and "procedures" not in report["leak_audit"]
+    assert report["leak_audit"]["pertinent_results"]["any"] == 0
+    audit_json = tmp_path / "audit.json"
+    assert cli.main(["cohort", "audit", "--cohort", ref_out, str(tmp_path / "out/cohort.json"),
+                     "--out", str(audit_json)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[0] == ref_out and printed.count("hospital_course") == 1
+    assert printed.splitlines()[1].split()[:3] == ["section", "visits", "discharge_wording"]
+    saved = json.loads(audit_json.read_text())["cohorts"]
+    assert saved[ref_out]["hospital_course"]["target_verbatim"] == 2
+    assert saved[ref_out]["pertinent_results"]["any"] > saved[str(tmp_path / "out/cohort.json")]["pertinent_results"]["any"] and "LEAK" not in audit_json.read_text()
+    assert "LEAK" not in json.dumps(ref_report)

@@ -497,3 +497,23 @@ def test_card_states_the_attention_that_ran_and_the_data_seed_against_the_refere
     assert "| `data.seed` | 42 (train.seed): the reference left verl's data.seed unset" in section
     manifest = json.loads((out / "MANIFEST.json").read_text())
     assert manifest["training"]["attention"]["ran"] == "sdpa"
+
+
+@pytest.mark.parametrize("mode", ["admission_time", "reference"])
+def test_card_names_the_note_text_shown_and_its_leakage(inputs, tmp_path, monkeypatch, mode):
+    """A cohort built from MIMIC-IV notes: the card says which sections the models saw, and names the
+    reference mode's discharge-time text as leakage."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    out = tmp_path / "run" / "release"
+    knobs = dict(KNOBS, cohort={"source": "mimic_iv", "mimic_iv": {"hosp": "data/h", "note": "data/n", "mode": mode}})
+    cfg = {"run_name": "demo", "release": {"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"}, "knobs": knobs}
+    release.build_release(
+        merged=inputs["merged"], merge_check=inputs["merge_check"], splits=inputs["splits"],
+        split_files=inputs["split_files"], metrics=inputs["metrics"], rubric=inputs["rubric"], cfg=cfg,
+        card_out=out / "README.md", manifest_out=out / "MANIFEST.json", receipt_out=out / "upload_receipt.json")
+    data = (out / "README.md").read_text().split("## Data\n", 1)[1].split("\n## ", 1)[0]
+    assert f"| `note text shown` | {mode}: " in data
+    if mode == "reference":
+        assert "LEAKAGE of discharge-time text: procedures, hospital_course" in data
+    else:
+        assert "none by design" in data and "hospital_course" not in data

@@ -261,20 +261,33 @@ def is_empty_diagnosis(value: Any) -> bool:
     return value is None or not str(value).strip()
 
 
+def empty_target_reason(patient: dict) -> str | None:
+    """Why a patient is dropped by cleaning: its first visit with an empty discharge_diagnosis, or None."""
+    for index, visit in enumerate(patient["visits"]):
+        value = visit["clinical_sections"].get("discharge_diagnosis")
+        if is_empty_diagnosis(value):
+            how = "missing" if "discharge_diagnosis" not in visit["clinical_sections"] else "null" if value is None else "empty"
+            return f"visit {index} (visit_id {visit['visit_id']}): discharge_diagnosis {how}"
+    return None
+
+
 def clean_cohort(patients: list[dict]) -> tuple[list[dict], dict]:
-    """Drop every patient with any visit whose discharge_diagnosis is empty (as the reference did)."""
-    kept = [
-        p
-        for p in patients
-        if not any(is_empty_diagnosis(v["clinical_sections"].get("discharge_diagnosis")) for v in p["visits"])
-    ]
+    """Drop every patient with any visit whose discharge_diagnosis is empty (as the reference did), each
+    logged with its reason (the log is private; the report counts); a MIMIC-IV build's `targets` say why."""
+    kept = []
+    for p in patients:
+        if (why := empty_target_reason(p)) is None:
+            kept.append(p)
+        else:
+            log.info("patient %s dropped: %s", p["subject_id"], why)
     report = {
         "patients_in": len(patients),
         "visits_in": sum(len(p["visits"]) for p in patients),
         "patients_dropped_empty_diagnosis": len(patients) - len(kept),
         "patients_out": len(kept),
         "visits_out": sum(len(p["visits"]) for p in kept),
-        "rule": "drop a patient if any visit has an empty clinical_sections.discharge_diagnosis",
+        "rule": "drop a patient if any visit has an empty clinical_sections.discharge_diagnosis (each dropped "
+                "patient and its first such visit in the log; a MIMIC-IV build's reasons: build_report targets)",
     }
     return kept, report
 
@@ -468,6 +481,12 @@ def _cmd_build(args: argparse.Namespace) -> None:
     log.info("built cohort: %d patients, %d visits", summary["patients_out"], summary["visits_out"])
 
 
+def _cmd_audit(args: argparse.Namespace) -> None:
+    from llmrnn.mimic import audit
+
+    audit.command(args, load_cohort)
+
+
 def _cmd_validate(args: argparse.Namespace) -> None:
     patients = load_cohort(args.cohort)
     kept, report = clean_cohort(patients)
@@ -554,8 +573,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output: the cohort JSON (private, 0600)")
     p.add_argument("--report", required=True, help="output: build_report.json (counts only)")
     p.add_argument("--cfg", type=json_arg, default={},
-                   help='JSON: {"diagnoses": "note"|"icd", "min_visits": 2, "adults_only": false}')
+                   help='JSON: cohort.mimic_iv but hosp/note, e.g. {"diagnoses": "note", "mode": "admission_time"}')
     p.set_defaults(func=_cmd_build)
+
+    p = csub.add_parser("audit", help="count discharge-time signals in each shown section of a cohort (no text)")
+    p.add_argument("--cohort", required=True, nargs="+", help="cohort JSON files (e.g. a build in each mode)")
+    p.add_argument("--out", help="output: the counts as JSON")
+    p.set_defaults(func=_cmd_audit)
 
     p = csub.add_parser("validate", help="check every record of a cohort file")
     p.add_argument("cohort")

@@ -41,7 +41,8 @@ def check_cohort(config: dict) -> list[str]:
         from llmrnn.mimic.build import folder_problems
 
         mimic = cohort["mimic_iv"]
-        return [f"cohort.mimic_iv: {p}" for p in folder_problems(mimic["hosp"], mimic["note"], mimic["diagnoses"])]
+        return [f"cohort.mimic_iv: {p}" for p in folder_problems(mimic["hosp"], mimic["note"], mimic["diagnoses"],
+                                                                            mimic.get("icd_version"))]
     if cohort_is_synthetic(cohort):  # also the synthetic PhysioNet files: they build back into this cohort
         synth = cohort["synthetic"]
         if synth.get("patients") is None or synth.get("seed") is None:

@@ -17,12 +17,15 @@ import csv
 import gzip
 import json
 import os
+import random
 import re
 import sys
 import tempfile
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import date
 from io import BufferedReader, TextIOWrapper
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,7 @@ from typing import Any
 from llmrnn import io
 from llmrnn.errors import InputError
 from llmrnn.mimic import sections as sec
+from llmrnn.mimic.audit import Audit, target_pattern, visit_signals
 from llmrnn.settings import section_defaults
 
 # file -> (folder key, required columns)
@@ -41,12 +45,14 @@ TABLES: dict[str, tuple[str, tuple[str, ...]]] = {
     "discharge": ("note", ("note_id", "subject_id", "hadm_id", "note_type", "note_seq", "text")),
 }
 ICD_TABLES = ("diagnoses_icd", "d_icd_diagnoses")
-DEFAULTS = {k: v for k, v in section_defaults("cohort.mimic_iv").items() if k in ("diagnoses", "min_visits", "adults_only")}
+DEFAULTS = {k: v for k, v in section_defaults("cohort.mimic_iv").items() if k not in ("hosp", "note")}
 _SURROGATE = re.compile("[\udc80-\udcff]")  # bytes that are not UTF-8, kept by surrogateescape
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 
 
-def tables_needed(diagnoses: str) -> tuple[str, ...]:
+def tables_needed(diagnoses: str, icd_version: int | None = None) -> tuple[str, ...]:
+    if icd_version is not None:  # the version filter reads diagnoses_icd
+        return tuple(t for t in TABLES if diagnoses == "icd" or t != "d_icd_diagnoses")
     return tuple(t for t in TABLES if diagnoses == "icd" or t not in ICD_TABLES)
 
 
@@ -57,9 +63,10 @@ def table_path(folder: str | Path, table: str) -> Path:
     return plain if not gz.exists() and plain.exists() else gz
 
 
-def table_paths(hosp: str | Path, note: str | Path, diagnoses: str = "note") -> dict[str, Path]:
+def table_paths(hosp: str | Path, note: str | Path, diagnoses: str = "note", icd_version: int | None = None
+                ) -> dict[str, Path]:
     folders = {"hosp": hosp, "note": note}
-    return {t: table_path(folders[TABLES[t][0]], t) for t in tables_needed(diagnoses)}
+    return {t: table_path(folders[TABLES[t][0]], t) for t in tables_needed(diagnoses, icd_version)}
 
 
 def _open(path: Path, errors: str = "strict"):
@@ -86,9 +93,11 @@ def header_problem(path: Path, table: str) -> str | None:
     return None
 
 
-def folder_problems(hosp: str | Path, note: str | Path, diagnoses: str = "note") -> list[str]:
+def folder_problems(hosp: str | Path, note: str | Path, diagnoses: str = "note", icd_version: int | None = None
+                    ) -> list[str]:
     """What `llmrnn check` says about a PhysioNet folder before anything is queued."""
-    return [p for t, path in table_paths(hosp, note, diagnoses).items() if (p := header_problem(path, t))]
+    return [p for t, path in table_paths(hosp, note, diagnoses, icd_version).items()
+            if (p := header_problem(path, t))]
 
 
 def rows(path: Path, table: str, locate_bad_text: bool = False) -> Iterator[tuple[int, dict[str, str]]]:
@@ -188,9 +197,64 @@ class Counts(dict):
         self[key] = self.get(key, 0) + n
 
 
-def stream_notes(path: Path, admissions: dict[int, Admission], spool, counts: Counts) -> dict[int, tuple[tuple, int, int]]:
-    """Parse every note into the spool; hadm_id -> (choice key, offset, length) of the note it keeps."""
-    chosen: dict[int, tuple[tuple, int, int]] = {}
+@dataclass(frozen=True)
+class Shown:
+    """What a note shows: the sections, and whether exam and results are cut to their admission parts."""
+    sections: tuple[str, ...]
+    cut_mixed: bool
+
+    @classmethod
+    def of(cls, cfg: dict) -> Shown:
+        if cfg["mode"] not in sec.MODES:
+            raise InputError(f"cfg: mode: {cfg['mode']!r}; expected one of {', '.join(sec.MODES)}")
+        shown = tuple(cfg["sections"]) if cfg.get("sections") is not None else sec.MODES[cfg["mode"]]
+        if bad := [s for s in shown if s not in sec.RISK]:
+            raise InputError(f"cfg: sections: {bad[0]!r} is not a section the build can show "
+                             f"({', '.join(sec.RISK)})")
+        return cls(tuple(s for s in sec.KEPT if s in shown), cfg["mode"] == "admission_time")
+
+    def leakage(self) -> list[str]:
+        """The shown sections that hold discharge-time text by design."""
+        high = [s for s in self.sections if sec.RISK[s].startswith("HIGH")]
+        if not self.cut_mixed:
+            high += [f"{s} (whole, not cut to admission)" for s in sec.ADMISSION_AND_DISCHARGE if s in self.sections]
+        return high
+
+
+def note_record(text: str, shown: Shown, admitted: date | None = None) -> tuple[bytes, Counter, str | None]:
+    """One note -> (its spool record as JSON bytes, its counts, why its target is empty or None). The
+    record holds the leak audit's signals of each shown section (against the note's own target)."""
+    split = sec.split_note(text)
+    counts: Counter = Counter({f"withheld_parts:{k}": v for k, v in split.withheld.items()})
+    counts["unknown_headers"] = split.unknown_headers
+    counts["notes_with_unknown_headers"] = int(bool(split.unknown_headers))
+    counts["headers_in_narrative"] = split.repeated
+    body = split.sections if shown.cut_mixed else {**split.sections, **split.full}
+    names, why = sec.diagnosis_target(split.sections.get("discharge_diagnosis"))
+    kept = {k: body[k] for k in shown.sections if body.get(k)}
+    pattern = target_pattern(names)
+    record = {"allergies": split.sections.get("allergies") or None,
+              "sections": {k: body[k] for k in shown.sections if k in body},
+              "diagnosis": names,
+              "has": sorted(split.sections),
+              "signals": {k: sorted(visit_signals(v, pattern, admitted)) for k, v in kept.items() if v.strip()}}
+    return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass"), counts, why
+
+
+_WORKER_SHOWN: Shown | None = None
+
+
+def _init_worker(shown: Shown) -> None:
+    global _WORKER_SHOWN
+    _WORKER_SHOWN = shown
+
+
+def _records(items: list[tuple[str, date | None]]) -> list[tuple[bytes, Counter, str | None]]:
+    return [note_record(t, _WORKER_SHOWN, a) for t, a in items]
+
+
+def _kept_rows(path: Path, admissions: dict[int, Admission], counts: Counts) -> Iterator[tuple[int, str, tuple]]:
+    """(hadm_id, text, choice key) of every note of an admission; orphans (hadm_id in no admission) counted."""
     seen_ids: set[str] = set()
     for row, r in rows(path, "discharge"):
         counts.add("notes_read")
@@ -204,33 +268,87 @@ def stream_notes(path: Path, admissions: dict[int, Admission], spool, counts: Co
         sid = _int(path, row, "subject_id", r["subject_id"])
         adm = admissions.get(hadm)
         if adm is None:
-            raise InputError(f"{path}: row {row}: hadm_id: {hadm} is in no row of admissions")
+            counts.add("notes_skipped_orphan")  # hosp/ and note/ are released separately
+            counts.setdefault("first_orphan_row", row)
+            continue
         if adm.subject_id != sid:
             raise InputError(f"{path}: row {row}: subject_id: {sid}, but admissions gives hadm_id {hadm} to "
                              f"subject_id {adm.subject_id}")
         seq = _int(path, row, "note_seq", r["note_seq"]) if r["note_seq"].strip() else 0
-        key = (r["note_type"].strip().upper() != "DS", seq, note_id)
-        if hadm in chosen and chosen[hadm][0] <= key:
-            counts.add("notes_unused_later_note_of_admission")
-            continue
-        if hadm in chosen:
-            counts.add("notes_unused_later_note_of_admission")
-        split = sec.split_note(r["text"])
-        counts.add("unknown_headers", split.unknown_headers)
-        counts.add("notes_with_unknown_headers", bool(split.unknown_headers))
-        counts.add("repeated_sections", split.repeated)
-        record = {"allergies": split.sections.get("allergies") or None,
-                  "sections": {k: split.sections[k] for k in sec.KEPT if k in split.sections},
-                  "diagnosis": sec.diagnosis_list(split.sections.get("discharge_diagnosis")),
-                  "has": sorted(split.sections)}
-        data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass")
-        offset = spool.tell()
-        spool.write(data)
-        chosen[hadm] = (key, offset, len(data))
+        yield hadm, (r["text"], _admitted(adm.admittime)), (r["note_type"].strip().upper() != "DS", seq, note_id)
+
+
+def stream_notes(path: Path, admissions: dict[int, Admission], spool, counts: Counts, shown: Shown,
+                 workers: int = 1, max_orphan_share: float = 1.0) -> dict[int, tuple]:
+    """Parse every note into the spool (on `workers` processes, in file order); hadm_id -> (choice key,
+    offset, length, why its target is empty or None) of the note it keeps."""
+    chosen: dict[int, tuple] = {}
+    batch_size = 64
+
+    def batches() -> Iterator[list[tuple[int, str, tuple]]]:
+        batch: list = []
+        for item in _kept_rows(path, admissions, counts):
+            batch.append(item)
+            if len(batch) == batch_size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    def take(batch, results) -> None:
+        for (hadm, _, key), (data, note_counts, why) in zip(batch, results):
+            if hadm in chosen:
+                counts.add("notes_unused_later_note_of_admission")
+                if chosen[hadm][0] <= key:
+                    continue
+            for k, v in note_counts.items():
+                counts.add(k, v)
+            offset = spool.tell()
+            spool.write(data)
+            chosen[hadm] = (key, offset, len(data), why)
+
+    if workers <= 1:
+        for batch in batches():
+            take(batch, [note_record(text, shown, admitted) for _, (text, admitted), _ in batch])
+    else:
+        import multiprocessing as mp
+
+        pending: list = []
+        with mp.get_context("spawn" if sys.platform == "darwin" else "fork").Pool(
+                workers, initializer=_init_worker, initargs=(shown,)) as pool:
+            for batch in batches():
+                pending.append((batch, pool.apply_async(_records, ([item for _, item, _ in batch],))))
+                while len(pending) > 4 * workers or (pending and pending[0][1].ready()):
+                    done, result = pending.pop(0)
+                    take(done, result.get())
+            for done, result in pending:
+                take(done, result.get())
+    orphans, read = counts.get("notes_skipped_orphan", 0), counts.get("notes_read", 0)
+    first = counts.pop("first_orphan_row", None)
+    if orphans and orphans > max_orphan_share * read:
+        raise InputError(f"{path}: row {first}: hadm_id: {orphans} of {read} notes ({orphans / read:.1%}) have a "
+                         f"hadm_id in no row of "
+                         f"admissions, more than max_orphan_share {max_orphan_share}: hosp/ and note/ are likely "
+                         "from mismatched releases (MIMIC-IV and MIMIC-IV-Note versions)")
     return chosen
 
 
-def _select(chosen, admissions, patients, cfg, counts: Counts) -> dict[int, list[int]]:
+def read_icd_versions(path: Path, wanted: set[int]) -> dict[int, set[str]]:
+    """hadm_id -> the ICD versions of its diagnoses_icd rows, for the admissions in `wanted` only."""
+    out: dict[int, set[str]] = {}
+    for row, r in rows(path, "diagnoses_icd"):
+        hadm = _int(path, row, "hadm_id", r["hadm_id"])
+        if hadm in wanted:
+            out.setdefault(hadm, set()).add(r["icd_version"].strip())
+    return out
+
+
+def _drop(counts: Counts, why: str, visits: list) -> None:
+    counts.add(f"patients_dropped_{why}")
+    counts.add(f"visits_dropped_{why}", len(visits))
+
+
+def _select(chosen, admissions, patients, cfg, counts: Counts, versions=None) -> dict[int, list[int]]:
     """subject_id -> its kept hadm_ids in visit order, after the selection rules (counted)."""
     by_subject: dict[int, list[int]] = {}
     for hadm in chosen:
@@ -244,25 +362,63 @@ def _select(chosen, admissions, patients, cfg, counts: Counts) -> dict[int, list
         visits = sorted(by_subject[sid], key=lambda h: (admissions[h].admittime, h))
         age = patients[sid][1]
         if cfg["adults_only"] and (age is None or age < 18):
-            counts.add("patients_dropped_not_adult")
-            counts.add("visits_dropped_not_adult", len(visits))
+            _drop(counts, "not_adult", visits)
+        elif versions is not None and any(versions.get(h, set()) != {str(cfg["icd_version"])} for h in visits):
+            _drop(counts, "other_icd_version", visits)
         elif len(visits) < cfg["min_visits"]:
-            counts.add("patients_dropped_fewer_than_min_visits")
-            counts.add("visits_dropped_fewer_than_min_visits", len(visits))
+            _drop(counts, "fewer_than_min_visits", visits)
+        elif cfg["max_visits"] is not None and len(visits) > cfg["max_visits"]:
+            _drop(counts, "more_than_max_visits", visits)
         else:
             kept[sid] = visits
     return kept
 
 
-def _patient_json(sid: int, hadms: list[int], chosen, spool, patients, icd, coverage: Counts) -> str:
+def _sample(kept: dict[int, list[int]], has_target, cfg, counts: Counts) -> dict[int, list[int]]:
+    """max_patients: a seeded sample from the patients whose every visit has a target."""
+    if cfg["max_patients"] is None:
+        return kept
+    pool = [sid for sid, visits in kept.items() if all(has_target(h) for h in visits)]
+    counts["patients_not_eligible_for_sample_empty_target"] = len(kept) - len(pool)
+    if len(pool) > cfg["max_patients"]:
+        pool = sorted(random.Random(cfg["patient_seed"]).sample(pool, cfg["max_patients"]))
+    counts["patients_not_sampled"] = len(kept) - counts["patients_not_eligible_for_sample_empty_target"] - len(pool)
+    return {sid: kept[sid] for sid in pool}
+
+
+def _admitted(admittime: str) -> date | None:
+    try:
+        return date.fromisoformat(admittime[:10])
+    except ValueError:
+        return None
+
+
+def _patient_json(sid: int, hadms: list[int], chosen, spool, patients, icd, coverage: Counts, targets: Counts,
+                  leak: Audit) -> str:
     visits = []
     for number, hadm in enumerate(hadms, 1):
-        _, offset, length = chosen[hadm]
+        _, offset, length, why = chosen[hadm]
         spool.seek(offset)
         record = json.loads(spool.read(length).decode("utf-8", "surrogatepass"))
         for name in record["has"]:
             coverage.add(name)
-        names = record["diagnosis"] if icd is None else icd.get(hadm, [])
+        signals = record["signals"]
+        if icd is None:
+            names = record["diagnosis"]
+        else:  # the audit's target_verbatim against the icd titles, not the note's section
+            names = icd.get(hadm, [])
+            why = None if names else "no diagnoses_icd row"
+            pattern = target_pattern(names)
+            for name, kinds in signals.items():
+                kinds[:] = [k for k in kinds if k not in ("target_verbatim", "any")]
+                if pattern is not None and pattern.search(record["sections"][name]):
+                    kinds.append("target_verbatim")
+                if kinds:
+                    kinds.append("any")
+        targets.add("visits")
+        if why:
+            targets.add(f"empty: {why}")
+        leak.add_signals(signals)
         visits.append({"visit_id": hadm, "visit_number": number, "sex": patients[sid][0] or None,
                        "allergies": record["allergies"],
                        "clinical_sections": {"discharge_diagnosis": sec.numbered(names), **record["sections"]}})
@@ -272,22 +428,31 @@ def _patient_json(sid: int, hadms: list[int], chosen, spool, patients, icd, cove
 def build(hosp: str | Path, note: str | Path, out: str | Path, report: str | Path, cfg: dict | None = None
           ) -> dict:
     cfg = {**DEFAULTS, **(cfg or {})}
+    if unknown := sorted(set(cfg) - set(DEFAULTS) - {"hosp", "note"}):
+        raise InputError(f"cfg: {unknown[0]}: not a setting of cohort.mimic_iv ({', '.join(DEFAULTS)})")
     if cfg["diagnoses"] not in ("note", "icd"):
         raise InputError(f"cfg: diagnoses: {cfg['diagnoses']!r}; expected note or icd")
-    paths = table_paths(hosp, note, cfg["diagnoses"])
+    if cfg["icd_version"] not in (None, 9, 10):
+        raise InputError(f"cfg: icd_version: {cfg['icd_version']!r}; expected 9, 10 or null")
+    shown = Shown.of(cfg)
+    paths = table_paths(hosp, note, cfg["diagnoses"], cfg["icd_version"])
     for table, path in paths.items():  # every file and header before the long stream
         if problem := header_problem(path, table):
             raise InputError(problem)
-    counts, coverage = Counts(), Counts()
+    counts, coverage, targets, leak = Counts(), Counts(), Counts(), Audit()
     patients = read_patients(paths["patients"])
     admissions = read_admissions(paths["admissions"], patients)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile(dir=Path(out).parent, prefix=f".{Path(out).name}.spool.") as spool:
-        chosen = stream_notes(paths["discharge"], admissions, spool, counts)
-        kept = _select(chosen, admissions, patients, cfg, counts)
+        chosen = stream_notes(paths["discharge"], admissions, spool, counts, shown, cfg["workers"],
+                              cfg["max_orphan_share"])
+        versions = None if cfg["icd_version"] is None else read_icd_versions(paths["diagnoses_icd"], set(chosen))
+        kept = _select(chosen, admissions, patients, cfg, counts, versions)
         icd = None
         if cfg["diagnoses"] == "icd":
             icd = read_icd(paths["diagnoses_icd"], paths["d_icd_diagnoses"], {h for v in kept.values() for h in v})
+        kept = _sample(kept, (lambda h: bool(icd.get(h))) if icd is not None else (lambda h: chosen[h][3] is None),
+                       cfg, counts)
         if not kept:
             raise InputError(f"{paths['discharge']}: no patient is left after selection "
                              f"({counts.get('patients_dropped_fewer_than_min_visits', 0)} have fewer than "
@@ -297,31 +462,57 @@ def build(hosp: str | Path, note: str | Path, out: str | Path, report: str | Pat
             os.chmod(tmp, 0o600)
             with open(tmp, "w", encoding="utf-8", errors="surrogatepass") as fh:
                 fh.write("[\n")
-                fh.writelines((",\n" if i else "") + _patient_json(sid, hadms, chosen, spool, patients, icd, coverage) for i, (sid, hadms) in enumerate(kept.items()))
+                fh.writelines((",\n" if i else "") + _patient_json(sid, hadms, chosen, spool, patients, icd, coverage,
+                                                                     targets, leak)
+                              for i, (sid, hadms) in enumerate(kept.items()))
                 fh.write("\n]\n")
 
-        summary = _report(cfg, counts, coverage, kept, hosp, note)
-        io.write_all({out: write_cohort, report: lambda tmp: tmp.write_text(io.json_text(summary))})
+        summary: dict = {}
+
+        def write_report(tmp: Path) -> None:  # after the cohort: coverage, targets and the audit are filled
+            summary.update(_report(cfg, counts, coverage, kept, hosp, note, shown, targets, leak))
+            tmp.write_text(io.json_text(summary))
+
+        io.write_all({out: write_cohort, report: write_report})
     return summary
 
 
-def _report(cfg, counts: Counts, coverage: Counts, kept, hosp, note) -> dict[str, Any]:
-    """Counts only, never text (coverage is filled while the cohort is written: a live view)."""
+def _report(cfg, counts: Counts, coverage: Counts, kept, hosp, note, shown: Shown, targets: Counts, leak: Audit
+            ) -> dict[str, Any]:
+    """Counts only, never text."""
+    withheld = {k.split(":", 1)[1]: v for k, v in sorted(counts.items()) if k.startswith("withheld_parts:")}
     return {
         "hosp": str(hosp), "note": str(note),
-        "diagnoses": cfg["diagnoses"], "min_visits": cfg["min_visits"], "adults_only": cfg["adults_only"],
-        "counts": counts,
+        "settings": {k: cfg[k] for k in DEFAULTS if k != "workers"},
+        "mode": cfg["mode"],
+        "shown_sections": {s: sec.RISK[s] for s in shown.sections},
+        "leakage": shown.leakage(),
+        "counts": {k: v for k, v in counts.items() if not k.startswith("withheld_parts:")},
+        "withheld_parts": withheld,
+        "targets": dict(targets),
         "patients_out": len(kept),
         "visits_out": sum(len(v) for v in kept.values()),
         "section_coverage": coverage,
-        "withheld_discharge_time_text": [s for s in sec.DISCHARGE_TIME if s != "discharge_diagnosis"]
-        + [f"{s} from its first DISCHARGE label on" for s in sec.ADMISSION_AND_DISCHARGE],
+        "leak_audit": leak.summary(),
+        "withheld_discharge_time_text": [s for s in sec.DISCHARGE_TIME if s not in shown.sections + ("discharge_diagnosis",)]
+        + ([f"{s}: every part not labelled admission (withheld_parts)" for s in sec.ADMISSION_AND_DISCHARGE]
+           if shown.cut_mixed else []),
         "rules": [
             ("one visit per admission with a discharge note; the DS note with the lowest note_seq is used, "
              "later notes of the admission (addenda) are counted and not used"),
+            ("notes whose hadm_id is in no admission are skipped (counts.notes_skipped_orphan), up to "
+            f"{cfg['max_orphan_share']:.1%} of the notes"),
             "visits ordered by admittime, ties by hadm_id, numbered from 1",
             f"patients with fewer than {cfg['min_visits']} visits dropped",
+            f"patients with more than {cfg['max_visits']} visits dropped" if cfg["max_visits"] else "no visit cap",
             "patients with anchor_age under 18 dropped" if cfg["adults_only"] else "no age rule",
+            f"patients with a visit not coded in ICD-{cfg['icd_version']} dropped" if cfg["icd_version"]
+            else "any ICD version",
+            (f"a sample of {cfg['max_patients']} patients (seed {cfg['patient_seed']}) from those whose every "
+             "visit has a target" if cfg["max_patients"] else "every patient kept"),
             "section_coverage: how many kept notes had each section (before withholding)",
+            ("targets: visits written, and the visits whose target is empty by reason (clean_cohort drops "
+            "their patients)"),
+            "leak_audit: per shown section, visits holding each discharge-time signal (llmrnn.mimic.audit)",
         ],
     }

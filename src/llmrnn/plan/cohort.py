@@ -50,7 +50,7 @@ class CohortPlan(PlanBase):
         from llmrnn.mimic.build import header_problem, table_paths
 
         mimic = self.config["cohort"]["mimic_iv"]
-        paths = table_paths(mimic["hosp"], mimic["note"], mimic["diagnoses"])
+        paths = table_paths(mimic["hosp"], mimic["note"], mimic["diagnoses"], mimic.get("icd_version"))
         for table, path in paths.items():
             if "{" in str(path) or "}" in str(path):
                 raise InputError(f"cohort.mimic_iv: {path} contains a brace, which Snakemake reads as a wildcard")

@@ -363,8 +363,10 @@ def _card_data(parts: list[str], manifest: dict, synthetic: bool) -> None:
         cohort_source = str(knobs.get("cohort", {}).get("source"))
         source = "synthetic cohort (`llmrnn cohort synth`)" if synthetic else f"`{Path(cohort_source).name}`"
         field, names, unit = "cohort", ("train", "val", "test"), "patients"
+    shown = _shown_note_text(knobs) if knobs.get("recipe") != "qa" else []
     parts.append(_table([
         (field, source),
+        *shown,
         ("split seed", splits.get("seed")),
         *[(f"{name} {unit}", f"{sizes.get(name)} (sha256 {str(sha.get(name, '-'))[:12]})") for name in names
           if name in sizes],
@@ -374,6 +376,24 @@ def _card_data(parts: list[str], manifest: dict, synthetic: bool) -> None:
         "training and the test split is left for the held-out evaluation. No patient text or identifier is "
         "included in this repository (the release bundle is scanned for both before upload).\n"
     )
+
+
+def _shown_note_text(knobs: dict) -> list[tuple[str, str]]:
+    """A cohort built from MIMIC-IV notes: which note text the models were shown, leakage named."""
+    cohort = filled("cohort", knobs.get("cohort"))
+    if cohort["source"] != "mimic_iv":
+        return []
+    from llmrnn.mimic import sections as sec
+
+    mimic = cohort["mimic_iv"]
+    shown = [s for s in sec.KEPT if s in (mimic["sections"] or sec.MODES[mimic["mode"]])]
+    high = [s for s in shown if sec.RISK[s].startswith("HIGH")]
+    if mimic["mode"] == "reference":
+        high += ["physical_exam and pertinent_results whole"]
+    rows = [("note text shown", f"{mimic['mode']}: {', '.join(shown)}")]
+    rows.append(("leakage", "LEAKAGE of discharge-time text: " + ", ".join(high) if high
+                 else "none by design (admission-time text only; see build_report.json leak_audit)"))
+    return rows
 
 
 QA_EVAL_NOTE = (

@@ -41,6 +41,8 @@ def _type_schema(tp: Any) -> dict:
         sub = _type_schema(inner[0]) if len(inner) == 1 else {}
         if type(None) in args and "type" in sub:
             return {**sub, "type": [sub["type"], "null"]}
+        if type(None) in args and "enum" in sub:  # Literal[9, 10] | None
+            return {**sub, "enum": [*sub["enum"], None]}
         return sub
     if origin is Literal:
         return {"enum": list(args)}

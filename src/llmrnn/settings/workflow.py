@@ -8,6 +8,30 @@ from pydantic import ConfigDict, Field
 
 from llmrnn.settings.base import ENV_NAME, Section
 
+# What each section of a MIMIC-IV discharge note risks when shown to the model predicting the discharge diagnosis.
+RISK: dict[str, str] = {
+    "chief_complaint": "low: the reason for admission, written from the presentation",
+    "history_present_illness": "low: the presentation; a late edit may add the ED or early course",
+    "past_medical_history": "low: history before this admission",
+    "social_history": "low: history before this admission",
+    "family_history": "low: history before this admission",
+    "admission_medications": "low: medications before this admission",
+    "physical_exam": "low as split: only the admission exam (discharge/transfer/death exams withheld)",
+    "pertinent_results": "medium as split: admission labs only; imaging, micro, pathology and later draws "
+                         "withheld; in reference mode HIGH (every result of the stay)",
+    "procedures": "HIGH: what was done during the stay (for a surgical admission it nearly names the target)",
+    "hospital_course": "HIGH: written at discharge; it states the diagnoses the model must predict",
+}
+ADMISSION_TIME = ("chief_complaint", "history_present_illness", "past_medical_history", "admission_medications",
+                  "pertinent_results", "physical_exam", "social_history", "family_history")
+# what the reference's prediction prompt showed on top (named leakage): the course and every result
+REFERENCE = (*ADMISSION_TIME, "procedures", "hospital_course")
+MODES = {"admission_time": ADMISSION_TIME, "reference": REFERENCE}
+
+
+ShownSection = Literal[tuple(RISK)]  # type: ignore[valid-type]
+_RISKS = "; ".join(f"{name}: {risk}" for name, risk in RISK.items())
+
 
 class Role(Section):
     """`role`"""
@@ -52,6 +76,14 @@ class CohortMimicIv(Section):
     diagnoses: Literal['note', 'icd'] = Field('note', description="discharge_diagnosis from the note's Discharge Diagnosis section, or diagnoses_icd long titles")
     min_visits: int = Field(2, ge=1, description='drop patients with fewer visits that have a discharge note')
     adults_only: bool = Field(False, description='drop patients with anchor_age under 18')
+    mode: Literal['admission_time', 'reference'] = Field('admission_time', description=f"which note text the cohort shows: `admission_time` = {', '.join(ADMISSION_TIME)}, with Physical Exam and Pertinent Results cut to their admission parts; `reference` = what the reference's prompts showed ({', '.join(REFERENCE)}, results and exam whole): LEAKAGE of discharge-time text, to reproduce the reference's numbers and measure the leak")
+    sections: list[ShownSection] | None = Field(None, description=f"the shown sections instead of the mode's list (the mode still decides how exam and results are cut); the risk of each: {_RISKS}", json_schema_extra={'uniqueItems': True})
+    max_orphan_share: float = Field(0.01, ge=0, le=1, description='notes whose hadm_id is in no admission are skipped and counted; above this share of the notes the build fails (hosp/ and note/ from mismatched releases)')
+    icd_version: Literal[9, 10] | None = Field(None, description='keep only patients every visit of which is coded (diagnoses_icd) in this ICD version; null = any')
+    max_visits: int | None = Field(None, ge=1, description='drop patients with more visits that have a discharge note; null = no cap')
+    max_patients: int | None = Field(None, ge=1, description='a seeded sample of this many patients, drawn after the other rules from those whose every visit has a target (so cleaning keeps them all); null = every patient')
+    patient_seed: int = Field(0, description='seed of the max_patients sample')
+    workers: int = Field(2, ge=1, description='processes splitting notes (the build is bound by the splitter); 1 = in the main process')
 
 
 
