@@ -5,6 +5,7 @@ raw_cohort_path = helper(CohortPlan.raw_cohort_path)
 raw_cohort_sha256 = helper(CohortPlan.raw_cohort_sha256)
 mimic_iv_inputs = helper(CohortPlan.mimic_iv_inputs)
 mimic_iv_cfg_json = helper(CohortPlan.mimic_iv_cfg_json)
+build_workers = helper(CohortPlan.build_workers)
 split_cfg_json = helper(CohortPlan.split_cfg_json)
 
 
@@ -57,6 +58,7 @@ rule build_cohort:
         f"{LOGS}/build_cohort.log",
     conda:
         conda_env("data")
+    threads: build_workers()
     params:
         hosp=config["cohort"]["mimic_iv"]["hosp"],
         note=config["cohort"]["mimic_iv"]["note"],
@@ -64,7 +66,7 @@ rule build_cohort:
         code=code_hash("cohort build"),
     shell:
         "llmrnn cohort build --hosp {params.hosp:q} --note {params.note:q} --out {output.cohort:q} "
-        "--report {output.report:q} --cfg {params.cfg:q} 2> {log:q}"
+        "--report {output.report:q} --cfg {params.cfg:q} --workers {threads} 2> {log:q}"
 
 
 rule clean_cohort:

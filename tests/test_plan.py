@@ -114,8 +114,8 @@ def test_reproduce_plans_verl_vllm_and_a_gpu_judge(workdir):
     assert plan.raw_cohort_path() == "results/phase1_v2judge_repro/cohort/built.json"  # rule build_cohort
     assert json.loads(plan.mimic_iv_cfg_json()) == {
         "diagnoses": "note", "min_visits": 2, "adults_only": False, "mode": "admission_time", "sections": None,
-        "max_orphan_share": 0.01, "icd_version": None, "max_visits": None, "max_patients": 6488, "patient_seed": 42,
-        "workers": 2}
+        "max_orphan_share": 0.01, "icd_version": None, "max_visits": None, "max_patients": 6488, "patient_seed": 42}
+    assert plan.build_workers() == 2  # the rule's threads, not a param: how fast changes no output
 
 
 def test_reproduce_without_its_cohort_is_one_line_naming_the_key():

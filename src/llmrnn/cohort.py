@@ -477,7 +477,8 @@ def _cmd_build(args: argparse.Namespace) -> None:
     from llmrnn.mimic import build
 
     _distinct_paths(args, ("out", "report"))
-    summary = build.build(args.hosp, args.note, args.out, args.report, args.cfg)
+    cfg = {**args.cfg, **({"workers": args.workers} if args.workers is not None else {})}
+    summary = build.build(args.hosp, args.note, args.out, args.report, cfg)
     log.info("built cohort: %d patients, %d visits", summary["patients_out"], summary["visits_out"])
 
 
@@ -572,6 +573,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--note", required=True, help="MIMIC-IV-Note note/ folder (discharge.csv.gz)")
     p.add_argument("--out", required=True, help="output: the cohort JSON (private, 0600)")
     p.add_argument("--report", required=True, help="output: build_report.json (counts only)")
+    p.add_argument("--workers", type=int, choices=range(1, 257), metavar="N",
+                   help="processes splitting notes (default: cohort.mimic_iv.workers of --cfg)")
     p.add_argument("--cfg", type=json_arg, default={},
                    help='JSON: cohort.mimic_iv but hosp/note, e.g. {"diagnoses": "note", "mode": "admission_time"}')
     p.set_defaults(func=_cmd_build)

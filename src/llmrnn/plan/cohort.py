@@ -59,8 +59,14 @@ class CohortPlan(PlanBase):
         return {table: str(path) for table, path in paths.items()}
 
     def mimic_iv_cfg_json(self) -> str:
-        """params of build_cohort: the selection and diagnosis knobs (the folders are its inputs)."""
-        return _json({k: v for k, v in self.config["cohort"]["mimic_iv"].items() if k not in ("hosp", "note")})
+        """params of build_cohort: the selection and diagnosis knobs (the folders are its inputs; `workers`
+        is the rule's threads: it changes how fast, not what, so it reruns nothing)."""
+        return _json({k: v for k, v in self.config["cohort"]["mimic_iv"].items()
+                      if k not in ("hosp", "note", "workers")})
+
+    def build_workers(self) -> int:
+        """threads of build_cohort: the processes splitting notes (cohort.mimic_iv.workers)."""
+        return int(self.config["cohort"]["mimic_iv"].get("workers", 1))
 
     def split_cfg_json(self) -> str:
         """params of split_cohort: the split section itself."""
