@@ -168,17 +168,21 @@ def test_rehearsal_verl_scores_our_trajectory_parquet_through_compute_score(tmp_
 
 # ----------------------------------------------------------------------------- verl's batch assembly
 @pytest.mark.verl
-def test_verl_assembles_batches_mixing_every_reward_path_in_every_order(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_verl_assembles_batches_mixing_every_reward_path_in_every_order(version, tmp_path, tiny_model_dir):
     """verl 0.7.1's own NaiveRewardManager scores real compute_score outputs (memory head: judged, invalid
     JSON, judge fallback; qa: tag answer, no answer, judge fallback) through a judge on 127.0.0.1; then its
     AgentLoopWorker._postprocess and DataProto.concat assemble them in every order, as one worker and as
     one worker per sample (tests/verl/assemble_batch.py). A key on one path only failed here with KeyError
-    'truncated_calls' (judged first) or an AssertionError in concat (the other orders)."""
+    'truncated_calls' (judged first) or an AssertionError in concat (the other orders). Then the trainer's
+    own rollout dump (extract_reward, RayPPOTrainer._log_rollout_data/_dump_generations) writes the batch:
+    integer diagnostics (retries, judge_calls, ...) failed verl 0.7.1's json.dumps there with "Object of type
+    int64 is not JSON serializable", at the end of every step; every diagnostic is a float now."""
     from tests.judge_helpers import ScriptedJudge, make_step, memory, write_endpoint, write_rubric
 
-    python = verl_python("0.7.1")
+    python = verl_python(version)
     if subprocess.run([str(python), "-c", "import cachetools"], capture_output=True, check=False).returncode:
-        pytest.skip("the verl 0.7.1 venv predates cachetools in scripts/make_verl_env.sh: `make verl-envs` rebuilds it")
+        pytest.skip(f"the verl {version} venv predates cachetools in scripts/make_verl_env.sh: `make verl-envs` rebuilds it")
 
     def judge_answer(body):
         if "unscorable" in json.dumps(body):
@@ -211,16 +215,16 @@ def test_verl_assembles_batches_mixing_every_reward_path_in_every_order(tmp_path
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
                    HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
         reports = []
-        for batch in (samples, qa_samples):
+        for i, batch in enumerate((samples, qa_samples)):
             (tmp_path / "samples.json").write_text(json.dumps(batch))
             proc = subprocess.run(
                 [str(python), str(REPO / "tests" / "verl" / "assemble_batch.py"), "--samples",
-                 str(tmp_path / "samples.json"), "--model", str(tiny_model_dir)],
+                 str(tmp_path / "samples.json"), "--model", str(tiny_model_dir), "--dump", str(tmp_path / f"dump{i}")],
                 capture_output=True, text=True, env=env, timeout=600, check=False)
             assert proc.returncode == 0, proc.stderr[-4000:]
             reports.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     head_report, qa_report = reports
-    assert head_report["verl"] == "0.7.1" and head_report["orders"] == 6 == qa_report["orders"]
+    assert head_report["verl"] == version and head_report["orders"] == 6 == qa_report["orders"]
     assert head_report["scores"] == pytest.approx({"judged": 8 / 9, "invalid_json": 0.05, "fallback": 0.5})
     # exact match 1, format 1 at qa.reward.weights.format's one default 0.2 (the tags are there), judge 8/9 at 0.5
     assert qa_report["scores"]["qa_tag"] == pytest.approx(1.0 + 0.2 + 0.5 * 8 / 9)
@@ -229,6 +233,14 @@ def test_verl_assembles_batches_mixing_every_reward_path_in_every_order(tmp_path
         assert report["failures"] == [], report["failures"]
         assert len({tuple(k) for k in report["keys"].values()}) == 1, report["keys"]
     assert "truncated_calls" in head_report["keys"]["invalid_json"]
+    for report in reports:  # the trainer's dump: one row per sample, every diagnostic a float as we read it back
+        assert isinstance(report["dump"], list), report["dump"]
+        assert len(report["dump"]) == 3
+        for row in report["dump"]:
+            for key in report["keys"]["judged" if report is head_report else "qa_tag"]:
+                assert type(row[key]) is float, (key, row[key])
+    rates = [verl_cmd.rollout_stats(tmp_path / "dump0", 1)]  # what train run reads back from the dump
+    assert rates[0]["llmrnn/judge_fallback_rate"] == pytest.approx(0.5)  # fallback of judged + fallback
 
 
 # ----------------------------------------------------------------------------- the workers' environment
