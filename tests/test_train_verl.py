@@ -68,6 +68,8 @@ def test_overrides_compose_and_validate_in_real_verl(version, tmp_path, tiny_mod
     assert report["adv_estimator"] == "grpo" and report["rollout_n"] == 8 and report["rollout_name"] == "vllm"
     assert report["use_kl_loss"] is True and report["kl_loss_type"] == "low_var_kl"
     assert report["load_format"] == "safetensors"
+    # the rollout's context is a prompt plus a response (null: the model's max_position_embeddings)
+    assert report["max_model_len"] == sum(report["prompt_response"]) > 0
     # verl's own loader resolved OUR reward function (not verl's default scorer) with our kwargs
     assert report["reward_fn"] == "llmrnn.reward.entry.compute_score"  # pkg://llmrnn.reward re-exports it
     assert report["reward_kwargs"]["endpoint_file"].endswith("endpoint.json")
