@@ -600,3 +600,64 @@ def test_auto_attention_resolves_by_whether_flash_attn_imports_in_the_training_p
         "actor_rollout_ref.model.use_remove_padding=true"]
     # a configured kernel is taken as is (check_attention refuses flash_attention_2 without flash-attn)
     assert verl_cmd.resolve_attention("sdpa")["ran"] == "sdpa"
+
+
+# ----------------------------------------------------------------------------- verl's trainer loop, rehearsed
+@pytest.mark.verl
+@pytest.mark.e2e
+@pytest.mark.parametrize("version", VERSIONS)
+def test_verl_fit_rehearsed_on_cpu_from_rollout_to_merged_model(version, tmp_path, tiny_model_dir):
+    """verl's own RayPPOTrainer.fit() (tests/verl/rehearse_fit.py) with the smoke config's train section, our
+    parquet and our reward (outcome mode), stand-ins only for the FSDP worker group, the vLLM rollout servers
+    and the weight sync (a tiny real LoRA model on CPU; verl's DataParallelPPOActor does the log-probs and
+    the policy update). Validation before training, steps 1-2 and a checkpoint, then a second trainer
+    resumes at step 2 and runs step 3; the rollout dumps hold float diagnostics; `llmrnn merge run` merges
+    the adapter the checkpoint writer left. Lengths are cut (prompt 256, response 24 tokens) to keep it
+    minutes on 2 CPU cores; every other knob is the smoke config's."""
+    from llmrnn.runconfig import read_layer, resolve
+
+    python = verl_python(version)
+    config, _ = resolve([read_layer(REPO / "config" / "smoke.yaml")], REPO / "workflow/schemas/config.schema.yaml")
+    train = dict(config["train"], n_gpus_per_node=1)  # one CPU process stands in for the GPUs
+    work = tmp_path / "train"
+    overrides = verl_cmd.build_overrides(
+        train, train_parquet=write_parquet(tmp_path / "train.parquet", make_rows(12)),
+        val_parquet=write_parquet(tmp_path / "val.parquet", make_rows(2, split="val")), model_dir=str(tiny_model_dir),
+        out_dir=str(work), experiment_name="rehearsal", verl_version=version, attention="sdpa",
+        reward_kwargs=reward_kwargs({"mode": "outcome"}, audit_dir=work / "audit"),
+    ) + ["trainer.device=cpu", "data.max_prompt_length=256", "data.max_response_length=24",
+         "actor_rollout_ref.rollout.max_model_len=280"]
+    (tmp_path / "o.json").write_text(json.dumps(overrides))
+    (work / "state").mkdir(parents=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+               HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", VERL_FILE_LOGGER_PATH=str(work / "state" / "verl_metrics.jsonl"),
+               TENSORBOARD_DIR=str(work / "tensorboard"))
+    proc = subprocess.run([str(python), str(REPO / "tests" / "verl" / "rehearse_fit.py"), "--overrides",
+                           str(tmp_path / "o.json"), "--out", str(tmp_path / "report.json"), "--stop-after", "2"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3000, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["verl"] == version
+    first, second = report["runs"]
+    assert first["saved_steps"] == [2] and second["saved_steps"] == [3], report
+    assert second["global_steps"] >= 3 and second["total_training_steps"] == 3
+    ckpt = work / "checkpoints"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    assert (ckpt / "global_step_2" / "data.pt").is_file()  # the dataloader position the resume read
+    for step in (1, 2, 3):
+        rows = [json.loads(x) for x in (work / "rollouts" / f"{step}.jsonl").read_text().splitlines() if x]
+        assert len(rows) == 4 * train["group_size"]
+        assert all(type(r["retries"]) is float and type(r["parse_outcome"]) is float for r in rows)
+    logged = [json.loads(x)["step"] for f in ("verl_metrics.previous.jsonl", "verl_metrics.jsonl")
+              for x in (work / "state" / f).read_text().splitlines() if x]
+    assert {0, 1, 2, 3} <= set(logged)  # validation before training (0), the steps, across the resume
+    assert list((work / "tensorboard").rglob("events.out.tfevents.*"))  # train.report_to: tensorboard
+    exe = Path(sys.executable).parent / "llmrnn"
+    lora = {"train": {"lora": {k: train["lora"][k] for k in ("rank", "alpha", "target_modules")}}}
+    merged = subprocess.run([str(exe), "merge", "run", "--base", str(tiny_model_dir), "--adapter", str(ckpt),
+                             "--out", str(tmp_path / "merged"), "--check", str(tmp_path / "c.json"),
+                             "--cfg", json.dumps(lora)], capture_output=True, text=True, check=False)
+    assert merged.returncode == 0, merged.stderr[-3000:]
+    check_report = json.loads((tmp_path / "c.json").read_text())
+    assert check_report["ok"] and check_report["source_kind"] == "verl_lora_adapter"
+    assert check_report["adapter_resolved"].endswith("global_step_3/actor/lora_adapter")
