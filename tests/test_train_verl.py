@@ -183,8 +183,10 @@ def test_verl_assembles_batches_mixing_every_reward_path_in_every_order(version,
     from tests.judge_helpers import ScriptedJudge, make_step, memory, write_endpoint, write_rubric
 
     python = verl_python(version)
-    if subprocess.run([str(python), "-c", "import cachetools"], capture_output=True, check=False).returncode:
-        pytest.skip(f"the verl {version} venv predates cachetools in scripts/make_verl_env.sh: `make verl-envs` rebuilds it")
+    needs = "cachetools" + (", fastapi, uvicorn" if version.startswith("0.9") else "")  # 0.9's agent loop imports them
+    if subprocess.run([str(python), "-c", f"import {needs}"], capture_output=True, check=False).returncode:
+        pytest.skip(f"the verl {version} venv predates cachetools/fastapi/uvicorn in scripts/make_verl_env.sh: "
+                    "`make verl-envs` rebuilds it")
 
     def judge_answer(body):
         if "unscorable" in json.dumps(body):
