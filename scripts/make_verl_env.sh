@@ -34,8 +34,10 @@ fresh_venv
 echo "torch==2.13.0" > "$CONS"
 pip_install torch==2.13.0
 # tenacity: llmrnn.retry, which llmrnn.reward imports (tests/verl/rehearse_reward.py scores through it here);
-# cachetools: verl's agent loop imports it (tests/verl/assemble_batch.py runs AgentLoopWorker._postprocess)
-pip_install -c "$CONS" "verl==$VERSION" "${EXTRA[@]}" tenacity cachetools
+# cachetools: verl's agent loop imports it (tests/verl/assemble_batch.py runs AgentLoopWorker._postprocess);
+# fastapi, uvicorn: verl 0.9's agent loop and trainer import them (vLLM brings them on a GPU node), and the
+# CPU rehearsal of RayPPOTrainer.fit (tests/verl/rehearse_fit.py) imports both releases' trainer modules
+pip_install -c "$CONS" "verl==$VERSION" "${EXTRA[@]}" tenacity cachetools fastapi uvicorn
 "$VENV/bin/python" -c "import verl, hydra, omegaconf; print('verl', verl.__version__)"
 echo "$WANT" > "$STAMP"
 echo "built $VENV"

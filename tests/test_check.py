@@ -92,6 +92,21 @@ def test_batch_geometry_and_profile_gpus(in_workflow, monkeypatch):
     assert not any("LLMRNN_TRAIN_GPUS" in p for p in check.check_training(cfg))
 
 
+def test_a_lora_dropout_verl_would_ignore_is_refused(in_workflow, capsys):
+    """verl 0.7.1 and 0.9.1 build the actor's LoraConfig without lora_dropout (no setting for it): a nonzero
+    train.lora.dropout under verl would train something else than the config says."""
+    pytest.importorskip("llmrnn.train.config")
+    lora = {"rank": 16, "alpha": 32, "dropout": 0.05}
+    problems = check.check_training({"train": {"engine": "verl", "lora": lora}})
+    assert [p for p in problems if p.startswith("train.lora.dropout: 0.05 under train.engine verl")], problems
+    assert not any("lora.dropout" in p for p in check.check_training({"train": {"engine": "trl", "lora": lora}}))
+    assert not any("lora.dropout" in p for p in check.check_training(
+        {"train": {"engine": "verl", "lora": {**lora, "dropout": 0.0}}}))
+    assert main(["check", "--configfile", "config/config.yaml", _write(in_workflow / "d.yaml", {
+        "train": {"engine": "verl", "lora": lora}})]) == 1
+    assert "  - train.lora.dropout: 0.05 under train.engine verl" in capsys.readouterr().err
+
+
 def test_a_judge_no_job_starts_needs_no_model_nor_gpu(in_workflow, monkeypatch):
     """An undownloaded hub judge and a profile without a judge GPU are problems only where a job starts the
     judge: a judged reward, the memory head's judge-agreement check (on by default, also under the outcome

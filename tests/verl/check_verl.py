@@ -100,6 +100,8 @@ def main() -> int:
         "val_do_sample": config.actor_rollout_ref.rollout.val_kwargs.do_sample,
         "rollout_name": config.actor_rollout_ref.rollout.name,
         "load_format": config.actor_rollout_ref.rollout.load_format,
+        "max_model_len": config.actor_rollout_ref.rollout.max_model_len,
+        "prompt_response": [config.data.max_prompt_length, config.data.max_response_length],
         "use_kl_loss": config.actor_rollout_ref.actor.use_kl_loss,
         "kl_loss_type": config.actor_rollout_ref.actor.kl_loss_type,
         "use_reference_policy": bool(use_ref),

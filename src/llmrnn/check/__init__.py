@@ -79,7 +79,7 @@ def run_checks(config_paths: list[Path]) -> dict:
             "advice": smoke_advice(config)}
 
 
-SMOKE_COMMAND = "snakemake --profile slurm all --configfile config/smoke.yaml"
+SMOKE_COMMAND = "snakemake --profile profiles/slurm all --configfile config/smoke.yaml"
 
 
 def smoke_advice(config: dict) -> list[str]:

@@ -31,7 +31,19 @@ def check_training(config: dict) -> list[str]:
         problems += check_verl_command(cfg, "llmrnn.qa.rewards" if config.get("recipe") == "qa" else None)
         problems += check_profile_gpus(config, cfg)
         problems += check_attention(cfg)
+        problems += check_lora_dropout(cfg)
     return problems
+
+
+def check_lora_dropout(train_cfg: dict) -> list[str]:
+    """verl (0.7.1 and 0.9.1) builds the actor's LoraConfig from model.lora_rank, lora_alpha, target_modules
+    (and exclude_modules) only (fsdp_workers.py): it has no override for LoRA dropout, so a nonzero
+    train.lora.dropout would be silently ignored. Refuse it: the run trains what the config says or not at all."""
+    dropout = float(train_cfg["lora"].get("dropout") or 0.0)
+    if dropout == 0.0:
+        return []
+    return [(f"train.lora.dropout: {dropout} under train.engine verl, which builds its LoRA without dropout (verl has "
+            "no setting for it) and would ignore it; set 0.0, or use train.engine trl, which applies it")]
 
 
 def check_attention(train_cfg: dict) -> list[str]:

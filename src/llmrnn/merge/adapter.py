@@ -9,7 +9,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
 
 log = logging.getLogger(__name__)
@@ -109,9 +108,17 @@ def resolve_adapter(path: str | Path) -> AdapterSource:
 
 
 def read_adapter_config(adapter_dir: Path) -> dict:
+    """adapter_config.json as PEFT's own PeftConfig.from_pretrained reads it (PeftConfig.from_json_file: the
+    `runtime_config` that verl 0.7.1 writes from asdict(LoraConfig) is dropped; it is only valid at runtime)."""
+    import warnings
+
+    from peft import PeftConfig
+
     path = adapter_dir / "adapter_config.json"
     try:
-        cfg = io.read_json(path)
+        with warnings.catch_warnings():  # PEFT warns that it ignores runtime_config: that is the point
+            warnings.simplefilter("ignore")
+            cfg = PeftConfig.from_json_file(str(path))
     except (OSError, json.JSONDecodeError) as exc:
         raise InputError(f"{path}: cannot read adapter config: {exc}") from exc
     if not isinstance(cfg, dict) or cfg.get("peft_type", "LORA") != "LORA":

@@ -77,12 +77,21 @@ def _clean_key(key: str) -> str:
 def attach_adapter(base_model, adapter_dir: Path, adapter_cfg: dict):
     """Wrap `base_model` with the adapter (config possibly repaired) and load its weights; return
     (peft_model, load report). Keys that find no LoRA slot are reported, never ignored."""
-    from peft import LoraConfig, PeftModel
+    import warnings
+
+    from peft import LoraConfig, PeftConfig, PeftModel
     from peft.utils import load_peft_weights, set_peft_model_state_dict
 
-    known = set(LoraConfig.__dataclass_fields__)
-    unknown = sorted(k for k in adapter_cfg if k not in known)
-    config = LoraConfig(**{k: v for k, v in adapter_cfg.items() if k in known})
+    # as PeftConfig.from_pretrained builds it: check_kwargs, then from_peft_type (keys this PEFT does not know,
+    # from a newer PEFT, are dropped with a warning; runtime-only keys never reach a LoraConfig)
+    cfg = {k: v for k, v in adapter_cfg.items() if k != "runtime_config"}
+    unknown = sorted(k for k in cfg if k not in LoraConfig.__dataclass_fields__)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the unknown keys are in the report
+        try:
+            config = PeftConfig.from_peft_type(**PeftConfig.check_kwargs(**{"peft_type": "LORA", **cfg}))
+        except (TypeError, ValueError) as exc:
+            raise CheckFailed(f"{adapter_dir}/adapter_config.json: not a LoRA config PEFT can load: {exc}") from exc
     config.inference_mode = True
     config.init_lora_weights = True  # a slot that gets no tensor stays zero (and is reported), never random
     try:

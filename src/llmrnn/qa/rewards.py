@@ -55,7 +55,7 @@ from llmrnn.errors import InputError
 from llmrnn.settings import section_defaults
 
 # the per-step keys both engines log live with the training metrics (verl's rollout stats read them there)
-from llmrnn.train.metrics import EXTRACT_METHODS, STEP_KEYS, step_metrics  # noqa: F401
+from llmrnn.train.metrics import EXTRACT_METHODS, STEP_KEYS, step_metrics, verl_values  # noqa: F401
 
 DATA_SOURCE = "llmrnn_qa"
 # the defaults' one home is llmrnn.settings (qa.reward); fluency_model is set by the train stage, not a config key
@@ -320,6 +320,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
         if "judge_parse_method" in out:
             judged = {"valid_json": 1.0, "parse_fallback": float(out["judge_parse_method"] == "fallback")}
         out = {"extracted_by_tag": diagnostics["extract_tag"], **judged}
+        return verl_values({"score": score, **parts, **diagnostics, **out}, "llmrnn.qa.rewards.compute_score")
     return {"score": score, **parts, **diagnostics, **out}
 
 

@@ -19,6 +19,7 @@ from llmrnn.errors import InputError
 from llmrnn.reward.guard import fallback_rate
 from llmrnn.reward.kwargs import ARG_KEYS
 from llmrnn.reward.scorer import Scorer, get_scorer
+from llmrnn.train.metrics import verl_values
 
 
 def _scorer_from(kwargs: dict) -> Scorer:
@@ -40,12 +41,12 @@ def _public(result: dict, numeric_only: bool) -> dict:
     out = {k: result.get(k, NEUTRAL.get(k)) for k in PUBLIC_KEYS}
     if out.get("judge_score") is None:
         out["judge_score"] = out["score"]
-    if numeric_only:  # some trainers average every extra key: keep numbers, encode the method as flags
+    if numeric_only:  # verl averages and dumps every extra key: floats only, the method encoded as flags
         method = out.pop("parse_method")
         out.pop("raw_score", None)
         for m in PARSE_FLAGS:
             out[f"parse_{m}"] = float(method == m)
-        out["valid_json"] = float(out["valid_json"])
+        return verl_values(out, "llmrnn.reward.compute_score")
     return out
 
 

@@ -153,6 +153,9 @@ def build_overrides(
         "actor_rollout_ref.rollout.top_p": float(r["top_p"]),
         "actor_rollout_ref.rollout.tensor_model_parallel_size": r["tensor_parallel"],
         "actor_rollout_ref.rollout.gpu_memory_utilization": float(r["gpu_memory_utilization"]),
+        # null would give vLLM the model's max_position_embeddings (131072 for Llama-3.2-3B) and size its KV
+        # cache for that, beside the FSDP actor on the same GPU: a rollout is a prompt plus a response, no more
+        "actor_rollout_ref.rollout.max_model_len": int(cfg["max_prompt_length"]) + int(cfg["max_response_length"]),
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": b["micro_per_gpu"],
         "actor_rollout_ref.rollout.load_format": "safetensors",
         "actor_rollout_ref.rollout.layered_summon": True,
