@@ -101,3 +101,25 @@ def test_a_clean_card_with_markup_still_passes(bundle, cohort_splits):
                                       "Name: the memory head.\n")
     report = phi_guard.scan_bundle(bundle, files)
     assert report["ok"], report["findings"]
+
+
+DIGITLESS_TOKEN = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh"  # made up: hf_ and 34 letters, no digit
+
+
+def test_a_hub_token_without_a_digit_is_refused_by_the_guard(bundle, cohort_splits):
+    files, _ = cohort_splits
+    assert len(DIGITLESS_TOKEN) == 37
+    (bundle / "README.md").write_text(f"# card\nUse token {DIGITLESS_TOKEN} to download.\n")
+    report = phi_guard.scan_bundle(bundle, files)
+    assert any(f.startswith("README.md: a credential-like string") for f in report["findings"]), report["findings"]
+    assert DIGITLESS_TOKEN not in " ".join(report["findings"])
+
+
+def test_a_hub_token_without_a_digit_is_refused_by_the_config_check():
+    from llmrnn.configcheck import value_findings
+
+    found = value_findings({"release": {"commit_message": f"token {DIGITLESS_TOKEN}"}})
+    assert [(where, secret) for where, _, secret in found] == [("release.commit_message", True)], found
+    assert "hf_..." in found[0][1] and DIGITLESS_TOKEN not in found[0][1]
+    # a name that merely starts like one is not a token
+    assert value_findings({"release": {"commit_message": "see hf_hub_download and hf_transfer_enabled"}}) == []
