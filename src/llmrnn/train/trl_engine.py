@@ -35,7 +35,7 @@ from llmrnn.gpus import cpu_bf16
 from llmrnn.train import config as tcfg
 from llmrnn.train import data as tdata
 from llmrnn.train.checkpoints import choose_checkpoint, discard_stale_checkpoints, run_fingerprint
-from llmrnn.train.metrics import MetricsWriter, progress_line, trl_row
+from llmrnn.train.metrics import MetricsWriter, learning_problem, progress_line, trl_row
 
 log = logging.getLogger(__name__)
 
@@ -514,6 +514,9 @@ def train(
             f"train: GRPO stopped at step {reached} of {max_steps} planned; the run is not complete"
         )
 
+    problem = learning_problem(io.read_jsonl(live_metrics) if live_metrics.exists() else [])
+    if problem:
+        raise CheckFailed(problem)
     finish_metrics(live_metrics, Path(metrics_path))
     chosen = choose_trl_checkpoint(cfg, ckpt_dir, io.read_jsonl(metrics_path), reached, upd)
     if chosen["checkpoint_dir"] is None:
