@@ -177,7 +177,7 @@ LAYERS: list[tuple[str, set[str]]] = [
              "check", "chat", "plan", "plan.common", "plan.cohort", "plan.models", "plan.trajectories", "plan.judge",
              "plan.train", "plan.evaluate", "plan.merge", "plan.release", "plan.qa", "check.config", "check.models",
              "check.cohort", "check.judge", "check.training", "check.slurm", "check.outside", "check.gpus",
-             "check.prompts", "check.reward"}),
+             "check.prompts", "check.reward", "check.skips"}),
 ]
 
 
