@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -100,20 +98,6 @@ def test_a_subject_id_beyond_int64_is_refused(tmp_path, capsys):
     _write_tables(tmp_path, [("a", 10, 100, 1, _note())], patients=[(2**64, "F", 70)],
                   admissions=[(2**64, 100, "2150-03-01 10:00:00")])
     _refused(tmp_path, capsys, tmp_path, "patients.csv.gz: row 1: subject_id: 18446744073709551616 is beyond")
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 64 KiB tmpfs (root only; skipped where it cannot be mounted)."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if not shutil.which("mount") or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
-                                                   capture_output=True, check=False).returncode:
-        pytest.skip("cannot mount a small tmpfs here (not root, or no mount)")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
 
 
 def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, capsys, small_disk):
