@@ -122,6 +122,9 @@ def test_learning_problem_names_rewards_that_were_never_finite():
 
     never = [{"kind": "train", "step": s, "reward_mean": None, "grad_norm": 0.0} for s in (1, 2)]
     assert learning_problem(never).startswith("train: the mean reward was not a finite number at any of 2")
+    flat = [{"kind": "train", "step": s, "reward_mean": 0.5, "grad_norm": 0.0} for s in (1, 2)]
+    assert learning_problem(flat).startswith("train: the gradient norm was 0 at every one of 2")
+    assert learning_problem(flat, zero_gradient=False) is None  # train.fail_on_zero_gradient: false
     learned = [{"kind": "train", "step": 1, "reward_mean": 0.4, "grad_norm": 0.0},
                {"kind": "train", "step": 2, "reward_mean": 0.5, "grad_norm": 0.3}]
     assert learning_problem(learned) is None

@@ -524,7 +524,8 @@ def train(
             f"train: GRPO stopped at step {reached} of {max_steps} planned; the run is not complete"
         )
 
-    problem = learning_problem(io.read_jsonl(live_metrics) if live_metrics.exists() else [])
+    problem = learning_problem(io.read_jsonl(live_metrics) if live_metrics.exists() else [],
+                               zero_gradient=bool(cfg.get("fail_on_zero_gradient", True)))
     if problem:
         raise CheckFailed(problem)
     finish_metrics(live_metrics, Path(metrics_path))
