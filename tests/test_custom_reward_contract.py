@@ -128,3 +128,37 @@ def test_learning_problem_names_rewards_that_were_never_finite():
     learned = [{"kind": "train", "step": 1, "reward_mean": 0.4, "grad_norm": 0.0},
                {"kind": "train", "step": 2, "reward_mean": 0.5, "grad_norm": 0.3}]
     assert learning_problem(learned) is None
+
+
+@pytest.mark.parametrize("version", ["0.7.1", "0.9.1"])
+def test_verls_own_loader_resolves_our_wrapper(tmp_path, version):
+    """verl's get_custom_reward_fn (in its locked venv) loads pkg://llmrnn.reward:custom_compute_score as
+    verl_cmd configures it, and the user's function runs under the contract there too."""
+    import json
+    import os
+    import subprocess
+
+    from llmrnn.train import verl_cmd
+    from tests.conftest import REPO
+
+    python = REPO / f".venv-verl-{version}" / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"no verl {version} venv")
+    path = _reward(tmp_path, "return 0.25 if solution_str == 's' else 1e308")
+    kwargs = {"reward_cfg": json.dumps({"mode": "outcome", "custom": {"path": str(path)}})}
+    fn_cfg = {"path": verl_cmd.reward_module_path(), "name": verl_cmd.CUSTOM_ENTRY, "reward_kwargs": kwargs}
+    script = (
+        "import json, sys\nfrom omegaconf import OmegaConf\n"
+        "from verl.trainer.ppo.reward import get_custom_reward_fn\n"
+        "c = json.loads(sys.argv[1])\n"
+        "fn = get_custom_reward_fn(OmegaConf.create({'reward': {'custom_reward_function': c}, 'custom_reward_function': c}))\n"
+        "print(fn(data_source='d', solution_str='s', ground_truth='g', extra_info={'index': 7}))\n"
+        "try:\n    fn(data_source='d', solution_str='big', ground_truth='g', extra_info={'index': 8})\n"
+        "except Exception as exc:\n    print(exc)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS="1")
+    proc = subprocess.run([str(python), "-c", script, json.dumps(fn_cfg)], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and lines[-2] == "0.25", proc.stderr[-2000:]
+    assert lines[-1].startswith(f"reward.custom: {path}:compute_score on row 8 returned 1e+308, outside"), lines
