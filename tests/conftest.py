@@ -76,3 +76,18 @@ def in_workflow(workflow_dir, monkeypatch):
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "LLMRNN_TRAIN_GPUS", "LLMRNN_TRAIN_NODES", "LLMRNN_JUDGE_GPUS"):
         monkeypatch.delenv(var, raising=False)
     return workflow_dir
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 KiB tmpfs (root only; skipped where it cannot be mounted)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if not shutil.which("mount") or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+                                                   capture_output=True, check=False).returncode:
+        pytest.skip("cannot mount a small tmpfs here (not root, or no mount)")
+    try:
+        yield mnt
+    finally:  # a file a failed write left open keeps it busy: detach it lazily then
+        if subprocess.run(["umount", str(mnt)], capture_output=True, check=False).returncode:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)

@@ -121,7 +121,7 @@ def test_a_line_not_utf8_or_longer_than_the_context_is_refused_and_the_chat_goes
     assert len(err) == 2, err
     assert err[0] == "llmrnn chat: input line 1: byte 3: not UTF-8 text (invalid continuation byte); not sent"
     assert err[1].startswith("llmrnn chat: ") and err[1].endswith(
-        "exceed the model model's context of 2048; not sent (shorten the line)"), err
+        "exceed the model's context of 2048; not sent (shorten the line)"), err
     out = proc.stdout.decode()
     assert proc.returncode == 2 and "bye" in out and out.count("you> ") == 4  # hello was answered
 
@@ -129,7 +129,7 @@ def test_a_line_not_utf8_or_longer_than_the_context_is_refused_and_the_chat_goes
 def test_max_new_tokens_must_leave_room_in_the_context(tiny_model_dir):
     proc = _chat("--model", str(tiny_model_dir), "--max-new-tokens", "2048", stdin=b"hi\n")
     assert proc.returncode == 2 and proc.stderr.decode().strip().splitlines() == [
-        ("llmrnn chat: error: --max-new-tokens: 2048 leaves no room for a prompt in the model model's context of "
+        ("llmrnn chat: error: --max-new-tokens: 2048 leaves no room for a prompt in the model's context of "
          "2048 tokens")]
 
 
@@ -165,7 +165,7 @@ def test_a_huge_line_is_refused_before_tokenising_and_the_chat_goes_on(tiny_mode
     err = proc.stderr.decode().strip().splitlines()
     assert len(err) == 2, err
     assert err[0].startswith("llmrnn chat: input line 1: 13000000 bytes, not tokenised: a line over ") and err[0].endswith(
-        "exceed the model model's context of 2048; not sent (shorten the line)"), err
+        "exceed the model's context of 2048; not sent (shorten the line)"), err
     maxrss_kb, rc = map(int, err[1].split())
     assert rc == 2 and maxrss_kb < 1_500_000, err  # the line was never held whole nor tokenised
     out = proc.stdout.decode()

@@ -176,8 +176,13 @@ def _check_system(gens: dict, system: list[dict], max_new: int, bound: tuple[int
         used = prompt_tokens(gen, [*system, {"role": "user", "content": ""}])
         if used + max_new >= limit:
             raise InputError(f"--system: the system prompt takes {used} tokens; with --max-new-tokens {max_new} "
-                             f"that leaves no room for a line in the {name} model's context of {limit}; shorten "
+                             f"that leaves no room for a line in the {_model(name)}'s context of {limit}; shorten "
                              "the system prompt")
+
+
+def _model(name: str) -> str:
+    """How a line names a model: "model" (the one chatted with), "base model", "compare model"."""
+    return "model" if name == "model" else f"{name} model"
 
 
 def _lines(stdin, bound: tuple[int, str, int] | None = None):
@@ -197,7 +202,7 @@ def _lines(stdin, bound: tuple[int, str, int] | None = None):
                 size += len(raw)
             size -= 1 if raw.endswith(newline) else 0
             yield None, (f"input line {number}: {size} bytes, not tokenised: a line over {max_bytes} bytes would "
-                         f"exceed the {bound[1]} model's context of {bound[2]}; not sent (shorten the line)")
+                         f"exceed the {_model(bound[1])}'s context of {bound[2]}; not sent (shorten the line)")
             continue
         if isinstance(raw, str):
             yield raw, None
@@ -222,8 +227,8 @@ def run_chat(args: argparse.Namespace, stdin=None, stdout=None) -> int:
     for name, gen in gens.items():
         limit = context_limit(gen)
         if limit is not None and args.max_new_tokens >= limit:
-            raise InputError(f"--max-new-tokens: {args.max_new_tokens} leaves no room for a prompt in the {name} "
-                             f"model's context of {limit} tokens")
+            raise InputError(f"--max-new-tokens: {args.max_new_tokens} leaves no room for a prompt in the "
+                             f"{_model(name)}'s context of {limit} tokens")
     system = [{"role": "system", "content": args.system}] if args.system else []
     bound = line_byte_limit(gens, args.max_new_tokens)
     if system:

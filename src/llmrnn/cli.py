@@ -7,6 +7,7 @@ functions, so `llmrnn --help` and light stages start fast.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import logging
@@ -105,13 +106,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         rc = args.func(args)
+        sys.stdout.flush()  # here, not at exit: a full disk under `> file` is this command's one line
     except LlmrnnError as exc:
         print(f"llmrnn {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"llmrnn {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EPIPE):
+            raise
+        _silence_stdout()
+        what = "the reader went away" if exc.errno == errno.EPIPE else "no space left on the device"
+        print(f"llmrnn {args.command}: error: cannot write {exc.filename or 'the output'}: {what}", file=sys.stderr)
+        return 1
     return int(rc or 0)
+
+
+def _silence_stdout() -> None:
+    """After a failed write to stdout: drop what is still buffered (the interpreter's flush at exit would
+    fail again, with a traceback-like 'Exception ignored' message)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def secret_problem(text: str) -> str | None:
 
     match = CREDENTIAL.search(text)
     if match:
-        return (f"holds what looks like a credential ({match.group(1)}...); secrets come only from the "
+        return (f"holds what looks like a credential ({match.group(1) or 'hf_'}...); secrets come only from the "
                 "environment, never from the config (it would be copied into logs, the manifest and the Hub)")
     return None
 

@@ -8,8 +8,10 @@ DATA_SOURCE = "llm_as_rnn_memory_update"
 
 # a token-shaped secret (Hub, OpenAI, GitHub, GitLab, Slack, AWS, Google keys): the release scanner
 # (phi_guard) and the config check (configcheck) refuse the same shapes
-CREDENTIAL = re.compile(r"(?<![A-Za-z0-9])(hf_|sk-|sk_|ghp_|gho_|ghs_|github_pat_|glpat-|xox[abprs]-|AKIA|AIza)"
-                        r"(?=[A-Za-z_-]*[0-9])[A-Za-z0-9_-]{16,}")
+# (one digit at least, so that a name such as sk-learn-preprocessing is none); a Hub token is recognised by its
+# exact shape, hf_ and 34 letters or digits, with or without a digit (about 1 in 400 has none)
+CREDENTIAL = re.compile(r"(?<![A-Za-z0-9])(?:(hf_|sk-|sk_|ghp_|gho_|ghs_|github_pat_|glpat-|xox[abprs]-|AKIA|AIza)"
+                        r"(?=[A-Za-z_-]*[0-9])[A-Za-z0-9_-]{16,}|hf_[A-Za-z0-9]{34}(?![A-Za-z0-9_-]))")
 
 # scheme://user:password@host: the userinfo of a URL is a credential wherever the URL came from (greedy up
 # to the last @ before the path: a password may hold a raw @). The config check refuses it, the release

@@ -60,12 +60,16 @@ RECIPE_ONLY = {"qa data": "qa"}
 
 def run_checks(config_paths: list[Path]) -> dict:
     """Every check, each isolated (one crashing check is a problem, not the end of the list)."""
+    from llmrnn.check import skips
+
     config, problems = load_config(config_paths)
     schema_ok = not any(p.startswith("config: ") for p in problems)
     ran = ["schema"]
+    skips.reset()
     for name, fn in CHECKS:
         if RECIPE_ONLY.get(name, config.get("recipe")) != config.get("recipe"):
             continue  # each recipe's own checks only
+        skips.start(name)
         try:
             problems += fn(config)
         except Exception as exc:  # noqa: BLE001 - report and go on: the point is to list everything
@@ -73,8 +77,10 @@ def run_checks(config_paths: list[Path]) -> dict:
                 problems.append(f"{name}: check crashed: {type(exc).__name__}: {exc}")
             else:  # a value the schema already named (e.g. a list where a number belongs) tripped it
                 problems.append(f"{name}: not checked: fix the config problems above first")
-        ran.append(name)
-    return {"ok": not problems, "problems": problems, "checks": ran,
+        if not any(n == name and why.startswith("all:") for n, why in skips.SKIPPED):
+            ran.append(name)  # a check that could check nothing here is listed as skipped only
+    skipped = [f"{n} ({why.removeprefix('all:').strip()})" for n, why in skips.SKIPPED]
+    return {"ok": not problems, "problems": problems, "checks": ran, "skipped": skipped,
             "configfiles": [str(p) for p in config_paths], "run_name": config.get("run_name"),
             "advice": smoke_advice(config)}
 
@@ -107,7 +113,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     for advice in report["advice"]:
         print(f"llmrnn check: {advice}", file=sys.stderr)
     if report["ok"]:
-        print(f"llmrnn check: OK ({files}; checked {', '.join(report['checks'])})")
+        skipped = f"; skipped: {'; '.join(report['skipped'])}" if report["skipped"] else ""
+        print(f"llmrnn check: OK ({files}; checked {', '.join(report['checks'])}{skipped})")
         return 0
     print(f"llmrnn check: {len(report['problems'])} problem(s) with {files}:", file=sys.stderr)
     for problem in report["problems"]:

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 def check_gpu_stack(config: dict) -> list[str]:
     """verl/vLLM releases installed here that the config cannot use; more than one training node."""
-    from llmrnn.gpu_stack import stack_problems
+    from llmrnn.check.skips import skip
+    from llmrnn.gpu_stack import DISTRIBUTIONS, installed, stack_problems, uses_vllm
 
+    train = config.get("train") or {}
+    needed = [p for p, wanted in (("verl", train.get("engine") == "verl"), ("vllm", uses_vllm(config))) if wanted]
+    absent = [p for p in needed if p in DISTRIBUTIONS and installed(p) is None]
+    if absent:
+        skip(f"{' and '.join(absent)} not installed here; the job that needs it checks it")
     return stack_problems(config)
 
 

@@ -24,7 +24,10 @@ def check_prompt_lengths(config: dict) -> list[str]:
         patients = load_cohort(source) if source != "synthetic" and Path(source).is_file() else None
     except LlmrnnError:  # check_cohort names the bad record without its ids; the visits are estimated here
         patients = None
+    from llmrnn.check.skips import skip
+
     problems, notes = promptfit.check(config, patients)
     for note in notes:
         log.warning("check: %s", note)
+        skip(note.replace(": not checked, its model folder", ": its model folder").split(" (rerun")[0])
     return problems

@@ -91,16 +91,19 @@ def check_partition_time(config: dict) -> list[str]:
     """Where `sinfo` answers (a SLURM login node): each job's runtime within its partition's MaxTime, or one
     line naming the job, its runtime, the partition, its limit and the knob. SLURM would queue such a job
     forever (PartitionTimeLimit) or refuse it, hours into the run. No sinfo here: nothing to compare with."""
+    from llmrnn.check.skips import skip
     from llmrnn.slurm import partition_limits
 
     limits = partition_limits()
     if not limits:
+        skip("all: no sinfo here, not a SLURM login node")
         return []
     problems = []
     for job, minutes, partition, knob in slurm_jobs(config):
         if partition not in limits:
             log.warning("check: partition %s of %s is not one sinfo lists (%s): its time limit is not checked",
                         partition, job, ", ".join(sorted(limits)))
+            skip(f"{job}: partition {partition} is not one sinfo lists")
             continue
         limit = limits[partition]
         if limit is not None and minutes > limit:

@@ -26,6 +26,7 @@ def check_training(config: dict) -> list[str]:
         problems = [f"train: {p}" for p in tcfg.geometry(cfg).problems]
     except LlmrnnError as exc:
         return [f"train: {exc}"]
+    problems += tracker_problems(cfg)
     if cfg.get("engine") == "verl":
         # the qa recipe's reward is llmrnn.qa.rewards.compute_score (same signature, other module)
         problems += check_verl_command(cfg, "llmrnn.qa.rewards" if config.get("recipe") == "qa" else None)
@@ -44,6 +45,30 @@ def check_lora_dropout(train_cfg: dict) -> list[str]:
         return []
     return [(f"train.lora.dropout: {dropout} under train.engine verl, which builds its LoRA without dropout (verl has "
             "no setting for it) and would ignore it; set 0.0, or use train.engine trl, which applies it")]
+
+
+# the module each train.report_to tracker needs in the training environment
+TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+
+
+def tracker_problems(train_cfg: dict) -> list[str]:
+    """train.report_to: every tracker importable here (transformers' callback would fail at training start)."""
+    import importlib.util
+
+    from llmrnn.errors import InputError
+    from llmrnn.train.tracking import report_to
+
+    try:
+        trackers = report_to(train_cfg)
+    except InputError as exc:
+        return [str(exc)]
+    out = []
+    for tracker in trackers:
+        module = TRACKER_MODULES.get(tracker, tracker)
+        if importlib.util.find_spec(module) is None:
+            out.append(f"train.report_to: {tracker} is not installed in this environment (pip install {module}); "
+                       "training would fail at its start: install it or drop it from train.report_to")
+    return out
 
 
 def check_attention(train_cfg: dict) -> list[str]:

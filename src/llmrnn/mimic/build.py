@@ -14,18 +14,20 @@ stays in memory. Any bad input is one InputError line (file, row, field) and no 
 from __future__ import annotations
 
 import csv
+import errno
 import gzip
 import json
 import os
 import random
 import re
+import stat
 import sys
 import tempfile
 import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, datetime
 from io import BufferedReader, TextIOWrapper
 from pathlib import Path
 from typing import Any
@@ -47,7 +49,12 @@ TABLES: dict[str, tuple[str, tuple[str, ...]]] = {
 ICD_TABLES = ("diagnoses_icd", "d_icd_diagnoses")
 DEFAULTS = {k: v for k, v in section_defaults("cohort.mimic_iv").items() if k not in ("hosp", "note")}
 _SURROGATE = re.compile("[\udc80-\udcff]")  # bytes that are not UTF-8, kept by surrogateescape
-csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+# one CSV field (a discharge note is some kB; MIMIC-IV-Note's longest is under 100 kB) and one physical line are
+# read up to these many characters, then refused: a huge field inside a small gzip never fills the memory
+MAX_FIELD_CHARS = 8 << 20
+MAX_LINE_CHARS = 8 << 20
+csv.field_size_limit(MAX_FIELD_CHARS)
+INT64 = (-(2**63), 2**63 - 1)
 
 
 def tables_needed(diagnoses: str, icd_version: int | None = None) -> tuple[str, ...]:
@@ -60,7 +67,7 @@ def table_path(folder: str | Path, table: str) -> Path:
     """<folder>/<table>.csv.gz, or <table>.csv where the user unpacked it."""
     gz = Path(folder) / f"{table}.csv.gz"
     plain = Path(folder) / f"{table}.csv"
-    return plain if not gz.exists() and plain.exists() else gz
+    return plain if not os.path.lexists(gz) and os.path.lexists(plain) else gz
 
 
 def table_paths(hosp: str | Path, note: str | Path, diagnoses: str = "note", icd_version: int | None = None
@@ -71,18 +78,58 @@ def table_paths(hosp: str | Path, note: str | Path, diagnoses: str = "note", icd
 
 def _open(path: Path, errors: str = "strict"):
     raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115 (closed by caller)
-    return raw, TextIOWrapper(BufferedReader(raw, 1 << 20), encoding="utf-8", errors=errors, newline="")
+    # utf-8-sig: a byte-order mark (Excel writes one) is not part of the first column's name
+    return raw, TextIOWrapper(BufferedReader(raw, 1 << 20), encoding="utf-8-sig", errors=errors, newline="")
+
+
+class _LineTooLong(Exception):
+    pass
+
+
+def _lines(text: TextIOWrapper) -> Iterator[str]:
+    """The physical lines of `text`, each read up to MAX_LINE_CHARS characters (never a whole huge line)."""
+    while line := text.readline(MAX_LINE_CHARS + 1):
+        if len(line) > MAX_LINE_CHARS:
+            raise _LineTooLong
+        yield line
+
+
+def not_a_file(path: Path) -> str | None:
+    """What `path` is when it is not a readable regular file (missing, a dangling link, a symbolic-link loop,
+    a fifo, a folder, a device or socket), else None."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symbolic link loop, not a file"
+        if exc.errno == errno.ENOENT and path.is_symlink():
+            return "a dangling symbolic link (its target is missing)"
+        if exc.errno == errno.ENOENT:
+            return "missing"
+        return f"cannot be read ({os.strerror(exc.errno) if exc.errno else exc})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a fifo (named pipe), not a file; refused (reading it could wait forever)"
+    if stat.S_ISDIR(mode):
+        return "a folder, not a file"
+    return "a device or socket, not a file"
 
 
 def header_problem(path: Path, table: str) -> str | None:
     """None when the file exists and its header has the columns the build reads, else one line."""
-    if not path.is_file():
+    what = not_a_file(path)
+    if what == "missing":
         return f"{path}: missing ({'MIMIC-IV-Note note/' if table == 'discharge' else 'MIMIC-IV hosp/'} " \
                f"{table}.csv.gz)"
+    if what:
+        return f"{path}: {what}"
     try:
         raw, text = _open(path, errors="surrogateescape")  # bad text past the header: rows() names it
         with raw, text:
-            header = next(csv.reader(text), None)
+            header = next(csv.reader(_lines(text)), None)
+    except _LineTooLong:
+        return f"{path}: row 0: header: a line longer than {MAX_LINE_CHARS} characters; refused"
     except (OSError, EOFError, zlib.error, csv.Error) as exc:
         return f"{path}: row 0: header: unreadable ({exc})"
     if not header:
@@ -109,12 +156,16 @@ def rows(path: Path, table: str, locate_bad_text: bool = False) -> Iterator[tupl
     try:
         raw, text = _open(path, errors="surrogateescape" if locate_bad_text else "strict")
         with raw, text:
-            reader = csv.reader(text)
+            reader = csv.reader(_lines(text))
             header = next(reader)
             index = {c: header.index(c) for c in TABLES[table][1]}
             for row_no, values in enumerate(reader, 1):
                 if len(values) != len(header):
                     raise InputError(f"{path}: row {row_no}: {len(values)} fields, the header has {len(header)}")
+                for column, value in zip(header, values):
+                    if "\x00" in value:
+                        raise InputError(f"{path}: row {row_no}: {column}: {value.count(chr(0))} NUL byte(s); "
+                                         "text holds none (a damaged or binary file); refused")
                 if locate_bad_text:
                     for column, value in zip(header, values):
                         if _SURROGATE.search(value):
@@ -128,7 +179,13 @@ def rows(path: Path, table: str, locate_bad_text: bool = False) -> Iterator[tupl
         raise InputError(f"{path}: row {row_no + 1}: not UTF-8 text") from None
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise InputError(f"{path}: row {row_no + 1}: truncated or corrupt gzip ({exc})") from None
+    except _LineTooLong:
+        raise InputError(f"{path}: row {row_no + 1}: a line longer than {MAX_LINE_CHARS} characters; refused "
+                         "(a discharge note is some kB)") from None
     except csv.Error as exc:
+        if "field larger than field limit" in str(exc):
+            raise InputError(f"{path}: row {row_no + 1}: a field longer than {MAX_FIELD_CHARS} characters; refused "
+                             "(a discharge note is some kB)") from None
         raise InputError(f"{path}: row {row_no + 1}: not CSV ({exc})") from None
     except OSError as exc:
         raise InputError(f"{path}: row {row_no + 1}: cannot read ({exc})") from None
@@ -136,9 +193,13 @@ def rows(path: Path, table: str, locate_bad_text: bool = False) -> Iterator[tupl
 
 def _int(path: Path, row: int, column: str, value: str) -> int:
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise InputError(f"{path}: row {row}: {column}: {value[:40]!r} is not an integer") from None
+    if not INT64[0] <= number <= INT64[1]:
+        raise InputError(f"{path}: row {row}: {column}: {value.strip()[:40]} is beyond a 64-bit integer "
+                         "(MIMIC-IV ids have 8 digits)")
+    return number
 
 
 @dataclass
@@ -170,6 +231,11 @@ def read_admissions(path: Path, patients: dict) -> dict[int, Admission]:
         if not re.fullmatch(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?", r["admittime"].strip()):
             raise InputError(f"{path}: row {row}: admittime: {r['admittime'][:40]!r} is not a date-time "
                              "(YYYY-MM-DD HH:MM:SS)")
+        try:  # the shape is right; the calendar must be too (month 13, February 30, hour 25)
+            datetime.fromisoformat(r["admittime"].strip().replace(" ", "T"))
+        except ValueError as exc:
+            raise InputError(f"{path}: row {row}: admittime: {r['admittime'][:40]!r} is not a valid date-time "
+                             f"({exc})") from None
         out[hadm] = Admission(sid, r["admittime"].strip().replace("T", " "))
     return out
 
@@ -427,6 +493,19 @@ def _patient_json(sid: int, hadms: list[int], chosen, spool, patients, icd, cove
 
 def build(hosp: str | Path, note: str | Path, out: str | Path, report: str | Path, cfg: dict | None = None
           ) -> dict:
+    """The cohort JSON and its report from a PhysioNet folder; a full disk (the spool or the outputs) is one
+    line, and nothing is left that looks complete (outputs are written atomically, the spool is anonymous)."""
+    try:
+        return _build(hosp, note, out, report, cfg)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise InputError(f"{Path(out).parent}: no space left on the device while building the cohort "
+                             f"({os.strerror(exc.errno)}); free disk and rerun") from None
+        raise
+
+
+def _build(hosp: str | Path, note: str | Path, out: str | Path, report: str | Path, cfg: dict | None = None
+           ) -> dict:
     cfg = {**DEFAULTS, **(cfg or {})}
     if unknown := sorted(set(cfg) - set(DEFAULTS) - {"hosp", "note"}):
         raise InputError(f"cfg: {unknown[0]}: not a setting of cohort.mimic_iv ({', '.join(DEFAULTS)})")

@@ -1,5 +1,5 @@
-"""Decoders: the views of a text or a byte string a scan must see (encodings, compression, base64/base32/hex,
-URL/HTML/backslash escapes)."""
+"""Decoders: the views of a text or a byte string a scan must see (the text a reader of the rendered page
+sees, encodings, compression, base64/base32/hex, URL/HTML/backslash escapes)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import base64
 import binascii
 import bz2
 import codecs
+import functools
 import gzip
 import html
 import lzma
@@ -14,6 +15,7 @@ import re
 import urllib.parse
 import zlib
 from collections.abc import Iterator
+from html.parser import HTMLParser
 from io import BytesIO
 
 # a Hub/OpenAI/GitHub/GitLab/Slack/AWS/Google credential pasted anywhere in the bundle (one digit at least)
@@ -29,11 +31,71 @@ HEX_RUN = re.compile(r"\b(?:[0-9a-fA-F]{2}){6,}\b")
 # RFC 4648 base32 (upper or lower case, padded or not): 16+ characters, i.e. 10+ bytes
 B32_RUN = re.compile(r"(?<![A-Za-z0-9])(?:[A-Z2-7]{16,}|[a-z2-7]{16,})={0,6}(?![A-Za-z0-9])")
 MAX_UNESCAPE = 4  # %2541 -> %41 -> A: escapes applied over and over are undone this many times
+# markup a renderer turns into something else than the characters written: HTML tags and entities,
+# markdown links, emphasis, code spans, tables, headings
+MARKUP = re.compile(r"[<>&\[\]*_`|~#]")
+# tags a page renders as a break between words (a cell, a line, a block); every other tag is invisible
+BREAK_TAGS = frozenset({"br", "p", "div", "li", "ul", "ol", "tr", "td", "th", "table", "thead", "tbody", "h1",
+                        "h2", "h3", "h4", "h5", "h6", "blockquote", "pre", "hr", "dt", "dd", "section", "header",
+                        "footer", "article", "caption", "summary", "details", "img"})
+
+
+class _VisibleText(HTMLParser):
+    """The text of an HTML page as a reader sees it: tags dropped, entities decoded, a break (newline) where a
+    block, a line-break tag or a table cell separates words."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs) -> None:
+        if tag in BREAK_TAGS:
+            self.parts.append("\n")
+        alt = dict(attrs).get("alt") if tag == "img" else None
+        if alt:  # shown where the image is not
+            self.parts.append(alt)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in BREAK_TAGS:
+            self.parts.append("\n")
+
+    def handle_data(self, data: str) -> None:
+        self.parts.append(data)
+
+
+@functools.cache
+def _markdown():
+    from markdown_it import MarkdownIt
+
+    # CommonMark with raw HTML passed through (the Hub renders it) and GitHub's tables and strikethrough
+    return MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"])
+
+
+def rendered_text(text: str) -> str | None:
+    """What a reader of the rendered page sees of `text` (markdown rendered, then HTML tags stripped to their
+    visible text), or None when `text` holds no markup (it renders as itself)."""
+    if not MARKUP.search(text):
+        return None
+    try:
+        page = _markdown().render(text)
+    except (ValueError, RecursionError):  # not markdown at all: HTML alone is still stripped
+        page = text
+    parser = _VisibleText()
+    try:
+        parser.feed(page)
+        parser.close()
+    except (AssertionError, RecursionError):  # HTMLParser gives up on some malformed markup
+        return None
+    visible = "".join(parser.parts)
+    return visible if visible.split() != text.split() else None
 
 
 def decoded_views(text: str, depth: int = 0) -> Iterator[tuple[str, str]]:
     """(how, text) for every decoding of `text` that could hide an identifier or clinical text: backslash
-    escapes, HTML entities, URL escapes, base64 and hex runs (decoded payloads are decoded again)."""
+    escapes, HTML entities, URL escapes, base64 and hex runs (decoded payloads are decoded again); first the
+    rendered page's visible text (markup between words stripped: `chest<br>pain`, `[chest](u) pain`)."""
+    if depth == 0 and (visible := rendered_text(text)) is not None:
+        yield "rendered", visible
     if "\\" in text:
         yield "backslash escapes", re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)),
                                           re.sub(r"\\[nrtfbv]", " ", text))

@@ -70,7 +70,7 @@ def scan_text_stream(scan: Scan, rel: str, path: Path) -> bool:
         encoding = text_encodings(head[: len(head) - len(head) % 4])[0]
         decoder = codecs.getincrementaldecoder(encoding)("strict")
         fh.seek(0)
-        tail, base = "", 0
+        tail, base, lines = "", 0, 0
         while True:
             raw = fh.read(WINDOW_CHARS - OVERLAP_CHARS)
             try:
@@ -85,10 +85,11 @@ def scan_text_stream(scan: Scan, rel: str, path: Path) -> bool:
             if not text and not raw:
                 return True
             window = tail + text
-            if scan.window(rel, window, base=base):
+            if scan.window(rel, window, base=base, lines_before=lines):
                 return True  # one finding names the file; the rest of it need not be read
             keep = min(len(window), OVERLAP_CHARS)
             base += len(window) - keep
+            lines += window.count("\n", 0, len(window) - keep)
             tail = window[len(window) - keep:]
 
 

@@ -52,11 +52,25 @@ class Scan:
             self.window(where, text, docs)
             return
         for start in range(0, len(text), WINDOW_CHARS - OVERLAP_CHARS):
-            if self.window(where, text[start:start + WINDOW_CHARS], docs, start) or start + WINDOW_CHARS >= len(text):
+            window = text[start:start + WINDOW_CHARS]
+            if self.window(where, window, docs, start, text.count("\n", 0, start)) or start + WINDOW_CHARS >= len(text):
                 return
 
-    def window(self, where: str, text: str, docs: bool = True, base: int = 0) -> bool:
-        """One window of a text, starting at char `base` of it; True when it had a finding."""
+    def line_of_id(self, text: str) -> int | None:
+        """The first line (1-based) of `text` that holds an identifier written as itself or in any decoded or
+        rendered form of that line (or of it joined with the next line: markup may split an id over two);
+        None when only the whole text shows one."""
+        lines = text.split("\n")
+        for span in (1, 2):
+            for n in range(len(lines)):
+                chunk = "\n".join(lines[n:n + span])
+                if any(self._id_hits(view)[0] for _, view in [("", chunk), *decoded_views(chunk)]):
+                    return n + 1
+        return None
+
+    def window(self, where: str, text: str, docs: bool = True, base: int = 0, lines_before: int = 0) -> bool:
+        """One window of a text, starting at char `base` (after `lines_before` lines) of it; True when it had
+        a finding."""
         before = len(self.findings)
         views = [("", text), *decoded_views(text)]
         credential = CREDENTIAL.search(text) or URL_CREDENTIAL.search(text)
@@ -70,6 +84,8 @@ class Scan:
                 at = f"{how}, char {offset}" if how else f"char {base + offset}"
                 if how and base:
                     at = f"char {base} + {at}"
+                if "\n" in text and (line := self.line_of_id(text)) is not None:
+                    at = f"{at}, line {lines_before + line}"
                 self.refuse(where, f"{self.secrets.noun} identifier ({kind}){form} at {at}{more}")
                 break
             if docs:

@@ -85,6 +85,7 @@ def load_cohort_secrets(split_files: Iterable[str | Path], min_id_digits: int = 
                 for value in [*sections.values(), record.get("allergies")]:
                     if isinstance(value, str) and value.strip():
                         secrets.add_text(value, "clinical text from the cohort")
+                        add_text_identifiers(secrets, value, "the clinical text", min_id_digits)
     secrets.too_short -= set(secrets.ids)
     return secrets
 
@@ -102,6 +103,59 @@ def ids_in_text(text: str, min_digits: int) -> Iterator[str]:
         token = token.strip(".-_/#*'")
         if sum(ch.isdigit() for ch in token) >= min_digits:
             yield token
+
+
+# a name written next to a name-like header ("Name: Johanna Quist", "Patient: J. Quist"): the header in any
+# case, the name as capitalised words on the same line
+NAME_HEADER = re.compile(
+    r"(?i:\b(?:(?:patient|pt|full|first|last|family|given|maiden|mother'?s?|father'?s?)[ \t]*name|name|patient"
+    r"|surname|attending|physician|doctor|nurse|contact|next[ \t]+of[ \t]+kin|guardian)[ \t]*[:#=-][ \t]*)"
+    r"((?:Mrs?\.|Ms\.|Dr\.)?[ \t]*[A-Z][A-Za-z'\u2019-]*\.?"
+    r"(?:[ \t]+(?![A-Za-z]+[ \t]*[:#=])[A-Z][A-Za-z'\u2019-]*\.?){0,3})"  # up to the next header on its line
+)
+# a date of birth next to its header: numeric (1956-03-14, 03/14/1956, 14.03.1956) or with a month name
+DOB = re.compile(
+    r"(?i:\b(?:date[ \t]+of[ \t]+birth|d\.?o\.?b\.?|birth[ \t]*date|born(?:[ \t]+on)?)[ \t]*[:#=-]?[ \t]*)"
+    r"(\d{1,4}[-/. ]\d{1,2}[-/. ]\d{1,4}|(?:[A-Za-z]{3,9}\.?[ \t]+\d{1,2},?[ \t]+\d{4})|(?:\d{1,2}[ \t]+[A-Za-z]{3,9}\.?,?[ \t]+\d{4}))"
+)
+MONTHS = {m: n for n, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov",
+                                      "dec"), start=1)}
+NOT_A_NAME = {"male", "female", "unknown", "none", "n", "a", "na", "the", "mr", "mrs", "ms", "dr"}
+
+
+def _date_forms(text: str) -> list[str]:
+    """The digit strings a date of birth is written as (yyyymmdd, mmddyyyy, ddmmyyyy; month names as numbers):
+    a card that writes 03/14/1956 for a note's 1956-03-14 holds the same date."""
+    parts = re.findall(r"\d+|[A-Za-z]+", text)
+    nums = [int(p) if p.isdigit() else MONTHS.get(p[:3].lower()) for p in parts]
+    if len(nums) != 3 or None in nums:
+        return []
+    years = [n for n in nums if n > 31]
+    if len(years) != 1:
+        return []
+    year = years[0]
+    rest = [n for n in nums if n is not year]
+    forms = set()
+    for month, day in ((rest[0], rest[1]), (rest[1], rest[0])):
+        if 1 <= month <= 12 and 1 <= day <= 31:
+            forms |= {f"{year:04d}{month:02d}{day:02d}", f"{month:02d}{day:02d}{year:04d}",
+                      f"{day:02d}{month:02d}{year:04d}"}
+    return sorted(forms)
+
+
+def add_text_identifiers(secrets: Secrets, text: str, where: str, min_id_digits: int) -> None:
+    """Identifiers written inside a reference text (both recipes): record numbers (a token with at least
+    min_id_digits digits), names next to a name-like header, dates of birth in any digit order."""
+    for token in ids_in_text(text, min_id_digits):
+        secrets.add_id(f"identifier in {where}", token, min_id_digits)
+    for m in NAME_HEADER.finditer(text):
+        name = m.group(1).strip()
+        words = [w for w in re.findall(r"[^\W\d_]+", name) if w.lower() not in NOT_A_NAME]
+        if words and sum(map(len, words)) >= min_id_digits:
+            secrets.add_id(f"name in {where}", " ".join(words), min_id_digits)
+    for m in DOB.finditer(text):
+        for form in _date_forms(m.group(1)):
+            secrets.add_id(f"date of birth in {where}", form, min_id_digits)
 
 
 def load_qa_secrets(qa_files: Iterable[str | Path], min_id_digits: int = 5) -> Secrets:
@@ -125,8 +179,7 @@ def load_qa_secrets(qa_files: Iterable[str | Path], min_id_digits: int = 5) -> S
             for name, value in texts:
                 if isinstance(value, str) and value.strip():
                     secrets.add_text(value, f"QA record text ({name})")
-                    for token in ids_in_text(value, min_id_digits):
-                        secrets.add_id(f"identifier in the {name}", token, min_id_digits)
+                    add_text_identifiers(secrets, value, f"the {name}", min_id_digits)
     secrets.too_short -= set(secrets.ids)
     return secrets
 

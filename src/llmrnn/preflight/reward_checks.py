@@ -157,25 +157,28 @@ def custom_checks(custom: dict, rows: list[dict], cfg: PreflightConfig,
     `kwargs`, the reward settings training passes as reward_kwargs): every
     score must be a finite number (else one problem naming the row and candidate); the spread of the
     scores is reported like the outcome reward's."""
-    from llmrnn.reward.custom import load, score_of
+    from llmrnn.errors import InputError
+    from llmrnn.reward.custom import open_custom
 
-    fn = load(custom["path"], custom["name"])
     where = f"{custom['path']}:{custom['name']}"
     scores, problems = [], []
     t0 = time.perf_counter()
+    # the same contract as check, TRL and verl: its child process, time limits, one conversion; a reward that
+    # does not load (no file, wrong signature, an import that fails or hangs) stops preflight in one line
+    fn = open_custom(custom)
     for r in rows:
         for which in CANDIDATES:
             text = EMPTY_MEMORY if which == "empty" else _as_policy_output(r["step"].get(which))
             try:
-                result = fn(data_source=r["data_source"], solution_str=text, ground_truth=r["ground_truth"],
-                            extra_info=dict(r["extra_info"], candidate=which), **(kwargs or {}))
-                scores.append(score_of(result, f"{where} on row {r['index']} ({which})"))
-            except Exception as exc:  # noqa: BLE001 - the user's code: whatever it raises is one line of the report
-                problems.append(f"reward.custom: {where} on row {r['index']} ({which}): {type(exc).__name__}: {exc}"
-                                if not str(exc).startswith("reward.custom") else str(exc))
+                scores.append(fn(f"row {r['index']} ({which})", data_source=r["data_source"], solution_str=text,
+                                 ground_truth=r["ground_truth"], extra_info=dict(r["extra_info"], candidate=which),
+                                 **(kwargs or {})))
+            except InputError as exc:  # whatever the user's code did, already one line
+                problems.append(str(exc))
                 break
         if problems:
             break
+    fn.close()
     elapsed = time.perf_counter() - t0
     distinct = sorted({round(x, 4) for x in scores})
     mean = sum(scores) / len(scores) if scores else None

@@ -56,6 +56,10 @@ from llmrnn.reward.config import (
     missing_endpoint,
     settings,
 )
+
+# verl's entry for your own reward (reward.custom): verl calls pkg://llmrnn.reward:custom_compute_score, which
+# runs the user's function under the same contract as check, preflight and TRL (llmrnn.reward.custom)
+from llmrnn.reward.custom import compute_score as custom_compute_score
 from llmrnn.reward.entry import (
     NEUTRAL,
     PARSE_FLAGS,
@@ -69,9 +73,37 @@ from llmrnn.reward.kwargs import ARG_KEYS, LOCATIONS, reward_kwargs, settings_id
 from llmrnn.reward.scorer import JudgeCall, Scorer, finish_reason, get_scorer, outcome_share
 
 __all__ = [
-    "ARG_KEYS", "CUSTOM_NAME", "JUDGE_WAIT_KEYS", "LOCATIONS", "MODES", "NEUTRAL", "NO_JUDGE", "OPPONENTS",
-    "PARSE_FLAGS", "PUBLIC_KEYS", "STOP_REASON_FILE", "AuditLog", "FallbackGuard", "JudgeCall", "JudgeDegraded",
-    "JudgeUnavailable", "RewardConfig", "Scorer", "asks_judge", "compute_score", "compute_score_batch",
-    "fallback_rate", "finish_reason", "get_scorer", "guard_spec", "judge_wait_cfg", "missing_endpoint",
-    "outcome_share", "reward_kwargs", "settings", "settings_identity", "trl_reward_func",
+    "ARG_KEYS",
+    "CUSTOM_NAME",
+    "JUDGE_WAIT_KEYS",
+    "LOCATIONS",
+    "MODES",
+    "NEUTRAL",
+    "NO_JUDGE",
+    "OPPONENTS",
+    "PARSE_FLAGS",
+    "PUBLIC_KEYS",
+    "STOP_REASON_FILE",
+    "AuditLog",
+    "FallbackGuard",
+    "JudgeCall",
+    "JudgeDegraded",
+    "JudgeUnavailable",
+    "RewardConfig",
+    "Scorer",
+    "asks_judge",
+    "compute_score",
+    "compute_score_batch",
+    "custom_compute_score",
+    "fallback_rate",
+    "finish_reason",
+    "get_scorer",
+    "guard_spec",
+    "judge_wait_cfg",
+    "missing_endpoint",
+    "outcome_share",
+    "reward_kwargs",
+    "settings",
+    "settings_identity",
+    "trl_reward_func",
 ]

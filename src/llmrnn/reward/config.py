@@ -67,7 +67,8 @@ class RewardConfig:
             raise InputError(f"reward: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
         if value.get("custom") is not None:
             custom = settings(value["custom"], "reward.custom")
-            value = {**value, "custom": {"path": custom.get("path") or None, "name": custom.get("name") or CUSTOM_NAME}}
+            value = {**value, "custom": {"path": custom.get("path") or None, "name": custom.get("name") or CUSTOM_NAME,
+                                         **{k: custom[k] for k in ("timeout_s", "max_abs") if custom.get(k) is not None}}}
         cfg = cls(**value)
         if cfg.mode not in MODES:
             raise InputError(f"reward.mode: {cfg.mode!r} is not one of {', '.join(MODES)}")

@@ -1,30 +1,40 @@
-"""Your own reward: config `reward.custom: {path: my_reward.py, name: compute_score}`.
+"""Your own reward: config `reward.custom: {path: my_reward.py, name: compute_score, timeout_s, max_abs}`.
 
 The function has verl's signature, `compute_score(data_source, solution_str, ground_truth, extra_info,
-**kwargs)`, and returns a number or a dict with "score". verl calls it directly
-(reward.custom_reward_function.path/name); TRL calls `trl_reward(fn)`, which scores each completion the
-same way. It replaces the judge's scorer (no judge server is planned). `llmrnn check` refuses a missing
-file, an undefined name or another signature with one line (`problem`); preflight scores a few real rows
-with it and refuses a score that is not a finite number (`score_of`). Its file's content is hashed into the
+**kwargs)`, and returns a number (numpy numbers too) or a dict with "score". It runs under one contract
+wherever it runs (`RewardProcess`): `llmrnn check` imports it, preflight scores a few real rows with it, TRL
+calls it through `trl_reward`, and verl through `compute_score` here (reward.custom_reward_function names
+pkg://llmrnn.reward:custom_compute_score, never the user's file), each time in a child process with a time
+limit per import and per call; its result is converted once (custom_reward_child.as_score: finite, within
++-reward.custom.max_abs); whatever it raises, exits or hangs on is one line naming the file, the function and
+the row. It replaces the judge's scorer (no judge server is planned). Its file's content is hashed into the
 rules' `code` param and the checkpoint fingerprint (llmrnn.provenance.code_identity).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
-import math
+import json
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from llmrnn.constants import DATA_SOURCE
+from llmrnn.custom_reward_child import PARAMETERS, SIGNATURE, as_score, signature_problem
 from llmrnn.errors import InputError
 from llmrnn.reward.config import CUSTOM_NAME, RewardConfig, settings
 from llmrnn.reward.entry import _completion_text
 
-PARAMETERS = ("data_source", "solution_str", "ground_truth", "extra_info")
-SIGNATURE = "(data_source, solution_str, ground_truth, extra_info, **kwargs)"
+__all__ = ["PARAMETERS", "SIGNATURE", "RewardProcess", "compute_score", "load", "problem", "score_of",
+           "signature_problem", "trl_reward"]
+DEFAULT_TIMEOUT_S = 60.0  # reward.custom.timeout_s's default: one import or one call of your reward
+DEFAULT_MAX_ABS = 1e6  # reward.custom.max_abs's default: |reward| beyond it is refused with its row
 
 
 def custom_of(reward: Any) -> dict | None:
@@ -42,46 +52,127 @@ def code_files(config: dict) -> list[str]:
     return [str(custom["path"])] if custom else []
 
 
-def _load(path: str, name: str) -> Any:
-    file = Path(path)
-    if not file.is_file():
-        raise InputError(f"reward.custom.path: {path}: no such file")
-    spec = importlib.util.spec_from_file_location(f"llmrnn_custom_reward_{file.stem}", file)
-    if spec is None or spec.loader is None:
-        raise InputError(f"reward.custom.path: {path}: not a Python file")
-    module = importlib.util.module_from_spec(spec)
+class RewardProcess:
+    """Your own reward behind one contract, wherever it runs (check, preflight, TRL, verl): imported and
+    called in a child process (llmrnn.custom_reward_child) with a time limit per import and per call
+    (reward.custom.timeout_s), its result converted once (numbers, numpy numbers, {"score": ...}; finite and
+    within +-reward.custom.max_abs), and whatever the user's code raises (SystemExit and KeyboardInterrupt
+    too) or a child that dies or hangs is one InputError line naming the file, the function and the row."""
+
+    def __init__(self, path: str, name: str = CUSTOM_NAME, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 max_abs: float = DEFAULT_MAX_ABS):
+        self.path, self.name, self.timeout_s, self.max_abs = str(path), name, float(timeout_s), float(max_abs)
+        self.where = f"{self.path}:{self.name}"
+        self.proc: subprocess.Popen | None = None
+        if not Path(self.path).is_file():
+            what = "a fifo, device or folder, not a file" if Path(self.path).exists() else "no such file"
+            raise InputError(f"reward.custom.path: {self.path}: {what}")
+        self._start()
+
+    def _start(self) -> None:
+        import llmrnn
+
+        src = str(Path(llmrnn.__file__).resolve().parents[1])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])]))
+        self.proc = subprocess.Popen([sys.executable, "-m", "llmrnn.custom_reward_child"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, cwd=os.getcwd())
+        answer = self._ask(("load", str(Path(self.path).resolve()), self.name, self.max_abs), "importing it ")
+        if answer[0] != "ok":
+            self.close()
+            line = answer[1]
+            if line.startswith("defines no"):
+                raise InputError(f"reward.custom.name: {self.path} {line}")
+            if line.startswith(f"{self.name} "):  # another signature
+                raise InputError(f"reward.custom: {self.path}:{line}")
+            raise InputError(f"reward.custom.path: {self.path}: {line}")
+
+    def _ask(self, msg: tuple, what: str) -> tuple:
+        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            data = pickle.dumps(msg)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            # a keyword argument that cannot cross into the child (TRL's log_metric/log_extra callables bound
+            # to its trainer) is left out; the row's own arguments always pickle
+            kwargs = {k: v for k, v in msg[1].items() if _sendable(v)}
+            data = pickle.dumps((msg[0], kwargs))
+        try:
+            self.proc.stdin.write(struct.pack("<Q", len(data)) + data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return "error", self._gone(what)
+        fd = self.proc.stdout.fileno()
+        head = self._read(fd, 8, what)
+        if isinstance(head, str):
+            return "error", head
+        body = self._read(fd, struct.unpack("<Q", head)[0], what)
+        return ("error", body) if isinstance(body, str) else pickle.loads(body)
+
+    def _read(self, fd: int, n: int, what: str) -> bytes | str:
+        """n bytes from the child, or the line saying why not (no answer within the time limit, or it died)."""
+        out = b""
+        deadline = time.monotonic() + self.timeout_s
+        while len(out) < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                self.close()
+                return (f"{what}gave no answer within {self.timeout_s:g} s (reward.custom.timeout_s); "
+                        "the reward process was stopped")
+            chunk = os.read(fd, n - len(out))
+            if not chunk:
+                return self._gone(what)
+            out += chunk
+        return out
+
+    def _gone(self, what: str) -> str:
+        code = self.proc.wait() if self.proc else None
+        self.proc = None
+        return f"{what}ended the reward process (exit code {code}: os._exit or a crash in its code)"
+
+    def __call__(self, where: str = "", **kwargs) -> float:
+        """The score of one call, or InputError naming the file:function and `where` (the row)."""
+        if self.proc is None:
+            self._start()
+        status, value = self._ask(("call", kwargs), "")
+        if status != "ok":
+            raise InputError(f"reward.custom: {self.where}{' on ' + where if where else ''} {value}")
+        return value
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            for fh in (self.proc.stdin, self.proc.stdout):
+                if fh is not None:
+                    fh.close()
+            self.proc = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001, S110 - interpreter shutdown
+            pass
+
+
+def _sendable(value: Any) -> bool:
     try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        raise InputError(f"reward.custom.path: {path}: importing it failed: {type(exc).__name__}: {exc}") from exc
-    if not hasattr(module, name):
-        raise InputError(f"reward.custom.name: {path} defines no {name!r}")
-    return getattr(module, name)
+        pickle.dumps(value)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return False
+    return True
 
 
-def signature_problem(fn: Any) -> str | None:
-    """Why `fn` cannot be called as verl calls a reward, or None."""
-    if not callable(fn):
-        return "is not callable"
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return "has no inspectable signature"
-    by_keyword = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    missing = [n for n in PARAMETERS if n not in by_keyword]
-    if missing or not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        return f"has signature {inspect.signature(fn)}; verl calls {SIGNATURE}" + (
-            f" (missing {', '.join(missing)})" if missing else " (no **kwargs)")
-    return None
+def open_custom(custom: dict) -> RewardProcess:
+    """The RewardProcess of a `custom_of` mapping (its timeout and bound from reward.custom)."""
+    return RewardProcess(custom["path"], custom.get("name") or CUSTOM_NAME,
+                         timeout_s=custom.get("timeout_s") or DEFAULT_TIMEOUT_S,
+                         max_abs=custom.get("max_abs") or DEFAULT_MAX_ABS)
 
 
-def load(path: str, name: str = CUSTOM_NAME) -> Callable:
-    """The own reward function, or InputError in one line: no file, no such name, another signature."""
-    fn = _load(path, name)
-    problem = signature_problem(fn)
-    if problem:
-        raise InputError(f"reward.custom: {path}:{name} {problem}")
-    return fn
+def load(path: str, name: str = CUSTOM_NAME, timeout_s: float = DEFAULT_TIMEOUT_S,
+         max_abs: float = DEFAULT_MAX_ABS) -> RewardProcess:
+    """Your own reward, loaded in its child: InputError in one line (no file, no such name, another
+    signature, an import that fails, exits or hangs)."""
+    return RewardProcess(path, name, timeout_s, max_abs)
 
 
 def problem(config: dict) -> str | None:
@@ -89,23 +180,42 @@ def problem(config: dict) -> str | None:
     try:
         custom = custom_of((config or {}).get("reward"))
         if custom:
-            load(custom["path"], custom["name"])
+            open_custom(custom).close()
     except InputError as exc:
         return str(exc)
     return None
 
 
-def score_of(result: Any, where: str) -> float:
-    """The reward a call returned (a number or {"score": number}) as a finite float, else one line."""
-    value = result.get("score") if isinstance(result, dict) else result
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
-        raise InputError(f"reward.custom: {where} returned {value!r}; expected a finite number or "
-                         "a dict with a finite 'score'")
-    return float(value)
+def score_of(result: Any, where: str, max_abs: float = DEFAULT_MAX_ABS) -> float:
+    """The reward a call returned, converted as the child converts it (custom_reward_child.as_score), else one line."""
+    try:
+        return as_score(result, max_abs)
+    except ValueError as exc:
+        raise InputError(f"reward.custom: {where} {exc}") from None
 
 
-def trl_reward(fn: Callable, name: str = CUSTOM_NAME) -> Callable:
-    """TRL's batch reward function over a per-sample verl reward: the parquet's reward_model.ground_truth,
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
+    """What verl calls under reward.custom (reward.custom_reward_function: pkg://llmrnn.reward, this name):
+    your own reward, read from the reward settings verl passes on (reward_cfg's `custom`), under the same
+    contract as everywhere else (its child, time limit, one conversion, one line)."""
+    custom = custom_of(kwargs.get("reward_cfg"))
+    if not custom:
+        raise InputError("reward.custom: verl called the own-reward entry but reward_cfg names no reward.custom.path")
+    key = json.dumps(custom, sort_keys=True)
+    proc = _PROCESSES.get(key)
+    if proc is None:
+        proc = _PROCESSES[key] = open_custom(custom)
+    info = dict(extra_info or {})
+    return proc(f"row {info.get('index', '?')}", data_source=data_source, solution_str=solution_str,
+                ground_truth=ground_truth, extra_info=info, **kwargs)
+
+
+_PROCESSES: dict[str, RewardProcess] = {}
+
+
+def trl_reward(fn: RewardProcess, name: str = CUSTOM_NAME) -> Callable:
+    """TRL's batch reward function over your own reward's RewardProcess (one score per call, already
+    converted and bounded): the parquet's reward_model.ground_truth,
     extra_info and data_source columns become its arguments; every other keyword TRL or `train run` passes
     (the reward settings among them) goes on as **kwargs."""
 
@@ -117,9 +227,9 @@ def trl_reward(fn: Callable, name: str = CUSTOM_NAME) -> Callable:
         out = []
         for completion, rm, source, info in zip(completions, reward_model, sources, extra):
             gt = rm.get("ground_truth") if isinstance(rm, dict) else rm
-            result = fn(data_source=source, solution_str=_completion_text(completion), ground_truth=gt,
-                        extra_info=info or {}, **columns)
-            out.append(score_of(result, name))
+            info = dict(info or {})
+            out.append(fn(f"row {info.get('index', '?')}", data_source=source,
+                          solution_str=_completion_text(completion), ground_truth=gt, extra_info=info, **columns))
         return out
 
     reward.__name__ = name

@@ -12,8 +12,8 @@ from llmrnn.settings.base import Section
 class QaSynthetic(Section):
     """`qa.synthetic`"""
 
-    seed: int = Field(0, description='seed of the synthetic questions (distractor sampling)')
-    max_questions: int | None = Field(None, ge=1, description='cap on the synthetic questions; null = all')
+    seed: int = Field(0, le=2**32 - 1, ge=0, description='seed of the synthetic questions (distractor sampling)')
+    max_questions: int | None = Field(None, le=1_000_000_000, ge=1, description='cap on the synthetic questions; null = all')
 
 
 
@@ -41,9 +41,9 @@ class QaDataset(Section):
 class QaFilter(Section):
     """`qa.filter`"""
 
-    min_question_chars: int = Field(10, ge=0, description='questions shorter than this many characters are dropped (counts in RUN/qa/splits.json)')
-    max_question_chars: int = Field(4000, ge=1, description='questions longer than this many characters are dropped')
-    max_answer_chars: int = Field(200, ge=1, description='records whose answer is longer than this many characters are dropped')
+    min_question_chars: int = Field(10, le=1 << 30, ge=0, description='questions shorter than this many characters are dropped (counts in RUN/qa/splits.json)')
+    max_question_chars: int = Field(4000, le=1 << 30, ge=1, description='questions longer than this many characters are dropped')
+    max_answer_chars: int = Field(200, le=1 << 30, ge=1, description='records whose answer is longer than this many characters are dropped')
     dedupe: bool = Field(True, description='drop a question whose normalised text was seen before (the same question with other options is a duplicate)')
 
 
@@ -51,9 +51,9 @@ class QaFilter(Section):
 class QaSplit(Section):
     """`qa.split`"""
 
-    val_size: int = Field(2, ge=1, description='groups (patients / records) in val')
-    test_size: int = Field(4, ge=1, description='groups in test')
-    seed: int = Field(42, description='seed of the split into train, val and test groups')
+    val_size: int = Field(2, le=1_000_000_000, ge=1, description='groups (patients / records) in val')
+    test_size: int = Field(4, le=1_000_000_000, ge=1, description='groups in test')
+    seed: int = Field(42, le=2**32 - 1, ge=0, description='seed of the split into train, val and test groups')
 
 
 
@@ -67,10 +67,10 @@ class QaPrompt(Section):
 class QaRewardWeights(Section):
     """`qa.reward.weights`"""
 
-    exact_match: float = Field(1.0, ge=0, description='weight of exact match of the answer (the reward is the weighted sum of components in [0, 1]; weight 0 = not computed)')
-    format: float = Field(0.2, ge=0, description='weight of the format term (each tag once, in order, nothing after)')
-    judge: float = Field(0.0, ge=0, description="weight of the judge's score (asks the judge service)")
-    fluency: float = Field(0.0, ge=0, description='weight of fluency under the base model (1 - ln(ppl)/ln(fluency_max_ppl))')
+    exact_match: float = Field(1.0, le=1000, ge=0, description='weight of exact match of the answer (the reward is the weighted sum of components in [0, 1]; weight 0 = not computed)')
+    format: float = Field(0.2, le=1000, ge=0, description='weight of the format term (each tag once, in order, nothing after)')
+    judge: float = Field(0.0, le=1000, ge=0, description="weight of the judge's score (asks the judge service)")
+    fluency: float = Field(0.0, le=1000, ge=0, description='weight of fluency under the base model (1 - ln(ppl)/ln(fluency_max_ppl))')
 
 
 
@@ -80,7 +80,7 @@ class QaReward(Section):
     weights: QaRewardWeights = Field(default_factory=QaRewardWeights)
     tags: list[str] = Field(default_factory=lambda: ['reasoning', 'answer'], description='the tags a response holds, each once, in this order, nothing after (the format term)')
     answer_tag: str = Field('answer', description='the tag the answer is read from (the last one in the response)')
-    fluency_max_ppl: float = Field(1000.0, gt=1, description='fluency = 1 - ln(ppl)/ln(max_ppl), ppl of the response under the base model')
+    fluency_max_ppl: float = Field(1000.0, le=1e30, gt=1, description='fluency = 1 - ln(ppl)/ln(max_ppl), ppl of the response under the base model')
     rubric: str | None = Field(None, description='judge reward: rubric file (default judge.rubric)')
 
 
@@ -88,9 +88,9 @@ class QaReward(Section):
 class QaSftLora(Section):
     """`qa.sft.lora`"""
 
-    rank: int = Field(16, ge=1, description='LoRA rank of the SFT adapter')
-    alpha: int = Field(32, ge=1, description='LoRA alpha of the SFT adapter')
-    dropout: float = Field(0.0, ge=0, description='LoRA dropout of the SFT adapter')
+    rank: int = Field(16, le=65536, ge=1, description='LoRA rank of the SFT adapter')
+    alpha: int = Field(32, le=1_000_000, ge=1, description='LoRA alpha of the SFT adapter')
+    dropout: float = Field(0.0, le=1, ge=0, description='LoRA dropout of the SFT adapter')
     target_modules: list[str] = Field(default_factory=lambda: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'], description='modules the SFT LoRA adapts')
 
 
@@ -98,10 +98,10 @@ class QaSftLora(Section):
 class QaSftResources(Section):
     """`qa.sft.resources`"""
 
-    gpu: int = Field(0, ge=0, description='GPUs of the qa_sft job')
-    mem_mb: int = Field(8000, description='memory of the qa_sft job (MB)')
-    runtime: int = Field(120, description='time limit of the qa_sft job (minutes)')
-    cpus_per_task: int = Field(2, description='CPU cores of the qa_sft job')
+    gpu: int = Field(0, le=64, ge=0, description='GPUs of the qa_sft job')
+    mem_mb: int = Field(8000, le=16 * 1024 * 1024, ge=1, description='memory of the qa_sft job (MB)')
+    runtime: int = Field(120, le=366 * 24 * 60, ge=1, description='time limit of the qa_sft job (minutes)')
+    cpus_per_task: int = Field(2, le=4096, ge=1, description='CPU cores of the qa_sft job')
 
 
 
@@ -109,15 +109,15 @@ class QaSft(Section):
     """`qa.sft`"""
 
     enabled: bool = Field(True, description="LoRA SFT warm start (TRL SFTTrainer, loss on the answer only), merged and checked like GRPO's adapter; GRPO starts from it")
-    seed: int = Field(42, description='seed of the SFT run (data order, adapter init)')
+    seed: int = Field(42, le=2**32 - 1, ge=0, description='seed of the SFT run (data order, adapter init)')
     lora: QaSftLora = Field(default_factory=QaSftLora)
-    lr: float = Field(0.0002, gt=0, description='SFT learning rate (a change reruns SFT onwards)')
-    epochs: int = Field(1, ge=1, description='passes over the SFT data')
-    batch_size: int = Field(4, ge=1, description='SFT examples per step and device')
-    grad_accum: int = Field(1, ge=1, description='gradient accumulation steps of SFT')
-    max_length: int = Field(1024, ge=1, description='SFT examples are cut to this many tokens')
-    max_steps: int | None = Field(None, ge=1, description='cap on SFT steps; null = epochs decide')
-    num_threads: int = Field(1, ge=1, description='torch CPU threads of SFT')
+    lr: float = Field(0.0002, le=1, gt=0, description='SFT learning rate (a change reruns SFT onwards)')
+    epochs: int = Field(1, le=1_000_000_000, ge=1, description='passes over the SFT data')
+    batch_size: int = Field(4, le=1_000_000_000, ge=1, description='SFT examples per step and device')
+    grad_accum: int = Field(1, le=1_000_000_000, ge=1, description='gradient accumulation steps of SFT')
+    max_length: int = Field(1024, le=1 << 24, ge=1, description='SFT examples are cut to this many tokens')
+    max_steps: int | None = Field(None, le=1_000_000_000, ge=1, description='cap on SFT steps; null = epochs decide')
+    num_threads: int = Field(1, le=1024, ge=1, description='torch CPU threads of SFT')
     resources: QaSftResources = Field(default_factory=QaSftResources, description='SLURM resources of the qa_sft job')
 
 
@@ -126,8 +126,8 @@ class QaEvalStatsBootstrap(Section):
     """`qa.eval.stats.bootstrap`"""
 
     model_config = ConfigDict(extra="allow")
-    samples: int = Field(..., ge=1, description='bootstrap resamples')
-    seed: int = Field(..., description='seed of the bootstrap resampling')
+    samples: int = Field(..., le=1_000_000, ge=1, description='bootstrap resamples')
+    seed: int = Field(..., le=2**32 - 1, ge=0, description='seed of the bootstrap resampling')
 
 
 
@@ -142,23 +142,23 @@ class QaEvalStats(Section):
 class QaEvalResources(Section):
     """`qa.eval.resources`"""
 
-    gpu: int = Field(0, ge=0, description='GPUs of the qa_eval_model job')
-    mem_mb: int = Field(6000, description='memory of the qa_eval_model job (MB)')
-    runtime: int = Field(60, description='time limit of the qa_eval_model job (minutes)')
-    cpus_per_task: int = Field(1, description='CPU cores of the qa_eval_model job')
+    gpu: int = Field(0, le=64, ge=0, description='GPUs of the qa_eval_model job')
+    mem_mb: int = Field(6000, le=16 * 1024 * 1024, ge=1, description='memory of the qa_eval_model job (MB)')
+    runtime: int = Field(60, le=366 * 24 * 60, ge=1, description='time limit of the qa_eval_model job (minutes)')
+    cpus_per_task: int = Field(1, le=4096, ge=1, description='CPU cores of the qa_eval_model job')
 
 
 
 class QaEval(Section):
     """`qa.eval`"""
 
-    k: int = Field(4, ge=1, description='samples per question of sampling_pass@k')
-    temperature: float = Field(0.8, gt=0, description='sampling_pass@k only; greedy_pass@1 is T=0')
+    k: int = Field(4, le=4096, ge=1, description='samples per question of sampling_pass@k')
+    temperature: float = Field(0.8, le=10, gt=0, description='sampling_pass@k only; greedy_pass@1 is T=0')
     top_p: float = Field(0.95, gt=0, le=1, description='nucleus sampling of sampling_pass@k (greedy_pass@1 is always T = 0, n = 1)')
-    max_new_tokens: int = Field(96, ge=1, description='most new tokens per answer')
-    max_questions: int | None = Field(None, ge=1, description='cap on the evaluated questions per split; null = all')
-    seed: int = Field(1234, description='sampling seed of the evaluation')
-    batch_size: int = Field(8, ge=1, description='questions per generate() batch')
+    max_new_tokens: int = Field(96, le=1 << 24, ge=1, description='most new tokens per answer')
+    max_questions: int | None = Field(None, le=1_000_000_000, ge=1, description='cap on the evaluated questions per split; null = all')
+    seed: int = Field(1234, le=2**32 - 1, ge=0, description='sampling seed of the evaluation')
+    batch_size: int = Field(8, le=1_000_000_000, ge=1, description='questions per generate() batch')
     system: str | None = Field(None, description='system prompt of the evaluation; null = qa.prompt.system (what training saw), else the built-in one')
     judge: Literal['auto', True, False] = Field('auto', description='judge-grade the answers too (judge_* metrics beside exact match; the judge service of judge.rubric grades by qa.reward.rubric or judge.rubric): auto = where the QA reward asks the judge (free text)')
     judge_threshold: float = Field(0.5, ge=0, le=1, description='judge score (0-1) at or above which a judge-graded answer counts as correct')

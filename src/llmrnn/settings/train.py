@@ -12,8 +12,8 @@ from llmrnn.settings.base import NAME, Section
 class TrainLora(Section):
     """`train.lora`"""
 
-    rank: int = Field(16, ge=1, description='LoRA rank')
-    alpha: int = Field(32, ge=1, description='written into adapter_config.json (merge uses it)')
+    rank: int = Field(16, le=65536, ge=1, description='LoRA rank')
+    alpha: int = Field(32, le=1_000_000, ge=1, description='written into adapter_config.json (merge uses it)')
     dropout: float = Field(0.0, ge=0, le=1, description='LoRA dropout (TRL; verl uses none)')
     target_modules: list[str] = Field(default_factory=lambda: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'], min_length=1, description='modules the LoRA adapts')
 
@@ -22,7 +22,7 @@ class TrainLora(Section):
 class TrainKl(Section):
     """`train.kl`"""
 
-    coef: float = Field(0.001, ge=0, description='verl kl_loss_coef / TRL beta')
+    coef: float = Field(0.001, le=1000, ge=0, description='verl kl_loss_coef / TRL beta')
     estimator: Literal['kl', 'k1', 'abs', 'mse', 'k2', 'low_var_kl', 'k3', 'full'] = Field('low_var_kl', description='verl `kl_loss_type`; TRL always uses k3 (= low_var_kl)')
     in_loss: bool = Field(True, description='KL in the actor loss (true) or in the reward (verl only)')
 
@@ -31,26 +31,26 @@ class TrainKl(Section):
 class TrainClipRatio(Section):
     """`train.clip_ratio`"""
 
-    low: float = Field(0.2, gt=0, description='PPO ratio clip below: ratio >= 1 - low (verl clip_ratio_low and clip_ratio, TRL epsilon)')
-    high: float = Field(0.2, gt=0, description='PPO ratio clip above: ratio <= 1 + high (verl clip_ratio_high, TRL epsilon_high)')
+    low: float = Field(0.2, le=10, gt=0, description='PPO ratio clip below: ratio >= 1 - low (verl clip_ratio_low and clip_ratio, TRL epsilon)')
+    high: float = Field(0.2, le=10, gt=0, description='PPO ratio clip above: ratio <= 1 + high (verl clip_ratio_high, TRL epsilon_high)')
 
 
 
 class TrainBatch(Section):
     """`train.batch`"""
 
-    train: int = Field(16, ge=1, description='prompts per step (data.train_batch_size)')
-    mini: int = Field(16, ge=1, description='prompts per optimizer update (ppo_mini_batch_size)')
-    micro_per_gpu: int = Field(4, ge=1, description='responses per forward pass per GPU')
+    train: int = Field(16, le=1_000_000_000, ge=1, description='prompts per step (data.train_batch_size)')
+    mini: int = Field(16, le=1_000_000_000, ge=1, description='prompts per optimizer update (ppo_mini_batch_size)')
+    micro_per_gpu: int = Field(4, le=1_000_000_000, ge=1, description='responses per forward pass per GPU')
 
 
 
 class TrainRollout(Section):
     """`train.rollout`"""
 
-    temperature: float = Field(0.8, gt=0, description='rollout sampling temperature')
+    temperature: float = Field(0.8, le=10, gt=0, description='rollout sampling temperature')
     top_p: float = Field(0.95, gt=0, le=1, description='rollout nucleus sampling')
-    tensor_parallel: int = Field(1, ge=1, description='vLLM TP size (verl)')
+    tensor_parallel: int = Field(1, le=64, ge=1, description='vLLM TP size (verl)')
     gpu_memory_utilization: float = Field(0.6, gt=0, le=1, description="verl's vLLM rollout")
 
 
@@ -59,7 +59,7 @@ class TrainVerl(Section):
     """`train.verl`"""
 
     reward_manager: str = Field('naive', description='verl `reward.reward_manager.name`')
-    reward_num_workers: int = Field(8, ge=1, description='verl `reward.num_workers`')
+    reward_num_workers: int = Field(8, le=1024, ge=1, description='verl `reward.num_workers`')
     attn_implementation: Literal['auto', 'sdpa', 'eager', 'flash_attention_2'] = Field('auto', description="actor attention kernel (verl override_config.attn_implementation); auto = flash_attention_2 where flash-attn imports on the training node, else sdpa (what ran: train summary.json attention, the model card); flash_attention_2 needs flash-attn installed and turns verl's use_remove_padding on")
     extra_overrides: list[str] = Field(default_factory=list, description='extra Hydra overrides for main_ppo, key=value')
 
@@ -68,8 +68,8 @@ class TrainVerl(Section):
 class TrainTrl(Section):
     """`train.trl`"""
 
-    num_threads: int = Field(1, ge=1, description='torch threads on CPU (1 is the steadiest for small models)')
-    logging_steps: int = Field(1, ge=1, description='TRL log interval')
+    num_threads: int = Field(1, le=1024, ge=1, description='torch threads on CPU (1 is the steadiest for small models)')
+    logging_steps: int = Field(1, le=1_000_000_000, ge=1, description='TRL log interval')
     stop_at_json: bool = Field(False, description='end a rollout at the token that closes the memory JSON ("}), as the forward pass does')
     cpu_bf16: Literal[True, False, 'auto'] = Field(False, description='CPU only: bfloat16 autocast for rollouts and updates (LoRA weights stay float32); auto = where the CPU computes bf16 natively (AVX512-BF16 or AMX; emulated bf16 is slower than float32). On a GPU TRL uses bf16 when the GPU supports it')
     gradient_checkpointing: bool = Field(False, description="recompute activations during backward (TRL's own default: true): saves memory for big models; on the CPU demo it cost 14% of a step's CPU time for the same rewards")
@@ -80,17 +80,17 @@ class TrainEarlyStopping(Section):
     """`train.early_stopping`"""
 
     enabled: bool = Field(False, description="TRL: stop when the val reward fell `patience` validations in a row (needs test_freq > 0; refused with engine verl); the last step's adapter is kept")
-    patience: int = Field(2, ge=1, description='validations in a row the val reward must fall before TRL stops')
+    patience: int = Field(2, le=1_000_000_000, ge=1, description='validations in a row the val reward must fall before TRL stops')
 
 
 
 class TrainResources(Section):
     """`train.resources`"""
 
-    gpu: int | None = Field(None, ge=0, description='GPUs of the job; null = `n_gpus_per_node` for verl, 0 for TRL')
-    mem_mb: int = Field(8000, ge=1, description='memory of the train_grpo job (MB)')
-    runtime: int = Field(120, ge=1, description='time limit of the train_grpo job (minutes)')
-    cpus_per_task: int = Field(2, ge=1, description='CPU cores of the train_grpo job')
+    gpu: int | None = Field(None, le=64, ge=0, description='GPUs of the job; null = `n_gpus_per_node` for verl, 0 for TRL')
+    mem_mb: int = Field(8000, le=16 * 1024 * 1024, ge=1, description='memory of the train_grpo job (MB)')
+    runtime: int = Field(120, le=366 * 24 * 60, ge=1, description='time limit of the train_grpo job (minutes)')
+    cpus_per_task: int = Field(2, le=4096, ge=1, description='CPU cores of the train_grpo job')
 
 
 
@@ -98,33 +98,34 @@ class Train(Section):
     """`train`"""
 
     engine: Literal['verl', 'trl'] = Field('verl', description='verl (GPU, python -m verl.trainer.main_ppo) or trl (CPU / one GPU, GRPOTrainer)')
-    seed: int = Field(42, description='data order (verl `data.seed`, TRL sampler/seed)')
+    seed: int = Field(42, le=2**32 - 1, ge=0, description='data order (verl `data.seed`, TRL sampler/seed)')
     lora: TrainLora = Field(default_factory=TrainLora)
-    lr: float = Field(3e-06, gt=0, description='peak learning rate (AdamW)')
+    lr: float = Field(3e-06, le=1, gt=0, description='peak learning rate (AdamW)')
     lr_scheduler: Literal['constant', 'cosine'] = Field('constant', description='`constant` or `cosine`')
-    warmup_steps: int = Field(0, ge=0, description='in optimizer steps')
+    warmup_steps: int = Field(0, le=1_000_000_000, ge=0, description='in optimizer steps')
     kl: TrainKl = Field(default_factory=TrainKl)
-    entropy_coef: float = Field(0.0, ge=0, description='entropy bonus (verl `entropy_coeff`, TRL `entropy_coef`)')
-    grad_clip: float = Field(1.0, gt=0, description='max grad norm')
+    entropy_coef: float = Field(0.0, le=1000, ge=0, description='entropy bonus (verl `entropy_coeff`, TRL `entropy_coef`)')
+    grad_clip: float = Field(1.0, le=1e6, gt=0, description='max grad norm')
     clip_ratio: TrainClipRatio = Field(default_factory=TrainClipRatio, description='PPO clip range of the policy ratio, [1 - low, 1 + high] (verl actor.clip_ratio_low/high, TRL epsilon/epsilon_high)')
     loss_agg_mode: Literal['token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum-norm', 'seq-mean-token-sum'] = Field('token-mean', description='how token losses are averaged (verl actor.loss_agg_mode; TRL loss_type dapo / grpo / dr_grpo; seq-mean-token-sum is verl-only)')
-    group_size: int = Field(8, ge=2, description='G rollouts per prompt (verl rollout.n, TRL num_generations); GRPO needs at least 2')
+    group_size: int = Field(8, le=4096, ge=2, description='G rollouts per prompt (verl rollout.n, TRL num_generations); GRPO needs at least 2')
     batch: TrainBatch = Field(default_factory=TrainBatch)
     rollout: TrainRollout = Field(default_factory=TrainRollout)
-    max_prompt_length: int = Field(3072, ge=1, description='longer prompts are dropped by verl; preflight counts them')
-    max_response_length: int = Field(512, ge=1, description='tokens per rollout')
-    epochs: int = Field(20, ge=1, description='passes over the train parquet (partial last batch dropped)')
-    total_steps: int | None = Field(None, ge=1, description='cap on steps (verl trainer.total_training_steps)')
-    save_freq: int = Field(20, ge=0, description='checkpoint every N steps (and always at the end)')
-    test_freq: int = Field(5, ge=0, description='validate on the val parquet every N steps; 0 = never')
-    keep_last: int | None = Field(None, ge=1, description='checkpoints kept (verl max_actor_ckpt_to_keep, TRL save_total_limit); null = all. Preflight compares their size with the free disk and your quota (lfs quota / quota -w); short of room, set it (select: last needs only the last; the reference kept all)')
+    max_prompt_length: int = Field(3072, le=1 << 24, ge=1, description='longer prompts are dropped by verl; preflight counts them')
+    max_response_length: int = Field(512, le=1 << 24, ge=1, description='tokens per rollout')
+    epochs: int = Field(20, le=1_000_000_000, ge=1, description='passes over the train parquet (partial last batch dropped)')
+    total_steps: int | None = Field(None, le=1_000_000_000, ge=1, description='cap on steps (verl trainer.total_training_steps)')
+    save_freq: int = Field(20, le=1_000_000_000, ge=0, description='checkpoint every N steps (and always at the end)')
+    test_freq: int = Field(5, le=1_000_000_000, ge=0, description='validate on the val parquet every N steps; 0 = never')
+    keep_last: int | None = Field(None, le=1_000_000_000, ge=1, description='checkpoints kept (verl max_actor_ckpt_to_keep, TRL save_total_limit); null = all. Preflight compares their size with the free disk and your quota (lfs quota / quota -w); short of room, set it (select: last needs only the last; the reference kept all)')
     val_before_train: bool = Field(True, description='validate once before the first step')
-    val_generations: int | None = Field(None, ge=1, description="rollouts per val prompt; null = the engine's own (TRL: group_size at the rollout temperature; verl: one greedy sample). Set, verl samples that many (val_kwargs.n)")
+    val_generations: int | None = Field(None, le=1_000_000_000, ge=1, description="rollouts per val prompt; null = the engine's own (TRL: group_size at the rollout temperature; verl: one greedy sample). Set, verl samples that many (val_kwargs.n)")
     select: Literal['last', 'best_val'] = Field('last', description="which saved checkpoint becomes the adapter: last (the reference's) or best_val (highest val reward among saved steps; needs test_freq > 0; verl also save_freq a multiple of test_freq and keep_last null)")
-    n_gpus_per_node: int = Field(1, ge=1, description="actor+rollout GPUs (verl); the judge's GPU is extra")
-    nnodes: int = Field(1, ge=1, description='nodes verl trains on: > 1 runs a Ray cluster over that many nodes of one SLURM job (needs judge.host: node and LLMRNN_TRAIN_NODES; docs/cluster.md)')
+    n_gpus_per_node: int = Field(1, le=64, ge=1, description="actor+rollout GPUs (verl); the judge's GPU is extra")
+    nnodes: int = Field(1, le=4096, ge=1, description='nodes verl trains on: > 1 runs a Ray cluster over that many nodes of one SLURM job (needs judge.host: node and LLMRNN_TRAIN_NODES; docs/cluster.md)')
     project_name: str = Field('llmrnn_grpo', pattern=NAME, description='verl project name (the experiment name is the run name)')
-    min_free_disk_gb: float = Field(1.0, ge=0, description='preflight fails with less free disk at RUN/train')
+    min_free_disk_gb: float = Field(1.0, le=1e6, ge=0, description='preflight fails with less free disk at RUN/train')
+    fail_on_zero_gradient: bool = Field(True, description='a TRL run whose gradient norm was 0 at every logged step (no learning signal: the same reward for every completion of each group) fails instead of being marked done; false only for plumbing runs of a tiny model that cannot learn')
     report_to: Any = Field('none', description='experiment trackers of the training run (verl trainer.logger, TRL report_to), writing into RUN/train/: none, tensorboard, wandb (offline unless WANDB_MODE is set), mlflow, or a list (docs/configuration.md)', json_schema_extra={'oneOf': [{'enum': ['none', 'tensorboard', 'wandb', 'mlflow']}, {'type': 'array', 'uniqueItems': True, 'items': {'enum': ['tensorboard', 'wandb', 'mlflow']}}]})
     verl: TrainVerl = Field(default_factory=TrainVerl)
     trl: TrainTrl = Field(default_factory=TrainTrl)

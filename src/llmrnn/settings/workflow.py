@@ -38,24 +38,24 @@ class Role(Section):
 
     model: str = Field('smollm2-135m-instruct', description='a models.<name>, or a path to an HF folder; openai: the served model name')
     backend: Literal['transformers', 'vllm', 'openai'] = Field('transformers', description='`transformers` (in-process, CPU default), `vllm` (in-process engine, GPU; imported only when used), `openai` (any OpenAI-compatible endpoint)')
-    temperature: float = Field(0.7, ge=0, description='sampling temperature of the role; 0 = greedy (sampling is seeded per seed, patient, visit and role, so outputs do not depend on batching or sharding)')
+    temperature: float = Field(0.7, le=10, ge=0, description='sampling temperature of the role; 0 = greedy (sampling is seeded per seed, patient, visit and role, so outputs do not depend on batching or sharding)')
     top_p: float = Field(0.95, gt=0, le=1, description='nucleus sampling of the role: the smallest set of tokens holding this much probability')
-    max_tokens: int = Field(96, ge=1, description='most new tokens per generation of the role')
+    max_tokens: int = Field(96, le=1 << 24, ge=1, description='most new tokens per generation of the role')
     device: str = Field('cpu', description='transformers: cpu | cuda | cuda:N')
-    dtype: Literal['float32', 'bfloat16', 'float16', 'auto'] = Field('float32', description='auto: on the CPU bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), else float32; vLLM: its own choice')
-    batch_size: int = Field(16, ge=1, description='transformers: sequences per generate() pass')
+    dtype: Literal['float32', 'bfloat16', 'float16', 'auto'] = Field('float32', le=1_000_000_000, ge=0, description='auto: on the CPU bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), else float32; vLLM: its own choice')
+    batch_size: int = Field(16, le=1_000_000_000, ge=1, description='transformers: sequences per generate() pass')
     stop_at_json: bool = Field(True, description='transformers: stop a row once its JSON object is complete')
-    prefill_batch: int = Field(4, ge=1, description='transformers: prompts prefilled together after the shared prefix')
+    prefill_batch: int = Field(4, le=1_000_000_000, ge=1, description='transformers: prompts prefilled together after the shared prefix')
     generation: Literal['prefix_cache', 'generate'] = Field('prefix_cache', description='transformers: llmrnn.prefix_engine (shared-prefix cache) or plain model.generate(); same tokens')
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm: share of the GPU's memory the engine reserves")
-    max_model_len: int | None = Field(None, ge=1, description="vllm: longest prompt + output in tokens; null = the model's own")
-    tensor_parallel_size: int = Field(1, ge=1, description='vllm: GPUs one engine spans')
+    max_model_len: int | None = Field(None, le=1_000_000_000, ge=1, description="vllm: longest prompt + output in tokens; null = the model's own")
+    tensor_parallel_size: int = Field(1, le=1_000_000_000, ge=1, description='vllm: GPUs one engine spans')
     enforce_eager: bool = Field(False, description='vllm: no CUDA graphs (less memory and a faster start, slower generation)')
     url: str | None = Field(None, description='openai: base URL, e.g. http://host:8000/v1')
     api_key_env: str | None = Field(None, pattern=ENV_NAME, description='openai: NAME of the env var with the key')
-    concurrency: int = Field(8, ge=1, description='openai: requests in flight')
-    timeout_s: float = Field(120, gt=0, description='openai: per-request timeout (seconds)')
-    max_retries: int = Field(4, ge=0, description='openai: retries with backoff before the run stops')
+    concurrency: int = Field(8, le=4096, ge=1, description='openai: requests in flight')
+    timeout_s: float = Field(120, le=7 * 24 * 3600, gt=0, description='openai: per-request timeout (seconds)')
+    max_retries: int = Field(4, le=100, ge=0, description='openai: retries with backoff before the run stops')
     allow_external: bool = Field(False, description='openai: allow a url outside this site (a hosted API), which then receives patient text')
 
 
@@ -63,8 +63,8 @@ class Role(Section):
 class CohortSynthetic(Section):
     """`cohort.synthetic`"""
 
-    patients: int = Field(40, ge=3, description='number of synthetic patients (`llmrnn cohort synth`)')
-    seed: int = Field(7, description='seed of the synthetic cohort')
+    patients: int = Field(40, le=1_000_000_000, ge=3, description='number of synthetic patients (`llmrnn cohort synth`)')
+    seed: int = Field(7, le=2**32 - 1, ge=0, description='seed of the synthetic cohort')
 
 
 
@@ -74,7 +74,7 @@ class CohortMimicIv(Section):
     hosp: str = Field('data/mimiciv/hosp', description='MIMIC-IV hosp/ folder (the demo: resources/cohort/mimic_iv_synthetic/hosp)')
     note: str = Field('data/mimic-iv-note/note', description='MIMIC-IV-Note note/ folder (the demo: resources/cohort/mimic_iv_synthetic/note)')
     diagnoses: Literal['note', 'icd'] = Field('note', description="discharge_diagnosis from the note's Discharge Diagnosis section, or diagnoses_icd long titles")
-    min_visits: int = Field(2, ge=1, description='drop patients with fewer visits that have a discharge note')
+    min_visits: int = Field(2, le=1_000_000_000, ge=1, description='drop patients with fewer visits that have a discharge note')
     adults_only: bool = Field(False, description='drop patients with anchor_age under 18')
     mode: Literal['admission_time', 'reference'] = Field('admission_time', description=f"which note text the cohort shows: `admission_time` = {', '.join(ADMISSION_TIME)}, with Physical Exam and Pertinent Results cut to their admission parts; `reference` = what the reference's prompts showed ({', '.join(REFERENCE)}, results and exam whole): LEAKAGE of discharge-time text, to reproduce the reference's numbers and measure the leak")
     sections: list[ShownSection] | None = Field(None, description=f"the shown sections instead of the mode's list (the mode still decides how exam and results are cut); the risk of each: {_RISKS}", json_schema_extra={'uniqueItems': True})
@@ -99,9 +99,9 @@ class Cohort(Section):
 class Split(Section):
     """`split`"""
 
-    val_size: int = Field(100, ge=1, description='validation patients, sampled first from the cleaned cohort')
-    train_size: int = Field(100, ge=1, description='training patients, sampled next from what remains')
-    seed: int = Field(42, description='seed of both draws (`pandas.Series.sample(random_state=seed)`)')
+    val_size: int = Field(100, le=1_000_000_000, ge=1, description='validation patients, sampled first from the cleaned cohort')
+    train_size: int = Field(100, le=1_000_000_000, ge=1, description='training patients, sampled next from what remains')
+    seed: int = Field(42, le=2**32 - 1, ge=0, description='seed of both draws (`pandas.Series.sample(random_state=seed)`)')
 
 
 
@@ -124,20 +124,20 @@ class Prompts(Section):
 class TrajectoriesResources(Section):
     """`trajectories.resources`"""
 
-    gpu: int = Field(0, ge=0, description='GPUs of each trajectory_shard job (profiles/slurm maps gpu to the A100 partition)')
-    mem_mb: int = Field(6000, ge=1, description='memory of each trajectory_shard job (MB)')
-    runtime: int = Field(60, ge=1, description='time limit of each trajectory_shard job (minutes)')
-    cpus_per_task: int = Field(1, ge=1, description='CPU cores of each trajectory_shard job')
+    gpu: int = Field(0, le=64, ge=0, description='GPUs of each trajectory_shard job (profiles/slurm maps gpu to the A100 partition)')
+    mem_mb: int = Field(6000, le=16 * 1024 * 1024, ge=1, description='memory of each trajectory_shard job (MB)')
+    runtime: int = Field(60, le=366 * 24 * 60, ge=1, description='time limit of each trajectory_shard job (minutes)')
+    cpus_per_task: int = Field(1, le=4096, ge=1, description='CPU cores of each trajectory_shard job')
 
 
 
 class Trajectories(Section):
     """`trajectories`"""
 
-    shards: int = Field(2, ge=1, description='forward-pass jobs per split')
-    max_visits: int | None = Field(None, ge=3, description="use only each patient's first N visits")
-    seed: int = Field(0, description='sampling seed (per patient, visit and role)')
-    threads: int = Field(1, ge=1, description='torch CPU threads per shard job')
+    shards: int = Field(2, le=1_000_000_000, ge=1, description='forward-pass jobs per split')
+    max_visits: int | None = Field(None, le=1_000_000_000, ge=3, description="use only each patient's first N visits")
+    seed: int = Field(0, le=2**32 - 1, ge=0, description='sampling seed (per patient, visit and role)')
+    threads: int = Field(1, le=1024, ge=1, description='torch CPU threads per shard job')
     resources: TrajectoriesResources = Field(default_factory=TrajectoriesResources, description='per trajectory_shard job (profiles/slurm maps gpu to the A100 partition)')
 
 

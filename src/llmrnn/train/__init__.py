@@ -53,11 +53,11 @@ def _reward_kwargs(args, work: Path) -> dict:
 
 def _custom_reward(kwargs: dict) -> dict | None:
     """{"path", "name"} of your own reward (reward.custom), loaded once here so a wrong one stops now."""
-    from llmrnn.reward.custom import custom_of, load
+    from llmrnn.reward.custom import custom_of, open_custom
 
     custom = custom_of(kwargs.get("reward_cfg"))
     if custom:
-        load(custom["path"], custom["name"])
+        open_custom(custom).close()
     return custom
 
 
@@ -109,9 +109,9 @@ def cmd_run(args) -> int:
 
         reward_fn = None
         if custom:  # your own reward, per sample with verl's signature: TRL calls it through trl_reward
-            from llmrnn.reward.custom import load, trl_reward
+            from llmrnn.reward.custom import open_custom, trl_reward
 
-            reward_fn = trl_reward(load(custom["path"], custom["name"]), custom["name"])
+            reward_fn = trl_reward(open_custom(custom), custom["name"])
         summary = trl_engine.train(cfg, args.train, args.val, args.model, **outputs,
                                    reward_spec=_reward_spec(args, custom) or trl_engine.DEFAULT_REWARD,
                                    run_name=run_name, tracked_config=args.cfg, reward_kwargs=reward_kwargs,

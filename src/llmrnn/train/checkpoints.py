@@ -98,3 +98,28 @@ def choose_checkpoint(select: str, saved_steps: list[int], metrics_rows: list[di
     why = (f"train.select best_val: step {step} had the highest val reward ({val[step]:.4g}) of the saved steps "
            f"{steps}" + ("" if step == last else f"; the last step {last} had {val[last]:.4g}"))
     return {**out, "step": step, "val_reward": val[step], "why": why}
+
+
+# what torch's and the OS's errors say when a checkpoint write runs out of disk: torch's zip writer reports
+# ENOSPC as "unexpected pos N vs M" or "file write failed", never naming the disk
+DISK_FULL_SIGNS = ("No space left on device", "Disk quota exceeded", "file write failed", "unexpected pos ")
+
+
+def disk_full_problem(exc: BaseException, folder: Path) -> str | None:
+    """One line saying the disk is full, when `exc` (or an error it came from) is a failed write for lack of
+    space while saving a checkpoint under `folder`; None for any other error."""
+    import errno
+
+    seen, e = [], exc
+    while e is not None and e not in seen:
+        seen.append(e)
+        if (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or any(
+                sign in str(e) for sign in DISK_FULL_SIGNS):
+            try:
+                free = f"{shutil.disk_usage(folder if folder.exists() else folder.parent).free / 2**20:.0f} MiB free now"
+            except OSError:
+                free = "free space unknown"
+            return (f"train: the disk is full: saving a checkpoint under {folder} failed ({free}); free disk or "
+                    "set train.keep_last, then rerun: training resumes from the last complete checkpoint")
+        e = e.__cause__ or e.__context__
+    return None

@@ -201,3 +201,26 @@ def verl_values(result: dict, where: str) -> dict[str, float]:
             raise ValueError(f"{where}: {key}={value!r} is not a finite number (verl averages and dumps it)")
         out[key] = float(value)
     return out
+
+
+def learning_problem(rows: list[dict], zero_gradient: bool = True) -> str | None:
+    """One line when the logged train steps show a run that cannot have learned: no step's mean reward was a
+    finite number (rewards that overflowed float32, or NaN), or (`zero_gradient`: train.fail_on_zero_gradient)
+    the gradient norm was 0 at every step; such a run ends as a failure, never marked done."""
+    import math
+
+    steps = [r for r in rows if r.get("kind", "train") == "train"]
+    if not steps:
+        return None
+
+    def finite(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    if not any(finite(r.get("reward_mean")) for r in steps):
+        return (f"train: the mean reward was not a finite number at any of {len(steps)} logged steps (NaN, or a "
+                "reward so large it overflowed float32); the run learned nothing and is not complete")
+    norms = [r.get("grad_norm") for r in steps if r.get("grad_norm") is not None]
+    if zero_gradient and norms and len(norms) == len(steps) and all(finite(g) and g == 0 for g in norms):
+        return (f"train: the gradient norm was 0 at every one of {len(steps)} logged steps (the same reward for "
+                "every completion of a group gives no advantage); the run learned nothing and is not complete")
+    return None

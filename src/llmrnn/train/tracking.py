@@ -87,13 +87,20 @@ FORWARDED_ENV = ("TENSORBOARD_DIR", "TENSORBOARD_LOGGING_DIR", "WANDB_MODE", "WA
 
 
 def forwardable(name: str, value: str) -> bool:
-    """Whether a tracker variable may travel on verl's command line: one of FORWARDED_ENV, and no URI that
-    carries credentials (a user-exported MLFLOW_TRACKING_URI=https://user:pass@host stays in the environment)."""
+    """Whether a tracker variable may travel on verl's command line (visible in `ps`): one of FORWARDED_ENV, and
+    no URI that may carry a credential: a user:password@ part, or a query or fragment (`?token=...`,
+    `#access_token=...`); such a MLFLOW_TRACKING_URI stays in the environment, which main_ppo inherits."""
     from urllib.parse import urlsplit
 
     if name not in FORWARDED_ENV or not value:
         return False
-    return not (name.endswith("_URI") and "@" in urlsplit(value).netloc)
+    if not name.endswith("_URI"):
+        return True
+    try:
+        parts = urlsplit(value)
+    except ValueError:  # not a URL we can read: keep it off the command line
+        return False
+    return not ("@" in parts.netloc or parts.query or parts.fragment or "?" in value or "#" in value)
 
 
 def prepare(cfg: Mapping, work_dir: str | os.PathLike) -> dict:

@@ -34,8 +34,13 @@ from llmrnn.errors import CheckFailed, InputError
 from llmrnn.gpus import cpu_bf16
 from llmrnn.train import config as tcfg
 from llmrnn.train import data as tdata
-from llmrnn.train.checkpoints import choose_checkpoint, discard_stale_checkpoints, run_fingerprint
-from llmrnn.train.metrics import MetricsWriter, progress_line, trl_row
+from llmrnn.train.checkpoints import (
+    choose_checkpoint,
+    discard_stale_checkpoints,
+    disk_full_problem,
+    run_fingerprint,
+)
+from llmrnn.train.metrics import MetricsWriter, learning_problem, progress_line, trl_row
 
 log = logging.getLogger(__name__)
 
@@ -507,13 +512,22 @@ def train(
     trainer.remove_callback(PrinterCallback)  # our Progress callback logs one line per step instead
     holder["trainer"] = trainer
     t0 = time.perf_counter()
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    try:
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    except (RuntimeError, OSError) as exc:
+        if problem := disk_full_problem(exc, ckpt_dir):
+            raise CheckFailed(problem) from None
+        raise
     reached = int(trainer.state.global_step)
     if reached != max_steps and holder.get("early_stopped") != reached:
         raise CheckFailed(
             f"train: GRPO stopped at step {reached} of {max_steps} planned; the run is not complete"
         )
 
+    problem = learning_problem(io.read_jsonl(live_metrics) if live_metrics.exists() else [],
+                               zero_gradient=bool(cfg.get("fail_on_zero_gradient", True)))
+    if problem:
+        raise CheckFailed(problem)
     finish_metrics(live_metrics, Path(metrics_path))
     chosen = choose_trl_checkpoint(cfg, ckpt_dir, io.read_jsonl(metrics_path), reached, upd)
     if chosen["checkpoint_dir"] is None:

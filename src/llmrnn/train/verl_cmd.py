@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 REWARD_MODULE = "llmrnn.reward"
 REWARD_NAME = "compute_score"
+CUSTOM_ENTRY = "custom_compute_score"  # llmrnn.reward's entry for your own reward (llmrnn.reward.custom)
 SUPPORTED = ("0.7", "0.8", "0.9")
 POLL_S = 10.0
 
@@ -338,7 +339,9 @@ def run(
     work_dir holds verl's checkpoints/, rollouts/, audit/ and state/ (live metrics); the outputs
     (adapter_dir, metrics_path) are written once the run is complete. `reward_kwargs`: the reward's
     arguments (default: the audit dir and `endpoint_file`); `custom`: your own reward {"path", "name"}
-    (reward.custom), which verl then calls instead of `reward_module`'s compute_score. `cfg`: the normalised
+    (reward.custom), which verl then calls through llmrnn.reward.custom_compute_score (the same contract as
+    check, preflight and TRL: a child process, a time limit, one conversion) instead of `reward_module`'s
+    compute_score; reward_kwargs' reward_cfg must name it. `cfg`: the normalised
     train section (train.config.normalize), passed on to build_overrides as it is."""
     cfg = tcfg.normalize(cfg)  # a no-op for the normalised section `llmrnn train run` passes
     out = Path(work_dir)
@@ -367,8 +370,10 @@ def run(
         experiment_name=experiment_name,
         endpoint_file=endpoint_file,
         verl_version=verl_version,
-        reward_path=custom["path"] if custom else f"pkg://{reward_module}" if reward_module else None,
-        reward_name=custom["name"] if custom else REWARD_NAME,
+        # your own reward: verl calls our wrapper (its child process, time limit, one conversion), never the
+        # user's file directly; the wrapper reads reward.custom from reward_kwargs' reward_cfg
+        reward_path=reward_module_path() if custom else f"pkg://{reward_module}" if reward_module else None,
+        reward_name=CUSTOM_ENTRY if custom else REWARD_NAME,
         attention=attention["ran"],
         reward_kwargs=reward_kwargs,
     )

@@ -1,0 +1,114 @@
+"""`llmrnn cohort build`, round 5: a byte-order mark, a fifo, a symbolic-link loop, NUL bytes, a huge field
+in a small gzip, ids beyond int64, impossible dates and a full disk are each one line naming the file, row
+and field, with a non-zero exit and no output."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.test_mimic import _build, _note, _write_tables
+
+NOTE_HEADER = b"note_id,subject_id,hadm_id,note_type,note_seq,charttime,storetime,text\n"
+
+
+def _tables(root: Path) -> None:
+    _write_tables(root, [("a", 10, 100, 1, _note()), ("b", 10, 101, 1, _note())])
+
+
+def _refused(tmp_path, capsys, root: Path, expected: str) -> None:
+    rc, cohort, report, out = _build(tmp_path, root)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and cohort is None and report is None
+    assert err and expected in err[-1], err
+    assert "Traceback" not in "\n".join(err)
+    assert not list(Path(out).parent.iterdir()) if Path(out).parent.exists() else True
+
+
+def test_a_byte_order_mark_is_read_as_utf8_sig(tmp_path):
+    _tables(tmp_path)
+    for name in ("hosp/patients.csv.gz", "note/discharge.csv.gz"):
+        path = tmp_path / name
+        path.write_bytes(gzip.compress(b"\xef\xbb\xbf" + gzip.decompress(path.read_bytes())))
+    rc, cohort, report, _ = _build(tmp_path, tmp_path)
+    assert rc == 0 and cohort and cohort[0]["subject_id"] == 10 and report["patients_out"] == 1
+
+
+def test_a_fifo_is_named_as_a_fifo(tmp_path, capsys):
+    _tables(tmp_path)
+    path = tmp_path / "hosp/admissions.csv.gz"
+    path.unlink()
+    os.mkfifo(path)
+    _refused(tmp_path, capsys, tmp_path, "admissions.csv.gz: a fifo (named pipe), not a file")
+
+
+def test_a_symbolic_link_loop_is_named_as_one(tmp_path, capsys):
+    _tables(tmp_path)
+    path = tmp_path / "hosp/patients.csv.gz"
+    path.unlink()
+    path.symlink_to(path.name)  # points at itself
+    _refused(tmp_path, capsys, tmp_path, "patients.csv.gz: a symbolic link loop, not a file")
+
+
+def test_nul_bytes_are_refused_with_their_row_and_field(tmp_path, capsys):
+    _tables(tmp_path)
+    (tmp_path / "note/discharge.csv.gz").write_bytes(gzip.compress(
+        NOTE_HEADER + b'a,10,100,DS,1,,,"ok"\nb,10,101,DS,1,,,"bad\x00\x00 text"\n'))
+    _refused(tmp_path, capsys, tmp_path, "discharge.csv.gz: row 2: text: 2 NUL byte(s)")
+
+
+def test_a_huge_field_in_a_small_gzip_is_refused_without_reading_it_whole(tmp_path, capsys):
+    """A 64 MiB field (the gzip is tens of kB) is refused past the per-field limit, as one line."""
+    _tables(tmp_path)
+    with gzip.open(tmp_path / "note/discharge.csv.gz", "wb", compresslevel=9) as fh:
+        fh.write(NOTE_HEADER + b'a,10,100,DS,1,,,"')
+        block = b"x" * (1 << 20)
+        for _ in range(64):
+            fh.write(block)
+        fh.write(b'"\n')
+    assert (tmp_path / "note/discharge.csv.gz").stat().st_size < 1 << 20
+    _refused(tmp_path, capsys, tmp_path, "discharge.csv.gz: row 1: a line longer than")
+
+
+def test_a_huge_multi_line_field_is_refused_at_the_field_limit(tmp_path, capsys):
+    _tables(tmp_path)
+    with gzip.open(tmp_path / "note/discharge.csv.gz", "wb") as fh:
+        fh.write(NOTE_HEADER + b'a,10,100,DS,1,,,"')
+        line = b"y" * 1023 + b"\n"
+        for _ in range(10 * 1024):  # 10 MiB over short lines
+            fh.write(line)
+        fh.write(b'"\n')
+    _refused(tmp_path, capsys, tmp_path, "discharge.csv.gz: row 1: a field longer than")
+
+
+@pytest.mark.parametrize(("admissions", "expected"), [
+    ([(10, 2**63, "2150-03-01 10:00:00")], "admissions.csv.gz: row 1: hadm_id: 9223372036854775808 is beyond a 64-bit"),
+    ([(10, 100, "2150-13-01 10:00:00")], "admissions.csv.gz: row 1: admittime: '2150-13-01 10:00:00' is not a valid date-time"),
+    ([(10, 100, "2150-02-30 10:00:00")], "admissions.csv.gz: row 1: admittime: '2150-02-30 10:00:00' is not a valid"),
+])
+def test_invalid_ids_and_dates_are_refused_at_build_time(tmp_path, capsys, admissions, expected):
+    _write_tables(tmp_path, [("a", 10, 100, 1, _note())], admissions=admissions)
+    _refused(tmp_path, capsys, tmp_path, expected)
+
+
+def test_a_subject_id_beyond_int64_is_refused(tmp_path, capsys):
+    _write_tables(tmp_path, [("a", 10, 100, 1, _note())], patients=[(2**64, "F", 70)],
+                  admissions=[(2**64, 100, "2150-03-01 10:00:00")])
+    _refused(tmp_path, capsys, tmp_path, "patients.csv.gz: row 1: subject_id: 18446744073709551616 is beyond")
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, capsys, small_disk):
+    notes = [(f"n{i}", 10, 100 + i, 1, _note(diagnosis="Primary:\n1. Pneumonia " + "z " * 20000)) for i in range(12)]
+    _write_tables(tmp_path, notes, admissions=[(10, 100 + i, f"2150-01-{i + 1:02d} 10:00:00") for i in range(12)])
+    from llmrnn import cli
+
+    out = small_disk / "cohort.json"
+    rc = cli.main(["cohort", "build", "--hosp", str(tmp_path / "hosp"), "--note", str(tmp_path / "note"),
+                   "--out", str(out), "--report", str(small_disk / "report.json"), "--cfg", "{}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and "Traceback" not in "\n".join(err)
+    assert err and f"{small_disk}: no space left on the device while building the cohort" in err[-1], err
+    assert not list(small_disk.iterdir())
