@@ -156,7 +156,7 @@ def test_no_module_is_longer_than_600_lines():
 LAYERS: list[tuple[str, set[str]]] = [
     ("leaves", {"errors", "constants", "custom_reward_child", "settings", "settings.base", "settings.workflow", "settings.evaluation",
                 "settings.train", "settings.release", "settings.qa"}),
-    ("helpers", {"io", "stats", "jsonparse", "matching", "retry", "prompts", "rubric", "gpus", "upload", "cli",
+    ("helpers", {"io", "rope", "stats", "jsonparse", "matching", "retry", "prompts", "rubric", "gpus", "upload", "cli",
                  "configcheck", "runconfig", "provenance", "settings.render", "slurm", "quota"}),
     ("services", {"prefix_engine", "backends", "engine_budget", "models", "cohort", "judge", "judge.client", "judge.server",
                   "judge.launcher", "promptfit", "phi_guard", "phi_guard.canonical", "phi_guard.decoders",
@@ -165,7 +165,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                   "mimic.synth"}),
     ("reward", {"reward", "reward.config", "reward.kwargs", "reward.audit", "reward.guard", "reward.scorer",
                 "reward.entry", "reward.custom"}),
-    ("stages", {"rnn", "trajectories", "merge", "merge.adapter", "merge.rope", "merge.weights", "merge.fold",
+    ("stages", {"rnn", "trajectories", "merge", "merge.adapter", "merge.weights", "merge.fold",
                 "merge.verify", "report", "gpu_stack", "train", "train.checkpoints",
                 "train.config", "train.data", "train.diagnose", "train.metrics", "train.trl_engine",
                 "train.verl_cmd", "train.ray_cluster", "train.tracking"}),

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from llmrnn import merge
+from llmrnn import rope as merge_rope
 from llmrnn.errors import CheckFailed
-from llmrnn.merge import rope as merge_rope
 from llmrnn.merge import verify as merge_verify
 
 LORA = {"train": {"lora": {"rank": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "up_proj"]}}}

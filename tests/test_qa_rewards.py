@@ -300,7 +300,7 @@ def test_trl_training_logs_qa_correctness_per_step(tmp_path, tiny_model_dir):
     train = {"engine": "trl", "seed": 3, "lora": {"rank": 8, "alpha": 16}, "lr": 1e-3, "group_size": 4,
              "batch": {"train": 2, "mini": 2, "micro_per_gpu": 4}, "max_prompt_length": 256,
              "max_response_length": 8, "epochs": 1, "total_steps": 2, "save_freq": 2, "test_freq": 0,
-             "keep_last": 1}
+             "keep_last": 1, "fail_on_zero_gradient": False}  # a tiny model scoring 0: plumbing, not learning
     cfg = {"train": train, "reward": {"weights": {"exact_match": 1.0, "format": 0.5}}}
     out = tmp_path / "run"
     llmrnn = str(Path(sys.executable).parent / "llmrnn")

@@ -26,18 +26,9 @@ from llmrnn.errors import InputError
 log = logging.getLogger(__name__)
 
 SECTION_NAMES = (
-    "discharge_diagnosis",
-    "chief_complaint",
-    "history_present_illness",
-    "past_medical_history",
-    "procedures",
-    "admission_medications",
-    "hospital_course",
-    "pertinent_results",
-    "physical_exam",
-    "social_history",
-    "family_history",
-    "allergies",
+    "discharge_diagnosis", "chief_complaint", "history_present_illness", "past_medical_history", "procedures",
+    "admission_medications", "hospital_course", "pertinent_results", "physical_exam", "social_history",
+    "family_history", "allergies",
 )
 REAL_DATA_HINT = (
     "the cohort is a JSON list of patients in the LLM-as-RNN format; MIMIC-IV is "
@@ -477,7 +468,7 @@ def _cmd_build(args: argparse.Namespace) -> None:
     from llmrnn.mimic import build
 
     _distinct_paths(args, ("out", "report"))
-    cfg = {**args.cfg, **({"workers": args.workers} if args.workers is not None else {})}
+    cfg = args.cfg if args.workers is None else {**args.cfg, "workers": args.workers}
     summary = build.build(args.hosp, args.note, args.out, args.report, cfg)
     log.info("built cohort: %d patients, %d visits", summary["patients_out"], summary["visits_out"])
 
@@ -573,8 +564,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--note", required=True, help="MIMIC-IV-Note note/ folder (discharge.csv.gz)")
     p.add_argument("--out", required=True, help="output: the cohort JSON (private, 0600)")
     p.add_argument("--report", required=True, help="output: build_report.json (counts only)")
-    p.add_argument("--workers", type=int, choices=range(1, 257), metavar="N",
-                   help="processes splitting notes (default: cohort.mimic_iv.workers of --cfg)")
+    p.add_argument("--workers", type=int, choices=range(1, 257), metavar="N", help="processes splitting notes "
+                   "(the rule's threads; default: cohort.mimic_iv.workers of --cfg)")
     p.add_argument("--cfg", type=json_arg, default={},
                    help='JSON: cohort.mimic_iv but hosp/note, e.g. {"diagnoses": "note", "mode": "admission_time"}')
     p.set_defaults(func=_cmd_build)

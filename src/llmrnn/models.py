@@ -177,7 +177,7 @@ LEGACY_TOKENIZER_CLASS = {"TokenizersBackend": "PreTrainedTokenizerFast"}  # 5.x
 def readable_by_transformers_4(out: Path) -> dict:
     """Rewrite out/config.json and out/tokenizer_config.json where 5.x wrote what 4.x misreads (a symlinked
     file is replaced by a patched copy; its target stays as it is). Returns what changed."""
-    from llmrnn.merge.rope import LEGACY_ROPE, base_rope
+    from llmrnn.rope import LEGACY_ROPE, base_rope
 
     changed: dict = {}
     cfg_path = out / "config.json"

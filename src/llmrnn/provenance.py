@@ -48,14 +48,15 @@ _MODULE_STRING = re.compile(r"llmrnn(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?")
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 _LOADERS = frozenset({"import_module", "__import__", "spec_from_file_location", "run_module", "run_path", "exec",
                       "eval", "load_module"})
-# (module, loader) call sites with a computed name whose code the identity covers another way
+# (module, loader) call sites with a computed name whose code the identity covers another way; modules
+# named without the package prefix (a string naming a module of the package is read as an import)
 COVERED_LOADS = {
-    ("llmrnn.cli", "import_module"): "help and dispatch: the verb's own stage is hashed by verb_closure",
-    ("llmrnn.train.trl_engine", "import_module"): "--reward-func: rules name the module in code_hash(...) "
-                                                  "and the checkpoints' job_code",
-    ("llmrnn.train.trl_engine", "spec_from_file_location"): "--reward-func as a file: job_code hashes the file",
-    ("llmrnn.reward.custom", "spec_from_file_location"): "reward.custom.path: code_hash(..., *reward_code_files) "
-                                                         "and job_code hash the file's content",
+    ("cli", "import_module"): "help and dispatch: the verb's own stage is hashed by verb_closure",
+    ("train.trl_engine", "import_module"): "--reward-func: rules name the module in code_hash(...) and the "
+                                          "checkpoints' job_code",
+    ("train.trl_engine", "spec_from_file_location"): "--reward-func as a file: job_code hashes the file",
+    ("custom_reward_child", "spec_from_file_location"): "reward.custom.path, loaded in its child: the same file "
+                                                       "hashes as reward.custom's",
 }
 
 
@@ -184,7 +185,7 @@ def computed_load_prefix(node: ast.AST, importer: str) -> str | None:
     """For a load by a computed name (loader_call) outside COVERED_LOADS: the prefix every module it may
     load starts with (the constant start of an f-string or `"llmrnn.x." + name`), else the package's."""
     func = loader_call(node)
-    if func is None or (importer, func) in COVERED_LOADS:
+    if func is None or (importer.removeprefix(f"{PACKAGE}."), func) in COVERED_LOADS:
         return None
     first = node.args[0] if node.args else None
     head = first

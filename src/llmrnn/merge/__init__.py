@@ -45,8 +45,8 @@ from llmrnn.merge.adapter import (
     resolve_adapter,
 )
 from llmrnn.merge.fold import merge_lora, merge_verl_fsdp
-from llmrnn.merge.rope import keep_base_rope
 from llmrnn.merge.verify import _fail, _report, check_adapter_config, verify_merge
+from llmrnn.rope import keep_base_rope
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from llmrnn import io
 from llmrnn.errors import CheckFailed
 from llmrnn.merge.adapter import AdapterSource
-from llmrnn.merge.rope import _rope_check
 from llmrnn.merge.weights import (
     _device,
     _load_model,
@@ -20,6 +19,7 @@ from llmrnn.merge.weights import (
     attach_adapter,
     compare_weights,
 )
+from llmrnn.rope import _rope_check
 
 
 # ----------------------------------------------------------------------------- checks

@@ -66,7 +66,7 @@ class CohortPlan(PlanBase):
 
     def build_workers(self) -> int:
         """threads of build_cohort: the processes splitting notes (cohort.mimic_iv.workers)."""
-        return int(self.config["cohort"]["mimic_iv"].get("workers", 1))
+        return int(self.config["cohort"]["mimic_iv"]["workers"])
 
     def split_cfg_json(self) -> str:
         """params of split_cohort: the split section itself."""

@@ -52,10 +52,11 @@ from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation
 from typing import Any
 
 from llmrnn.errors import InputError
-from llmrnn.settings import section_defaults
 
 # the per-step keys both engines log live with the training metrics (verl's rollout stats read them there)
-from llmrnn.train.metrics import EXTRACT_METHODS, STEP_KEYS, step_metrics, verl_values  # noqa: F401
+from llmrnn.reward.entry import verl_values
+from llmrnn.settings import section_defaults
+from llmrnn.train.metrics import EXTRACT_METHODS, STEP_KEYS, step_metrics  # noqa: F401
 
 DATA_SOURCE = "llmrnn_qa"
 # the defaults' one home is llmrnn.settings (qa.reward); fluency_model is set by the train stage, not a config key

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from llmrnn.constants import DATA_SOURCE
@@ -19,7 +20,6 @@ from llmrnn.errors import InputError
 from llmrnn.reward.guard import fallback_rate
 from llmrnn.reward.kwargs import ARG_KEYS
 from llmrnn.reward.scorer import Scorer, get_scorer
-from llmrnn.train.metrics import verl_values
 
 
 def _scorer_from(kwargs: dict) -> Scorer:
@@ -108,3 +108,19 @@ def trl_reward_func(prompts: list, completions: list, **columns) -> list[float]:
     if rate is not None and callable(columns.get("log_metric")):  # TRL >= 1.x hands reward functions a logger
         columns["log_metric"]("judge_fallback_rate", rate)
     return [float(r["score"]) for r in results]
+
+
+def verl_values(result: dict, where: str) -> dict[str, float]:
+    """A reward's dict as verl carries it: every value a Python float. verl packs each key across the batch
+    with np.array (ints become int64, bools bool_), averages them into the step's metrics and, with
+    trainer.rollout_data_dir set, json.dumps them into the rollout dump: verl 0.7.1's _dump_generations has
+    no default= and fails on int64 at the end of every step. Our rewards return this under numeric_only
+    (the flag train run gives verl); a value that is not a finite real number is our bug: one line, here."""
+    out: dict[str, float] = {}
+    for key, value in result.items():
+        if isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+            raise ValueError(f"{where}: {key}={value!r} is not a finite number (verl averages and dumps it)")
+        out[key] = float(value)
+    return out

@@ -80,10 +80,10 @@ class CohortMimicIv(Section):
     sections: list[ShownSection] | None = Field(None, description=f"the shown sections instead of the mode's list (the mode still decides how exam and results are cut); the risk of each: {_RISKS}", json_schema_extra={'uniqueItems': True})
     max_orphan_share: float = Field(0.01, ge=0, le=1, description='notes whose hadm_id is in no admission are skipped and counted; above this share of the notes the build fails (hosp/ and note/ from mismatched releases)')
     icd_version: Literal[9, 10] | None = Field(None, description='keep only patients every visit of which is coded (diagnoses_icd) in this ICD version; null = any')
-    max_visits: int | None = Field(None, ge=1, description='drop patients with more visits that have a discharge note; null = no cap')
-    max_patients: int | None = Field(None, ge=1, description='a seeded sample of this many patients, drawn after the other rules from those whose every visit has a target (so cleaning keeps them all); null = every patient')
-    patient_seed: int = Field(0, description='seed of the max_patients sample')
-    workers: int = Field(2, ge=1, description='processes splitting notes (the build is bound by the splitter); 1 = in the main process')
+    max_visits: int | None = Field(None, ge=1, le=100_000, description='drop patients with more visits that have a discharge note; null = no cap')
+    max_patients: int | None = Field(None, ge=1, le=1_000_000_000, description='a seeded sample of this many patients, drawn after the other rules from those whose every visit has a target (so cleaning keeps them all); null = every patient')
+    patient_seed: int = Field(0, ge=0, le=2**32 - 1, description='seed of the max_patients sample')
+    workers: int = Field(2, ge=1, le=256, description='processes splitting notes (the build is bound by the splitter); 1 = in the main process')
 
 
 

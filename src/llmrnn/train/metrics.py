@@ -187,22 +187,6 @@ def step_metrics(results: list[dict]) -> dict[str, float]:
     return out
 
 
-def verl_values(result: dict, where: str) -> dict[str, float]:
-    """A reward's dict as verl carries it: every value a Python float. verl packs each key across the batch
-    with np.array (ints become int64, bools bool_), averages them into the step's metrics and, with
-    trainer.rollout_data_dir set, json.dumps them into the rollout dump: verl 0.7.1's _dump_generations has
-    no default= and fails on int64 at the end of every step. Our rewards return this under numeric_only
-    (the flag train run gives verl); a value that is not a finite real number is our bug: one line, here."""
-    out: dict[str, float] = {}
-    for key, value in result.items():
-        if isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, (int, float)) or not math.isfinite(float(value)):
-            raise ValueError(f"{where}: {key}={value!r} is not a finite number (verl averages and dumps it)")
-        out[key] = float(value)
-    return out
-
-
 def learning_problem(rows: list[dict], zero_gradient: bool = True) -> str | None:
     """One line when the logged train steps show a run that cannot have learned: no step's mean reward was a
     finite number (rewards that overflowed float32, or NaN), or (`zero_gradient`: train.fail_on_zero_gradient)

@@ -525,7 +525,7 @@ def train(
         )
 
     problem = learning_problem(io.read_jsonl(live_metrics) if live_metrics.exists() else [],
-                               zero_gradient=bool(cfg.get("fail_on_zero_gradient", True)))
+                               zero_gradient=bool(cfg["fail_on_zero_gradient"]))
     if problem:
         raise CheckFailed(problem)
     finish_metrics(live_metrics, Path(metrics_path))
