@@ -7,6 +7,8 @@ localrules:
 
 
 rule check:
+    # its whole job is to fail on a bad config: the same config fails again (profiles' retries: not here)
+    retries: 0
     log:
         f"{LOGS}/check.log",
     conda:

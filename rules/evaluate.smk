@@ -28,8 +28,8 @@ rule eval_shard:
     threads: config["eval"]["threads"]
     resources:
         gpu=config["eval"]["resources"]["gpu"],
-        mem_mb=config["eval"]["resources"]["mem_mb"],
-        runtime=config["eval"]["resources"]["runtime"],
+        mem_mb=grows(config["eval"]["resources"]["mem_mb"]),
+        runtime=grows(config["eval"]["resources"]["runtime"]),
         cpus_per_task=config["eval"]["resources"]["cpus_per_task"],
     params:
         cfg=eval_forward_cfg(),

@@ -90,8 +90,8 @@ rule qa_sft:
     threads: config["qa"]["sft"]["num_threads"]
     resources:
         gpu=config["qa"]["sft"]["resources"]["gpu"],
-        mem_mb=config["qa"]["sft"]["resources"]["mem_mb"],
-        runtime=config["qa"]["sft"]["resources"]["runtime"],
+        mem_mb=grows(config["qa"]["sft"]["resources"]["mem_mb"]),
+        runtime=grows(config["qa"]["sft"]["resources"]["runtime"]),
         cpus_per_task=config["qa"]["sft"]["resources"]["cpus_per_task"],
     params:
         cfg=qa_sft_cfg(),
@@ -117,8 +117,8 @@ rule qa_merge_sft:
     resources:
         # the config's GPU count decides the GPU request, partition and model (llmrnn.slurm)
         **gpu_placement(config["merge"]["resources"]["gpu"]),
-        mem_mb=config["merge"]["resources"]["mem_mb"],
-        runtime=config["merge"]["resources"]["runtime"],
+        mem_mb=grows(config["merge"]["resources"]["mem_mb"]),
+        runtime=grows(config["merge"]["resources"]["runtime"]),
         cpus_per_task=config["merge"]["resources"]["cpus_per_task"],
     params:
         cfg=qa_sft_merge_cfg(),
@@ -166,7 +166,7 @@ rule qa_train_grpo:
     threads: train_threads()
     resources:
         gpu=train_gpus(),
-        mem_mb=config["train"]["resources"]["mem_mb"],
+        mem_mb=grows(config["train"]["resources"]["mem_mb"]),
         runtime=config["train"]["resources"]["runtime"],
         cpus_per_task=config["train"]["resources"]["cpus_per_task"],
     params:
@@ -198,8 +198,8 @@ rule qa_eval_model:
     threads: config["qa"]["eval"]["resources"]["cpus_per_task"]
     resources:
         gpu=config["qa"]["eval"]["resources"]["gpu"],
-        mem_mb=config["qa"]["eval"]["resources"]["mem_mb"],
-        runtime=config["qa"]["eval"]["resources"]["runtime"],
+        mem_mb=grows(config["qa"]["eval"]["resources"]["mem_mb"]),
+        runtime=grows(config["qa"]["eval"]["resources"]["runtime"]),
         cpus_per_task=config["qa"]["eval"]["resources"]["cpus_per_task"],
     params:
         cfg=qa_eval_cfg(),

@@ -31,7 +31,7 @@ rule train_grpo:
     threads: train_threads()
     resources:
         gpu=train_gpus(),
-        mem_mb=config["train"]["resources"]["mem_mb"],
+        mem_mb=grows(config["train"]["resources"]["mem_mb"]),
         runtime=config["train"]["resources"]["runtime"],
         cpus_per_task=config["train"]["resources"]["cpus_per_task"],
     params:

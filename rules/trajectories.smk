@@ -29,8 +29,8 @@ rule trajectory_shard:
     threads: config["trajectories"]["threads"]
     resources:
         gpu=config["trajectories"]["resources"]["gpu"],
-        mem_mb=config["trajectories"]["resources"]["mem_mb"],
-        runtime=config["trajectories"]["resources"]["runtime"],
+        mem_mb=grows(config["trajectories"]["resources"]["mem_mb"]),
+        runtime=grows(config["trajectories"]["resources"]["runtime"]),
         cpus_per_task=config["trajectories"]["resources"]["cpus_per_task"],
     params:
         cfg=trajectories_cfg_json(),
