@@ -18,6 +18,8 @@ rule merge_model:
         check=f"{RUN}/merge_check.json",
     log:
         f"{LOGS}/merge_model.log",
+    benchmark:
+        f"{LOGS}/benchmarks/merge_model/merge_model.tsv"
     conda:
         conda_env("cpu")
     threads: config["merge"]["resources"]["cpus_per_task"]

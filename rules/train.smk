@@ -24,6 +24,8 @@ rule train_grpo:
         summary=f"{RUN}/train/summary.json",
     log:
         f"{LOGS}/train_grpo.log",
+    benchmark:
+        f"{LOGS}/benchmarks/train_grpo/train_grpo.tsv"
     # on the training path: before the base model's eval shards, which only the report waits for
     priority: 10
     conda:
