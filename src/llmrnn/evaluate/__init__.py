@@ -78,11 +78,23 @@ def _cmd_shard(args: argparse.Namespace) -> None:
     part = shard_of(patients, args.shard, args.shards)  # the trajectories' policy: balanced by visits
     label = f"eval {args.variant} shard {args.shard + 1}/{args.shards}"
     log.info("%s: %d of %d selected test patients", label, len(part), len(patients))
-    results, stats = run_shard(
-        part, args.variant, cfg["roles"], args.prompts, int(ev["seed"]),
+    # finished rows survive a kill (SLURM time limit, preemption): kept beside the output, which Snakemake
+    # deletes before a rerun, and valid only for this very shard (config, inputs, code)
+    import json
+
+    from llmrnn.evaluate.shard import run_shard_kept
+    from llmrnn.provenance import code_identity
+
+    partial = Path(f"{args.out}.partial")
+    fingerprint = io.sha256_bytes(json.dumps(
+        [cfg, args.variant, args.memory_model, args.memory_adapter, io.sha256_file(args.prompts),
+         [p.get("subject_id") for p in part], code_identity("evaluate shard")], sort_keys=True, default=str).encode())
+    results, stats = run_shard_kept(
+        part, args.variant, cfg["roles"], args.prompts, int(ev["seed"]), partial=partial, fingerprint=fingerprint,
         memory_model=args.memory_model, label=label, memory_adapter=args.memory_adapter,
     ) if part else ([], {})
     io.write_jsonl(args.out, results)
+    partial.unlink(missing_ok=True)
     log.info("%s: done; backend calls %s, unparsable %s", label, stats.get("calls"), stats.get("unparsable"))
 
 

@@ -38,3 +38,74 @@ def run_shard(
     for rec in results:
         rec["variant"] = variant
     return results, stats
+
+
+# ----------------------------------------------------------------------------- rows kept across a kill
+CHUNK_PATIENTS = 8  # patients per forward pass and per durable write: a kill loses at most this many
+
+
+def _partial_rows(partial: Path, fingerprint: str) -> list[list[dict]]:
+    """The finished chunks of an earlier attempt of this very shard (same fingerprint); a torn last line
+    (killed mid-write) is dropped, a file of another config/code is discarded."""
+    if not partial.is_file():
+        return []
+    import json
+
+    lines = partial.read_text(encoding="utf-8").splitlines()
+    try:
+        header = json.loads(lines[0]) if lines else {}
+    except json.JSONDecodeError:
+        header = {}
+    if header.get("fingerprint") != fingerprint:
+        partial.unlink()
+        return []
+    chunks = []
+    for i, line in enumerate(lines[1:]):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break  # the write the kill interrupted: redone
+        if row.get("chunk") != i:
+            break
+        chunks.append(row["rows"])
+    return chunks
+
+
+def _append_durably(path: Path, line: str) -> None:
+    import os
+
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def run_shard_kept(patients: list[dict], variant: str, roles_cfg: dict, prompts_file: str, seed: int, *,
+                   partial: Path, fingerprint: str, chunk: int | None = None, **kw) -> tuple[list[dict], dict]:
+    """run_shard over chunks of `chunk` patients, each chunk's rows appended (fsync) to `partial` as it
+    finishes; a rerun with the same fingerprint continues after the last whole chunk, so a killed shard
+    loses at most one chunk's work and never duplicates or loses a row. Sampling is seeded per (patient,
+    visit, role), so the rows equal those of one uninterrupted pass. The caller removes `partial` after
+    writing the shard's output."""
+    import json
+    import logging
+
+    log = logging.getLogger(__name__)
+    chunk = chunk or CHUNK_PATIENTS
+    done = _partial_rows(partial, fingerprint)
+    if not partial.is_file():
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        _append_durably(partial, json.dumps({"fingerprint": fingerprint}))
+    pieces = [patients[i:i + chunk] for i in range(0, len(patients), chunk)]
+    if done:
+        log.info("%s: continuing after %d of %d chunks (%d rows kept from the last attempt)", kw.get("label", "eval"),
+                 len(done), len(pieces), sum(len(c) for c in done))
+    rows = [r for c in done for r in c]
+    stats: dict = {}
+    for i in range(len(done), len(pieces)):
+        got, st = run_shard(pieces[i], variant, roles_cfg, prompts_file, seed, **kw)
+        _append_durably(partial, json.dumps({"chunk": i, "rows": got}, sort_keys=True, ensure_ascii=False))
+        rows += got
+        for k, v in st.items():
+            stats[k] = stats.get(k, 0) + v if isinstance(v, (int, float)) else v
+    return rows, stats
