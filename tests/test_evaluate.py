@@ -370,8 +370,8 @@ def test_other_patients_are_a_fixed_seeded_sample_shared_by_variants():
 KILLED_SHARD = """
 import sys
 from llmrnn.cli import main
-import llmrnn.evaluate.shard as shard
-shard.CHUNK_PATIENTS = 2
+import llmrnn.kept as kept
+kept.CHUNK_PATIENTS = 2
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -388,8 +388,9 @@ def test_killed_shard_continues_from_its_finished_rows(tmp_path, tiny_model_dir,
     import time
     from pathlib import Path
 
+    from llmrnn import evaluate as evaluate_mod
+    from llmrnn import kept as kept_mod
     from llmrnn.cohort import dump_cohort, synthesize_cohort
-    from llmrnn.evaluate import shard as shard_mod
 
     test_split = tmp_path / "test.json"
     test_split.write_text(dump_cohort(synthesize_cohort(7, seed=3)))
@@ -402,7 +403,7 @@ def test_killed_shard_continues_from_its_finished_rows(tmp_path, tiny_model_dir,
         return ["shard", "--test", str(test_split), "--variant", "base", "--shard", "0", "--shards", "1",
                 "--out", str(out), "--prompts", str(evaluate_prompts_file()), "--cfg", cfg]
 
-    monkeypatch.setattr(shard_mod, "CHUNK_PATIENTS", 2)
+    monkeypatch.setattr(kept_mod, "CHUNK_PATIENTS", 2)
     whole = tmp_path / "whole" / "shard_0.jsonl"
     run_evaluate_cli(argv(whole))
     assert not Path(f"{whole}.partial").exists()
@@ -426,8 +427,8 @@ def test_killed_shard_continues_from_its_finished_rows(tmp_path, tiny_model_dir,
         fh.write('{"chunk": ' + str(kept) + ', "rows": [{"subj')
 
     calls = []
-    real = shard_mod.run_shard
-    monkeypatch.setattr(shard_mod, "run_shard", lambda part, *a, **k: calls.append(len(part)) or real(part, *a, **k))
+    real = evaluate_mod.run_shard
+    monkeypatch.setattr(evaluate_mod, "run_shard", lambda part, *a, **k: calls.append(len(part)) or real(part, *a, **k))
     run_evaluate_cli(argv(out))
     assert sum(calls) == 6 - 2 * kept  # only the patients not kept were run again
     assert out.read_text() == whole.read_text()
