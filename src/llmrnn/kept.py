@@ -17,6 +17,8 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from llmrnn import io
+
 log = logging.getLogger(__name__)
 
 CHUNK_PATIENTS = 8  # patients per forward pass and per durable write: a kill loses at most this many
@@ -29,22 +31,15 @@ def partial_path(out: str | os.PathLike) -> Path:
 def _kept_chunks(partial: Path, fingerprint: str) -> list[dict]:
     if not partial.is_file():
         return []
-    lines = partial.read_text(encoding="utf-8").splitlines()
-    try:
-        header = json.loads(lines[0]) if lines else {}
-    except json.JSONDecodeError:
-        header = {}
+    lines = io.read_jsonl(partial, skip_bad=True)  # a torn last line (the kill hit the write) is skipped
+    header = lines[0] if lines and isinstance(lines[0], dict) else {}
     if header.get("fingerprint") != fingerprint:
         log.warning("%s: written for another config, input or code: starting the shard over", partial)
         partial.unlink()
         return []
     chunks = []
-    for i, line in enumerate(lines[1:]):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            break  # the write the kill interrupted: redone
-        if row.get("chunk") != i:
+    for i, row in enumerate(lines[1:]):
+        if not isinstance(row, dict) or row.get("chunk") != i:
             break
         chunks.append(row)
     return chunks

@@ -74,3 +74,30 @@ class StopRequest:
         if self.reason is None and self.deadline is not None and time.time() >= self.deadline:
             self.reason = "the SLURM time limit is near"
         return self.reason is not None
+
+
+# ----------------------------------------------------------------------------- the TRL engine's side
+def stop_callback(stop, holder: dict, updates_per_step: int):
+    """On a stop request (llmrnn.train.stop: SIGUSR1, the SLURM time limit near) save a checkpoint at the
+    next rollout-step boundary and end training there; holder["interrupted"] keeps the step. Runs before
+    eval_at_save, so best_val validates that checkpoint too."""
+    from transformers import TrainerCallback
+
+    class StopOnRequest(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step % updates_per_step == 0 and stop.requested():
+                control.should_save = True
+                control.should_training_stop = True
+                holder["interrupted"] = (state.global_step, stop.reason)
+
+    return StopOnRequest()
+
+
+def raise_if_interrupted(holder: dict, reached: int, max_steps: int, updates_per_step: int) -> None:
+    """After trainer.train(): a run stopped on request (stop_callback) ends with Interrupted (exit 75)."""
+    from llmrnn.errors import Interrupted
+
+    if reached < max_steps and holder.get("interrupted"):
+        step, why = holder["interrupted"]
+        raise Interrupted(f"train: stopped at step {step // updates_per_step} of {max_steps // updates_per_step} "
+                          f"on {why}; checkpoint-{step} saved, a rerun continues from it")

@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from llmrnn import io
-from llmrnn.errors import CheckFailed, InputError, Interrupted
+from llmrnn.errors import CheckFailed, InputError
 from llmrnn.gpus import cpu_bf16
 from llmrnn.train import config as tcfg
 from llmrnn.train import data as tdata
 from llmrnn.train.checkpoints import choose_checkpoint, discard_stale_checkpoints, run_fingerprint
 from llmrnn.train.metrics import MetricsWriter, progress_line, trl_row
-from llmrnn.train.stop import StopRequest
+from llmrnn.train.stop import StopRequest, raise_if_interrupted, stop_callback
 
 log = logging.getLogger(__name__)
 
@@ -369,22 +369,6 @@ def early_stop_callback(cfg: dict, holder: dict, updates_per_step: int):
     return EarlyStop()
 
 
-def stop_callback(stop, holder: dict, updates_per_step: int):
-    """On a stop request (llmrnn.train.stop: SIGUSR1, the SLURM time limit near) save a checkpoint at the
-    next rollout-step boundary and end training there; holder["interrupted"] keeps the step. Runs before
-    eval_at_save, so best_val validates that checkpoint too."""
-    from transformers import TrainerCallback
-
-    class StopOnRequest(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):
-            if state.global_step % updates_per_step == 0 and stop.requested():
-                control.should_save = True
-                control.should_training_stop = True
-                holder["interrupted"] = (state.global_step, stop.reason)
-
-    return StopOnRequest()
-
-
 def eval_at_save_callback():
     """train.select best_val: validate at every save (HF evaluates before it saves in the same step), so
     every checkpoint has a val reward to be chosen by, whatever test_freq is."""
@@ -527,10 +511,7 @@ def train(
     t0 = time.perf_counter()
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     reached = int(trainer.state.global_step)
-    if reached < max_steps and holder.get("interrupted"):
-        step, why = holder["interrupted"]
-        raise Interrupted(f"train: stopped at step {step // upd} of {max_steps // upd} on {why}; "
-                          f"checkpoint-{step} saved, a rerun continues from it")
+    raise_if_interrupted(holder, reached, max_steps, upd)
     if reached != max_steps and holder.get("early_stopped") != reached:
         raise CheckFailed(
             f"train: GRPO stopped at step {reached} of {max_steps} planned; the run is not complete"
