@@ -21,7 +21,8 @@ from llmrnn import io
 
 log = logging.getLogger(__name__)
 
-CHUNK_PATIENTS = 8  # patients per forward pass and per durable write: a kill loses at most this many
+CHUNK_PATIENTS = 64  # patients per forward pass (a visit step batches this many prompts per role: vLLM stays
+# busy) and per durable write (a kill redoes at most this many)
 
 
 def partial_path(out: str | os.PathLike) -> Path:
