@@ -9,6 +9,8 @@ localrules:
 rule check:
     log:
         f"{LOGS}/check.log",
+    # its whole job is to fail on a bad config: the same config fails again (profiles' retries: not here)
+    retries: 0
     conda:
         conda_env("data")
     params:

@@ -15,6 +15,8 @@ rule synth_cohort:
         meta="resources/cohort/synthetic.json.meta.json",
     log:
         "logs/synth_cohort.log",
+    benchmark:
+        "logs/benchmarks/synth_cohort/synth_cohort.tsv"
     conda:
         conda_env("data")
     params:
@@ -35,6 +37,8 @@ rule synth_mimic_iv:
         discharge="resources/cohort/mimic_iv_synthetic/note/discharge.csv.gz",
     log:
         "logs/synth_mimic_iv.log",
+    benchmark:
+        "logs/benchmarks/synth_mimic_iv/synth_mimic_iv.tsv"
     conda:
         conda_env("data")
     params:
@@ -56,6 +60,8 @@ rule build_cohort:
         report=f"{RUN}/cohort/build_report.json",
     log:
         f"{LOGS}/build_cohort.log",
+    benchmark:
+        f"{LOGS}/benchmarks/build_cohort/build_cohort.tsv"
     conda:
         conda_env("data")
     threads: build_workers()
@@ -77,6 +83,8 @@ rule clean_cohort:
         report=f"{RUN}/cohort/cleaning_report.json",
     log:
         f"{LOGS}/clean_cohort.log",
+    benchmark:
+        f"{LOGS}/benchmarks/clean_cohort/clean_cohort.tsv"
     conda:
         conda_env("data")
     params:
@@ -97,6 +105,8 @@ rule split_cohort:
         summary=f"{RUN}/splits/splits.json",
     log:
         f"{LOGS}/split_cohort.log",
+    benchmark:
+        f"{LOGS}/benchmarks/split_cohort/split_cohort.tsv"
     conda:
         conda_env("data")
     params:

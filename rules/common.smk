@@ -12,6 +12,7 @@ from snakemake.utils import validate
 from llmrnn.configcheck import shard_problems, value_problems
 from llmrnn.errors import LlmrnnError
 from llmrnn.plan import Plan, PlanBase
+from llmrnn.plan.common import grows
 from llmrnn.plan.evaluate import EvaluatePlan
 from llmrnn.plan.judge import JudgePlan
 from llmrnn.plan.models import ModelsPlan

@@ -20,6 +20,8 @@ rule eval_shard:
         f"{RUN}/eval/{{variant}}/shard_{{shard}}.jsonl",
     log:
         f"{LOGS}/eval/{{variant}}/shard_{{shard}}.log",
+    benchmark:
+        f"{LOGS}/benchmarks/eval_shard/eval/{{variant}}/shard_{{shard}}.tsv"
     wildcard_constraints:
         variant=EVAL_VARIANT_PATTERN,
         shard=r"\d+",
@@ -28,8 +30,8 @@ rule eval_shard:
     threads: config["eval"]["threads"]
     resources:
         gpu=config["eval"]["resources"]["gpu"],
-        mem_mb=config["eval"]["resources"]["mem_mb"],
-        runtime=config["eval"]["resources"]["runtime"],
+        mem_mb=grows(config["eval"]["resources"]["mem_mb"]),
+        runtime=grows(config["eval"]["resources"]["runtime"]),
         cpus_per_task=config["eval"]["resources"]["cpus_per_task"],
     params:
         cfg=eval_forward_cfg(),
@@ -49,6 +51,8 @@ rule eval_grade:
         f"{RUN}/eval/{{variant}}/graded_{{shard}}.jsonl",
     log:
         f"{LOGS}/eval/{{variant}}/graded_{{shard}}.log",
+    benchmark:
+        f"{LOGS}/benchmarks/eval_grade/eval/{{variant}}/graded_{{shard}}.tsv"
     wildcard_constraints:
         variant=EVAL_VARIANT_PATTERN,
         shard=r"\d+",
@@ -69,6 +73,8 @@ rule eval_gather:
         comparison=f"{RUN}/eval/comparison.json",
     log:
         f"{LOGS}/eval/gather.log",
+    benchmark:
+        f"{LOGS}/benchmarks/eval_gather/eval/gather.tsv"
     conda:
         conda_env("data")
     params:

@@ -20,7 +20,7 @@ rule judge_server:
     threads: 0
     resources:
         gpu=judge_gpus(),
-        mem_mb=config["judge"]["resources"]["mem_mb"],
+        mem_mb=grows(config["judge"]["resources"]["mem_mb"]),
         runtime=config["judge"]["resources"]["runtime"],
         cpus_per_task=config["judge"]["resources"]["cpus_per_task"],
     params:

@@ -18,14 +18,16 @@ rule merge_model:
         check=f"{RUN}/merge_check.json",
     log:
         f"{LOGS}/merge_model.log",
+    benchmark:
+        f"{LOGS}/benchmarks/merge_model/merge_model.tsv"
     conda:
         conda_env("cpu")
     threads: config["merge"]["resources"]["cpus_per_task"]
     resources:
         # the config's GPU count decides the GPU request, partition and model (llmrnn.slurm)
         **gpu_placement(config["merge"]["resources"]["gpu"]),
-        mem_mb=config["merge"]["resources"]["mem_mb"],
-        runtime=config["merge"]["resources"]["runtime"],
+        mem_mb=grows(config["merge"]["resources"]["mem_mb"]),
+        runtime=grows(config["merge"]["resources"]["runtime"]),
         cpus_per_task=config["merge"]["resources"]["cpus_per_task"],
     params:
         cfg=merge_cfg_json(),

@@ -20,6 +20,8 @@ rule prepare_base_model:
         marker=f"{MODELS}/{{name}}/.ready",
     log:
         "logs/models/{name}.log",
+    benchmark:
+        "logs/benchmarks/prepare_base_model/models/{name}.tsv"
     wildcard_constraints:
         name=r"[A-Za-z0-9._-]+",
     conda:
@@ -46,6 +48,8 @@ rule prepare_judge_model:
         marker="resources/judge_models/{slug}/.ready",
     log:
         "logs/models/judge-{slug}.log",
+    benchmark:
+        "logs/benchmarks/prepare_judge_model/models/judge-{slug}.tsv"
     wildcard_constraints:
         slug=r"[A-Za-z0-9._-]+",
     conda:

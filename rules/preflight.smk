@@ -25,6 +25,8 @@ rule preflight:
         audit=directory(f"{RUN}/train/preflight_audit"),
     log:
         f"{LOGS}/preflight.log",
+    benchmark:
+        f"{LOGS}/benchmarks/preflight/preflight.tsv"
     # on the training path: before the base model's eval shards
     priority: 10
     conda:
@@ -56,6 +58,8 @@ rule judge_agreement:
         audit=directory(f"{RUN}/judge/agreement_audit"),
     log:
         f"{LOGS}/judge_agreement.log",
+    benchmark:
+        f"{LOGS}/benchmarks/judge_agreement/judge_agreement.tsv"
     conda:
         conda_env("cpu")
     # a core of its own while the judge service beside it computes (the service takes 0)

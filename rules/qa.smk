@@ -34,6 +34,8 @@ rule qa_synth:
         ood=f"{QA_SYNTH}/synthetic_ood.jsonl",
     log:
         "logs/qa_synth.log",
+    benchmark:
+        "logs/benchmarks/qa_synth/qa_synth.tsv"
     conda:
         conda_env("data")
     params:
@@ -60,6 +62,8 @@ rule qa_data:
         summary=f"{QA}/splits.json",
     log:
         f"{LOGS}/qa_data.log",
+    benchmark:
+        f"{LOGS}/benchmarks/qa_data/qa_data.tsv"
     conda:
         conda_env("data")
     params:
@@ -85,13 +89,15 @@ rule qa_sft:
         summary=f"{QA}/sft/summary.json",
     log:
         f"{LOGS}/qa_sft.log",
+    benchmark:
+        f"{LOGS}/benchmarks/qa_sft/qa_sft.tsv"
     conda:
         conda_env("sft")
     threads: config["qa"]["sft"]["num_threads"]
     resources:
         gpu=config["qa"]["sft"]["resources"]["gpu"],
-        mem_mb=config["qa"]["sft"]["resources"]["mem_mb"],
-        runtime=config["qa"]["sft"]["resources"]["runtime"],
+        mem_mb=grows(config["qa"]["sft"]["resources"]["mem_mb"]),
+        runtime=grows(config["qa"]["sft"]["resources"]["runtime"]),
         cpus_per_task=config["qa"]["sft"]["resources"]["cpus_per_task"],
     params:
         cfg=qa_sft_cfg(),
@@ -111,14 +117,16 @@ rule qa_merge_sft:
         check=f"{QA}/sft/merge_check.json",
     log:
         f"{LOGS}/qa_merge_sft.log",
+    benchmark:
+        f"{LOGS}/benchmarks/qa_merge_sft/qa_merge_sft.tsv"
     conda:
         conda_env("cpu")
     threads: config["merge"]["resources"]["cpus_per_task"]
     resources:
         # the config's GPU count decides the GPU request, partition and model (llmrnn.slurm)
         **gpu_placement(config["merge"]["resources"]["gpu"]),
-        mem_mb=config["merge"]["resources"]["mem_mb"],
-        runtime=config["merge"]["resources"]["runtime"],
+        mem_mb=grows(config["merge"]["resources"]["mem_mb"]),
+        runtime=grows(config["merge"]["resources"]["runtime"]),
         cpus_per_task=config["merge"]["resources"]["cpus_per_task"],
     params:
         cfg=qa_sft_merge_cfg(),
@@ -137,6 +145,8 @@ rule qa_preflight:
         report=f"{RUN}/train/qa_preflight.json",
     log:
         f"{LOGS}/qa_preflight.log",
+    benchmark:
+        f"{LOGS}/benchmarks/qa_preflight/qa_preflight.tsv"
     conda:
         conda_env("cpu")
     params:
@@ -161,12 +171,14 @@ rule qa_train_grpo:
         summary=f"{RUN}/train/summary.json",
     log:
         f"{LOGS}/qa_train_grpo.log",
+    benchmark:
+        f"{LOGS}/benchmarks/qa_train_grpo/qa_train_grpo.tsv"
     conda:
         conda_env("train")
     threads: train_threads()
     resources:
         gpu=train_gpus(),
-        mem_mb=config["train"]["resources"]["mem_mb"],
+        mem_mb=grows(config["train"]["resources"]["mem_mb"]),
         runtime=config["train"]["resources"]["runtime"],
         cpus_per_task=config["train"]["resources"]["cpus_per_task"],
     params:
@@ -190,6 +202,8 @@ rule qa_eval_model:
         f"{QA_EVAL}/{{variant}}/{{split}}.jsonl",
     log:
         f"{LOGS}/eval/{{variant}}/{{split}}.log",
+    benchmark:
+        f"{LOGS}/benchmarks/qa_eval_model/eval/{{variant}}/{{split}}.tsv"
     wildcard_constraints:
         variant=QA_VARIANT_PATTERN,
         split="test|ood",
@@ -198,8 +212,8 @@ rule qa_eval_model:
     threads: config["qa"]["eval"]["resources"]["cpus_per_task"]
     resources:
         gpu=config["qa"]["eval"]["resources"]["gpu"],
-        mem_mb=config["qa"]["eval"]["resources"]["mem_mb"],
-        runtime=config["qa"]["eval"]["resources"]["runtime"],
+        mem_mb=grows(config["qa"]["eval"]["resources"]["mem_mb"]),
+        runtime=grows(config["qa"]["eval"]["resources"]["runtime"]),
         cpus_per_task=config["qa"]["eval"]["resources"]["cpus_per_task"],
     params:
         cfg=qa_eval_cfg(),
@@ -217,6 +231,8 @@ use rule judge_server as qa_eval_judge_server with:
         endpoint=service(f"{QA_EVAL}/judge/endpoint.json"),
     log:
         f"{LOGS}/eval/judge_server.log",
+    benchmark:
+        f"{LOGS}/benchmarks/qa_eval_model/eval/judge_server.tsv"
 
 
 rule qa_judge_eval:
@@ -229,6 +245,8 @@ rule qa_judge_eval:
         audit=directory(f"{QA_EVAL}/judge/audit"),
     log:
         f"{LOGS}/eval/qa_judge_eval.log",
+    benchmark:
+        f"{LOGS}/benchmarks/qa_judge_eval/eval/qa_judge_eval.tsv"
     conda:
         conda_env("cpu")
     # a core of its own while the judge service beside it computes (the service takes 0)
@@ -252,6 +270,8 @@ rule qa_eval_gather:
         comparison=f"{QA_EVAL}/comparison.json",
     log:
         f"{LOGS}/eval/gather.log",
+    benchmark:
+        f"{LOGS}/benchmarks/qa_eval_gather/eval/gather.tsv"
     conda:
         conda_env("data")
     params:
@@ -281,6 +301,8 @@ rule qa_report:
         questions=f"{QA_EVAL}/plots/questions.tsv",
     log:
         f"{LOGS}/eval/qa_report.log",
+    benchmark:
+        f"{LOGS}/benchmarks/qa_report/eval/qa_report.tsv"
     conda:
         conda_env("data")
     params:

@@ -31,6 +31,8 @@ rule release:
         receipt=f"{RUN}/release/upload_receipt.json",
     log:
         f"{LOGS}/release.log",
+    benchmark:
+        f"{LOGS}/benchmarks/release/release.tsv"
     conda:
         conda_env("cpu")
     params:

@@ -23,6 +23,8 @@ rule train_plots:
         ),
     log:
         f"{LOGS}/train_plots.log",
+    benchmark:
+        f"{LOGS}/benchmarks/train_plots/train_plots.tsv"
     conda:
         conda_env("data")
     params:
@@ -64,6 +66,8 @@ rule eval_plots:
         ),
     log:
         f"{LOGS}/eval/plots.log",
+    benchmark:
+        f"{LOGS}/benchmarks/eval_plots/eval/plots.tsv"
     conda:
         conda_env("data")
     params:
@@ -86,9 +90,39 @@ rule judge_agreement_plot:
         ),
     log:
         f"{LOGS}/judge_agreement_plot.log",
+    benchmark:
+        f"{LOGS}/benchmarks/judge_agreement_plot/judge_agreement_plot.tsv"
     conda:
         conda_env("data")
     params:
         code=code_hash("report agreement"),
     shell:
         "llmrnn report agreement --agreement {input.agreement:q} --plot {output.plot:q} 2> {log:q}"
+
+
+# Cost per stage (wall time, peak memory, GPU hours) from the benchmark files of every job of the run:
+# after the run (`snakemake --profile slurm cost_report`), not part of `all` (its input is all of it).
+rule cost_report:
+    input:
+        all_targets,
+    output:
+        table=report(
+            f"{RUN}/report/cost.tsv",
+            category="Cost",
+            caption="../workflow/report/cost.rst",
+        ),
+        plot=report(
+            f"{RUN}/report/cost.png",
+            category="Cost",
+            caption="../workflow/report/cost.rst",
+        ),
+    log:
+        f"{LOGS}/cost_report.log",
+    conda:
+        conda_env("data")
+    params:
+        benchmarks=f"{LOGS}/benchmarks",
+        code=code_hash("report cost"),
+    shell:
+        "llmrnn report cost --benchmarks {params.benchmarks:q} --table {output.table:q} "
+        "--plot {output.plot:q} 2> {log:q}"

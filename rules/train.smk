@@ -24,6 +24,8 @@ rule train_grpo:
         summary=f"{RUN}/train/summary.json",
     log:
         f"{LOGS}/train_grpo.log",
+    benchmark:
+        f"{LOGS}/benchmarks/train_grpo/train_grpo.tsv"
     # on the training path: before the base model's eval shards, which only the report waits for
     priority: 10
     conda:
@@ -31,7 +33,7 @@ rule train_grpo:
     threads: train_threads()
     resources:
         gpu=train_gpus(),
-        mem_mb=config["train"]["resources"]["mem_mb"],
+        mem_mb=grows(config["train"]["resources"]["mem_mb"]),
         runtime=config["train"]["resources"]["runtime"],
         cpus_per_task=config["train"]["resources"]["cpus_per_task"],
     params:

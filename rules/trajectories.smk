@@ -19,6 +19,8 @@ rule trajectory_shard:
         stats=f"{RUN}/trajectories/shards/{{split}}/part_{{k}}.stats.json",
     log:
         f"{LOGS}/trajectories/{{split}}/part_{{k}}.log",
+    benchmark:
+        f"{LOGS}/benchmarks/trajectory_shard/trajectories/{{split}}/part_{{k}}.tsv"
     wildcard_constraints:
         split="train|val",
         k=r"\d+",
@@ -29,8 +31,8 @@ rule trajectory_shard:
     threads: config["trajectories"]["threads"]
     resources:
         gpu=config["trajectories"]["resources"]["gpu"],
-        mem_mb=config["trajectories"]["resources"]["mem_mb"],
-        runtime=config["trajectories"]["resources"]["runtime"],
+        mem_mb=grows(config["trajectories"]["resources"]["mem_mb"]),
+        runtime=grows(config["trajectories"]["resources"]["runtime"]),
         cpus_per_task=config["trajectories"]["resources"]["cpus_per_task"],
     params:
         cfg=trajectories_cfg_json(),
@@ -51,6 +53,8 @@ rule dump_trajectories:
         summary=f"{RUN}/trajectories/{{split}}.summary.json",
     log:
         f"{LOGS}/trajectories/{{split}}.gather.log",
+    benchmark:
+        f"{LOGS}/benchmarks/dump_trajectories/trajectories/{{split}}.gather.tsv"
     wildcard_constraints:
         split="train|val",
     priority: 10

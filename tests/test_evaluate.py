@@ -365,3 +365,71 @@ def test_other_patients_are_a_fixed_seeded_sample_shared_by_variants():
     recs = cohort_with_memories(lambda i: f"{OWN[i]}; hypertension")
     few = evaluate.specificity_by_patient(recs, {"others": 1, "seed": 0})
     assert all(p["own"] == 1.0 and p["other"] == 0.5 for p in few.values())
+
+
+KILLED_SHARD = """
+import sys
+from llmrnn.cli import main
+import llmrnn.kept as kept
+kept.CHUNK_PATIENTS = 2
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.e2e  # three tiny forward passes: about 2 min on a loaded 2-core machine
+def test_killed_shard_continues_from_its_finished_rows(tmp_path, tiny_model_dir, monkeypatch):
+    """A shard killed mid-way (SIGKILL after its first chunk of patients was written) and rerun writes exactly
+    the rows of an uninterrupted run: none lost, none twice; the rerun does not redo the kept chunk."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from llmrnn import evaluate as evaluate_mod
+    from llmrnn import kept as kept_mod
+    from llmrnn.cohort import dump_cohort, synthesize_cohort
+
+    test_split = tmp_path / "test.json"
+    test_split.write_text(dump_cohort(synthesize_cohort(7, seed=3)))
+    role = {"model": str(tiny_model_dir), "backend": "transformers", "temperature": 0.8, "top_p": 0.95,
+            "max_tokens": 12, "batch_size": 4}
+    cfg = json.dumps({"eval": {"max_patients": 6, "patient_seed": 0, "seed": 11},
+                      "roles": {r: dict(role) for r in ("prediction", "evaluation", "memory")}})
+
+    def argv(out):
+        return ["shard", "--test", str(test_split), "--variant", "base", "--shard", "0", "--shards", "1",
+                "--out", str(out), "--prompts", str(evaluate_prompts_file()), "--cfg", cfg]
+
+    monkeypatch.setattr(kept_mod, "CHUNK_PATIENTS", 2)
+    whole = tmp_path / "whole" / "shard_0.jsonl"
+    run_evaluate_cli(argv(whole))
+    assert not Path(f"{whole}.partial").exists()
+
+    out = tmp_path / "killed" / "shard_0.jsonl"
+    partial = Path(f"{out}.partial")
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_SHARD, "evaluate", *argv(out)],
+                            env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (partial.exists() and len(partial.read_text().splitlines()) >= 2):  # header + chunk 0
+        assert proc.poll() is None, "the shard ended before it was killed"
+        assert time.time() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not out.exists()
+    kept = len(partial.read_text().splitlines()) - 1
+    assert 1 <= kept < 3
+    with open(partial, "a") as fh:  # and a write the kill tore in half
+        fh.write('{"chunk": ' + str(kept) + ', "rows": [{"subj')
+
+    calls = []
+    real = evaluate_mod.run_shard
+    monkeypatch.setattr(evaluate_mod, "run_shard", lambda part, *a, **k: calls.append(len(part)) or real(part, *a, **k))
+    run_evaluate_cli(argv(out))
+    assert sum(calls) == 6 - 2 * kept  # only the patients not kept were run again
+    assert out.read_text() == whole.read_text()
+    assert len(out.read_text().splitlines()) == 6 and not partial.exists()

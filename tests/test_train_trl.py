@@ -146,6 +146,59 @@ def test_killed_run_resumes_at_the_right_step_and_data_position(tmp_path, tiny_m
     assert killed_steps >= 6
 
 
+@pytest.mark.slow
+@pytest.mark.e2e  # three tiny runs: about 2.5 min on a loaded 2-core machine
+def test_warning_signal_checkpoints_at_the_next_step_and_the_rerun_continues(tmp_path, tiny_model_dir, parquets):
+    """SLURM's warning signal (SIGUSR1, profiles/slurm and docs/cluster.md "Long runs") mid-run: a checkpoint at
+    the next step boundary (not the next save_freq), exit 75 ("continue"), and the rerun trains the steps
+    after it, each once, on the prompts of an uninterrupted run."""
+    from llmrnn.errors import Interrupted
+
+    cfg = tiny_cfg(test_freq=0, save_freq=4, keep_last=None)  # 8 steps, saves at 4 and 8 only
+    ref = tmp_path / "reference"
+    proc = _run_cli(cfg, parquets, tiny_model_dir, ref)
+    log, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, log
+
+    out = tmp_path / "signalled"
+    proc = _run_cli(cfg, parquets, tiny_model_dir, out)
+    deadline = time.time() + 300
+    trace = out / "state" / "data_trace.jsonl"
+    while not (trace.exists() and len(trace.read_text().splitlines()) >= 5):  # inside step 5
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGUSR1)
+    log, _ = proc.communicate(timeout=600)
+    assert proc.returncode == Interrupted.exit_code == 75, log
+    stopped = max(_trace(out))
+    assert 5 <= stopped < 8, log
+    assert f"stopped at step {stopped} of 8 on signal SIGUSR1" in log
+    assert checkpoint_complete(out / "checkpoints" / f"checkpoint-{stopped}")  # not a save_freq multiple
+    assert not (out / "adapter").exists()
+
+    proc = _run_cli(cfg, parquets, tiny_model_dir, out)
+    log, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, log
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from_step"] == stopped and summary["steps"] == 8  # no step lost
+    assert f"train step {stopped + 1}/8" in log and f"train step {stopped}/8" not in log
+    train_steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()
+                   if json.loads(x)["kind"] == "train"]
+    assert train_steps == list(range(1, 9))
+    assert _trace(out) == _trace(ref)
+
+
+def test_stop_request_by_clock_and_squeue_end_time():
+    from llmrnn.train.stop import StopRequest, parse_end_time
+
+    assert parse_end_time("Unknown") is None and parse_end_time("") is None
+    assert parse_end_time("2026-11-27T22:00:00\n") == parse_end_time("2026-11-27T21:00:00") + 3600
+    assert not StopRequest(deadline=time.time() + 3600).requested()
+    past = StopRequest(deadline=time.time() - 1)
+    assert past.requested() and past.reason == "the SLURM time limit is near"
+
+
 class _StopAt:
     """A TrainerCallback that ends training early (what a crash-free but short run looks like)."""
 

@@ -15,3 +15,11 @@ class CheckFailed(LlmrnnError):
     """A verification (preflight, merge check, PHI guard) failed; the DAG must stop."""
 
     exit_code = 3
+
+
+class Interrupted(LlmrnnError):
+    """The job stopped on request (SLURM's warning signal, its time limit near) after saving its work: a
+    rerun continues from it. Exit status 75 (EX_TEMPFAIL, "try again"): Snakemake's retries (profiles)
+    rerun it, and so does the user's next `snakemake` (docs/cluster.md "Long runs")."""
+
+    exit_code = 75

@@ -334,6 +334,35 @@ def _cmd_agreement(args: argparse.Namespace) -> None:
     log.info("wrote %s", args.plot)
 
 
+def plot_costs(stages: list[dict], out: str | Path) -> None:
+    """Cost per stage: wall time (h), peak memory (GB) and GPU hours, one bar panel each."""
+    plt = _plt()
+    names = [s["stage"] for s in stages]
+    panels = [("wall time (h, all jobs)", [s["wall_s"] / 3600 for s in stages]),
+              ("peak memory (GB, max_rss)", [(s["max_rss_mb"] or 0) / 1024 for s in stages]),
+              ("GPU hours", [s["gpu_hours"] for s in stages])]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 0.45 * len(names) + 1.5), sharey=True)
+    for ax, (title, values) in zip(axes, panels):
+        ax.barh(names, values, color="#1f77b4")
+        ax.set_title(title)
+    axes[0].invert_yaxis()  # the stages top-down in DAG order (shared y axis)
+    fig.suptitle("Cost per stage (benchmark files of the last run)")
+    _save(fig, out)
+    plt.close(fig)
+
+
+def _cmd_cost(args: argparse.Namespace) -> None:
+    from llmrnn.benchmarks import cost_table, read_benchmarks, stage_costs
+
+    jobs = read_benchmarks(args.benchmarks)
+    if not jobs:
+        raise InputError(f"{args.benchmarks}: no benchmark files (run the workflow first)")
+    stages = stage_costs(jobs)
+    io.write_text(args.table, cost_table(stages))
+    plot_costs(stages, args.plot)
+    log.info("wrote %s and %s (%d stages, %d jobs)", args.table, args.plot, len(stages), len(jobs))
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     rep = sub.add_parser("report", help="plots and tables for the Snakemake report")
     rsub = rep.add_subparsers(dest="report_command", required=True)
@@ -358,3 +387,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--kl", required=True, help="output: KL curve (png)")
     t.add_argument("--truncation", required=True, help="output: truncation rate and response length (png)")
     t.set_defaults(func=_cmd_training)
+    c = rsub.add_parser("cost", help="cost per stage: wall time, peak memory, GPU hours (tsv + png)")
+    c.add_argument("--benchmarks", required=True, help="logs/RUN/benchmarks (the rules' benchmark files)")
+    c.add_argument("--table", required=True, help="output: cost per stage (tsv)")
+    c.add_argument("--plot", required=True, help="output: cost per stage (png)")
+    c.set_defaults(func=_cmd_cost)

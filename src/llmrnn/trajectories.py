@@ -173,8 +173,9 @@ def read_parquet(path: str | Path) -> list[dict]:
 
 # ----------------------------------------------------------------------------- shard
 def run_shard(split: str, split_file: str | Path, shard: int, cfg: dict, prompts_file: str | Path,
-              roles: dict | None = None) -> tuple[list[dict], dict]:
-    """Forward pass over shard `shard` of the split -> (rows, stats)."""
+              roles: dict | None = None, out: str | Path | None = None) -> tuple[list[dict], dict]:
+    """Forward pass over shard `shard` of the split -> (rows, stats). With `out` (the shard's output) the
+    finished rows are kept across a kill beside it (llmrnn.kept): a rerun continues after them."""
     from llmrnn.cohort import load_cohort
     from llmrnn.prompts import load_prompts
     from llmrnn.rnn import make_roles, run_forward
@@ -190,11 +191,26 @@ def run_shard(split: str, split_file: str | Path, shard: int, cfg: dict, prompts
         roles = roles or make_roles(cfg["roles"])
         log.info("%s shard %d/%d: %d patients, %d visits", split, shard + 1, shards, len(mine),
                  sum(len(p["visits"]) for p in mine))
-        results = run_forward(
-            mine, roles, prompts, memory="rnn", seed=int(filled("trajectories", tcfg)["seed"]),
-            last_visit=lambda p: len(p["visits"]) - 2, stats=stats, label=f"{split} shard {shard}",
-        )
-        rows = trajectory_rows(split, mine, results)
+        label = f"{split} shard {shard}"
+
+        def work(chunk: list[dict]) -> tuple[list[dict], dict]:
+            part_stats: dict = {}
+            results = run_forward(
+                chunk, roles, prompts, memory="rnn", seed=int(filled("trajectories", tcfg)["seed"]),
+                last_visit=lambda p: len(p["visits"]) - 2, stats=part_stats, label=label,
+            )
+            return trajectory_rows(split, chunk, results), part_stats
+
+        if out is None:
+            rows, stats = work(mine)
+        else:
+            from llmrnn import kept
+            from llmrnn.provenance import code_identity
+
+            fingerprint = io.sha256_bytes(json.dumps(
+                [split, shard, cfg, io.sha256_file(prompts_file), [p.get("subject_id") for p in mine],
+                 code_identity("trajectories shard")], sort_keys=True, default=str).encode())
+            rows, stats = kept.run_kept(mine, work, out, fingerprint, label)
     else:
         log.info("%s shard %d/%d: no patients", split, shard + 1, shards)
         rows = []
@@ -211,9 +227,12 @@ def _cmd_shard(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(max(1, int(args.threads or os.environ.get("OMP_NUM_THREADS") or 1)))
-    rows, stats = run_shard(args.split, args.split_file, args.shard, args.cfg, args.prompts)
+    from llmrnn import kept
+
+    rows, stats = run_shard(args.split, args.split_file, args.shard, args.cfg, args.prompts, out=args.out)
     write_parquet(args.out, rows)
     io.write_json(args.stats, stats)
+    kept.finish(args.out)
     log.info("wrote %d rows to %s", len(rows), args.out)
 
 

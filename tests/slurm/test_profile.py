@@ -141,6 +141,16 @@ def test_profile_defaults_and_switches():
     assert "nodes" not in switched["set-resources"]["judge_server"]
 
 
+def test_retries_by_default_requeue_only_when_asked():
+    """Transient failures retry (resources grow per attempt in the rules); requeue is opt-in (preemptible
+    partitions, docs/cluster.md "Long runs")."""
+    profile = load_profile({"PATH": os.environ["PATH"]})
+    assert profile["retries"] == 2 and "slurm-requeue" not in profile
+    switched = load_profile({"LLMRNN_SLURM_RETRIES": "0", "LLMRNN_SLURM_REQUEUE": "1"})
+    assert switched["retries"] == 0 and switched["slurm-requeue"] is True
+    assert "slurm-requeue" not in load_profile({"LLMRNN_SLURM_REQUEUE": "0"})
+
+
 def test_every_rule_declaring_a_gpu_is_mapped_by_the_profile():
     """A GPU rule the profile does not know would silently land on a CPU node."""
     mapped = set(gpu_rules(load_profile({})))

@@ -25,7 +25,12 @@ from llmrnn.check.models import chat_template_problem, check_models, hub_problem
 from llmrnn.check.outside import check_env_names, check_external_endpoints, check_upload
 from llmrnn.check.prompts import check_prompt_lengths
 from llmrnn.check.reward import check_custom_reward
-from llmrnn.check.slurm import PROFILE_GPU_DEFAULTS, check_partition_time, check_profile_gpus
+from llmrnn.check.slurm import (
+    PROFILE_GPU_DEFAULTS,
+    benchmark_advice,
+    check_partition_time,
+    check_profile_gpus,
+)
 from llmrnn.check.training import check_attention, check_training, check_verl_command, compose_verl
 
 __all__ = ["CHECKS", "PROFILE_GPU_DEFAULTS", "RECIPE_ONLY", "SMOKE_COMMAND", "VALUE_ERRORS", "chat_template_problem",
@@ -82,7 +87,14 @@ def run_checks(config_paths: list[Path]) -> dict:
     skipped = [f"{n} ({why.removeprefix('all:').strip()})" for n, why in skips.SKIPPED]
     return {"ok": not problems, "problems": problems, "checks": ran, "skipped": skipped,
             "configfiles": [str(p) for p in config_paths], "run_name": config.get("run_name"),
-            "advice": smoke_advice(config)}
+            "advice": smoke_advice(config) + _benchmark_advice(config)}
+
+
+def _benchmark_advice(config: dict) -> list[str]:
+    try:
+        return benchmark_advice(config)
+    except Exception as exc:  # noqa: BLE001 - advice only: a bad benchmark file must not hide the problems
+        return [f"the last run's benchmark files were not read: {exc}"]
 
 
 SMOKE_COMMAND = "snakemake --profile profiles/slurm all --configfile config/smoke.yaml"

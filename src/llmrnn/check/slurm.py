@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 from llmrnn.check.judge import _judge_gpus_needed
 
@@ -111,3 +112,39 @@ def check_partition_time(config: dict) -> list[str]:
                             f"{_hours(limit)} (sinfo MaxTime): lower {knob}, or choose a partition that allows "
                             "it (LLMRNN_SLURM_GPU_PARTITION / LLMRNN_SLURM_CPU_PARTITION)")
     return problems
+
+
+def benchmark_advice(config: dict, logs: str | None = None) -> list[str]:
+    """Warnings from the last run's benchmark files (logs/<run>/benchmarks, llmrnn.benchmarks): a job whose
+    longest measured attempt took longer than its runtime asks, or than its partition allows (where sinfo
+    answers). Warnings, not problems: the next run's data or hardware may differ."""
+    from llmrnn.benchmarks import longest_job_minutes
+    from llmrnn.plan.common import Paths
+    from llmrnn.slurm import partition_limits
+
+    if not config.get("run_name"):
+        return []
+    root = f"{logs or Paths.of(config['run_name']).logs}/benchmarks"
+    if not Path(root).is_dir():
+        return []
+    limits = partition_limits() or {}
+    advice = []
+    for job, minutes, partition, knob in slurm_jobs(config):
+        # the judge/preflight/trainer group runs as long as its trainer: its runtime is the longest member's
+        rule = "train_grpo" if "group train_node" in job else job.rsplit(", ", 1)[-1]
+        measured = longest_job_minutes(root, rule)
+        if measured is None:
+            continue
+        took, path = measured
+        resumes = rule in ("train_grpo", "qa_train_grpo")
+        if took > minutes:
+            advice.append(f"the last run's {rule} took {took:.0f} min ({path}) but {knob} asks {_hours(minutes)}: "
+                          + ("it will stop at its limit and continue in a rerun; raise it to finish in one job"
+                             if resumes else f"it will be killed at its limit; raise {knob}"))
+        limit = limits.get(partition)
+        if limit is not None and took > limit:
+            advice.append(f"the last run's {rule} took {took:.0f} min ({path}), more than partition {partition} "
+                          f"allows ({_hours(limit)}, sinfo MaxTime): "
+                          + ("it will need several jobs (each continues from the last checkpoint)" if resumes
+                             else "split the work (more shards) or choose a partition that allows it"))
+    return advice

@@ -78,11 +78,23 @@ def _cmd_shard(args: argparse.Namespace) -> None:
     part = shard_of(patients, args.shard, args.shards)  # the trajectories' policy: balanced by visits
     label = f"eval {args.variant} shard {args.shard + 1}/{args.shards}"
     log.info("%s: %d of %d selected test patients", label, len(part), len(patients))
-    results, stats = run_shard(
-        part, args.variant, cfg["roles"], args.prompts, int(ev["seed"]),
-        memory_model=args.memory_model, label=label, memory_adapter=args.memory_adapter,
-    ) if part else ([], {})
+    # finished rows survive a kill (SLURM time limit, preemption): llmrnn.kept, valid only for this very shard
+    import json
+
+    from llmrnn import kept
+    from llmrnn.provenance import code_identity
+
+    fingerprint = io.sha256_bytes(json.dumps(
+        [cfg, args.variant, args.memory_model, args.memory_adapter, io.sha256_file(args.prompts),
+         [p.get("subject_id") for p in part], code_identity("evaluate shard")], sort_keys=True, default=str).encode())
+
+    def work(chunk: list[dict]) -> tuple[list[dict], dict]:
+        return run_shard(chunk, args.variant, cfg["roles"], args.prompts, int(ev["seed"]),
+                         memory_model=args.memory_model, label=label, memory_adapter=args.memory_adapter)
+
+    results, stats = kept.run_kept(part, work, args.out, fingerprint, label) if part else ([], {})
     io.write_jsonl(args.out, results)
+    kept.finish(args.out)
     log.info("%s: done; backend calls %s, unparsable %s", label, stats.get("calls"), stats.get("unparsable"))
 
 

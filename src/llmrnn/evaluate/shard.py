@@ -38,3 +38,4 @@ def run_shard(
     for rec in results:
         rec["variant"] = variant
     return results, stats
+

@@ -68,6 +68,22 @@ def input_flag(flag: str, name: str) -> Callable:
     return arg
 
 
+# Retries (profiles `retries:`): a job killed for memory or time asks for more on its next attempt.
+RETRY_GROWTH = 1.5
+
+
+def grows(base: float, factor: float = RETRY_GROWTH) -> Callable:
+    """A resources function: `base` on the first attempt, `base x factor^(attempt-1)` on a retry
+    (Snakemake passes `attempt`, 1 on the first run). For mem_mb (an OOM kill) and the runtime of jobs
+    that start over (a shard killed at its time limit); never a training job's runtime, which resumes
+    from its checkpoint instead (a longer request could outgrow the partition's limit)."""
+    base = float(base)
+
+    def value(wildcards, attempt):
+        return round(base * factor ** (max(int(attempt), 1) - 1))
+
+    value.__name__ = f"grows_{int(base)}"
+    return value
 
 
 class PlanBase:

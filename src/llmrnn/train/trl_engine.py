@@ -41,6 +41,7 @@ from llmrnn.train.checkpoints import (
     run_fingerprint,
 )
 from llmrnn.train.metrics import MetricsWriter, learning_problem, progress_line, trl_row
+from llmrnn.train.stop import StopRequest, raise_if_interrupted, stop_callback
 
 log = logging.getLogger(__name__)
 
@@ -496,6 +497,7 @@ def train(
     writer = MetricsWriter(live_metrics)
     resume, resume_step = resume_point(ckpt_dir, writer, trace_path, max_steps)
     holder: dict[str, Any] = {}
+    stop = StopRequest().watch()
     trainer = resumable_trainer_class()(
         model=load_policy(model_dir, tokenizer, cfg),
         reward_funcs=[traced_reward(reward, trace_path, holder)],
@@ -505,7 +507,7 @@ def train(
         processing_class=tokenizer,
         peft_config=lora_config(cfg),
         callbacks=[progress_callback(writer, max_steps), sample_dump_callback(work / "samples", holder, upd),
-                   early_stop_callback(cfg, holder, upd),
+                   early_stop_callback(cfg, holder, upd), stop_callback(stop, holder, upd),
                    *([eval_at_save_callback()] if cfg["select"] == "best_val" and val_rows else []),
                    *(callbacks or []), *_tracker_callbacks(cfg, tracked_config)],
     )
@@ -519,6 +521,7 @@ def train(
             raise CheckFailed(problem) from None
         raise
     reached = int(trainer.state.global_step)
+    raise_if_interrupted(holder, reached, max_steps, upd)
     if reached != max_steps and holder.get("early_stopped") != reached:
         raise CheckFailed(
             f"train: GRPO stopped at step {reached} of {max_steps} planned; the run is not complete"

@@ -1,0 +1,103 @@
+"""When a training job must stop early and continue later: SLURM's warning signal or its time limit near.
+
+`StopRequest.watch()` installs a handler for SIGUSR1 (what `sbatch --signal=USR1@S` or `scancel --signal=USR1`
+sends) and, inside a SLURM job, reads the job's end time once (squeue); `requested()` is then true from
+the signal on, or from `margin_s` seconds before the end. The engine asks at each step boundary, saves a
+checkpoint there and exits with llmrnn.errors.Interrupted (75); the rerun resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from datetime import datetime
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNAL = signal.SIGUSR1
+MARGIN_ENV = "LLMRNN_STOP_MARGIN_S"  # seconds before the SLURM time limit to stop at; default DEFAULT_MARGIN_S
+DEFAULT_MARGIN_S = 600
+
+
+def parse_end_time(text: str) -> float | None:
+    """squeue's %e (the job's end time, local time, e.g. 2026-11-27T22:00:00) as epoch seconds; None for
+    no limit (Unknown, N/A, empty)."""
+    text = text.strip()
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+def slurm_end_time(env: dict | None = None) -> float | None:
+    """The end time of the SLURM job this process runs in (None outside SLURM or where squeue fails)."""
+    env = os.environ if env is None else env
+    job = env.get("SLURM_JOB_ID")
+    if not job or not shutil.which("squeue"):
+        return None
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%e"], capture_output=True, text=True,
+                             timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_end_time(out.splitlines()[0] if out.strip() else "")
+
+
+class StopRequest:
+    """A stop asked by signal or by the clock (see the module docstring)."""
+
+    def __init__(self, deadline: float | None = None):
+        self.deadline = deadline
+        self.reason: str | None = None
+
+    def _on_signal(self, signum, frame) -> None:
+        self.reason = f"signal {signal.Signals(signum).name}"
+        log.warning("%s: saving a checkpoint at the next step boundary, then stopping", self.reason)
+
+    def watch(self) -> StopRequest:
+        """Install the signal handler (main thread only) and read the SLURM time limit."""
+        signal.signal(STOP_SIGNAL, self._on_signal)
+        end = slurm_end_time()
+        if end is not None and self.deadline is None:
+            margin = float(os.environ.get(MARGIN_ENV) or DEFAULT_MARGIN_S)
+            self.deadline = end - margin
+            log.info("SLURM time limit at %s: stopping at the first step boundary after %s",
+                     datetime.fromtimestamp(end).isoformat(timespec="seconds"),
+                     datetime.fromtimestamp(self.deadline).isoformat(timespec="seconds"))
+        return self
+
+    def requested(self) -> bool:
+        if self.reason is None and self.deadline is not None and time.time() >= self.deadline:
+            self.reason = "the SLURM time limit is near"
+        return self.reason is not None
+
+
+# ----------------------------------------------------------------------------- the TRL engine's side
+def stop_callback(stop, holder: dict, updates_per_step: int):
+    """On a stop request (llmrnn.train.stop: SIGUSR1, the SLURM time limit near) save a checkpoint at the
+    next rollout-step boundary and end training there; holder["interrupted"] keeps the step. Runs before
+    eval_at_save, so best_val validates that checkpoint too."""
+    from transformers import TrainerCallback
+
+    class StopOnRequest(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step % updates_per_step == 0 and stop.requested():
+                control.should_save = True
+                control.should_training_stop = True
+                holder["interrupted"] = (state.global_step, stop.reason)
+
+    return StopOnRequest()
+
+
+def raise_if_interrupted(holder: dict, reached: int, max_steps: int, updates_per_step: int) -> None:
+    """After trainer.train(): a run stopped on request (stop_callback) ends with Interrupted (exit 75)."""
+    from llmrnn.errors import Interrupted
+
+    if reached < max_steps and holder.get("interrupted"):
+        step, why = holder["interrupted"]
+        raise Interrupted(f"train: stopped at step {step // updates_per_step} of {max_steps // updates_per_step} "
+                          f"on {why}; checkpoint-{step} saved, a rerun continues from it")

@@ -1,0 +1,99 @@
+"""Cost per stage: real benchmark files written by Snakemake (benchmark-extended, as the profiles ask), the
+report's table and plot from them, and `llmrnn check`'s warning from the last run's figures."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmrnn import check
+from llmrnn.benchmarks import read_benchmarks, stage_costs
+from llmrnn.check.slurm import benchmark_advice
+from llmrnn.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+SNAKEFILE = """
+rule shard:
+    output: "out/{k}.txt"
+    benchmark: "logs/demo/benchmarks/shard/{k}.tsv"
+    resources: gpu=2
+    shell: "python3 -c 'x = bytearray(64 << 20); import time; time.sleep(1.5)'; touch {output}"
+
+rule gather:
+    input: expand("out/{k}.txt", k=[0, 1])
+    output: "all.txt"
+    benchmark: "logs/demo/benchmarks/gather/gather.tsv"
+    shell: "cat {input} > {output}"
+"""
+
+
+@pytest.fixture(scope="module")
+def benchmarks(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("bench")
+    (work / "Snakefile").write_text(SNAKEFILE)
+    exe = Path(sys.executable).with_name("snakemake")
+    proc = subprocess.run([str(exe), "--cores", "1", "--benchmark-extended", "all.txt"], cwd=work, env=dict(os.environ),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return work / "logs" / "demo" / "benchmarks"
+
+
+@pytest.mark.slow
+def test_stage_costs_from_snakemakes_benchmark_files(benchmarks):
+    jobs = read_benchmarks(benchmarks)
+    assert sorted(j.job for j in jobs) == ["gather/gather", "shard/0", "shard/1"]
+    stages = {s["stage"]: s for s in stage_costs(jobs)}
+    assert stages["shard"]["jobs"] == 2 and stages["gather"]["jobs"] == 1
+    assert stages["shard"]["wall_s"] >= 3.0  # two jobs of 1.5 s sleep each
+    assert stages["shard"]["gpu_hours"] == pytest.approx(stages["shard"]["wall_s"] * 2 / 3600)  # gpu=2
+    assert stages["gather"]["gpu_hours"] == 0
+
+
+@pytest.mark.slow
+def test_report_cost_writes_table_and_plot(benchmarks, tmp_path):
+    table, plot = tmp_path / "cost.tsv", tmp_path / "cost.png"
+    assert main(["report", "cost", "--benchmarks", str(benchmarks), "--table", str(table), "--plot", str(plot)]) == 0
+    rows = [line.split("\t") for line in table.read_text().splitlines()]
+    assert rows[0] == ["stage", "jobs", "wall_s", "longest_job_s", "peak_max_rss_mb", "gpu_hours"]
+    assert {r[0] for r in rows[1:]} == {"shard", "gather", "total"}
+    assert rows[-1][1] == "3"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_cost_without_benchmarks_is_one_line(tmp_path, capsys):
+    rc = main(["report", "cost", "--benchmarks", str(tmp_path / "none"), "--table", str(tmp_path / "t.tsv"),
+               "--plot", str(tmp_path / "p.png")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "no benchmark files" in err[0]
+    assert not (tmp_path / "t.tsv").exists()
+
+
+def test_bad_benchmark_file_names_the_file_and_field(tmp_path):
+    from llmrnn.errors import InputError
+
+    bad = tmp_path / "shard" / "0.tsv"
+    bad.parent.mkdir()
+    bad.write_text("s\th:m:s\tmax_rss\nslow\t0:00:01\t12\n")
+    with pytest.raises(InputError, match=r"0\.tsv: field s is 'slow'"):
+        read_benchmarks(tmp_path)
+
+
+def test_check_warns_when_the_last_run_did_not_fit_the_runtime(tmp_path):
+    config, _ = check.load_config([REPO / "config" / "reproduce.yaml"])
+    config["train"]["resources"]["runtime"] = config["judge"]["resources"]["runtime"] = 60  # one group job
+    config["eval"]["resources"]["runtime"] = 600
+    logs = tmp_path / "logs"
+    for rule, seconds in (("train_grpo", 7200.0), ("eval_shard", 60.0)):
+        path = logs / "benchmarks" / rule / "job.tsv"
+        path.parent.mkdir(parents=True)
+        path.write_text(f"s\th:m:s\tmax_rss\n{seconds}\t0\t100\n")
+    advice = benchmark_advice(config, logs=str(logs))
+    assert len(advice) == 1, advice  # eval_shard fits its 600 min
+    assert "train_grpo took 120 min" in advice[0] and "asks 60 min" in advice[0]
+    assert "continue in a rerun" in advice[0]
+    assert benchmark_advice(config, logs=str(tmp_path / "no-run")) == []  # no benchmarks: nothing to say
