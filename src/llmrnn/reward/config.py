@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from llmrnn.errors import InputError
+from llmrnn.settings import section_defaults
 
 STOP_REASON_FILE = "stop_reason.txt"  # in the audit dir: why the reward stopped training (read by train)
 CUSTOM_NAME = "compute_score"  # reward.custom.name's default: verl's name for a reward function
@@ -53,7 +54,7 @@ class RewardConfig:
     call_budget_s: float = 900.0  # one judge call, every try and wait together
     dead_after_s: float = 30.0  # a judge that is certainly gone (dead pid, refused port) fails the wait then
     # your own reward (llmrnn.reward.custom): {"path": file.py or None (the built-in reward), "name": function}
-    custom: dict = field(default_factory=lambda: {"path": None, "name": CUSTOM_NAME})
+    custom: dict = field(default_factory=lambda: section_defaults("reward.custom"))
 
     @classmethod
     def from_any(cls, value: Any) -> RewardConfig:

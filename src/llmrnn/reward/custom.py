@@ -70,10 +70,9 @@ class RewardProcess:
         self._start()
 
     def _start(self) -> None:
-        import llmrnn
+        from llmrnn.custom_reward_child import child_env
 
-        src = str(Path(llmrnn.__file__).resolve().parents[1])
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])]))
+        env = child_env()
         self.proc = subprocess.Popen([sys.executable, "-m", "llmrnn.custom_reward_child"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=env, cwd=os.getcwd())
         answer = self._ask(("load", str(Path(self.path).resolve()), self.name, self.max_abs), "importing it ")

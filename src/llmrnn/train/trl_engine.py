@@ -40,8 +40,8 @@ from llmrnn.train.checkpoints import (
     disk_full_problem,
     run_fingerprint,
 )
-from llmrnn.train.metrics import MetricsWriter, learning_problem, progress_line, trl_row
-from llmrnn.train.stop import StopRequest, raise_if_interrupted, stop_callback
+from llmrnn.train.metrics import MetricsWriter, progress_line, trl_row
+from llmrnn.train.stop import StopRequest, check_finished, stop_callback
 
 log = logging.getLogger(__name__)
 
@@ -521,16 +521,7 @@ def train(
             raise CheckFailed(problem) from None
         raise
     reached = int(trainer.state.global_step)
-    raise_if_interrupted(holder, reached, max_steps, upd)
-    if reached != max_steps and holder.get("early_stopped") != reached:
-        raise CheckFailed(
-            f"train: GRPO stopped at step {reached} of {max_steps} planned; the run is not complete"
-        )
-
-    problem = learning_problem(io.read_jsonl(live_metrics) if live_metrics.exists() else [],
-                               zero_gradient=bool(cfg["fail_on_zero_gradient"]))
-    if problem:
-        raise CheckFailed(problem)
+    check_finished(cfg, holder, reached, max_steps, upd, live_metrics)
     finish_metrics(live_metrics, Path(metrics_path))
     chosen = choose_trl_checkpoint(cfg, ckpt_dir, io.read_jsonl(metrics_path), reached, upd)
     if chosen["checkpoint_dir"] is None:
