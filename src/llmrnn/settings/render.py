@@ -1,5 +1,6 @@
 """The files generated from the config models (llmrnn.settings): the JSON schema Snakemake validates
-against and fills defaults from (workflow/schemas/config.schema.yaml), and the key tables of the
+against and fills defaults from (workflow/schemas/config.schema.yaml, and the same as .json, which Snakemake
+reads faster), and the key tables of the
 configuration reference (docs/configuration.md, between its `<!-- keys: SECTION -->` markers).
 
     llmrnn config schema --write    # regenerate both
@@ -23,6 +24,9 @@ from llmrnn.settings import Config
 from llmrnn.settings.workflow import Role
 
 SCHEMA_FILE = Path("workflow/schemas/config.schema.yaml")
+# The same schema as JSON: what rules/common.smk validates against at every Snakemake start (Snakemake reads
+# JSON with the json module and YAML with a pure-Python parser, 0.3-0.4 s of each dry run for this schema)
+SCHEMA_JSON_FILE = Path("workflow/schemas/config.schema.json")
 DOCS_FILE = Path("docs/configuration.md")
 HEADER = ("# GENERATED from the config models (src/llmrnn/settings/) by `llmrnn config schema --write`: edit\n"
           "# the models, not this file (tests/test_settings.py fails when the two differ).\n")
@@ -228,7 +232,7 @@ def render_docs(text: str) -> str:
 def generated(root: Path) -> dict[Path, str]:
     """Each generated file (relative to the repository root) and the text the models give it."""
     docs = root / DOCS_FILE
-    out = {SCHEMA_FILE: schema_text()}
+    out = {SCHEMA_FILE: schema_text(), SCHEMA_JSON_FILE: json.dumps(config_schema(), indent=1) + "\n"}
     if docs.is_file():
         out[DOCS_FILE] = render_docs(docs.read_text(encoding="utf-8"))
     return out
