@@ -4,6 +4,7 @@ docs/configuration.md are generated from the models and checked in sync; a confi
 from __future__ import annotations
 
 import ast
+import json
 import shutil
 from pathlib import Path
 
@@ -23,7 +24,7 @@ def test_generated_files_match_the_models():
 
 
 def test_a_hand_edit_of_a_generated_file_is_found(tmp_path):
-    for rel in (render.SCHEMA_FILE, render.DOCS_FILE):
+    for rel in (render.SCHEMA_FILE, render.SCHEMA_JSON_FILE, render.DOCS_FILE):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, tmp_path / rel)
     assert render.stale(tmp_path) == []
@@ -32,6 +33,16 @@ def test_a_hand_edit_of_a_generated_file_is_found(tmp_path):
     docs = tmp_path / render.DOCS_FILE
     docs.write_text(docs.read_text().replace("| `lr` |", "| `learning_rate` |", 1))
     assert render.stale(tmp_path) == [render.SCHEMA_FILE, render.DOCS_FILE]
+    # the JSON twin Snakemake validates against is checked as well
+    twin = tmp_path / render.SCHEMA_JSON_FILE
+    twin.write_text(twin.read_text().replace('"default": 3e-06', '"default": 1e-05', 1))
+    assert render.SCHEMA_JSON_FILE in render.stale(tmp_path)
+
+
+def test_snakemake_validates_against_the_json_twin_of_the_schema():
+    assert json.loads((REPO / render.SCHEMA_JSON_FILE).read_text()) == yaml.safe_load(
+        (REPO / render.SCHEMA_FILE).read_text())
+    assert 'schema="../workflow/schemas/config.schema.json"' in (REPO / "rules" / "common.smk").read_text()
 
 
 def test_the_schema_carries_the_models_defaults_and_bounds():
