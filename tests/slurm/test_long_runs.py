@@ -34,7 +34,8 @@ def test_training_at_its_time_limit_checkpoints_and_the_rerun_continues(slurm_cl
     out = tmp_path / "train"
     command = " ".join(f"'{a}'" for a in _command(cfg, train, val, tiny_model_dir, out))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
-               LLMRNN_STOP_MARGIN_S="90")  # a 2-minute limit: stop at the first step boundary after ~30 s
+               LLMRNN_STOP_MARGIN_S="150")  # more than the 2-minute limit: the stop is due when the job reads
+    # its end time, so it stops at the first step boundary whatever this machine's speed (no timing here)
     proc = subprocess.run(["sbatch", "--wait", "-p", "cpu", "--time=2", "--mem=4000", "-o", str(tmp_path / "job.log"),
                            "--wrap", command], env=env, cwd=tmp_path, capture_output=True, text=True,
                           timeout=400, check=False)
@@ -43,7 +44,7 @@ def test_training_at_its_time_limit_checkpoints_and_the_rerun_continues(slurm_cl
     assert "SLURM time limit at" in log and "the SLURM time limit is near" in log
     trace = [json.loads(x)["step"] for x in (out / "state" / "data_trace.jsonl").read_text().splitlines()]
     stopped = max(trace)
-    assert 1 <= stopped < 24
+    assert stopped == 1  # the first step boundary after the stop came due
     assert checkpoint_complete(out / "checkpoints" / f"checkpoint-{stopped}")  # saved at the stop, not at save_freq
     assert not (out / "adapter").exists()
 
