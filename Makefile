@@ -32,7 +32,7 @@ test: $(STAMP) verl-envs
 	$(RUNENV) pytest -q -n $(TEST_WORKERS) --dist loadfile --timeout 3600 --durations 15 -m "not e2e and not vllm" tests
 
 test-e2e: $(STAMP) verl-envs vllm-env
-	$(RUNENV) pytest -x -q --timeout 3600 --durations 15 -m "e2e or vllm" tests
+	$(RUNENV) pytest -q --timeout 3600 --durations 15 -m "e2e or vllm" tests
 
 lint: $(STAMP)
 	$(RUNENV) snakefmt --check Snakefile rules
