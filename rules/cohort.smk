@@ -72,7 +72,7 @@ rule build_cohort:
         code=code_hash("cohort build"),
     shell:
         "llmrnn cohort build --hosp {params.hosp:q} --note {params.note:q} --out {output.cohort:q} "
-        "--report {output.report:q} --cfg {params.cfg:q} --workers {threads} 2> {log:q}"
+        "--report {output.report:q} --cfg {params.cfg:q} --workers {threads:q} 2> {log:q}"
 
 
 rule clean_cohort:

@@ -101,7 +101,7 @@ rule judge_agreement_plot:
 
 
 # Cost per stage (wall time, peak memory, GPU hours) from the benchmark files of every job of the run:
-# after the run (`snakemake --profile slurm cost_report`), not part of `all` (its input is all of it).
+# after the run (`snakemake --profile profiles/slurm cost_report`), not part of `all` (its input is all of it).
 rule cost_report:
     input:
         all_targets,

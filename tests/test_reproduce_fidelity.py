@@ -48,6 +48,7 @@ REPRODUCE_CONFIG = {
     "eval.max_patients":               None,                          # the whole held-out split
     "eval.max_visits":                 None,                          # every visit of each patient
     "train.engine":                    "verl",
+    "train.fail_on_zero_gradient":     True,  # a run that never learned fails (no engine-specific reading)
     "train.seed":                      42,
     "train.lora.rank":                 16,
     "train.lora.alpha":                32,
@@ -211,6 +212,7 @@ QA_REPRODUCE_CONFIG = {
     "qa.eval.judge":                   "auto",                        # free text: judge-graded too
     "qa.eval.judge_threshold":         0.5,
     "train.engine":                    "verl",
+    "train.fail_on_zero_gradient":     True,  # a run that never learned fails (no engine-specific reading)
     "train.seed":                      42,
     "train.lora.rank":                 16,
     "train.lora.alpha":                32,
