@@ -187,6 +187,7 @@ def test_workflow_preflight_without_a_judge_in_outcome_mode(workflow_dir, tiny_m
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # a whole-workflow run: `make test-e2e` (the fast-feedback tiers)
 def test_workflow_runs_judge_service_and_preflight(workflow_dir, tiny_model_dir):
     """Real snakemake: the judge_server service starts our CPU server with a tiny model, preflight waits on
     its health and scores rows. The random tiny model gives no usable reward: with on_problem fail the run
