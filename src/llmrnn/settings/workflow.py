@@ -42,7 +42,7 @@ class Role(Section):
     top_p: float = Field(0.95, gt=0, le=1, description='nucleus sampling of the role: the smallest set of tokens holding this much probability')
     max_tokens: int = Field(96, le=1 << 24, ge=1, description='most new tokens per generation of the role')
     device: str = Field('cpu', description='transformers: cpu | cuda | cuda:N')
-    dtype: Literal['float32', 'bfloat16', 'float16', 'auto'] = Field('float32', le=1_000_000_000, ge=0, description='auto: on the CPU bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), else float32; vLLM: its own choice')
+    dtype: Literal['float32', 'bfloat16', 'float16', 'auto'] = Field('float32', description='auto: on the CPU bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), else float32; vLLM: its own choice')
     batch_size: int = Field(16, le=1_000_000_000, ge=1, description='transformers: sequences per generate() pass')
     stop_at_json: bool = Field(True, description='transformers: stop a row once its JSON object is complete')
     prefill_batch: int = Field(4, le=1_000_000_000, ge=1, description='transformers: prompts prefilled together after the shared prefix')
