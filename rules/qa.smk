@@ -231,8 +231,6 @@ use rule judge_server as qa_eval_judge_server with:
         endpoint=service(f"{QA_EVAL}/judge/endpoint.json"),
     log:
         f"{LOGS}/eval/judge_server.log",
-    benchmark:
-        f"{LOGS}/benchmarks/qa_eval_model/eval/judge_server.tsv"
 
 
 rule qa_judge_eval:
