@@ -15,26 +15,34 @@ from llmrnn.phi_guard import files as guard_files
 from llmrnn.phi_guard import scan as guard_scan
 
 
+def write_splits(folder: Path, patients: list[dict]) -> list[Path]:
+    """The split files (val 2, train 4, test the rest; seed 1) of `patients` in folder."""
+    files = []
+    for name, part in cohort.split_cohort(patients, cohort.SplitSizes(val=2, train=4, seed=1)).items():
+        io.write_text(folder / f"{name}.json", cohort.dump_cohort(part))
+        files.append(folder / f"{name}.json")
+    return files
+
+
+def make_bundle(model_dir: Path, folder: Path, manifest: dict) -> Path:
+    """A release bundle: the model's files, a clean card and `manifest`."""
+    b = folder / "bundle"
+    shutil.copytree(model_dir, b)
+    (b / "README.md").write_text("# a model card\nTrained with GRPO on a LoRA adapter, merged.\n")
+    (b / "MANIFEST.json").write_text(json.dumps(manifest))
+    return b
+
+
 @pytest.fixture(scope="module")
 def splits(tmp_path_factory) -> tuple[list[Path], list[dict]]:
     """Split files of a small synthetic cohort (ids 90000000+, as MIMIC-IV's are 8 digits)."""
-    d = tmp_path_factory.mktemp("splits")
     patients = cohort.synthesize_cohort(12, 3)
-    parts = cohort.split_cohort(patients, cohort.SplitSizes(val=2, train=4, seed=1))
-    files = []
-    for name, part in parts.items():
-        io.write_text(d / f"{name}.json", cohort.dump_cohort(part))
-        files.append(d / f"{name}.json")
-    return files, patients
+    return write_splits(tmp_path_factory.mktemp("splits"), patients), patients
 
 
 @pytest.fixture
 def bundle(tiny_model_dir, tmp_path) -> Path:
-    b = tmp_path / "bundle"
-    shutil.copytree(tiny_model_dir, b)
-    (b / "README.md").write_text("# a model card\nTrained with GRPO on a LoRA adapter, merged.\n")
-    (b / "MANIFEST.json").write_text(json.dumps({"run_name": "demo", "seed": 42, "sizes": {"train": 4}}))
-    return b
+    return make_bundle(tiny_model_dir, tmp_path, {"run_name": "demo", "seed": 42, "sizes": {"train": 4}})
 
 
 def _scan(bundle, files):

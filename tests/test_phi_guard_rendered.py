@@ -5,37 +5,27 @@ name-like header, dates of birth) are refused with file and line, never the valu
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from llmrnn import cohort, io, phi_guard
+from llmrnn import cohort, phi_guard
+from tests.test_phi_guard import make_bundle, write_splits
 
 NOTE_HEADER = "Name: Johanna Quist  MRN: 44519023  DOB: 1956-03-14\n"
 
 
 @pytest.fixture(scope="module")
 def cohort_splits(tmp_path_factory) -> tuple[list[Path], list[dict]]:
-    d = tmp_path_factory.mktemp("splits")
     patients = cohort.synthesize_cohort(12, 3)
     course = patients[2]["visits"][0]["clinical_sections"]
     course["hospital_course"] = NOTE_HEADER + course["hospital_course"]
-    parts = cohort.split_cohort(patients, cohort.SplitSizes(val=2, train=4, seed=1))
-    files = []
-    for name, part in parts.items():
-        io.write_text(d / f"{name}.json", cohort.dump_cohort(part))
-        files.append(d / f"{name}.json")
-    return files, patients
+    return write_splits(tmp_path_factory.mktemp("splits"), patients), patients
 
 
 @pytest.fixture
 def bundle(tiny_model_dir, tmp_path) -> Path:
-    b = tmp_path / "bundle"
-    shutil.copytree(tiny_model_dir, b)
-    (b / "README.md").write_text("# a model card\nTrained with GRPO on a LoRA adapter, merged.\n")
-    (b / "MANIFEST.json").write_text(json.dumps({"run_name": "demo", "seed": 42}))
-    return b
+    return make_bundle(tiny_model_dir, tmp_path, {"run_name": "demo", "seed": 42})
 
 
 def _hpi_words(patients) -> list[str]:

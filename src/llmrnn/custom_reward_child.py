@@ -135,12 +135,12 @@ _fn = None
 _max_abs = math.inf
 
 
-if __name__ == "__main__":
-    main()
-
-
 def child_env() -> dict[str, str]:
     """The environment of a reward child: this process's, with this copy of llmrnn first on PYTHONPATH (the
     child runs `python -m llmrnn.custom_reward_child` wherever the parent's package lies)."""
     src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return dict(os.environ, PYTHONPATH=os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+
+if __name__ == "__main__":
+    main()

@@ -25,6 +25,14 @@ CHUNK_PATIENTS = 64  # patients per forward pass (a visit step batches this many
 # busy) and per durable write (a kill redoes at most this many)
 
 
+def fingerprint(verb: str, *parts) -> str:
+    """What a shard's kept rows depend on: `parts` (its config, inputs, patients) and the code identity of
+    `llmrnn <verb>` (llmrnn.provenance), as one sha256."""
+    from llmrnn.provenance import code_identity
+
+    return io.sha256_bytes(json.dumps([*parts, code_identity(verb)], sort_keys=True, default=str).encode())
+
+
 def partial_path(out: str | os.PathLike) -> Path:
     return Path(f"{out}.partial")
 
@@ -62,12 +70,15 @@ def sum_stats(parts: Sequence[dict]) -> dict:
             have = out.get(k)
             if isinstance(v, dict) and isinstance(have, dict):
                 out[k] = sum_stats([have, v])
-            elif isinstance(v, list) and isinstance(have, list) or (isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(have, (int, float))
-                  and not isinstance(have, bool)):
+            elif (isinstance(v, list) and isinstance(have, list)) or (_number(v) and _number(have)):
                 out[k] = have + v
             else:
                 out[k] = v
     return out
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def run_kept(items: Sequence, work: Callable[[list], tuple[list[dict], dict]], out: str | os.PathLike,

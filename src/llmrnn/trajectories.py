@@ -205,11 +205,9 @@ def run_shard(split: str, split_file: str | Path, shard: int, cfg: dict, prompts
             rows, stats = work(mine)
         else:
             from llmrnn import kept
-            from llmrnn.provenance import code_identity
 
-            fingerprint = io.sha256_bytes(json.dumps(
-                [split, shard, cfg, io.sha256_file(prompts_file), [p.get("subject_id") for p in mine],
-                 code_identity("trajectories shard")], sort_keys=True, default=str).encode())
+            fingerprint = kept.fingerprint("trajectories shard", split, shard, cfg, io.sha256_file(prompts_file),
+                                           [p.get("subject_id") for p in mine])
             rows, stats = kept.run_kept(mine, work, out, fingerprint, label)
     else:
         log.info("%s shard %d/%d: no patients", split, shard + 1, shards)

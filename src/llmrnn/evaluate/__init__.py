@@ -79,14 +79,10 @@ def _cmd_shard(args: argparse.Namespace) -> None:
     label = f"eval {args.variant} shard {args.shard + 1}/{args.shards}"
     log.info("%s: %d of %d selected test patients", label, len(part), len(patients))
     # finished rows survive a kill (SLURM time limit, preemption): llmrnn.kept, valid only for this very shard
-    import json
-
     from llmrnn import kept
-    from llmrnn.provenance import code_identity
 
-    fingerprint = io.sha256_bytes(json.dumps(
-        [cfg, args.variant, args.memory_model, args.memory_adapter, io.sha256_file(args.prompts),
-         [p.get("subject_id") for p in part], code_identity("evaluate shard")], sort_keys=True, default=str).encode())
+    fingerprint = kept.fingerprint("evaluate shard", cfg, args.variant, args.memory_model, args.memory_adapter,
+                                   io.sha256_file(args.prompts), [p.get("subject_id") for p in part])
 
     def work(chunk: list[dict]) -> tuple[list[dict], dict]:
         return run_shard(chunk, args.variant, cfg["roles"], args.prompts, int(ev["seed"]),

@@ -38,4 +38,3 @@ def run_shard(
     for rec in results:
         rec["variant"] = variant
     return results, stats
-

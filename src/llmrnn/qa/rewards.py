@@ -52,10 +52,10 @@ from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation
 from typing import Any
 
 from llmrnn.errors import InputError
-
-# the per-step keys both engines log live with the training metrics (verl's rollout stats read them there)
 from llmrnn.reward.entry import verl_values
 from llmrnn.settings import section_defaults
+
+# the per-step keys both engines log live with the training metrics (verl's rollout stats read them there)
 from llmrnn.train.metrics import EXTRACT_METHODS, STEP_KEYS, step_metrics  # noqa: F401
 
 DATA_SOURCE = "llmrnn_qa"

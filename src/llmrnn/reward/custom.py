@@ -26,15 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from llmrnn.constants import DATA_SOURCE
-from llmrnn.custom_reward_child import PARAMETERS, SIGNATURE, as_score, signature_problem
+from llmrnn.custom_reward_child import PARAMETERS, SIGNATURE, signature_problem
 from llmrnn.errors import InputError
 from llmrnn.reward.config import CUSTOM_NAME, RewardConfig, settings
 from llmrnn.reward.entry import _completion_text
+from llmrnn.settings import section_defaults
 
-__all__ = ["PARAMETERS", "SIGNATURE", "RewardProcess", "compute_score", "load", "problem", "score_of",
-           "signature_problem", "trl_reward"]
-DEFAULT_TIMEOUT_S = 60.0  # reward.custom.timeout_s's default: one import or one call of your reward
-DEFAULT_MAX_ABS = 1e6  # reward.custom.max_abs's default: |reward| beyond it is refused with its row
+__all__ = ["PARAMETERS", "SIGNATURE", "RewardProcess", "compute_score", "load", "problem", "signature_problem",
+           "trl_reward"]
+# reward.custom.timeout_s (one import or one call of your reward) and max_abs (|reward| beyond it is refused
+# with its row): the settings' defaults
+DEFAULT_TIMEOUT_S = float(section_defaults("reward.custom")["timeout_s"])
+DEFAULT_MAX_ABS = float(section_defaults("reward.custom")["max_abs"])
 
 
 def custom_of(reward: Any) -> dict | None:
@@ -183,14 +186,6 @@ def problem(config: dict) -> str | None:
     except InputError as exc:
         return str(exc)
     return None
-
-
-def score_of(result: Any, where: str, max_abs: float = DEFAULT_MAX_ABS) -> float:
-    """The reward a call returned, converted as the child converts it (custom_reward_child.as_score), else one line."""
-    try:
-        return as_score(result, max_abs)
-    except ValueError as exc:
-        raise InputError(f"reward.custom: {where} {exc}") from None
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
