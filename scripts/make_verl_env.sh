@@ -37,7 +37,7 @@ pip_install torch==2.13.0
 # cachetools: verl's agent loop imports it (tests/verl/assemble_batch.py runs AgentLoopWorker._postprocess);
 # fastapi, uvicorn: verl 0.9's agent loop and trainer import them (vLLM brings them on a GPU node), and the
 # CPU rehearsal of RayPPOTrainer.fit (tests/verl/rehearse_fit.py) imports both releases' trainer modules
-pip_install -c "$CONS" "verl==$VERSION" "${EXTRA[@]}" tenacity cachetools fastapi uvicorn
+uv_install -c "$CONS" "verl==$VERSION" "${EXTRA[@]}" tenacity cachetools fastapi uvicorn
 "$VENV/bin/python" -c "import verl, hydra, omegaconf; print('verl', verl.__version__)"
 echo "$WANT" > "$STAMP"
 echo "built $VENV"

