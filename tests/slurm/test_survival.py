@@ -76,12 +76,11 @@ def test_memory_retry_and_a_killed_node_lose_no_row(slurm_cluster, tmp_path):
     assert 300 <= int(attempts[0][1]) < 400 and 600 <= int(attempts[1][1]) < 700, attempts
     assert (work / "out" / "hungry.txt").read_text().strip() == "ok"
 
-    # the shard: every row once, in order; only the row that was running when the node died was redone, on
-    # the other node (by SLURM's own requeue of the node-failed job, JobRequeue=1 by default, or else by
-    # Snakemake's retry)
+    # the shard: every row once, in order; only the row that was running when the node died was redone, by
+    # Snakemake's retry (a new SLURM job) on the other node
     rows = [json.loads(x) for x in (work / "out" / "shard.jsonl").read_text().splitlines()]
     assert rows == [{"item": i, "square": i * i} for i in range(8)]
     worked = _worked(work)
     assert [w["item"] for w in worked] == [0, 1, 2, 3, 3, 4, 5, 6, 7], worked
-    assert worked[3]["node"] == killed != worked[4]["node"]
+    assert worked[3]["node"] == killed != worked[4]["node"] and worked[3]["job"] != worked[4]["job"]
     assert not (work / "out" / "shard.jsonl.partial").exists()
