@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	$(RUNENV) snakemake --profile profiles/local all
-	$(RUNENV) snakemake --profile profiles/local --report report.html all
+	$(RUNENV) snakemake --profile profiles/local cost_report
+	$(RUNENV) snakemake --profile profiles/local --report report.html cost_report
 
 # `make test`: every unit and integration test except the whole-workflow runs marked e2e (real SLURM, the
 # rerun table, the workflow runs of the QA demo, trajectories, eval and your own reward) and the real-vLLM

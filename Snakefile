@@ -72,6 +72,7 @@ if recipe_is("memory_head"):
 
 
 include: "rules/check.smk"
+include: "rules/cost.smk"
 
 
 rule all:

@@ -98,31 +98,3 @@ rule judge_agreement_plot:
         code=code_hash("report agreement"),
     shell:
         "llmrnn report agreement --agreement {input.agreement:q} --plot {output.plot:q} 2> {log:q}"
-
-
-# Cost per stage (wall time, peak memory, GPU hours) from the benchmark files of every job of the run:
-# after the run (`snakemake --profile profiles/slurm cost_report`), not part of `all` (its input is all of it).
-rule cost_report:
-    input:
-        all_targets,
-    output:
-        table=report(
-            f"{RUN}/report/cost.tsv",
-            category="Cost",
-            caption="../workflow/report/cost.rst",
-        ),
-        plot=report(
-            f"{RUN}/report/cost.png",
-            category="Cost",
-            caption="../workflow/report/cost.rst",
-        ),
-    log:
-        f"{LOGS}/cost_report.log",
-    conda:
-        conda_env("data")
-    params:
-        benchmarks=f"{LOGS}/benchmarks",
-        code=code_hash("report cost"),
-    shell:
-        "llmrnn report cost --benchmarks {params.benchmarks:q} --table {output.table:q} "
-        "--plot {output.plot:q} 2> {log:q}"

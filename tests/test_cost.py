@@ -3,7 +3,9 @@ report's table and plot from them, and `llmrnn check`'s warning from the last ru
 
 from __future__ import annotations
 
+import base64
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +31,23 @@ rule gather:
     output: "all.txt"
     benchmark: "logs/demo/benchmarks/gather/gather.tsv"
     shell: "cat {input} > {output}"
+
+# as rules/cost.smk reports it (its input there is the whole run: too much for this tier)
+rule cost:
+    input: "all.txt"
+    output:
+        table="report/cost.tsv",
+        html=report("report/cost.html", category="Cost"),
+        plot=report("report/cost.png", category="Cost"),
+    shell: "llmrnn report cost --benchmarks logs/demo/benchmarks --table {output.table} --html {output.html} --plot {output.plot}"
 """
+
+
+def reported(html: str, name: str) -> bytes:
+    """The file `name` as Snakemake's report embeds it (a base64 data URI naming the file)."""
+    match = re.search(rf"data:([\w/+-]+);charset=[\w-]+;filename={re.escape(name)};base64,([A-Za-z0-9+/=]+)", html)
+    assert match, f"{name} is not embedded in the report"
+    return match.group(1).encode() + b"\n" + base64.b64decode(match.group(2))
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +55,34 @@ def benchmarks(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("bench")
     (work / "Snakefile").write_text(SNAKEFILE)
     exe = Path(sys.executable).with_name("snakemake")
-    proc = subprocess.run([str(exe), "--cores", "1", "--benchmark-extended", "all.txt"], cwd=work, env=dict(os.environ),
+    env = dict(os.environ, PATH=f"{exe.parent}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.run([str(exe), "--cores", "1", "--benchmark-extended", "all.txt"], cwd=work, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return work / "logs" / "demo" / "benchmarks"
+
+
+@pytest.mark.slow
+def test_the_report_shows_the_cost_table_inline_and_the_plot(benchmarks):
+    """`snakemake --report`: the cost table is an HTML result (shown inline; a TSV is only a download) with a
+    row per stage and the total, and the plot a PNG, both under the category Cost."""
+    work = benchmarks.parents[2]
+    exe = Path(sys.executable).with_name("snakemake")
+    env = dict(os.environ, PATH=f"{exe.parent}{os.pathsep}{os.environ['PATH']}")
+    for args in (["cost"], ["--report", "report.html", "cost"]):
+        proc = subprocess.run([str(exe), "--cores", "1", *args], cwd=work, env=env, capture_output=True, text=True,
+                              timeout=300, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    html = (work / "report.html").read_text(errors="replace")
+    table = reported(html, "cost.html").decode()
+    assert table.startswith("text/html\n")
+    rows = {cells[0]: cells for cells in (re.findall(r"<t[dh]>(.*?)</t[dh]>", r)
+                                          for r in re.findall(r"<tr>(.*?)</tr>", table))}
+    assert list(rows) == ["stage", "gather", "shard", "total"]  # stages by name (their files' paths), then the total
+    assert rows["shard"][1] == "2" and rows["total"][1] == "3"  # jobs
+    assert rows["shard"][5] == f"{stage_costs(read_benchmarks(benchmarks))[1]['gpu_hours']:.2f}"
+    assert reported(html, "cost.png").startswith(b"image/png\n\x89PNG")
+    assert "Cost" in html
 
 
 @pytest.mark.slow

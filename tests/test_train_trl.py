@@ -189,6 +189,31 @@ def test_warning_signal_checkpoints_at_the_next_step_and_the_rerun_continues(tmp
     assert _trace(out) == _trace(ref)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e  # one tiny run
+def test_preemption_sigterm_checkpoints_at_the_next_step_like_the_warning(tmp_path, tiny_model_dir, parquets):
+    """SLURM preempts (or cancels) with SIGTERM, GraceTime before SIGKILL: TRL takes it like SIGUSR1, a
+    complete checkpoint at the next step boundary (not the next save_freq) and exit 75; the rerun's resume
+    from such a checkpoint is the test above."""
+    from llmrnn.errors import Interrupted
+
+    out = tmp_path / "preempted"
+    proc = _run_cli(tiny_cfg(test_freq=0, save_freq=4, keep_last=None), parquets, tiny_model_dir, out)
+    deadline = time.time() + 300
+    trace = out / "state" / "data_trace.jsonl"
+    while not (trace.exists() and len(trace.read_text().splitlines()) >= 5):  # inside step 5
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    log, _ = proc.communicate(timeout=600)
+    assert proc.returncode == Interrupted.exit_code == 75, log
+    stopped = max(_trace(out))
+    assert 5 <= stopped < 8 and f"stopped at step {stopped} of 8 on signal SIGTERM" in log, log
+    assert checkpoint_complete(out / "checkpoints" / f"checkpoint-{stopped}")
+    assert not (out / "adapter").exists()
+
+
 def test_stop_request_by_clock_and_squeue_end_time():
     from llmrnn.train.stop import StopRequest, parse_end_time
 
@@ -197,6 +222,22 @@ def test_stop_request_by_clock_and_squeue_end_time():
     assert not StopRequest(deadline=time.time() + 3600).requested()
     past = StopRequest(deadline=time.time() - 1)
     assert past.requested() and past.reason == "the SLURM time limit is near"
+
+
+def test_stop_signals_are_put_back_and_a_bad_margin_is_one_line(monkeypatch):
+    from llmrnn.errors import InputError
+    from llmrnn.train.stop import STOP_SIGNALS, StopRequest, stop_deadline
+
+    before = [signal.getsignal(s) for s in STOP_SIGNALS]
+    stop = StopRequest(deadline=time.time() + 3600).watch()
+    assert signal.SIGTERM in STOP_SIGNALS and signal.getsignal(signal.SIGTERM) == stop._on_signal
+    signal.raise_signal(signal.SIGTERM)
+    assert stop.requested() and stop.reason == "signal SIGTERM"
+    stop.release()
+    assert [signal.getsignal(s) for s in STOP_SIGNALS] == before
+    monkeypatch.setenv("LLMRNN_STOP_MARGIN_S", "ten minutes")
+    with pytest.raises(InputError, match=r"^LLMRNN_STOP_MARGIN_S='ten minutes': not a number of seconds"):
+        stop_deadline()
 
 
 class _StopAt:

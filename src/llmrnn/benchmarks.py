@@ -107,6 +107,38 @@ def cost_table(stages: list[dict]) -> str:
     return head + body + total
 
 
+COLUMNS = ("stage", "jobs", "wall time (h:mm:ss)", "longest job (h:mm:ss)", "peak memory (MB, max_rss)",
+           "GPU hours")
+
+
+def _clock(seconds: float) -> str:
+    s = round(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def cost_html(stages: list[dict]) -> str:
+    """The same table as cost_table, as a standalone HTML page: Snakemake's report shows an HTML result inline
+    (a TSV only as a download). Stage names are rule names, escaped all the same."""
+    from html import escape
+
+    def row(cells, tag="td"):
+        return "<tr>" + "".join(f"<{tag}>{escape(str(c))}</{tag}>" for c in cells) + "</tr>\n"
+
+    def cells(s):
+        rss = "" if s["max_rss_mb"] is None else f"{s['max_rss_mb']:.0f}"
+        return [s["stage"], s["jobs"], _clock(s["wall_s"]), _clock(s["longest_s"]), rss, f"{s['gpu_hours']:.2f}"]
+
+    peak = max((s["max_rss_mb"] for s in stages if s["max_rss_mb"] is not None), default=None)
+    total = {"stage": "total", "jobs": sum(s["jobs"] for s in stages), "wall_s": sum(s["wall_s"] for s in stages),
+             "longest_s": max((s["longest_s"] for s in stages), default=0.0), "max_rss_mb": peak,
+             "gpu_hours": sum(s["gpu_hours"] for s in stages)}
+    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>Cost per stage</title><style>"
+            "table{border-collapse:collapse;font-family:sans-serif}td,th{border:1px solid #ccc;padding:2px 8px}"
+            "td:not(:first-child){text-align:right}tr:last-child{font-weight:bold}</style></head><body>\n"
+            "<table>\n" + row(COLUMNS, "th") + "".join(row(cells(s)) for s in stages) + row(cells(total))
+            + "</table>\n</body></html>\n")
+
+
 def longest_job_minutes(root: str | Path, stage: str) -> tuple[float, str] | None:
     """The longest measured job of a stage in minutes, with its file; None when the stage has no benchmark."""
     jobs = [j for j in read_benchmarks(root) if j.stage == stage]

@@ -352,15 +352,18 @@ def plot_costs(stages: list[dict], out: str | Path) -> None:
 
 
 def _cmd_cost(args: argparse.Namespace) -> None:
-    from llmrnn.benchmarks import cost_table, read_benchmarks, stage_costs
+    from llmrnn.benchmarks import cost_html, cost_table, read_benchmarks, stage_costs
 
     jobs = read_benchmarks(args.benchmarks)
     if not jobs:
         raise InputError(f"{args.benchmarks}: no benchmark files (run the workflow first)")
     stages = stage_costs(jobs)
     io.write_text(args.table, cost_table(stages))
+    if args.html:
+        io.write_text(args.html, cost_html(stages))
     plot_costs(stages, args.plot)
-    log.info("wrote %s and %s (%d stages, %d jobs)", args.table, args.plot, len(stages), len(jobs))
+    log.info("wrote %s, %s%s (%d stages, %d jobs)", args.table, args.plot, f" and {args.html}" if args.html else "",
+             len(stages), len(jobs))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -391,4 +394,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--benchmarks", required=True, help="logs/RUN/benchmarks (the rules' benchmark files)")
     c.add_argument("--table", required=True, help="output: cost per stage (tsv)")
     c.add_argument("--plot", required=True, help="output: cost per stage (png)")
+    c.add_argument("--html", default=None, help="output: cost per stage as an HTML table (shown in the report)")
     c.set_defaults(func=_cmd_cost)

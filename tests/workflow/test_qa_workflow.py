@@ -111,6 +111,16 @@ def test_qa_demo_runs_end_to_end_and_reruns_by_the_table(workflow_dir, tiny_mode
     assert guard["identifiers_checked"] > 0 and guard["clinical_texts_checked"] >= splits["sizes"]["train"]
     assert planned(workflow_dir, layer) == {}
 
+    # cost per stage (rules/cost.smk, outside all) from this run's benchmark files, in its report
+    snakemake(workflow_dir, "cost_report", "--configfile", "config/qa_demo.yaml", layer)
+    stages = {line.split("\t")[0]: line.split("\t") for line in (run / "report/cost.tsv").read_text().splitlines()}
+    assert {"qa_sft", "qa_train_grpo", "qa_eval_model", "release", "total"} <= set(stages)
+    assert stages["qa_eval_model"][1] == "6" and float(stages["qa_train_grpo"][2]) > 0  # jobs, wall s
+    snakemake(workflow_dir, "--report", "report.html", "cost_report", "--configfile", "config/qa_demo.yaml", layer)
+    html = (workflow_dir / "report.html").read_text(errors="replace")
+    assert "filename=cost.html;" in html and "filename=cost.png;" in html and "filename=pass_at_k.png;" in html
+    assert planned(workflow_dir, layer) == {}  # the cost report reran nothing
+
     # rerun table (dry runs): an SFT knob reruns SFT onwards, an eval knob the evaluation only,
     # a data knob everything from the data stage, a reward knob GRPO onwards (not SFT)
     sft = planned(workflow_dir, small_layer(workflow_dir, tiny_model_dir, sft={

@@ -1,9 +1,12 @@
-"""When a training job must stop early and continue later: SLURM's warning signal or its time limit near.
+"""When a training job must stop early and continue later: SLURM's warning signal, preemption or its time
+limit near.
 
 `StopRequest.watch()` installs a handler for SIGUSR1 (what `sbatch --signal=USR1@S` or `scancel --signal=USR1`
-sends) and, inside a SLURM job, reads the job's end time once (squeue); `requested()` is then true from
-the signal on, or from `margin_s` seconds before the end. The engine asks at each step boundary, saves a
-checkpoint there and exits with llmrnn.errors.Interrupted (75); the rerun resumes from that checkpoint.
+sends) and SIGTERM (what SLURM sends a preempted or cancelled job, GraceTime seconds before SIGKILL) and,
+inside a SLURM job, reads the job's end time once (squeue); `requested()` is then true from the signal on,
+or from LLMRNN_STOP_MARGIN_S seconds before the end (`stop_deadline`). TRL asks at each step boundary,
+saves a checkpoint there and exits with llmrnn.errors.Interrupted (75); the rerun resumes from that
+checkpoint. verl cannot be asked (llmrnn.train.verl_cmd: its own time-limit save, then a stop at the deadline).
 """
 
 from __future__ import annotations
@@ -18,12 +21,12 @@ from datetime import datetime
 from pathlib import Path
 
 from llmrnn import io
-from llmrnn.errors import CheckFailed
+from llmrnn.errors import CheckFailed, InputError
 from llmrnn.train.metrics import learning_problem
 
 log = logging.getLogger(__name__)
 
-STOP_SIGNAL = signal.SIGUSR1
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 MARGIN_ENV = "LLMRNN_STOP_MARGIN_S"  # seconds before the SLURM time limit to stop at; default DEFAULT_MARGIN_S
 DEFAULT_MARGIN_S = 600
 
@@ -52,28 +55,63 @@ def slurm_end_time(env: dict | None = None) -> float | None:
     return parse_end_time(out.splitlines()[0] if out.strip() else "")
 
 
+def env_seconds(name: str, default: float, env: dict | None = None) -> float:
+    """A number of seconds from the environment (default when unset or empty); anything else is one line."""
+    text = ((os.environ if env is None else env).get(name) or "").strip()
+    if not text:
+        return float(default)
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise InputError(f"{name}={text!r}: not a number of seconds (>= 0)")
+    return value
+
+
+def stop_deadline(env: dict | None = None) -> float | None:
+    """When to stop (epoch seconds): the SLURM job's end time less LLMRNN_STOP_MARGIN_S; None outside SLURM."""
+    margin = env_seconds(MARGIN_ENV, DEFAULT_MARGIN_S, env)
+    end = slurm_end_time(env)
+    if end is None:
+        return None
+    log.info("SLURM time limit at %s: stopping at the first step boundary after %s",
+             datetime.fromtimestamp(end).isoformat(timespec="seconds"),
+             datetime.fromtimestamp(end - margin).isoformat(timespec="seconds"))
+    return end - margin
+
+
 class StopRequest:
     """A stop asked by signal or by the clock (see the module docstring)."""
 
     def __init__(self, deadline: float | None = None):
         self.deadline = deadline
         self.reason: str | None = None
+        self._previous: dict = {}
 
     def _on_signal(self, signum, frame) -> None:
         self.reason = f"signal {signal.Signals(signum).name}"
         log.warning("%s: saving a checkpoint at the next step boundary, then stopping", self.reason)
 
     def watch(self) -> StopRequest:
-        """Install the signal handler (main thread only) and read the SLURM time limit."""
-        signal.signal(STOP_SIGNAL, self._on_signal)
-        end = slurm_end_time()
-        if end is not None and self.deadline is None:
-            margin = float(os.environ.get(MARGIN_ENV) or DEFAULT_MARGIN_S)
-            self.deadline = end - margin
-            log.info("SLURM time limit at %s: stopping at the first step boundary after %s",
-                     datetime.fromtimestamp(end).isoformat(timespec="seconds"),
-                     datetime.fromtimestamp(self.deadline).isoformat(timespec="seconds"))
+        """Install the signal handlers (main thread only) and read the SLURM time limit."""
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        if self.deadline is None:
+            self.deadline = stop_deadline()
         return self
+
+    def release(self) -> None:
+        """Put back the handlers watch() replaced (training is over: a signal acts as it did before)."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
     def requested(self) -> bool:
         if self.reason is None and self.deadline is not None and time.time() >= self.deadline:

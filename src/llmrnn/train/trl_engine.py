@@ -514,12 +514,13 @@ def train(
     trainer.remove_callback(PrinterCallback)  # our Progress callback logs one line per step instead
     holder["trainer"] = trainer
     t0 = time.perf_counter()
-    try:
-        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    except (RuntimeError, OSError) as exc:
-        if problem := disk_full_problem(exc, ckpt_dir):
-            raise CheckFailed(problem) from None
-        raise
+    with stop:  # its signal handlers are put back when training ends, however it ends
+        try:
+            trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        except (RuntimeError, OSError) as exc:
+            if problem := disk_full_problem(exc, ckpt_dir):
+                raise CheckFailed(problem) from None
+            raise
     reached = int(trainer.state.global_step)
     check_finished(cfg, holder, reached, max_steps, upd, live_metrics)
     finish_metrics(live_metrics, Path(metrics_path))

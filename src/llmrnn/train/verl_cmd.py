@@ -22,12 +22,13 @@ import time
 from pathlib import Path
 
 from llmrnn import io
-from llmrnn.errors import CheckFailed, InputError
+from llmrnn.errors import CheckFailed, InputError, Interrupted
 from llmrnn.reward import reward_kwargs as default_reward_kwargs
 from llmrnn.train import config as tcfg
 from llmrnn.train import tracking
 from llmrnn.train.checkpoints import discard_stale_checkpoints, run_fingerprint
 from llmrnn.train.metrics import MetricsWriter, progress_line, verl_rows
+from llmrnn.train.stop import StopRequest, env_seconds
 
 log = logging.getLogger(__name__)
 
@@ -251,6 +252,30 @@ def runtime_env_overrides(env: dict) -> list[str]:
     return items + [f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={WORKER_SETUP_HOOK}"]
 
 
+# The SLURM time limit. verl (0.7.1, 0.9.1) installs no signal handler, but its fit() saves a checkpoint after
+# any step at whose end verl.utils.checkpoint.checkpoint_manager.should_save_ckpt_esi finds the capacity
+# block's expiration (a variable of its environment) closer than its longest step + 60 s (the save it
+# assumes) + trainer.esi_redundant_time. Our stop deadline (llmrnn.train.stop: the job's end less
+# LLMRNN_STOP_MARGIN_S) is that expiration, in every Ray worker's runtime_env (fit() runs in verl's
+# TaskRunner, a Ray actor); LLMRNN_VERL_SAVE_S [300], what one save may really take, sets the redundant time.
+# So every step that ends within a step + a save of the deadline is saved, and at the deadline run() stops
+# main_ppo and exits 75 (continue): at most the step running then is lost.
+ESI_ENV = "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
+SAVE_ENV = "LLMRNN_VERL_SAVE_S"
+DEFAULT_SAVE_S = 300
+VERL_ASSUMED_SAVE_S = 60  # should_save_ckpt_esi's save_ckpt_duration, which fit() leaves at its default
+
+
+def deadline_overrides(deadline: float | None, env: dict | None = None) -> list[str]:
+    """The Hydra overrides that make verl save before `deadline` (epoch seconds; None: no time limit, none)."""
+    if deadline is None:
+        return []
+    redundant = max(0, round(env_seconds(SAVE_ENV, DEFAULT_SAVE_S, env)) - VERL_ASSUMED_SAVE_S)
+    # quoted: Ray takes only strings as env_vars, and Hydra would read the bare number as an int
+    return [f"trainer.esi_redundant_time={redundant}",
+            f"+ray_kwargs.ray_init.runtime_env.env_vars.{ESI_ENV}='{deadline:.0f}'"]
+
+
 def command(overrides: list[str], python: str | None = None) -> list[str]:
     return [python or sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
 
@@ -386,16 +411,7 @@ def run(
     # CUDA_VISIBLE_DEVICES was narrowed by llmrnn.gpus.assign("train", ...) in the CLI (judge GPUs taken last)
     seen: set[int] = set(range(1, start + 1))
     follow = lambda: _follow_metrics(file_log, writer, seen, planned, out / "rollouts")
-    if cfg["nnodes"] > 1:  # a Ray cluster over the allocation's nodes; verl's ray.init() joins it
-        from llmrnn.train import ray_cluster
-
-        with ray_cluster.cluster(nodes=_training_nodes(cfg["nnodes"]), gpus_per_node=cfg["n_gpus_per_node"],
-                                 state_dir=out / "state" / "ray", judge_url=_judge_url(endpoint_file)) as rc:
-            proc = _main_ppo(command(overrides, python), {**env, **rc.env}, out, follow)
-    else:  # verl starts Ray itself: with the job's CPUs and a temp dir of its own
-        from llmrnn.train.ray_cluster import single_node_overrides
-
-        proc = _main_ppo(command(overrides + single_node_overrides(), python), env, out, follow)
+    proc = _launch(cfg, overrides, python, env, out, follow, endpoint_file)
     follow()
     if proc.returncode != 0:
         raise CheckFailed(f"train: verl main_ppo exited with {proc.returncode}{_stop_reason(out / 'audit')}; "
@@ -424,8 +440,27 @@ def choose_verl_checkpoint(cfg: dict, ckpt_dir: Path, rows: list[dict]) -> dict:
     return choose_checkpoint(cfg["select"], saved, rows)
 
 
-def _main_ppo(cmd: list[str], env: dict, out: Path, follow) -> subprocess.Popen:
-    """Run main_ppo to its end, following its metrics; kill its process group if we are stopped."""
+def _launch(cfg: dict, overrides: list[str], python: str | None, env: dict, out: Path, follow,
+            endpoint_file: str | None) -> subprocess.Popen:
+    """main_ppo on one node or over the allocation's, until it ends or is stopped: on SIGUSR1/SIGTERM or at the
+    SLURM time limit's deadline (which verl also gets, to save before it: deadline_overrides), exit 75."""
+    with StopRequest().watch() as stop:
+        overrides = overrides + deadline_overrides(stop.deadline)
+        if cfg["nnodes"] > 1:  # a Ray cluster over the allocation's nodes; verl's ray.init() joins it
+            from llmrnn.train import ray_cluster
+
+            with ray_cluster.cluster(nodes=_training_nodes(cfg["nnodes"]), gpus_per_node=cfg["n_gpus_per_node"],
+                                     state_dir=out / "state" / "ray", judge_url=_judge_url(endpoint_file)) as rc:
+                return _main_ppo(command(overrides, python), {**env, **rc.env}, out, follow, stop)
+        # one node: verl starts Ray itself, with the job's CPUs and a temp dir of its own
+        from llmrnn.train.ray_cluster import single_node_overrides
+
+        return _main_ppo(command(overrides + single_node_overrides(), python), env, out, follow, stop)
+
+
+def _main_ppo(cmd: list[str], env: dict, out: Path, follow, stop: StopRequest | None = None) -> subprocess.Popen:
+    """Run main_ppo to its end, following its metrics; kill its process group if we are stopped (an
+    exception, or `stop` requested: then Interrupted, exit 75, the rerun resuming from verl's last save)."""
     io.write_text(out / "state" / "verl_command.sh", " ".join(_shell_quote(c) for c in cmd) + "\n")
     # verl's console logger prints progress on stdout: send it to our stderr (the rule's log)
     # umask 077: verl's rollout dumps (trainer.rollout_data_dir) hold patient text; its Ray workers inherit it
@@ -434,6 +469,10 @@ def _main_ppo(cmd: list[str], env: dict, out: Path, follow) -> subprocess.Popen:
         while proc.poll() is None:
             time.sleep(POLL_S)
             follow()
+            if stop is not None and proc.poll() is None and stop.requested():
+                raise Interrupted(f"train: verl main_ppo stopped on {stop.reason}; its last checkpoint is step "
+                                  f"{latest_step(out / 'checkpoints')} ({out / 'checkpoints'}), a rerun continues "
+                                  "from it")
     except BaseException:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
