@@ -154,6 +154,19 @@ def test_fsdp_full_finetune_needs_verl(tiny_model_dir, tmp_path, monkeypatch):
     assert not (tmp_path / "m").exists()
 
 
+def test_a_verl_09_lora_checkpoint_is_named_as_one_and_the_gather_step_given(tmp_path):
+    """verl 0.9's engine writes a LoRA run's actor/ as FSDP shards + lora_train_meta.json, with no lora_adapter/
+    (tests/test_train_verl.py::test_verl_fit_rehearsed_... makes a real one, and merges what verl's merger
+    gathers); read as a full fine-tune it would be merged as one. One line names it and the step to take."""
+    actor = tmp_path / "global_step_3" / "actor"
+    actor.mkdir(parents=True)
+    (actor / "model_world_size_1_rank_0.pt").write_bytes(b"")
+    (actor / "lora_train_meta.json").write_text('{"r": 16, "lora_alpha": 32, "task_type": "CAUSAL_LM"}')
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("3")
+    with pytest.raises(CheckFailed, match=r"a verl 0.9 LoRA checkpoint .*verl\.model_merger merge --backend fsdp"):
+        merge.resolve_adapter(tmp_path)
+
+
 def test_cli_merge_run_on_the_lora_adapter_verl_071_writes(tiny_model_dir, tmp_path):
     """verl 0.7.1 writes adapter_config.json from asdict(LoraConfig): runtime_config (a dict) and every other
     field. `llmrnn merge run` on that checkpoint reads the config as PEFT's own from_pretrained does; before,

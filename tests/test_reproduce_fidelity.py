@@ -127,6 +127,7 @@ VERL_COMMON = {
     "actor_rollout_ref.model.path":                        "MODEL",
     "trainer.default_local_dir":                           "WORK/checkpoints",
     "trainer.rollout_data_dir":                            "WORK/rollouts",
+    "trainer.validation_data_dir":                         "WORK/validation",
     "trainer.experiment_name":                             "RUN",
     "+reward.custom_reward_function.reward_kwargs.audit_dir": "WORK/audit",
     "+reward.custom_reward_function.reward_kwargs.endpoint_file": "ENDPOINT.json",

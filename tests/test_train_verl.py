@@ -78,6 +78,9 @@ def test_overrides_compose_and_validate_in_real_verl(version, tmp_path, tiny_mod
     assert json.loads(report["reward_kwargs"]["reward_cfg"]) == REWARD_SECTION
     assert json.loads(report["reward_kwargs"]["guard"]) == {"max_fallback_rate": 0.2, "window": 64}
     assert report["default_local_dir"].endswith("train/checkpoints") and report["resume_mode"] == "auto"
+    assert report["validation_data_dir"].endswith("train/validation")  # verl's validation dump, beside rollouts/
+    # verl 0.9's default v1 trainer imports TransferQueue (not in our verl env); v0 is the loop rehearse_fit runs
+    assert report["use_v1"] is (False if version.startswith("0.9") else None)
     assert report["logger"] == ["console", "file"]
     # our parquet loads through verl's RLHFDataset with a chat-template tokenizer
     assert report["dataset_rows"] == 6 and report["item_data_source"] == "llm_as_rnn_memory_update"
@@ -605,71 +608,124 @@ def test_auto_attention_resolves_by_whether_flash_attn_imports_in_the_training_p
 
 
 # ----------------------------------------------------------------------------- verl's trainer loop, rehearsed
+@pytest.fixture(scope="module")
+def json_policy_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model, fine-tuned for seconds to answer our prompts with short memory JSON (tests/verl/
+    prime_policy.py): its samples differ, so the judged rewards of a group differ and GRPO moves the LoRA."""
+    from tests.verl.prime_policy import prime_json_policy
+
+    prompts = [r["prompt"][0]["content"] for r in make_rows(12)]
+    return prime_json_policy(tiny_model_dir, tmp_path_factory.mktemp("policy") / "json-llama", prompts, steps=50)
+
+
 @pytest.mark.verl
 @pytest.mark.e2e
-@pytest.mark.parametrize("version", ["0.7.1"])  # 0.9.1 has no DataParallelPPOActor (engine workers): not yet
-def test_verl_fit_rehearsed_on_cpu_from_rollout_to_merged_model(version, tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("version", VERSIONS)
+def test_verl_fit_rehearsed_on_cpu_from_rollout_to_merged_model(version, tmp_path, json_policy_dir):
     """verl's own RayPPOTrainer.fit() (tests/verl/rehearse_fit.py) with the smoke config's train section, our
-    parquet and our reward (outcome mode), stand-ins only for the FSDP worker group, the vLLM rollout servers
-    and the weight sync (a tiny real LoRA model on CPU; verl's DataParallelPPOActor does the log-probs and
-    the policy update). Validation before training, steps 1-2 and a checkpoint, then a second trainer
-    resumes at step 2 and runs step 3; the rollout dumps hold float diagnostics; `llmrnn merge run` reads the
-    adapter the checkpoint writer left (and refuses it: the random tiny policy earns equal rewards, so GRPO
-    never moves it). Lengths are cut (prompt 256, response 24 tokens) to keep it
-    minutes on 2 CPU cores; every other knob is the smoke config's."""
+    parquet and our reward judged through a judge server on 127.0.0.1 (scripted answers: the judge MODEL is the
+    fake part). Stand-ins only for the GPU parts: the worker group's dispatch, the vLLM rollout servers, the
+    weight sync, and for verl 0.9 the CPU platform (tests/verl/cpu_platform.py). The actor is verl's own:
+    0.7.1's DataParallelPPOActor, 0.9's engine ActorRolloutRefWorker with its FSDP2 engine (FSDP1 refuses a
+    CPU module with sync_module_states) and checkpoint manager. Validation before training, steps 1-2 and a
+    checkpoint, then a second trainer resumes at step 2 and runs step 3; the rollout and validation dumps hold
+    float diagnostics; then `llmrnn merge run` on the checkpoint folder. Lengths are cut (prompt 256, response
+    24 tokens) to keep it minutes on 2 CPU cores; every other knob is the smoke config's."""
     from llmrnn.runconfig import read_layer, resolve
+    from tests.judge_helpers import ScriptedJudge, prompt_of, write_endpoint, write_rubric
 
     python = verl_python(version)
     config, _ = resolve([read_layer(REPO / "config" / "smoke.yaml")], REPO / "workflow/schemas/config.schema.yaml")
     train = dict(config["train"], n_gpus_per_node=1)  # one CPU process stands in for the GPUs
     work = tmp_path / "train"
-    overrides = verl_cmd.build_overrides(
-        train, train_parquet=write_parquet(tmp_path / "train.parquet", make_rows(12)),
-        val_parquet=write_parquet(tmp_path / "val.parquet", make_rows(2, split="val")), model_dir=str(tiny_model_dir),
-        out_dir=str(work), experiment_name="rehearsal", verl_version=version, attention="sdpa",
-        reward_kwargs=reward_kwargs({"mode": "outcome"}, audit_dir=work / "audit"),
-    ) + ["trainer.device=cpu", "data.max_prompt_length=256", "data.max_response_length=24",
-         "actor_rollout_ref.rollout.max_model_len=280"]
-    (tmp_path / "o.json").write_text(json.dumps(overrides))
-    (work / "state").mkdir(parents=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
-               HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", VERL_FILE_LOGGER_PATH=str(work / "state" / "verl_metrics.jsonl"),
-               TENSORBOARD_DIR=str(work / "tensorboard"))
-    proc = subprocess.run([str(python), str(REPO / "tests" / "verl" / "rehearse_fit.py"), "--overrides",
-                           str(tmp_path / "o.json"), "--out", str(tmp_path / "report.json"), "--stop-after", "2"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3000, check=False)
+    engine = version != "0.7.1"
+
+    def judge_answer(body):  # a judge whose score follows the memory it reads: the group's scores differ
+        return f"Score: {len(prompt_of(body)) % 9 + 1}"
+
+    with ScriptedJudge(judge_answer) as judge:
+        endpoint = write_endpoint(tmp_path, judge.port, write_rubric(tmp_path))
+        overrides = verl_cmd.build_overrides(
+            train, train_parquet=write_parquet(tmp_path / "train.parquet", make_rows(12)),
+            val_parquet=write_parquet(tmp_path / "val.parquet", make_rows(2, split="val")),
+            model_dir=str(json_policy_dir), out_dir=str(work), experiment_name="rehearsal", verl_version=version,
+            attention="sdpa", endpoint_file=str(endpoint),
+            reward_kwargs=reward_kwargs({"mode": "scalar"}, audit_dir=work / "audit", endpoint_file=endpoint),
+        ) + ["trainer.device=cpu", "data.max_prompt_length=256", "data.max_response_length=24",
+             "actor_rollout_ref.rollout.max_model_len=280"]
+        if engine:
+            overrides += ["actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2"]
+        (tmp_path / "o.json").write_text(json.dumps(overrides))
+        (work / "state").mkdir(parents=True)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+                   HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+                   VERL_FILE_LOGGER_PATH=str(work / "state" / "verl_metrics.jsonl"),
+                   TENSORBOARD_DIR=str(work / "tensorboard"))
+        proc = subprocess.run([str(python), str(REPO / "tests" / "verl" / "rehearse_fit.py"), "--overrides",
+                               str(tmp_path / "o.json"), "--out", str(tmp_path / "report.json"), "--stop-after", "2"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3000, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["verl"] == version
+    assert report["verl"] == version and report["worker"] == ("engine" if engine else "dp_actor")
     first, second = report["runs"]
     assert first["saved_steps"] == [2] and second["saved_steps"] == [3], report
     assert second["global_steps"] >= 3 and second["total_training_steps"] == 3
+    if engine:  # the replica got the engine's adapter tensors before every rollout (start, after each step)
+        assert first["weight_syncs"] == 3 and second["weight_syncs"] == 2, report
     ckpt = work / "checkpoints"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
     assert (ckpt / "global_step_2" / "data.pt").is_file()  # the dataloader position the resume read
+    dumped = {}
     for step in (1, 2, 3):
         rows = [json.loads(x) for x in (work / "rollouts" / f"{step}.jsonl").read_text().splitlines() if x]
         assert len(rows) == 4 * train["group_size"]
-        assert all(type(r["retries"]) is float and type(r["parse_outcome"]) is float for r in rows)
+        assert all(type(r["retries"]) is float and type(r["judge_calls"]) is float for r in rows)
+        dumped[step] = rows
+    # trainer.validation_data_dir: before training (0), at test_freq (3) and the first run's last step (2)
+    for step in (0, 2, 3):
+        val = [json.loads(x) for x in (work / "validation" / f"{step}.jsonl").read_text().splitlines() if x]
+        assert len(val) == 2 and all(type(r["retries"]) is float for r in val)
     logged = [json.loads(x)["step"] for f in ("verl_metrics.previous.jsonl", "verl_metrics.jsonl")
               for x in (work / "state" / f).read_text().splitlines() if x]
     assert {0, 1, 2, 3} <= set(logged)  # validation before training (0), the steps, across the resume
     assert list((work / "tensorboard").rglob("events.out.tfevents.*"))  # train.report_to: tensorboard
+    # our reward, judged over HTTP on 127.0.0.1 inside fit(): the policy's JSON reached the judge, the scores of
+    # a group differ (else GRPO's advantages are 0 and the adapter never moves), every call audited
+    assert judge.hits > 0 and list((work / "audit").glob("*.jsonl"))
+    judged = [r for rows in dumped.values() for r in rows if r["parse_score_line"] == 1.0]
+    assert judged and all(r["judge_calls"] >= 1.0 for r in judged)
+    assert len({r["score"] for r in dumped[1]}) > 1
     exe = Path(sys.executable).parent / "llmrnn"
     lora = {"train": {"lora": {k: train["lora"][k] for k in ("rank", "alpha", "target_modules")}}}
-    merged = subprocess.run([str(exe), "merge", "run", "--base", str(tiny_model_dir), "--adapter", str(ckpt),
-                             "--out", str(tmp_path / "merged"), "--check", str(tmp_path / "c.json"),
-                             "--cfg", json.dumps(lora)], capture_output=True, text=True, check=False)
-    # the random tiny policy never writes memory JSON: every outcome reward is 0, GRPO's advantages are 0 and the
-    # LoRA's B stays zero. Our merge reads verl's checkpoint (before the fix it failed on runtime_config, exit 1)
-    # and refuses the unmoved adapter with its one line, exit 3 (a moved adapter verl 0.7.1 wrote merges in
-    # tests/test_merge.py::test_cli_merge_run_on_the_lora_adapter_verl_071_writes)
-    scores = {json.loads(x)["score"] for s in (1, 2, 3)
-              for x in (work / "rollouts" / f"{s}.jsonl").read_text().splitlines() if x}
-    assert scores == {0.0}
-    assert merged.returncode == 3, merged.stderr[-3000:]
-    assert "every lora_B tensor is zero: training never moved the adapter" in merged.stderr
-    assert "Traceback" not in merged.stderr
-    failed = json.loads((tmp_path / "c.failed.json").read_text())
-    assert failed["source_kind"] == "verl_lora_adapter" and failed["checks"]["adapter_loaded"]["ok"]
-    assert failed["adapter_resolved"].endswith("global_step_3/actor/lora_adapter")
+
+    def merge(adapter: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([str(exe), "merge", "run", "--base", str(json_policy_dir), "--adapter", str(adapter),
+                               "--out", str(tmp_path / "merged"), "--check", str(tmp_path / "c.json"),
+                               "--cfg", json.dumps(lora)], capture_output=True, text=True, check=False)
+
+    merged = merge(ckpt)
+    assert "Traceback" not in merged.stderr, merged.stderr[-3000:]
+    actor = ckpt / "global_step_3" / "actor"
+    if engine:
+        # verl 0.9's engine checkpoint of a LoRA run: FSDP shards + lora_train_meta.json, no lora_adapter/. Our
+        # merge (CPU environment, no verl) says so in one line and names verl's merger; its lora_adapter merges
+        assert not (actor / "lora_adapter").exists() and (actor / "lora_train_meta.json").is_file()
+        assert merged.returncode == 3, merged.stderr[-3000:]  # CheckFailed
+        assert "a verl 0.9 LoRA checkpoint" in merged.stderr.strip().splitlines()[-1]
+        gathered = subprocess.run([str(python), "-m", "verl.model_merger", "merge", "--backend", "fsdp",
+                                   "--local_dir", str(actor), "--target_dir", str(tmp_path / "gathered")],
+                                  capture_output=True, text=True, env=env, check=False)
+        assert gathered.returncode == 0, gathered.stderr[-3000:]
+        merged = merge(tmp_path / "gathered" / "lora_adapter")
+    # the adapter the checkpoint writer left merges (verl 0.7.1's, before the runtime_config fix: exit 1)
+    assert merged.returncode == 0, merged.stderr[-3000:]
+    done = json.loads((tmp_path / "c.json").read_text())
+    assert done["ok"] and done["source_kind"] == "verl_lora_adapter"
+    assert done["adapter_resolved"].endswith("lora_adapter")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(json_policy_dir, dtype=torch.float32)
+    moved = [n for n, p in out.state_dict().items() if not torch.equal(p, base.state_dict()[n])]
+    assert moved and all(any(m in n for m in train["lora"]["target_modules"]) for n in moved), moved[:5]

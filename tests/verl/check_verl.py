@@ -110,6 +110,8 @@ def main() -> int:
         "reward_manager": config.reward.reward_manager.name,
         "default_local_dir": config.trainer.default_local_dir,
         "resume_mode": config.trainer.resume_mode,
+        "validation_data_dir": config.trainer.validation_data_dir,
+        "use_v1": config.trainer.get("use_v1"),  # verl 0.9 only: main_ppo's v1 trainer (TransferQueue) or v0
         "logger": list(config.trainer.logger),
         # names verl's Tracking would refuse (its __init__ asserts each is in supported_backend)
         "logger_unsupported": [x for x in config.trainer.logger if x not in _tracking_backends()],

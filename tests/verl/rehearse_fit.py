@@ -6,17 +6,23 @@ Real: the composed config (check_verl.composed: Hydra + validate_config), verl's
 dataloaders over our parquet with RLHFDataset, fit(), _validate, advantage, metrics, the rollout and
 validation dumps, _save_checkpoint/_load_checkpoint with the dataloader state, latest_checkpointed_iteration),
 verl's RewardLoopWorker + reward manager calling our compute_score, verl's AgentLoopWorker._postprocess
-packing each rollout, and verl's DataParallelPPOActor (the actor's log-prob and policy-update code that
-the FSDP worker wraps) on a tiny real PEFT LoRA model.
+packing each rollout, and the actor: under verl 0.7.1 its DataParallelPPOActor (the log-prob and
+policy-update code the FSDP worker wraps) on a tiny real PEFT LoRA model; under verl 0.9 (engine workers, no
+dp_actor) its own engine ActorRolloutRefWorker (role "actor": init_model, compute_log_prob with and without
+the adapter, update_actor with ppo_loss, save/load_checkpoint, the FSDP2 engine's get_per_tensor_param).
 
 Stand-ins, only for what needs a GPU (named STAND-IN below):
-- StandInActorRolloutWG: the FSDP worker group (ActorRolloutRefWorker). Same methods and return values
-  (compute_log_prob / compute_ref_log_prob / update_actor / save_checkpoint / load_checkpoint), one CPU
+- StandInActorRolloutWG (0.7.1): the FSDP worker group (ActorRolloutRefWorker). Same methods and return
+  values (compute_log_prob / compute_ref_log_prob / update_actor / save_checkpoint / load_checkpoint), one CPU
   process, no FSDP; the LoRA adapter saved as verl 0.7.1 saves it (tests/verl/verl_lora.py).
-- StandInRollout: the agent-loop manager with its vLLM servers. The tiny model generates with
-  transformers' generate; every sample is scored by verl's RewardLoopWorker and packed by verl's
-  AgentLoopWorker._postprocess, as the agent loop does.
-- StandInCheckpointEngine: the weight sync to the vLLM replicas (the rollout reads the actor's module).
+- StandInEngineWG (0.9): the RayWorkerGroup's dispatch over one in-process engine worker (TensorDict in and
+  out, as 0.9.1's fit() calls it); tests/verl/cpu_platform.py stands in for the GPU platform, and the caller
+  sets actor/ref strategy fsdp2 (FSDP1 refuses a CPU module with sync_module_states).
+- StandInRollout: the agent-loop manager with its vLLM servers. A tiny model generates with transformers'
+  generate (0.7.1: the actor's module; 0.9: a replica, as vLLM holds one); every sample is scored by verl's
+  RewardLoopWorker and packed by verl's AgentLoopWorker._postprocess, as the agent loop does.
+- StandInCheckpointEngine: the weight sync to the vLLM replicas (0.9: the engine's exported adapter tensors
+  loaded into the replica, every one of them used).
 Two runs: `--steps-first` steps (stops there, as a killed job would, after its checkpoint), then a second
 trainer that resumes from the checkpoint and finishes. Writes a JSON report.
 """
@@ -43,12 +49,18 @@ def main() -> int:
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
+    import importlib.util
+
+    engine = importlib.util.find_spec("verl.workers.actor") is None  # verl 0.9: engine workers, no dp_actor
+    if engine:
+        import cpu_platform
+
+        cpu_platform.install()  # STAND-IN platform: before verl asks for one
     import numpy as np
     import torch
     import torch.distributed as dist
     import verl
     from check_verl import _vllm_free_lora_rank_check, composed
-    from peft import LoraConfig, TaskType, get_peft_model
     from transformers import AutoModelForCausalLM
     from verl import DataProto
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker, _InternalAgentLoopOutput
@@ -56,11 +68,8 @@ def main() -> int:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.utils import Role
     from verl.utils import hf_tokenizer
-    from verl.utils.config import omega_conf_to_dataclass
     from verl.utils.model import compute_position_id_with_mask
     from verl.utils.ray_utils import get_event_loop
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
-    from verl_lora import save_like_verl_071
 
     if not dist.is_initialized():
         dist.init_process_group("gloo", rank=0, world_size=1)
@@ -75,6 +84,10 @@ def main() -> int:
         """STAND-IN for verl's FSDP ActorRolloutRefWorker group: the same calls, verl's DataParallelPPOActor."""
 
         def __init__(self):
+            from peft import LoraConfig, TaskType, get_peft_model
+            from verl.utils.config import omega_conf_to_dataclass
+            from verl.workers.actor.dp_actor import DataParallelPPOActor
+
             base = AutoModelForCausalLM.from_pretrained(mcfg.path, dtype=torch.float32)
             # the LoraConfig verl 0.7.1's worker builds (fsdp_workers.py _build_model_optimizer)
             self.module = get_peft_model(base, LoraConfig(
@@ -120,6 +133,8 @@ def main() -> int:
             # the FSDP checkpoint manager's file names for one rank; our merge reads only lora_adapter/
             torch.save(self.module.state_dict(), os.path.join(local_path, "model_world_size_1_rank_0.pt"))
             torch.save(self.optimizer.state_dict(), os.path.join(local_path, "optim_world_size_1_rank_0.pt"))
+            from verl_lora import save_like_verl_071
+
             save_like_verl_071(self.module, os.path.join(local_path, "lora_adapter"))
             steps_reached.append(global_step)
 
@@ -129,14 +144,60 @@ def main() -> int:
             self.module.load_state_dict(torch.load(os.path.join(local_path, "model_world_size_1_rank_0.pt")))
             self.optimizer.load_state_dict(torch.load(os.path.join(local_path, "optim_world_size_1_rank_0.pt")))
 
+    class StandInEngineWG:
+        """STAND-IN for verl 0.9's RayWorkerGroup of engine ActorRolloutRefWorker's: one in-process worker,
+        called as the group's dispatch calls it (TensorDict in, TensorDict out). The worker is verl's own
+        (verl/workers/engine_workers.py, role "actor": the rollout is the vLLM part), with its FSDP2 engine,
+        ppo_loss, optimizer and checkpoint manager on the CPU platform stand-in."""
+
+        def __init__(self):
+            from verl.workers.engine_workers import ActorRolloutRefWorker
+
+            self.worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor")
+            self.worker.init_model()
+            self.module = self.worker.actor.engine.module
+            self.world_size = 1
+            self._dispatch_info = {"actor": [0]}
+
+        def compute_log_prob(self, data):
+            return self.worker.compute_log_prob(data)
+
+        def update_actor(self, data):
+            return self.worker.update_actor(data)
+
+        def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+            self.worker.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
+            steps_reached.append(global_step)
+
+        def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+            self.worker.load_checkpoint(local_path, hdfs_path, del_local_after_load)
+
     class StandInRollout:
         """STAND-IN for verl's AgentLoopManager + vLLM servers: transformers generate on the actor's module,
         then verl's reward loop and agent-loop packing."""
 
         def __init__(self, wg):
-            self.wg = wg
             self.reward = RewardLoopWorker(config)
             self.calls = 0
+            self.model = wg.module  # verl 0.7.1 (dp_actor): the actor's own PEFT module
+            if engine:  # verl 0.9: a replica of the policy, as vLLM holds one; StandInCheckpointEngine syncs it
+                from peft import LoraConfig, TaskType, get_peft_model
+
+                self.model = get_peft_model(
+                    AutoModelForCausalLM.from_pretrained(mcfg.path, dtype=torch.float32),
+                    LoraConfig(task_type=TaskType.CAUSAL_LM, r=mcfg.lora_rank, lora_alpha=mcfg.lora_alpha,
+                               target_modules=list(mcfg.target_modules), bias="none"))
+                self.synced = 0
+
+        def load_adapter(self, params: dict) -> None:
+            """What vLLM's LoRA load takes from the weight sync: PEFT-named adapter tensors, all of them used."""
+            from peft.utils import set_peft_model_state_dict
+
+            result = set_peft_model_state_dict(self.model, params)
+            if result.unexpected_keys:
+                raise RuntimeError(f"weight sync: {len(result.unexpected_keys)} tensors fit no LoRA slot, "
+                                   f"e.g. {result.unexpected_keys[:3]}")
+            self.synced += 1
 
         def generate_sequences(self, prompts: DataProto) -> DataProto:
             rcfg = config.actor_rollout_ref.rollout
@@ -144,7 +205,7 @@ def main() -> int:
             validate = bool(prompts.meta_info.get("validate"))
             do_sample = bool(prompts.meta_info.get("do_sample", True))
             outs = []
-            model = self.wg.module
+            model = self.model
             model.eval()
             for i in range(len(prompts)):
                 messages = list(prompts.non_tensor_batch["raw_prompt"][i])
@@ -187,15 +248,25 @@ def main() -> int:
             return 1
 
     class StandInCheckpointEngine:
-        """STAND-IN for the actor -> vLLM weight sync: the rollout generates with the actor's own module."""
+        """STAND-IN for the actor -> vLLM weight sync. verl 0.7.1: the rollout generates with the actor's own
+        module. verl 0.9: what the engine worker's update_weights sends, from the engine's own
+        get_per_tensor_param (LoRA: the adapter tensors and their peft_config), loaded into the replica."""
+
+        def __init__(self, wg, rollout):
+            self.wg, self.rollout = wg, rollout
 
         def update_weights(self, step):
-            pass
+            if not engine:
+                return
+            params, peft_config = self.wg.worker.actor.engine.get_per_tensor_param(
+                layered_summon=config.actor_rollout_ref.rollout.layered_summon, base_sync_done=True)
+            assert peft_config is not None and peft_config["r"] == mcfg.lora_rank, peft_config
+            self.rollout.load_adapter({k: v.detach().float() for k, v in params})
 
         def sleep_replicas(self):
             pass
 
-    report = {"verl": verl.__version__, "runs": []}
+    report = {"verl": verl.__version__, "worker": "engine" if engine else "dp_actor", "runs": []}
     for run in (1, 2):
         log = os.environ.get("VERL_FILE_LOGGER_PATH")
         if run == 2 and log and os.path.exists(log):  # as `llmrnn train run` does: verl's FileLogger opens "wb"
@@ -204,18 +275,19 @@ def main() -> int:
         trainer = RayPPOTrainer(config=config, tokenizer=tok,
                                 role_worker_mapping={Role.ActorRollout: object},
                                 resource_pool_manager=StandInResourcePool())
-        wg = StandInActorRolloutWG()
+        wg = StandInEngineWG() if engine else StandInActorRolloutWG()
         trainer.actor_rollout_wg = wg
         trainer.ref_policy_wg = wg
         trainer.async_rollout_manager = StandInRollout(wg)
-        trainer.checkpoint_manager = StandInCheckpointEngine()
+        trainer.checkpoint_manager = StandInCheckpointEngine(wg, trainer.async_rollout_manager)
         if run == 1 and args.stop_after:
             trainer.total_training_steps = args.stop_after  # a job killed after this step's checkpoint
         before = len(steps_reached)
         trainer.fit()
         report["runs"].append({"saved_steps": steps_reached[before:], "global_steps": trainer.global_steps,
                                "total_training_steps": trainer.total_training_steps,
-                               "rollout_calls": trainer.async_rollout_manager.calls})
+                               "rollout_calls": trainer.async_rollout_manager.calls,
+                               "weight_syncs": getattr(trainer.async_rollout_manager, "synced", None)})
         if not args.stop_after:
             break
     with open(args.out, "w", encoding="utf-8") as fh:

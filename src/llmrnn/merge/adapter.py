@@ -97,6 +97,13 @@ def resolve_adapter(path: str | Path) -> AdapterSource:
         return AdapterSource(kind, p, given, notes)
     if (p / "lora_adapter" / "adapter_config.json").is_file():
         return AdapterSource("verl_lora_adapter", p / "lora_adapter", given, notes)
+    if (p / "lora_train_meta.json").is_file() and any(FSDP_SHARD.search(f.name) for f in p.iterdir()):
+        # verl 0.9's engine checkpoint of a LoRA run: the adapter is inside the FSDP shards, no lora_adapter/
+        raise CheckFailed(
+            f"{p}: a verl 0.9 LoRA checkpoint (FSDP shards + lora_train_meta.json, no lora_adapter/); gather it "
+            f"in the verl environment with `python -m verl.model_merger merge --backend fsdp --local_dir {p} "
+            "--target_dir DIR` and merge DIR/lora_adapter"
+        )
     if any(FSDP_SHARD.search(f.name) for f in p.iterdir() if f.is_file()):
         return AdapterSource("verl_fsdp_full", p, given, notes + ["FSDP shards without lora_adapter/"])
     if (p / "config.json").is_file() and any(p.glob("*.safetensors")):

@@ -175,6 +175,9 @@ def build_overrides(
         "trainer.resume_mode": "auto",
         "trainer.default_local_dir": str(out / "checkpoints"),
         "trainer.rollout_data_dir": str(out / "rollouts"),
+        # verl dumps each validation's generations ({step}.jsonl) here when set; beside the rollouts, under the
+        # same umask 077 (patient text)
+        "trainer.validation_data_dir": str(out / "validation"),
         "trainer.logger": tracking.verl_loggers(cfg),  # console + file (metrics.jsonl) + train.report_to
         # verl logs val generations (patient text) to the trackers when this is > 0: never
         "trainer.log_val_generations": 0,
@@ -190,6 +193,11 @@ def build_overrides(
         ov["actor_rollout_ref.rollout.val_kwargs.do_sample"] = int(cfg["val_generations"]) > 1
     if cfg["total_steps"]:
         ov["trainer.total_training_steps"] = int(cfg["total_steps"])
+    if ver == "0.9":
+        # verl 0.9's main_ppo defaults to its v1 trainer, which imports TransferQueue (verl's `verl-core` extra,
+        # not in our verl environment) and runs its own loop; v0 runs RayPPOTrainer with the engine workers,
+        # the loop tests/verl/rehearse_fit.py drives on CPU
+        ov["trainer.use_v1"] = False
     # reward_kwargs is not in verl's default config: a new key needs Hydra's '+'
     # numeric_only: verl aggregates the extra keys compute_score returns, so they must be numbers
     if reward_kwargs is None:
@@ -200,7 +208,6 @@ def build_overrides(
     # override_config is an empty mapping in verl's model config: a new key needs '+'
     items.append(f"+actor_rollout_ref.model.override_config.attn_implementation={attn}")
     items += [str(x) for x in cfg["verl"]["extra_overrides"]]
-    del ver  # one key set serves 0.7-0.9 today; branch here when a release renames a key
     return items
 
 
