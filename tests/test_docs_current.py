@@ -1,20 +1,25 @@
-"""Docs that cannot go stale: every `snakemake <target>`, every `llmrnn <verb> [<sub>]` and every pointer to a
-section of a page, wherever the project shows one to a reader, names something that exists now.
+"""Docs that cannot go stale: every `snakemake <target>`, every `llmrnn <verb> [<sub>]`, every pointer to a
+section of a page and every dotted config key, wherever the project shows one to a reader, names something
+that exists now. Seconds: no workflow is loaded and no program started (the slow tests check the readers).
 
 Where: README.md, CONTRIBUTING.md, config/README.md, docs/*.md, the comments of config/ and profiles/ YAML,
-the Snakefile and rules/*.smk, and the strings and comments of src/llmrnn (the CLI's own messages).
+the Snakefile and rules/*.smk (comments and strings: the rules' shell commands), and the strings and
+comments of src/llmrnn (the CLI's own messages).
 Against what:
-  - `snakemake ...`: the rule names of Snakefile + rules/ (read from the files; the slow test below holds
-    that reading equal to Snakemake's own list for both recipes), the options of Snakemake's own parser
-    (a `--configfile` that would swallow a target, a rule with wildcards named as a target, a `--profile`
-    that is not a folder of profiles/ fail);
+  - `snakemake ...`: the rules of Snakefile + rules/ (read from the files; a slow test holds that reading
+    equal to Snakemake's own rules, wildcards too, for both recipes) and Snakemake's options (a table held
+    equal to Snakemake's own parser by a slow test): a rule that does not exist, a rule with wildcards named
+    as a target, a `--configfile` that swallows a target, a `--profile` that is no folder of profiles/;
   - `llmrnn ...`: the verbs, subcommands and options of the real CLI parser (`llmrnn.cli.build_parser`);
-  - `docs/x.md#anchor`, `README "Title"`, `CONTRIBUTING.md's "Title"`, `(README, "Title")`, config
-    `section \\`key\\``: the headings of the page, with GitHub's anchor rules; a pointer from a config,
-    rule or message to the README names its section.
-A mention inside code (a fenced block, a `code span`, a comment line that is a command, a string of the
-code) is checked in full; one in running prose only where it reads as a name (a rule name has a `_`, a
-verb is one of the CLI's), so "snakemake runs in" stays prose. Each failure names file:line.
+  - `docs/x.md#anchor`, `README "Title"`, `CONTRIBUTING.md's "Title"`, `(docs/x.md, "Title")`, and
+    "section `key`": the headings of the page, with GitHub's anchor rules; a pointer from a config,
+    rule or message to the README names its section;
+  - `qa.split.val_size`, `roles.<role>.model`: a setting of llmrnn.settings.Config;
+  - the README's DAG sketch names rules, and docs/architecture.md's glossary defines the project's words.
+A mention in code (a fenced block, a `code span`, a comment or string line that is a command with an
+option) is checked in full; one in running prose only where it reads as a name (a rule name has a `_`,
+a verb is one of the CLI's), so "snakemake runs in" and "llmrnn at that commit" stay prose. Each failure
+names file:line and the reference.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import os
 import re
 import subprocess
 import sys
+import types
+import typing
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -442,6 +449,72 @@ def diagram_problems(file: str) -> list[str]:
     return out
 
 
+# ----------------------------------------------------------------------------- config keys the docs name
+# Dotted names in a config key's spelling that are no key of ours -> whose they are.
+NOT_CONFIG_KEYS = {
+    "reward.custom_reward_function": "verl's Hydra key (llmrnn.train.verl_cmd)",
+    "reward.reward_manager": "verl's Hydra key", "reward.num_workers": "verl's Hydra key",
+    "judge.source": "a key of the rubric file (config/rubrics/)", "judge.model": "a key of the rubric file",
+}
+KEY_FILE_ENDINGS = {"py", "smk", "yaml", "yml", "json", "jsonl", "parquet", "md", "png", "tsv", "csv", "txt",
+                    "log", "html", "pt", "safetensors", "gz"}
+
+
+def key_exists(parts: list[str]) -> bool:
+    """Whether a dotted config key (`qa.split.val_size`, `models.<name>.source`, `qa.fields.*`) names a
+    setting of the models (llmrnn.settings.Config), a section or a leaf."""
+    from pydantic import BaseModel
+
+    from llmrnn.settings import Config
+
+    tp: object = Config
+    for part in parts:
+        if part == "*" or part.startswith("{"):
+            return True
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if origin is dict:  # models.<name>: any name
+            tp = args[1]
+            continue
+        if part.startswith("<") and isinstance(tp, type) and issubclass(tp, BaseModel):  # roles.<role>: any role
+            tp = next(iter(tp.model_fields.values())).annotation
+            continue
+        if not (isinstance(tp, type) and issubclass(tp, BaseModel)) or part not in tp.model_fields:
+            return False
+        tp = tp.model_fields[part].annotation
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(inner) == 1:
+            tp = inner[0]
+    return True
+
+
+@cache
+def key_pattern() -> re.Pattern:
+    from pydantic import BaseModel
+
+    from llmrnn.settings import Config
+
+    sections = [k for k, i in Config.model_fields.items()
+                if typing.get_origin(i.annotation) is dict or (isinstance(i.annotation, type)
+                                                               and issubclass(i.annotation, BaseModel))]
+    return re.compile(r"(?<![\w/.$-])(" + "|".join(sections) + r")((?:\.(?:[\w]+|<\w+>|\*|\{[\w,]+\}))+)(?![\w(/-])")
+
+
+def key_problems(items: tuple[Text, ...]) -> list[str]:
+    """A dotted config key that no setting has, in a code span of the docs or anywhere in a comment of a
+    config or profile (the code's own dotted names are modules as often as keys: not checked)."""
+    out = []
+    for t in items:
+        if not (t.code and t.file.endswith(".md") or t.file.startswith(("config/", "profiles/"))):
+            continue
+        for m in key_pattern().finditer(t.text):
+            parts = [m.group(1), *m.group(2).lstrip(".").split(".")]
+            if parts[-1] in KEY_FILE_ENDINGS or any(".".join(parts).startswith(k) for k in NOT_CONFIG_KEYS):
+                continue
+            if not key_exists(parts):
+                out.append(f"{t.where}: `{'.'.join(parts)}`: no such config key (docs/configuration.md)")
+    return out
+
+
 # ----------------------------------------------------------------------------- the checker itself
 def test_the_rule_reader_reads_names_use_rule_and_wildcards():
     files = {"a.smk": (
@@ -495,6 +568,18 @@ def test_a_stale_command_or_pointer_is_found(monkeypatch):
     assert "#no-such-anchor" in found[2] and "section `no_such_key`" in found[3]
 
 
+def test_a_key_that_no_setting_has_is_found():
+    items = (Text("docs/x.md", 1, "qa.split.val_size / split.val_size", True),
+             Text("docs/x.md", 2, "split.test_size", True),
+             Text("config/c.yaml", 3, " roles.memory.model, models.<name>.source, qa.fields.*, train.lr", False),
+             Text("config/c.yaml", 4, " the judge grades where eval.judge is on", False),
+             Text("docs/x.md", 5, "RUN/train.parquet, rules/qa.smk, train.parquet", True),
+             Text("docs/x.md", 6, "the split.val_size of the prose", False),
+             Text("src/a.py", 7, "train.config.normalize", True))
+    assert [p.split(": ")[0:2] for p in key_problems(items)] == [["docs/x.md:2", "`split.test_size`"],
+                                                                 ["config/c.yaml:4", "`eval.judge`"]]
+
+
 # ----------------------------------------------------------------------------- the project's docs
 def test_the_readers_find_the_mentions():
     """The readers see the mentions the docs hold (so an empty pass is not a vacuous one)."""
@@ -516,6 +601,24 @@ def test_every_snakemake_and_llmrnn_command_names_what_exists():
 def test_every_section_pointer_names_a_real_heading():
     problems = pointer_problems(whole_lines())
     assert not problems, "stale pointers:\n" + "\n".join(problems)
+
+
+def test_every_config_key_the_docs_name_exists():
+    problems = key_problems(texts())
+    assert not problems, "\n".join(problems)
+
+
+GLOSSARY = ["the reference", "h_ref", "pkg://", "phase b", "memory head", "judge", "outcome vs judged reward",
+            "trajectory step", "shard", "code identity", "rerun table"]
+
+
+def test_the_glossary_defines_the_projects_words():
+    """docs/architecture.md's glossary defines the words the docs and messages use without explaining."""
+    page = REPO / "docs" / "architecture.md"
+    assert "Glossary" in headings(page)
+    section = page.read_text(encoding="utf-8").split("\n## Glossary\n", 1)[1].split("\n## ", 1)[0]
+    defined = [d.replace("`", "").lower() for d in re.findall(r"^- \*\*(.+?)\*\*", section, re.MULTILINE)]
+    assert not [w for w in GLOSSARY if not any(w in d for d in defined)], defined
 
 
 def test_the_readmes_diagram_names_real_rules():
