@@ -9,7 +9,7 @@ min_version("9.0")
 
 # The embedded CPU demo is the config only when the command line names none: `--configfile F` (and a
 # profile's `configfile:`) runs F alone over the schema's defaults, never F layered on the demo.
-# Layer on the demo by naming it first: --configfile config/config.yaml F (config/README.md).
+# Layer on the demo by naming it first: --configfile config/config.yaml F (docs/configuration.md "How configs combine").
 if not workflow.config_settings.configfiles:
 
     configfile: "config/config.yaml"
@@ -34,7 +34,8 @@ report: "workflow/report/workflow.rst"
 include: "rules/common.smk"
 
 
-# Used only with --software-deployment-method apptainer (profiles/slurm: LLMRNN_SDM); see README.
+# Used only with --software-deployment-method apptainer (profiles/slurm: LLMRNN_SDM); see
+# docs/cluster.md "Software environments: gpu-env, conda, containers".
 container: workflow_container()
 
 

@@ -31,7 +31,7 @@ def test_a_hand_edit_of_a_generated_file_is_found(tmp_path):
     schema = tmp_path / render.SCHEMA_FILE
     schema.write_text(schema.read_text().replace("default: 3.0e-06", "default: 1.0e-05", 1))
     docs = tmp_path / render.DOCS_FILE
-    docs.write_text(docs.read_text().replace("| `lr` |", "| `learning_rate` |", 1))
+    docs.write_text(docs.read_text().replace("| `train.lr` |", "| `train.learning_rate` |", 1))
     assert render.stale(tmp_path) == [render.SCHEMA_FILE, render.DOCS_FILE]
     # the JSON twin Snakemake validates against is checked as well
     twin = tmp_path / render.SCHEMA_JSON_FILE

@@ -86,7 +86,9 @@ def check(config: dict, patients: list[dict] | None = None) -> tuple[list[str], 
         path = resolve_model(str(rcfg["model"]))
         if not (path / "tokenizer_config.json").is_file():
             notes.append(f"prompt length of roles.{role}: not checked, its model folder {path} is not here yet "
-                         "(rerun `llmrnn check` after `snakemake prepare_models`, or trust the run-time cap)")
+                         "(rerun `llmrnn check` once the models are prepared: "
+                         "`snakemake --until prepare_base_model prepare_judge_model` "
+                         "(with the run's --configfile/--profile); or trust the run-time cap)")
             continue
         tok_of[role] = AutoTokenizer.from_pretrained(str(path))
     visits, where = longest_visits(prompts, patients)

@@ -499,7 +499,7 @@ def _card_limits(parts: list[str], manifest: dict, synthetic: bool) -> None:
     parts.append(
         "`MANIFEST.json` beside this card records the git commit, the sha256 of the configuration and every "
         "knob in it, the sha256 of each split, the judge model and rubric hash, package versions, the merge "
-        "check and the sha256 of every model file. Re-running `snakemake --configfile <config> all` in llmrnn at "
+        "check and the sha256 of every model file. Re-running `snakemake all --configfile <config>` in llmrnn at "
         "that commit rebuilds the same pipeline.\n"
     )
 

@@ -186,7 +186,8 @@ def _type_text_of(sub: dict) -> str:
 
 
 def key_table(model: type[BaseModel], prefix: str = "") -> str:
-    """The markdown key table of one section: key, type and bounds, default, help."""
+    """The markdown key table of one section: key (its full dotted name from the top of the config, so
+    `split.val_size` and `qa.split.val_size` read as the two keys they are), type and bounds, default, help."""
     lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for key, info in _leaf_rows(model):
         default = "(required)" if info.is_required() else (
@@ -208,9 +209,9 @@ def doc_tables() -> dict[str, str]:
     for name, info in Config.model_fields.items():
         tp = info.annotation
         if isinstance(tp, type) and issubclass(tp, BaseModel):
-            tables[name] = key_table(tp)
-    tables["models"] = key_table(ModelSpec, "<name>.")
-    tables["role"] = key_table(Role, "<role>.")
+            tables[name] = key_table(tp, f"{name}.")
+    tables["models"] = key_table(ModelSpec, "models.<name>.")
+    tables["role"] = key_table(Role, "roles.<role>.")
     return tables
 
 
