@@ -64,7 +64,7 @@ class TargetNames:
 
     def __init__(self, targets: list[str]) -> None:
         names = {" ".join(n.lower().split()) for n in targets}
-        self.names = [n for n in names if sum(c.isalpha() for c in n) >= 4]
+        self.names = [n for n in names if sum(map(str.isalpha, n)) >= 4]
 
     def search(self, text: str, low: str | None = None) -> bool:
         """low: text.lower() where the caller has it."""
@@ -122,7 +122,9 @@ class Audit:
     def add_signals(self, signals: dict[str, set[str] | list[str]]) -> None:
         """Counts of sections whose signals were found elsewhere (the build's workers)."""
         for name, kinds in signals.items():
-            counter = self.by_section.setdefault(name, Counter())
+            counter = self.by_section.get(name)
+            if counter is None:  # not setdefault(name, Counter()): that builds a Counter per call
+                counter = self.by_section[name] = Counter()
             counter["visits"] += 1
             for kind in kinds:
                 counter[kind] += 1

@@ -25,7 +25,6 @@ import stat
 import sys
 import tempfile
 import zlib
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -54,9 +53,11 @@ _SURROGATE = re.compile("[\udc80-\udcff]")  # bytes that are not UTF-8, kept by 
 # read up to these many characters, then refused: a huge field inside a small gzip never fills the memory
 MAX_FIELD_CHARS = 8 << 20
 MAX_LINE_CHARS = 8 << 20
-ARROW_BLOCK = 16 << 20  # bytes pyarrow parses at a time (a row must fit in one: a longer one goes to csv_rows)
+ARROW_BLOCK = 4 << 20  # bytes pyarrow parses at a time (a row must fit in one: a longer one goes to csv_rows;
+# MIMIC-IV-Note's longest note is under 100 kB). 16 MiB blocks cost 130 MB more memory and no less time
 csv.field_size_limit(MAX_FIELD_CHARS)
 INT64 = (-(2**63), 2**63 - 1)
+_ADMITTIME = re.compile(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?")
 
 
 def tables_needed(diagnoses: str, icd_version: int | None = None) -> tuple[str, ...]:
@@ -287,7 +288,7 @@ def read_admissions(path: Path, patients: dict) -> dict[int, Admission]:
             raise InputError(f"{path}: row {row}: hadm_id: {hadm} appears twice")
         if sid not in patients:
             raise InputError(f"{path}: row {row}: subject_id: {sid} is in no row of patients")
-        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?", r["admittime"].strip()):
+        if not _ADMITTIME.fullmatch(r["admittime"].strip()):
             raise InputError(f"{path}: row {row}: admittime: {r['admittime'][:40]!r} is not a date-time "
                              "(YYYY-MM-DD HH:MM:SS)")
         try:  # the shape is right; the calendar must be too (month 13, February 30, hour 25)
@@ -346,11 +347,12 @@ class Shown:
         return high
 
 
-def note_record(text: str, shown: Shown, admitted: date | None = None) -> tuple[bytes, Counter, str | None]:
+def note_record(text: str, shown: Shown, admitted: date | None = None) -> tuple[bytes, dict[str, int], str | None]:
     """One note -> (its spool record as JSON bytes, its counts, why its target is empty or None). The
     record holds the leak audit's signals of each shown section (against the note's own target)."""
     split = sec.split_note(text)
-    counts: Counter = Counter({f"withheld_parts:{k}": v for k, v in split.withheld.items()})
+    # a plain dict: a Counter costs more to build, pickle and merge (the main process merges one per note)
+    counts = {f"withheld_parts:{k}": v for k, v in split.withheld.items()}
     counts["unknown_headers"] = split.unknown_headers
     counts["notes_with_unknown_headers"] = int(bool(split.unknown_headers))
     counts["headers_in_narrative"] = split.repeated
@@ -374,8 +376,10 @@ def _init_worker(shown: Shown) -> None:
     _WORKER_SHOWN = shown
 
 
-def _records(items: list[tuple[str, date | None]]) -> list[tuple[bytes, Counter, str | None]]:
-    return [note_record(t, _WORKER_SHOWN, a) for t, a in items]
+def _records(items: list[tuple[str, str]], shown: Shown | None = None) -> list[tuple[bytes, dict[str, int], str | None]]:
+    """(text, admittime) of notes -> their note_record (in a worker: its admission date parsed there too)."""
+    shown = shown or _WORKER_SHOWN
+    return [note_record(text, shown, _admitted(admittime)) for text, admittime in items]
 
 
 def _kept_rows(path: Path, admissions: dict[int, Admission], counts: Counts) -> Iterator[tuple[int, str, tuple]]:
@@ -400,7 +404,7 @@ def _kept_rows(path: Path, admissions: dict[int, Admission], counts: Counts) -> 
             raise InputError(f"{path}: row {row}: subject_id: {sid}, but admissions gives hadm_id {hadm} to "
                              f"subject_id {adm.subject_id}")
         seq = _int(path, row, "note_seq", r["note_seq"]) if r["note_seq"].strip() else 0
-        yield hadm, (r["text"], _admitted(adm.admittime)), (r["note_type"].strip().upper() != "DS", seq, note_id)
+        yield hadm, (r["text"], adm.admittime), (r["note_type"].strip().upper() != "DS", seq, note_id)
 
 
 def stream_notes(path: Path, admissions: dict[int, Admission], spool, counts: Counts, shown: Shown,
@@ -427,14 +431,14 @@ def stream_notes(path: Path, admissions: dict[int, Admission], spool, counts: Co
                 if chosen[hadm][0] <= key:
                     continue
             for k, v in note_counts.items():
-                counts.add(k, v)
+                counts[k] = counts.get(k, 0) + v
             offset = spool.tell()
             spool.write(data)
             chosen[hadm] = (key, offset, len(data), why)
 
     if workers <= 1:
         for batch in batches():
-            take(batch, [note_record(text, shown, admitted) for _, (text, admitted), _ in batch])
+            take(batch, _records([item for _, item, _ in batch], shown))
     else:
         import multiprocessing as mp
 
@@ -526,7 +530,7 @@ def _patient_json(sid: int, hadms: list[int], chosen, spool, patients, icd, cove
         spool.seek(offset)
         record = json.loads(spool.read(length).decode("utf-8", "surrogatepass"))
         for name in record["has"]:
-            coverage.add(name)
+            coverage[name] = coverage.get(name, 0) + 1
         signals = record["signals"]
         if icd is None:
             names = record["diagnosis"]
