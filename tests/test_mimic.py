@@ -373,6 +373,45 @@ def test_procedures_and_hospital_course_are_shown_only_in_reference_mode(tmp_pat
     assert ref_report["shown_sections"]["hospital_course"].startswith("HIGH")
 
 
+def test_reference_mode_prompts_show_the_course_and_every_result(tmp_path):
+    """The prompts, not only the cohort: in reference mode the prediction prompt and the memory update (the
+    policy's training prompt) show the hospital course, the procedures and the results whole, as the
+    reference's did; in the default mode neither shows any text written during the stay."""
+    from llmrnn.check import check_shown_sections
+
+    _write_tables(tmp_path, [("a", 10, 100, 1, SURGICAL), ("b", 10, 101, 1, MEDICINE)])
+    _, cohort, _, _ = _build(tmp_path, tmp_path)
+    _, ref, _, _ = _build(tmp_path / "ref", tmp_path, {"mode": "reference"})
+    prompts = load_prompts(REPO / "config/prompts/llmrnn.yaml")
+
+    def rendered(visit: dict) -> str:
+        x = prompts.render_visit(visit)
+        values = {"memory": "none", "visit": x, "visit_number": 1, "prediction": "[]", "evaluation": "{}",
+                  "missed_diagnoses": ""}
+        return json.dumps(prompts.prediction.messages(values) + prompts.memory_update.policy_messages(values))
+
+    surgical, medicine = (rendered(v) for v in ref[0]["visits"][::-1])  # SURGICAL was admitted later
+    for leak in ("HOSPITAL COURSE: Mr. ___ was admitted to the surgical service and taken to the OR LEAK7",
+                 "PROCEDURES: ___: Laparoscopic appendectomy LEAK1", "LEAK3", "IMAGING: CT abd/pelvis", "LEAK4"):
+        assert surgical.count(leak) == 2, leak  # in the prediction prompt and in the memory update
+    assert "PERTINENT RESULTS: ___ 09:45PM BLOOD proBNP-12450*" in medicine and "ECHO ___: LVEF 20% LEAK26" in medicine
+    assert all("LEAK" not in rendered(v) for v in cohort[0]["visits"])
+    reference = {"cohort": {"source": "mimic_iv", "mimic_iv": {"hosp": str(tmp_path / "hosp"),
+                                                               "note": str(tmp_path / "note"), "mode": "reference"}}}
+    assert check_shown_sections(reference) == []
+    demo = {**reference, "prompts": {"file": str(REPO / "config/prompts/demo.yaml")}}
+    assert check_shown_sections(demo) == [
+        (f"prompts.file: {REPO}/config/prompts/demo.yaml: visit_sections lacks procedures, hospital_course, "
+        "pertinent_results, which cohort.mimic_iv.mode reference shows: the prompts would not show them; add them "
+        "to visit_sections")]
+    chosen = {"cohort": {**reference["cohort"], "mimic_iv": {**reference["cohort"]["mimic_iv"], "mode": "admission_time",
+                                                             "sections": ["chief_complaint", "hospital_course"]}},
+              "prompts": demo["prompts"]}
+    assert "lacks hospital_course, which cohort.mimic_iv.sections lists" in check_shown_sections(chosen)[0]
+    assert check_shown_sections({**demo, "cohort": {**demo["cohort"], "mimic_iv": {
+        **demo["cohort"]["mimic_iv"], "mode": "admission_time"}}}) == []  # the demo shows two sections by choice
+
+
 def test_target_is_the_top_level_discharge_diagnosis_cleaned():
     """Class 4: not the pathology report's DIAGNOSIS:, no list labels or rules as names, Discharge Dx:."""
     s = sections.split_note(SURGICAL)
