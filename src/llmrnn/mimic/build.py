@@ -35,7 +35,7 @@ from typing import Any
 from llmrnn import io
 from llmrnn.errors import InputError
 from llmrnn.mimic import sections as sec
-from llmrnn.mimic.audit import Audit, target_pattern, visit_signals
+from llmrnn.mimic.audit import Audit, possible_rules, target_pattern, visit_signals
 from llmrnn.settings import section_defaults
 
 # file -> (folder key, required columns)
@@ -360,11 +360,13 @@ def note_record(text: str, shown: Shown, admitted: date | None = None) -> tuple[
     names, why = sec.diagnosis_target(split.sections.get("discharge_diagnosis"))
     kept = {k: body[k] for k in shown.sections if body.get(k)}
     pattern = target_pattern(names)
+    lows = {k: v.lower() for k, v in kept.items() if v.strip()}
+    rules = possible_rules(lows.values())
     record = {"allergies": split.sections.get("allergies") or None,
               "sections": {k: body[k] for k in shown.sections if k in body},
               "diagnosis": names,
               "has": sorted(split.sections),
-              "signals": {k: sorted(visit_signals(v, pattern, admitted)) for k, v in kept.items() if v.strip()}}
+              "signals": {k: sorted(visit_signals(kept[k], pattern, admitted, rules, low)) for k, low in lows.items()}}
     return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass"), counts, why
 
 
