@@ -500,6 +500,23 @@ def test_workers_do_not_change_the_cohort(tmp_path):
     assert one == two and r1 == r2 | {"settings": r1["settings"]}
 
 
+def test_each_patient_line_is_what_json_dumps_writes(tmp_path):
+    """The main process composes a patient's line from the lines the workers encoded: it must be exactly
+    json.dumps of the record (quotes, backslashes, tabs, accents, a null allergy and sex)."""
+    odd = MEDICINE.replace("Shortness of breath", 'Shortness of "breath" \\ caf\u00e9\tnow').replace(
+        " \nAllergies: \nSulfa (Sulfonamide Antibiotics)\n", "")
+    _write_tables(tmp_path, [("a", 10, 100, 1, odd), ("b", 10, 101, 1, SURGICAL)], patients=[(10, "", 70)])
+    rc, cohort, _, out = _build(tmp_path, tmp_path)
+    text = Path(out).read_text(encoding="utf-8")
+    assert rc == 0 and text.startswith("[\n") and text.endswith("\n]\n")
+    lines = text[2:-3].split(",\n")
+    assert len(lines) == len(cohort) == 1
+    assert lines[0] == json.dumps(cohort[0], ensure_ascii=False)
+    visit = cohort[0]["visits"][1]
+    assert visit["sex"] is None and visit["allergies"] is None
+    assert visit["clinical_sections"]["chief_complaint"] == 'Shortness of "breath" \\ caf\u00e9\tnow'
+
+
 def test_audit_counts_discharge_time_signals_per_section(tmp_path, capsys):
     _write_tables(tmp_path, [("a", 10, 100, 1, SURGICAL), ("b", 10, 101, 1, MEDICINE)])
     rc, _, ref_report, ref_out = _build(tmp_path / "ref", tmp_path, {"mode": "reference"})

@@ -362,12 +362,14 @@ def note_record(text: str, shown: Shown, admitted: date | None = None) -> tuple[
     pattern = target_pattern(names)
     lows = {k: v.lower() for k, v in kept.items() if v.strip()}
     rules = possible_rules(lows.values())
-    record = {"allergies": split.sections.get("allergies") or None,
-              "sections": {k: body[k] for k in shown.sections if k in body},
-              "diagnosis": names,
-              "has": sorted(split.sections),
-              "signals": {k: sorted(visit_signals(kept[k], pattern, admitted, rules, low)) for k, low in lows.items()}}
-    return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass"), counts, why
+    meta = {"allergies": split.sections.get("allergies") or None,
+            "has": sorted(split.sections),
+            "signals": {k: sorted(visit_signals(kept[k], pattern, admitted, rules, low)) for k, low in lows.items()}}
+    # the visit's clinical_sections as the cohort writes them (the note's target), encoded here in the worker:
+    # the main process copies this line into the cohort (json escapes every newline, so it is one line)
+    clinical = {"discharge_diagnosis": sec.numbered(names), **{k: body[k] for k in shown.sections if k in body}}
+    return ((json.dumps(meta, ensure_ascii=False) + "\n" + json.dumps(clinical, ensure_ascii=False) + "\n")
+            .encode("utf-8", "surrogatepass"), counts, why)
 
 
 _WORKER_SHOWN: Shown | None = None
@@ -526,34 +528,38 @@ def _admitted(admittime: str) -> date | None:
 
 def _patient_json(sid: int, hadms: list[int], chosen, spool, patients, icd, coverage: Counts, targets: Counts,
                   leak: Audit) -> str:
+    """The patient's line of the cohort: what json.dumps of its record writes, composed from the lines the
+    workers encoded (json's ", " and ": " separators, ensure_ascii off), decoding only the small meta line."""
     visits = []
+    sex = json.dumps(patients[sid][0] or None, ensure_ascii=False)
     for number, hadm in enumerate(hadms, 1):
         _, offset, length, why = chosen[hadm]
         spool.seek(offset)
-        record = json.loads(spool.read(length).decode("utf-8", "surrogatepass"))
-        for name in record["has"]:
+        meta_line, clinical = spool.read(length).decode("utf-8", "surrogatepass").rstrip("\n").split("\n", 1)
+        meta = json.loads(meta_line)
+        for name in meta["has"]:
             coverage[name] = coverage.get(name, 0) + 1
-        signals = record["signals"]
-        if icd is None:
-            names = record["diagnosis"]
-        else:  # the audit's target_verbatim against the icd titles, not the note's section
+        signals = meta["signals"]
+        if icd is not None:  # the icd titles are the target; the audit's target_verbatim is against them
+            sections = json.loads(clinical)
+            del sections["discharge_diagnosis"]
             names = icd.get(hadm, [])
             why = None if names else "no diagnoses_icd row"
             pattern = target_pattern(names)
             for name, kinds in signals.items():
                 kinds[:] = [k for k in kinds if k not in ("target_verbatim", "any")]
-                if pattern is not None and pattern.search(record["sections"][name]):
+                if pattern is not None and pattern.search(sections[name]):
                     kinds.append("target_verbatim")
                 if kinds:
                     kinds.append("any")
+            clinical = json.dumps({"discharge_diagnosis": sec.numbered(names), **sections}, ensure_ascii=False)
         targets.add("visits")
         if why:
             targets.add(f"empty: {why}")
         leak.add_signals(signals)
-        visits.append({"visit_id": hadm, "visit_number": number, "sex": patients[sid][0] or None,
-                       "allergies": record["allergies"],
-                       "clinical_sections": {"discharge_diagnosis": sec.numbered(names), **record["sections"]}})
-    return json.dumps({"subject_id": sid, "visits": visits}, ensure_ascii=False)  # one line: json's C encoder
+        visits.append(f'{{"visit_id": {hadm}, "visit_number": {number}, "sex": {sex}, '
+                      f'"allergies": {json.dumps(meta["allergies"], ensure_ascii=False)}, "clinical_sections": {clinical}}}')
+    return f'{{"subject_id": {sid}, "visits": [{", ".join(visits)}]}}'
 
 
 def build(hosp: str | Path, note: str | Path, out: str | Path, report: str | Path, cfg: dict | None = None
