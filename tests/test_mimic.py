@@ -495,9 +495,10 @@ def test_selection_settings_sample_and_filter_patients(tmp_path):
 
 def test_workers_do_not_change_the_cohort(tmp_path):
     _many(tmp_path, 40)
-    _, one, r1, _ = _build(tmp_path / "a", tmp_path, {"workers": 1})
-    _, two, r2, _ = _build(tmp_path / "b", tmp_path, {"workers": 2})
+    _, one, r1, out1 = _build(tmp_path / "a", tmp_path, {"workers": 1})
+    _, two, r2, out2 = _build(tmp_path / "b", tmp_path, {"workers": 2})
     assert one == two and r1 == r2 | {"settings": r1["settings"]}
+    assert Path(out1).read_bytes() == Path(out2).read_bytes()  # byte for byte, not only the same JSON
 
 
 def test_each_patient_line_is_what_json_dumps_writes(tmp_path):
