@@ -373,6 +373,45 @@ def test_procedures_and_hospital_course_are_shown_only_in_reference_mode(tmp_pat
     assert ref_report["shown_sections"]["hospital_course"].startswith("HIGH")
 
 
+def test_reference_mode_prompts_show_the_course_and_every_result(tmp_path):
+    """The prompts, not only the cohort: in reference mode the prediction prompt and the memory update (the
+    policy's training prompt) show the hospital course, the procedures and the results whole, as the
+    reference's did; in the default mode neither shows any text written during the stay."""
+    from llmrnn.check import check_shown_sections
+
+    _write_tables(tmp_path, [("a", 10, 100, 1, SURGICAL), ("b", 10, 101, 1, MEDICINE)])
+    _, cohort, _, _ = _build(tmp_path, tmp_path)
+    _, ref, _, _ = _build(tmp_path / "ref", tmp_path, {"mode": "reference"})
+    prompts = load_prompts(REPO / "config/prompts/llmrnn.yaml")
+
+    def rendered(visit: dict) -> str:
+        x = prompts.render_visit(visit)
+        values = {"memory": "none", "visit": x, "visit_number": 1, "prediction": "[]", "evaluation": "{}",
+                  "missed_diagnoses": ""}
+        return json.dumps(prompts.prediction.messages(values) + prompts.memory_update.policy_messages(values))
+
+    surgical, medicine = (rendered(v) for v in ref[0]["visits"][::-1])  # SURGICAL was admitted later
+    for leak in ("HOSPITAL COURSE: Mr. ___ was admitted to the surgical service and taken to the OR LEAK7",
+                 "PROCEDURES: ___: Laparoscopic appendectomy LEAK1", "LEAK3", "IMAGING: CT abd/pelvis", "LEAK4"):
+        assert surgical.count(leak) == 2, leak  # in the prediction prompt and in the memory update
+    assert "PERTINENT RESULTS: ___ 09:45PM BLOOD proBNP-12450*" in medicine and "ECHO ___: LVEF 20% LEAK26" in medicine
+    assert all("LEAK" not in rendered(v) for v in cohort[0]["visits"])
+    reference = {"cohort": {"source": "mimic_iv", "mimic_iv": {"hosp": str(tmp_path / "hosp"),
+                                                               "note": str(tmp_path / "note"), "mode": "reference"}}}
+    assert check_shown_sections(reference) == []
+    demo = {**reference, "prompts": {"file": str(REPO / "config/prompts/demo.yaml")}}
+    assert check_shown_sections(demo) == [
+        (f"prompts.file: {REPO}/config/prompts/demo.yaml: visit_sections lacks procedures, hospital_course, "
+        "pertinent_results, which cohort.mimic_iv.mode reference shows: the prompts would not show them; add them "
+        "to visit_sections")]
+    chosen = {"cohort": {**reference["cohort"], "mimic_iv": {**reference["cohort"]["mimic_iv"], "mode": "admission_time",
+                                                             "sections": ["chief_complaint", "hospital_course"]}},
+              "prompts": demo["prompts"]}
+    assert "lacks hospital_course, which cohort.mimic_iv.sections lists" in check_shown_sections(chosen)[0]
+    assert check_shown_sections({**demo, "cohort": {**demo["cohort"], "mimic_iv": {
+        **demo["cohort"]["mimic_iv"], "mode": "admission_time"}}}) == []  # the demo shows two sections by choice
+
+
 def test_target_is_the_top_level_discharge_diagnosis_cleaned():
     """Class 4: not the pathology report's DIAGNOSIS:, no list labels or rules as names, Discharge Dx:."""
     s = sections.split_note(SURGICAL)
@@ -456,9 +495,27 @@ def test_selection_settings_sample_and_filter_patients(tmp_path):
 
 def test_workers_do_not_change_the_cohort(tmp_path):
     _many(tmp_path, 40)
-    _, one, r1, _ = _build(tmp_path / "a", tmp_path, {"workers": 1})
-    _, two, r2, _ = _build(tmp_path / "b", tmp_path, {"workers": 2})
+    _, one, r1, out1 = _build(tmp_path / "a", tmp_path, {"workers": 1})
+    _, two, r2, out2 = _build(tmp_path / "b", tmp_path, {"workers": 2})
     assert one == two and r1 == r2 | {"settings": r1["settings"]}
+    assert Path(out1).read_bytes() == Path(out2).read_bytes()  # byte for byte, not only the same JSON
+
+
+def test_each_patient_line_is_what_json_dumps_writes(tmp_path):
+    """The main process composes a patient's line from the lines the workers encoded: it must be exactly
+    json.dumps of the record (quotes, backslashes, tabs, accents, a null allergy and sex)."""
+    odd = MEDICINE.replace("Shortness of breath", 'Shortness of "breath" \\ caf\u00e9\tnow').replace(
+        " \nAllergies: \nSulfa (Sulfonamide Antibiotics)\n", "")
+    _write_tables(tmp_path, [("a", 10, 100, 1, odd), ("b", 10, 101, 1, SURGICAL)], patients=[(10, "", 70)])
+    rc, cohort, _, out = _build(tmp_path, tmp_path)
+    text = Path(out).read_text(encoding="utf-8")
+    assert rc == 0 and text.startswith("[\n") and text.endswith("\n]\n")
+    lines = text[2:-3].split(",\n")
+    assert len(lines) == len(cohort) == 1
+    assert lines[0] == json.dumps(cohort[0], ensure_ascii=False)
+    visit = cohort[0]["visits"][1]
+    assert visit["sex"] is None and visit["allergies"] is None
+    assert visit["clinical_sections"]["chief_complaint"] == 'Shortness of "breath" \\ caf\u00e9\tnow'
 
 
 def test_audit_counts_discharge_time_signals_per_section(tmp_path, capsys):

@@ -112,3 +112,53 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, capsys, small_disk
     assert rc != 0 and "Traceback" not in "\n".join(err)
     assert err and f"{small_disk}: no space left on the device while building the cohort" in err[-1], err
     assert not list(small_disk.iterdir())
+
+
+# the note file is read by pyarrow; Python's csv module (build.csv_rows) is the rule it must agree with
+READER_CASES = {
+    "crlf, quotes and an accent": NOTE_HEADER[:-1] + b'\r\na,1,2,DS,1,,,"line1\r\nline2 ""q"" \xc3\xa9"\r\n'
+                                  b"b,1,3,DS,2,x,y,plain\r\n",
+    "bom, blank line inside a note, no last newline": b"\xef\xbb\xbf" + NOTE_HEADER + b'a,1,2,DS,1,,,"x\n\ny"\n'
+                                                      b'b,1,3,DS,2,,,""',
+    "bare carriage returns": NOTE_HEADER[:-1] + b'\ra,1,2,DS,1,,,"x\ry"\rb,1,3,DS,2,,,z\r',
+    "a quote inside an unquoted field": NOTE_HEADER + b'a,1,2,DS,1,,,ab"c\nb,1,3,DS,2,,,"ab"c\n',
+    "spaces around quotes": NOTE_HEADER + b'a,1,2,DS,1,,, "q" \nb,1,3,DS,2,,,"t" \n',
+    "an empty line at the end": NOTE_HEADER + b"a,1,2,DS,1,,,x\n\n",
+    "an empty line between notes": NOTE_HEADER + b"a,1,2,DS,1,,,x\n\nb,1,3,DS,2,,,z\n",
+    "a short row": NOTE_HEADER + b"a,1,2,DS,1,,,x\nb,1,3,DS\n",
+    "a NUL in a column the build does not read": NOTE_HEADER + b"a,1,2,DS,1,\x00,,x\n",
+    "not UTF-8 in the second block": NOTE_HEADER + b"a,1,2,DS,1,,,x\n" * 3 + b'b,1,3,DS,2,,,"caf\xe9"\n',
+}
+
+
+def _read(reader, path: Path):
+    from llmrnn.errors import InputError
+
+    try:
+        return list(reader(path, "discharge"))
+    except InputError as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize("block", [64, 1 << 20])  # 64 bytes: several blocks, the hand-over from any row
+@pytest.mark.parametrize("case", sorted(READER_CASES))
+def test_the_arrow_reader_gives_what_pythons_csv_module_gives(tmp_path, monkeypatch, case, block):
+    from llmrnn.mimic import build
+
+    monkeypatch.setattr(build, "ARROW_BLOCK", block)
+    path = tmp_path / "discharge.csv.gz"
+    path.write_bytes(gzip.compress(READER_CASES[case]))
+    assert _read(build.rows, path) == _read(build.csv_rows, path)
+
+
+def test_well_formed_notes_are_read_by_arrow_alone(tmp_path, monkeypatch):
+    """The fast path is taken: Python's reader is never asked for a well-formed file (BOM and CRLF too)."""
+    from llmrnn.mimic import build
+
+    path = tmp_path / "discharge.csv.gz"
+    data = READER_CASES["crlf, quotes and an accent"]
+    path.write_bytes(gzip.compress(b"\xef\xbb\xbf" + data))
+    expected = list(build.csv_rows(path, "discharge"))
+    monkeypatch.setattr(build, "csv_rows", lambda *a, **k: pytest.fail("handed over to csv_rows"))
+    got = list(build.rows(path, "discharge"))
+    assert got == expected and got[0][1]["text"] == 'line1\r\nline2 "q" \u00e9'

@@ -23,7 +23,7 @@ from llmrnn.check.gpus import check_engine_budget, check_gpu_stack
 from llmrnn.check.judge import check_judge
 from llmrnn.check.models import chat_template_problem, check_models, hub_problem
 from llmrnn.check.outside import check_env_names, check_external_endpoints, check_upload
-from llmrnn.check.prompts import check_prompt_lengths
+from llmrnn.check.prompts import check_prompt_lengths, check_shown_sections
 from llmrnn.check.reward import check_custom_reward
 from llmrnn.check.slurm import (
     PROFILE_GPU_DEFAULTS,
@@ -36,7 +36,7 @@ from llmrnn.check.training import check_attention, check_training, check_verl_co
 __all__ = ["CHECKS", "PROFILE_GPU_DEFAULTS", "RECIPE_ONLY", "SMOKE_COMMAND", "VALUE_ERRORS", "chat_template_problem",
            "check_attention", "check_cohort", "check_custom_reward", "check_engine_budget", "check_env_names", "check_external_endpoints",
            "check_gpu_stack", "check_judge", "check_models", "check_partition_time", "check_profile_gpus", "check_prompt_lengths",
-           "check_qa_data", "check_training", "check_upload", "check_verl_command", "compose_verl", "hub_problem",
+           "check_qa_data", "check_shown_sections", "check_training", "check_upload", "check_verl_command", "compose_verl", "hub_problem",
            "load_config", "register", "run_checks", "smoke_advice", "withhold_ids"]
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
     ("own reward", check_custom_reward),
     ("training", check_training),
     ("prompt length", check_prompt_lengths),
+    ("shown sections", check_shown_sections),
     ("gpu memory", check_engine_budget),
     ("gpu stack", check_gpu_stack),
     ("slurm time limits", check_partition_time),

@@ -31,3 +31,37 @@ def check_prompt_lengths(config: dict) -> list[str]:
         log.warning("check: %s", note)
         skip(note.replace(": not checked, its model folder", ": its model folder").split(" (rerun")[0])
     return problems
+
+
+def check_shown_sections(config: dict) -> list[str]:
+    """A cohort built from notes shows its sections only where the prompts file lists them: reference
+    mode exists to show the hospital course, procedures and every result (the reference's leak), and a
+    `sections` list is a choice; either silently dropped by `visit_sections` would measure nothing."""
+    from llmrnn.errors import LlmrnnError
+    from llmrnn.prompts import load_prompts
+    from llmrnn.runconfig import filled
+    from llmrnn.settings.workflow import ADMISSION_TIME, MODES
+
+    if config.get("recipe") == "qa":
+        return []
+    cohort = filled("cohort", config.get("cohort"))
+    if cohort["source"] != "mimic_iv":
+        return []
+    mimic = cohort["mimic_iv"]
+    if mimic.get("sections") is not None:
+        why, wanted = "cohort.mimic_iv.sections lists", list(mimic["sections"])
+    elif mimic.get("mode") == "reference":
+        why = "cohort.mimic_iv.mode reference shows"
+        wanted = [s for s in MODES["reference"] if s not in ADMISSION_TIME] + ["pertinent_results"]
+    else:
+        return []
+    file = filled("prompts", config.get("prompts"))["file"]
+    try:
+        listed = load_prompts(file).visit_sections
+    except LlmrnnError:
+        return []  # the prompt-length check names the bad file
+    if missing := [s for s in wanted if s not in listed]:
+        return [(f"prompts.file: {file}: visit_sections lacks {', '.join(missing)}, which {why}: the prompts would "
+                f"not show {'it' if len(missing) == 1 else 'them'}; add {'it' if len(missing) == 1 else 'them'} "
+                "to visit_sections")]
+    return []

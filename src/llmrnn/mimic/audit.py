@@ -64,7 +64,7 @@ class TargetNames:
 
     def __init__(self, targets: list[str]) -> None:
         names = {" ".join(n.lower().split()) for n in targets}
-        self.names = [n for n in names if sum(c.isalpha() for c in n) >= 4]
+        self.names = [n for n in names if sum(map(str.isalpha, n)) >= 4]
 
     def search(self, text: str, low: str | None = None) -> bool:
         """low: text.lower() where the caller has it."""
@@ -88,12 +88,27 @@ def target_pattern(targets: list[str]) -> TargetNames | None:
     return found if found.names else None
 
 
-def visit_signals(text: str, targets: list[str] | TargetNames | None, admitted: date | None = None) -> set[str]:
-    """The signal kinds one section's text holds (see the module docstring)."""
-    low = text.lower()
-    found = set()
+def possible_rules(lows) -> tuple[str, ...]:
+    """The rules whose literals occur in any of these lower-cased texts: one pass over a visit's sections
+    joined, not one per section (most sections hold no literal of most rules)."""
+    joined = "\x00".join(lows)  # no literal holds a NUL: none matches across two sections
+    found = []
     for name, (keys, _) in SIGNAL_RULES.items():
-        for key in keys:  # a plain loop: a generator per rule costs more than the searches
+        for key in keys:
+            if key in joined:
+                found.append(name)
+                break
+    return tuple(found)
+
+
+def visit_signals(text: str, targets: list[str] | TargetNames | None, admitted: date | None = None,
+                  rules: tuple[str, ...] | None = None, low: str | None = None) -> set[str]:
+    """The signal kinds one section's text holds (see the module docstring). rules: only these can fire
+    (possible_rules of the visit's sections); low: text.lower() where the caller has it."""
+    low = text.lower() if low is None else low
+    found = set()
+    for name in SIGNAL_RULES if rules is None else rules:
+        for key in SIGNAL_RULES[name][0]:  # a plain loop: a generator per rule costs more than the searches
             if key in low:
                 if SIGNALS[name].search(low):
                     found.add(name)
@@ -122,7 +137,9 @@ class Audit:
     def add_signals(self, signals: dict[str, set[str] | list[str]]) -> None:
         """Counts of sections whose signals were found elsewhere (the build's workers)."""
         for name, kinds in signals.items():
-            counter = self.by_section.setdefault(name, Counter())
+            counter = self.by_section.get(name)
+            if counter is None:  # not setdefault(name, Counter()): that builds a Counter per call
+                counter = self.by_section[name] = Counter()
             counter["visits"] += 1
             for kind in kinds:
                 counter[kind] += 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import errno
+import functools
 import gzip
 import json
 import os
@@ -24,7 +25,6 @@ import stat
 import sys
 import tempfile
 import zlib
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -35,7 +35,7 @@ from typing import Any
 from llmrnn import io
 from llmrnn.errors import InputError
 from llmrnn.mimic import sections as sec
-from llmrnn.mimic.audit import Audit, target_pattern, visit_signals
+from llmrnn.mimic.audit import Audit, possible_rules, target_pattern, visit_signals
 from llmrnn.settings import section_defaults
 
 # file -> (folder key, required columns)
@@ -53,8 +53,11 @@ _SURROGATE = re.compile("[\udc80-\udcff]")  # bytes that are not UTF-8, kept by 
 # read up to these many characters, then refused: a huge field inside a small gzip never fills the memory
 MAX_FIELD_CHARS = 8 << 20
 MAX_LINE_CHARS = 8 << 20
+ARROW_BLOCK = 4 << 20  # bytes pyarrow parses at a time (a row must fit in one: a longer one goes to csv_rows;
+# MIMIC-IV-Note's longest note is under 100 kB). 16 MiB blocks cost 130 MB more memory and no less time
 csv.field_size_limit(MAX_FIELD_CHARS)
 INT64 = (-(2**63), 2**63 - 1)
+_ADMITTIME = re.compile(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?")
 
 
 def tables_needed(diagnoses: str, icd_version: int | None = None) -> tuple[str, ...]:
@@ -147,11 +150,68 @@ def folder_problems(hosp: str | Path, note: str | Path, diagnoses: str = "note",
             if (p := header_problem(path, t))]
 
 
-def rows(path: Path, table: str, locate_bad_text: bool = False) -> Iterator[tuple[int, dict[str, str]]]:
+def rows(path: Path, table: str) -> Iterator[tuple[int, dict[str, str]]]:
     """(1-based data row, {column: value}) of a table, streamed; a bad file is one InputError line.
-    locate_bad_text: yield nothing, raise at the first field that is not UTF-8 (after a strict pass failed)."""
+    Read by pyarrow's CSV reader (C++, a block of ARROW_BLOCK bytes at a time): Python's csv module cost
+    more than splitting the notes. Python's reader (csv_rows) stays the rule: where arrow fails or a block
+    holds anything csv_rows would refuse (a NUL byte, a field or row past the limits), csv_rows takes over
+    from the first row not yet yielded, so the values and every error line are csv_rows's."""
     if problem := header_problem(path, table):
         raise InputError(problem)
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+
+    header = _header(path)
+    done = 0
+    if len(set(header)) == len(header) and not any(c in "".join(header) for c in "\r\n\x00"):
+        names = list(TABLES[table][1])
+        try:
+            reader = pacsv.open_csv(
+                path, read_options=pacsv.ReadOptions(column_names=header, skip_rows=1, block_size=ARROW_BLOCK),
+                parse_options=pacsv.ParseOptions(newlines_in_values=True, ignore_empty_lines=False),
+                convert_options=pacsv.ConvertOptions(column_types=dict.fromkeys(header, pa.string()),
+                                                     strings_can_be_null=False, check_utf8=True))
+            with reader:
+                for batch in reader:
+                    if not batch.num_rows:
+                        continue
+                    row_bytes = pc.min_max(functools.reduce(pc.add, [pc.binary_length(c) for c in batch.columns]))
+                    if (row_bytes["min"].as_py() == 0  # an empty line: arrow reads a row of empty fields
+                            or row_bytes["max"].as_py() > min(MAX_FIELD_CHARS, MAX_LINE_CHARS)
+                            or any(_has_nul(c) for c in batch.columns)):
+                        break  # csv_rows names it (or reads on, where bytes overcount characters)
+                    columns = [batch.column(c).to_pylist() for c in names]
+                    for values in zip(*columns):
+                        done += 1
+                        yield done, dict(zip(names, values))
+                else:
+                    return
+        except (pa.ArrowException, ValueError, OSError, EOFError, zlib.error):
+            pass  # csv_rows reads the rest and names the problem
+    for row_no, r in csv_rows(path, table):
+        if row_no > done:
+            yield row_no, r
+
+
+def _has_nul(column) -> bool:
+    """Whether a string column's data holds a NUL byte (numpy over the data buffers: a substring kernel is
+    ~40x slower)."""
+    import numpy as np
+
+    return any(np.count_nonzero(data) != len(data) for chunk in getattr(column, "chunks", [column])
+               if (data := np.frombuffer(chunk.buffers()[2] or b"", np.uint8)).size)
+
+
+def _header(path: Path) -> list[str]:
+    raw, text = _open(path, errors="surrogateescape")
+    with raw, text:
+        return next(csv.reader(_lines(text)))
+
+
+def csv_rows(path: Path, table: str, locate_bad_text: bool = False) -> Iterator[tuple[int, dict[str, str]]]:
+    """rows() by Python's csv module: the reader whose values and error lines are the rule.
+    locate_bad_text: yield nothing, raise at the first field that is not UTF-8 (after a strict pass failed)."""
     row_no = 0
     try:
         raw, text = _open(path, errors="surrogateescape" if locate_bad_text else "strict")
@@ -174,7 +234,7 @@ def rows(path: Path, table: str, locate_bad_text: bool = False) -> Iterator[tupl
                 yield row_no, {c: values[i] for c, i in index.items()}
     except UnicodeDecodeError:
         # strict decoding is fast but knows only a byte offset: a second pass names the row and field
-        for _ in rows(path, table, locate_bad_text=True):
+        for _ in csv_rows(path, table, locate_bad_text=True):
             pass
         raise InputError(f"{path}: row {row_no + 1}: not UTF-8 text") from None
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
@@ -228,7 +288,7 @@ def read_admissions(path: Path, patients: dict) -> dict[int, Admission]:
             raise InputError(f"{path}: row {row}: hadm_id: {hadm} appears twice")
         if sid not in patients:
             raise InputError(f"{path}: row {row}: subject_id: {sid} is in no row of patients")
-        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?", r["admittime"].strip()):
+        if not _ADMITTIME.fullmatch(r["admittime"].strip()):
             raise InputError(f"{path}: row {row}: admittime: {r['admittime'][:40]!r} is not a date-time "
                              "(YYYY-MM-DD HH:MM:SS)")
         try:  # the shape is right; the calendar must be too (month 13, February 30, hour 25)
@@ -287,11 +347,12 @@ class Shown:
         return high
 
 
-def note_record(text: str, shown: Shown, admitted: date | None = None) -> tuple[bytes, Counter, str | None]:
+def note_record(text: str, shown: Shown, admitted: date | None = None) -> tuple[bytes, dict[str, int], str | None]:
     """One note -> (its spool record as JSON bytes, its counts, why its target is empty or None). The
     record holds the leak audit's signals of each shown section (against the note's own target)."""
     split = sec.split_note(text)
-    counts: Counter = Counter({f"withheld_parts:{k}": v for k, v in split.withheld.items()})
+    # a plain dict: a Counter costs more to build, pickle and merge (the main process merges one per note)
+    counts = {f"withheld_parts:{k}": v for k, v in split.withheld.items()}
     counts["unknown_headers"] = split.unknown_headers
     counts["notes_with_unknown_headers"] = int(bool(split.unknown_headers))
     counts["headers_in_narrative"] = split.repeated
@@ -299,12 +360,16 @@ def note_record(text: str, shown: Shown, admitted: date | None = None) -> tuple[
     names, why = sec.diagnosis_target(split.sections.get("discharge_diagnosis"))
     kept = {k: body[k] for k in shown.sections if body.get(k)}
     pattern = target_pattern(names)
-    record = {"allergies": split.sections.get("allergies") or None,
-              "sections": {k: body[k] for k in shown.sections if k in body},
-              "diagnosis": names,
-              "has": sorted(split.sections),
-              "signals": {k: sorted(visit_signals(v, pattern, admitted)) for k, v in kept.items() if v.strip()}}
-    return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass"), counts, why
+    lows = {k: v.lower() for k, v in kept.items() if v.strip()}
+    rules = possible_rules(lows.values())
+    meta = {"allergies": split.sections.get("allergies") or None,
+            "has": sorted(split.sections),
+            "signals": {k: sorted(visit_signals(kept[k], pattern, admitted, rules, low)) for k, low in lows.items()}}
+    # the visit's clinical_sections as the cohort writes them (the note's target), encoded here in the worker:
+    # the main process copies this line into the cohort (json escapes every newline, so it is one line)
+    clinical = {"discharge_diagnosis": sec.numbered(names), **{k: body[k] for k in shown.sections if k in body}}
+    return ((json.dumps(meta, ensure_ascii=False) + "\n" + json.dumps(clinical, ensure_ascii=False) + "\n")
+            .encode("utf-8", "surrogatepass"), counts, why)
 
 
 _WORKER_SHOWN: Shown | None = None
@@ -315,8 +380,10 @@ def _init_worker(shown: Shown) -> None:
     _WORKER_SHOWN = shown
 
 
-def _records(items: list[tuple[str, date | None]]) -> list[tuple[bytes, Counter, str | None]]:
-    return [note_record(t, _WORKER_SHOWN, a) for t, a in items]
+def _records(items: list[tuple[str, str]], shown: Shown | None = None) -> list[tuple[bytes, dict[str, int], str | None]]:
+    """(text, admittime) of notes -> their note_record (in a worker: its admission date parsed there too)."""
+    shown = shown or _WORKER_SHOWN
+    return [note_record(text, shown, _admitted(admittime)) for text, admittime in items]
 
 
 def _kept_rows(path: Path, admissions: dict[int, Admission], counts: Counts) -> Iterator[tuple[int, str, tuple]]:
@@ -341,7 +408,7 @@ def _kept_rows(path: Path, admissions: dict[int, Admission], counts: Counts) -> 
             raise InputError(f"{path}: row {row}: subject_id: {sid}, but admissions gives hadm_id {hadm} to "
                              f"subject_id {adm.subject_id}")
         seq = _int(path, row, "note_seq", r["note_seq"]) if r["note_seq"].strip() else 0
-        yield hadm, (r["text"], _admitted(adm.admittime)), (r["note_type"].strip().upper() != "DS", seq, note_id)
+        yield hadm, (r["text"], adm.admittime), (r["note_type"].strip().upper() != "DS", seq, note_id)
 
 
 def stream_notes(path: Path, admissions: dict[int, Admission], spool, counts: Counts, shown: Shown,
@@ -368,14 +435,14 @@ def stream_notes(path: Path, admissions: dict[int, Admission], spool, counts: Co
                 if chosen[hadm][0] <= key:
                     continue
             for k, v in note_counts.items():
-                counts.add(k, v)
+                counts[k] = counts.get(k, 0) + v
             offset = spool.tell()
             spool.write(data)
             chosen[hadm] = (key, offset, len(data), why)
 
     if workers <= 1:
         for batch in batches():
-            take(batch, [note_record(text, shown, admitted) for _, (text, admitted), _ in batch])
+            take(batch, _records([item for _, item, _ in batch], shown))
     else:
         import multiprocessing as mp
 
@@ -461,34 +528,38 @@ def _admitted(admittime: str) -> date | None:
 
 def _patient_json(sid: int, hadms: list[int], chosen, spool, patients, icd, coverage: Counts, targets: Counts,
                   leak: Audit) -> str:
+    """The patient's line of the cohort: what json.dumps of its record writes, composed from the lines the
+    workers encoded (json's ", " and ": " separators, ensure_ascii off), decoding only the small meta line."""
     visits = []
+    sex = json.dumps(patients[sid][0] or None, ensure_ascii=False)
     for number, hadm in enumerate(hadms, 1):
         _, offset, length, why = chosen[hadm]
         spool.seek(offset)
-        record = json.loads(spool.read(length).decode("utf-8", "surrogatepass"))
-        for name in record["has"]:
-            coverage.add(name)
-        signals = record["signals"]
-        if icd is None:
-            names = record["diagnosis"]
-        else:  # the audit's target_verbatim against the icd titles, not the note's section
+        meta_line, clinical = spool.read(length).decode("utf-8", "surrogatepass").rstrip("\n").split("\n", 1)
+        meta = json.loads(meta_line)
+        for name in meta["has"]:
+            coverage[name] = coverage.get(name, 0) + 1
+        signals = meta["signals"]
+        if icd is not None:  # the icd titles are the target; the audit's target_verbatim is against them
+            sections = json.loads(clinical)
+            del sections["discharge_diagnosis"]
             names = icd.get(hadm, [])
             why = None if names else "no diagnoses_icd row"
             pattern = target_pattern(names)
             for name, kinds in signals.items():
                 kinds[:] = [k for k in kinds if k not in ("target_verbatim", "any")]
-                if pattern is not None and pattern.search(record["sections"][name]):
+                if pattern is not None and pattern.search(sections[name]):
                     kinds.append("target_verbatim")
                 if kinds:
                     kinds.append("any")
+            clinical = json.dumps({"discharge_diagnosis": sec.numbered(names), **sections}, ensure_ascii=False)
         targets.add("visits")
         if why:
             targets.add(f"empty: {why}")
         leak.add_signals(signals)
-        visits.append({"visit_id": hadm, "visit_number": number, "sex": patients[sid][0] or None,
-                       "allergies": record["allergies"],
-                       "clinical_sections": {"discharge_diagnosis": sec.numbered(names), **record["sections"]}})
-    return json.dumps({"subject_id": sid, "visits": visits}, ensure_ascii=False)  # one line: json's C encoder
+        visits.append(f'{{"visit_id": {hadm}, "visit_number": {number}, "sex": {sex}, '
+                      f'"allergies": {json.dumps(meta["allergies"], ensure_ascii=False)}, "clinical_sections": {clinical}}}')
+    return f'{{"subject_id": {sid}, "visits": [{", ".join(visits)}]}}'
 
 
 def build(hosp: str | Path, note: str | Path, out: str | Path, report: str | Path, cfg: dict | None = None

@@ -121,8 +121,10 @@ def header_key(label: str) -> str:
 
 HEADERS: dict[str, str] = {header_key(v): canonical for canonical, vs in HEADER_VARIANTS.items() for v in vs}
 TEMPLATE_WORDING = {header_key(vs[0]) for vs in HEADER_VARIANTS.values()} | {header_key(v) for v in TARGET_STRICT}
-# matched against "\n" + text: a leading literal lets the engine jump from line start to line start
-_LABEL_LINE = re.compile(r"\n[ \t]*([A-Za-z][A-Za-z0-9 ,/&()'\-]{0,60}?)[ \t]*:[ \t]*([^\n]*)")
+# matched against "\n" + text: a leading literal lets the engine jump from line start to line start; the
+# label is taken whole at once (a lookahead and a back-reference: an atomic group before Python 3.11), as
+# a lazy or backtracking label tried every shorter label on each line of prose
+_LABEL_LINE = re.compile(r"\n[ \t]*(?=([A-Za-z][A-Za-z0-9 ,/&()'\-]{0,60}))\1[ \t]*:[ \t]*([^\n]*)")
 
 # ----------------------------------------------------------------------------- parts of a mixed section
 _PART_WORDS = re.compile(
@@ -236,6 +238,7 @@ def _after_blank(text: str, start: int) -> bool:
     return not text[prev_start:prev_end].strip()
 
 
+@functools.lru_cache(maxsize=100_000)
 def _written_at_discharge(norm: str) -> bool:
     """An unknown label naming discharge-time text (`Discharge Labs`, `Hospital Course by Systems`); the
     ED course in the history is admission-time text."""
@@ -268,43 +271,48 @@ def _opens(canonical: str, norm: str, alone: bool, current: str, seen: set[str])
     return alone or " " in norm  # withheld text: `Discharge Dx: pneumonia` too
 
 
+@functools.lru_cache(maxsize=100_000)
+def _label(label: str) -> tuple[str, str | None, bool]:
+    """A label line's (lookup key, canonical section or None, a template wording)."""
+    norm = header_key(label)
+    return norm, HEADERS.get(norm), norm in TEMPLATE_WORDING
+
+
 def split_note(text: str) -> SplitNote:
     """Canonical section -> its text, with what was withheld counted (see the module docstring)."""
     out = SplitNote()
     text = "\n" + text  # positions below are in this text; slicing it gives the same sections
-    matches = [(m, header_key(m.group(1))) for m in _LABEL_LINE.finditer(text)]
+    # (line start, content start, end, key, canonical, template wording, alone on its line) of each label line
+    matches = [(m.start() + 1, m.start(2), m.end(), *_label(m.group(1)), not (rest := m.group(2)) or rest.isspace())
+               for m in _LABEL_LINE.finditer(text)]
     # where a template wording of each section stands alone on its line: a loose wording, or a label with
     # text after it, before that yields to it (narrative)
     template_at: dict[str, int] = {}
-    for m, norm in matches:
-        canonical = HEADERS.get(norm)
-        if canonical and norm in TEMPLATE_WORDING and not m.group(2).strip():
-            template_at[canonical] = m.start()
+    for at, _, _, _, canonical, template, alone in matches:
+        if canonical and template and alone:
+            template_at[canonical] = at
     parts: list[tuple[str, int, int]] = []  # (canonical, content start, header start)
     current, seen = "_header", set()
-    for m, norm in matches:
-        canonical = HEADERS.get(norm)
-        alone = not m.group(2).strip()
-        if canonical is not None and canonical != current:
-            loose_first = (norm not in TEMPLATE_WORDING or not alone) and template_at.get(canonical, -1) > m.start()
+    for at, content, end, norm, canonical, template, alone in matches:
+        if canonical is not None:
+            if canonical == current:
+                continue  # `Diagnoses:` inside Discharge Diagnosis: a sub-label, content
+            loose_first = (not template or not alone) and template_at.get(canonical, -1) > at
             if not loose_first and _opens(canonical, norm, alone, current, seen):
-                parts.append((canonical, m.start(2), m.start() + 1))
+                parts.append((canonical, content, at))
                 current = canonical
                 seen.add(canonical)
-                continue
-            if TEMPLATE_ORDER[canonical] and canonical != current:
+            elif TEMPLATE_ORDER[canonical]:
                 out.repeated += 1
             continue  # narrative: content of the section it stands in
-        if canonical is not None:
-            continue  # `Diagnoses:` inside Discharge Diagnosis: a sub-label, content
         if _written_at_discharge(norm) and not (current == "discharge_diagnosis" and _is_sublabel(current, norm)):
             if TEMPLATE_ORDER.get(current, 1) < 2 and current not in ADMISSION_AND_DISCHARGE:
                 out.unknown_headers += 1  # `DISCHARGE LABS:`, `Transitional Issues:` in a shown part: withheld
-                parts.append(("_unknown", m.start(2), m.start() + 1))
+                parts.append(("_unknown", content, at))
                 current = "_unknown"
-        elif alone and norm and _after_blank(text, m.start() + 1) and not _is_sublabel(current, norm):
+        elif alone and norm and _after_blank(text, at) and not _is_sublabel(current, norm):
             out.unknown_headers += 1
-            parts.append(("_unknown", m.end(), m.start() + 1))
+            parts.append(("_unknown", end, at))
             current = "_unknown"
     bounds = [(p[0], p[1], parts[i + 1][2] if i + 1 < len(parts) else len(text)) for i, p in enumerate(parts)]
     for canonical, start, end in bounds:
