@@ -61,6 +61,55 @@ def find_numbers(text: str, ids: dict[str, str]) -> list[tuple[int, str]]:
     return hits
 
 
+# a date written any way a reader reads as one: numbers with separators (3/14/56, 14.03.1956, 1956 03 14) or
+# with a month name (March 14th, 1956; 14 Mar 56; 14-mar-1956)
+DATE = re.compile(
+    r"(?<![^\W_])(?:(\d{1,4})[-/. ]{1,2}(\d{1,2})[-/. ]{1,2}(\d{1,4})"
+    r"|([a-z]{3,9})\.?[ \t-]{1,2}(\d{1,2})(?:st|nd|rd|th)?,?[ \t-]{1,2}(\d{2,4})"
+    r"|(\d{1,2})(?:st|nd|rd|th)?[ \t-]{1,2}(?:of[ \t]+)?([a-z]{3,9})\.?,?[ \t-]{1,2}(\d{2,4}))(?![^\W_])")
+MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+
+
+def _years(n: int, digits: int) -> list[int]:
+    if digits <= 2:
+        return [1900 + n, 2000 + n]  # a two-digit year: either century
+    return [n] if 1000 <= n <= 2999 else []
+
+
+def date_values(parts: list[str]) -> set[str]:
+    """yyyymmdd of every reading of a date's three parts (digits or a month name): the year first or last,
+    month and day in either order; an impossible reading gives nothing."""
+    nums = [int(p) if p.isdigit() else (MONTHS.index(p[:3]) + 1 if p[:3] in MONTHS else None) for p in parts]
+    if None in nums:
+        return set()
+    named = [not p.isdigit() for p in parts]
+    out = set()
+    for y in (0, 2):
+        rest = [i for i in range(3) if i != y]
+        if named[y]:
+            continue
+        for year in _years(nums[y], len(parts[y])):
+            for m, d in (rest, rest[::-1]):
+                if any(named) and not named[m]:
+                    continue
+                if 1 <= nums[m] <= 12 and 1 <= nums[d] <= 31:
+                    out.add(f"{year:04d}{nums[m]:02d}{nums[d]:02d}")
+    return out
+
+
+def find_dates(text: str, ids: dict[str, str]) -> list[tuple[int, str]]:
+    """(offset, kind) of every date in normalised `text` that is a date of birth of the reference (the
+    reference holds its yyyymmdd form), however it is written."""
+    hits = []
+    for m in DATE.finditer(text):
+        parts = [g for g in m.groups() if g is not None]
+        for value in date_values(parts):
+            if kind := ids.get(value):
+                hits.append((m.start(), kind))
+                break
+    return hits
+
+
 def redact(name: str, secrets: Secrets) -> str:
     """A name (file, tensor, JSON key) safe to print: identifier-bearing runs replaced by ***; a name that
     holds one only once decoded (URL escapes, base64) is replaced whole, its folder kept."""
