@@ -108,13 +108,23 @@ def test_a_date_of_birth_from_a_note_is_refused_however_it_is_spelled(bundle, co
     assert "1956" not in " ".join(report["findings"])
 
 
+@pytest.mark.parametrize("written", ["Quist, Johanna", "QUIST JOHANNA", "Johanna M. Quist", "Dr. Quist (Johanna)"])
+def test_a_name_from_a_note_is_refused_reordered_or_with_a_middle_initial(bundle, cohort_splits, written):
+    files, _ = cohort_splits
+    (bundle / "README.md").write_text(f"# card\n\nReviewed by {written}.\n")
+    report = phi_guard.scan_bundle(bundle, files)
+    assert any(f.startswith("README.md: cohort identifier (name in the clinical text)") for f in report["findings"]), \
+        report["findings"]
+    assert not any(w in " ".join(report["findings"]) for w in ("Quist", "Johanna", "quist", "johanna"))
+
+
 def test_a_clean_card_with_markup_still_passes(bundle, cohort_splits):
     files, _ = cohort_splits
     (bundle / "README.md").write_text("# card\n\n| metric | value |\n|---|---|\n| reward | **0.61** |\n\n"
                                       "Trained with [GRPO](https://arxiv.org/abs/2402.03300)<br>on a LoRA adapter.\n"
                                       "Name: the memory head.\nReleased 2024-03-14; born<wbr>again as v2 on 3/14/24.\n"
                                       "Antidisestablishmentarianism<sup>1</sup> pneumonoultramicroscopicsilicovolcano"
-                                      "coniosis floccinaucinihilipilification.\n")
+                                      "coniosis floccinaucinihilipilification.\nJohanna wrote the card; Quist is not named.\n")
     report = phi_guard.scan_bundle(bundle, files)
     assert report["ok"], report["findings"]
 

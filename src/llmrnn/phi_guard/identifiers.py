@@ -110,6 +110,46 @@ def find_dates(text: str, ids: dict[str, str]) -> list[tuple[int, str]]:
     return hits
 
 
+NAME_WORD = re.compile(r"[^\W\d_]+")
+NAME_SLACK = 2  # words that may sit between a name's words (a middle name or initial, a title)
+
+
+_BY_WORD: dict[int, tuple[dict, int, dict[str, list[tuple[str, ...]]], frozenset[str]]] = {}
+
+
+def _names_by_first_word(names: dict[tuple[str, ...], str]) -> tuple[dict[str, list[tuple[str, ...]]], frozenset[str]]:
+    """({first word: names}, every name word) of `names`, built once per names table (a bundle has many
+    small texts: tokenizer entries); the table itself is kept with it, so its id is not reused."""
+    cached = _BY_WORD.get(id(names))
+    if cached is None or cached[0] is not names or cached[1] != len(names):
+        first: dict[str, list[tuple[str, ...]]] = {}
+        for name in names:
+            first.setdefault(name[0], []).append(name)
+        cached = _BY_WORD[id(names)] = (names, len(names), first, frozenset(w for name in names for w in name))
+    return cached[2], cached[3]
+
+
+def find_names(text: str, names: dict[tuple[str, ...], str]) -> list[tuple[int, str]]:
+    """(offset, kind) of every name of the notes in normalised `text` with its words in any order and up to
+    NAME_SLACK other words among them (`quist, johanna`, `johanna m. quist`)."""
+    by_word = _names_by_first_word(names)
+    where: dict[str, list[tuple[int, int]]] = {}  # word -> [(word index, char offset)]
+    for n, m in enumerate(NAME_WORD.finditer(text)):
+        if m.group() in by_word[1]:
+            where.setdefault(m.group(), []).append((n, m.start()))
+    hits = []
+    for name in (name for w in where for name in by_word[0].get(w, ())):
+        kind = names[name]
+        if not all(w in where for w in name):
+            continue
+        span = len(name) + NAME_SLACK
+        for n, offset in where[name[0]]:
+            if all(any(abs(k - n) < span for k, _ in where[w]) for w in name[1:]):
+                hits.append((offset, kind))
+                break
+    return hits
+
+
 def redact(name: str, secrets: Secrets) -> str:
     """A name (file, tensor, JSON key) safe to print: identifier-bearing runs replaced by ***; a name that
     holds one only once decoded (URL escapes, base64) is replaced whole, its folder kept."""

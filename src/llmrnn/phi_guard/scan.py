@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from llmrnn.constants import CREDENTIAL
 from llmrnn.phi_guard.canonical import _words, letters_as_digits, normalize
 from llmrnn.phi_guard.decoders import decoded_views
-from llmrnn.phi_guard.identifiers import find_dates, find_ids, find_numbers
+from llmrnn.phi_guard.identifiers import find_dates, find_ids, find_names, find_numbers
 from llmrnn.phi_guard.secrets import Secrets
 
 ITEM_SPLIT = re.compile(r"\n|;|\u2022|,\s")
@@ -100,9 +100,13 @@ class Scan:
         """Hits of the ids written as text, then as the VALUE of a number literal (0012345678,
         1.2345678e7, 0xBC614E), then with digit look-alike letters read as digits (9OOOOOO5, l2345678)."""
         hits = find_ids(view, self.secrets.ids, self.max_len)
-        if hits or not self.numeric_ids:
+        if hits:
             return hits, ""
         normal = normalize(view)
+        if self.secrets.names and (hits := find_names(normal, self.secrets.names)):
+            return hits, " with its words reordered or apart"
+        if not self.numeric_ids:
+            return [], ""
         if hits := find_numbers(normal, self.secrets.ids):
             return hits, " as a number"
         as_digits = letters_as_digits(normal)
