@@ -54,6 +54,14 @@ def test_check_refuses_a_tracker_that_is_not_installed(in_workflow, tmp_path):
     assert tracker_problems({"report_to": "tensorboard"}) == []  # installed: the tests read its events
 
 
+@pytest.mark.parametrize("value", [5, {"wandb": True}, [["wandb"]], 1.5])
+def test_a_report_to_of_the_wrong_shape_is_one_line_not_a_crash(value):
+    from llmrnn.check.training import tracker_problems
+
+    problems = tracker_problems({"report_to": value})
+    assert len(problems) == 1 and problems[0].startswith("train.report_to: "), problems
+
+
 def test_the_ok_line_lists_what_was_skipped_not_as_checked(in_workflow, monkeypatch, capsys, tmp_path):
     """Without sinfo (no SLURM here) the time limits are skipped, and the OK line says so."""
     from llmrnn import check
