@@ -74,6 +74,17 @@ def test_a_bad_call_is_one_line_naming_the_row(tmp_path, body, expected):
     assert line.startswith(f"reward.custom: {path}:compute_score ") and expected in line and "\n" not in line, line
 
 
+def test_a_reward_that_reads_or_writes_the_standard_streams_cannot_touch_the_protocol(tmp_path):
+    """The requests come on the child's stdin and the answers go out on its stdout: a reward that reads stdin
+    finds nothing (it neither hangs nor eats the next request) and one that writes to fd 1 corrupts nothing."""
+    body = "import os, sys\nos.write(1, b'noise')\nreturn 0.5 if sys.stdin.read() == '' and os.read(0, 9) == b'' else 1.0"
+    proc = custom.load(str(_reward(tmp_path, body)), timeout_s=5)
+    try:
+        assert [proc(f"row {i}", **ROW) for i in range(3)] == [0.5, 0.5, 0.5]
+    finally:
+        proc.close()
+
+
 def test_the_child_survives_a_raising_call_and_scores_the_next(tmp_path):
     proc = custom.load(str(_reward(tmp_path, "if solution_str == 'x':\n    raise SystemExit(1)\nreturn 0.5")))
     try:

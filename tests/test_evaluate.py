@@ -256,6 +256,36 @@ def test_llm_final_judge_through_the_openai_backend(monkeypatch):
     assert judge.describe()["mode"] == "llm"
 
 
+def test_an_llm_final_judge_that_stalls_midway_fails_after_stall_s(monkeypatch):
+    """The eval's LLM judge (the openai backend) answers its first requests, then accepts the rest and answers
+    none: grading fails after eval.final_judge.llm.stall_s with one line naming it, not timeout_s x retries."""
+    import threading
+    import time
+
+    from llmrnn.backends import BackendError
+    from tests.judge_helpers import KEY, ScriptedJudge
+
+    lock, seen = threading.Lock(), [0]
+
+    def respond(body):
+        with lock:
+            seen[0] += 1
+            stall = seen[0] > 2
+        if stall:
+            time.sleep(120)
+        return json.dumps({"primary_correct": True, "any_top5_correct": True})
+
+    monkeypatch.setenv("TEST_FINAL_JUDGE_KEY", KEY)
+    with ScriptedJudge(respond) as server:
+        judge = evaluate.FinalJudge({"mode": "llm", "llm": {
+            "url": f"http://127.0.0.1:{server.port}/v1", "model": "judge", "api_key_env": "TEST_FINAL_JUDGE_KEY",
+            "batch_size": 2, "concurrency": 2, "timeout_s": 300, "stall_s": 1}})
+        t0 = time.monotonic()
+        with pytest.raises(BackendError, match=r"has stalled: .*after 2 answer\(s\).*eval\.final_judge\.llm\.stall_s 1\b"):
+            judge.grade_many([({"primary_diagnosis": f"d{i}", "top_5_diagnoses": []}, ["anemia"]) for i in range(6)])
+        assert time.monotonic() - t0 < 60  # stall_s, not 300 s x 5 tries
+
+
 def test_llm_final_judge_missing_key_is_one_clear_error(monkeypatch):
     monkeypatch.delenv("NOPE_KEY", raising=False)
     judge = evaluate.FinalJudge({"mode": "llm", "llm": {"url": "http://127.0.0.1:9/v1", "model": "m",

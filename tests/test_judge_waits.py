@@ -9,14 +9,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from llmrnn.errors import CheckFailed
 from llmrnn.judge.client import Endpoint, JudgeClient, JudgeUnavailable, wait_for_endpoint
 from llmrnn.judge.launcher import free_port
-from tests.judge_helpers import REPO, ScriptedJudge, write_endpoint
+from tests.judge_helpers import REPO, ScriptedJudge, write_endpoint, write_rubric
 from tests.test_qa_evaluate import _free_text_eval, _qa_rubric
 
 HANG_S = 120.0  # the scripted judge's "hung" answers take this long: far beyond every bound under test
@@ -84,7 +86,6 @@ def test_a_call_ends_at_its_budget_whatever_timeout_and_retries_allow():
 
 
 def test_abort_cuts_a_hung_call_at_once():
-    import threading
 
     with ScriptedJudge(lambda body: "Score: 5", delay_s=HANG_S, key=None) as judge:
         client = JudgeClient(Endpoint(url=f"http://127.0.0.1:{judge.port}/v1", model="judge", api_key_file=None,
@@ -137,7 +138,6 @@ def test_a_ready_judge_whose_port_refuses_fails_fast_and_a_rewritten_file_is_wai
 
     stale = write_endpoint(tmp_path, free_port(), RUBRIC, pid=_dead_pid())
     with ScriptedJudge(lambda body: "Score: 5") as judge:
-        import threading
 
         def relaunch():  # the new launcher rewrites the file while the consumer waits
             time.sleep(0.5)
@@ -156,3 +156,96 @@ def test_the_scorer_takes_its_dead_judge_wait_from_the_reward_config(tmp_path):
     with pytest.raises(CheckFailed, match="reward.dead_after_s"):
         get_scorer(str(ep), None, str(tmp_path / "audit"), {"dead_after_s": 1, "health_timeout_s": 120})
     assert time.monotonic() - t0 < 15
+
+
+def _stalls_after(n: int):
+    """A judge that answers its first `n` calls, then accepts every later one and never answers it."""
+
+    lock, answered = threading.Lock(), [0]
+
+    def respond(body):
+        with lock:
+            answered[0] += 1
+            stall = answered[0] > n
+        if stall:
+            time.sleep(HANG_S)
+        return "Score: 9"
+    return respond
+
+
+def test_a_judge_that_stalls_midway_fails_qa_judge_after_stall_s_not_the_call_budget(tmp_path):
+    """The judge answers its first calls, then stops answering (connections accepted, no answer): `qa judge`
+    fails after reward.stall_s with one line saying the judge stalled, not after reward.timeout_s x tries
+    nor reward.call_budget_s (both far longer here, as their defaults are)."""
+    answers = [_free_text_eval(tmp_path, "base", {0}), _free_text_eval(tmp_path, "grpo", {0, 1, 2, 3})]
+    with ScriptedJudge(_stalls_after(2)) as judge:
+        endpoint = write_endpoint(tmp_path, judge.port, _qa_rubric(tmp_path))
+        proc, took = _qa_judge(tmp_path, endpoint, answers,
+                               {"timeout_s": 300, "retries": 4, "call_budget_s": 900, "stall_s": 1.5,
+                                "max_concurrency": 2})
+        hits = judge.hits
+    assert proc.returncode == 4, proc.stderr
+    lines = _error_lines(proc)
+    assert len(lines) == 1 and "has stalled" in lines[0] and "reward.stall_s 1.5" in lines[0], lines
+    assert "after 2 answer(s)" in lines[0], lines
+    assert "Traceback" not in proc.stderr and hits > 2
+    assert not any(Path(p).exists() for p in (tmp_path / "out0.judged.jsonl", tmp_path / "out1.judged.jsonl"))
+    assert took < 60, took  # stall_s + start-up, not 300 s x 5 tries nor 900 s
+
+
+def test_a_slow_judge_that_keeps_answering_is_not_stalled():
+    """One answer at a time, each slower than none of the watchdog's window but all of them together far
+    longer than stall_s: every call succeeds (progress resets the watchdog)."""
+
+    from llmrnn.judge.client import Endpoint as Ep
+
+    one_at_a_time = threading.Lock()
+
+    def respond(body):
+        with one_at_a_time:
+            time.sleep(0.25)
+        return "Score: 5"
+
+    with ScriptedJudge(respond, key=None) as judge:
+        client = JudgeClient(Ep(url=f"http://127.0.0.1:{judge.port}/v1", model="judge", api_key_file=None,
+                                rubric="r"), timeout_s=60, retries=0, budget_s=120, stall_s=1.0)
+        results: list = []
+
+        def call():
+            results.append(client.post("/chat/completions", {"model": "judge"})[0])
+
+        threads = [threading.Thread(target=call) for _ in range(12)]  # 12 x 0.25 s queued: 3 s > stall_s
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        client.close()
+    assert len(results) == 12 and client._live.reason is None
+
+
+def test_the_scorer_every_judge_consumer_uses_takes_stall_s_from_the_reward_config(tmp_path):
+    """Training's reward and preflight (get_scorer) and `qa judge` share the scorer: a judge that stalls after
+    answering fails its calls after reward.stall_s with the stall line."""
+    from llmrnn.reward import JudgeUnavailable as Unavailable
+    from llmrnn.reward import get_scorer
+    from tests.judge_helpers import make_step, memory
+
+    stalled = threading.Event()
+
+    def respond(body):
+        if stalled.is_set():
+            time.sleep(HANG_S)
+        return "Score: 9"
+
+    with ScriptedJudge(respond) as judge:
+        ep = write_endpoint(tmp_path, judge.port, write_rubric(tmp_path, score_method="text"))
+        scorer = get_scorer(str(ep), None, str(tmp_path / "audit"),
+                            {"stall_s": 1, "timeout_s": 300, "call_budget_s": 900, "max_concurrency": 4})
+        sample = {"data_source": "llm_as_rnn_memory_update", "solution_str": memory("CKD stage 3."),
+                  "ground_truth": json.dumps(make_step(0)), "extra_info": {}}
+        assert scorer.score_samples([sample])[0]["judge_score"] is not None  # answered
+        stalled.set()
+        samples = [{**sample, "solution_str": memory(f"CKD stage {i}.")} for i in range(4)]
+        with pytest.raises(Unavailable, match=r"has stalled: .*after \d+ answer\(s\).*reward\.stall_s 1\b"):
+            scorer.score_samples(samples)
+        assert "has stalled" in (tmp_path / "audit" / "stop_reason.txt").read_text()

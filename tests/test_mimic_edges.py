@@ -94,6 +94,47 @@ def test_invalid_ids_and_dates_are_refused_at_build_time(tmp_path, capsys, admis
     _refused(tmp_path, capsys, tmp_path, expected)
 
 
+@pytest.mark.parametrize(("admissions", "expected"), [
+    ([(10, -100, "2150-03-01 10:00:00")], "admissions.csv.gz: row 1: hadm_id: '-100' is not a non-negative integer"),
+    ([(10, "+100", "2150-03-01 10:00:00")], "admissions.csv.gz: row 1: hadm_id: '+100' is not a non-negative integer"),
+    ([(10, "\u0661\u0660\u0660", "2150-03-01 10:00:00")], "admissions.csv.gz: row 1: hadm_id: '\u0661\u0660\u0660' is not"),
+])
+def test_an_id_that_is_not_plain_digits_is_refused(tmp_path, capsys, admissions, expected):
+    _write_tables(tmp_path, [("a", 10, 100, 1, _note())], admissions=admissions)
+    _refused(tmp_path, capsys, tmp_path, expected)
+
+
+@pytest.mark.parametrize(("patients", "expected"), [
+    ([(10, "F", -5)], "patients.csv.gz: row 1: anchor_age: '-5' is not a non-negative integer"),
+    ([(10, "F", 400)], "patients.csv.gz: row 1: anchor_age: 400 is not an age"),
+    ([(10, "<b>x</b>", 70)], "patients.csv.gz: row 1: gender: '<b>x</b>' is not one of F, M or empty"),
+])
+def test_an_impossible_patient_value_is_refused(tmp_path, capsys, patients, expected):
+    _write_tables(tmp_path, [("a", 10, 100, 1, _note())], patients=patients)
+    _refused(tmp_path, capsys, tmp_path, expected)
+
+
+def test_a_quote_left_open_is_refused_not_read_as_one_long_field(tmp_path, capsys):
+    _tables(tmp_path)
+    path = tmp_path / "note/discharge.csv.gz"
+    path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()) + b'c,10,102,DS,1,,,"never closed\n'))
+    _refused(tmp_path, capsys, tmp_path, "discharge.csv.gz: row 3: not CSV (unexpected end of data)")
+
+
+def test_a_column_named_twice_is_refused(tmp_path, capsys):
+    _tables(tmp_path)
+    path = tmp_path / "hosp/admissions.csv.gz"
+    path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()).replace(b"dischtime", b"admittime", 1)))
+    _refused(tmp_path, capsys, tmp_path, "admissions.csv.gz: row 0: header: column 'admittime' appears twice")
+
+
+def test_a_utf16_table_is_named_as_such(tmp_path, capsys):
+    _tables(tmp_path)
+    path = tmp_path / "hosp/patients.csv.gz"
+    path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()).decode().encode("utf-16")))
+    _refused(tmp_path, capsys, tmp_path, "patients.csv.gz: row 0: header: UTF-16 text (a byte-order mark)")
+
+
 def test_a_subject_id_beyond_int64_is_refused(tmp_path, capsys):
     _write_tables(tmp_path, [("a", 10, 100, 1, _note())], patients=[(2**64, "F", 70)],
                   admissions=[(2**64, 100, "2150-03-01 10:00:00")])

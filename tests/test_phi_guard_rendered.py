@@ -84,11 +84,47 @@ def test_identifier_inside_a_note_is_refused_with_its_line(bundle, cohort_splits
         assert value not in " ".join(report["findings"])
 
 
+@pytest.mark.parametrize("glue", ["<wbr>", "\u200b", "\u202e", "<sup>1</sup> ", "\\*"])
+@pytest.mark.parametrize("name", ["README.md", "notes.txt", "chat_template.jinja"])
+def test_clinical_text_whose_word_breaks_are_hidden_is_refused(bundle, cohort_splits, glue, name):
+    """Words glued (a reader still reads them: `<wbr>`, zero-width or bidi characters between them) or with a
+    footnote mark or escaped markup between or inside them: matched on the letters alone."""
+    files, patients = cohort_splits
+    words = _hpi_words(patients)
+    text = glue.join(words) if glue != "\\*" else " ".join(f"{w[:1]}{glue}{w[1:]}" for w in words)
+    (bundle / name).write_text(f"# card\n\nExample memory: {text}\n")
+    report = phi_guard.scan_bundle(bundle, files)
+    assert any(f.startswith(name) and "clinical text from the cohort" in f for f in report["findings"]), \
+        report["findings"]
+
+
+@pytest.mark.parametrize("written", ["born March 14, 1956", "14th of Mar 1956", "on 3/14/56", "14-mar-56"])
+def test_a_date_of_birth_from_a_note_is_refused_however_it_is_spelled(bundle, cohort_splits, written):
+    files, _ = cohort_splits
+    (bundle / "README.md").write_text(f"# card\n\nAn example patient, {written}.\n")
+    report = phi_guard.scan_bundle(bundle, files)
+    assert any(f.startswith("README.md: cohort identifier (") and ") written as a date at " in f
+               for f in report["findings"]), report["findings"]
+    assert "1956" not in " ".join(report["findings"])
+
+
+@pytest.mark.parametrize("written", ["Quist, Johanna", "QUIST JOHANNA", "Johanna M. Quist", "Dr. Quist (Johanna)"])
+def test_a_name_from_a_note_is_refused_reordered_or_with_a_middle_initial(bundle, cohort_splits, written):
+    files, _ = cohort_splits
+    (bundle / "README.md").write_text(f"# card\n\nReviewed by {written}.\n")
+    report = phi_guard.scan_bundle(bundle, files)
+    assert any(f.startswith("README.md: cohort identifier (name in the clinical text)") for f in report["findings"]), \
+        report["findings"]
+    assert not any(w in " ".join(report["findings"]) for w in ("Quist", "Johanna", "quist", "johanna"))
+
+
 def test_a_clean_card_with_markup_still_passes(bundle, cohort_splits):
     files, _ = cohort_splits
     (bundle / "README.md").write_text("# card\n\n| metric | value |\n|---|---|\n| reward | **0.61** |\n\n"
                                       "Trained with [GRPO](https://arxiv.org/abs/2402.03300)<br>on a LoRA adapter.\n"
-                                      "Name: the memory head.\n")
+                                      "Name: the memory head.\nReleased 2024-03-14; born<wbr>again as v2 on 3/14/24.\n"
+                                      "Antidisestablishmentarianism<sup>1</sup> pneumonoultramicroscopicsilicovolcano"
+                                      "coniosis floccinaucinihilipilification.\nJohanna wrote the card; Quist is not named.\n")
     report = phi_guard.scan_bundle(bundle, files)
     assert report["ok"], report["findings"]
 

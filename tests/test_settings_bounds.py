@@ -54,6 +54,14 @@ def test_check_refuses_a_tracker_that_is_not_installed(in_workflow, tmp_path):
     assert tracker_problems({"report_to": "tensorboard"}) == []  # installed: the tests read its events
 
 
+@pytest.mark.parametrize("value", [5, {"wandb": True}, [["wandb"]], 1.5])
+def test_a_report_to_of_the_wrong_shape_is_one_line_not_a_crash(value):
+    from llmrnn.check.training import tracker_problems
+
+    problems = tracker_problems({"report_to": value})
+    assert len(problems) == 1 and problems[0].startswith("train.report_to: "), problems
+
+
 def test_the_ok_line_lists_what_was_skipped_not_as_checked(in_workflow, monkeypatch, capsys, tmp_path):
     """Without sinfo (no SLURM here) the time limits are skipped, and the OK line says so."""
     from llmrnn import check
@@ -67,3 +75,18 @@ def test_the_ok_line_lists_what_was_skipped_not_as_checked(in_workflow, monkeypa
     assert report["ok"], report["problems"]
     assert "slurm time limits" not in report["checks"]
     assert any(s.startswith("slurm time limits (no sinfo here") for s in report["skipped"]), report["skipped"]
+
+
+def test_the_ok_line_names_checks_with_nothing_to_check_as_not_needed(in_workflow, monkeypatch, capsys):
+    """The default config has no own reward, no upload, no vLLM role and no outside endpoint: those checks are
+    listed as not needed, never as checked; a check whose every item was skipped is not listed as checked."""
+    from llmrnn import check
+
+    report = check.run_checks([in_workflow / "config" / "config.yaml"])
+    assert report["ok"], report["problems"]
+    names = {s.split(" (")[0] for s in report["not_needed"]}
+    assert {"own reward", "upload", "gpu memory", "patient text"} <= names, report["not_needed"]
+    assert not names & set(report["checks"]), (report["checks"], report["not_needed"])
+    assert not (in_workflow / "resources" / "models").exists()  # no role's tokenizer: no prompt was counted
+    assert any(s.startswith("prompt length (no role's model folder") for s in report["skipped"]), report["skipped"]
+    assert "prompt length" not in report["checks"]

@@ -426,7 +426,8 @@ FAKE_MAIN_PPO = textwrap.dedent(
             for s, fb in ((0.2, 0.0), (0.6, 1.0)):
                 fh.write(json.dumps({"score": s, "parse_fallback": fb, "valid_json": 1.0, "step": step}) + "\\n")
         data = {"critic/score/mean": 0.4, "actor/kl_loss": 0.01 * step, "actor/entropy": 1.0,
-                "response_length/mean": 50, "actor/pg_clipfrac": 0.0, "actor/grad_norm": 0.5,
+                "response_length/mean": 50, "actor/pg_clipfrac": 0.0,
+                "actor/grad_norm": float(os.environ.get("FAKE_GRAD_NORM", "0.5")),
                 "actor/lr": float(args["actor_rollout_ref.actor.optim.lr"]), "timing_s/step": 2.0}
         if step % int(args["trainer.test_freq"]) == 0:
             data["val-core/llm_as_rnn_memory_update/reward/mean@1"] = 0.5
@@ -482,6 +483,29 @@ def test_verl_run_streams_metrics_checks_completion_and_copies_adapter(tmp_path,
     assert first["reward_mean"] == 0.4 and first["reward_std"] == pytest.approx(0.2)
     assert first["judge_fallback_rate"] == 0.5 and first["kl"] == pytest.approx(0.01)
     assert "python" in (out / "state" / "verl_command.sh").read_text() and sys.executable
+
+
+def test_a_verl_run_whose_gradient_was_always_zero_is_not_complete(tmp_path, monkeypatch):
+    """As under TRL: verl exits 0 after every planned step, but the gradient norm was 0 at each (a constant
+    reward): one line, and no adapter is written."""
+    fake_dir = tmp_path / "fake"
+    (fake_dir / "verl" / "trainer").mkdir(parents=True)
+    (fake_dir / "verl" / "__init__.py").write_text("")
+    (fake_dir / "verl" / "trainer" / "__init__.py").write_text("")
+    (fake_dir / "verl" / "trainer" / "main_ppo.py").write_text(FAKE_MAIN_PPO)
+    monkeypatch.setenv("PYTHONPATH", str(fake_dir))
+    monkeypatch.setattr(verl_cmd, "POLL_S", 0.05)
+    monkeypatch.setenv("FAKE_TOTAL", "4")
+    monkeypatch.setenv("FAKE_GRAD_NORM", "0")
+    train = write_parquet(tmp_path / "train.parquet", make_rows(8))
+    cfg = {"batch": {"train": 2, "mini": 2, "micro_per_gpu": 4}, "group_size": 4, "epochs": 1, "test_freq": 2,
+           "lora": {"rank": 8, "alpha": 16}}
+    out = tmp_path / "train"
+    with pytest.raises(CheckFailed, match=r"the gradient norm was 0 at every one of 4 logged steps"):
+        verl_cmd.run(cfg, train_parquet=train, val_parquet=None, model_dir="m", work_dir=str(out),
+                     adapter_dir=out / "adapter", metrics_path=out / "metrics.jsonl", experiment_name="e",
+                     endpoint_file=None, verl_version="0.7.1")
+    assert not (out / "adapter").exists()
 
 
 FAKE_SCORING_MAIN_PPO = textwrap.dedent(

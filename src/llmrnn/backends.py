@@ -367,7 +367,8 @@ class OpenAIBackend:
 
     def __init__(self, url: str, model: str, api_key_env: str | None = None, concurrency: int = 8,
                  timeout_s: float = 120.0, max_retries: int = 4, api_key: str | None = None,
-                 allow_external: bool = False, opt_in: str = "roles.<role>.allow_external"):
+                 allow_external: bool = False, opt_in: str = "roles.<role>.allow_external",
+                 stall_s: float | None = 120.0, stall_key: str = "roles.<role>.stall_s"):
         if not url:
             raise InputError("roles: backend openai needs `url` (the endpoint's base URL, e.g. http://host:port/v1)")
         if not model:
@@ -388,24 +389,33 @@ class OpenAIBackend:
         self.concurrency = max(1, int(concurrency))
         self.timeout_s = float(timeout_s)
         self.max_retries = int(max_retries)
+        self.stall_s = float(stall_s) if stall_s else None
+        self.stall_key = stall_key
+        self._live = None  # the last batch's watchdog
         self.calls = 0
         self.sequences = 0
 
-    def _one(self, client, body: dict) -> str:
+    def _one(self, http, body: dict) -> str:
+        from llmrnn.judge.client import JudgeAborted
         from llmrnn.retry import RequestRejected, RetriesExhausted, RetryPolicy
 
         policy = RetryPolicy(retries=self.max_retries, backoff_s=1.0, backoff_max_s=30.0)
         try:
-            data, _, _ = policy.post_json(client, f"{self.url}/chat/completions", body, headers=self.headers,
-                                          check=_no_choices)
+            data, _, _ = policy.post_json(http, f"{self.url}/chat/completions", body, headers=self.headers,
+                                          check=_no_choices, sleep=http.live.aborted.wait)
         except (RequestRejected, RetriesExhausted) as exc:
             raise BackendError(f"openai backend {self.url} (model {self.model}): request {exc}") from None
+        except JudgeAborted:
+            raise BackendError(f"{http.live.reason or f'openai backend {self.url}: request abandoned'}; "
+                               f"the other requests in flight were cut") from None
         return (data["choices"][0].get("message") or {}).get("content") or ""
 
     def generate(self, conversations, temperature, top_p, max_tokens, seeds=None) -> list[str]:
-        from concurrent.futures import ThreadPoolExecutor
+        from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
         import httpx
+
+        from llmrnn.judge.client import _BoundedHTTP, _Live
 
         self.calls += 1
         self.sequences += len(conversations)
@@ -421,8 +431,27 @@ class OpenAIBackend:
             if _continues(conv):  # vLLM's extension; servers without it answer afresh after the prefix
                 body.update(add_generation_prompt=False, continue_final_message=True)
             bodies.append(body)
-        with httpx.Client(timeout=self.timeout_s) as client, ThreadPoolExecutor(self.concurrency) as pool:
-            return list(pool.map(lambda b: self._one(client, b), bodies))
+        # the judge client's bounds: a whole-request deadline (a trickling server is cut), a cap on the answer,
+        # and the stall watchdog (a server that stops answering fails every request after stall_s)
+        live = _Live(self.stall_s, first_s=self.timeout_s, what=f"openai backend {self.url} (model {self.model})",
+                     setting=self.stall_key).carry(self._live)  # the server's pace, learnt over earlier batches
+        self._live = live
+        with httpx.Client(timeout=self.timeout_s, headers={"Accept-Encoding": "identity"},
+                          limits=httpx.Limits(max_connections=self.concurrency,
+                                              max_keepalive_connections=0)) as client, \
+                ThreadPoolExecutor(self.concurrency) as pool:
+            http = _BoundedHTTP(client, self.timeout_s, live=live)
+            try:
+                futures = [pool.submit(self._one, http, b) for b in bodies]
+                wait(futures, return_when=FIRST_EXCEPTION)
+                failures = [f.exception() for f in futures if f.done() and not f.cancelled() and f.exception()]
+                if failures:  # one failed: cut the others now instead of waiting on their deadlines
+                    live.abort()
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise next((e for e in failures if "abandoned" not in str(e)), failures[0])
+                return [f.result() for f in futures]
+            finally:
+                live.close()
 
 
 # ----------------------------------------------------------------------------- factory
@@ -452,7 +481,8 @@ def engine_key(role_cfg: dict, model_path: str | None) -> tuple:
     if backend == "openai":
         return (backend, role_cfg.get("url"), str(model_path or role_cfg.get("model")),
                 role_cfg.get("api_key_env"), int(role_cfg["concurrency"]),
-                bool(role_cfg["allow_external"]))
+                bool(role_cfg["allow_external"]), float(role_cfg["timeout_s"]), int(role_cfg["max_retries"]),
+                float(role_cfg["stall_s"]))
     raise InputError(f"roles: backend {backend!r}: expected one of {', '.join(BACKENDS)}")
 
 
@@ -492,7 +522,9 @@ def make_backend(role_cfg: dict, model_path: str | os.PathLike | None, cache: bo
                                opt_in=role_cfg.get("opt_in_key", "roles.<role>.allow_external"),
                                concurrency=int(role_cfg["concurrency"]),
                                timeout_s=float(role_cfg["timeout_s"]),
-                               max_retries=int(role_cfg["max_retries"]))
+                               max_retries=int(role_cfg["max_retries"]),
+                               stall_s=float(role_cfg["stall_s"]),
+                               stall_key=role_cfg.get("stall_key", "roles.<role>.stall_s"))
     log.info("%s engine for %s ready in %.1f s", backend, model_path, time.time() - t0)
     if cache:
         _POOL[key] = engine

@@ -1,7 +1,8 @@
 """The child process your own reward (reward.custom) runs in: `python -m llmrnn.custom_reward_child`
 (llmrnn.reward.custom starts it). It imports nothing of llmrnn but this file (outside the llmrnn.reward
 package, whose import pulls in the judge client), so it starts fast and the user's code cannot reach the caller's
-state. Protocol (pickled tuples, length-prefixed, on a private copy of stdout; the user's prints go to stderr):
+state. Protocol (pickled tuples, length-prefixed, on private copies of stdin and stdout; the user's prints go to
+stderr, its reads of stdin find nothing):
 the parent sends ("load", path, name), then ("call", kwargs) per sample; every answer is ("ok", value) or
 ("error", one line). Whatever the user's code raises, SystemExit and KeyboardInterrupt included, is one line.
 """
@@ -95,7 +96,11 @@ def main() -> None:
     channel = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # the user's prints go to stderr, never into the protocol
     sys.stdout = sys.stderr
-    inbox = sys.stdin.buffer
+    inbox = os.fdopen(os.dup(0), "rb")  # the requests, on a private copy: the user's reads of stdin get nothing
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - the process's stdin for its whole life
 
     def send(msg) -> None:
         data = pickle.dumps(msg)

@@ -83,10 +83,13 @@ def run_checks(config_paths: list[Path]) -> dict:
                 problems.append(f"{name}: check crashed: {type(exc).__name__}: {exc}")
             else:  # a value the schema already named (e.g. a list where a number belongs) tripped it
                 problems.append(f"{name}: not checked: fix the config problems above first")
-        if not any(n == name and why.startswith("all:") for n, why in skips.SKIPPED):
-            ran.append(name)  # a check that could check nothing here is listed as skipped only
-    skipped = [f"{n} ({why.removeprefix('all:').strip()})" for n, why in skips.SKIPPED]
-    return {"ok": not problems, "problems": problems, "checks": ran, "skipped": skipped,
+        if not any(n == name and why.startswith(("all:", skips.UNUSED)) for n, why in skips.SKIPPED):
+            ran.append(name)  # a check that could check nothing here is listed as skipped or not needed only
+    skipped = [f"{n} ({why.removeprefix('all:').strip()})" for n, why in skips.SKIPPED
+               if not why.startswith(skips.UNUSED)]
+    unused = [f"{n} ({why.removeprefix(skips.UNUSED).strip()})" for n, why in skips.SKIPPED
+              if why.startswith(skips.UNUSED)]
+    return {"ok": not problems, "problems": problems, "checks": ran, "skipped": skipped, "not_needed": unused,
             "configfiles": [str(p) for p in config_paths], "run_name": config.get("run_name"),
             "advice": smoke_advice(config) + _benchmark_advice(config)}
 
@@ -127,7 +130,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         print(f"llmrnn check: {advice}", file=sys.stderr)
     if report["ok"]:
         skipped = f"; skipped: {'; '.join(report['skipped'])}" if report["skipped"] else ""
-        print(f"llmrnn check: OK ({files}; checked {', '.join(report['checks'])}{skipped})")
+        unused = f"; not needed: {'; '.join(report['not_needed'])}" if report["not_needed"] else ""
+        print(f"llmrnn check: OK ({files}; checked {', '.join(report['checks'])}{skipped}{unused})")
         return 0
     print(f"llmrnn check: {len(report['problems'])} problem(s) with {files}:", file=sys.stderr)
     for problem in report["problems"]:

@@ -24,6 +24,9 @@ def check_engine_budget(config: dict) -> list[str]:
 
     roles = config.get("roles") or {}
     if not any((r or {}).get("backend") == "vllm" for r in roles.values()):
+        from llmrnn.check.skips import unused
+
+        unused("no role on the vllm backend")
         return []
     problems = []
     jobs = [("trajectory_shard", "trajectories", None), ("eval_shard (base)", "eval", None),

@@ -43,8 +43,13 @@ def check_judge(config: dict) -> list[str]:
 
     judge = config.get("judge") or {}
     path = judge.get("rubric")
-    if not path or not _judge_in_dag(config):  # no judge is started: its model is not needed
+    if not _judge_in_dag(config):  # no judge is started: its model is not needed
+        from llmrnn.check.skips import unused
+
+        unused("this config starts no judge")
         return []
+    if not path:
+        return ["judge.rubric: not set, but this config starts the judge"]
     if not Path(path).is_file():
         return [f"judge.rubric: {path} does not exist"]
     try:

@@ -12,6 +12,9 @@ from llmrnn.check.models import _offline
 def check_upload(config: dict) -> list[str]:
     rel = config.get("release") or {}
     if not rel.get("upload"):
+        from llmrnn.check.skips import unused
+
+        unused("release.upload is off")
         return []
     problems = []
     env_name = rel.get("token_env") or "HF_TOKEN"
@@ -78,4 +81,9 @@ def check_external_endpoints(config: dict) -> list[str]:
         if (rcfg or {}).get("backend") == "openai":
             problems += _endpoint_problems(f"roles.{role}", rcfg, bool(rcfg.get("allow_external")),
                                            f"roles.{role}.allow_external")
+    if judge.get("mode") != "llm" and not any((r or {}).get("backend") == "openai"
+                                              for r in (config.get("roles") or {}).values()):
+        from llmrnn.check.skips import unused
+
+        unused("no endpoint outside the job receives patient text")
     return problems

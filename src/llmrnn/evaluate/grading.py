@@ -54,7 +54,7 @@ class FinalJudge:
             if problem:
                 raise InputError(problem)
             self.llm_cfg.update(allow_external=bool(cfg["allow_external"]),
-                                opt_in_key="eval.final_judge.allow_external")
+                                opt_in_key="eval.final_judge.allow_external", stall_key="eval.final_judge.llm.stall_s")
             self.primary_target = cfg["matcher"]["primary_target"]
             self._backend = None
         else:

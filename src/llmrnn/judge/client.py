@@ -289,13 +289,32 @@ class JudgeAborted(Exception):
     """The client was aborted (another call of the batch failed): this try ends now and is not retried."""
 
 
-class _Live:
-    """The sockets of every call in flight on one client, so `abort()` can cut them all at once."""
+STALL_FACTOR = 4.0  # a judge that answered is stalled after max(stall_s, this x its slowest answer) without one
 
-    def __init__(self):
+
+class _Live:
+    """The sockets of every call in flight on one client, so `abort()` can cut them all at once; and, with
+    `stall_s`, a watchdog of the server's progress. It counts the time during which tries wait on the
+    server (idle time and the waits between tries do not count) since its last complete answer (any HTTP
+    status): past window = max(stall_s, STALL_FACTOR x the slowest answer so far; before the first answer
+    max(stall_s, first_s)) the server has stalled, `reason` says so in one line and every call is aborted at
+    once. A slow server that keeps answering never trips it."""
+
+    def __init__(self, stall_s: float | None = None, first_s: float = 0.0, what: str = "the judge",
+                 setting: str = "reward.stall_s"):
         self.aborted = threading.Event()
         self.lock = threading.Lock()
         self.sockets: set[socket.socket] = set()
+        self.reason: str | None = None
+        self.stall_s, self.first_s, self.what, self.setting = stall_s, first_s, what, setting
+        self._cond = threading.Condition(threading.Lock())
+        self._waiting = 0  # tries in flight
+        self._busy_since: float | None = None  # since when tries are in flight (None: none is)
+        self._waited = 0.0  # seconds tries waited, before _busy_since, since the last answer
+        self._answers = 0
+        self._slowest = 0.0
+        self._watcher: threading.Thread | None = None
+        self._closed = False
 
     def add(self, sock: socket.socket) -> None:
         with self.lock:
@@ -318,6 +337,79 @@ class _Live:
             live = list(self.sockets)
         for sock in live:
             self.cut(sock)
+        self.close()
+
+    # -- the progress watchdog
+    def begin(self) -> None:
+        """A try starts waiting on the server."""
+        if not self.stall_s:
+            return
+        with self._cond:
+            if self._waiting == 0:
+                self._busy_since = time.monotonic()
+            self._waiting += 1
+            if self._watcher is None and not self._closed:
+                self._watcher = threading.Thread(target=self._watch, name="judge-watchdog", daemon=True)
+                self._watcher.start()
+            self._cond.notify_all()
+
+    def end(self) -> None:
+        if not self.stall_s:
+            return
+        with self._cond:
+            self._waiting -= 1
+            if self._waiting == 0 and self._busy_since is not None:
+                self._waited += time.monotonic() - self._busy_since
+                self._busy_since = None
+            self._cond.notify_all()
+
+    def answered(self, latency_s: float) -> None:
+        """One try got a complete answer: the server is making progress."""
+        if not self.stall_s:
+            return
+        with self._cond:
+            self._answers += 1
+            self._slowest = max(self._slowest, latency_s)
+            self._waited = 0.0
+            if self._busy_since is not None:
+                self._busy_since = time.monotonic()
+            self._cond.notify_all()
+
+    def carry(self, earlier: _Live | None) -> _Live:
+        """Take over what an earlier watchdog of the same server learnt (its answers, the slowest one)."""
+        if earlier is not None:
+            self._answers, self._slowest = earlier._answers, earlier._slowest
+        return self
+
+    def window(self) -> float:
+        if self._answers:
+            return max(self.stall_s, STALL_FACTOR * self._slowest)
+        return max(self.stall_s, self.first_s)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _watch(self) -> None:
+        with self._cond:
+            while not self._closed:
+                if self._busy_since is None:
+                    self._cond.wait()
+                    continue
+                window = self.window()
+                left = window - self._waited - (time.monotonic() - self._busy_since)
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                before = (f"after {self._answers} answer(s), the slowest {self._slowest:.1f} s" if self._answers
+                          else "before any answer")
+                self.reason = (f"{self.what} has stalled: calls waited on it {window:g} s without any answer "
+                               f"({before}; {self.setting} {self.stall_s:g})")
+                break
+            else:
+                return
+        self.abort()  # the calls raise; their caller reports `reason` once
 
 
 class _BoundedHTTP:
@@ -369,10 +461,15 @@ class _BoundedHTTP:
         timer = threading.Timer(seconds, cut)
         timer.daemon = True
         timer.start()
+        if self.live is not None:
+            self.live.begin()
         try:
+            t0 = time.monotonic()
             with self.client.stream("POST", url, json=json, headers=headers, extensions={"trace": trace},
                                     timeout=httpx.Timeout(seconds, connect=min(10.0, seconds))) as resp:
                 data = self._read(resp, deadline)
+                if self.live is not None:
+                    self.live.answered(time.monotonic() - t0)
                 status, kept = resp.status_code, [(k, v) for k, v in resp.headers.items()
                                                   if k.lower() not in ("content-encoding", "content-length",
                                                                        "transfer-encoding")]
@@ -386,6 +483,7 @@ class _BoundedHTTP:
         finally:
             timer.cancel()
             if self.live is not None:
+                self.live.end()
                 for sock in sockets:
                     self.live.discard(sock)
         return httpx.Response(status, headers=kept, content=data, request=request)
@@ -521,7 +619,7 @@ class JudgeClient:
 
     def __init__(self, endpoint: Endpoint, timeout_s: float = 300.0, retries: int = 4,
                  backoff_s: float = 0.5, backoff_max_s: float = 8.0, max_connections: int = 64,
-                 budget_s: float | None = None):
+                 budget_s: float | None = None, stall_s: float | None = None):
         import httpx
 
         self.endpoint = endpoint
@@ -529,7 +627,8 @@ class JudgeClient:
         self.budget_s = budget_s
         self.policy = RetryPolicy(retries=retries, backoff_s=backoff_s, backoff_max_s=backoff_max_s,
                                   budget_s=budget_s)
-        self._live = _Live()
+        # a judge that stops answering fails every call after reward.stall_s, not after call_budget_s each
+        self._live = _Live(stall_s, first_s=timeout_s, what=f"judge {endpoint.url}")
         key = endpoint.api_key()
         # identity: a compressed answer is inflated by us, within the size cap (_BoundedHTTP)
         headers = {"Accept-Encoding": "identity", **({"Authorization": f"Bearer {key}"} if key else {})}
@@ -542,6 +641,7 @@ class JudgeClient:
         )
 
     def close(self) -> None:
+        self._live.close()
         self._client.close()
 
     def abort(self) -> None:
@@ -571,6 +671,9 @@ class JudgeClient:
         except RequestRejected as exc:
             raise JudgeRequestError(f"judge {self.endpoint.url}{path} rejected the request: {exc}") from None
         except JudgeAborted:
+            if self._live.reason:  # the watchdog: the judge stopped answering
+                raise JudgeUnavailable(f"{self._live.reason}. Refusing to wait reward.call_budget_s on a judge "
+                                       "that has stopped answering.") from None
             raise JudgeUnavailable(f"judge {self.endpoint.url}{path}: call abandoned, another call of the batch "
                                    "failed") from None
         except RetriesExhausted as exc:

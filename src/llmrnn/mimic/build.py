@@ -13,6 +13,7 @@ stays in memory. Any bad input is one InputError line (file, row, field) and no 
 
 from __future__ import annotations
 
+import codecs
 import csv
 import errno
 import functools
@@ -58,6 +59,8 @@ ARROW_BLOCK = 4 << 20  # bytes pyarrow parses at a time (a row must fit in one: 
 csv.field_size_limit(MAX_FIELD_CHARS)
 INT64 = (-(2**63), 2**63 - 1)
 _ADMITTIME = re.compile(r"\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?")
+MAX_AGE = 130
+GENDERS = frozenset({"F", "M", ""})
 
 
 def tables_needed(diagnoses: str, icd_version: int | None = None) -> tuple[str, ...]:
@@ -87,6 +90,15 @@ def _open(path: Path, errors: str = "strict"):
 
 class _LineTooLong(Exception):
     pass
+
+
+def _other_encoding(start: bytes) -> str | None:
+    """UTF-16 or UTF-32 when the file starts with their byte-order mark (else None: UTF-8, with or without one)."""
+    for bom, name in ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),
+                      (codecs.BOM_UTF16_BE, "UTF-16")):
+        if start.startswith(bom):
+            return name
+    return None
 
 
 def _lines(text: TextIOWrapper) -> Iterator[str]:
@@ -129,14 +141,23 @@ def header_problem(path: Path, table: str) -> str | None:
         return f"{path}: {what}"
     try:
         raw, text = _open(path, errors="surrogateescape")  # bad text past the header: rows() names it
+        with raw:
+            start = raw.read(4)
+        if other := _other_encoding(start):
+            return (f"{path}: row 0: header: {other} text (a byte-order mark); MIMIC-IV's tables are UTF-8: convert it "
+                    f"(iconv -f {other} -t UTF-8)")
+        raw, text = _open(path, errors="surrogateescape")
         with raw, text:
-            header = next(csv.reader(_lines(text)), None)
+            header = next(csv.reader(_lines(text), strict=True), None)
     except _LineTooLong:
         return f"{path}: row 0: header: a line longer than {MAX_LINE_CHARS} characters; refused"
     except (OSError, EOFError, zlib.error, csv.Error) as exc:
         return f"{path}: row 0: header: unreadable ({exc})"
     if not header:
         return f"{path}: row 0: header: empty file"
+    twice = next((c for c in header if header.count(c) > 1), None)
+    if twice is not None:
+        return f"{path}: row 0: header: column {twice[:40]!r} appears twice (which one is meant?)"
     missing = [c for c in TABLES[table][1] if c not in header]
     if missing:
         return f"{path}: row 0: header: column {missing[0]} missing (the file has: {', '.join(header)[:200]})"
@@ -216,7 +237,7 @@ def csv_rows(path: Path, table: str, locate_bad_text: bool = False) -> Iterator[
     try:
         raw, text = _open(path, errors="surrogateescape" if locate_bad_text else "strict")
         with raw, text:
-            reader = csv.reader(_lines(text))
+            reader = csv.reader(_lines(text), strict=True)  # a quote left open is an error, not rows swallowed
             header = next(reader)
             index = {c: header.index(c) for c in TABLES[table][1]}
             for row_no, values in enumerate(reader, 1):
@@ -252,10 +273,11 @@ def csv_rows(path: Path, table: str, locate_bad_text: bool = False) -> Iterator[
 
 
 def _int(path: Path, row: int, column: str, value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise InputError(f"{path}: row {row}: {column}: {value[:40]!r} is not an integer") from None
+    """A MIMIC-IV id or count: ASCII digits only (no sign, no spaces, no other script's digits)."""
+    if not re.fullmatch(r"[0-9]+", value):
+        raise InputError(f"{path}: row {row}: {column}: {value[:40]!r} is not a non-negative integer "
+                         "(ASCII digits only)")
+    number = int(value)
     if not INT64[0] <= number <= INT64[1]:
         raise InputError(f"{path}: row {row}: {column}: {value.strip()[:40]} is beyond a 64-bit integer "
                          "(MIMIC-IV ids have 8 digits)")
@@ -275,7 +297,13 @@ def read_patients(path: Path) -> dict[int, tuple[str, int | None]]:
         if sid in out:
             raise InputError(f"{path}: row {row}: subject_id: {sid} appears twice")
         age = _int(path, row, "anchor_age", r["anchor_age"]) if r["anchor_age"].strip() else None
-        out[sid] = (sys.intern(r["gender"].strip()), age)
+        if age is not None and age > MAX_AGE:
+            raise InputError(f"{path}: row {row}: anchor_age: {age} is not an age (0 to {MAX_AGE})")
+        gender = r["gender"].strip()
+        if gender not in GENDERS:
+            raise InputError(f"{path}: row {row}: gender: {gender[:40]!r} is not one of F, M or empty (MIMIC-IV's "
+                             "values)")
+        out[sid] = (sys.intern(gender), age)
     return out
 
 

@@ -29,7 +29,11 @@ Every file is either scanned by its structure or refused; nothing is skipped:
   never by its shape;
 - clinical text: `min_words` consecutive words of a clinical section (or of a QA record's question,
   context, reasoning or free-text answer), or a whole short line / list item of at least `min_line_words`
-  words (a medication list), matched on decoded text;
+  words (a medication list), matched on decoded text, and on its letters alone (5 x `min_words` letters in a
+  row) where the word breaks are hidden (`<wbr>`, zero-width or bidi characters, footnote marks between words);
+- a date of birth from a note however the bundle spells it (3/14/56, March 14th, 1956, 14-mar-56);
+- a name from a note (next to a name-like header) also reordered or with a word between its words
+  (`Quist, Johanna`, `Johanna M. Quist`);
 - a credential-like string (hf_..., sk-..., ghp_..., AKIA..., a URL's user:password@) pasted anywhere.
 
 Findings say what and where (file, offset or JSON path, kind) and never repeat the identifier or text.

@@ -61,6 +61,95 @@ def find_numbers(text: str, ids: dict[str, str]) -> list[tuple[int, str]]:
     return hits
 
 
+# a date written any way a reader reads as one: numbers with separators (3/14/56, 14.03.1956, 1956 03 14) or
+# with a month name (March 14th, 1956; 14 Mar 56; 14-mar-1956)
+DATE = re.compile(
+    r"(?<![^\W_])(?:(\d{1,4})[-/. ]{1,2}(\d{1,2})[-/. ]{1,2}(\d{1,4})"
+    r"|([a-z]{3,9})\.?[ \t-]{1,2}(\d{1,2})(?:st|nd|rd|th)?,?[ \t-]{1,2}(\d{2,4})"
+    r"|(\d{1,2})(?:st|nd|rd|th)?[ \t-]{1,2}(?:of[ \t]+)?([a-z]{3,9})\.?,?[ \t-]{1,2}(\d{2,4}))(?![^\W_])")
+MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+
+
+def _years(n: int, digits: int) -> list[int]:
+    if digits <= 2:
+        return [1900 + n, 2000 + n]  # a two-digit year: either century
+    return [n] if 1000 <= n <= 2999 else []
+
+
+def date_values(parts: list[str]) -> set[str]:
+    """yyyymmdd of every reading of a date's three parts (digits or a month name): the year first or last,
+    month and day in either order; an impossible reading gives nothing."""
+    nums = [int(p) if p.isdigit() else (MONTHS.index(p[:3]) + 1 if p[:3] in MONTHS else None) for p in parts]
+    if None in nums:
+        return set()
+    named = [not p.isdigit() for p in parts]
+    out = set()
+    for y in (0, 2):
+        rest = [i for i in range(3) if i != y]
+        if named[y]:
+            continue
+        for year in _years(nums[y], len(parts[y])):
+            for m, d in (rest, rest[::-1]):
+                if any(named) and not named[m]:
+                    continue
+                if 1 <= nums[m] <= 12 and 1 <= nums[d] <= 31:
+                    out.add(f"{year:04d}{nums[m]:02d}{nums[d]:02d}")
+    return out
+
+
+def find_dates(text: str, ids: dict[str, str]) -> list[tuple[int, str]]:
+    """(offset, kind) of every date in normalised `text` that is a date of birth of the reference (the
+    reference holds its yyyymmdd form), however it is written."""
+    hits = []
+    for m in DATE.finditer(text):
+        parts = [g for g in m.groups() if g is not None]
+        for value in date_values(parts):
+            if kind := ids.get(value):
+                hits.append((m.start(), kind))
+                break
+    return hits
+
+
+NAME_WORD = re.compile(r"[^\W\d_]+")
+NAME_SLACK = 2  # words that may sit between a name's words (a middle name or initial, a title)
+
+
+_BY_WORD: dict[int, tuple[dict, int, dict[str, list[tuple[str, ...]]], frozenset[str]]] = {}
+
+
+def _names_by_first_word(names: dict[tuple[str, ...], str]) -> tuple[dict[str, list[tuple[str, ...]]], frozenset[str]]:
+    """({first word: names}, every name word) of `names`, built once per names table (a bundle has many
+    small texts: tokenizer entries); the table itself is kept with it, so its id is not reused."""
+    cached = _BY_WORD.get(id(names))
+    if cached is None or cached[0] is not names or cached[1] != len(names):
+        first: dict[str, list[tuple[str, ...]]] = {}
+        for name in names:
+            first.setdefault(name[0], []).append(name)
+        cached = _BY_WORD[id(names)] = (names, len(names), first, frozenset(w for name in names for w in name))
+    return cached[2], cached[3]
+
+
+def find_names(text: str, names: dict[tuple[str, ...], str]) -> list[tuple[int, str]]:
+    """(offset, kind) of every name of the notes in normalised `text` with its words in any order and up to
+    NAME_SLACK other words among them (`quist, johanna`, `johanna m. quist`)."""
+    by_word = _names_by_first_word(names)
+    where: dict[str, list[tuple[int, int]]] = {}  # word -> [(word index, char offset)]
+    for n, m in enumerate(NAME_WORD.finditer(text)):
+        if m.group() in by_word[1]:
+            where.setdefault(m.group(), []).append((n, m.start()))
+    hits = []
+    for name in (name for w in where for name in by_word[0].get(w, ())):
+        kind = names[name]
+        if not all(w in where for w in name):
+            continue
+        span = len(name) + NAME_SLACK
+        for n, offset in where[name[0]]:
+            if all(any(abs(k - n) < span for k, _ in where[w]) for w in name[1:]):
+                hits.append((offset, kind))
+                break
+    return hits
+
+
 def redact(name: str, secrets: Secrets) -> str:
     """A name (file, tensor, JSON key) safe to print: identifier-bearing runs replaced by ***; a name that
     holds one only once decoded (URL escapes, base64) is replaced whole, its folder kept."""

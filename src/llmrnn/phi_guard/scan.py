@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from llmrnn.constants import CREDENTIAL
 from llmrnn.phi_guard.canonical import _words, letters_as_digits, normalize
 from llmrnn.phi_guard.decoders import decoded_views
-from llmrnn.phi_guard.identifiers import find_ids, find_numbers
+from llmrnn.phi_guard.identifiers import find_dates, find_ids, find_names, find_numbers
 from llmrnn.phi_guard.secrets import Secrets
 
 ITEM_SPLIT = re.compile(r"\n|;|\u2022|,\s")
@@ -41,6 +41,7 @@ class Scan:
         self.max_len = secrets.max_len
         self.numeric_only = all(i.isdigit() for i in secrets.ids)
         self.numeric_ids = any(i.isdigit() for i in secrets.ids)
+        self.birth_dates = any(k.startswith("date of birth") for k in secrets.ids.values())
 
     def refuse(self, where: str, what: str) -> None:
         self.findings.append(f"{where}: {what}")
@@ -99,14 +100,20 @@ class Scan:
         """Hits of the ids written as text, then as the VALUE of a number literal (0012345678,
         1.2345678e7, 0xBC614E), then with digit look-alike letters read as digits (9OOOOOO5, l2345678)."""
         hits = find_ids(view, self.secrets.ids, self.max_len)
-        if hits or not self.numeric_ids:
+        if hits:
             return hits, ""
         normal = normalize(view)
+        if self.secrets.names and (hits := find_names(normal, self.secrets.names)):
+            return hits, " with its words reordered or apart"
+        if not self.numeric_ids:
+            return [], ""
         if hits := find_numbers(normal, self.secrets.ids):
             return hits, " as a number"
         as_digits = letters_as_digits(normal)
         if as_digits != normal and (hits := find_ids(as_digits, self.secrets.ids, self.max_len)):
             return hits, " written with look-alike letters"
+        if self.birth_dates and (hits := find_dates(normal, self.secrets.ids)):
+            return hits, " written as a date"
         return [], ""
 
     def number(self, where: str, value: float) -> None:
@@ -123,17 +130,41 @@ def _shingles(words: list[str], k: int) -> Iterator[tuple[int, str]]:
         yield i, " ".join(words[i:i + k])
 
 
+# Clinical text whose word breaks are hidden (words glued by <wbr>, zero-width or bidi characters, a
+# footnote digit or escaped markup inside or between words: `chest<wbr>pain`, `pain<sup>1</sup>`) is matched on
+# its letters alone too: LETTERS_PER_WORD x min_words letters in a row, starting where a reference word starts.
+LETTERS_PER_WORD = 5
+SQUASHED = "\x00"  # marks a letters-only phrase: its hashes never equal a word sequence's
+
+
+def _letters(text: str) -> tuple[str, list[int]]:
+    """The letters of normalised `text` alone, and where in them each word starts."""
+    letters, starts = [], []
+    for word in _words(text):
+        starts.append(sum(map(len, letters)))
+        letters.append("".join(ch for ch in word if ch.isalpha()))
+    return "".join(letters), starts
+
+
+def _letter_runs(secrets: Secrets) -> int:
+    return LETTERS_PER_WORD * secrets.min_words
+
+
 def _reference_phrases(secrets: Secrets) -> Iterator[tuple[str, str]]:
     """(kind, word sequence) to look for, streamed (a real cohort is large, the bundle is small): every
-    `min_words` window of every clinical text, and every whole shorter line or list item of at least
-    `min_line_words` words (medication lists, short sections)."""
+    `min_words` window of every clinical text, every whole shorter line or list item of at least
+    `min_line_words` words (medication lists, short sections), and every run of _letter_runs letters that
+    starts at a word (marked SQUASHED)."""
     k = secrets.min_words
+    n = _letter_runs(secrets)
     for text, kind in zip(secrets.texts, secrets.text_kinds, strict=True):
         yield from ((kind, s) for _, s in _shingles(_words(text), k))
         for item in [text, *ITEM_SPLIT.split(text)]:
             words = _words(LIST_MARKER.sub("", item))
             if secrets.min_line_words <= len(words) < k:
                 yield kind, " ".join(words)
+        letters, starts = _letters(text)
+        yield from ((kind, SQUASHED + letters[i:i + n]) for i in starts if i + n <= len(letters))
 
 
 REFERENCE_HASHES_KEPT = 500_000
@@ -163,20 +194,31 @@ def find_clinical_text(scan: Scan) -> None:
     secrets = scan.secrets
     lengths = range(min(secrets.min_line_words, secrets.min_words), secrets.min_words + 1)
     table: dict[int, int] = {}
+    n = _letter_runs(secrets)
     for d, (_, text) in enumerate(scan.docs):
         words = _words(text)
         for k in lengths:
             for i, shingle in _shingles(words, k):
                 table.setdefault(hash(shingle), (d << 48) | (k << 32) | i)
+        letters, _ = _letters(text)  # every offset: the bundle's word breaks may be anywhere, or nowhere
+        for i in range(len(letters) - n + 1):
+            table.setdefault(hash(SQUASHED + letters[i:i + n]), (d << 48) | i)
     flagged = scan.flagged
+    glued: dict[str, str] = {}  # file -> its letters-only finding, reported where no word sequence is found
     if table:
         for kind, phrase_hash in _reference_hashes(scan):
             hit = table.get(phrase_hash)
             if hit is None:
                 continue
             where, k, i = scan.docs[hit >> 48][0], (hit >> 32) & 0xFFFF, hit & 0xFFFFFFFF
-            if where.split(" ")[0] not in flagged:
+            if not k:
+                glued.setdefault(where, f"{kind} ({n} letters in a row from letter {i} on, its word breaks hidden)")
+            elif where.split(" ")[0] not in flagged:
                 scan.refuse(where, f"{kind} ({k} words from word {i} on)")
                 flagged.add(where.split(" ")[0])
+    for where, what in glued.items():
+        if where.split(" ")[0] not in flagged:
+            scan.refuse(where, what)
+            flagged.add(where.split(" ")[0])
     scan.docs.clear()  # scanned: a long file's texts are checked in batches and then dropped
     scan.doc_chars = 0

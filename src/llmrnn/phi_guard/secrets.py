@@ -25,6 +25,9 @@ class Secrets:
     texts: list[str] = field(default_factory=list)
     text_kinds: list[str] = field(default_factory=list)  # per text, what a finding calls it
     hashes: set[str] = field(default_factory=set)
+    # names from the notes, as their normalised words -> kind: also found reordered or with a word between
+    # (`Quist, Johanna`, `Johanna M. Quist`)
+    names: dict[tuple[str, ...], str] = field(default_factory=dict)
     min_words: int = 8
     min_line_words: int = 3
     noun: str = "cohort"  # what the reference is, in findings: "cohort identifier", "QA data identifier"
@@ -153,6 +156,9 @@ def add_text_identifiers(secrets: Secrets, text: str, where: str, min_id_digits:
         words = [w for w in re.findall(r"[^\W\d_]+", name) if w.lower() not in NOT_A_NAME]
         if words and sum(map(len, words)) >= min_id_digits:
             secrets.add_id(f"name in {where}", " ".join(words), min_id_digits)
+            parts = tuple(normalize(w) for w in words if len(w) > 1)
+            if len(parts) >= 2:
+                secrets.names.setdefault(parts, f"name in {where}")
     for m in DOB.finditer(text):
         for form in _date_forms(m.group(1)):
             secrets.add_id(f"date of birth in {where}", form, min_id_digits)

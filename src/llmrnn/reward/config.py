@@ -53,6 +53,7 @@ class RewardConfig:
     cache_size: int = 4096
     call_budget_s: float = 900.0  # one judge call, every try and wait together
     dead_after_s: float = 30.0  # a judge that is certainly gone (dead pid, refused port) fails the wait then
+    stall_s: float = 120.0  # a judge that stops answering while calls wait on it fails them all then
     # your own reward (llmrnn.reward.custom): {"path": file.py or None (the built-in reward), "name": function}
     custom: dict = field(default_factory=lambda: section_defaults("reward.custom"))
 
@@ -92,7 +93,7 @@ class RewardConfig:
 # The settings that bound every wait on the judge (health, each call, the whole call, a gone judge): what
 # any command that asks the judge gets from config section `reward` (`qa judge` too, whatever the mode).
 JUDGE_WAIT_KEYS = ("max_concurrency", "retries", "backoff_s", "backoff_max_s", "timeout_s", "health_timeout_s",
-                   "call_budget_s", "dead_after_s")
+                   "call_budget_s", "dead_after_s", "stall_s")
 
 
 def judge_wait_cfg(reward: Any) -> dict:

@@ -93,6 +93,7 @@ class Scorer:
             self.endpoint, timeout_s=self.cfg.timeout_s, retries=self.cfg.retries,
             backoff_s=self.cfg.backoff_s, backoff_max_s=self.cfg.backoff_max_s,
             max_connections=self.cfg.max_concurrency, budget_s=self.cfg.call_budget_s,
+            stall_s=self.cfg.stall_s,
         )
         self.pool = ThreadPoolExecutor(self.cfg.max_concurrency, thread_name_prefix="judge")
         self.failed: BaseException | None = None  # the judge failure that ended this scorer

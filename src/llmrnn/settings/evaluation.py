@@ -30,6 +30,7 @@ class EvalFinalJudgeLlm(Section):
     batch_size: int = Field(64, le=1_000_000_000, ge=1, description='prompts per batched call to the judge')
     concurrency: int = Field(8, le=4096, ge=1, description='judge requests in flight')
     timeout_s: float = Field(120, le=7 * 24 * 3600, gt=0, description='per-request timeout (seconds); transport errors are retried, then stop the job')
+    stall_s: float = Field(120, le=7 * 24 * 3600, gt=0, description='a judge that stops answering: while requests wait on it, some request must get an answer at least this often (or 4x the slowest answer so far, when longer; the first answer may take timeout_s), else every request fails at once with one line')
 
 
 
@@ -144,6 +145,7 @@ class Reward(Section):
     # no default object: a config without `custom` keeps every job's --cfg (and so its reruns) as it was
     custom: RewardCustom = Field(default_factory=RewardCustom, description="absent by default (the built-in reward); your own reward instead of the judge (docs/rewards.md): a Python file and the function in it with verl's signature, used by both engines", json_schema_extra={"no_default": True})
     dead_after_s: float = Field(30, le=7 * 24 * 3600, gt=0, description="a judge that is certainly gone (the endpoint's processes are not running, or a ready server refuses connections) fails the health wait after this long")
+    stall_s: float = Field(120, le=7 * 24 * 3600, gt=0, description="a judge that stops answering: while calls wait on it, some call must get an answer at least this often (or 4x the slowest answer so far, when longer; the first answer may take timeout_s), else every call fails at once with one line instead of waiting call_budget_s; raise it with timeout_s for a judge whose one answer takes longer")
 
 
 

@@ -125,7 +125,7 @@ class Train(Section):
     nnodes: int = Field(1, le=4096, ge=1, description='nodes verl trains on: > 1 runs a Ray cluster over that many nodes of one SLURM job (needs judge.host: node and LLMRNN_TRAIN_NODES; docs/cluster.md)')
     project_name: str = Field('llmrnn_grpo', pattern=NAME, description='verl project name (the experiment name is the run name)')
     min_free_disk_gb: float = Field(1.0, le=1e6, ge=0, description='preflight fails with less free disk at RUN/train')
-    fail_on_zero_gradient: bool = Field(True, description='a TRL run whose gradient norm was 0 at every logged step (no learning signal: the same reward for every completion of each group) fails instead of being marked done; false only for plumbing runs of a tiny model that cannot learn')
+    fail_on_zero_gradient: bool = Field(True, description='a training run (TRL or verl) whose gradient norm was 0 at every logged step (no learning signal: the same reward for every completion of each group) fails instead of being marked done; false only for plumbing runs of a tiny model that cannot learn')
     report_to: Any = Field('none', description='experiment trackers of the training run (verl trainer.logger, TRL report_to), writing into RUN/train/: none, tensorboard, wandb (offline unless WANDB_MODE is set), mlflow, or a list (docs/configuration.md)', json_schema_extra={'oneOf': [{'enum': ['none', 'tensorboard', 'wandb', 'mlflow']}, {'type': 'array', 'uniqueItems': True, 'items': {'enum': ['tensorboard', 'wandb', 'mlflow']}}]})
     verl: TrainVerl = Field(default_factory=TrainVerl)
     trl: TrainTrl = Field(default_factory=TrainTrl)

@@ -56,6 +56,7 @@ class Role(Section):
     concurrency: int = Field(8, le=4096, ge=1, description='openai: requests in flight')
     timeout_s: float = Field(120, le=7 * 24 * 3600, gt=0, description='openai: per-request timeout (seconds)')
     max_retries: int = Field(4, le=100, ge=0, description='openai: retries with backoff before the run stops')
+    stall_s: float = Field(120, le=7 * 24 * 3600, gt=0, description='openai: a server that stops answering: while requests wait on it, some request must get an answer at least this often (or 4x the slowest answer so far, when longer; the first answer may take timeout_s), else every request fails at once with one line')
     allow_external: bool = Field(False, description='openai: allow a url outside this site (a hosted API), which then receives patient text')
 
 

@@ -37,11 +37,14 @@ MLFLOW_DB = "mlflow.db"
 def report_to(cfg: Mapping) -> list[str]:
     """train.report_to as a list of trackers ([] for none); an unknown name is one line."""
     value = cfg.get("report_to", NONE)
+    if not isinstance(value, (str, list, tuple)) and value is not None:
+        raise InputError(f"train.report_to: {str(value)[:40]!r} is not a tracker name nor a list of them "
+                         f"({[NONE, *TRACKERS]})")
     names = [value] if isinstance(value, str) or value is None else list(value)
     names = [NONE if n is None else n for n in names]
-    bad = [n for n in names if n not in (*TRACKERS, NONE)]
+    bad = [n for n in names if not isinstance(n, str) or n not in (*TRACKERS, NONE)]
     if bad:
-        raise InputError(f"train.report_to: {bad[0]!r} is not one of {[NONE, *TRACKERS]}")
+        raise InputError(f"train.report_to: {str(bad[0])[:40]!r} is not one of {[NONE, *TRACKERS]}")
     if NONE in names and len(names) > 1:
         raise InputError(f"train.report_to: {NONE!r} cannot be listed with trackers ({names})")
     out: list[str] = []

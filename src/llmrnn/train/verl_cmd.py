@@ -432,6 +432,12 @@ def run(
     from llmrnn.train.trl_engine import finish_metrics
 
     finish_metrics(out / "state" / "metrics.jsonl", Path(metrics_path))
+    from llmrnn.train.metrics import learning_problem
+
+    # as under TRL: a run whose rewards were never finite, or whose gradient was 0 at every step, learned
+    # nothing and is not complete (no adapter is written)
+    if problem := learning_problem(io.read_jsonl(metrics_path), zero_gradient=bool(cfg["fail_on_zero_gradient"])):
+        raise CheckFailed(problem)
     chosen = choose_verl_checkpoint(cfg, ckpt_dir, io.read_jsonl(metrics_path))
     copy_adapter(ckpt_dir / f"global_step_{chosen['step']}" / "actor" / "lora_adapter", Path(adapter_dir), cfg)
     return {"engine": "verl", "steps": reached, "planned_steps": planned, "resumed_from_step": start,
