@@ -1,4 +1,5 @@
-# Judge server (a Snakemake service: it lives exactly as long as its consumers: preflight and train_grpo).
+# Judge server (a Snakemake service: it lives exactly as long as its consumers: preflight and train_grpo in
+# the judged reward modes; in outcome mode only judge_agreement, the judge's own check beside training).
 # The rubric file is the single source of truth for model, prompts, sampling and serving.
 from llmrnn.plan.judge import JudgePlan
 

@@ -1,8 +1,8 @@
 # Preflight: before any GPU hour is spent, prove that the real judge follows the score format and gives
 # distinct rewards, and that the training run is possible (batch geometry, prompt lengths, LR, GPUs,
 # disk). Runs in the judge/trainer service group; preflight.json must say ok before train_grpo starts.
-# reward.mode outcome asks no judge: no endpoint input (judge_server is not planned), the reference
-# memories are scored with the outcome reward.
+# reward.mode outcome: preflight asks no judge (no endpoint input), the reference memories are scored with
+# the outcome reward; judge_server then serves only judge_agreement (below).
 from llmrnn.plan.judge import JudgePlan
 from llmrnn.plan.common import input_flag
 

@@ -31,7 +31,7 @@ def check_prompt_lengths(config: dict) -> list[str]:
     for note in notes:
         log.warning("check: %s", note)
     if notes and len(notes) >= len(roles):  # no role's prompt was counted: nothing of it was checked
-        skip("all: no role's model folder is here yet (rerun `llmrnn check` after `snakemake prepare_models`)")
+        skip("all: no role's model folder is here yet (rerun `llmrnn check` after `snakemake --until prepare_base_model prepare_judge_model`)")
     else:
         for note in notes:
             skip(note.replace(": not checked, its model folder", ": its model folder").split(" (rerun")[0])

@@ -22,7 +22,8 @@ class JudgePlan(PlanBase):
 
     def judge_planned(self) -> bool:
         """Whether the reward asks the judge (llmrnn.reward.asks_judge: not when reward.mode is outcome);
-        without it judge_server (and the judge model's download) is never planned."""
+        without it preflight and training get no endpoint, and judge_server serves only the judge_agreement
+        check (where judge_agreement_on)."""
         from llmrnn.reward import asks_judge
 
         return asks_judge(self.config)
