@@ -24,18 +24,21 @@ demo: $(STAMP)
 	$(RUNENV) snakemake --profile profiles/local cost_report
 	$(RUNENV) snakemake --profile profiles/local --report report.html cost_report
 
-# `make test`: every unit and integration test except the whole-workflow runs marked e2e (real SLURM, the
-# rerun table, the workflow runs of the QA demo, trajectories, eval and your own reward) and the real-vLLM
-# tests marked vllm (their venv takes minutes to build); `make test-e2e` builds that venv and runs both.
-# The unit tier spreads over the cores (pytest-xdist, TEST_WORKERS processes; one file stays on one worker,
-# so a module's shared fixture is built once). Budgets (docs/results.md#fast-feedback): `make test` under
-# 10 min warm on 2 cores, .ci/run under 45 min from a fresh clone; no test times itself.
+# `make test`: every unit and integration test except those marked e2e and vllm. e2e holds the whole-workflow
+# runs (real SLURM, the rerun table, the QA demo, trajectories, eval, preflight, your own reward, the documented
+# commands), the verl trainer-loop rehearsals and the tests that run a training, merge or CLI session of their
+# own past a few seconds (TRL resume, the zero-gradient run, the hostile config files, the tracker runs);
+# vllm the real-vLLM tests (their venv takes minutes to build). `make test-e2e` builds that venv and runs both.
+# Both tiers spread over the cores (pytest-xdist, TEST_WORKERS processes): the unit tier by file, the e2e tier
+# by module with every SLURM test on one worker (tests/conftest.py), so a module's shared run is built once.
+# Budgets (docs/results.md#fast-feedback): `make test` under 10 min warm on 2 cores, .ci/run under 45 min
+# from a fresh clone; no test times itself.
 TEST_WORKERS ?= 2
 test: $(STAMP) verl-envs
 	$(RUNENV) pytest -q -n $(TEST_WORKERS) --dist loadfile --timeout 3600 --durations 15 -m "not e2e and not vllm" tests
 
 test-e2e: $(STAMP) verl-envs vllm-env
-	$(RUNENV) pytest -q --timeout 3600 --durations 15 -m "e2e or vllm" tests
+	$(RUNENV) pytest -q -n $(TEST_WORKERS) --dist loadgroup --timeout 3600 --durations 15 -m "e2e or vllm" tests
 
 lint: $(STAMP)
 	$(RUNENV) snakefmt --check Snakefile rules

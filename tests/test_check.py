@@ -156,6 +156,7 @@ def test_verl_command_composes_against_installed_verl(python):
     assert len(bad) == 1 and "trainer.no_such_key" in bad[0], bad
 
 
+@pytest.mark.e2e  # a slow tier test (a workflow, CLI or training run of its own): `make test-e2e`
 def test_check_target_in_the_workflow(workflow_dir, monkeypatch):
     from tests.conftest import snakemake
 

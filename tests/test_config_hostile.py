@@ -54,6 +54,7 @@ def test_one_yaml_reader_refuses_every_hostile_file_in_one_line(tmp_path):
         "base": {"x": 1}, "use": {"x": 1, "y": 2}, "list": [{"x": 1}, {"x": 1}]}  # a few aliases are fine
 
 
+@pytest.mark.e2e  # a slow tier test (a workflow, CLI or training run of its own): `make test-e2e`
 def test_config_show_and_check_refuse_hostile_files_in_one_line_from_outside_the_repository(tmp_path):
     """Run from a folder that is not the workflow's (the schema is found beside the package): each file
     is one line and exit 1 (a fifo and /dev/zero neither hang nor fill memory)."""

@@ -111,6 +111,7 @@ def test_verl_calls_our_wrapper_with_the_same_contract(tmp_path):
         fn(**{**ROW, "solution_str": "big"}, reward_cfg=reward_cfg)
 
 
+@pytest.mark.e2e  # a slow tier test (a workflow, CLI or training run of its own): `make test-e2e`
 def test_a_trl_run_whose_gradient_was_always_zero_fails_in_one_line(tmp_path, tiny_model_dir):
     """A real `llmrnn train run` (TRL, tiny model, CPU) with a reward that is the same for every completion:
     no advantage, a zero gradient at every step; the run fails with one line and leaves no metrics or adapter

@@ -253,6 +253,7 @@ def block_script(cmds: list[Command]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.e2e  # a slow tier test (a workflow, CLI or training run of its own): `make test-e2e`
 @pytest.mark.slow
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"{f}:{n}" for f, n, _ in BLOCKS])
 def test_documented_commands_run(block, sandbox):

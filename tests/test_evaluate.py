@@ -157,6 +157,7 @@ def run_evaluate_cli(argv: list[str]) -> None:
     args.func(args)
 
 
+@pytest.mark.e2e  # a slow tier test (a workflow, CLI or training run of its own): `make test-e2e`
 @pytest.mark.slow
 def test_real_shards_gather_to_the_same_metrics_as_one_shard(tmp_path, tiny_model_dir):
     """The tiny model through the real forward pass: 1 shard vs 3 shards give identical metrics."""

@@ -199,6 +199,7 @@ def test_cli_merge_run_on_the_lora_adapter_verl_071_writes(tiny_model_dir, tmp_p
     assert report["checks"]["logits_match"]["max_abs_diff"] < 1e-4 < report["checks"]["logits_match"]["adapter_effect"]
 
 
+@pytest.mark.e2e  # a slow tier test (a workflow, CLI or training run of its own): `make test-e2e`
 def test_cli_merge_run_exit_codes(tiny_model_dir, adapter_dir, tmp_path):
     exe = Path(sys.executable).parent / "llmrnn"
     base = [str(exe), "merge", "run", "--base", str(tiny_model_dir), "--adapter", str(adapter_dir),

@@ -165,6 +165,7 @@ def _port_closed(log_text: str) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) != 0
 
 
+@pytest.mark.e2e  # a slow tier test (a workflow, CLI or training run of its own): `make test-e2e`
 @pytest.mark.slow
 def test_workflow_preflight_without_a_judge_in_outcome_mode(workflow_dir, tiny_model_dir):
     """Real snakemake, reward.mode outcome: preflight runs alone (no judge_server job, no endpoint) and
@@ -433,6 +434,7 @@ def test_bad_agreement_thresholds_are_one_line(over, message):
         PreflightConfig.from_dict(over)
 
 
+@pytest.mark.e2e  # a slow tier test (a workflow, CLI or training run of its own): `make test-e2e`
 @pytest.mark.slow
 def test_workflow_runs_the_judge_agreement_beside_an_outcome_run(workflow_dir, tiny_model_dir):
     """Real snakemake, reward.mode outcome: rule judge_agreement starts the judge service for itself alone,

@@ -426,6 +426,7 @@ def _check(plans: Plans, plan: str, module: str) -> None:
                                   f"its importers are {sorted(expected)}")
 
 
+@pytest.mark.e2e  # a slow tier test (a workflow, CLI or training run of its own): `make test-e2e`
 @pytest.mark.slow
 @pytest.mark.parametrize(("plan", "module"), [
     ("default", "llmrnn.io"),  # every stage writes through it
@@ -436,6 +437,7 @@ def test_an_edit_reruns_exactly_the_rules_that_import_it(plans, plan, module):
     assert plans.expected(plan, module), f"{module} is imported by no rule of {plan}: the row checks nothing"
 
 
+@pytest.mark.e2e  # a slow tier test (a workflow, CLI or training run of its own): `make test-e2e`
 @pytest.mark.slow
 def test_an_edit_of_a_module_no_verb_imports_reruns_nothing(plans):
     assert plans.expected("default", "llmrnn.chat") == set()

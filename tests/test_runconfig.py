@@ -215,6 +215,7 @@ def test_llmrnn_check_reads_the_named_file_alone(in_repo, tmp_path):
 
 
 # ----------------------------------------------------------------------------- the real workflow
+@pytest.mark.e2e  # a slow tier test (a workflow, CLI or training run of its own): `make test-e2e`
 @pytest.mark.slow
 def test_a_run_writes_its_effective_config_and_named_files_replace_the_demo(workflow_dir):
     from tests.conftest import snakemake

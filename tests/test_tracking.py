@@ -120,6 +120,7 @@ def test_checkpoints_survive_adding_a_tracker(tmp_path):
 
 
 # ----------------------------------------------------------------------------- a real CPU run
+@pytest.mark.e2e  # a slow tier test (a workflow, CLI or training run of its own): `make test-e2e`
 @pytest.mark.slow
 def test_cpu_trl_run_writes_tensorboard_events_with_the_reward_per_step(tmp_path, tiny_model_dir):
     pytest.importorskip("tensorboard", reason="tensorboard is in the dev extra (pyproject.toml)")
@@ -161,6 +162,7 @@ def test_cpu_trl_run_writes_tensorboard_events_with_the_reward_per_step(tmp_path
 
 
 # ----------------------------------------------------------------------------- verl's own config
+@pytest.mark.e2e  # a slow tier test (a workflow, CLI or training run of its own): `make test-e2e`
 @pytest.mark.verl
 @pytest.mark.parametrize("report_to", ["tensorboard", "wandb", "mlflow", ["tensorboard", "wandb", "mlflow"]])
 def test_verl_overrides_compose_with_each_tracker(report_to, tmp_path, tiny_model_dir):
@@ -175,6 +177,7 @@ def test_verl_overrides_compose_with_each_tracker(report_to, tmp_path, tiny_mode
     assert report["log_val_generations"] == 0
 
 
+@pytest.mark.e2e  # a slow tier test (a workflow, CLI or training run of its own): `make test-e2e`
 @pytest.mark.verl
 @pytest.mark.slow
 def test_verl_tracking_writes_tensorboard_and_offline_wandb_into_the_run_folder(tmp_path, tiny_model_dir):

@@ -106,6 +106,7 @@ def test_trl_writes_adapter_metrics_and_summary(tmp_path, tiny_model_dir, parque
     assert json.loads((out / "summary.json").read_text())["steps"] == 8
 
 
+@pytest.mark.e2e  # a slow tier test (a workflow, CLI or training run of its own): `make test-e2e`
 @pytest.mark.slow
 def test_killed_run_resumes_at_the_right_step_and_data_position(tmp_path, tiny_model_dir, parquets):
     cfg = tiny_cfg(epochs=4, test_freq=0, save_freq=2, keep_last=None)  # 16 steps
