@@ -32,7 +32,7 @@ def test_reference_pair_passes():
 def test_verl_09_refused_with_the_reason():
     (problem,) = gpu_stack.stack_problems(VERL, {"verl": "0.9.1", "vllm": "0.17.1"})
     assert problem.startswith("train.engine verl: verl 0.9.1 is installed here")
-    assert "lora_adapter" in problem and "make gpu-env" in problem
+    assert "never on GPUs" in problem and "vLLM >= 0.18" in problem and "make gpu-env" in problem
 
 
 @pytest.mark.parametrize("verl,vllm,bad", [("0.4.1", "0.17.1", "verl 0.4.1"), ("0.7.1", "0.30.0", "vllm 0.30.0")])

@@ -156,8 +156,8 @@ def test_fsdp_full_finetune_needs_verl(tiny_model_dir, tmp_path, monkeypatch):
 
 def test_a_verl_09_lora_checkpoint_is_named_as_one_and_the_gather_step_given(tmp_path):
     """verl 0.9's engine writes a LoRA run's actor/ as FSDP shards + lora_train_meta.json, with no lora_adapter/
-    (tests/test_train_verl.py::test_verl_fit_rehearsed_... makes a real one, and merges what verl's merger
-    gathers); read as a full fine-tune it would be merged as one. One line names it and the step to take."""
+    (tests/test_train_verl.py::test_verl_fit_rehearsed_... makes a real one, and merges what train run's
+    adapter step gathers from it with verl's merger); read as a full fine-tune it would be merged as one. One line names it and the step to take."""
     actor = tmp_path / "global_step_3" / "actor"
     actor.mkdir(parents=True)
     (actor / "model_world_size_1_rank_0.pt").write_bytes(b"")

@@ -508,6 +508,54 @@ def test_a_verl_run_whose_gradient_was_always_zero_is_not_complete(tmp_path, mon
     assert not (out / "adapter").exists()
 
 
+def verl09_actor(root: Path, meta: dict | None) -> Path:
+    """A folder shaped as verl 0.9's engine writes a LoRA checkpoint's actor/ (shard names, fsdp_config.json,
+    lora_train_meta.json); its shard is not a real one."""
+    actor = root / "global_step_1" / "actor"
+    actor.mkdir(parents=True)
+    (actor / "model_world_size_1_rank_0.pt").write_bytes(b"not a torch file")
+    (actor / "fsdp_config.json").write_text(json.dumps({"world_size": 1}))
+    if meta is not None:
+        (actor / "lora_train_meta.json").write_text(json.dumps(meta))
+    return actor
+
+
+def test_a_verl_09_checkpoint_whose_gather_fails_stops_in_one_line_naming_the_merger_log(tmp_path):
+    """train run on a verl 0.9 LoRA checkpoint runs verl's model merger with the training Python; here that
+    Python has no verl (this venv's), so the merger fails: one line, the merger's last line, its log."""
+    actor = verl09_actor(tmp_path, {"r": 8, "lora_alpha": 16, "task_type": "CAUSAL_LM"})
+    scratch = tmp_path / "state" / "gathered"
+    with pytest.raises(CheckFailed) as err:
+        verl_cmd.adapter_from_checkpoint(actor, tmp_path / "adapter", {"lora": {"rank": 8, "alpha": 16}},
+                                         python=sys.executable, scratch=scratch)
+    msg = str(err.value)
+    assert "\n" not in msg and "verl's model_merger exited with 1" in msg and "No module named" in msg, msg
+    assert str(tmp_path / "state" / "model_merger.log") in msg
+    assert not (tmp_path / "adapter").exists() and not scratch.exists()
+    # without lora_train_meta.json it is no 0.9 LoRA checkpoint: the 0.7 rule (lora_adapter/ is required) stands
+    plain = verl09_actor(tmp_path / "full", None)
+    with pytest.raises(CheckFailed, match="no lora_adapter in the final verl checkpoint"):
+        verl_cmd.adapter_from_checkpoint(plain, tmp_path / "adapter", {"lora": {"rank": 8, "alpha": 16}},
+                                         python=sys.executable)
+
+
+@pytest.mark.parametrize("meta, want, source", [
+    ({"r": 8, "lora_alpha": 32}, 32, "lora_train_meta.json"),  # the trained model's alpha first
+    (None, 16, "train.lora.alpha"),  # no metadata: the configured alpha
+])
+def test_an_alpha_of_0_from_verls_merger_is_set_from_the_checkpoint_metadata_or_the_config(tmp_path, meta, want,
+                                                                                           source):
+    actor = verl09_actor(tmp_path, meta)
+    adapter = tmp_path / "lora_adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 0, "peft_type": "LORA"}))
+    got = verl_cmd.fix_gathered_alpha(adapter, actor, {"lora": {"rank": 8, "alpha": 16}})
+    assert got == {"merger_alpha": 0, "alpha_fixed_from": source}
+    assert json.loads((adapter / "adapter_config.json").read_text())["lora_alpha"] == want
+    # an alpha the merger wrote is kept (check_adapter then compares it with train.lora)
+    assert verl_cmd.fix_gathered_alpha(adapter, actor, {"lora": {"rank": 8, "alpha": 99}})["merger_alpha"] == want
+
+
 FAKE_SCORING_MAIN_PPO = textwrap.dedent(
     '''
     """STAND-IN for `python -m verl.trainer.main_ppo` that scores like verl's reward workers: it calls
@@ -722,30 +770,47 @@ def test_verl_fit_rehearsed_on_cpu_from_rollout_to_merged_model(version, tmp_pat
     exe = Path(sys.executable).parent / "llmrnn"
     lora = {"train": {"lora": {k: train["lora"][k] for k in ("rank", "alpha", "target_modules")}}}
 
-    def merge(adapter: Path) -> subprocess.CompletedProcess:
+    def merge(adapter: Path, out: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(exe), "merge", "run", "--base", str(json_policy_dir), "--adapter", str(adapter),
-                               "--out", str(tmp_path / "merged"), "--check", str(tmp_path / "c.json"),
+                               "--out", str(tmp_path / out), "--check", str(tmp_path / f"{out}.json"),
                                "--cfg", json.dumps(lora)], capture_output=True, text=True, check=False)
 
-    merged = merge(ckpt)
+    merged = merge(ckpt, "from-checkpoint")
     assert "Traceback" not in merged.stderr, merged.stderr[-3000:]
     actor = ckpt / "global_step_3" / "actor"
     if engine:
         # verl 0.9's engine checkpoint of a LoRA run: FSDP shards + lora_train_meta.json, no lora_adapter/. Our
-        # merge (CPU environment, no verl) says so in one line and names verl's merger; its lora_adapter merges
+        # merge (CPU environment, no verl) says so in one line and names the gather step
         assert not (actor / "lora_adapter").exists() and (actor / "lora_train_meta.json").is_file()
         assert merged.returncode == 3, merged.stderr[-3000:]  # CheckFailed
         assert "a verl 0.9 LoRA checkpoint" in merged.stderr.strip().splitlines()[-1]
-        gathered = subprocess.run([str(python), "-m", "verl.model_merger", "merge", "--backend", "fsdp",
-                                   "--local_dir", str(actor), "--target_dir", str(tmp_path / "gathered")],
-                                  capture_output=True, text=True, env=env, check=False)
-        assert gathered.returncode == 0, gathered.stderr[-3000:]
-        merged = merge(tmp_path / "gathered" / "lora_adapter")
-    # the adapter the checkpoint writer left merges (verl 0.7.1's, before the runtime_config fix: exit 1)
+    else:  # verl 0.7.1's lora_adapter/ merges straight from the checkpoint folder (before the runtime_config fix:
+        # exit 1)
+        assert merged.returncode == 0, merged.stderr[-3000:]
+        done = json.loads((tmp_path / "from-checkpoint.json").read_text())
+        assert done["ok"] and done["source_kind"] == "verl_lora_adapter"
+        assert done["adapter_resolved"].endswith("lora_adapter")
+    # what `llmrnn train run` does with its chosen checkpoint (verl_cmd.run calls it with the training Python):
+    # 0.7.1's lora_adapter/ copied as it is; 0.9.1's gathered by verl's own model merger in the verl venv
+    scratch = tmp_path / "state" / "gathered"
+    got = verl_cmd.adapter_from_checkpoint(actor, tmp_path / "adapter", train, python=str(python), scratch=scratch)
+    assert got["adapter_from"] == ("model_merger" if engine else "lora_adapter"), got
+    assert not scratch.exists()  # the merger's whole-model copy is gone
+    conf = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert (conf["r"], conf["lora_alpha"]) == (train["lora"]["rank"], train["lora"]["alpha"])
+    if engine:  # 0.9.1's merger takes the real alpha from lora_train_meta.json (0.7.1's wrote 0)
+        assert got["merger_alpha"] == train["lora"]["alpha"] and got["alpha_fixed_from"] is None, got
+        assert set(conf["target_modules"]) == set(train["lora"]["target_modules"]), conf
+    else:
+        assert sorted(f.name for f in (tmp_path / "adapter").iterdir()) == \
+            sorted(f.name for f in (actor / "lora_adapter").iterdir())
+        assert (tmp_path / "adapter" / "adapter_model.safetensors").read_bytes() == \
+            (actor / "lora_adapter" / "adapter_model.safetensors").read_bytes()
+    merged = merge(tmp_path / "adapter", "merged")  # the merge_model rule's input: train run's adapter folder
     assert merged.returncode == 0, merged.stderr[-3000:]
-    done = json.loads((tmp_path / "c.json").read_text())
-    assert done["ok"] and done["source_kind"] == "verl_lora_adapter"
-    assert done["adapter_resolved"].endswith("lora_adapter")
+    done = json.loads((tmp_path / "merged.json").read_text())
+    assert done["ok"] and done["source_kind"] == "peft_adapter"
+    assert done["checks"]["adapter_config"]["alpha_repaired"] is False  # the adapter carried the real alpha
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -4,9 +4,11 @@
 job calls `require_verl()` and `require_gpus()` again where verl really runs. Each problem is one line
 that says what to install or change.
 
-- verl >=0.7.1,<0.8 (the reference container's 0.7.1). verl 0.9.x is refused: it saves a LoRA run as
-  FSDP shards plus lora_train_meta.json, with no `actor/lora_adapter/`, so the adapter (and its alpha)
-  could not be taken from the final checkpoint after the whole run.
+- verl >=0.7.1,<0.8 (the reference container's 0.7.1). verl 0.9.x is refused: it has run here only in
+  the CPU rehearsal of its trainer loop (tests/test_train_verl.py), never on GPUs, and its rollout needs
+  vLLM >= 0.18, which the GPU lock does not hold. (Its LoRA checkpoints, FSDP shards + lora_train_meta.json
+  without `actor/lora_adapter/`, are no longer the reason: `llmrnn train run` gathers the adapter with
+  verl's model merger, llmrnn.train.verl_cmd.adapter_from_checkpoint.)
 - vLLM: beside verl 0.7 a release below 0.18 (0.17.1 in envs/gpu-lock.txt; verl 0.9 needs >=0.18);
   for inference and the judge alone any vLLM >= 0.17 (the launcher's flags exist since then).
 - Several nodes (train.nnodes > 1): verl only (TRL trains in one process), and a judge the other
@@ -77,8 +79,8 @@ def verl_problem(version: str | None) -> str | None:
         return None
     why = ""
     if (r := _release(version)) is not None and r >= Version("0.9"):
-        why = (" (verl 0.9 saves a LoRA run as FSDP shards without actor/lora_adapter/, so the adapter "
-               "could not be taken from the final checkpoint)")
+        why = (" (verl 0.9 has run here only in the CPU rehearsal, never on GPUs, and its rollout needs "
+               "vLLM >= 0.18, outside the GPU lock)")
     return f"train.engine verl: verl {version} is installed here; this workflow supports verl {VERL_RANGE}{why}: " \
            f"{INSTALL_HINT}"
 

@@ -2,15 +2,18 @@
 
 Inputs it accepts (`--adapter`):
 - a PEFT adapter folder (adapter_config.json + adapter_model.safetensors): what TRL writes, or what the
-  verl engine copies from `global_step_N/actor/lora_adapter`;
+  verl engine copies from verl 0.7's `global_step_N/actor/lora_adapter` (or, for verl 0.9, gathers from
+  the checkpoint's FSDP shards with verl's model merger: llmrnn.train.verl_cmd.adapter_from_checkpoint);
 - a verl checkpoint: the checkpoints root (latest_checkpointed_iteration.txt), `global_step_N/` or
-  `global_step_N/actor/`; its `actor/lora_adapter/` is used;
+  `global_step_N/actor/`; its `actor/lora_adapter/` is used (a verl 0.9 LoRA checkpoint has none: one line
+  names the gather step);
 - a verl FULL fine-tune (actor/ with FSDP shards, no lora_adapter): gathered by `python -m verl.model_merger
   merge --backend fsdp` (only when verl is importable: the gpu extra / envs/verl.yaml);
 - a full HF model folder (full fine-tune written by TRL): copied as is, then checked.
 
-verl's own merger is never used for LoRA: `python -m verl.model_merger merge` on a LoRA run leaves the
-base weights untouched and writes lora_alpha=0 (verl issues #3050, #4553, #5325, #7285). We merge with PEFT `merge_and_unload()`; an adapter whose alpha is 0 (or missing) is repaired
+verl's own merger never merges a LoRA here (for verl 0.9 it only gathers the adapter, in the training job):
+`python -m verl.model_merger merge` on a LoRA run leaves the base weights untouched and (0.7.1) writes
+lora_alpha=0 (verl issues #3050, #4553, #5325, #7285). We merge with PEFT `merge_and_unload()`; an adapter whose alpha is 0 (or missing) is repaired
 from the training config (`train.lora_alpha`) and the repair is logged and recorded.
 
 Checks (merge_check.json, all must pass, else CheckFailed and no merged folder is left behind):

@@ -26,6 +26,11 @@ DEFAULT_PROBES = [
 FSDP_SHARD = re.compile(r"model_world_size_\d+_rank_\d+\.pt$")
 
 
+def is_verl_engine_lora(actor: Path) -> bool:
+    """verl 0.9's engine checkpoint of a LoRA run: FSDP shards + lora_train_meta.json, no lora_adapter/."""
+    return (actor / "lora_train_meta.json").is_file() and any(FSDP_SHARD.search(f.name) for f in actor.iterdir())
+
+
 @dataclass
 class AdapterSource:
     """What `--adapter` points at, resolved."""
@@ -97,8 +102,9 @@ def resolve_adapter(path: str | Path) -> AdapterSource:
         return AdapterSource(kind, p, given, notes)
     if (p / "lora_adapter" / "adapter_config.json").is_file():
         return AdapterSource("verl_lora_adapter", p / "lora_adapter", given, notes)
-    if (p / "lora_train_meta.json").is_file() and any(FSDP_SHARD.search(f.name) for f in p.iterdir()):
+    if is_verl_engine_lora(p):
         # verl 0.9's engine checkpoint of a LoRA run: the adapter is inside the FSDP shards, no lora_adapter/
+        # (`llmrnn train run` gathers it itself: llmrnn.train.verl_cmd.adapter_from_checkpoint)
         raise CheckFailed(
             f"{p}: a verl 0.9 LoRA checkpoint (FSDP shards + lora_train_meta.json, no lora_adapter/); gather it "
             f"in the verl environment with `python -m verl.model_merger merge --backend fsdp --local_dir {p} "
