@@ -217,12 +217,10 @@ def _code_defaults():
 
     from llmrnn.preflight import PreflightConfig
     from llmrnn.release.manifest import settings as release_settings
-    from llmrnn.reward import RewardConfig
     from llmrnn.train.config import DEFAULTS as TRAIN
 
     return {
         "train": TRAIN,
-        "reward": asdict(RewardConfig()),
         "preflight": asdict(PreflightConfig()),
         "release": release_settings(None),  # read through the models (runconfig.filled)
         "eval.final_judge.matcher": asdict(Matcher()),

@@ -64,13 +64,13 @@ def _custom_reward(kwargs: dict) -> dict | None:
 def _require_endpoint(args) -> None:
     """llmrnn.reward's judged modes (scalar, pairwise) need the judge's endpoint: say so before anything
     is loaded. Outcome mode needs none; another reward module (recipe qa's) checks its own."""
-    from llmrnn.reward import RewardConfig, missing_endpoint
+    from llmrnn.reward import missing_endpoint, reward_settings
     from llmrnn.train.trl_engine import DEFAULT_REWARD
 
     module = (args.reward_func or DEFAULT_REWARD).split(":", 1)[0]
     if args.endpoint or module != DEFAULT_REWARD.split(":", 1)[0]:
         return
-    reward = RewardConfig.from_any((args.cfg or {}).get("reward") or {})
+    reward = reward_settings((args.cfg or {}).get("reward") or {})
     if reward.judged:
         raise missing_endpoint(reward.mode, "pass --endpoint")
 
