@@ -30,6 +30,8 @@ def parse(model: type[M], data: Any, where: str) -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
+        if err["type"] == "value_error":  # a model validator's rule: its own line, naming its keys
+            raise InputError(str(err["ctx"]["error"])) from None
         key = ".".join([where, *(str(part) for part in err["loc"])])
         raise InputError(f"{key}: {err['msg']} (got {err.get('input')!r})") from None
 
