@@ -12,6 +12,7 @@ import yaml
 
 from llmrnn import check
 from llmrnn.cli import main
+from llmrnn.settings.train import Train
 from tests.conftest import REPO
 
 
@@ -113,7 +114,7 @@ def test_a_judge_no_job_starts_needs_no_model_nor_gpu(in_workflow, monkeypatch):
     reward), the QA answers' grading (qa.eval.judge); not reward.mode outcome with agreement_pairs 0, nor a
     QA reward without judge weight whose answers exact match grades."""
     monkeypatch.setenv("LLMRNN_JUDGE_GPUS", "0")
-    train = {"n_gpus_per_node": 2, "nnodes": 1}
+    train = Train(n_gpus_per_node=2, nnodes=1)
     monkeypatch.setenv("LLMRNN_TRAIN_GPUS", "2")
     rubric = {"rubric": "config/rubrics/rubric_v2_rubricarm_scalar.yaml"}  # RubricARM from the Hub, vLLM (1 GPU)
     scalar = {"judge": rubric, "reward": {"mode": "scalar"}}
@@ -136,8 +137,8 @@ VERL_PROBE = """
 import json, sys
 from llmrnn import check
 from llmrnn.train import config as tcfg
-good = tcfg.normalize({"engine": "verl", "n_gpus_per_node": 2})
-bad = tcfg.normalize({"engine": "verl", "n_gpus_per_node": 2,
+good = tcfg.settings({"engine": "verl", "n_gpus_per_node": 2})
+bad = tcfg.settings({"engine": "verl", "n_gpus_per_node": 2,
                       "verl": {"extra_overrides": ["trainer.no_such_key=1"]}})
 print(json.dumps([check.check_verl_command(good), check.check_verl_command(bad)]))
 """

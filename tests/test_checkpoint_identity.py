@@ -20,11 +20,12 @@ from tests.conftest import REPO
 SCRIPT = textwrap.dedent("""
     import sys
     from pathlib import Path
+    from llmrnn.settings.train import Train
     from llmrnn.train.checkpoints import discard_stale_checkpoints, run_fingerprint
     data = sys.argv[1]
     for i, spec in enumerate(sys.argv[2:]):
         out = Path(data).parent / f"run{i}"
-        fp = run_fingerprint({"lr": 1e-5}, data, out, spec)
+        fp = run_fingerprint(Train(lr=1e-5), data, out, spec)
         discard_stale_checkpoints(out, fp)
         print(fp, (out / "checkpoints" / "global_step_2").is_dir())
 """)

@@ -15,7 +15,6 @@ from llmrnn.judge import JudgeUnavailable
 from llmrnn.reward import (
     STOP_REASON_FILE,
     JudgeDegraded,
-    RewardConfig,
     Scorer,
     compute_score,
     compute_score_batch,
@@ -25,6 +24,7 @@ from llmrnn.reward import (
     reward_kwargs,
     trl_reward_func,
 )
+from llmrnn.settings import Reward
 from tests.judge_helpers import ScriptedJudge, chat_payload, make_step, memory, write_endpoint, write_rubric
 
 DS = "llm_as_rnn_memory_update"
@@ -137,7 +137,7 @@ def test_judged_modes_without_an_endpoint_stop_with_one_line(tmp_path, mode):
     with pytest.raises(InputError, match=re.escape(line)):
         trl_reward_func(["p"], [memory("x")], reward_model=[{"ground_truth": STEP}], **kw)
     with pytest.raises(InputError, match=re.escape(f"reward.mode {mode} asks the judge")):
-        Scorer(None, None, tmp_path / "audit", RewardConfig(mode=mode))
+        Scorer(None, None, tmp_path / "audit", Reward(mode=mode))
     assert not (tmp_path / "audit").exists()
 
 

@@ -9,6 +9,7 @@ import pytest
 from llmrnn.check.config import load_config
 from llmrnn.settings import Config
 from llmrnn.settings.render import _leaf_rows
+from llmrnn.settings.train import Train
 from tests.conftest import REPO
 
 
@@ -49,17 +50,17 @@ def test_check_refuses_a_tracker_that_is_not_installed(in_workflow, tmp_path):
     missing = next((t for t in ("wandb", "mlflow") if importlib.util.find_spec(t) is None), None)
     if missing is None:
         pytest.skip("wandb and mlflow are both installed here")
-    problems = tracker_problems({"report_to": [missing]})
+    problems = tracker_problems(Train(report_to=[missing]))
     assert len(problems) == 1 and problems[0].startswith(f"train.report_to: {missing} is not installed")
-    assert tracker_problems({"report_to": "tensorboard"}) == []  # installed: the tests read its events
+    assert tracker_problems(Train(report_to="tensorboard")) == []  # installed: the tests read its events
 
 
 @pytest.mark.parametrize("value", [5, {"wandb": True}, [["wandb"]], 1.5])
 def test_a_report_to_of_the_wrong_shape_is_one_line_not_a_crash(value):
-    from llmrnn.check.training import tracker_problems
+    from llmrnn.check.training import check_training
 
-    problems = tracker_problems({"report_to": value})
-    assert len(problems) == 1 and problems[0].startswith("train.report_to: "), problems
+    problems = check_training({"train": {"report_to": value}})
+    assert len(problems) == 1 and problems[0].startswith("train: train.report_to: "), problems
 
 
 def test_the_ok_line_lists_what_was_skipped_not_as_checked(in_workflow, monkeypatch, capsys, tmp_path):

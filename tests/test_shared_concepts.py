@@ -217,12 +217,8 @@ def _code_defaults():
 
     from llmrnn.preflight import PreflightConfig
     from llmrnn.release.manifest import settings as release_settings
-    from llmrnn.reward import RewardConfig
-    from llmrnn.train.config import DEFAULTS as TRAIN
 
     return {
-        "train": TRAIN,
-        "reward": asdict(RewardConfig()),
         "preflight": asdict(PreflightConfig()),
         "release": release_settings(None),  # read through the models (runconfig.filled)
         "eval.final_judge.matcher": asdict(Matcher()),
@@ -248,7 +244,7 @@ def test_slurm_profile_gpu_layout_is_the_reproduction_configs(monkeypatch):
     and the trainer are the ones that config asks for, and `llmrnn check` knows the same defaults."""
     from llmrnn import check
     from llmrnn.rubric import load_rubric
-    from llmrnn.train.config import normalize
+    from llmrnn.train.config import settings
     from tests.slurm.dag import load_profile
 
     repo = SRC.parents[1]
@@ -257,11 +253,11 @@ def test_slurm_profile_gpu_layout_is_the_reproduction_configs(monkeypatch):
     monkeypatch.chdir(repo)
     config, problems = check.load_config([Path("config/config.yaml"), Path("config/reproduce.yaml")])
     assert not [p for p in problems if "cohort" not in p], problems  # the MIMIC cohort is not shipped
-    train = normalize(config["train"])
+    train = settings(config["train"])
     judge_gpus = 1 if load_rubric(config["judge"]["rubric"]).needs_gpu else 0
     requested = load_profile({"PATH": "/usr/bin"})["set-resources"]
     assert (requested["train_grpo"]["gpu"], requested["train_grpo"]["nodes"], requested["judge_server"]["gpu"]) == (
-        train["n_gpus_per_node"], train["nnodes"], judge_gpus)
-    assert check.PROFILE_GPU_DEFAULTS == {"LLMRNN_TRAIN_GPUS": train["n_gpus_per_node"],
-                                          "LLMRNN_JUDGE_GPUS": judge_gpus, "LLMRNN_TRAIN_NODES": train["nnodes"]}
+        train.n_gpus_per_node, train.nnodes, judge_gpus)
+    assert check.PROFILE_GPU_DEFAULTS == {"LLMRNN_TRAIN_GPUS": train.n_gpus_per_node,
+                                          "LLMRNN_JUDGE_GPUS": judge_gpus, "LLMRNN_TRAIN_NODES": train.nnodes}
     assert check.check_profile_gpus(config, train) == []

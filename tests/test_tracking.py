@@ -14,6 +14,7 @@ import pytest
 
 from llmrnn.errors import InputError
 from llmrnn.runconfig import resolve
+from llmrnn.settings.train import Train
 from llmrnn.train import config as tcfg
 from llmrnn.train import tracking, verl_cmd
 
@@ -26,8 +27,8 @@ SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
     (["wandb", "tensorboard", "wandb"], ["wandb", "tensorboard"]), (["mlflow"], ["mlflow"]),
 ])
 def test_report_to_accepts_a_name_or_a_list(value, expected):
-    assert tracking.report_to({"report_to": value}) == expected
-    assert tracking.verl_loggers({"report_to": value}) == ["console", "file", *expected]
+    assert tracking.report_to(tcfg.settings({"report_to": value})) == expected
+    assert tracking.verl_loggers(tcfg.settings({"report_to": value})) == ["console", "file", *expected]
 
 
 @pytest.mark.parametrize("value, message", [
@@ -36,7 +37,7 @@ def test_report_to_accepts_a_name_or_a_list(value, expected):
 ])
 def test_report_to_refuses_unknown_names_in_one_line(value, message):
     with pytest.raises(InputError, match=message):
-        tcfg.normalize({"report_to": value})
+        tcfg.settings({"report_to": value})
 
 
 @pytest.mark.parametrize("value, ok", [("wandb", True), (["tensorboard", "mlflow"], True), ("none", True),
@@ -52,11 +53,11 @@ def test_schema_validates_report_to(value, ok):
 
 def test_schema_and_engine_default_is_no_tracker():
     config, _ = resolve([("x.yaml", {"run_name": "x", "recipe": "memory_head"})], SCHEMA)
-    assert config["train"]["report_to"] == tcfg.DEFAULTS["report_to"] == "none"
+    assert config["train"]["report_to"] == Train().report_to == "none"
 
 
 def test_trackers_write_into_the_run_folder_and_wandb_runs_offline(tmp_path):
-    cfg = {"report_to": ["tensorboard", "wandb", "mlflow"], "project_name": "proj"}
+    cfg = Train(report_to=["tensorboard", "wandb", "mlflow"], project_name="proj")
     env = tracking.tracking_env(cfg, tmp_path / "train", environ={})
     work = (tmp_path / "train").resolve()
     assert env["TENSORBOARD_DIR"] == env["TENSORBOARD_LOGGING_DIR"] == str(work / "tensorboard")
@@ -66,7 +67,7 @@ def test_trackers_write_into_the_run_folder_and_wandb_runs_offline(tmp_path):
     # what the user exported wins (e.g. WANDB_MODE=online where the nodes reach W&B)
     kept = tracking.tracking_env(cfg, tmp_path, environ={"WANDB_MODE": "online", "TENSORBOARD_DIR": "/tb"})
     assert "WANDB_MODE" not in kept and "TENSORBOARD_DIR" not in kept
-    assert tracking.tracking_env({"report_to": "none"}, tmp_path, environ={}) == {}
+    assert tracking.tracking_env(Train(), tmp_path, environ={}) == {}
 
 
 def test_no_config_key_can_hold_a_tracker_secret():
@@ -75,7 +76,7 @@ def test_no_config_key_can_hold_a_tracker_secret():
     text = SCHEMA.read_text()
     for word in ("api_key:", "wandb_api_key", "WANDB_API_KEY"):
         assert word not in text
-    env = tracking.tracking_env({"report_to": ["wandb", "mlflow", "tensorboard"]}, "/tmp/x", environ={})
+    env = tracking.tracking_env(Train(report_to=["wandb", "mlflow", "tensorboard"]), "/tmp/x", environ={})
     assert not [k for k in env if any(s in k for s in ("KEY", "TOKEN", "PASSWORD", "SECRET"))]
 
 
@@ -83,7 +84,7 @@ def test_tracker_variables_reach_verls_ray_workers_but_no_secret_does(tmp_path):
     """verl's Ray workers (another node of a `ray start` cluster) get the trackers' folders and modes through
     the job's runtime_env, as the metrics path does; WANDB_API_KEY, MLflow credentials and a tracking URI
     with a password stay in the environment: never on main_ppo's command line (which verl prints)."""
-    cfg = {"report_to": ["tensorboard", "wandb", "mlflow"], "project_name": "proj"}
+    cfg = Train(report_to=["tensorboard", "wandb", "mlflow"], project_name="proj")
     tracked = tracking.tracking_env(cfg, tmp_path / "train", environ={})
     secrets = {"WANDB_API_KEY": "sentinel-key-0123", "MLFLOW_TRACKING_PASSWORD": "sentinel-pw",
                "MLFLOW_TRACKING_TOKEN": "sentinel-token", "HF_TOKEN": "sentinel-hf"}
@@ -114,9 +115,9 @@ def test_checkpoints_survive_adding_a_tracker(tmp_path):
 
     parquet = tmp_path / "t.parquet"
     parquet.write_bytes(b"x")
-    fp = lambda cfg: run_fingerprint(cfg, parquet, tmp_path, "llmrnn.reward:compute_score")
-    assert fp({"lr": 1, "report_to": "none"}) == fp({"lr": 1, "report_to": ["tensorboard"]})
-    assert fp({"lr": 1}) != fp({"lr": 2})
+    fp = lambda cfg: run_fingerprint(tcfg.settings(cfg), parquet, tmp_path, "llmrnn.reward:compute_score")
+    assert fp({"lr": 0.1, "report_to": "none"}) == fp({"lr": 0.1, "report_to": ["tensorboard"]})
+    assert fp({"lr": 0.1}) != fp({"lr": 0.2})
 
 
 # ----------------------------------------------------------------------------- a real CPU run
@@ -189,7 +190,7 @@ def test_verl_tracking_writes_tensorboard_and_offline_wandb_into_the_run_folder(
 
     py = verl_python("0.7.1")
     work = tmp_path / "smoke" / "train"
-    cfg = {"report_to": ["tensorboard", "wandb"]}
+    cfg = Train(report_to=["tensorboard", "wandb"])
     train = write_parquet(tmp_path / "train.parquet", make_rows(4))
     overrides = verl_cmd.build_overrides(cfg, train_parquet=train, val_parquet=train, model_dir=str(tiny_model_dir),
                                          out_dir=str(work), experiment_name="smoke")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from llmrnn.errors import CheckFailed
+from llmrnn.settings.train import Train
 from llmrnn.train.trl_engine import checkpoint_complete
 from tests.verl.rows import make_rows, write_parquet
 
@@ -394,12 +395,12 @@ def test_cpu_speed_knobs_reach_grpo_config(tmp_path, cpu_bf16, checkpointing):
     from llmrnn.train import config as tcfg
     from llmrnn.train.trl_engine import grpo_arguments
 
-    cfg = tcfg.normalize(tiny_cfg(trl={"cpu_bf16": cpu_bf16, "gradient_checkpointing": checkpointing}))
+    cfg = tcfg.settings(tiny_cfg(trl={"cpu_bf16": cpu_bf16, "gradient_checkpointing": checkpointing}))
     args = grpo_arguments(cfg, tcfg.geometry(cfg, "trl"), tmp_path, max_steps=4, validate=True)
     assert (args.bf16, args.gradient_checkpointing) == (cpu_bf16, checkpointing)
     assert args.per_device_eval_batch_size == 2 * 4 and args.num_generations_eval == 4
     # val_generations: fewer val rollouts per prompt, still whole groups in one generation-sized batch
-    cfg = tcfg.normalize(tiny_cfg(val_generations=3))
+    cfg = tcfg.settings(tiny_cfg(val_generations=3))
     args = grpo_arguments(cfg, tcfg.geometry(cfg, "trl"), tmp_path, max_steps=4, validate=True)
     assert args.num_generations_eval == 3 and args.per_device_eval_batch_size == 6
 
@@ -450,7 +451,7 @@ def test_clip_and_loss_reach_both_engines(tmp_path, mode, loss_type):
     from llmrnn.train.verl_cmd import build_overrides
 
     knobs = {"clip_ratio": {"low": 0.15, "high": 0.28}, "loss_agg_mode": mode}
-    cfg = tcfg.normalize(tiny_cfg(**knobs))
+    cfg = tcfg.settings(tiny_cfg(**knobs))
     args = grpo_arguments(cfg, tcfg.geometry(cfg, "trl"), tmp_path, max_steps=4, validate=False)
     assert (args.epsilon, args.epsilon_high, args.loss_type) == (0.15, 0.28, loss_type)
     overrides = build_overrides({**tiny_cfg(**knobs), "engine": "verl"}, train_parquet="t.parquet",
@@ -460,16 +461,16 @@ def test_clip_and_loss_reach_both_engines(tmp_path, mode, loss_type):
                  "actor_rollout_ref.actor.clip_ratio_high=0.28", f"actor_rollout_ref.actor.loss_agg_mode={mode}"):
         assert item in overrides
     # the defaults are verl's (the reference run's): TRL's own loss_type default is not relied on
-    cfg = tcfg.normalize(tiny_cfg())
+    cfg = tcfg.settings(tiny_cfg())
     args = grpo_arguments(cfg, tcfg.geometry(cfg, "trl"), tmp_path, max_steps=4, validate=False)
     assert (args.epsilon, args.epsilon_high, args.loss_type) == (0.2, 0.2, "dapo")
 
 
 @pytest.mark.parametrize("over,message", [
     ({"loss_agg_mode": "seq-mean-token-sum"}, "train.loss_agg_mode: 'seq-mean-token-sum' is verl-only"),
-    ({"loss_agg_mode": "sum"}, "train.loss_agg_mode: 'sum' is not one of"),
-    ({"clip_ratio": {"low": 0}}, "train.clip_ratio.low: expected a number > 0, got 0"),
-    ({"select": "best"}, "train.select: 'best' is not one of ['last', 'best_val']"),
+    ({"loss_agg_mode": "sum"}, "train.loss_agg_mode: Input should be 'token-mean', "),
+    ({"clip_ratio": {"low": 0}}, "train.clip_ratio.low: Input should be greater than 0 (got 0)"),
+    ({"select": "best"}, "train.select: Input should be 'last' or 'best_val' (got 'best')"),
     ({"select": "best_val", "test_freq": 0}, "train.select: best_val needs validation"),
     ({"select": "best_val", "engine": "verl", "save_freq": 3, "test_freq": 2, "keep_last": None},
      ("best_val with engine verl needs every saved step validated, but train.save_freq=3 is not a multiple of "
@@ -481,7 +482,7 @@ def test_bad_clip_loss_or_select_is_one_line(over, message):
     from llmrnn.train import config as tcfg
 
     with pytest.raises(InputError, match=re.escape(message)):
-        tcfg.normalize(tiny_cfg(**over))
+        tcfg.settings(tiny_cfg(**over))
 
 
 # --------------------------------------------------------------------------- checkpoint choice
@@ -493,7 +494,7 @@ def test_best_val_with_trl_validates_every_save_itself():
     workflow configs save every 2 steps and validate every 4)."""
     from llmrnn.train import config as tcfg
 
-    assert tcfg.normalize(tiny_cfg(select="best_val", save_freq=3, test_freq=2, keep_last=1))["select"] == "best_val"
+    assert tcfg.settings(tiny_cfg(select="best_val", save_freq=3, test_freq=2, keep_last=1)).select == "best_val"
 
 
 def test_choose_checkpoint_last_and_best_val():
@@ -517,9 +518,9 @@ def test_verl_merges_the_chosen_steps_adapter(tmp_path):
 
     for step in (4, 8):
         (tmp_path / f"global_step_{step}" / "actor").mkdir(parents=True)
-    cfg = {"select": "best_val"}
+    cfg = Train(select="best_val")
     assert choose_verl_checkpoint(cfg, tmp_path, VAL_ROWS)["step"] == 4
-    assert choose_verl_checkpoint({"select": "last"}, tmp_path, VAL_ROWS)["step"] == 8
+    assert choose_verl_checkpoint(Train(), tmp_path, VAL_ROWS)["step"] == 8
 
 
 @pytest.mark.slow
@@ -554,7 +555,7 @@ def test_shipped_configs_select_their_checkpoint(name):
     from llmrnn.train import config as tcfg
 
     config, sources = runconfig.resolve([runconfig.read_layer(Path(__file__).parents[1] / "config" / name)])
-    assert tcfg.normalize(config["train"])["select"] == "last"
+    assert tcfg.settings(config["train"]).select == "last"
     assert sources["train"]["select"] in (f"config/{name}", runconfig.SCHEMA_DEFAULT)
 
 
@@ -568,7 +569,7 @@ def test_cpu_bf16_auto_follows_the_cpu(tmp_path, monkeypatch, native):
     from llmrnn.train.trl_engine import grpo_arguments
 
     monkeypatch.setattr(gpus, "cpu_has_native_bf16", lambda cpuinfo=None: native)
-    cfg = tcfg.normalize(tiny_cfg(trl={"cpu_bf16": "auto"}))
+    cfg = tcfg.settings(tiny_cfg(trl={"cpu_bf16": "auto"}))
     assert grpo_arguments(cfg, tcfg.geometry(cfg, "trl"), tmp_path, max_steps=4, validate=True).bf16 is native
-    with pytest.raises(InputError, match=r"train\.trl\.cpu_bf16: expected true, false or auto, got 'yes'"):
-        tcfg.normalize(tiny_cfg(trl={"cpu_bf16": "yes"}))
+    with pytest.raises(InputError, match=r"train\.trl\.cpu_bf16: Input should be True, False or 'auto' \(got 'yes'\)"):
+        tcfg.settings(tiny_cfg(trl={"cpu_bf16": "yes"}))

@@ -14,6 +14,7 @@ import pytest
 
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.reward import guard_spec, reward_kwargs
+from llmrnn.settings.train import Train
 from llmrnn.train import verl_cmd
 from tests.verl.rows import make_rows, write_parquet
 
@@ -105,7 +106,7 @@ def test_micro_batch_verl_only_checks_on_the_gpu_node_is_caught_by_preflight(ver
     cfg = dict(REFERENCE, batch={"train": 16, "mini": 16, "micro_per_gpu": 3})
     proc = check(version, tmp_path, tiny_model_dir, cfg)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    problems = tcfg.geometry(tcfg.normalize(cfg)).problems
+    problems = tcfg.geometry(tcfg.settings(cfg)).problems
     assert any("micro_per_gpu=3 does not divide the 64 responses" in p for p in problems)
 
 
@@ -269,7 +270,7 @@ def test_verl_ray_workers_get_the_metrics_path_reward_env_and_umask_without_the_
     env = {"VERL_FILE_LOGGER_PATH": str(work / "state" / "verl metrics.jsonl"),
            "LLMRNN_REWARD_CFG": "the old variable: never forwarded",
            # train.report_to's folders reach the workers too; the W&B key (a secret) never travels
-           **tracking.tracking_env({"report_to": ["tensorboard", "wandb", "mlflow"]}, work, environ={}),
+           **tracking.tracking_env(Train(report_to=["tensorboard", "wandb", "mlflow"]), work, environ={}),
            "WANDB_API_KEY": "sentinel-wandb-key"}
     overrides = verl_cmd.build_overrides(
         dict(REFERENCE), train_parquet=train, val_parquet=None, model_dir=str(tiny_model_dir), out_dir=str(work),
@@ -367,8 +368,8 @@ def test_check_allows_flash_attention_only_where_flash_attn_imports(monkeypatch)
     from llmrnn import check
     from llmrnn.train import config as tcfg
 
-    flash = tcfg.normalize({"verl": {"attn_implementation": "flash_attention_2"}})
-    assert check.check_attention(tcfg.normalize({})) == []
+    flash = tcfg.settings({"verl": {"attn_implementation": "flash_attention_2"}})
+    assert check.check_attention(tcfg.settings({})) == []
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flash_attn" else object())
     (problem,) = check.check_attention(flash)
     assert problem.startswith("train.verl.attn_implementation: flash_attention_2 needs the flash-attn package")
@@ -395,11 +396,11 @@ def test_the_train_section_is_normalised_once(monkeypatch):
     take it as it is (they normalised it again, twice, before) and still normalise a raw one."""
     from llmrnn.train import config as tcfg
 
-    cfg = tcfg.normalize({"group_size": 4})
-    assert tcfg.normalize(cfg) is cfg and isinstance(cfg, dict)
+    cfg = tcfg.settings({"group_size": 4})
+    assert tcfg.settings(cfg) is cfg and isinstance(cfg, Train)
     merges = []
-    real = tcfg.deep_merge
-    monkeypatch.setattr(tcfg, "deep_merge", lambda *a: merges.append(a) or real(*a))
+    real = tcfg.parse
+    monkeypatch.setattr(tcfg, "parse", lambda *a: merges.append(a) or real(*a))
     kw = {"train_parquet": "t.parquet", "val_parquet": None, "model_dir": "m", "out_dir": "o", "experiment_name": "e"}
     normalised = verl_cmd.build_overrides(cfg, **kw)
     assert merges == [] and "actor_rollout_ref.rollout.n=4" in normalised
@@ -526,7 +527,7 @@ def test_a_verl_09_checkpoint_whose_gather_fails_stops_in_one_line_naming_the_me
     actor = verl09_actor(tmp_path, {"r": 8, "lora_alpha": 16, "task_type": "CAUSAL_LM"})
     scratch = tmp_path / "state" / "gathered"
     with pytest.raises(CheckFailed) as err:
-        verl_cmd.adapter_from_checkpoint(actor, tmp_path / "adapter", {"lora": {"rank": 8, "alpha": 16}},
+        verl_cmd.adapter_from_checkpoint(actor, tmp_path / "adapter", Train(lora={"rank": 8, "alpha": 16}),
                                          python=sys.executable, scratch=scratch)
     msg = str(err.value)
     assert "\n" not in msg and "verl's model_merger exited with 1" in msg and "No module named" in msg, msg
@@ -535,7 +536,7 @@ def test_a_verl_09_checkpoint_whose_gather_fails_stops_in_one_line_naming_the_me
     # without lora_train_meta.json it is no 0.9 LoRA checkpoint: the 0.7 rule (lora_adapter/ is required) stands
     plain = verl09_actor(tmp_path / "full", None)
     with pytest.raises(CheckFailed, match="no lora_adapter in the final verl checkpoint"):
-        verl_cmd.adapter_from_checkpoint(plain, tmp_path / "adapter", {"lora": {"rank": 8, "alpha": 16}},
+        verl_cmd.adapter_from_checkpoint(plain, tmp_path / "adapter", Train(lora={"rank": 8, "alpha": 16}),
                                          python=sys.executable)
 
 
@@ -549,11 +550,11 @@ def test_an_alpha_of_0_from_verls_merger_is_set_from_the_checkpoint_metadata_or_
     adapter = tmp_path / "lora_adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 0, "peft_type": "LORA"}))
-    got = verl_cmd.fix_gathered_alpha(adapter, actor, {"lora": {"rank": 8, "alpha": 16}})
+    got = verl_cmd.fix_gathered_alpha(adapter, actor, Train(lora={"rank": 8, "alpha": 16}))
     assert got == {"merger_alpha": 0, "alpha_fixed_from": source}
     assert json.loads((adapter / "adapter_config.json").read_text())["lora_alpha"] == want
     # an alpha the merger wrote is kept (check_adapter then compares it with train.lora)
-    assert verl_cmd.fix_gathered_alpha(adapter, actor, {"lora": {"rank": 8, "alpha": 99}})["merger_alpha"] == want
+    assert verl_cmd.fix_gathered_alpha(adapter, actor, Train(lora={"rank": 8, "alpha": 99}))["merger_alpha"] == want
 
 
 FAKE_SCORING_MAIN_PPO = textwrap.dedent(
@@ -793,7 +794,7 @@ def test_verl_fit_rehearsed_on_cpu_from_rollout_to_merged_model(version, tmp_pat
     # what `llmrnn train run` does with its chosen checkpoint (verl_cmd.run calls it with the training Python):
     # 0.7.1's lora_adapter/ copied as it is; 0.9.1's gathered by verl's own model merger in the verl venv
     scratch = tmp_path / "state" / "gathered"
-    got = verl_cmd.adapter_from_checkpoint(actor, tmp_path / "adapter", train, python=str(python), scratch=scratch)
+    got = verl_cmd.adapter_from_checkpoint(actor, tmp_path / "adapter", Train(**train), python=str(python), scratch=scratch)
     assert got["adapter_from"] == ("model_merger" if engine else "lora_adapter"), got
     assert not scratch.exists()  # the merger's whole-model copy is gone
     conf = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from llmrnn.check.judge import _judge_gpus_needed
+from llmrnn.settings.train import Train
 
 log = logging.getLogger(__name__)
 
@@ -20,15 +21,15 @@ def _profile_value(name: str) -> int:
     return int(os.environ.get(name, PROFILE_GPU_DEFAULTS[name]))
 
 
-def check_profile_gpus(config: dict, train_cfg: dict) -> list[str]:
+def check_profile_gpus(config: dict, train_cfg: Train) -> list[str]:
     """profiles/slurm asks for LLMRNN_TRAIN_GPUS / LLMRNN_JUDGE_GPUS; they must match the config."""
     problems = []
     profile_train = _profile_value("LLMRNN_TRAIN_GPUS")
-    want = int(train_cfg.get("n_gpus_per_node", profile_train))
+    want = train_cfg.n_gpus_per_node
     if want != profile_train:
         problems.append(f"train.n_gpus_per_node is {want} but profiles/slurm requests {profile_train} GPU(s) for "
                         f"train_grpo: export LLMRNN_TRAIN_GPUS={want}")
-    nodes = int(train_cfg["nnodes"])  # normalised (train.config.normalize): every key is there
+    nodes = train_cfg.nnodes
     profile_nodes = _profile_value("LLMRNN_TRAIN_NODES")
     if nodes != profile_nodes:
         problems.append(f"train.nnodes is {nodes} but profiles/slurm requests {profile_nodes} node(s): "

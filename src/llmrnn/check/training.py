@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 from llmrnn.check.slurm import check_profile_gpus
+from llmrnn.settings.train import Train
 
 log = logging.getLogger(__name__)
 
@@ -22,12 +23,12 @@ def check_training(config: dict) -> list[str]:
     from llmrnn.errors import LlmrnnError
 
     try:
-        cfg = tcfg.normalize(config["train"])
+        cfg = tcfg.settings(config["train"])
         problems = [f"train: {p}" for p in tcfg.geometry(cfg).problems]
     except LlmrnnError as exc:
         return [f"train: {exc}"]
     problems += tracker_problems(cfg)
-    if cfg.get("engine") == "verl":
+    if cfg.engine == "verl":
         # the qa recipe's reward is llmrnn.qa.rewards.compute_score (same signature, other module)
         problems += check_verl_command(cfg, "llmrnn.qa.rewards" if config.get("recipe") == "qa" else None)
         problems += check_profile_gpus(config, cfg)
@@ -36,11 +37,11 @@ def check_training(config: dict) -> list[str]:
     return problems
 
 
-def check_lora_dropout(train_cfg: dict) -> list[str]:
+def check_lora_dropout(train_cfg: Train) -> list[str]:
     """verl (0.7.1 and 0.9.1) builds the actor's LoraConfig from model.lora_rank, lora_alpha, target_modules
     (and exclude_modules) only (fsdp_workers.py): it has no override for LoRA dropout, so a nonzero
     train.lora.dropout would be silently ignored. Refuse it: the run trains what the config says or not at all."""
-    dropout = float(train_cfg["lora"].get("dropout") or 0.0)
+    dropout = train_cfg.lora.dropout
     if dropout == 0.0:
         return []
     return [(f"train.lora.dropout: {dropout} under train.engine verl, which builds its LoRA without dropout (verl has "
@@ -51,19 +52,14 @@ def check_lora_dropout(train_cfg: dict) -> list[str]:
 TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 
 
-def tracker_problems(train_cfg: dict) -> list[str]:
+def tracker_problems(train_cfg: Train) -> list[str]:
     """train.report_to: every tracker importable here (transformers' callback would fail at training start)."""
     import importlib.util
 
-    from llmrnn.errors import InputError
     from llmrnn.train.tracking import report_to
 
-    try:
-        trackers = report_to(train_cfg)
-    except InputError as exc:
-        return [str(exc)]
     out = []
-    for tracker in trackers:
+    for tracker in report_to(train_cfg):
         module = TRACKER_MODULES.get(tracker, tracker)
         if importlib.util.find_spec(module) is None:
             out.append(f"train.report_to: {tracker} is not installed in this environment (pip install {module}); "
@@ -71,18 +67,18 @@ def tracker_problems(train_cfg: dict) -> list[str]:
     return out
 
 
-def check_attention(train_cfg: dict) -> list[str]:
+def check_attention(train_cfg: Train) -> list[str]:
     """flash_attention_2 (and the remove-padding it turns on) imports flash-attn in verl's actor: refuse
     it where flash-attn is not importable (the GPU lock does not carry it: a CUDA source build)."""
     import importlib.util
 
-    if train_cfg["verl"]["attn_implementation"] != "flash_attention_2" or importlib.util.find_spec("flash_attn"):
+    if train_cfg.verl.attn_implementation != "flash_attention_2" or importlib.util.find_spec("flash_attn"):
         return []
     return [("train.verl.attn_implementation: flash_attention_2 needs the flash-attn package, which is not "
              "importable here (envs/gpu-lock.txt leaves it out); use sdpa (the default) or install flash-attn")]
 
 
-def check_verl_command(cfg: dict, reward_module: str | None = None) -> list[str]:
+def check_verl_command(cfg: Train, reward_module: str | None = None) -> list[str]:
     try:
         import verl  # noqa: F401
     except ImportError:

@@ -19,8 +19,9 @@ class MergePlan(PlanBase):
         """params of merge_model: the merge knobs (not resources) + the LoRA rank/alpha training asked for
         (the adapter is checked against them; an alpha of 0 is repaired from them)."""
         # the values training really uses: its section with the train stage's own defaults filled in
-        from llmrnn.train.config import normalize
+        from llmrnn.settings.base import parse
+        from llmrnn.settings.train import Train
 
-        lora = normalize(self.config.get("train"))["lora"]
-        wanted = {k: lora.get(k) for k in ("rank", "alpha")}
+        lora = parse(Train, self.config.get("train") or {}, "train").lora
+        wanted = {"rank": lora.rank, "alpha": lora.alpha}
         return _json({"merge": _knobs(self.config["merge"]), "train": {"lora": wanted}})

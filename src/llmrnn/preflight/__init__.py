@@ -65,7 +65,7 @@ def _cmd_training(args) -> int:
     from llmrnn.train import config as tcfg
 
     cfg = args.cfg.get("train", args.cfg)
-    result = training_checks(tcfg.normalize(cfg), args.train, args.val, model_folder(args.model),
+    result = training_checks(tcfg.settings(cfg), args.train, args.val, model_folder(args.model),
                              out_dir=args.out_dir, gpus_available=args.gpus)
     if args.out:
         io.write_json(args.out, result)

@@ -154,14 +154,12 @@ def run_agreement(train_parquet: str, endpoint_file: str, out: str, audit_dir: s
     """The judge-agreement check alone (for a run whose reward asks no judge): the judge at `endpoint_file`
     scores agreement_pairs pairs in `mode` (default: the reward's judged mode, else scalar). Writes `out`
     with a verdict; it never stops the workflow (a judged run's preflight does that)."""
-    from dataclasses import replace
-
-    from llmrnn.reward import RewardConfig, Scorer
+    from llmrnn.reward import Scorer, reward_settings
 
     pcfg = PreflightConfig.from_dict(cfg.get("preflight"))
-    reward = RewardConfig.from_any(cfg.get("reward") or {})
+    reward = reward_settings(cfg.get("reward") or {})
     check_mode = mode or (reward.mode if reward.judged else "scalar")
-    rcfg = replace(reward, mode=check_mode)
+    rcfg = reward.model_copy(update={"mode": check_mode})
     if not rcfg.judged:
         raise InputError(f"preflight agreement --mode {check_mode}: the check needs a judged mode (scalar, pairwise)")
     rows = load_rows(train_parquet, max(2, pcfg.agreement_pairs), pcfg.seed + 1)

@@ -24,10 +24,10 @@ def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit
                   val_parquet: str | None = None, tokenizer_dir: str | None = None) -> dict:
     """Reward checks (judge_checks; outcome_checks when reward.mode outcome asks no judge, which needs
     no endpoint; custom_checks for your own reward, reward.custom) + training checks -> `out`; CheckFailed when a problem counts."""
-    from llmrnn.reward import RewardConfig, missing_endpoint
+    from llmrnn.reward import missing_endpoint, reward_settings
 
     pcfg = PreflightConfig.from_dict(cfg.get("preflight"))
-    rcfg = RewardConfig.from_any(cfg.get("reward") or {})
+    rcfg = reward_settings(cfg.get("reward") or {})
     if rcfg.judged and not endpoint_file:  # before any work: the judged modes cannot check anything
         raise missing_endpoint(rcfg.mode, "pass --endpoint")
     judge_cfg = cfg.get("judge") or {}

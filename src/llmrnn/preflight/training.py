@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from llmrnn.gpus import visible_gpus
+from llmrnn.settings.train import Train
 
 log = logging.getLogger(__name__)
 
@@ -44,21 +45,21 @@ def _split_lengths(split: str, path, tokenizer, limit: int, max_dropped_fraction
     return report, len(rows) - len(over), problems
 
 
-def _data_checks(cfg: dict, train_parquet, val_parquet, tokenizer_dir, max_dropped_fraction: float):
+def _data_checks(cfg: Train, train_parquet, val_parquet, tokenizer_dir, max_dropped_fraction: float):
     """Prompt lengths of both splits and the steps the usable train rows make: (report, problems)."""
     from transformers import AutoTokenizer
 
     from llmrnn.train import config as tcfg
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    limit = cfg["max_prompt_length"]
+    limit = cfg.max_prompt_length
     data: dict = {"max_prompt_length": limit, "val": None}
     data["train"], kept_train, problems = _split_lengths("train", train_parquet, tokenizer, limit,
                                                          max_dropped_fraction)
     if val_parquet is not None:
         data["val"], _, val_problems = _split_lengths("val", val_parquet, tokenizer, limit, max_dropped_fraction)
         problems += val_problems
-    elif cfg["test_freq"]:
+    elif cfg.test_freq:
         problems.append("no val parquet: validation every train.test_freq steps needs one")
     spe = tcfg.steps_per_epoch(cfg, kept_train)
     data["steps_per_epoch"] = spe
@@ -66,7 +67,7 @@ def _data_checks(cfg: dict, train_parquet, val_parquet, tokenizer_dir, max_dropp
     if kept_train and spe == 0:
         problems.append(
             f"train parquet: {kept_train} usable rows are fewer than one batch of train.batch.train="
-            f"{cfg['batch']['train']} prompts (the partial batch is dropped): no step would run"
+            f"{cfg.batch.train} prompts (the partial batch is dropped): no step would run"
         )
     return data, problems
 
@@ -75,23 +76,23 @@ LR_CHECK_STEP = 20  # optimizer step at which the LR must have reached LR_MIN_FR
 LR_MIN_FRACTION = 0.3
 
 
-def _lr_checks(cfg: dict, planned: int, updates_per_step: int) -> tuple[dict, list[str]]:
+def _lr_checks(cfg: Train, planned: int, updates_per_step: int) -> tuple[dict, list[str]]:
     """The optimizer steps the run makes and the LR it sees at the first/last one."""
     from llmrnn.train import config as tcfg
 
     updates = planned * updates_per_step
-    warm = int(cfg["warmup_steps"] or 0)
+    warm = cfg.warmup_steps
     schedule = {
-        "scheduler": cfg["lr_scheduler"],
-        "peak_lr": float(cfg["lr"]),
+        "scheduler": cfg.lr_scheduler,
+        "peak_lr": cfg.lr,
         "warmup_steps": warm,
         "optimizer_steps": updates,
         "lr_first_step": tcfg.lr_at(cfg, 1, updates) if updates else None,
         "lr_last_step": tcfg.lr_at(cfg, updates, updates) if updates else None,
     }
     problems = []
-    if not float(cfg["lr"]) > 0:
-        problems.append(f"train.lr={cfg['lr']}: must be > 0")
+    if not cfg.lr > 0:
+        problems.append(f"train.lr={cfg.lr}: must be > 0")
     if updates and warm >= updates:
         problems.append(
             f"train.warmup_steps={warm} >= the run's {updates} optimizer steps: the LR never reaches train.lr"
@@ -102,21 +103,21 @@ def _lr_checks(cfg: dict, planned: int, updates_per_step: int) -> tuple[dict, li
     if updates:
         lr_check = tcfg.lr_at(cfg, check_step, updates)
         schedule.update(check_step=check_step, lr_at_check_step=lr_check, min_fraction=LR_MIN_FRACTION)
-        if float(cfg["lr"]) > 0 and lr_check < LR_MIN_FRACTION * float(cfg["lr"]) and warm < updates:
+        if cfg.lr > 0 and lr_check < LR_MIN_FRACTION * cfg.lr and warm < updates:
             problems.append(
                 f"LR schedule: at optimizer step {check_step} of {updates} the LR is {lr_check:.3g}, below "
-                f"{LR_MIN_FRACTION:.0%} of train.lr={cfg['lr']}: shorten train.warmup_steps or give the run more steps"
+                f"{LR_MIN_FRACTION:.0%} of train.lr={cfg.lr}: shorten train.warmup_steps or give the run more steps"
             )
-    if cfg["save_freq"] and planned and cfg["save_freq"] > planned:
+    if cfg.save_freq and planned and cfg.save_freq > planned:
         schedule["note"] = "save_freq > planned steps: only the final checkpoint is written"
     return schedule, problems
 
 
-def _gpu_checks(cfg: dict, gpus_available: int | None, check_gpus: bool = True) -> tuple[dict, list[str]]:
-    engine = cfg["engine"]
-    need = 0 if engine == "trl" else cfg["n_gpus_per_node"]
+def _gpu_checks(cfg: Train, gpus_available: int | None, check_gpus: bool = True) -> tuple[dict, list[str]]:
+    engine = cfg.engine
+    need = 0 if engine == "trl" else cfg.n_gpus_per_node
     have = visible_gpus() if gpus_available is None else int(gpus_available)
-    gpus = {"engine": engine, "requested_per_node": need, "nnodes": cfg["nnodes"], "available_here": have}
+    gpus = {"engine": engine, "requested_per_node": need, "nnodes": cfg.nnodes, "available_here": have}
     problems = []
     if not check_gpus:
         gpus["checked_by"] = "train run (the training job)"
@@ -128,7 +129,7 @@ def _gpu_checks(cfg: dict, gpus_available: int | None, check_gpus: bool = True) 
     return gpus, problems
 
 
-def _disk_checks(cfg: dict, target: Path, model_dir, planned: int) -> tuple[dict, list[str]]:
+def _disk_checks(cfg: Train, target: Path, model_dir, planned: int) -> tuple[dict, list[str]]:
     """Free disk for checkpoints where they will go (the nearest existing folder of `target`). verl's
     checkpoints hold the full fp32 actor, so its need is sized from the model x checkpoints kept."""
     from llmrnn.gpu_stack import checkpoint_disk_gb
@@ -145,12 +146,12 @@ def _disk_checks(cfg: dict, target: Path, model_dir, planned: int) -> tuple[dict
     where = f"{free_gb:.1f} GB free at {probe}"
     if quota.left_gb is not None and quota.left_gb < free_gb:
         free_gb, where = quota.left_gb, f"{quota.left_gb:.1f} GB left under your quota at {probe} ({quota.note})"
-    need_gb, why = float(cfg["min_free_disk_gb"]), f"train.min_free_disk_gb={cfg['min_free_disk_gb']}"
-    if cfg["engine"] == "verl":
-        ckpt_gb, kept = checkpoint_disk_gb(model_dir, cfg["keep_last"], planned, cfg["save_freq"])
+    need_gb, why = cfg.min_free_disk_gb, f"train.min_free_disk_gb={cfg.min_free_disk_gb}"
+    if cfg.engine == "verl":
+        ckpt_gb, kept = checkpoint_disk_gb(model_dir, cfg.keep_last, planned, cfg.save_freq)
         disk.update(checkpoints_kept=kept, checkpoints_gb=ckpt_gb)
         if ckpt_gb > need_gb:
-            need_gb, why = ckpt_gb, (f"{kept} checkpoint(s) kept (train.keep_last={cfg['keep_last']}) x "
+            need_gb, why = ckpt_gb, (f"{kept} checkpoint(s) kept (train.keep_last={cfg.keep_last}) x "
                                      f"{ckpt_gb / kept:.1f} GB (fp32 weights of {model_dir})")
     disk["min_free_gb"] = need_gb
     problems = []
@@ -180,7 +181,7 @@ def training_checks(
     Returns {"ok", "problems": [...], "engine", "geometry", "data", "lr_schedule", "gpus", "disk"}."""
     from llmrnn.train import config as tcfg
 
-    cfg = tcfg.normalize(train_cfg)
+    cfg = tcfg.settings(train_cfg)
     geo = tcfg.geometry(cfg)
     data, data_problems = _data_checks(cfg, train_parquet, val_parquet, tokenizer_dir, max_dropped_fraction)
     schedule, lr_problems = _lr_checks(cfg, data["planned_steps"], geo.updates_per_step)
@@ -191,7 +192,7 @@ def training_checks(
     return {
         "ok": not problems,
         "problems": problems,
-        "engine": cfg["engine"],
+        "engine": cfg.engine,
         "geometry": geo.as_dict(),
         "data": data,
         "lr_schedule": schedule,

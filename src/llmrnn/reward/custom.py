@@ -28,7 +28,7 @@ from typing import Any
 from llmrnn.constants import DATA_SOURCE
 from llmrnn.custom_reward_child import PARAMETERS, SIGNATURE, signature_problem
 from llmrnn.errors import InputError
-from llmrnn.reward.config import CUSTOM_NAME, RewardConfig, settings
+from llmrnn.reward.config import CUSTOM_NAME, reward_settings, settings
 from llmrnn.reward.entry import _completion_text
 from llmrnn.settings import section_defaults
 
@@ -46,7 +46,7 @@ def custom_of(reward: Any) -> dict | None:
     custom = reward.get("custom") if isinstance(reward.get("custom"), dict) else None
     if not custom:  # also a section of another recipe (qa.reward): only its `custom` key is read here
         return None
-    return RewardConfig.from_any({"custom": custom}).custom_reward
+    return reward_settings({"custom": custom}).custom_reward
 
 
 def code_files(config: dict) -> list[str]:

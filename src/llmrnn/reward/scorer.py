@@ -9,7 +9,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from llmrnn.errors import InputError
 from llmrnn.judge.client import Endpoint, JudgeClient, JudgeUnavailable, wait_for_endpoint
 from llmrnn.matching import anticipated_share
 from llmrnn.reward.audit import AuditLog
-from llmrnn.reward.config import STOP_REASON_FILE, RewardConfig, missing_endpoint, settings
+from llmrnn.reward.config import STOP_REASON_FILE, missing_endpoint, reward_settings, settings
 from llmrnn.reward.guard import FallbackGuard, JudgeDegraded
 from llmrnn.rubric import (
     FALLBACK_SCORE,
@@ -34,6 +34,7 @@ from llmrnn.rubric import (
     response_text,
     scalar_request,
 )
+from llmrnn.settings import Reward
 
 # The next visit's diagnoses the candidate memory anticipates, matched as the held-out judge matches.
 outcome_share = anticipated_share
@@ -69,8 +70,8 @@ class Scorer:
     and endpoint_file may be None; scoring and the audit work as in the other modes."""
 
     def __init__(self, endpoint_file: str | Path | None, rubric_file: str | Path | None,
-                 audit_dir: str | Path, cfg: RewardConfig | None = None, guard: Any = None):
-        self.cfg = cfg or RewardConfig()
+                 audit_dir: str | Path, cfg: Reward | None = None, guard: Any = None):
+        self.cfg = cfg or Reward()
         self.audit = AuditLog(audit_dir)
         self._cache: OrderedDict[str, Future] = OrderedDict()
         self._lock = threading.Lock()
@@ -339,7 +340,7 @@ def get_scorer(endpoint_file: str | None = None, rubric_file: str | None = None,
     """The process-wide scorer for these settings, all of them arguments (llmrnn.reward.kwargs: verl's
     reward_kwargs, TRL's reward-function arguments). Outcome mode needs no endpoint; the judged modes stop
     with one line without one."""
-    cfg = RewardConfig.from_any(reward_cfg)
+    cfg = reward_settings(reward_cfg)
     endpoint_file = endpoint_file if cfg.judged else None
     if cfg.judged and not endpoint_file:
         raise missing_endpoint(cfg.mode, "pass endpoint_file=")
@@ -347,7 +348,7 @@ def get_scorer(endpoint_file: str | None = None, rubric_file: str | None = None,
     if not audit_dir:  # every scored sample is audited: the caller says where (train: RUN/train/audit)
         raise InputError("reward: no audit directory: pass audit_dir=")
     spec = settings(guard, "guard")
-    key = (str(endpoint_file), str(rubric_file), str(audit_dir), json.dumps(asdict(cfg), sort_keys=True),
+    key = (str(endpoint_file), str(rubric_file), str(audit_dir), cfg.model_dump_json(),
            json.dumps(spec, sort_keys=True), os.getpid())
     with _SCORERS_LOCK:
         scorer = _SCORERS.get(key)

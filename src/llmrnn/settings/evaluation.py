@@ -147,6 +147,17 @@ class Reward(Section):
     dead_after_s: float = Field(30, le=7 * 24 * 3600, gt=0, description="a judge that is certainly gone (the endpoint's processes are not running, or a ready server refuses connections) fails the health wait after this long")
     stall_s: float = Field(120, le=7 * 24 * 3600, gt=0, description="a judge that stops answering: while calls wait on it, some call must get an answer at least this often (or 4x the slowest answer so far, when longer; the first answer may take timeout_s), else every call fails at once with one line instead of waiting call_budget_s; raise it with timeout_s for a judge whose one answer takes longer")
 
+    @property
+    def judged(self) -> bool:
+        """Scalar and pairwise modes ask the judge; outcome mode scores the memory's recall alone, and your
+        own reward (reward.custom) replaces the judge's scorer."""
+        return self.mode != "outcome" and self.custom_reward is None
+
+    @property
+    def custom_reward(self) -> dict | None:
+        """reward.custom as a dict ({"path", "name", "timeout_s", "max_abs"}), None when its path is not set."""
+        return self.custom.model_dump() if self.custom.path else None
+
 
 
 class Preflight(Section):

@@ -2,11 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from llmrnn.settings.base import NAME, Section
+
+TRACKERS = ("tensorboard", "wandb", "mlflow")  # train.report_to's trackers
+NO_TRACKER = "none"
+LossAggMode = Literal['token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum-norm', 'seq-mean-token-sum']
+VERL_ONLY_LOSS = "seq-mean-token-sum"  # TRL has no loss_type that normalises so
+
+
+def trackers(value: Any) -> list[str]:
+    """train.report_to as a list of trackers ([] for none); an unknown name is one line (a ValueError)."""
+    if not isinstance(value, (str, list, tuple)) and value is not None:
+        raise ValueError(f"train.report_to: {str(value)[:40]!r} is not a tracker name nor a list of them "
+                         f"({[NO_TRACKER, *TRACKERS]})")
+    names = [value] if isinstance(value, str) or value is None else list(value)
+    names = [NO_TRACKER if n is None else n for n in names]
+    bad = [n for n in names if not isinstance(n, str) or n not in (*TRACKERS, NO_TRACKER)]
+    if bad:
+        raise ValueError(f"train.report_to: {str(bad[0])[:40]!r} is not one of {[NO_TRACKER, *TRACKERS]}")
+    if NO_TRACKER in names and len(names) > 1:
+        raise ValueError(f"train.report_to: {NO_TRACKER!r} cannot be listed with trackers ({names})")
+    out: list[str] = []
+    for n in names:
+        if n != NO_TRACKER and n not in out:
+            out.append(n)
+    return out
 
 
 class TrainLora(Section):
@@ -107,7 +131,7 @@ class Train(Section):
     entropy_coef: float = Field(0.0, le=1000, ge=0, description='entropy bonus (verl `entropy_coeff`, TRL `entropy_coef`)')
     grad_clip: float = Field(1.0, le=1e6, gt=0, description='max grad norm')
     clip_ratio: TrainClipRatio = Field(default_factory=TrainClipRatio, description='PPO clip range of the policy ratio, [1 - low, 1 + high] (verl actor.clip_ratio_low/high, TRL epsilon/epsilon_high)')
-    loss_agg_mode: Literal['token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum-norm', 'seq-mean-token-sum'] = Field('token-mean', description='how token losses are averaged (verl actor.loss_agg_mode; TRL loss_type dapo / grpo / dr_grpo; seq-mean-token-sum is verl-only)')
+    loss_agg_mode: LossAggMode = Field('token-mean', description='how token losses are averaged (verl actor.loss_agg_mode; TRL loss_type dapo / grpo / dr_grpo; seq-mean-token-sum is verl-only)')
     group_size: int = Field(8, le=4096, ge=2, description='G rollouts per prompt (verl rollout.n, TRL num_generations); GRPO needs at least 2')
     batch: TrainBatch = Field(default_factory=TrainBatch)
     rollout: TrainRollout = Field(default_factory=TrainRollout)
@@ -126,9 +150,48 @@ class Train(Section):
     project_name: str = Field('llmrnn_grpo', pattern=NAME, description='verl project name (the experiment name is the run name)')
     min_free_disk_gb: float = Field(1.0, le=1e6, ge=0, description='preflight fails with less free disk at RUN/train')
     fail_on_zero_gradient: bool = Field(True, description='a training run (TRL or verl) whose gradient norm was 0 at every logged step (no learning signal: the same reward for every completion of each group) fails instead of being marked done; false only for plumbing runs of a tiny model that cannot learn')
-    report_to: Any = Field('none', description='experiment trackers of the training run (verl trainer.logger, TRL report_to), writing into RUN/train/: none, tensorboard, wandb (offline unless WANDB_MODE is set), mlflow, or a list (docs/configuration.md)', json_schema_extra={'oneOf': [{'enum': ['none', 'tensorboard', 'wandb', 'mlflow']}, {'type': 'array', 'uniqueItems': True, 'items': {'enum': ['tensorboard', 'wandb', 'mlflow']}}]})
+    report_to: Any = Field('none', description='experiment trackers of the training run (verl trainer.logger, TRL report_to), writing into RUN/train/: none, tensorboard, wandb (offline unless WANDB_MODE is set), mlflow, or a list (docs/configuration.md)', json_schema_extra={'oneOf': [{'enum': [NO_TRACKER, *TRACKERS]}, {'type': 'array', 'uniqueItems': True, 'items': {'enum': list(TRACKERS)}}]})
     verl: TrainVerl = Field(default_factory=TrainVerl)
     trl: TrainTrl = Field(default_factory=TrainTrl)
     early_stopping: TrainEarlyStopping = Field(default_factory=TrainEarlyStopping, description='TRL: stop when the val reward fell `patience` validations in a row (needs test_freq > 0)')
     resources: TrainResources = Field(default_factory=TrainResources, description='train_grpo job (gpu = n_gpus_per_node x nnodes for verl, 0 for trl on CPU unless set)')
 
+    @field_validator("report_to")
+    @classmethod
+    def _known_trackers(cls, value: Any) -> Any:
+        trackers(value)
+        return value
+
+    @model_validator(mode="after")
+    def _engine_rules(self) -> Train:
+        """The cross-field rules of the section (check, the docs and the run share them)."""
+        if self.engine == "verl" and self.early_stopping.enabled:
+            # verl's trainer has no hook we drive between validations: refuse rather than ignore the knob
+            raise ValueError("train.early_stopping.enabled: true needs train.engine trl (verl runs its planned steps)")
+        if self.engine == "trl" and self.loss_agg_mode == VERL_ONLY_LOSS:
+            others = [m for m in get_args(LossAggMode) if m != VERL_ONLY_LOSS]
+            raise ValueError(f"train.loss_agg_mode: {self.loss_agg_mode!r} is verl-only (TRL has no such loss_type); "
+                             f"use one of {others}")
+        self._best_val_rules()
+        return self
+
+    def _best_val_rules(self) -> None:
+        """train.select best_val chooses among SAVED steps by their val reward, so every saved step must be
+        validated. TRL validates at every save itself (llmrnn.train.trl_engine) and keeps the best checkpoint
+        through save_total_limit; verl validates every test_freq steps and at the last one, so its saves must
+        fall on validation steps, and it must keep every checkpoint (it rotates them without regard to val)."""
+        if self.select != "best_val":
+            return
+        save, test = self.save_freq or 0, self.test_freq or 0
+        if test < 1:
+            raise ValueError("train.select: best_val needs validation: set train.test_freq > 0")
+        if self.engine != "verl":
+            return
+        if save < 1 or save % test:
+            raise ValueError(
+                f"train.select: best_val with engine verl needs every saved step validated, but train.save_freq={save} "
+                f"is not a multiple of train.test_freq={test}: set save_freq to a multiple of test_freq")
+        if self.keep_last is not None:
+            raise ValueError(
+                f"train.select: best_val with engine verl needs every checkpoint kept (train.keep_last: null, not "
+                f"{self.keep_last}): verl deletes old checkpoints without regard to their val reward")

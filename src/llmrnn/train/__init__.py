@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from llmrnn.models import model_folder
+from llmrnn.settings.train import Train
 
 log = logging.getLogger(__name__)
 
@@ -25,10 +26,10 @@ def _cfg(args) -> dict:
     return cfg.get("train", cfg) if isinstance(cfg, dict) else {}
 
 
-def _assign_gpus(cfg: dict, judge_gpus: int) -> None:
+def _assign_gpus(cfg: Train, judge_gpus: int) -> None:
     from llmrnn.gpus import assign
 
-    train_gpus = cfg["n_gpus_per_node"] if cfg["engine"] == "verl" else None
+    train_gpus = cfg.n_gpus_per_node if cfg.engine == "verl" else None
     assign("train", judge_gpus=judge_gpus, train_gpus=train_gpus)
 
 
@@ -64,13 +65,13 @@ def _custom_reward(kwargs: dict) -> dict | None:
 def _require_endpoint(args) -> None:
     """llmrnn.reward's judged modes (scalar, pairwise) need the judge's endpoint: say so before anything
     is loaded. Outcome mode needs none; another reward module (recipe qa's) checks its own."""
-    from llmrnn.reward import RewardConfig, missing_endpoint
+    from llmrnn.reward import missing_endpoint, reward_settings
     from llmrnn.train.trl_engine import DEFAULT_REWARD
 
     module = (args.reward_func or DEFAULT_REWARD).split(":", 1)[0]
     if args.endpoint or module != DEFAULT_REWARD.split(":", 1)[0]:
         return
-    reward = RewardConfig.from_any((args.cfg or {}).get("reward") or {})
+    reward = reward_settings((args.cfg or {}).get("reward") or {})
     if reward.judged:
         raise missing_endpoint(reward.mode, "pass --endpoint")
 
@@ -80,7 +81,7 @@ def cmd_run(args) -> int:
     from llmrnn.errors import CheckFailed
     from llmrnn.train import config as tcfg
 
-    cfg = tcfg.normalize(_cfg(args))
+    cfg = tcfg.settings(_cfg(args))
     _require_endpoint(args)
     args.model = str(model_folder(args.model))
     work = Path(args.work_dir)
@@ -97,13 +98,13 @@ def cmd_run(args) -> int:
     tracking.prepare(cfg, work)  # train.report_to's trackers write into the run folder
     run_name = args.experiment or work.parent.name
     outputs = {"work_dir": str(work), "adapter_dir": args.adapter, "metrics_path": args.metrics}
-    engine = args.engine or cfg["engine"]
+    engine = args.engine or cfg.engine
     if engine == "verl":  # here, in the job that holds the GPUs (preflight's step holds none)
         from llmrnn import gpu_stack
         from llmrnn.gpus import visible_gpus
 
         gpu_stack.require_verl()
-        gpu_stack.require_gpus(cfg["n_gpus_per_node"], visible_gpus())
+        gpu_stack.require_gpus(cfg.n_gpus_per_node, visible_gpus())
     if engine == "trl":
         from llmrnn.train import trl_engine
 
@@ -140,7 +141,7 @@ def cmd_verl_cmd(args) -> int:
     from llmrnn.train import verl_cmd
 
     overrides = verl_cmd.build_overrides(
-        tcfg.normalize(_cfg(args)),
+        tcfg.settings(_cfg(args)),
         train_parquet=args.train,
         val_parquet=args.val,
         model_dir=args.model,

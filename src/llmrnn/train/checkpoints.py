@@ -15,6 +15,7 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.reward import settings_identity
+from llmrnn.settings.train import Train
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +43,14 @@ def job_code(reward_spec: str | None) -> str:
     return f"{code_identity(TRAIN_VERB)}+{extra}"
 
 
-def run_fingerprint(cfg: dict, train_parquet, model_dir, reward_spec: str | None,
+def run_fingerprint(cfg: Train, train_parquet, model_dir, reward_spec: str | None,
                     reward_kwargs: dict | None = None) -> str:
     """What a checkpoint is valid for: knobs, data, base model, the reward's settings (the very arguments
     the scorer gets, llmrnn.reward.kwargs, less where files are) and the job's code identity (job_code:
     every module `llmrnn train run` can run, the reward's included, your own reward's file too)."""
     digest = hashlib.sha256()
     # the trackers watching a run (train.report_to) change nothing it computes: adding one resumes the run
-    digest.update(json.dumps({k: v for k, v in cfg.items() if k != "report_to"}, sort_keys=True).encode())
+    digest.update(json.dumps(cfg.model_dump(exclude={"report_to"}), sort_keys=True).encode())
     digest.update(io.sha256_file(train_parquet).encode())
     digest.update(str(Path(model_dir).resolve()).encode())
     digest.update((reward_spec or "").encode())
@@ -74,7 +75,7 @@ def choose_checkpoint(select: str, saved_steps: list[int], metrics_rows: list[di
 
     `saved_steps`: rollout steps with a checkpoint on disk; `metrics_rows`: metrics.jsonl rows (val rows carry
     val_reward_mean). "last": the newest saved step. "best_val": the saved step with the highest val reward
-    (ties: the later step); every saved step must have one (train.config.check_select makes it so)."""
+    (ties: the later step); every saved step must have one (llmrnn.settings.train.Train refuses a config that would not)."""
     from llmrnn.errors import CheckFailed
 
     if not saved_steps:

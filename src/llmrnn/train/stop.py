@@ -22,6 +22,7 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
+from llmrnn.settings.train import Train
 from llmrnn.train.metrics import learning_problem
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ def raise_if_interrupted(holder: dict, reached: int, max_steps: int, updates_per
                           f"on {why}; checkpoint-{step} saved, a rerun continues from it")
 
 
-def check_finished(cfg: dict, holder: dict, reached: int, max_steps: int, upd: int, live_metrics: Path) -> None:
+def check_finished(cfg: Train, holder: dict, reached: int, max_steps: int, upd: int, live_metrics: Path) -> None:
     """A run that ends here is complete and learned: a stop before the time limit is Interrupted (exit 75,
     continue); fewer steps than planned (but an early stop), never-finite rewards or a gradient that was 0
     at every step are CheckFailed, so nothing downstream takes the run as done."""
@@ -154,6 +155,6 @@ def check_finished(cfg: dict, holder: dict, reached: int, max_steps: int, upd: i
     if reached != max_steps and holder.get("early_stopped") != reached:
         raise CheckFailed(f"train: GRPO stopped at step {reached} of {max_steps} planned; the run is not complete")
     problem = learning_problem(io.read_jsonl(live_metrics) if live_metrics.exists() else [],
-                               zero_gradient=bool(cfg["fail_on_zero_gradient"]))
+                               zero_gradient=cfg.fail_on_zero_gradient)
     if problem:
         raise CheckFailed(problem)

@@ -24,9 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from llmrnn.errors import InputError
+from llmrnn.settings.train import Train, trackers
 
-TRACKERS = ("tensorboard", "wandb", "mlflow")
-NONE = "none"
 # what verl's Tracking always gets besides the trackers: progress on the console, and the JSONL file that
 # llmrnn.train.verl_cmd follows into metrics.jsonl
 VERL_BASE_LOGGERS = ["console", "file"]
@@ -34,27 +33,15 @@ TENSORBOARD_SUBDIR = "tensorboard"
 MLFLOW_DB = "mlflow.db"
 
 
-def report_to(cfg: Mapping) -> list[str]:
-    """train.report_to as a list of trackers ([] for none); an unknown name is one line."""
-    value = cfg.get("report_to", NONE)
-    if not isinstance(value, (str, list, tuple)) and value is not None:
-        raise InputError(f"train.report_to: {str(value)[:40]!r} is not a tracker name nor a list of them "
-                         f"({[NONE, *TRACKERS]})")
-    names = [value] if isinstance(value, str) or value is None else list(value)
-    names = [NONE if n is None else n for n in names]
-    bad = [n for n in names if not isinstance(n, str) or n not in (*TRACKERS, NONE)]
-    if bad:
-        raise InputError(f"train.report_to: {str(bad[0])[:40]!r} is not one of {[NONE, *TRACKERS]}")
-    if NONE in names and len(names) > 1:
-        raise InputError(f"train.report_to: {NONE!r} cannot be listed with trackers ({names})")
-    out: list[str] = []
-    for n in names:
-        if n != NONE and n not in out:
-            out.append(n)
-    return out
+def report_to(cfg: Train) -> list[str]:
+    """train.report_to as a list of trackers ([] for none; llmrnn.settings.train.trackers)."""
+    try:
+        return trackers(cfg.report_to)
+    except ValueError as exc:  # a model built without validation (model_construct)
+        raise InputError(str(exc)) from None
 
 
-def verl_loggers(cfg: Mapping) -> list[str]:
+def verl_loggers(cfg: Train) -> list[str]:
     """verl's trainer.logger: console + file (always) and the trackers."""
     return [*VERL_BASE_LOGGERS, *report_to(cfg)]
 
@@ -63,7 +50,7 @@ def tensorboard_dir(work_dir: str | os.PathLike) -> Path:
     return Path(work_dir).resolve() / TENSORBOARD_SUBDIR
 
 
-def tracking_env(cfg: Mapping, work_dir: str | os.PathLike, environ: Mapping[str, str] | None = None) -> dict:
+def tracking_env(cfg: Train, work_dir: str | os.PathLike, environ: Mapping[str, str] | None = None) -> dict:
     """The environment variables that put the configured trackers into the run folder (absolute paths:
     verl's trainer runs in a Ray actor). Variables already in `environ` are kept (the user's choice)."""
     environ = os.environ if environ is None else environ
@@ -75,10 +62,10 @@ def tracking_env(cfg: Mapping, work_dir: str | os.PathLike, environ: Mapping[str
         want.update(TENSORBOARD_DIR=tb, TENSORBOARD_LOGGING_DIR=tb)
     if "wandb" in trackers:
         want.update(WANDB_MODE="offline", WANDB_DIR=str(work), WANDB_CONSOLE="off",
-                    WANDB_PROJECT=str(cfg.get("project_name") or "llmrnn_grpo"))
+                    WANDB_PROJECT=cfg.project_name)
     if "mlflow" in trackers:
         want.update(MLFLOW_TRACKING_URI=f"sqlite:///{work / MLFLOW_DB}",
-                    MLFLOW_EXPERIMENT_NAME=str(cfg.get("project_name") or "llmrnn_grpo"))
+                    MLFLOW_EXPERIMENT_NAME=cfg.project_name)
     return {k: v for k, v in want.items() if not environ.get(k)}
 
 
@@ -106,7 +93,7 @@ def forwardable(name: str, value: str) -> bool:
     return not ("@" in parts.netloc or parts.query or parts.fragment or "?" in value or "#" in value)
 
 
-def prepare(cfg: Mapping, work_dir: str | os.PathLike) -> dict:
+def prepare(cfg: Train, work_dir: str | os.PathLike) -> dict:
     """Set tracking_env in this process (TRL trains here; verl's main_ppo inherits it) and make the folders
     the trackers expect; returns what was set."""
     env = tracking_env(cfg, work_dir)

@@ -32,6 +32,7 @@ from typing import Any
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.gpus import cpu_bf16
+from llmrnn.settings.train import Train
 from llmrnn.train import config as tcfg
 from llmrnn.train import data as tdata
 from llmrnn.train.checkpoints import (
@@ -119,16 +120,16 @@ def latest_checkpoint(ckpt_dir: Path, prune: bool = True) -> Path | None:
 
 
 # ----------------------------------------------------------------------------- pieces of a run
-def check_knobs(cfg: dict):
+def check_knobs(cfg: Train):
     """The batch geometry TRL runs with; knobs TRL cannot honour are errors (or a warning for the estimator)."""
     geo = tcfg.geometry(cfg, "trl")
     if geo.problems:
         raise CheckFailed("train: " + "; ".join(geo.problems))
-    if not cfg["kl"]["in_loss"]:
+    if not cfg.kl.in_loss:
         raise InputError("train.kl.in_loss=false (KL in the reward) is verl-only; TRL puts KL in the loss")
-    if cfg["kl"]["estimator"] not in ("low_var_kl", "k3"):
+    if cfg.kl.estimator not in ("low_var_kl", "k3"):
         log.warning("TRL's KL is the k3 (low_var_kl) estimator; train.kl.estimator=%s applies to verl only",
-                    cfg["kl"]["estimator"])
+                    cfg.kl.estimator)
     return geo
 
 
@@ -145,7 +146,7 @@ def load_rows(path: str | os.PathLike, split: str, tokenizer, max_prompt_length:
     return kept
 
 
-def grpo_arguments(cfg: dict, geo, ckpt_dir: Path, max_steps: int, validate: bool, run_name: str | None = None):
+def grpo_arguments(cfg: Train, geo, ckpt_dir: Path, max_steps: int, validate: bool, run_name: str | None = None):
     """GRPOConfig from the shared knobs (the mapping in the module docstring)."""
     import dataclasses
 
@@ -161,78 +162,78 @@ def grpo_arguments(cfg: dict, geo, ckpt_dir: Path, max_steps: int, validate: boo
                    else {})
 
     cuda = torch.cuda.is_available()
-    g = cfg["group_size"]
-    micro = cfg["batch"]["micro_per_gpu"]
+    g = cfg.group_size
+    micro = cfg.batch.micro_per_gpu
     upd = geo.updates_per_step
-    val_n = int(cfg.get("val_generations") or g)
+    val_n = cfg.val_generations or g
     return GRPOConfig(
         output_dir=str(ckpt_dir),
-        seed=int(cfg["seed"]),
-        data_seed=int(cfg["seed"]),
+        seed=cfg.seed,
+        data_seed=cfg.seed,
         use_cpu=not cuda,
         # CPU: bf16 autocast only when asked (train.trl.cpu_bf16; auto: where the CPU has bf16 natively;
         # LoRA weights stay float32)
-        bf16=bool(torch.cuda.is_bf16_supported()) if cuda else cpu_bf16(cfg["trl"]["cpu_bf16"]),
+        bf16=bool(torch.cuda.is_bf16_supported()) if cuda else cpu_bf16(cfg.trl.cpu_bf16),
         fp16=False,
-        learning_rate=float(cfg["lr"]),
-        lr_scheduler_type=cfg["lr_scheduler"],
-        warmup_steps=int(cfg["warmup_steps"] or 0) * upd,
+        learning_rate=cfg.lr,
+        lr_scheduler_type=cfg.lr_scheduler,
+        warmup_steps=cfg.warmup_steps * upd,
         weight_decay=0.0,
-        max_grad_norm=float(cfg["grad_clip"]),
-        beta=float(cfg["kl"]["coef"]),
-        entropy_coef=float(cfg["entropy_coef"]),
+        max_grad_norm=cfg.grad_clip,
+        beta=cfg.kl.coef,
+        entropy_coef=cfg.entropy_coef,
         # set explicitly: TRL's own defaults are not verl's (train.clip_ratio, train.loss_agg_mode)
-        epsilon=float(cfg["clip_ratio"]["low"]),
-        epsilon_high=float(cfg["clip_ratio"]["high"]),
-        loss_type=tcfg.LOSS_TYPES[cfg["loss_agg_mode"]],
+        epsilon=cfg.clip_ratio.low,
+        epsilon_high=cfg.clip_ratio.high,
+        loss_type=tcfg.LOSS_TYPES[cfg.loss_agg_mode],
         num_generations=g,
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=geo.grad_accum,
-        steps_per_generation=cfg["batch"]["train"] * g // micro,
-        max_completion_length=int(cfg["max_response_length"]),
-        temperature=float(cfg["rollout"]["temperature"]),
-        top_p=float(cfg["rollout"]["top_p"]),
-        num_train_epochs=float(cfg["epochs"]),
+        steps_per_generation=cfg.batch.train * g // micro,
+        max_completion_length=cfg.max_response_length,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        num_train_epochs=float(cfg.epochs),
         max_steps=max_steps,
         save_strategy="steps",
-        save_steps=int(cfg["save_freq"]) * upd if cfg["save_freq"] else max_steps,
-        save_total_limit=cfg["keep_last"],
+        save_steps=cfg.save_freq * upd if cfg.save_freq else max_steps,
+        save_total_limit=cfg.keep_last,
         eval_strategy="steps" if validate else "no",
-        eval_steps=int(cfg["test_freq"]) * upd if validate else None,
-        eval_on_start=bool(validate and cfg["val_before_train"]),
+        eval_steps=cfg.test_freq * upd if validate else None,
+        eval_on_start=bool(validate and cfg.val_before_train),
         # val rollouts in batches about one training generation batch (batch.train x G), whole prompt groups
-        per_device_eval_batch_size=val_n * max(1, int(cfg["batch"]["train"]) * g // val_n),
+        per_device_eval_batch_size=val_n * max(1, cfg.batch.train * g // val_n),
         num_generations_eval=val_n,
-        logging_steps=int(cfg["trl"]["logging_steps"]),
+        logging_steps=cfg.trl.logging_steps,
         report_to=tracking.report_to(cfg),
         run_name=run_name,
         **logging_dir,
         disable_tqdm=True,
         dataloader_num_workers=0,
         shuffle_dataset=True,
-        gradient_checkpointing=bool(cfg["trl"]["gradient_checkpointing"]),
+        gradient_checkpointing=cfg.trl.gradient_checkpointing,
         # best_val: HF tracks the best val reward and never rotates that checkpoint away (save_total_limit)
-        metric_for_best_model="reward" if cfg["select"] == "best_val" else None,
-        greater_is_better=True if cfg["select"] == "best_val" else None,
+        metric_for_best_model="reward" if cfg.select == "best_val" else None,
+        greater_is_better=True if cfg.select == "best_val" else None,
     )
 
 
-def _tracker_callbacks(cfg: dict, tracked_config: dict | None) -> list:
+def _tracker_callbacks(cfg: Train, tracked_config: dict | None) -> list:
     """train.report_to's trackers get llmrnn's own config sections too (transformers attaches the GRPOConfig)."""
     from llmrnn.train import tracking
 
     trackers = tracking.report_to(cfg)
-    return [tracking.config_callback(tracked_config or {"train": cfg}, trackers)] if trackers else []
+    return [tracking.config_callback(tracked_config or {"train": cfg.model_dump()}, trackers)] if trackers else []
 
 
-def lora_config(cfg: dict):
+def lora_config(cfg: Train):
     from peft import LoraConfig
 
     return LoraConfig(
-        r=int(cfg["lora"]["rank"]),
-        lora_alpha=int(cfg["lora"]["alpha"]),
-        lora_dropout=float(cfg["lora"]["dropout"]),
-        target_modules=list(cfg["lora"]["target_modules"]),
+        r=cfg.lora.rank,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=list(cfg.lora.target_modules),
         bias="none",
         task_type="CAUSAL_LM",
     )
@@ -349,12 +350,12 @@ def sample_dump_callback(folder: Path, holder: dict, updates_per_step: int):
     return SampleDump()
 
 
-def early_stop_callback(cfg: dict, holder: dict, updates_per_step: int):
+def early_stop_callback(cfg: Train, holder: dict, updates_per_step: int):
     """Stop when the val reward fell `patience` validations in a row (train.early_stopping); the step is
     kept in holder["early_stopped"] so the run counts as complete."""
     from transformers import TrainerCallback
 
-    settings = cfg["early_stopping"]
+    settings = cfg.early_stopping
 
     class EarlyStop(TrainerCallback):
         def __init__(self):
@@ -362,13 +363,13 @@ def early_stop_callback(cfg: dict, holder: dict, updates_per_step: int):
 
         def on_evaluate(self, args, state, control, metrics=None, **kw):
             value = (metrics or {}).get("eval_reward")
-            if value is None or not settings["enabled"]:
+            if value is None or not settings.enabled:
                 return
             self.history.append(float(value))
-            if falls_in_a_row(self.history, int(settings["patience"])):
+            if falls_in_a_row(self.history, settings.patience):
                 holder["early_stopped"] = state.global_step
                 log.warning("early stopping at step %d: val reward fell %d times in a row (%s)",
-                            state.global_step // updates_per_step, settings["patience"], self.history)
+                            state.global_step // updates_per_step, settings.patience, self.history)
                 control.should_training_stop = True
 
     return EarlyStop()
@@ -410,7 +411,7 @@ def falls_in_a_row(history: list[float], patience: int) -> bool:
     return all(b < a for a, b in itertools.pairwise(tail))
 
 
-def export_adapter(model, tokenizer, adapter_dir: Path, cfg: dict) -> None:
+def export_adapter(model, tokenizer, adapter_dir: Path, cfg: Train) -> None:
     """Write the LoRA adapter (+ tokenizer) atomically and check its rank/alpha."""
     with io.atomic_dir(adapter_dir) as tmp:
         model.save_pretrained(tmp)
@@ -418,13 +419,13 @@ def export_adapter(model, tokenizer, adapter_dir: Path, cfg: dict) -> None:
     check_adapter(adapter_dir, cfg)
 
 
-def load_policy(model_dir, tokenizer, cfg: dict):
+def load_policy(model_dir, tokenizer, cfg: Train):
     """The policy model; with train.trl.stop_at_json its rollouts end at the memory JSON's closing token."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    if cfg["trl"]["stop_at_json"]:
+    if cfg.trl.stop_at_json:
         # TRL takes its EOS ids (generation and completion mask) from the model's generation config
         stops = json_close_token_ids(tokenizer)
         model.generation_config.eos_token_id = [tokenizer.eos_token_id, *stops]
@@ -444,7 +445,7 @@ def _setup_threads(threads: int) -> None:
 
 # ----------------------------------------------------------------------------- main entry
 def train(
-    cfg: dict,
+    cfg: Train,
     train_parquet: str | os.PathLike,
     val_parquet: str | os.PathLike | None,
     model_dir: str | os.PathLike,
@@ -468,12 +469,12 @@ def train(
     before rerunning it, and a resumed run must keep the rows of the steps it does not redo; the outputs
     (adapter_dir, metrics_path) are written at the end.
     """
-    cfg = tcfg.normalize(cfg)
+    cfg = tcfg.settings(cfg)
     work = Path(work_dir)
     ckpt_dir = work / "checkpoints"
     live_metrics = work / "state" / "metrics.jsonl"
     trace_path = work / "state" / "data_trace.jsonl"
-    _setup_threads(int(cfg["trl"]["num_threads"]))
+    _setup_threads(cfg.trl.num_threads)
     from datasets import Dataset
     from transformers import AutoTokenizer, PrinterCallback
 
@@ -481,16 +482,16 @@ def train(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    train_rows = load_rows(train_parquet, "train", tokenizer, cfg["max_prompt_length"])
+    train_rows = load_rows(train_parquet, "train", tokenizer, cfg.max_prompt_length)
     planned = tcfg.planned_steps(cfg, len(train_rows))
     if planned < 1:
         raise CheckFailed(
             f"train: {len(train_rows)} usable train rows make no full batch of train.batch.train="
-            f"{cfg['batch']['train']} prompts"
+            f"{cfg.batch.train} prompts"
         )
     upd = geo.updates_per_step
     max_steps = planned * upd
-    val_rows = load_rows(val_parquet, "val", tokenizer, cfg["max_prompt_length"]) if val_parquet and cfg["test_freq"] else []
+    val_rows = load_rows(val_parquet, "val", tokenizer, cfg.max_prompt_length) if val_parquet and cfg.test_freq else []
 
     discard_stale_checkpoints(work, run_fingerprint(cfg, train_parquet, model_dir, reward_spec, reward_kwargs))
     reward = functools.partial(reward_fn or load_callable(reward_spec), **(reward_kwargs or {}))
@@ -508,7 +509,7 @@ def train(
         peft_config=lora_config(cfg),
         callbacks=[progress_callback(writer, max_steps), sample_dump_callback(work / "samples", holder, upd),
                    early_stop_callback(cfg, holder, upd), stop_callback(stop, holder, upd),
-                   *([eval_at_save_callback()] if cfg["select"] == "best_val" and val_rows else []),
+                   *([eval_at_save_callback()] if cfg.select == "best_val" and val_rows else []),
                    *(callbacks or []), *_tracker_callbacks(cfg, tracked_config)],
     )
     trainer.remove_callback(PrinterCallback)  # our Progress callback logs one line per step instead
@@ -545,13 +546,13 @@ def train(
     }
 
 
-def choose_trl_checkpoint(cfg: dict, ckpt_dir: Path, rows: list[dict], reached: int, upd: int) -> dict:
+def choose_trl_checkpoint(cfg: Train, ckpt_dir: Path, rows: list[dict], reached: int, upd: int) -> dict:
     """train.select over the complete checkpoints on disk (TRL steps are optimizer steps, as in
     metrics.jsonl); `step` is in rollout steps (save_freq's unit). checkpoint_dir None = the final model."""
     saved = {int(CKPT_RE.match(p.name).group(1)): p for p in ckpt_dir.iterdir()
              if p.is_dir() and CKPT_RE.match(p.name) and checkpoint_complete(p)} if ckpt_dir.is_dir() else {}
     saved.setdefault(reached, None)  # the model in memory is the final step's
-    chosen = choose_checkpoint(cfg["select"], sorted(saved), rows)
+    chosen = choose_checkpoint(cfg.select, sorted(saved), rows)
     path = saved[chosen["step"]] if chosen["step"] != reached else None
     def per_step(values: dict) -> dict:  # keys in rollout steps too
         return {str(int(k) // upd): v for k, v in values.items()}
@@ -562,7 +563,7 @@ def choose_trl_checkpoint(cfg: dict, ckpt_dir: Path, rows: list[dict], reached: 
             "checkpoint_dir": str(path) if path else None}
 
 
-def export_checkpoint_adapter(checkpoint: Path, tokenizer, adapter_dir: Path, cfg: dict) -> None:
+def export_checkpoint_adapter(checkpoint: Path, tokenizer, adapter_dir: Path, cfg: Train) -> None:
     """The LoRA adapter of an earlier checkpoint (PEFT's files in checkpoint-N/) as the run's adapter."""
     with io.atomic_dir(adapter_dir) as tmp:
         for f in checkpoint.glob("adapter_*"):
@@ -579,13 +580,13 @@ def finish_metrics(live: Path, final: Path) -> None:
     io.write_text(final, text)
 
 
-def check_adapter(adapter_dir: Path, cfg: dict) -> dict:
+def check_adapter(adapter_dir: Path, cfg: Train) -> dict:
     """The adapter's config must carry the training-time rank and alpha (merge uses it)."""
     conf_path = adapter_dir / "adapter_config.json"
     if not conf_path.is_file():
         raise CheckFailed(f"{conf_path}: missing; no LoRA adapter was written")
     conf = json.loads(conf_path.read_text(encoding="utf-8"))
-    want = {"r": int(cfg["lora"]["rank"]), "lora_alpha": int(cfg["lora"]["alpha"])}
+    want = {"r": cfg.lora.rank, "lora_alpha": cfg.lora.alpha}
     got = {k: conf.get(k) for k in want}
     if got != want:
         raise CheckFailed(f"{conf_path}: r/lora_alpha {got} differ from train.lora {want}")

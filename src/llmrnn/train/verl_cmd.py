@@ -25,6 +25,7 @@ from pathlib import Path
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError, Interrupted
 from llmrnn.reward import reward_kwargs as default_reward_kwargs
+from llmrnn.settings.train import Train
 from llmrnn.train import config as tcfg
 from llmrnn.train import tracking
 from llmrnn.train.checkpoints import discard_stale_checkpoints, run_fingerprint
@@ -79,32 +80,32 @@ def reward_module_path() -> str:
     return f"pkg://{REWARD_MODULE}"
 
 
-def _actor_overrides(cfg: dict) -> dict[str, object]:
+def _actor_overrides(cfg: Train) -> dict[str, object]:
     """The actor's optimiser and loss: LR schedule, batches, KL in the loss, entropy, clipping, aggregation."""
-    b, kl = cfg["batch"], cfg["kl"]
+    b, kl = cfg.batch, cfg.kl
     return {
-        "actor_rollout_ref.actor.optim.lr": float(cfg["lr"]),
-        "actor_rollout_ref.actor.optim.lr_warmup_steps": int(cfg["warmup_steps"] or 0),
+        "actor_rollout_ref.actor.optim.lr": cfg.lr,
+        "actor_rollout_ref.actor.optim.lr_warmup_steps": cfg.warmup_steps,
         "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": 0.0,
-        "actor_rollout_ref.actor.optim.lr_scheduler_type": cfg["lr_scheduler"],
-        "actor_rollout_ref.actor.ppo_mini_batch_size": b["mini"],
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": b["micro_per_gpu"],
-        "actor_rollout_ref.actor.use_kl_loss": bool(kl["in_loss"]),
-        "actor_rollout_ref.actor.kl_loss_coef": float(kl["coef"]),
-        "actor_rollout_ref.actor.kl_loss_type": kl["estimator"],
-        "actor_rollout_ref.actor.entropy_coeff": float(cfg["entropy_coef"]),
-        "actor_rollout_ref.actor.grad_clip": float(cfg["grad_clip"]),
+        "actor_rollout_ref.actor.optim.lr_scheduler_type": cfg.lr_scheduler,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": b.mini,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": b.micro_per_gpu,
+        "actor_rollout_ref.actor.use_kl_loss": kl.in_loss,
+        "actor_rollout_ref.actor.kl_loss_coef": kl.coef,
+        "actor_rollout_ref.actor.kl_loss_type": kl.estimator,
+        "actor_rollout_ref.actor.entropy_coeff": cfg.entropy_coef,
+        "actor_rollout_ref.actor.grad_clip": cfg.grad_clip,
         # clip_ratio is verl's fallback for an unset low/high: all three set, so none is left to it
-        "actor_rollout_ref.actor.clip_ratio": float(cfg["clip_ratio"]["low"]),
-        "actor_rollout_ref.actor.clip_ratio_low": float(cfg["clip_ratio"]["low"]),
-        "actor_rollout_ref.actor.clip_ratio_high": float(cfg["clip_ratio"]["high"]),
-        "actor_rollout_ref.actor.loss_agg_mode": cfg["loss_agg_mode"],
-        "actor_rollout_ref.actor.data_loader_seed": cfg["seed"],
+        "actor_rollout_ref.actor.clip_ratio": cfg.clip_ratio.low,
+        "actor_rollout_ref.actor.clip_ratio_low": cfg.clip_ratio.low,
+        "actor_rollout_ref.actor.clip_ratio_high": cfg.clip_ratio.high,
+        "actor_rollout_ref.actor.loss_agg_mode": cfg.loss_agg_mode,
+        "actor_rollout_ref.actor.data_loader_seed": cfg.seed,
     }
 
 
 def build_overrides(
-    cfg: dict,
+    cfg: Train,
     *,
     train_parquet: str,
     val_parquet: str | None,
@@ -122,28 +123,28 @@ def build_overrides(
     `attention`: the resolved train.verl.attn_implementation (resolve_attention); None resolves it here.
     `reward_kwargs`: the reward's arguments (llmrnn.reward.kwargs; default: the audit dir under out_dir and
     `endpoint_file`), rendered into reward.custom_reward_function.reward_kwargs.
-    `cfg`: the train section as normalised at the CLI boundary (train.config.normalize; a library caller's
-    raw section is normalised here, a normalised one is used as it is)."""
-    cfg = tcfg.normalize(cfg)  # a no-op for the normalised section `llmrnn train run` / `verl-cmd` pass
+    `cfg`: the train settings as validated at the CLI boundary (train.config.settings; a library caller's
+    raw section is validated here, a Train is used as it is)."""
+    cfg = tcfg.settings(cfg)  # a no-op for the Train `llmrnn train run` / `verl-cmd` pass
     ver = series(verl_version)
     out = Path(out_dir)
-    b, r, lora, kl = cfg["batch"], cfg["rollout"], cfg["lora"], cfg["kl"]
-    attn = attention or resolve_attention(cfg["verl"]["attn_implementation"])["ran"]
+    b, r, lora, kl = cfg.batch, cfg.rollout, cfg.lora, cfg.kl
+    attn = attention or resolve_attention(cfg.verl.attn_implementation)["ran"]
     ov: dict[str, object] = {
         "algorithm.adv_estimator": "grpo",
-        "algorithm.use_kl_in_reward": not kl["in_loss"],
+        "algorithm.use_kl_in_reward": not kl.in_loss,
         "data.train_files": str(train_parquet),
         "data.val_files": str(val_parquet or train_parquet),
-        "data.train_batch_size": b["train"],
-        "data.max_prompt_length": cfg["max_prompt_length"],
-        "data.max_response_length": cfg["max_response_length"],
+        "data.train_batch_size": b.train,
+        "data.max_prompt_length": cfg.max_prompt_length,
+        "data.max_response_length": cfg.max_response_length,
         "data.filter_overlong_prompts": True,
         "data.truncation": "error",
-        "data.seed": cfg["seed"],
+        "data.seed": cfg.seed,
         "actor_rollout_ref.model.path": str(model_dir),
-        "actor_rollout_ref.model.lora_rank": lora["rank"],
-        "actor_rollout_ref.model.lora_alpha": lora["alpha"],
-        "actor_rollout_ref.model.target_modules": list(lora["target_modules"]),
+        "actor_rollout_ref.model.lora_rank": lora.rank,
+        "actor_rollout_ref.model.lora_alpha": lora.alpha,
+        "actor_rollout_ref.model.target_modules": lora.target_modules,
         # verl 0.7.1 loads the actor with attn_implementation flash_attention_2 unless override_config names
         # one, and use_remove_padding (default true) imports flash_attn.bert_padding in the actor's forward;
         # the GPU lock has no flash-attn, so both follow train.verl.attn_implementation (auto: flash-attn where
@@ -151,28 +152,28 @@ def build_overrides(
         "actor_rollout_ref.model.use_remove_padding": attn == "flash_attention_2",
         **_actor_overrides(cfg),
         "actor_rollout_ref.rollout.name": "vllm",
-        "actor_rollout_ref.rollout.n": cfg["group_size"],
-        "actor_rollout_ref.rollout.temperature": float(r["temperature"]),
-        "actor_rollout_ref.rollout.top_p": float(r["top_p"]),
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": r["tensor_parallel"],
-        "actor_rollout_ref.rollout.gpu_memory_utilization": float(r["gpu_memory_utilization"]),
+        "actor_rollout_ref.rollout.n": cfg.group_size,
+        "actor_rollout_ref.rollout.temperature": r.temperature,
+        "actor_rollout_ref.rollout.top_p": r.top_p,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": r.tensor_parallel,
+        "actor_rollout_ref.rollout.gpu_memory_utilization": r.gpu_memory_utilization,
         # null would give vLLM the model's max_position_embeddings (131072 for Llama-3.2-3B) and size its KV
         # cache for that, beside the FSDP actor on the same GPU: a rollout is a prompt plus a response, no more
-        "actor_rollout_ref.rollout.max_model_len": int(cfg["max_prompt_length"]) + int(cfg["max_response_length"]),
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": b["micro_per_gpu"],
+        "actor_rollout_ref.rollout.max_model_len": cfg.max_prompt_length + cfg.max_response_length,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": b.micro_per_gpu,
         "actor_rollout_ref.rollout.load_format": "safetensors",
         "actor_rollout_ref.rollout.layered_summon": True,
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": b["micro_per_gpu"],
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": b.micro_per_gpu,
         "reward.custom_reward_function.path": reward_path or reward_module_path(),
         "reward.custom_reward_function.name": reward_name,
-        "reward.reward_manager.name": cfg["verl"]["reward_manager"],
-        "reward.num_workers": cfg["verl"]["reward_num_workers"],
-        "trainer.n_gpus_per_node": cfg["n_gpus_per_node"],
-        "trainer.nnodes": cfg["nnodes"],
-        "trainer.total_epochs": cfg["epochs"],
-        "trainer.save_freq": cfg["save_freq"],
-        "trainer.test_freq": cfg["test_freq"] if val_parquet else -1,
-        "trainer.val_before_train": bool(cfg["val_before_train"] and val_parquet),
+        "reward.reward_manager.name": cfg.verl.reward_manager,
+        "reward.num_workers": cfg.verl.reward_num_workers,
+        "trainer.n_gpus_per_node": cfg.n_gpus_per_node,
+        "trainer.nnodes": cfg.nnodes,
+        "trainer.total_epochs": cfg.epochs,
+        "trainer.save_freq": cfg.save_freq,
+        "trainer.test_freq": cfg.test_freq if val_parquet else -1,
+        "trainer.val_before_train": bool(cfg.val_before_train and val_parquet),
         "trainer.resume_mode": "auto",
         "trainer.default_local_dir": str(out / "checkpoints"),
         "trainer.rollout_data_dir": str(out / "rollouts"),
@@ -182,18 +183,18 @@ def build_overrides(
         "trainer.logger": tracking.verl_loggers(cfg),  # console + file (metrics.jsonl) + train.report_to
         # verl logs val generations (patient text) to the trackers when this is > 0: never
         "trainer.log_val_generations": 0,
-        "trainer.project_name": cfg["project_name"],
+        "trainer.project_name": cfg.project_name,
         "trainer.experiment_name": experiment_name,
-        "trainer.max_actor_ckpt_to_keep": cfg["keep_last"],
+        "trainer.max_actor_ckpt_to_keep": cfg.keep_last,
     }
-    if not kl["in_loss"]:
-        ov["algorithm.kl_penalty"] = kl["estimator"]
-        ov["algorithm.kl_ctrl.kl_coef"] = float(kl["coef"])
-    if cfg.get("val_generations"):  # unset: verl's own validation (one greedy sample per prompt)
-        ov["actor_rollout_ref.rollout.val_kwargs.n"] = int(cfg["val_generations"])
-        ov["actor_rollout_ref.rollout.val_kwargs.do_sample"] = int(cfg["val_generations"]) > 1
-    if cfg["total_steps"]:
-        ov["trainer.total_training_steps"] = int(cfg["total_steps"])
+    if not kl.in_loss:
+        ov["algorithm.kl_penalty"] = kl.estimator
+        ov["algorithm.kl_ctrl.kl_coef"] = kl.coef
+    if cfg.val_generations:  # unset: verl's own validation (one greedy sample per prompt)
+        ov["actor_rollout_ref.rollout.val_kwargs.n"] = cfg.val_generations
+        ov["actor_rollout_ref.rollout.val_kwargs.do_sample"] = cfg.val_generations > 1
+    if cfg.total_steps:
+        ov["trainer.total_training_steps"] = cfg.total_steps
     if ver == "0.9":
         # verl 0.9's main_ppo defaults to its v1 trainer, which imports TransferQueue (verl's `verl-core` extra,
         # not in our verl environment) and runs its own loop; v0 runs RayPPOTrainer with the engine workers,
@@ -208,7 +209,7 @@ def build_overrides(
     items += [f"+reward.custom_reward_function.reward_kwargs.{k}={_hydra_value(v)}" for k, v in kwargs.items()]
     # override_config is an empty mapping in verl's model config: a new key needs '+'
     items.append(f"+actor_rollout_ref.model.override_config.attn_implementation={attn}")
-    items += [str(x) for x in cfg["verl"]["extra_overrides"]]
+    items += [str(x) for x in cfg.verl.extra_overrides]
     return items
 
 
@@ -351,7 +352,7 @@ def rollout_stats(rollout_dir: Path, step: int) -> dict:
 
 
 def run(
-    cfg: dict,
+    cfg: Train,
     *,
     train_parquet: str,
     val_parquet: str | None,
@@ -374,9 +375,9 @@ def run(
     arguments (default: the audit dir and `endpoint_file`); `custom`: your own reward {"path", "name"}
     (reward.custom), which verl then calls through llmrnn.reward.custom_compute_score (the same contract as
     check, preflight and TRL: a child process, a time limit, one conversion) instead of `reward_module`'s
-    compute_score; reward_kwargs' reward_cfg must name it. `cfg`: the normalised
-    train section (train.config.normalize), passed on to build_overrides as it is."""
-    cfg = tcfg.normalize(cfg)  # a no-op for the normalised section `llmrnn train run` passes
+    compute_score; reward_kwargs' reward_cfg must name it. `cfg`: the train
+    settings (train.config.settings), passed on to build_overrides as they are."""
+    cfg = tcfg.settings(cfg)  # a no-op for the Train `llmrnn train run` passes
     out = Path(work_dir)
     if reward_kwargs is None:
         reward_kwargs = default_reward_kwargs(None, audit_dir=out / "audit", endpoint_file=endpoint_file)
@@ -385,14 +386,14 @@ def run(
     n_rows = count_rows(train_parquet)
     planned = tcfg.planned_steps(cfg, n_rows)
     if planned < 1:
-        raise CheckFailed(f"train: {n_rows} train rows make no full batch of {cfg['batch']['train']} prompts")
+        raise CheckFailed(f"train: {n_rows} train rows make no full batch of {cfg.batch.train} prompts")
     # resume_mode=auto would resume any checkpoint it finds: keep only those of this exact run
     discard_stale_checkpoints(out, run_fingerprint(cfg, train_parquet, model_dir, reward_spec, reward_kwargs))
     start = latest_step(ckpt_dir)
     writer = MetricsWriter(out / "state" / "metrics.jsonl")  # live; copied to metrics.jsonl at the end
     writer.truncate_after(start)
     log.info("verl: %s from step %d of %d", "resuming" if start else "starting", start, planned)
-    attention = resolve_attention(cfg["verl"]["attn_implementation"], python or sys.executable)
+    attention = resolve_attention(cfg.verl.attn_implementation, python or sys.executable)
     log.info("verl: actor attention %s (%s)", attention["ran"], attention["why"])
     overrides = build_overrides(
         cfg,
@@ -437,7 +438,7 @@ def run(
 
     # as under TRL: a run whose rewards were never finite, or whose gradient was 0 at every step, learned
     # nothing and is not complete (no adapter is written)
-    if problem := learning_problem(io.read_jsonl(metrics_path), zero_gradient=bool(cfg["fail_on_zero_gradient"])):
+    if problem := learning_problem(io.read_jsonl(metrics_path), zero_gradient=cfg.fail_on_zero_gradient):
         raise CheckFailed(problem)
     chosen = choose_verl_checkpoint(cfg, ckpt_dir, io.read_jsonl(metrics_path))
     adapter_from_checkpoint(ckpt_dir / f"global_step_{chosen['step']}" / "actor", Path(adapter_dir), cfg,
@@ -446,25 +447,25 @@ def run(
             "train_rows": n_rows, "checkpoint": chosen, "attention": attention}
 
 
-def choose_verl_checkpoint(cfg: dict, ckpt_dir: Path, rows: list[dict]) -> dict:
+def choose_verl_checkpoint(cfg: Train, ckpt_dir: Path, rows: list[dict]) -> dict:
     """train.select over verl's saved steps (global_step_N/actor), by verl's own val metrics per step."""
     from llmrnn.train.checkpoints import choose_checkpoint
 
     saved = [int(p.name.rsplit("_", 1)[1]) for p in ckpt_dir.glob("global_step_*")
              if p.name.rsplit("_", 1)[1].isdigit() and (p / "actor").is_dir()]
-    return choose_checkpoint(cfg["select"], saved, rows)
+    return choose_checkpoint(cfg.select, saved, rows)
 
 
-def _launch(cfg: dict, overrides: list[str], python: str | None, env: dict, out: Path, follow,
+def _launch(cfg: Train, overrides: list[str], python: str | None, env: dict, out: Path, follow,
             endpoint_file: str | None) -> subprocess.Popen:
     """main_ppo on one node or over the allocation's, until it ends or is stopped: on SIGUSR1/SIGTERM or at the
     SLURM time limit's deadline (which verl also gets, to save before it: deadline_overrides), exit 75."""
     with StopRequest().watch() as stop:
         overrides = overrides + deadline_overrides(stop.deadline)
-        if cfg["nnodes"] > 1:  # a Ray cluster over the allocation's nodes; verl's ray.init() joins it
+        if cfg.nnodes > 1:  # a Ray cluster over the allocation's nodes; verl's ray.init() joins it
             from llmrnn.train import ray_cluster
 
-            with ray_cluster.cluster(nodes=_training_nodes(cfg["nnodes"]), gpus_per_node=cfg["n_gpus_per_node"],
+            with ray_cluster.cluster(nodes=_training_nodes(cfg.nnodes), gpus_per_node=cfg.n_gpus_per_node,
                                      state_dir=out / "state" / "ray", judge_url=_judge_url(endpoint_file)) as rc:
                 return _main_ppo(command(overrides, python), {**env, **rc.env}, out, follow, stop)
         # one node: verl starts Ray itself, with the job's CPUs and a temp dir of its own
@@ -524,7 +525,7 @@ def _stop_reason(audit_dir: Path) -> str:
     return f": {path.read_text(encoding='utf-8').strip()}" if path.is_file() else ""
 
 
-def adapter_from_checkpoint(actor: Path, dst: Path, cfg: dict, *, python: str | None = None,
+def adapter_from_checkpoint(actor: Path, dst: Path, cfg: Train, *, python: str | None = None,
                             scratch: Path | None = None) -> dict:
     """The chosen checkpoint's LoRA adapter into `dst`. verl 0.7 writes actor/lora_adapter/ (copied as it is);
     verl 0.9's engine writes FSDP shards + lora_train_meta.json only: verl's own model merger (`python`, the
@@ -569,7 +570,7 @@ def gather_lora_adapter(actor: Path, scratch: Path, python: str | None = None) -
     return adapter
 
 
-def fix_gathered_alpha(adapter: Path, actor: Path, cfg: dict) -> dict:
+def fix_gathered_alpha(adapter: Path, actor: Path, cfg: Train) -> dict:
     """verl's merger takes r/lora_alpha from lora_train_meta.json and writes alpha 0 without it (0.7.1's copy
     always does). An alpha of 0/None is set from lora_train_meta.json, else train.lora.alpha; the copy then
     checks r/alpha against train.lora (check_adapter)."""
@@ -581,14 +582,14 @@ def fix_gathered_alpha(adapter: Path, actor: Path, cfg: dict) -> dict:
     meta_path = actor / "lora_train_meta.json"
     meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
     alpha, source = (meta["lora_alpha"], "lora_train_meta.json") if meta.get("lora_alpha") else \
-        (int(cfg["lora"]["alpha"]), "train.lora.alpha")
+        (cfg.lora.alpha, "train.lora.alpha")
     conf["lora_alpha"] = alpha
     io.write_text(conf_path, json.dumps(conf, indent=2) + "\n")
     log.warning("verl: the gathered adapter says lora_alpha=%r; set to %s from %s", written, alpha, source)
     return {"merger_alpha": written, "alpha_fixed_from": source}
 
 
-def copy_adapter(src: Path, dst: Path, cfg: dict) -> None:
+def copy_adapter(src: Path, dst: Path, cfg: Train) -> None:
     """verl's actor/lora_adapter carries the real alpha (model_merger's copy says 0)."""
     from llmrnn.train.trl_engine import check_adapter
 
