@@ -125,8 +125,8 @@ def floor_seconds(path: Path) -> tuple[float, float]:
     """(wall, CPU) of read + CSV parse + split every note, on one core (what the build cannot do without),
     with the build's own reader (pyarrow) and splitter."""
     sys.path.insert(0, str(REPO / "src"))
-    from llmrnn.mimic.build import rows
     from llmrnn.mimic.sections import split_note
+    from llmrnn.mimic.tables import rows
 
     start, cpu = time.perf_counter(), time.process_time()
     for _, r in rows(path, "discharge"):

@@ -16,7 +16,7 @@ import yaml
 from llmrnn import cli
 from llmrnn.cohort import synthesize_cohort
 from llmrnn.mimic import sections, synth
-from llmrnn.mimic.build import folder_problems
+from llmrnn.mimic.tables import folder_problems
 from llmrnn.prompts import load_prompts
 
 REPO = Path(__file__).resolve().parents[1]

@@ -155,7 +155,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, capsys, small_disk
     assert not list(small_disk.iterdir())
 
 
-# the note file is read by pyarrow; Python's csv module (build.csv_rows) is the rule it must agree with
+# the note file is read by pyarrow; Python's csv module (tables.csv_rows) is the rule it must agree with
 READER_CASES = {
     "crlf, quotes and an accent": NOTE_HEADER[:-1] + b'\r\na,1,2,DS,1,,,"line1\r\nline2 ""q"" \xc3\xa9"\r\n'
                                   b"b,1,3,DS,2,x,y,plain\r\n",
@@ -184,22 +184,22 @@ def _read(reader, path: Path):
 @pytest.mark.parametrize("block", [64, 1 << 20])  # 64 bytes: several blocks, the hand-over from any row
 @pytest.mark.parametrize("case", sorted(READER_CASES))
 def test_the_arrow_reader_gives_what_pythons_csv_module_gives(tmp_path, monkeypatch, case, block):
-    from llmrnn.mimic import build
+    from llmrnn.mimic import tables
 
-    monkeypatch.setattr(build, "ARROW_BLOCK", block)
+    monkeypatch.setattr(tables, "ARROW_BLOCK", block)
     path = tmp_path / "discharge.csv.gz"
     path.write_bytes(gzip.compress(READER_CASES[case]))
-    assert _read(build.rows, path) == _read(build.csv_rows, path)
+    assert _read(tables.rows, path) == _read(tables.csv_rows, path)
 
 
 def test_well_formed_notes_are_read_by_arrow_alone(tmp_path, monkeypatch):
     """The fast path is taken: Python's reader is never asked for a well-formed file (BOM and CRLF too)."""
-    from llmrnn.mimic import build
+    from llmrnn.mimic import tables
 
     path = tmp_path / "discharge.csv.gz"
     data = READER_CASES["crlf, quotes and an accent"]
     path.write_bytes(gzip.compress(b"\xef\xbb\xbf" + data))
-    expected = list(build.csv_rows(path, "discharge"))
-    monkeypatch.setattr(build, "csv_rows", lambda *a, **k: pytest.fail("handed over to csv_rows"))
-    got = list(build.rows(path, "discharge"))
+    expected = list(tables.csv_rows(path, "discharge"))
+    monkeypatch.setattr(tables, "csv_rows", lambda *a, **k: pytest.fail("handed over to csv_rows"))
+    got = list(tables.rows(path, "discharge"))
     assert got == expected and got[0][1]["text"] == 'line1\r\nline2 "q" \u00e9'

@@ -15,7 +15,7 @@ import pytest
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.reward import guard_spec, reward_kwargs
 from llmrnn.settings.train import Train
-from llmrnn.train import verl_cmd
+from llmrnn.train import verl_adapter, verl_cmd
 from tests.verl.rows import make_rows, write_parquet
 
 REPO = Path(__file__).resolve().parents[1]
@@ -527,7 +527,7 @@ def test_a_verl_09_checkpoint_whose_gather_fails_stops_in_one_line_naming_the_me
     actor = verl09_actor(tmp_path, {"r": 8, "lora_alpha": 16, "task_type": "CAUSAL_LM"})
     scratch = tmp_path / "state" / "gathered"
     with pytest.raises(CheckFailed) as err:
-        verl_cmd.adapter_from_checkpoint(actor, tmp_path / "adapter", Train(lora={"rank": 8, "alpha": 16}),
+        verl_adapter.adapter_from_checkpoint(actor, tmp_path / "adapter", Train(lora={"rank": 8, "alpha": 16}),
                                          python=sys.executable, scratch=scratch)
     msg = str(err.value)
     assert "\n" not in msg and "verl's model_merger exited with 1" in msg and "No module named" in msg, msg
@@ -536,7 +536,7 @@ def test_a_verl_09_checkpoint_whose_gather_fails_stops_in_one_line_naming_the_me
     # without lora_train_meta.json it is no 0.9 LoRA checkpoint: the 0.7 rule (lora_adapter/ is required) stands
     plain = verl09_actor(tmp_path / "full", None)
     with pytest.raises(CheckFailed, match="no lora_adapter in the final verl checkpoint"):
-        verl_cmd.adapter_from_checkpoint(plain, tmp_path / "adapter", Train(lora={"rank": 8, "alpha": 16}),
+        verl_adapter.adapter_from_checkpoint(plain, tmp_path / "adapter", Train(lora={"rank": 8, "alpha": 16}),
                                          python=sys.executable)
 
 
@@ -550,11 +550,11 @@ def test_an_alpha_of_0_from_verls_merger_is_set_from_the_checkpoint_metadata_or_
     adapter = tmp_path / "lora_adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 0, "peft_type": "LORA"}))
-    got = verl_cmd.fix_gathered_alpha(adapter, actor, Train(lora={"rank": 8, "alpha": 16}))
+    got = verl_adapter.fix_gathered_alpha(adapter, actor, Train(lora={"rank": 8, "alpha": 16}))
     assert got == {"merger_alpha": 0, "alpha_fixed_from": source}
     assert json.loads((adapter / "adapter_config.json").read_text())["lora_alpha"] == want
     # an alpha the merger wrote is kept (check_adapter then compares it with train.lora)
-    assert verl_cmd.fix_gathered_alpha(adapter, actor, Train(lora={"rank": 8, "alpha": 99}))["merger_alpha"] == want
+    assert verl_adapter.fix_gathered_alpha(adapter, actor, Train(lora={"rank": 8, "alpha": 99}))["merger_alpha"] == want
 
 
 FAKE_SCORING_MAIN_PPO = textwrap.dedent(
@@ -794,7 +794,7 @@ def test_verl_fit_rehearsed_on_cpu_from_rollout_to_merged_model(version, tmp_pat
     # what `llmrnn train run` does with its chosen checkpoint (verl_cmd.run calls it with the training Python):
     # 0.7.1's lora_adapter/ copied as it is; 0.9.1's gathered by verl's own model merger in the verl venv
     scratch = tmp_path / "state" / "gathered"
-    got = verl_cmd.adapter_from_checkpoint(actor, tmp_path / "adapter", Train(**train), python=str(python), scratch=scratch)
+    got = verl_adapter.adapter_from_checkpoint(actor, tmp_path / "adapter", Train(**train), python=str(python), scratch=scratch)
     assert got["adapter_from"] == ("model_merger" if engine else "lora_adapter"), got
     assert not scratch.exists()  # the merger's whole-model copy is gone
     conf = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())

@@ -396,7 +396,7 @@ class OpenAIBackend:
         self.sequences = 0
 
     def _one(self, http, body: dict) -> str:
-        from llmrnn.judge.client import JudgeAborted
+        from llmrnn.judge.transport import JudgeAborted
         from llmrnn.retry import RequestRejected, RetriesExhausted, RetryPolicy
 
         policy = RetryPolicy(retries=self.max_retries, backoff_s=1.0, backoff_max_s=30.0)
@@ -415,7 +415,7 @@ class OpenAIBackend:
 
         import httpx
 
-        from llmrnn.judge.client import _BoundedHTTP, _Live
+        from llmrnn.judge.transport import BoundedHTTP, LiveCalls
 
         self.calls += 1
         self.sequences += len(conversations)
@@ -433,14 +433,14 @@ class OpenAIBackend:
             bodies.append(body)
         # the judge client's bounds: a whole-request deadline (a trickling server is cut), a cap on the answer,
         # and the stall watchdog (a server that stops answering fails every request after stall_s)
-        live = _Live(self.stall_s, first_s=self.timeout_s, what=f"openai backend {self.url} (model {self.model})",
+        live = LiveCalls(self.stall_s, first_s=self.timeout_s, what=f"openai backend {self.url} (model {self.model})",
                      setting=self.stall_key).carry(self._live)  # the server's pace, learnt over earlier batches
         self._live = live
         with httpx.Client(timeout=self.timeout_s, headers={"Accept-Encoding": "identity"},
                           limits=httpx.Limits(max_connections=self.concurrency,
                                               max_keepalive_connections=0)) as client, \
                 ThreadPoolExecutor(self.concurrency) as pool:
-            http = _BoundedHTTP(client, self.timeout_s, live=live)
+            http = BoundedHTTP(client, self.timeout_s, live=live)
             try:
                 futures = [pool.submit(self._one, http, b) for b in bodies]
                 wait(futures, return_when=FIRST_EXCEPTION)

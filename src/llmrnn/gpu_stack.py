@@ -8,7 +8,7 @@ that says what to install or change.
   the CPU rehearsal of its trainer loop (tests/test_train_verl.py), never on GPUs, and its rollout needs
   vLLM >= 0.18, which the GPU lock does not hold. (Its LoRA checkpoints, FSDP shards + lora_train_meta.json
   without `actor/lora_adapter/`, are no longer the reason: `llmrnn train run` gathers the adapter with
-  verl's model merger, llmrnn.train.verl_cmd.adapter_from_checkpoint.)
+  verl's model merger, llmrnn.train.verl_adapter.adapter_from_checkpoint.)
 - vLLM: beside verl 0.7 a release below 0.18 (0.17.1 in envs/gpu-lock.txt; verl 0.9 needs >=0.18);
   for inference and the judge alone any vLLM >= 0.17 (the launcher's flags exist since then).
 - Several nodes (train.nnodes > 1): verl only (TRL trains in one process), and a judge the other

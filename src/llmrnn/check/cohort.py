@@ -38,7 +38,7 @@ def check_cohort(config: dict) -> list[str]:
     cohort = filled("cohort", config.get("cohort"))
     source = cohort["source"]
     if source == "mimic_iv" and not cohort_is_synthetic(cohort):
-        from llmrnn.mimic.build import folder_problems
+        from llmrnn.mimic.tables import folder_problems
 
         mimic = cohort["mimic_iv"]
         return [f"cohort.mimic_iv: {p}" for p in folder_problems(mimic["hosp"], mimic["note"], mimic["diagnoses"],

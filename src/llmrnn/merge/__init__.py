@@ -3,7 +3,7 @@
 Inputs it accepts (`--adapter`):
 - a PEFT adapter folder (adapter_config.json + adapter_model.safetensors): what TRL writes, or what the
   verl engine copies from verl 0.7's `global_step_N/actor/lora_adapter` (or, for verl 0.9, gathers from
-  the checkpoint's FSDP shards with verl's model merger: llmrnn.train.verl_cmd.adapter_from_checkpoint);
+  the checkpoint's FSDP shards with verl's model merger: llmrnn.train.verl_adapter.adapter_from_checkpoint);
 - a verl checkpoint: the checkpoints root (latest_checkpointed_iteration.txt), `global_step_N/` or
   `global_step_N/actor/`; its `actor/lora_adapter/` is used (a verl 0.9 LoRA checkpoint has none: one line
   names the gather step);

@@ -104,7 +104,7 @@ def resolve_adapter(path: str | Path) -> AdapterSource:
         return AdapterSource("verl_lora_adapter", p / "lora_adapter", given, notes)
     if is_verl_engine_lora(p):
         # verl 0.9's engine checkpoint of a LoRA run: the adapter is inside the FSDP shards, no lora_adapter/
-        # (`llmrnn train run` gathers it itself: llmrnn.train.verl_cmd.adapter_from_checkpoint)
+        # (`llmrnn train run` gathers it itself: llmrnn.train.verl_adapter.adapter_from_checkpoint)
         raise CheckFailed(
             f"{p}: a verl 0.9 LoRA checkpoint (FSDP shards + lora_train_meta.json, no lora_adapter/); gather it "
             f"in the verl environment with `python -m verl.model_merger merge --backend fsdp --local_dir {p} "

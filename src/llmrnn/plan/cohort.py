@@ -47,7 +47,7 @@ class CohortPlan(PlanBase):
 
     def mimic_iv_inputs(self, wildcards=None) -> dict[str, str]:
         """build_cohort's inputs: the PhysioNet files themselves (a new release reruns everything after)."""
-        from llmrnn.mimic.build import header_problem, table_paths
+        from llmrnn.mimic.tables import header_problem, table_paths
 
         mimic = self.config["cohort"]["mimic_iv"]
         paths = table_paths(mimic["hosp"], mimic["note"], mimic["diagnoses"], mimic.get("icd_version"))
