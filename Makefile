@@ -29,16 +29,22 @@ demo: $(STAMP)
 # commands), the verl trainer-loop rehearsals and the tests that run a training, merge or CLI session of their
 # own past a few seconds (TRL resume, the zero-gradient run, the hostile config files, the tracker runs);
 # vllm the real-vLLM tests (their venv takes minutes to build). `make test-e2e` builds that venv and runs both.
-# Both tiers spread over the cores (pytest-xdist, TEST_WORKERS processes): the unit tier by file, the e2e tier
-# by module with every SLURM test on one worker (tests/conftest.py), so a module's shared run is built once.
+# The unit tier spreads over the cores (pytest-xdist, TEST_WORKERS processes, one file per worker, so a module's
+# shared fixture is built once); the e2e tier runs as two pytest processes side by side: every test of the one
+# local SLURM cluster, one after another (they take its nodes down, count its jobs and Ray processes), beside
+# the rest (much of either waits on SLURM, servers and subprocesses, which the other fills).
 # Budgets (docs/results.md#fast-feedback): `make test` under 10 min warm on 2 cores, .ci/run under 45 min
 # from a fresh clone; no test times itself.
 TEST_WORKERS ?= 2
 test: $(STAMP) verl-envs
 	$(RUNENV) pytest -q -n $(TEST_WORKERS) --dist loadfile --timeout 3600 --durations 15 -m "not e2e and not vllm" tests
 
+E2E_PYTEST := pytest -q -p no:cacheprovider --timeout 3600 --durations 15 -m "e2e or vllm"
 test-e2e: $(STAMP) verl-envs vllm-env
-	$(RUNENV) pytest -q -n $(TEST_WORKERS) --dist loadgroup --timeout 3600 --durations 15 -m "e2e or vllm" tests
+	set -o pipefail; \
+	{ $(RUNENV) $(E2E_PYTEST) tests/slurm 2>&1 | sed -u 's/^/[slurm] /'; } & slurm=$$!; \
+	rest=0; $(RUNENV) $(E2E_PYTEST) --ignore=tests/slurm tests || rest=$$?; \
+	s=0; wait $$slurm || s=$$?; exit $$(( rest || s ))
 
 lint: $(STAMP)
 	$(RUNENV) snakefmt --check Snakefile rules

@@ -18,18 +18,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def pytest_collection_modifyitems(config, items):
-    """`make test-e2e` spreads its modules over the cores (pytest-xdist --dist loadgroup): each module stays on
-    one worker, so its module-scoped runs (the rerun table's baselines, the vLLM server) are built once, and
-    every test of the one local SLURM cluster runs on the same worker, one after the other (they count its
-    nodes, jobs and Ray processes). Much of this tier waits on SLURM, servers and subprocesses, which the
-    other worker fills. `make test` distributes by file (--dist loadfile) and ignores the groups."""
-    for item in items:
-        path = Path(str(item.fspath)).resolve()
-        group = "slurm" if (REPO / "tests" / "slurm") in path.parents else path.relative_to(REPO).as_posix()
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny random Llama + trained BPE tokenizer with a chat template (real HF files, ~1 s)."""
