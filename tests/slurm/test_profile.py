@@ -179,14 +179,15 @@ def test_rule_side_placement_uses_the_profiles_defaults_and_variables():
         assert slurm.setting(slurm.CPU_PARTITION, env) == unquote(profile["default-resources"]["slurm_partition"])
 
 
-def test_documented_install_makes_bare_profile_name_work(workflow_dir, tmp_path):
+def test_a_profile_linked_under_the_users_config_makes_the_bare_name_work(workflow_dir, tmp_path):
     env = _clean_env(tmp_path, LLMRNN_CONFIGFILE="config/config.yaml")
     subprocess.run(["bash", "-c", INSTALL_ONE_LINER], cwd=workflow_dir, env=env, check=True)
     assert (Path(env["HOME"]) / ".config/snakemake/slurm/config.yaml").is_file()
     text = _dry_run(workflow_dir, env, "--profile", "slurm", "-n", "all")
     assert "slurm_partition=cpu" in text
+    # the docs name the profile one way only, by its folder (the short name above is a user's own choice)
     page = (REPO / "docs" / "cluster.md").read_text()
-    assert INSTALL_ONE_LINER in page, "docs/cluster.md must show the profile install one-liner"
+    assert "--profile profiles/slurm" in page and "--profile slurm" not in page
 
 
 def test_dry_run_downloads_the_judge_model_once(workflow_dir, tmp_path):

@@ -123,7 +123,7 @@ def test_verl_run_gives_ray_the_job_or_refuses_a_missing_allocation(tmp_path, mo
     monkeypatch.setenv("TMPDIR", "/tmp")
     ran = []
 
-    def main_ppo_not_run(cmd, env, out, follow):  # no verl here: capture the command and stop
+    def main_ppo_not_run(cmd, env, out, follow, stop=None):  # no verl here: capture the command and stop
         ran.append(cmd)
         raise RuntimeError("stopped before verl")
 

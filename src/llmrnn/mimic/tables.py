@@ -177,7 +177,8 @@ def rows(path: Path, table: str) -> Iterator[tuple[int, dict[str, str]]]:
                     row_bytes = pc.min_max(functools.reduce(pc.add, [pc.binary_length(c) for c in batch.columns]))
                     if (row_bytes["min"].as_py() == 0  # an empty line: arrow reads a row of empty fields
                             or row_bytes["max"].as_py() > min(MAX_FIELD_CHARS, MAX_LINE_CHARS)
-                            or any(_has_nul(c) for c in batch.columns)):
+                            or any(_has_nul(c) for c in batch.columns)
+                            or _quoting_csv_may_refuse(batch)):
                         break  # csv_rows names it (or reads on, where bytes overcount characters)
                     columns = [batch.column(c).to_pylist() for c in names]
                     for values in zip(*columns):
@@ -190,6 +191,19 @@ def rows(path: Path, table: str) -> Iterator[tuple[int, dict[str, str]]]:
     for row_no, r in csv_rows(path, table):
         if row_no > done:
             yield row_no, r
+
+
+def _quoting_csv_may_refuse(batch) -> bool:
+    """Whether a batch holds quoting that Python's strict csv reader may refuse and arrow reads on: a quote
+    char left inside a value (a stray quote, spaces around a quoted field; an escaped "" also counts, read
+    by csv_rows then), or a last field ending in a line break (a quote left open swallows the rest of the
+    file into the last row's last field; arrow ends it at the end of the file without a word)."""
+    import pyarrow.compute as pc
+
+    if any(pc.any(pc.match_substring(c, '"')).as_py() for c in batch.columns):
+        return True
+    last = batch.column(batch.num_columns - 1)[batch.num_rows - 1].as_py() or ""
+    return last.endswith(("\n", "\r"))
 
 
 def _has_nul(column) -> bool:
