@@ -148,6 +148,16 @@ def test_killed_run_resumes_at_the_right_step_and_data_position(tmp_path, tiny_m
     assert killed_steps >= 6
 
 
+def _wait_until_inside_step(proc, out: Path, step: int) -> None:
+    """Until the running `train run` has drawn the data of `step` (its data trace), within 300 s."""
+    deadline = time.time() + 300
+    trace = out / "state" / "data_trace.jsonl"
+    while not (trace.exists() and len(trace.read_text().splitlines()) >= step):
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline
+        time.sleep(0.02)
+
+
 @pytest.mark.slow
 @pytest.mark.e2e  # three tiny runs: about 2.5 min on a loaded 2-core machine
 def test_warning_signal_checkpoints_at_the_next_step_and_the_rerun_continues(tmp_path, tiny_model_dir, parquets):
@@ -164,12 +174,7 @@ def test_warning_signal_checkpoints_at_the_next_step_and_the_rerun_continues(tmp
 
     out = tmp_path / "signalled"
     proc = _run_cli(cfg, parquets, tiny_model_dir, out)
-    deadline = time.time() + 300
-    trace = out / "state" / "data_trace.jsonl"
-    while not (trace.exists() and len(trace.read_text().splitlines()) >= 5):  # inside step 5
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.time() < deadline
-        time.sleep(0.02)
+    _wait_until_inside_step(proc, out, 5)
     proc.send_signal(signal.SIGUSR1)
     log, _ = proc.communicate(timeout=600)
     assert proc.returncode == Interrupted.exit_code == 75, log
@@ -201,12 +206,7 @@ def test_preemption_sigterm_checkpoints_at_the_next_step_like_the_warning(tmp_pa
 
     out = tmp_path / "preempted"
     proc = _run_cli(tiny_cfg(test_freq=0, save_freq=4, keep_last=None), parquets, tiny_model_dir, out)
-    deadline = time.time() + 300
-    trace = out / "state" / "data_trace.jsonl"
-    while not (trace.exists() and len(trace.read_text().splitlines()) >= 5):  # inside step 5
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.time() < deadline
-        time.sleep(0.02)
+    _wait_until_inside_step(proc, out, 5)
     proc.send_signal(signal.SIGTERM)
     log, _ = proc.communicate(timeout=600)
     assert proc.returncode == Interrupted.exit_code == 75, log

@@ -446,14 +446,20 @@ FAKE_MAIN_PPO = textwrap.dedent(
 )
 
 
-def test_verl_run_streams_metrics_checks_completion_and_copies_adapter(tmp_path, monkeypatch):
-    fake_dir = tmp_path / "fake"
-    (fake_dir / "verl" / "trainer").mkdir(parents=True)
-    (fake_dir / "verl" / "__init__.py").write_text("")
-    (fake_dir / "verl" / "trainer" / "__init__.py").write_text("")
-    (fake_dir / "verl" / "trainer" / "main_ppo.py").write_text(FAKE_MAIN_PPO)
-    monkeypatch.setenv("PYTHONPATH", str(fake_dir))
+def install_fake_main_ppo(tmp_path: Path, monkeypatch, source: str) -> Path:
+    """A stand-in `verl.trainer.main_ppo` (no verl in this venv) first on PYTHONPATH, and a fast poll."""
+    fake = tmp_path / "fake"
+    (fake / "verl" / "trainer").mkdir(parents=True)
+    (fake / "verl" / "__init__.py").write_text("")
+    (fake / "verl" / "trainer" / "__init__.py").write_text("")
+    (fake / "verl" / "trainer" / "main_ppo.py").write_text(source)
+    monkeypatch.setenv("PYTHONPATH", str(fake))
     monkeypatch.setattr(verl_cmd, "POLL_S", 0.05)
+    return fake
+
+
+def test_verl_run_streams_metrics_checks_completion_and_copies_adapter(tmp_path, monkeypatch):
+    install_fake_main_ppo(tmp_path, monkeypatch, FAKE_MAIN_PPO)
     train = write_parquet(tmp_path / "train.parquet", make_rows(8))
     val = write_parquet(tmp_path / "val.parquet", make_rows(2, split="val"))
     cfg = {"batch": {"train": 2, "mini": 2, "micro_per_gpu": 4}, "group_size": 4, "epochs": 2, "test_freq": 2,
@@ -489,13 +495,7 @@ def test_verl_run_streams_metrics_checks_completion_and_copies_adapter(tmp_path,
 def test_a_verl_run_whose_gradient_was_always_zero_is_not_complete(tmp_path, monkeypatch):
     """As under TRL: verl exits 0 after every planned step, but the gradient norm was 0 at each (a constant
     reward): one line, and no adapter is written."""
-    fake_dir = tmp_path / "fake"
-    (fake_dir / "verl" / "trainer").mkdir(parents=True)
-    (fake_dir / "verl" / "__init__.py").write_text("")
-    (fake_dir / "verl" / "trainer" / "__init__.py").write_text("")
-    (fake_dir / "verl" / "trainer" / "main_ppo.py").write_text(FAKE_MAIN_PPO)
-    monkeypatch.setenv("PYTHONPATH", str(fake_dir))
-    monkeypatch.setattr(verl_cmd, "POLL_S", 0.05)
+    install_fake_main_ppo(tmp_path, monkeypatch, FAKE_MAIN_PPO)
     monkeypatch.setenv("FAKE_TOTAL", "4")
     monkeypatch.setenv("FAKE_GRAD_NORM", "0")
     train = write_parquet(tmp_path / "train.parquet", make_rows(8))

@@ -17,7 +17,7 @@ import pytest
 from llmrnn.errors import InputError, Interrupted
 from llmrnn.train import verl_cmd
 from llmrnn.train.ray_cluster import single_node_overrides
-from tests.test_train_verl import REFERENCE, REPO, VERSIONS, verl_python
+from tests.test_train_verl import REFERENCE, REPO, VERSIONS, install_fake_main_ppo, verl_python
 from tests.verl.rows import make_rows, write_parquet
 
 
@@ -82,14 +82,8 @@ FAKE_SQUEUE = textwrap.dedent(
 
 
 def _slow_verl(tmp_path, monkeypatch):
-    fake = tmp_path / "fake"
-    (fake / "verl" / "trainer").mkdir(parents=True)
-    (fake / "verl" / "__init__.py").write_text("")
-    (fake / "verl" / "trainer" / "__init__.py").write_text("")
-    (fake / "verl" / "trainer" / "main_ppo.py").write_text(SLOW_MAIN_PPO)
-    monkeypatch.setenv("PYTHONPATH", str(fake))
+    install_fake_main_ppo(tmp_path, monkeypatch, SLOW_MAIN_PPO)
     monkeypatch.setenv("FAKE_RECORD", str(tmp_path / "record.json"))
-    monkeypatch.setattr(verl_cmd, "POLL_S", 0.05)
     cfg = {"batch": {"train": 2, "mini": 2, "micro_per_gpu": 4}, "group_size": 4, "epochs": 1, "test_freq": 0,
            "lora": {"rank": 8, "alpha": 16}}
     out = tmp_path / "train"

@@ -139,3 +139,33 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+class _RayInitCaptured(Exception):
+    pass
+
+
+def ray_init_arguments(config) -> dict:
+    """The keyword arguments verl's own main_ppo.run_ppo gives ray.init for a composed config: run_ppo is
+    stopped right at ray.init (restored afterwards), its arguments kept. verl 0.9.1's run_ppo also asks for
+    the TaskRunner class, never reached."""
+    import inspect
+
+    from verl.trainer import main_ppo
+
+    captured: dict = {}
+
+    def fake_init(**kwargs):
+        captured.update(kwargs)
+        raise _RayInitCaptured
+
+    real_init = main_ppo.ray.init
+    main_ppo.ray.init = fake_init
+    needs_runner = "task_runner_class" in inspect.signature(main_ppo.run_ppo).parameters
+    try:
+        main_ppo.run_ppo(config, *([None] if needs_runner else []))
+    except _RayInitCaptured:
+        pass
+    finally:
+        main_ppo.ray.init = real_init
+    return captured

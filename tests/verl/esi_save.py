@@ -12,16 +12,11 @@ trainer.esi_redundant_time and each longest step duration given. Prints one JSON
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-
-class _Captured(Exception):
-    pass
 
 
 def main() -> int:
@@ -30,24 +25,11 @@ def main() -> int:
     ap.add_argument("--longest-step", type=float, nargs="+", required=True)
     args = ap.parse_args()
 
-    from check_verl import composed
-    from verl.trainer import main_ppo
+    from check_verl import composed, ray_init_arguments
     from verl.utils.checkpoint.checkpoint_manager import should_save_ckpt_esi
 
     config = composed(args.overrides)
-    captured = {}
-
-    def fake_init(**kwargs):
-        captured.update(kwargs)
-        raise _Captured
-
-    main_ppo.ray.init = fake_init
-    # 0.9.1 asks for the TaskRunner class (never reached: ray.init stops it first)
-    needs_runner = "task_runner_class" in inspect.signature(main_ppo.run_ppo).parameters
-    try:
-        main_ppo.run_ppo(config, *([None] if needs_runner else []))
-    except _Captured:
-        pass
+    captured = ray_init_arguments(config)
     env_vars = dict(captured["runtime_env"]["env_vars"])
     os.environ.update(env_vars)  # as Ray sets them in the TaskRunner's process (it requires strings)
     redundant = config.trainer.esi_redundant_time

@@ -20,10 +20,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-class _Captured(Exception):
-    pass
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--overrides", required=True)
@@ -33,24 +29,10 @@ def main() -> int:
     os.umask(0o022)
 
     import ray
-    from check_verl import composed
-    from verl.trainer import main_ppo
+    from check_verl import composed, ray_init_arguments
 
     config = composed(args.overrides)
-    captured = {}
-
-    def fake_init(**kwargs):
-        captured.update(kwargs)
-        raise _Captured
-
-    real_init = main_ppo.ray.init
-    main_ppo.ray.init = fake_init
-    try:
-        main_ppo.run_ppo(config)
-    except _Captured:
-        pass
-    finally:
-        main_ppo.ray.init = real_init
+    captured = ray_init_arguments(config)
     kwargs = dict(captured)
     kwargs.update(num_cpus=1, include_dashboard=False, log_to_driver=False)
     ray.init(**kwargs)
