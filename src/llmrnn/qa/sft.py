@@ -15,24 +15,15 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
-from llmrnn.settings import section_defaults
+from llmrnn.settings.base import parse
+from llmrnn.settings.qa import QaSft
 
 log = logging.getLogger(__name__)
 
-DEFAULTS = {k: v for k, v in section_defaults("qa.sft").items() if k != "resources"}  # llmrnn.settings
 
-
-def settings(cfg: dict | None) -> dict:
-    cfg = dict(cfg or {})
-    unknown = sorted(set(cfg) - set(DEFAULTS) - {"resources"})
-    if unknown:
-        raise InputError(f"qa.sft: unknown key(s) {unknown}")
-    out = {**DEFAULTS, **{k: v for k, v in cfg.items() if k != "resources"}}
-    out["lora"] = {**DEFAULTS["lora"], **(cfg.get("lora") or {})}
-    for key in ("epochs", "batch_size", "grad_accum", "max_length"):
-        if not isinstance(out[key], int) or out[key] < 1:
-            raise InputError(f"qa.sft.{key}: expected a positive integer, got {out[key]!r}")
-    return out
+def settings(cfg: dict | None) -> QaSft:
+    """The `qa.sft` section as its validated settings model (defaults filled, bounds checked)."""
+    return parse(QaSft, cfg or {}, "qa.sft")
 
 
 def _pairs(path: str | os.PathLike) -> list[dict]:
@@ -59,13 +50,13 @@ def _progress_callback():
     return Progress()
 
 
-def train_sft(cfg: dict, train_file: str, val_file: str | None, model_dir: str, *, adapter_dir: str,
+def train_sft(cfg: dict | QaSft, train_file: str, val_file: str | None, model_dir: str, *, adapter_dir: str,
               metrics_path: str, summary_path: str) -> dict:
     """Train the LoRA; writes the adapter folder, metrics.jsonl (one row per logged step) and summary.json."""
-    cfg = settings(cfg)
+    cfg = cfg if isinstance(cfg, QaSft) else settings(cfg)
     import torch
 
-    torch.set_num_threads(int(cfg["num_threads"]))
+    torch.set_num_threads(cfg.num_threads)
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
@@ -84,16 +75,16 @@ def train_sft(cfg: dict, train_file: str, val_file: str | None, model_dir: str, 
     cuda = torch.cuda.is_available()
     args = SFTConfig(
         output_dir=str(work),
-        seed=int(cfg["seed"]),
+        seed=cfg.seed,
         use_cpu=not cuda,
         bf16=bool(cuda and torch.cuda.is_bf16_supported()),
-        learning_rate=float(cfg["lr"]),
-        num_train_epochs=float(cfg["epochs"]),
-        max_steps=int(cfg["max_steps"] or -1),
-        per_device_train_batch_size=int(cfg["batch_size"]),
-        per_device_eval_batch_size=int(cfg["batch_size"]),
-        gradient_accumulation_steps=int(cfg["grad_accum"]),
-        max_length=int(cfg["max_length"]),
+        learning_rate=cfg.lr,
+        num_train_epochs=float(cfg.epochs),
+        max_steps=cfg.max_steps or -1,
+        per_device_train_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=cfg.batch_size,
+        gradient_accumulation_steps=cfg.grad_accum,
+        max_length=cfg.max_length,
         eval_strategy="epoch" if val_ds is not None else "no",
         save_strategy="no",
         logging_steps=1,
@@ -101,8 +92,8 @@ def train_sft(cfg: dict, train_file: str, val_file: str | None, model_dir: str, 
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    lora = LoraConfig(r=int(cfg["lora"]["rank"]), lora_alpha=int(cfg["lora"]["alpha"]),
-                      lora_dropout=float(cfg["lora"]["dropout"]), target_modules=list(cfg["lora"]["target_modules"]),
+    lora = LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha,
+                      lora_dropout=cfg.lora.dropout, target_modules=list(cfg.lora.target_modules),
                       bias="none", task_type="CAUSAL_LM")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     trainer = SFTTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=val_ds,

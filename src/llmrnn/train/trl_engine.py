@@ -32,6 +32,7 @@ from typing import Any
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.gpus import cpu_bf16
+from llmrnn.settings.qa import QaSft
 from llmrnn.settings.train import Train
 from llmrnn.train import config as tcfg
 from llmrnn.train import data as tdata
@@ -411,8 +412,9 @@ def falls_in_a_row(history: list[float], patience: int) -> bool:
     return all(b < a for a, b in itertools.pairwise(tail))
 
 
-def export_adapter(model, tokenizer, adapter_dir: Path, cfg: Train) -> None:
-    """Write the LoRA adapter (+ tokenizer) atomically and check its rank/alpha."""
+def export_adapter(model, tokenizer, adapter_dir: Path, cfg: Train | QaSft) -> None:
+    """Write the LoRA adapter (+ tokenizer) atomically and check its rank/alpha against `cfg.lora` (GRPO's
+    train.lora or the warm start's qa.sft.lora)."""
     with io.atomic_dir(adapter_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -580,8 +582,9 @@ def finish_metrics(live: Path, final: Path) -> None:
     io.write_text(final, text)
 
 
-def check_adapter(adapter_dir: Path, cfg: Train) -> dict:
+def check_adapter(adapter_dir: Path, cfg: Train | QaSft) -> dict:
     """The adapter's config must carry the training-time rank and alpha (merge uses it)."""
+    section = "qa.sft.lora" if isinstance(cfg, QaSft) else "train.lora"
     conf_path = adapter_dir / "adapter_config.json"
     if not conf_path.is_file():
         raise CheckFailed(f"{conf_path}: missing; no LoRA adapter was written")
@@ -589,5 +592,5 @@ def check_adapter(adapter_dir: Path, cfg: Train) -> dict:
     want = {"r": cfg.lora.rank, "lora_alpha": cfg.lora.alpha}
     got = {k: conf.get(k) for k in want}
     if got != want:
-        raise CheckFailed(f"{conf_path}: r/lora_alpha {got} differ from train.lora {want}")
+        raise CheckFailed(f"{conf_path}: r/lora_alpha {got} differ from {section} {want}")
     return conf
