@@ -33,7 +33,10 @@ Every file is either scanned by its structure or refused; nothing is skipped:
   row) where the word breaks are hidden (`<wbr>`, zero-width or bidi characters, footnote marks between words);
 - a date of birth from a note however the bundle spells it (3/14/56, March 14th, 1956, 14-mar-56);
 - a name from a note (next to a name-like header) also reordered or with a word between its words
-  (`Quist, Johanna`, `Johanna M. Quist`);
+  (`Quist, Johanna`, `Johanna M. Quist`), and its surname alone where it names a person: after a title
+  (`Mrs. Quist`), before an initial or a capitalised given name (`QUIST, J.`, `Quist, Maria`), possessive
+  (`Quist's`); never bare, and a surname that is an ordinary word (`White`) only after a title or before an
+  initial (identifiers.find_surnames);
 - a credential-like string (hf_..., sk-..., ghp_..., AKIA..., a URL's user:password@) pasted anywhere.
 
 Findings say what and where (file, offset or JSON path, kind) and never repeat the identifier or text.

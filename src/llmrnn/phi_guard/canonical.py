@@ -46,11 +46,17 @@ def _confusable_table() -> dict[int, str]:
     return table
 
 
+def normalize_keep_case(text: str) -> str:
+    """`normalize` without the casefolding: where a word's capital matters (`Mr. White`, the name; `white`,
+    the word)."""
+    nfkc = unicodedata.normalize("NFKC", text.translate(_char_table())).translate(_char_table())
+    return nfkc.translate(_confusable_table())
+
+
 def normalize(text: str) -> str:
     """NFKC, every decimal digit as ASCII, no invisible characters, look-alike letters as the ASCII
     letter or digit they imitate, casefolded: the form both the cohort and the bundle are compared in."""
-    nfkc = unicodedata.normalize("NFKC", text.translate(_char_table())).translate(_char_table())
-    return nfkc.translate(_confusable_table()).casefold()
+    return normalize_keep_case(text).casefold()
 
 
 def canonical_id(value: Any) -> str:

@@ -7,7 +7,8 @@ import re
 
 from llmrnn.phi_guard.canonical import normalize
 from llmrnn.phi_guard.decoders import decoded_views
-from llmrnn.phi_guard.secrets import Secrets
+from llmrnn.phi_guard.ordinary_words import ORDINARY_WORD_SURNAMES
+from llmrnn.phi_guard.secrets import SURNAME_JOINERS, Secrets
 
 # up to two of these may sit inside an identifier written with grouping (12 345, 12,345, 12-345, MRN-AB7)
 ID_JOINERS = frozenset(" \t\r\n,.-_'\u2019\u02bc/\u00b7\u2010\u2012\u2013\u2014\u2212\u066b\u066c*`~\\")
@@ -147,6 +148,60 @@ def find_names(text: str, names: dict[tuple[str, ...], str]) -> list[tuple[int, 
             if all(any(abs(k - n) < span for k, _ in where[w]) for w in name[1:]):
                 hits.append((offset, kind))
                 break
+    return hits
+
+
+# A patient's surname alone, where it names a person. A BARE surname is never a finding, rare or not: the
+# tokenizer's vocabulary is scanned entry by entry and holds many surnames as word pieces, and a model card on
+# clinical data names eponyms (Parkinson, Graves, Addison) that are also some patient's surname; a bare word
+# does not say a person is meant, a title, an initial or a possessive does.
+NAME_TOKEN = re.compile(r"[^\W\d_]+(?:(?:['\u2019\u02bc](?![sS](?![^\W_]))|-)[^\W\d_]+)*")
+# a title before it, with up to two initials between (`Mrs. Quist`, `Dr J. Quist`, `pt Quist`); not after a
+# number (`10 ms`, `12 pt` are units)
+TITLE_BEFORE = re.compile(r"(?i)(?<!\d)(?<!\d )(?<![^\W_])(mrs|mr|ms|mx|miss|dr|prof|professor|doctor|patient|pt)"
+                          r"(?:\.\s*|\s+)(?:[^\W\d_]\.?\s+){0,2}$")
+# titles that are also ordinary words: before an ordinary-word surname only when that is capitalised
+WORD_TITLES = frozenset({"miss", "patient", "pt", "doctor", "professor"})
+INITIAL_AFTER = re.compile(r",[ \t]*([^\W\d_])(?:\.|(?![^\W_]))")  # `QUIST, J.`, `quist, j`
+# an ordinary word before a capital initial that ends there (`WHITE, P.`; not `white, a colour`)
+CAPITAL_INITIAL_AFTER = re.compile(r",[ \t]*([^\W\d_])(?:\.|[ \t]*(?:$|[,;)\]]))", re.MULTILINE)
+GIVEN_AFTER = re.compile(r",[ \t]*([^\W\d_]{2,})")  # `Quist, Maria` (capitalised)
+POSSESSIVE_S = re.compile(r"['\u2019\u02bc][sS](?![^\W_])")  # `Quist's`
+POSSESSIVE_APOSTROPHE = re.compile(r"['\u2019\u02bc](?![^\W_])")  # `Jones'`
+# a possessive that names a disease, sign or law after a person long dead (`Parkinson's disease`)
+EPONYM_AFTER = re.compile(
+    r"(?i)['\u2019\u02bc]s?\s+(?:disease|syndrome|sign|signs|palsy|test|law|reflex|triad|phenomenon|criteria"
+    r"|classification|score|scale|maneuver|manoeuvre|operation|procedure|fracture|nodes?|ulcer|tumou?r|lymphoma"
+    r"|sarcoma|encephalopathy|contracture|disorder|method|rule|equation|formula|modulus|constant|theorem"
+    r"|principle|algorithm|razor|paradox)(?![^\W_])")
+
+
+def find_surnames(cased: str, surnames: dict[str, str]) -> list[tuple[int, str, str]]:
+    """(offset, kind, how) of every surname of the notes in `cased` (normalised, case kept) written as a
+    person's name: after a title, before an initial, before a capitalised given name, or possessive. An
+    ordinary-word surname (ordinary_words; White, Young) counts after a title or before a capital initial only."""
+    hits = []
+    for m in NAME_TOKEN.finditer(cased):
+        key = SURNAME_JOINERS.sub("", m.group().casefold())
+        kind = surnames.get(key)
+        if kind is None:
+            continue
+        ordinary = key in ORDINARY_WORD_SURNAMES or len(key) <= 2
+        capital = m.group()[0].isupper()
+        after = cased[m.end():m.end() + 80]
+        title = TITLE_BEFORE.search(cased[max(0, m.start() - 40):m.start()])
+        if title and (capital or not ordinary or title.group(1).lower() not in WORD_TITLES):
+            hits.append((m.start(), kind, "after a title"))
+        elif (initial := (CAPITAL_INITIAL_AFTER if ordinary else INITIAL_AFTER).match(after)) and \
+                (not ordinary or capital and initial.group(1).isupper()):
+            hits.append((m.start(), kind, "before an initial"))
+        elif ordinary:
+            continue
+        elif (given := GIVEN_AFTER.match(after)) and given.group(1)[0].isupper():
+            hits.append((m.start(), kind, "before a given name"))
+        elif (POSSESSIVE_S.match(after) or key.endswith("s") and POSSESSIVE_APOSTROPHE.match(after)) \
+                and not EPONYM_AFTER.match(after):
+            hits.append((m.start(), kind, "as a possessive"))
     return hits
 
 

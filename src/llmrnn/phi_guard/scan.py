@@ -8,9 +8,9 @@ import re
 from collections.abc import Iterator
 
 from llmrnn.constants import CREDENTIAL
-from llmrnn.phi_guard.canonical import _words, letters_as_digits, normalize
+from llmrnn.phi_guard.canonical import _words, letters_as_digits, normalize_keep_case
 from llmrnn.phi_guard.decoders import decoded_views
-from llmrnn.phi_guard.identifiers import find_dates, find_ids, find_names, find_numbers
+from llmrnn.phi_guard.identifiers import find_dates, find_ids, find_names, find_numbers, find_surnames
 from llmrnn.phi_guard.secrets import Secrets
 
 ITEM_SPLIT = re.compile(r"\n|;|\u2022|,\s")
@@ -102,9 +102,12 @@ class Scan:
         hits = find_ids(view, self.secrets.ids, self.max_len)
         if hits:
             return hits, ""
-        normal = normalize(view)
+        cased = normalize_keep_case(view)
+        normal = cased.casefold()  # = normalize(view)
         if self.secrets.names and (hits := find_names(normal, self.secrets.names)):
             return hits, " with its words reordered or apart"
+        if self.secrets.surnames and (found := find_surnames(cased, self.secrets.surnames)):
+            return [(offset, kind) for offset, kind, _ in found], f" {found[0][2]}"
         if not self.numeric_ids:
             return [], ""
         if hits := find_numbers(normal, self.secrets.ids):

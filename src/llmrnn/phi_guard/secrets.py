@@ -28,6 +28,9 @@ class Secrets:
     # names from the notes, as their normalised words -> kind: also found reordered or with a word between
     # (`Quist, Johanna`, `Johanna M. Quist`)
     names: dict[tuple[str, ...], str] = field(default_factory=dict)
+    # the surname of each such name, normalised with its apostrophes and hyphens dropped (o'brien -> obrien)
+    # -> kind: found alone where it names a person (`Mrs. Quist`, `QUIST, J.`, `Quist's`)
+    surnames: dict[str, str] = field(default_factory=dict)
     min_words: int = 8
     min_line_words: int = 3
     noun: str = "cohort"  # what the reference is, in findings: "cohort identifier", "QA data identifier"
@@ -124,6 +127,39 @@ DOB = re.compile(
 MONTHS = {m: n for n, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov",
                                       "dec"), start=1)}
 NOT_A_NAME = {"male", "female", "unknown", "none", "n", "a", "na", "the", "mr", "mrs", "ms", "dr"}
+# words after a surname that are not one (`Quist Jr.`, `Dr. Smith MD`)
+NAME_SUFFIXES = {"jr", "sr", "ii", "iii", "iv", "md", "do", "rn", "np", "pa", "phd", "dds", "esq", "mba", "msc"}
+# what a contact header names instead of a person (`Contact: Mother`, `Next of kin: Wife`): never a surname
+RELATIONS = {"mother", "father", "parent", "parents", "wife", "husband", "spouse", "partner", "son", "daughter",
+             "sister", "brother", "sibling", "child", "friend", "family", "self", "guardian", "patient", "other"}
+SURNAME_JOINERS = re.compile(r"['\u2019\u02bc-]")
+
+
+def surname_key(word: str) -> str:
+    """A surname as the guard compares it: normalised, apostrophes and hyphens dropped (O'Brien, however its
+    apostrophe is typed)."""
+    return SURNAME_JOINERS.sub("", normalize(word))
+
+
+def _surnames_of(header: str, name: str) -> list[str]:
+    """The surname of a name found next to `header`: its one all-capitals word (`QUIST Johanna`), else its last
+    word that is no title, initial or suffix, and a hyphenated surname's parts too (`Smith-Jones` is also
+    written `Mrs. Jones`); none after a given-name header (`First name:`)."""
+    if re.search(r"(?i)\b(?:first|given)\b", header):
+        return []
+    words = []
+    for raw in name.split():
+        word = raw.strip(".")
+        if len(word) > 1 and word.lower() not in NOT_A_NAME | NAME_SUFFIXES | RELATIONS:
+            words.append(word)
+            if raw.endswith("."):  # a sentence ends after the name (`Name: Johanna Quist. What ...`)
+                break
+    capitals = [w for w in words if w.isupper()]
+    if not words:
+        return []
+    surname = capitals[0] if len(capitals) == 1 and len(words) > 1 else words[-1]
+    parts = [p for p in surname.split("-") if len(p) > 1]
+    return [surname_key(surname), *(surname_key(p) for p in parts if len(parts) > 1)]
 
 
 def _date_forms(text: str) -> list[str]:
@@ -148,7 +184,8 @@ def _date_forms(text: str) -> list[str]:
 
 def add_text_identifiers(secrets: Secrets, text: str, where: str, min_id_digits: int) -> None:
     """Identifiers written inside a reference text (both recipes): record numbers (a token with at least
-    min_id_digits digits), names next to a name-like header, dates of birth in any digit order."""
+    min_id_digits digits), names next to a name-like header (and their surnames), dates of birth in any digit
+    order."""
     for token in ids_in_text(text, min_id_digits):
         secrets.add_id(f"identifier in {where}", token, min_id_digits)
     for m in NAME_HEADER.finditer(text):
@@ -159,6 +196,9 @@ def add_text_identifiers(secrets: Secrets, text: str, where: str, min_id_digits:
             parts = tuple(normalize(w) for w in words if len(w) > 1)
             if len(parts) >= 2:
                 secrets.names.setdefault(parts, f"name in {where}")
+        # a short surname too (Ng, Li): it is looked for only where it names a person, not as an id
+        for surname in _surnames_of(m.group(0)[:m.start(1) - m.start(0)], name):
+            secrets.surnames.setdefault(surname, f"surname of a name in {where}")
     for m in DOB.finditer(text):
         for form in _date_forms(m.group(1)):
             secrets.add_id(f"date of birth in {where}", form, min_id_digits)
