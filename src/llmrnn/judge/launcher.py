@@ -37,6 +37,7 @@ from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.judge.client import ERROR_FILE, KEY_FILE, NotOurServer, health_ok, readiness  # noqa: F401
 from llmrnn.rubric import Rubric, load_rubric
+from llmrnn.safe_path import safe_path_env
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +221,7 @@ def run_server(rubric_path: str, endpoint_file: str, startup_timeout_s: float | 
     key = secrets.token_urlsafe(32)
     io.write_text(pub.key_path, key + "\n", mode=0o600)
     argv, extra_env, served_name = server_command(rubric, model, port, pub.key_path)
-    env = dict(os.environ, **extra_env)
+    env = safe_path_env(dict(os.environ, **extra_env))  # `python -m llmrnn.cli`: no stray ./llmrnn
     env["HF_HUB_OFFLINE"] = "1"  # only the local copy (prepare_judge_model / prepare_base_model)
     if rubric.needs_gpu:
         from llmrnn.gpus import assign

@@ -13,6 +13,7 @@ from pathlib import Path
 from llmrnn.errors import CheckFailed
 from llmrnn.merge.adapter import AdapterSource
 from llmrnn.merge.weights import _device, _dtype, _load_model, attach_adapter
+from llmrnn.safe_path import safe_path_env
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def merge_verl_fsdp(actor_dir: Path, out_dir: Path, base_dir: Path) -> dict:
     cmd = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
            "--local_dir", str(actor_dir), "--target_dir", str(out_dir)]
     log.info("running %s", " ".join(cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=safe_path_env())
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise CheckFailed(f"{actor_dir}: verl.model_merger failed ({proc.returncode}): {tail[0]}")

@@ -46,6 +46,7 @@ from urllib.parse import urlparse
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.gpus import node_address, this_node
+from llmrnn.safe_path import safe_path_env
 
 log = logging.getLogger(__name__)
 
@@ -402,8 +403,9 @@ def cluster(*, nodes: list[str], gpus_per_node: int, state_dir: Path, judge_url:
     state_dir.mkdir(parents=True, exist_ok=True)
     token = state_dir / "ray_auth_token"
     io.write_text(token, secrets.token_hex(32) + "\n", mode=0o600)
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
-           "RAY_USAGE_STATS_ENABLED": "0"}
+    # PYTHONSAFEPATH: `python -m llmrnn.cli` on each node, and the raylets and workers it starts
+    env = safe_path_env({**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
+                         "RAY_USAGE_STATS_ENABLED": "0"})
     env.pop("RAY_ADDRESS", None)
     port = free_port()
     address = f"{addresses[head]}:{port}"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed
+from llmrnn.safe_path import safe_path_env
 from llmrnn.settings.train import Train
 
 log = logging.getLogger(__name__)
@@ -51,8 +52,8 @@ def gather_lora_adapter(actor: Path, scratch: Path, python: str | None = None) -
            "--local_dir", str(actor), "--target_dir", str(scratch / "model")]
     log.info("verl: gathering the LoRA adapter of %s with verl's model merger", actor)
     with open(log_path, "w", encoding="utf-8") as fh:
-        # the job's environment as is: the shards are read with map_location="cpu", their DTensor meshes unpickled
-        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=False)
+        # the job's environment as is (its working directory off sys.path): the shards are read with map_location="cpu", their DTensor meshes unpickled
+        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=False, env=safe_path_env())
     adapter = scratch / "model" / "lora_adapter"
     if proc.returncode != 0 or not (adapter / "adapter_config.json").is_file():
         lines = [x for x in log_path.read_text(encoding="utf-8", errors="replace").splitlines() if x.strip()]

@@ -23,6 +23,7 @@ from pathlib import Path
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError, Interrupted
 from llmrnn.reward import reward_kwargs as default_reward_kwargs
+from llmrnn.safe_path import safe_path_env
 from llmrnn.settings.train import Train
 from llmrnn.train import config as tcfg
 from llmrnn.train import tracking
@@ -239,7 +240,8 @@ def resolve_attention(configured: str, python: str | None = None) -> dict:
         except (ImportError, OSError, RuntimeError) as exc:  # a CUDA/ABI error too
             version, tail = None, f"{type(exc).__name__}: {exc}"[:200]
     else:
-        proc = subprocess.run([python, "-c", FLASH_PROBE], capture_output=True, text=True, timeout=300, check=False)
+        proc = subprocess.run([python, "-c", FLASH_PROBE], capture_output=True, text=True, timeout=300, check=False,
+                              env=safe_path_env())
         version = proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 and proc.stdout.strip() else None
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
     ran = "flash_attention_2" if version else "sdpa"
@@ -421,7 +423,7 @@ def run(
     if file_log.exists():  # verl's FileLogger opens it with "wb": keep the previous attempt's lines
         with open(out / "state" / "verl_metrics.previous.jsonl", "ab") as fh:
             fh.write(file_log.read_bytes())
-    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(file_log)}
+    env = main_ppo_env(file_log)
     overrides += runtime_env_overrides(env)  # every Ray worker, on every node, gets them (and umask 077)
     # CUDA_VISIBLE_DEVICES was narrowed by llmrnn.gpus.assign("train", ...) in the CLI (judge GPUs taken last)
     seen: set[int] = set(range(1, start + 1))
@@ -460,6 +462,12 @@ def choose_verl_checkpoint(cfg: Train, ckpt_dir: Path, rows: list[dict]) -> dict
     saved = [int(p.name.rsplit("_", 1)[1]) for p in ckpt_dir.glob("global_step_*")
              if p.name.rsplit("_", 1)[1].isdigit() and (p / "actor").is_dir()]
     return choose_checkpoint(cfg.select, saved, rows)
+
+
+def main_ppo_env(file_log: Path) -> dict[str, str]:
+    """main_ppo's environment: ours, verl's file logger path, and PYTHONSAFEPATH (`python -m` would put the
+    working directory first on sys.path, where a stray ./wandb or ./verl shadows the installed package)."""
+    return safe_path_env({**os.environ, "VERL_FILE_LOGGER_PATH": str(file_log)})
 
 
 def _launch(cfg: Train, overrides: list[str], python: str | None, env: dict, out: Path, follow,
