@@ -155,7 +155,7 @@ def test_no_module_is_longer_than_600_lines():
 # argument types the stages' register() use and loads the stage it dispatches to by name, never by import.
 LAYERS: list[tuple[str, set[str]]] = [
     ("leaves", {"errors", "constants", "custom_reward_child", "settings", "settings.base", "settings.workflow", "settings.evaluation",
-                "settings.train", "settings.release", "settings.qa"}),
+                "settings.train", "settings.release", "settings.qa", "settings.trajectory_step"}),
     ("helpers", {"io", "rope", "stats", "jsonparse", "matching", "retry", "prompts", "rubric", "gpus", "upload", "cli",
                  "configcheck", "runconfig", "provenance", "settings.render", "slurm", "quota", "kept", "benchmarks"}),
     ("services", {"prefix_engine", "backends", "engine_budget", "models", "cohort", "judge", "judge.client", "judge.transport", "judge.server",
