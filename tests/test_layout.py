@@ -164,7 +164,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                   "phi_guard.files", "phi_guard.bundle", "mimic", "mimic.sections", "mimic.audit", "mimic.tables", "mimic.build",
                   "mimic.synth"}),
     ("reward", {"reward", "reward.config", "reward.kwargs", "reward.audit", "reward.guard", "reward.scorer",
-                "reward.entry", "reward.custom"}),
+                "reward.entry", "reward.custom", "reward.trial"}),
     ("stages", {"rnn", "trajectories", "merge", "merge.adapter", "merge.weights", "merge.fold",
                 "merge.verify", "report", "gpu_stack", "train", "train.checkpoints",
                 "train.config", "train.data", "train.diagnose", "train.metrics", "train.trl_engine",

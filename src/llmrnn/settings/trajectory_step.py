@@ -59,10 +59,10 @@ class ParseOk(_Strict):
 class TrajectoryStep(_Strict):
     """One step t of a patient's forward pass: the memory update at visit t and what visit t+1 showed."""
 
-    patient_id: str = Field(description="the patient (also extra_info.patient_id)", examples=["10004"])
+    patient_id: str = Field(description="the patient (also extra_info.patient_id)", examples=["90000000"])
     visit_index: int = Field(ge=0, description="t, the visit whose memory update this row trains (0..n-3)",
                              examples=[0])
-    visit_id: str = Field(description="visit t's id (also extra_info.visit_id)", examples=["10004-0"])
+    visit_id: str = Field(description="visit t's id (also extra_info.visit_id)", examples=["900000000"])
     update_prompt: str = Field(description="the memory update's user message (the row's prompt, last turn)",
                                examples=["Current memory: ... New visit: ... Answer with JSON"])
     h_prev: str = Field(description='the memory before visit t, as JSON text {"evolving_summary": ...}',
@@ -71,8 +71,9 @@ class TrajectoryStep(_Strict):
                                    "(pairwise mode's opponent)",
                        examples=['{"evolving_summary": "CKD stage 3; watch potassium."}'])
     visit: dict[str, Any] = Field(description="visit t's cohort record (llmrnn.cohort)",
-                                  examples=[{"visit_id": "10004-0", "clinical_sections": {"chief_complaint": "dyspnea"}}])
-    next_visit: dict[str, Any] = Field(description="visit t+1's cohort record", examples=[{"visit_id": "10004-1"}])
+                                  examples=[{"visit_id": 900000000, "visit_number": 1,
+                                            "clinical_sections": {"chief_complaint": "chest pressure"}}])
+    next_visit: dict[str, Any] = Field(description="visit t+1's cohort record", examples=[{"visit_id": 900000001, "visit_number": 2}])
     prediction: Prediction = Field(description="visit t's prediction")
     evaluation: Evaluation = Field(description="visit t's evaluation")
     next_prediction: Prediction = Field(description="visit t+1's prediction (made with h_ref)")
