@@ -230,9 +230,12 @@ def make_step(i: int = 0, ref: str = "CKD stage 3 and hypertension; watch heart 
         "evaluation": {"primary_correct": False, "any_top5_correct": False, "missed_diagnoses": [],
                        "why_missed": "", "improvement_suggestions": ""},
         "next_prediction": {"top_5_diagnoses": ["copd"], "primary_diagnosis": "copd"},
-        "next_evaluation": {"primary_correct": False, "missed_diagnoses": ["heart failure"]},
+        "next_evaluation": {"primary_correct": False, "any_top5_correct": False,
+                            "missed_diagnoses": ["heart failure"], "why_missed": "", "improvement_suggestions": ""},
         "ground_truth_diagnoses": ["pneumonia"],
         "next_ground_truth_diagnoses": ["Heart failure", "CKD stage 3"],
+        "parse_ok": {"prediction": True, "evaluation": True, "memory": True, "next_prediction": True,
+                     "next_evaluation": True},
     }
 
 

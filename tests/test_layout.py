@@ -155,7 +155,7 @@ def test_no_module_is_longer_than_600_lines():
 # argument types the stages' register() use and loads the stage it dispatches to by name, never by import.
 LAYERS: list[tuple[str, set[str]]] = [
     ("leaves", {"errors", "constants", "safe_path", "custom_reward_child", "settings", "settings.base", "settings.workflow", "settings.evaluation",
-                "settings.train", "settings.release", "settings.qa"}),
+                "settings.train", "settings.release", "settings.qa", "settings.trajectory_step"}),
     ("helpers", {"io", "rope", "stats", "jsonparse", "matching", "retry", "prompts", "rubric", "gpus", "upload", "cli",
                  "configcheck", "runconfig", "provenance", "settings.render", "slurm", "quota", "kept", "benchmarks"}),
     ("services", {"prefix_engine", "backends", "engine_budget", "models", "cohort", "judge", "judge.client", "judge.transport", "judge.server",
@@ -164,7 +164,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                   "phi_guard.files", "phi_guard.bundle", "mimic", "mimic.sections", "mimic.audit", "mimic.tables", "mimic.build",
                   "mimic.synth"}),
     ("reward", {"reward", "reward.config", "reward.kwargs", "reward.audit", "reward.guard", "reward.scorer",
-                "reward.entry", "reward.custom"}),
+                "reward.entry", "reward.custom", "reward.trial"}),
     ("stages", {"rnn", "trajectories", "merge", "merge.adapter", "merge.weights", "merge.fold",
                 "merge.verify", "report", "gpu_stack", "train", "train.checkpoints",
                 "train.config", "train.data", "train.diagnose", "train.metrics", "train.trl_engine",

@@ -281,7 +281,7 @@ def test_pairwise_within_group_for_trl(judge_env):
 
 def test_outcome_term_on_output_that_is_not_json(judge_env):
     judge, kw = judge_env(lambda body: "Score: 9")
-    step = json.dumps({"next_ground_truth_diagnoses": ["hyperkalemia", "type 2 diabetes mellitus"]})
+    step = json.dumps({**make_step(), "next_ground_truth_diagnoses": ["hyperkalemia", "type 2 diabetes mellitus"]})
     assert compute_score(DS, "not json, hyperkalemia", step, {}, **kw)["score"] == 0.05  # epsilon 0: reference
     kw["reward_cfg"]["outcome_epsilon"] = 0.2
     full = compute_score(DS, "watch hyperkalemia and type 2 diabetes mellitus", step, {}, **kw)
@@ -368,3 +368,25 @@ def test_compute_score_returns_the_same_keys_in_the_same_order_on_every_path(jud
     assert "truncated_calls" in first and "judge_latency_s" in first
     for where, got in keys.items():
         assert got == first, (where, got, first)
+
+
+@pytest.mark.parametrize("change, line", [
+    (lambda s: s.pop("next_ground_truth_diagnoses"),
+     "reward: row 4 (train): reward_model.ground_truth.next_ground_truth_diagnoses: Field required"),
+    (lambda s: s.update(visit_index="0"),
+     "reward: row 4 (train): reward_model.ground_truth.visit_index: Input should be a valid integer (got '0')"),
+    (lambda s: s["next_prediction"].update(top_5_diagnoses="copd"),
+     ("reward: row 4 (train): reward_model.ground_truth.next_prediction.top_5_diagnoses: Input should be a valid "
+     "list (got 'copd')")),
+    (lambda s: s.update(h_ref_typo="x"),
+     "reward: row 4 (train): reward_model.ground_truth.h_ref_typo: Extra inputs are not permitted (got 'x')"),
+])
+def test_a_step_missing_or_mistyping_a_field_is_one_line_naming_the_row_and_field(tmp_path, change, line):
+    """The reward reads the row through TrajectoryStep (outcome mode: no judge needed to get there)."""
+    step = make_step()
+    change(step)
+    kw = {"audit_dir": str(tmp_path / "audit"), "reward_cfg": {"mode": "outcome"}}
+    with pytest.raises(InputError) as caught:
+        compute_score(DS, memory("heart failure"), json.dumps(step), {"index": 4, "split": "train"}, **kw)
+    assert str(caught.value) == line
+    assert compute_score(DS, memory("heart failure"), STEP, {"index": 4}, **kw)["score"] == 0.5

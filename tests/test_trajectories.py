@@ -146,3 +146,38 @@ def test_read_parquet_rejects_other_schemas(tmp_path):
     pq.write_table(pa.table({"x": [1]}), tmp_path / "x.parquet")
     with pytest.raises(InputError, match="not a trajectory parquet"):
         trajectories.read_parquet(tmp_path / "x.parquet")
+
+
+def test_every_step_is_written_as_its_model_reads_it(dumped):
+    """The writer builds each step through TrajectoryStep: reading a row back through the model and writing
+    it again gives the very text in the parquet, and its keys are the model's fields, in order."""
+    from llmrnn.settings.trajectory_step import TrajectoryStep, read_step
+
+    (path, _), _ = dumped
+    for i, row in enumerate(pq.read_table(path).to_pylist()):
+        text = row["reward_model"]["ground_truth"]
+        step = read_step(text, f"row {i}")
+        assert step.to_ground_truth() == text
+        assert list(json.loads(text)) == list(TrajectoryStep.model_fields) == list(trajectories.TRAJECTORY_STEP_KEYS)
+
+
+def test_a_step_the_model_refuses_is_not_written(tmp_path):
+    """A forward-pass record with a field of the wrong type stops the shard with one line naming the patient,
+    the visit and the field (not a row the reward fails on hours later)."""
+    patient = {"subject_id": "7", "visits": [{"visit_id": f"7-{t}"} for t in range(3)]}
+
+    def record(t: int) -> dict:
+        return {"visit_id": f"7-{t}", "update_prompt": "p", "update_messages": [{"role": "user", "content": "p"}],
+                "h_prev": '{"evolving_summary": ""}', "h_new": '{"evolving_summary": "x"}',
+                "prediction": {"top_5_diagnoses": ["a"], "primary_diagnosis": "a"},
+                "evaluation": {"primary_correct": True, "any_top5_correct": True, "missed_diagnoses": [],
+                               "why_missed": "", "improvement_suggestions": ""},
+                "ground_truth": ["a"], "prediction_ok": True, "evaluation_ok": True, "memory_ok": True}
+
+    good = {"patient_id": "7", "visits": [record(0), record(1), record(2)]}
+    assert len(trajectories.trajectory_rows("train", [patient], [good])) == 1
+    bad = {"patient_id": "7", "visits": [dict(record(0), memory_ok="yes"), record(1), record(2)]}
+    with pytest.raises(InputError, match=r"^trajectories train: patient 7 visit 0: "
+                                         r"reward_model\.ground_truth\.parse_ok\.memory: Input should be a valid "
+                                         r"boolean \(got 'yes'\)$"):
+        trajectories.trajectory_rows("train", [patient], [bad])

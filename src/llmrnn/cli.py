@@ -22,7 +22,7 @@ from llmrnn.errors import InputError, LlmrnnError
 # stage module, so the code a job runs is that module's import closure (llmrnn.provenance hashes it for the
 # rules' `code` params).
 STAGES = ("cohort", "models", "trajectories", "judge", "preflight", "train", "merge", "release", "evaluate",
-          "report", "check", "config", "gpus", "qa", "chat")
+          "report", "check", "config", "gpus", "qa", "chat", "reward")
 MODULE_OF = {"config": "llmrnn.runconfig"}
 
 
@@ -72,7 +72,7 @@ def sanitize_thread_env() -> None:
 
 # Stages whose logs can hold patient text (prompts, generations, refusals naming a file of the bundle).
 PATIENT_TEXT_COMMANDS = {"cohort", "trajectories", "judge", "preflight", "train", "merge", "release", "evaluate",
-                         "report", "qa"}
+                         "report", "qa", "reward"}
 
 
 def private_log_files() -> None:

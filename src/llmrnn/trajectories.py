@@ -18,16 +18,18 @@ Row format (verl RLHFDataset): see PARQUET_COLUMNS / parquet_schema().
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from llmrnn import io
 from llmrnn.constants import DATA_SOURCE
 from llmrnn.errors import InputError
 from llmrnn.runconfig import filled
+from llmrnn.settings.trajectory_step import STEP_KEYS, TrajectoryStep, read_step, step_error
 from llmrnn.stats import percentile
 
 log = logging.getLogger(__name__)
@@ -37,11 +39,7 @@ REWARD_STYLE = "rubric"
 MIN_VISITS = 3
 PARQUET_COLUMNS = ("prompt", "data_source", "ability", "reward_model", "extra_info")
 EXTRA_INFO_FIELDS = ("split", "patient_id", "visit_index", "visit_id", "index")
-TRAJECTORY_STEP_KEYS = (
-    "patient_id", "visit_index", "visit_id", "update_prompt", "h_prev", "h_ref", "visit", "next_visit",
-    "prediction", "evaluation", "next_prediction", "next_evaluation", "ground_truth_diagnoses",
-    "next_ground_truth_diagnoses", "parse_ok",
-)
+TRAJECTORY_STEP_KEYS = STEP_KEYS  # reward_model.ground_truth's keys, in the order written: the model's fields
 
 
 def parquet_schema():
@@ -114,7 +112,7 @@ def trajectory_rows(split: str, patients: list[dict], results: list[dict]) -> li
         n = len(visits)
         for t in range(n - 2):
             cur, nxt = recs[t], recs[t + 1]
-            step = {
+            step_fields = {
                 "patient_id": res["patient_id"],
                 "visit_index": t,
                 "visit_id": cur["visit_id"],
@@ -137,11 +135,15 @@ def trajectory_rows(split: str, patients: list[dict], results: list[dict]) -> li
                     "next_evaluation": nxt["evaluation_ok"],
                 },
             }
+            try:  # built through the model the reward reads it with: a wrong step stops here, not in training
+                step = TrajectoryStep.model_validate(step_fields)
+            except ValidationError as exc:
+                raise step_error(exc, f"trajectories {split}: patient {res['patient_id']} visit {t}") from None
             rows.append({
                 "prompt": cur["update_messages"],
                 "data_source": DATA_SOURCE,
                 "ability": ABILITY,
-                "reward_model": {"style": REWARD_STYLE, "ground_truth": json.dumps(step, ensure_ascii=False)},
+                "reward_model": {"style": REWARD_STYLE, "ground_truth": step.to_ground_truth()},
                 "extra_info": {
                     "split": split,
                     "patient_id": res["patient_id"],
@@ -295,7 +297,8 @@ def gather(split: str, parts: list[str | Path], stats_files: list[str | Path],
             "max": max(lengths),
         },
         "rows_with_memory_fallback": sum(
-            1 for r in rows if not json.loads(r["reward_model"]["ground_truth"])["parse_ok"]["memory"]
+            1 for r in rows if not read_step(r["reward_model"]["ground_truth"], f"trajectories {split}: row "
+                                             f"{r['extra_info']['index']}").parse_ok.memory
         ),
         "forward_seconds": round(sum(s.get("seconds", 0.0) for s in stats), 1),
     }

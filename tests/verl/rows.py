@@ -32,6 +32,8 @@ def step(pid: int, t: int, words: int, rng: random.Random) -> dict:
                             "why_missed": "", "improvement_suggestions": ""},
         "ground_truth_diagnoses": ["diabetes"],
         "next_ground_truth_diagnoses": ["hypertension"],
+        "parse_ok": {"prediction": True, "evaluation": True, "memory": True, "next_prediction": True,
+                     "next_evaluation": True},
     }
 
 

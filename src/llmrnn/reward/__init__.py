@@ -70,6 +70,9 @@ from llmrnn.reward.guard import FallbackGuard, JudgeDegraded, fallback_rate, gua
 from llmrnn.reward.kwargs import ARG_KEYS, LOCATIONS, reward_kwargs, settings_identity
 from llmrnn.reward.scorer import JudgeCall, Scorer, finish_reason, get_scorer, outcome_share
 
+# `llmrnn reward try`: the CLI finds a stage's commands in llmrnn.<stage>.register
+from llmrnn.reward.trial import register
+
 __all__ = [
     "ARG_KEYS",
     "CUSTOM_NAME",
@@ -97,6 +100,7 @@ __all__ = [
     "judge_wait_cfg",
     "missing_endpoint",
     "outcome_share",
+    "register",
     "reward_kwargs",
     "reward_settings",
     "settings",

@@ -35,22 +35,18 @@ from llmrnn.rubric import (
     scalar_request,
 )
 from llmrnn.settings import Reward
+from llmrnn.settings.trajectory_step import read_step
 
 # The next visit's diagnoses the candidate memory anticipates, matched as the held-out judge matches.
 outcome_share = anticipated_share
 
 
-def _step(ground_truth: Any) -> dict:
-    if isinstance(ground_truth, dict):
-        return ground_truth
-    try:
-        step = json.loads(ground_truth)
-    except (TypeError, json.JSONDecodeError) as exc:
-        raise InputError(f"reward ground_truth is not a TrajectoryStep JSON: {exc}") from exc
-    if not isinstance(step, dict):
-        raise InputError("reward ground_truth must be a JSON object (TrajectoryStep)")
-    return step
-
+def _step(sample: dict) -> dict:
+    """The sample's trajectory step, checked by its model (llmrnn.settings.trajectory_step): a row missing a
+    field, or holding one of another type, is one line naming the row and the field."""
+    info = sample.get("extra_info") or {}
+    where = f"reward: row {info.get('index', '?')}" + (f" ({info['split']})" if info.get("split") else "")
+    return read_step(sample["ground_truth"], where).model_dump()
 
 
 @dataclass
@@ -191,7 +187,7 @@ class Scorer:
         t0 = time.perf_counter()
         prepared = []
         for s in samples:
-            step = _step(s["ground_truth"])
+            step = _step(s)
             # strict, as in the reference: prose around the JSON is invalid policy output (0.05)
             text = s["solution_str"] if isinstance(s["solution_str"], str) else None
             memory = jsonparse.parse_memory(text, strict=True)[0]
@@ -246,7 +242,7 @@ class Scorer:
                 if use_group:
                     others = [prepared[j]["memory"] for j in members if j != i]
                 else:
-                    others = [memory_text(p["step"].get("h_ref"))]
+                    others = [memory_text(p["step"]["h_ref"])]
                 p["opponents"] = len(others)
                 for other in others:
                     if memory_text(other) == memory_text(cand):
@@ -274,7 +270,7 @@ class Scorer:
             # memory recall reads the same h_t); output with no memory JSON scores 0, below any memory.
             memory, _ = jsonparse.parse_memory(s["solution_str"])
             result["valid_json"] = memory is not None
-            result["outcome"] = outcome_share(memory, step.get("next_ground_truth_diagnoses")) if memory else 0.0
+            result["outcome"] = outcome_share(memory, step["next_ground_truth_diagnoses"]) if memory else 0.0
             result["score"] = result["outcome"]
             result["parse_method"] = "outcome" if memory is not None else "invalid_json"
         elif memory is not None:
@@ -299,14 +295,14 @@ class Scorer:
                     else "identical" if outcomes and set(outcomes) == {"identical"} else "pairwise"
                 )
                 result["pairwise"] = {k: outcomes.count(k) for k in ("win", "loss", "tie", "unparsed", "identical")}
-            result["outcome"] = outcome_share(memory, step.get("next_ground_truth_diagnoses"))
+            result["outcome"] = outcome_share(memory, step["next_ground_truth_diagnoses"])
             result["score"] = result["judge_score"] + self.cfg.outcome_epsilon * result["outcome"]
             # answers cut off by max_tokens before any score (e.g. a thinking judge): preflight fails on them
             result["truncated_calls"] = sum(1 for c in unscored if finish_reason(c.payload) == "length")
         elif self.cfg.outcome_epsilon:
             # The outcome term reads the raw text when it is not JSON: a small policy that rarely writes
             # valid JSON still gets a within-group signal. With epsilon 0 (the reference) this stays 0.05.
-            result["outcome"] = outcome_share(s["solution_str"], step.get("next_ground_truth_diagnoses"))
+            result["outcome"] = outcome_share(s["solution_str"], step["next_ground_truth_diagnoses"])
             result["score"] = self.cfg.invalid_json_score + self.cfg.outcome_epsilon * result["outcome"]
         self.audit.write({
             "time": time.time(), "pid": os.getpid(), "rubric": self.rubric.name if self.rubric else None,

@@ -1,7 +1,8 @@
 """The files generated from the config models (llmrnn.settings): the JSON schema Snakemake validates
 against and fills defaults from (workflow/schemas/config.schema.yaml, and the same as .json, which Snakemake
-reads faster), and the key tables of the
-configuration reference (docs/configuration.md, between its `<!-- keys: SECTION -->` markers).
+reads faster), the key tables of the
+configuration reference (docs/configuration.md, between its `<!-- keys: SECTION -->` markers) and the field
+table of the trajectory step a reward reads (docs/rewards.md, llmrnn.settings.trajectory_step).
 
     llmrnn config schema --write    # regenerate both
     llmrnn config schema --check    # exit 1 naming each file that differs from what the models generate
@@ -28,6 +29,8 @@ SCHEMA_FILE = Path("workflow/schemas/config.schema.yaml")
 # JSON with the json module and YAML with a pure-Python parser, 0.3-0.4 s of each dry run for this schema)
 SCHEMA_JSON_FILE = Path("workflow/schemas/config.schema.json")
 DOCS_FILE = Path("docs/configuration.md")
+# the field table of the trajectory step (what a reward sees of a row), between `<!-- keys: trajectory_step -->`
+REWARDS_DOCS_FILE = Path("docs/rewards.md")
 HEADER = ("# GENERATED from the config models (src/llmrnn/settings/) by `llmrnn config schema --write`: edit\n"
           "# the models, not this file (tests/test_settings.py fails when the two differ).\n")
 _PRIMITIVES = {int: "integer", float: "number", str: "string", bool: "boolean"}
@@ -215,16 +218,28 @@ def doc_tables() -> dict[str, str]:
     return tables
 
 
-def render_docs(text: str) -> str:
-    """`text` with every `<!-- keys: NAME -->` ... `<!-- /keys -->` block replaced by its generated table."""
+def step_table() -> str:
+    """The field table of a trajectory step (llmrnn.settings.trajectory_step): key, type, example, meaning."""
+    from llmrnn.settings.trajectory_step import TrajectoryStep
+
+    lines = ["| key | type | example | meaning |", "|---|---|---|---|"]
+    for key, info in _leaf_rows(TrajectoryStep):
+        example = f"`{json.dumps(info.examples[0], ensure_ascii=False)}`" if info.examples else ""
+        lines.append(f"| `{key}` | {_cell(_type_text(info))} | {_cell(example)} | {_cell(info.description or '')} |")
+    return "\n".join(lines)
+
+
+def render_docs(text: str, tables: dict[str, str] | None = None, where: Path = DOCS_FILE) -> str:
+    """`text` with every `<!-- keys: NAME -->` ... `<!-- /keys -->` block replaced by its generated table
+    (`tables`; the config's key tables by default)."""
     import re
 
-    tables = doc_tables()
+    tables = doc_tables() if tables is None else tables
 
     def fill(match: re.Match) -> str:
         name = match.group(1)
         if name not in tables:
-            raise KeyError(f"{DOCS_FILE}: no generated table named {name!r}; known: {sorted(tables)}")
+            raise KeyError(f"{where}: no generated table named {name!r}; known: {sorted(tables)}")
         return f"<!-- keys: {name} -->\n{tables[name]}\n<!-- /keys -->"
 
     return re.sub(r"<!-- keys: ([\w.]+) -->\n.*?<!-- /keys -->", fill, text, flags=re.DOTALL)
@@ -236,6 +251,10 @@ def generated(root: Path) -> dict[Path, str]:
     out = {SCHEMA_FILE: schema_text(), SCHEMA_JSON_FILE: json.dumps(config_schema(), indent=1) + "\n"}
     if docs.is_file():
         out[DOCS_FILE] = render_docs(docs.read_text(encoding="utf-8"))
+    rewards = root / REWARDS_DOCS_FILE
+    if rewards.is_file():
+        out[REWARDS_DOCS_FILE] = render_docs(rewards.read_text(encoding="utf-8"), {"trajectory_step": step_table()},
+                                             REWARDS_DOCS_FILE)
     return out
 
 

@@ -1,0 +1,150 @@
+"""`llmrnn reward try` and the trajectory step's docs: docs/rewards.md's three lines run for real on a parquet
+written by llmrnn.trajectories, in a run folder whose config.yaml llmrnn.runconfig wrote; bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from llmrnn import cli, trajectories
+from llmrnn.reward import compute_score
+from llmrnn.runconfig import read_layer, resolve, write_run_config
+from llmrnn.settings import render
+from llmrnn.settings.trajectory_step import TrajectoryStep, read_step
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = (REPO / "docs" / "rewards.md").read_text()
+NEXT = ["heart failure", "chronic kidney disease"]
+# each patient's reference memory names all, one or none of the next visit's diagnoses
+MEMORIES = {"1": "heart failure and chronic kidney disease", "2": "heart failure", "3": "gout"}
+
+
+def tried_lines() -> list[str]:
+    """The shell block of docs/rewards.md marked as tried here."""
+    block = DOCS.split("<!-- tried: tests/test_reward_try.py -->\n```bash\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def my_reward_text() -> str:
+    """docs/rewards.md's complete own reward (the python block after its `my_reward.py` line)."""
+    return DOCS.split("(`my_reward.py`)", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def forward_records(pid: str) -> dict:
+    """A forward pass's records of one patient with three visits, as llmrnn.rnn leaves them."""
+    def record(t: int, truth: list[str]) -> dict:
+        return {"visit_id": f"{pid}{t}", "update_prompt": f"update {pid} {t}",
+                "update_messages": [{"role": "user", "content": f"update {pid} {t}"}],
+                "h_prev": json.dumps({"evolving_summary": ""}),
+                "h_new": json.dumps({"evolving_summary": MEMORIES[pid]}),
+                "prediction": {"top_5_diagnoses": ["copd"], "primary_diagnosis": "copd"},
+                "evaluation": {"primary_correct": False, "any_top5_correct": False, "missed_diagnoses": truth,
+                               "why_missed": "", "improvement_suggestions": ""},
+                "ground_truth": truth, "prediction_ok": True, "evaluation_ok": True, "memory_ok": True}
+
+    return {"patient_id": pid, "visits": [record(0, ["pneumonia"]), record(1, NEXT), record(2, ["gout"])]}
+
+
+@pytest.fixture
+def run_folder(tmp_path, monkeypatch) -> Path:
+    """results/demo as a run leaves it: config.yaml (config/config.yaml's, written by runconfig) and the train
+    parquet (written by trajectories), plus docs/rewards.md's my_reward.py in the working directory."""
+    patients = [{"subject_id": pid, "visits": [{"visit_id": f"{pid}{t}"} for t in range(3)]} for pid in MEMORIES]
+    rows = trajectories.trajectory_rows("train", patients, [forward_records(pid) for pid in MEMORIES])
+    for i, row in enumerate(rows):
+        row["extra_info"]["index"] = i
+    run = tmp_path / "results" / "demo"
+    trajectories.write_parquet(run / "trajectories" / "train.parquet", rows)
+    layers = [read_layer(REPO / "config" / "config.yaml")]
+    write_run_config(run / "config.yaml", resolve(layers)[0], layers)
+    (tmp_path / "config").mkdir()  # the workflow folder a user runs in: --parquet alone reads its config.yaml
+    (tmp_path / "config" / "config.yaml").write_text((REPO / "config" / "config.yaml").read_text())
+    (tmp_path / "my_reward.py").write_text(my_reward_text())
+    monkeypatch.chdir(tmp_path)
+    return run
+
+
+def run_cli(line: str, capsys) -> tuple[int, list[str], str]:
+    argv = shlex.split(line)
+    assert argv[0] == "llmrnn"
+    rc = cli.main(argv[1:])
+    out, err = capsys.readouterr()
+    return rc, out.splitlines(), err
+
+
+def column(lines: list[str], name: str) -> list[str]:
+    header = lines[0].split()
+    return [line.split()[header.index(name)] for line in lines[1:]]
+
+
+def test_the_docs_three_lines_score_real_rows(run_folder, capsys):
+    configured, own, previous = tried_lines()
+    rc, lines, err = run_cli(configured, capsys)
+    assert rc == 0, err
+    assert lines[0].split()[:5] == ["row", "patient_id", "visit_index", "score", "judge_score"]
+    assert column(lines, "patient_id") == ["1", "2", "3"] and column(lines, "parse_method") == ["outcome"] * 3
+    # the demo's outcome reward: the share of the next visit's diagnoses the reference memory names
+    assert column(lines, "score") == ["1.0000", "0.5000", "0.0000"]
+    rc, lines, err = run_cli(own, capsys)
+    assert rc == 0, err
+    assert lines[0].split() == ["row", "patient_id", "visit_index", "score"]
+    assert column(lines, "score") == ["1.0000", "0.5000", "0.0000"]  # the docs' reward reads the same step
+    rc, lines, err = run_cli(previous, capsys)
+    assert rc == 0, err
+    assert column(lines, "score") == ["0.0000"] * 3  # the empty previous memories name nothing
+
+
+def test_the_scores_are_the_rewards_own(run_folder, capsys):
+    """The table prints what verl's entry returns for the same rows (one row, its diagnostics too)."""
+    rows = trajectories.read_parquet(run_folder / "trajectories" / "train.parquet")
+    want = compute_score(rows[1]["data_source"], read_step(rows[1]["reward_model"]["ground_truth"], "row 1").h_ref,
+                         rows[1]["reward_model"]["ground_truth"], rows[1]["extra_info"],
+                         audit_dir=str(run_folder / "audit"), reward_cfg={"mode": "outcome"})
+    rc, lines, _ = run_cli(f"llmrnn reward try --parquet {run_folder}/trajectories/train.parquet --rows 2", capsys)
+    assert rc == 0 and len(lines) == 3
+    assert column(lines, "outcome")[1] == f"{want['outcome']:.4f}" and column(lines, "judge_calls")[1] == "0"
+
+
+def test_bad_input_is_one_line(run_folder, tmp_path, capsys):
+    rc, lines, err = run_cli("llmrnn reward try --parquet nowhere.parquet", capsys)
+    assert (rc, lines, err) == (2, [], "llmrnn reward: error: nowhere.parquet: trajectory parquet not found\n")
+    rows = trajectories.read_parquet(run_folder / "trajectories" / "train.parquet")
+    step = json.loads(rows[1]["reward_model"]["ground_truth"])
+    del step["next_ground_truth_diagnoses"]
+    rows[1]["reward_model"]["ground_truth"] = json.dumps(step)
+    trajectories.write_parquet(tmp_path / "bad.parquet", rows)
+    rc, lines, err = run_cli("llmrnn reward try --parquet bad.parquet --rows 3", capsys)
+    assert (rc, lines) == (2, []) and err == (
+        "llmrnn reward: error: bad.parquet: row 1: reward_model.ground_truth.next_ground_truth_diagnoses: "
+        "Field required\n")
+    rc, lines, err = run_cli("llmrnn reward try --parquet bad.parquet --rows 1", capsys)
+    assert rc == 0 and len(lines) == 2  # only the rows asked for are read
+    rc, lines, err = run_cli("llmrnn reward try --run results/demo --configfile config.yaml", capsys)
+    assert rc == 2 and err == "llmrnn reward: error: reward try: give --run or --configfile, not both\n"
+
+
+def test_a_judged_mode_asks_for_the_judges_endpoint(run_folder, capsys):
+    (run_folder.parent / "scalar.yaml").write_text("run_name: scalar\nreward: {mode: scalar}\n")
+    rc, lines, err = run_cli("llmrnn reward try --parquet results/demo/trajectories/train.parquet "
+                             "--configfile results/scalar.yaml", capsys)
+    assert rc == 2 and lines == [] and err.count("\n") == 1
+    assert "reward.mode scalar asks the judge but no judge endpoint was given: pass --endpoint" in err
+
+
+def test_the_docs_step_and_table_are_the_models():
+    """The printed row is a step the model reads; the field table is the one the model generates; every
+    field's example is a value of its type (an example of another type would fail here)."""
+    row = re.search(r"printed with\n`[^`]+`:\n\n```json\n(.*?)\n```", DOCS, re.DOTALL).group(1)
+    step = read_step(row, "docs/rewards.md")
+    assert list(json.loads(row)) == list(TrajectoryStep.model_fields) and step.visit_index == 0
+    assert render.step_table() in DOCS
+    assert render.render_docs(DOCS, {"trajectory_step": render.step_table()}) == DOCS
+    example = {}
+    for name, info in TrajectoryStep.model_fields.items():
+        nested = info.annotation if isinstance(info.annotation, type) and hasattr(info.annotation, "model_fields") else None
+        example[name] = ({k: f.examples[0] for k, f in nested.model_fields.items()} if nested else info.examples[0])
+    assert TrajectoryStep.model_validate(example).to_ground_truth() == json.dumps(example, ensure_ascii=False)
