@@ -15,7 +15,6 @@ qa_ood_param = helper(QaPlan.qa_ood_param)
 qa_synth_cfg = helper(QaPlan.qa_synth_cfg)
 qa_data_cfg = helper(QaPlan.qa_data_cfg)
 qa_sft_cfg = helper(QaPlan.qa_sft_cfg)
-qa_sft_merge_cfg = helper(QaPlan.qa_sft_merge_cfg)
 qa_train_cfg = helper(QaPlan.qa_train_cfg)
 qa_eval_model = helper(QaPlan.qa_eval_model)
 qa_answer_files = helper(QaPlan.qa_answer_files)
@@ -106,34 +105,6 @@ rule qa_sft:
         "llmrnn qa sft --train {input.train:q} --val {input.val:q} --model {input.model:q} "
         "--adapter {output.adapter:q} --metrics {output.metrics:q} --summary {output.summary:q} "
         "--cfg {params.cfg:q} 2> {log:q}"
-
-
-rule qa_merge_sft:
-    input:
-        base=qa_model_input(),
-        adapter=rules.qa_sft.output.adapter,
-    output:
-        merged=directory(f"{QA}/sft/merged"),
-        check=f"{QA}/sft/merge_check.json",
-    log:
-        f"{LOGS}/qa_merge_sft.log",
-    benchmark:
-        f"{LOGS}/benchmarks/qa_merge_sft/qa_merge_sft.tsv"
-    conda:
-        conda_env("cpu")
-    threads: config["merge"]["resources"]["cpus_per_task"]
-    resources:
-        # the config's GPU count decides the GPU request, partition and model (llmrnn.slurm)
-        **gpu_placement(config["merge"]["resources"]["gpu"]),
-        mem_mb=grows(config["merge"]["resources"]["mem_mb"]),
-        runtime=grows(config["merge"]["resources"]["runtime"]),
-        cpus_per_task=config["merge"]["resources"]["cpus_per_task"],
-    params:
-        cfg=qa_sft_merge_cfg(),
-        code=code_hash("merge run"),
-    shell:
-        "llmrnn merge run --base {input.base:q} --adapter {input.adapter:q} --out {output.merged:q} "
-        "--check {output.check:q} --cfg {params.cfg:q} 2> {log:q}"
 
 
 rule qa_preflight:
