@@ -1,13 +1,13 @@
 # Fold a trained LoRA into its base (PEFT merge_and_unload, never verl's merger for LoRA) and verify it:
 # merge_check.json lists every check; a failing one exits non-zero and leaves no merged/. merge_model merges
 # the GRPO adapter (both recipes); recipe qa's qa_merge_sft, the same job, merges the SFT warm start's.
-from llmrnn.slurm import gpu_placement
 from llmrnn.plan.merge import MergePlan
 from llmrnn.plan.qa import QaPlan
 
 # The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
 merge_base_input = helper(MergePlan.merge_base_input)
 merge_cfg_json = helper(MergePlan.merge_cfg_json)
+merge_resources = helper(MergePlan.merge_resources)
 qa_sft_merge_cfg = helper(QaPlan.qa_sft_merge_cfg)
 
 
@@ -28,10 +28,7 @@ rule merge_model:
     threads: config["merge"]["resources"]["cpus_per_task"]
     resources:
         # the config's GPU count decides the GPU request, partition and model (llmrnn.slurm)
-        **gpu_placement(config["merge"]["resources"]["gpu"]),
-        mem_mb=grows(config["merge"]["resources"]["mem_mb"]),
-        runtime=grows(config["merge"]["resources"]["runtime"]),
-        cpus_per_task=config["merge"]["resources"]["cpus_per_task"],
+        **merge_resources(),
     params:
         cfg=merge_cfg_json(),
         code=code_hash("merge run"),
