@@ -12,7 +12,6 @@ from snakemake.utils import validate
 from llmrnn.configcheck import shard_problems, value_problems
 from llmrnn.errors import LlmrnnError
 from llmrnn.plan import Plan, PlanBase
-from llmrnn.plan.common import grows
 from llmrnn.plan.evaluate import EvaluatePlan
 from llmrnn.plan.judge import JudgePlan
 from llmrnn.plan.models import ModelsPlan
@@ -60,7 +59,7 @@ plan = Plan(config)
 
 
 def helper(method):
-    """`method` (a function of a llmrnn.plan class, e.g. TrainPlan.train_gpus) bound to this run's plan,
+    """`method` (a function of a llmrnn.plan class, e.g. TrainPlan.train_resources) bound to this run's plan,
     its InputError raised as WorkflowError."""
     return as_workflow_error(method.__get__(plan))
 
@@ -78,10 +77,9 @@ memory_model_input = helper(ModelsPlan.memory_model_input)
 judge_needed = helper(
     JudgePlan.judge_planned
 )  # the reward asks the judge (llmrnn.reward.asks_judge)
-judge_gpus = helper(JudgePlan.judge_gpus)
 judge_agreement_on = helper(JudgePlan.judge_agreement_on)
 preflight_rubric_input = helper(JudgePlan.preflight_rubric_input)
-train_gpus = helper(TrainPlan.train_gpus)
+train_resources = helper(TrainPlan.train_resources)
 train_threads = helper(TrainPlan.train_threads)
 trajectory_targets = helper(TrajectoriesPlan.trajectory_targets)
 release_targets = helper(ReleasePlan.release_targets)

@@ -9,6 +9,7 @@ eval_forward_cfg = helper(EvaluatePlan.eval_forward_cfg)
 eval_shard_inputs = helper(EvaluatePlan.eval_shard_inputs)
 eval_memory_arg = helper(EvaluatePlan.eval_memory_arg)
 eval_shard_files = helper(EvaluatePlan.eval_shard_files)
+eval_resources = helper(EvaluatePlan.eval_resources)
 
 
 rule eval_shard:
@@ -29,10 +30,7 @@ rule eval_shard:
         conda_env("forward")
     threads: config["eval"]["threads"]
     resources:
-        gpu=config["eval"]["resources"]["gpu"],
-        mem_mb=grows(config["eval"]["resources"]["mem_mb"]),
-        runtime=grows(config["eval"]["resources"]["runtime"]),
-        cpus_per_task=config["eval"]["resources"]["cpus_per_task"],
+        **eval_resources(),
     params:
         cfg=eval_forward_cfg(),
         memory=eval_memory_arg,

@@ -5,6 +5,7 @@ from llmrnn.plan.judge import JudgePlan
 
 # The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
 judge_model_input = helper(JudgePlan.judge_model_input)
+judge_resources = helper(JudgePlan.judge_resources)
 
 
 rule judge_server:
@@ -20,10 +21,7 @@ rule judge_server:
     # 0: the service must not take the cores its consumers (same group) need; `-n --cores 1` stays valid.
     threads: 0
     resources:
-        gpu=judge_gpus(),
-        mem_mb=grows(config["judge"]["resources"]["mem_mb"]),
-        runtime=config["judge"]["resources"]["runtime"],
-        cpus_per_task=config["judge"]["resources"]["cpus_per_task"],
+        **judge_resources(),
     params:
         cfg=cfg_json("judge"),
         code=code_hash("judge server"),

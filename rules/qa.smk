@@ -1,7 +1,6 @@
 # The qa recipe (recipe: qa): QA data -> optional LoRA SFT warm start (merged + verified) -> GRPO with
 # verifiable rewards (the shared train stage) -> merge_model / release (shared) -> pass@k evaluation of
 # base vs SFT vs GRPO. Helpers (qa_*): llmrnn.plan.
-from llmrnn.slurm import gpu_placement
 from llmrnn.plan.qa import QA_VARIANT_PATTERN, QaPlan
 from llmrnn.plan.common import input_flag
 
@@ -15,7 +14,7 @@ qa_ood_param = helper(QaPlan.qa_ood_param)
 qa_synth_cfg = helper(QaPlan.qa_synth_cfg)
 qa_data_cfg = helper(QaPlan.qa_data_cfg)
 qa_sft_cfg = helper(QaPlan.qa_sft_cfg)
-qa_sft_merge_cfg = helper(QaPlan.qa_sft_merge_cfg)
+qa_sft_resources = helper(QaPlan.qa_sft_resources)
 qa_train_cfg = helper(QaPlan.qa_train_cfg)
 qa_eval_model = helper(QaPlan.qa_eval_model)
 qa_answer_files = helper(QaPlan.qa_answer_files)
@@ -24,6 +23,8 @@ qa_eval_files = helper(QaPlan.qa_eval_files)
 qa_grading_rubric = helper(QaPlan.qa_grading_rubric)
 qa_judge_cfg = helper(QaPlan.qa_judge_cfg)
 qa_eval_cfg = helper(QaPlan.qa_eval_cfg)
+qa_eval_resources = helper(QaPlan.qa_eval_resources)
+qa_judge_resources = helper(QaPlan.qa_judge_resources)
 
 
 rule qa_synth:
@@ -95,10 +96,7 @@ rule qa_sft:
         conda_env("sft")
     threads: config["qa"]["sft"]["num_threads"]
     resources:
-        gpu=config["qa"]["sft"]["resources"]["gpu"],
-        mem_mb=grows(config["qa"]["sft"]["resources"]["mem_mb"]),
-        runtime=grows(config["qa"]["sft"]["resources"]["runtime"]),
-        cpus_per_task=config["qa"]["sft"]["resources"]["cpus_per_task"],
+        **qa_sft_resources(),
     params:
         cfg=qa_sft_cfg(),
         code=code_hash("qa sft"),
@@ -106,34 +104,6 @@ rule qa_sft:
         "llmrnn qa sft --train {input.train:q} --val {input.val:q} --model {input.model:q} "
         "--adapter {output.adapter:q} --metrics {output.metrics:q} --summary {output.summary:q} "
         "--cfg {params.cfg:q} 2> {log:q}"
-
-
-rule qa_merge_sft:
-    input:
-        base=qa_model_input(),
-        adapter=rules.qa_sft.output.adapter,
-    output:
-        merged=directory(f"{QA}/sft/merged"),
-        check=f"{QA}/sft/merge_check.json",
-    log:
-        f"{LOGS}/qa_merge_sft.log",
-    benchmark:
-        f"{LOGS}/benchmarks/qa_merge_sft/qa_merge_sft.tsv"
-    conda:
-        conda_env("cpu")
-    threads: config["merge"]["resources"]["cpus_per_task"]
-    resources:
-        # the config's GPU count decides the GPU request, partition and model (llmrnn.slurm)
-        **gpu_placement(config["merge"]["resources"]["gpu"]),
-        mem_mb=grows(config["merge"]["resources"]["mem_mb"]),
-        runtime=grows(config["merge"]["resources"]["runtime"]),
-        cpus_per_task=config["merge"]["resources"]["cpus_per_task"],
-    params:
-        cfg=qa_sft_merge_cfg(),
-        code=code_hash("merge run"),
-    shell:
-        "llmrnn merge run --base {input.base:q} --adapter {input.adapter:q} --out {output.merged:q} "
-        "--check {output.check:q} --cfg {params.cfg:q} 2> {log:q}"
 
 
 rule qa_preflight:
@@ -177,10 +147,7 @@ rule qa_train_grpo:
         conda_env("train")
     threads: train_threads()
     resources:
-        gpu=train_gpus(),
-        mem_mb=grows(config["train"]["resources"]["mem_mb"]),
-        runtime=config["train"]["resources"]["runtime"],
-        cpus_per_task=config["train"]["resources"]["cpus_per_task"],
+        **train_resources(),
     params:
         # checkpoints/, state/, samples/ beside the outputs (kept across reruns so a killed run resumes)
         work=lambda w, output: os.path.dirname(output.metrics),
@@ -211,10 +178,7 @@ rule qa_eval_model:
         conda_env("cpu")
     threads: config["qa"]["eval"]["resources"]["cpus_per_task"]
     resources:
-        gpu=config["qa"]["eval"]["resources"]["gpu"],
-        mem_mb=grows(config["qa"]["eval"]["resources"]["mem_mb"]),
-        runtime=grows(config["qa"]["eval"]["resources"]["runtime"]),
-        cpus_per_task=config["qa"]["eval"]["resources"]["cpus_per_task"],
+        **qa_eval_resources(),
     params:
         cfg=qa_eval_cfg(),
         code=code_hash("qa eval"),
@@ -250,7 +214,7 @@ rule qa_judge_eval:
     # a core of its own while the judge service beside it computes (the service takes 0)
     threads: 1
     resources:
-        runtime=config["qa"]["eval"]["resources"]["runtime"],
+        **qa_judge_resources(),
     params:
         cfg=qa_judge_cfg(),
         code=code_hash("qa judge"),

@@ -32,10 +32,7 @@ rule train_grpo:
         conda_env("train")
     threads: train_threads()
     resources:
-        gpu=train_gpus(),
-        mem_mb=grows(config["train"]["resources"]["mem_mb"]),
-        runtime=config["train"]["resources"]["runtime"],
-        cpus_per_task=config["train"]["resources"]["cpus_per_task"],
+        **train_resources(),
     params:
         # checkpoints/, state/, audit/ beside the outputs but not outputs themselves: Snakemake deletes
         # outputs before a rerun, and a rerun after a kill must find the checkpoints to resume

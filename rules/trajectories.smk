@@ -7,6 +7,7 @@ from llmrnn.plan.trajectories import TrajectoriesPlan
 role_model_markers = helper(ModelsPlan.role_model_markers)
 trajectories_cfg_json = helper(TrajectoriesPlan.trajectories_cfg_json)
 trajectory_shard_files = helper(TrajectoriesPlan.trajectory_shard_files)
+trajectory_resources = helper(TrajectoriesPlan.trajectory_resources)
 
 
 rule trajectory_shard:
@@ -30,10 +31,7 @@ rule trajectory_shard:
         conda_env("forward")
     threads: config["trajectories"]["threads"]
     resources:
-        gpu=config["trajectories"]["resources"]["gpu"],
-        mem_mb=grows(config["trajectories"]["resources"]["mem_mb"]),
-        runtime=grows(config["trajectories"]["resources"]["runtime"]),
-        cpus_per_task=config["trajectories"]["resources"]["cpus_per_task"],
+        **trajectory_resources(),
     params:
         cfg=trajectories_cfg_json(),
         code=code_hash("trajectories shard"),

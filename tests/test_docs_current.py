@@ -161,7 +161,7 @@ def texts() -> tuple[Text, ...]:
 
 # ----------------------------------------------------------------------------- what exists
 RULE = re.compile(r"^(?:rule|checkpoint)\s+(\w+)\s*:")
-USE_RULE = re.compile(r"^use\s+rule\s+(\w+)\s+(?:from\s+\w+\s+)?as\s+(\w+)")
+USE_RULE = re.compile(r"^\s*use\s+rule\s+(\w+)\s+(?:from\s+\w+\s+)?as\s+(\w+)")  # also in a recipe's `if`
 DIRECTIVE = re.compile(r"^(\s+)(\w+):")
 
 
@@ -177,9 +177,9 @@ def parse_rules(files: dict[str, str]) -> dict[str, bool]:
             m, u = RULE.match(line), USE_RULE.match(line)
             if not (m or u):
                 continue
-            body = []
+            body, indent = [], len(line) - len(line.lstrip())
             for later in lines[i + 1:]:
-                if later.strip() and not later[0].isspace():
+                if later.strip() and len(later) - len(later.lstrip()) <= indent:
                     break
                 body.append(later)
             if m:

@@ -16,28 +16,49 @@ MAX_FUNCTION_LINES = 100
 MAX_MODULE_LINES = 600
 
 
+# `rule NAME:` and `use rule OLD as NEW with:` (at any indent: a recipe's `if` block), each with its body
+RULE_OR_USE = re.compile(r"^( *)(?:rule (\w+)|use rule (\w+) as (\w+) with):\n((?:\1 .*\n|\n)*)", re.MULTILINE)
+
+
 def parse_rules(text: str, file: str) -> dict[str, dict]:
-    """rule name -> {file, command ("llmrnn verb [sub]" or None), outputs, shell} of one .smk text."""
+    """rule name -> {file, command ("llmrnn verb [sub]" or None), outputs, shell, body} of one .smk text. A
+    `use rule OLD as NEW with:` adds NEW with `parent` OLD; its command and shell are OLD's (a `with:` block
+    cannot change them), its outputs OLD's unless it gives its own (`inherit` fills them in)."""
     found = {}
-    for m in re.finditer(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", text, re.DOTALL | re.MULTILINE):
-        body = m.group(2)
+    for m in RULE_OR_USE.finditer(text):
+        indent, name, parent, child, block = m.groups()
+        body = "".join(line.removeprefix(indent) + "\n" for line in block.splitlines())  # dedented to a rule's
         shell = body.split("    shell:", 1)[1] if "    shell:" in body else ""
         cmd = re.search(r"llmrnn ([a-z][\w-]*)(?: ([a-z][\w-]*))?", shell)
-        outputs = re.search(r"^    output:\n(.*?)(?=^    \w)", body, re.DOTALL | re.MULTILINE)
-        found[m.group(1)] = {
+        outputs = re.search(r"^    output:\n(.*?)(?=^    \w|\Z)", body, re.DOTALL | re.MULTILINE)
+        found[name or child] = {
             "file": file,
             "command": " ".join(["llmrnn", *(g for g in cmd.groups() if g)]) if cmd else None,
-            "outputs": re.findall(r"^        (\w+)=", outputs.group(1), re.MULTILINE) if outputs else [],
+            "outputs": re.findall(r"^        (\w+)=", outputs.group(1), re.MULTILINE) if outputs else None,
             "shell": shell,
+            "body": body,
+            "parent": parent,
         }
     return found
+
+
+def inherit(rules: dict[str, dict]) -> dict[str, dict]:
+    """Each `use rule` child completed from its parent: the parent's command and shell, its outputs unless
+    the child names its own, and a body that reads the child's overrides first, then the parent's."""
+    for rule in rules.values():
+        parent = rules[rule["parent"]] if rule["parent"] else None
+        if parent:
+            rule.update(command=parent["command"], shell=parent["shell"], body=rule["body"] + parent["body"])
+            rule["outputs"] = parent["outputs"] if rule["outputs"] is None else rule["outputs"]
+        rule["outputs"] = rule["outputs"] or []
+    return rules
 
 
 def rules_in_workflow() -> dict[str, dict]:
     found = {}
     for path in sorted((REPO / "rules").glob("*.smk")):
         found.update(parse_rules(path.read_text(), str(path.relative_to(REPO))))
-    return found
+    return inherit(found)
 
 
 def outputs_not_passed(rules: dict[str, dict]) -> list[str]:
@@ -114,9 +135,24 @@ def test_an_output_left_out_of_the_command_is_found():
         "rule demo:\n    input:\n        x=\"a\",\n    output:\n        main=\"b\",\n        side=\"c\",\n"
         "    log:\n        \"l\",\n    shell:\n        \"llmrnn demo run --x {input.x} --out {output.main} 2> {log}\"\n"
     )
-    rules = parse_rules(text, "rules/demo.smk")
+    rules = inherit(parse_rules(text, "rules/demo.smk"))
     assert rules["demo"]["command"] == "llmrnn demo run" and rules["demo"]["outputs"] == ["main", "side"]
     assert outputs_not_passed(rules) == ["rule demo: output side is not passed to its command"]
+
+
+def test_a_use_rule_takes_its_parents_command_and_its_own_outputs():
+    text = (
+        "rule demo:\n    output:\n        main=\"b\",\n    shell:\n        \"llmrnn demo run --out {output.main:q}\"\n"
+        "\n\nif recipe_is(\"qa\"):\n\n    use rule demo as twin with:\n        output:\n            main=\"c\",\n"
+        "            side=\"d\",\n        log:\n            \"l\",\n\n\nuse rule demo as copy with:\n    log:\n        \"m\",\n"
+    )
+    rules = inherit(parse_rules(text, "rules/demo.smk"))
+    assert {name: (r["parent"], r["command"], r["outputs"]) for name, r in rules.items()} == {
+        "demo": (None, "llmrnn demo run", ["main"]),
+        "twin": ("demo", "llmrnn demo run", ["main", "side"]),
+        "copy": ("demo", "llmrnn demo run", ["main"]),
+    }
+    assert outputs_not_passed(rules) == ["rule twin: output side is not passed to its command"]
 
 
 def function_lengths() -> list[tuple[int, str]]:

@@ -157,6 +157,33 @@ def test_verl_engine_takes_gpus_per_node_unless_resources_name_them():
     assert plan_of(DEMO, overlay={"train": {"resources": {"gpu": 1}}}).train_gpus() == 1  # trl, asked
 
 
+def test_each_stage_gives_its_resources_in_one_call():
+    """A rule's `resources:` is its stage's helper (`**train_resources()`): memory grows on a retry, the
+    runtime too unless the job resumes (training) or lives as long as its consumers (the judge); the GRPO
+    job's GPUs are train_gpus, merge's are placed from merge.resources.gpu (llmrnn.slurm.gpu_placement)."""
+    plan = plan_of(DEMO, overlay={"train": {"engine": "verl", "n_gpus_per_node": 4}, "merge": {"resources": {"gpu": 2}}})
+    c = plan.config
+    train = plan.train_resources()
+    assert list(train) == ["gpu", "mem_mb", "runtime", "cpus_per_task"] and train["gpu"] == 4
+    assert train["runtime"] == c["train"]["resources"]["runtime"]  # a number: no growth on a retry
+    assert train["mem_mb"](wc(), 1) == c["train"]["resources"]["mem_mb"]
+    assert train["mem_mb"](wc(), 2) == round(c["train"]["resources"]["mem_mb"] * 1.5)
+    merge = plan.merge_resources()
+    assert merge["gpu"] == 2 and merge["slurm_partition"] and list(merge)[-3:] == ["mem_mb", "runtime", "cpus_per_task"]
+    assert merge["runtime"](wc(), 2) == round(c["merge"]["resources"]["runtime"] * 1.5)
+    assert plan_of(DEMO).merge_resources()["gpu"] == 0 and "slurm_partition" not in plan_of(DEMO).merge_resources()
+    for stage, res in (("trajectories", plan.trajectory_resources()), ("eval", plan.eval_resources()),
+                       ("qa.sft", plan.qa_sft_resources()), ("qa.eval", plan.qa_eval_resources())):
+        section = c
+        for key in stage.split("."):
+            section = section[key]
+        assert res["gpu"] == section["resources"]["gpu"], stage
+        assert res["runtime"](wc(), 1) == section["resources"]["runtime"], stage
+    assert plan.judge_resources()["gpu"] == plan.judge_gpus()
+    assert plan.judge_resources()["runtime"] == c["judge"]["resources"]["runtime"]
+    assert plan.qa_judge_resources() == {"runtime": c["qa"]["eval"]["resources"]["runtime"]}
+
+
 def test_eval_trained_model_replaces_the_merged_model():
     plan = plan_of(DEMO, overlay={"eval": {"trained_model": "elsewhere/trained"}})
     assert plan.eval_trained_model() == "elsewhere/trained"

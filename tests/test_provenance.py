@@ -288,19 +288,12 @@ def rule_code_args(rule: dict) -> tuple[str, ...] | None:
     return tuple(json.loads(f"[{m.group(1)}]")) if m else None
 
 
-def rules_with_bodies() -> dict[str, dict]:
-    rules = rules_in_workflow()
-    for path in sorted((REPO / "rules").glob("*.smk")):
-        for m in re.finditer(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", path.read_text(), re.DOTALL | re.MULTILINE):
-            rules[m.group(1)]["body"] = m.group(2)
-    return rules
-
-
 def test_every_rule_hashes_the_verb_its_shell_runs():
     """Each rule that makes files with an llmrnn command has `code=code_hash("<verb> <sub>", ...)` for that
     same command, plus every module its command line names for loading (e.g. --reward-func)."""
     checked = 0
-    for name, rule in rules_with_bodies().items():
+    # a `use rule` child's body: its overrides, then its parent's (tests.test_layout.inherit)
+    for name, rule in rules_in_workflow().items():
         if rule["command"] is None or not rule["outputs"] and "output:" not in rule["body"]:
             continue
         args = rule_code_args(rule)
@@ -396,7 +389,7 @@ class Plans:
 
     def expected(self, plan: str, module: str) -> set[str]:
         """Rules of the plan whose code_hash verb (+ named modules) can run `module`, per the copy's source."""
-        rules = rules_with_bodies()
+        rules = rules_in_workflow()
         return {name for name in self.made(plan)
                 if (args := rule_code_args(rules[name])) is not None
                 and module in provenance.verb_closure(*args, root=self.src / "llmrnn")}
@@ -453,7 +446,7 @@ def test_every_rules_own_modules_rerun_exactly_their_importers(plans):
     the every-module sweep (48 modules x 3 plans, ~25 min here) is left to LLMRNN_FULL_SWEEP=1."""
     from llmrnn.cli import stage_module
 
-    rules = rules_with_bodies()
+    rules = rules_in_workflow()
     full = os.environ.get("LLMRNN_FULL_SWEEP") == "1"
     done: set[str] = set()
     for plan in PLANS:

@@ -151,17 +151,48 @@ def test_retries_by_default_requeue_only_when_asked():
     assert "slurm-requeue" not in load_profile({"LLMRNN_SLURM_REQUEUE": "0"})
 
 
+# every stage's resources.gpu at 1: each rule that can ask for a GPU then does
+EVERY_STAGE_ON_A_GPU = {"trajectories": {"resources": {"gpu": 1}}, "eval": {"resources": {"gpu": 1}},
+                        "train": {"resources": {"gpu": 1}}, "merge": {"resources": {"gpu": 1}},
+                        "qa": {"sft": {"resources": {"gpu": 1}}, "eval": {"resources": {"gpu": 1}}}}
+
+
+def rule_resources() -> dict[str, dict]:
+    """rule -> its resources as the plan gives them (`resources: **train_resources()`: the helper's plan
+    method, found by its binding `name = helper(StageClass.method)`) with every stage on a GPU; a `use rule`
+    child has its parent's unless it gives its own."""
+    from llmrnn.plan import Plan
+    from tests.test_layout import rules_in_workflow
+
+    texts = "".join(smk.read_text() for smk in (REPO / "rules").glob("*.smk"))
+    bound = dict(re.findall(r"^(\w+) = helper\(\w+\.(\w+)\)", texts, re.MULTILINE))
+    plan = Plan.from_configfiles(REPO / "config/config.yaml", overrides=EVERY_STAGE_ON_A_GPU,
+                                 schema_path=REPO / "workflow/schemas/config.schema.yaml")
+    out = {}
+    for name, rule in rules_in_workflow().items():
+        block = re.search(r"^    resources:\n((?:        .*\n)+)", rule["body"], re.MULTILINE)
+        lines = block.group(1) if block else ""
+        helper = re.search(r"^\s+\*\*(\w+)\(\),", lines, re.MULTILINE)
+        res = dict(getattr(plan, bound[helper.group(1)])()) if helper else {}
+        res.update({key: None for key in re.findall(r"^\s+(\w+)\s*=", lines, re.MULTILINE)})
+        out[name] = res
+    return out
+
+
 def test_every_rule_declaring_a_gpu_is_mapped_by_the_profile():
     """A GPU rule the profile does not know would silently land on a CPU node."""
     mapped = set(gpu_rules(load_profile({})))
+    resources = rule_resources()
+    assert {"train_grpo", "qa_train_grpo", "eval_shard", "merge_model", "qa_merge_sft"} <= \
+        {name for name, res in resources.items() if "gpu" in res}  # the scan sees the plan's resources
     unmapped = []
-    for smk in sorted((REPO / "rules").glob("*.smk")):
-        for name, body in re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", smk.read_text(), re.MULTILINE | re.DOTALL):
-            if re.search(r"^\s+gpu\s*=", body, re.MULTILINE) and name not in mapped:
-                unmapped.append(f"{smk.name}:{name}")
-            # a rule placing itself from its config's GPU count must not be overridden by the profile
-            if "**gpu_placement(" in body and name in mapped:
-                unmapped.append(f"{smk.name}:{name} (gpu_placement and the profile both place it)")
+    for name, res in sorted(resources.items()):
+        # a rule placing itself from its config's GPU count (llmrnn.slurm.gpu_placement: a partition of
+        # its own) must not be overridden by the profile; any other GPU rule is the profile's to place
+        if "slurm_partition" in res and name in mapped:
+            unmapped.append(f"{name} (gpu_placement and the profile both place it)")
+        elif "gpu" in res and "slurm_partition" not in res and name not in mapped:
+            unmapped.append(name)
     assert not unmapped, f"GPU rules missing from profiles/slurm set-resources: {unmapped}"
 
 

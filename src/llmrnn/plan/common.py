@@ -86,6 +86,21 @@ def grows(base: float, factor: float = RETRY_GROWTH) -> Callable:
     return value
 
 
+def stage_resources(resources: Mapping, gpu: Mapping | None = None, *, runtime_grows: bool = True) -> dict:
+    """A rule's `resources:` from its stage's config `resources` section, in one call (each stage's plan has
+    one helper over this: train_resources, merge_resources, ...): the GPU request (`gpu`: its own keys, e.g.
+    llmrnn.slurm.gpu_placement's; else resources.gpu as it is), mem_mb that grows on a retry, the runtime
+    (growing too, unless the job resumes instead of starting over: see `grows`) and cpus_per_task. In the
+    order the rules wrote them, which is the order Snakemake prints them in (tests/snapshots/plan_*.txt)."""
+    runtime = grows(resources["runtime"]) if runtime_grows else resources["runtime"]
+    return {
+        **({"gpu": resources["gpu"]} if gpu is None else gpu),
+        "mem_mb": grows(resources["mem_mb"]),
+        "runtime": runtime,
+        "cpus_per_task": resources["cpus_per_task"],
+    }
+
+
 class PlanBase:
     """The config of one run and the decisions every stage shares; each stage's plan (llmrnn.plan.<stage>)
     adds its own, and llmrnn.plan.Plan is all of them over one config."""

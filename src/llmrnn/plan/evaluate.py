@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmrnn.plan.common import PlanBase, _json
+from llmrnn.plan.common import PlanBase, _json, stage_resources
 
 EVAL_VARIANT_PATTERN = "base|trained|zero_shot|full_history"
 EVAL_ROLES = ("prediction", "evaluation", "memory")
@@ -29,6 +29,10 @@ class EvaluatePlan(PlanBase):
         c = self.config
         subset = {k: c["eval"][k] for k in ("max_patients", "max_visits", "patient_seed", "seed")}
         return _json({"eval": subset, "roles": c.get("roles"), "prompts": c.get("prompts")})
+
+    def eval_resources(self) -> dict:
+        """resources of eval_shard: eval.resources (a killed shard starts over: its runtime grows)."""
+        return stage_resources(self.config["eval"]["resources"])
 
     def eval_role_model_inputs(self, roles) -> list[str]:
         """Files of the roles' models: the .ready marker of a configured model name, the folder itself for

@@ -4,7 +4,7 @@ input and GPUs, the agreement check and preflight's params."""
 from __future__ import annotations
 
 from llmrnn.models import READY
-from llmrnn.plan.common import PlanBase, _json
+from llmrnn.plan.common import PlanBase, _json, stage_resources
 
 
 class JudgePlan(PlanBase):
@@ -48,6 +48,11 @@ class JudgePlan(PlanBase):
 
     def judge_gpus(self) -> int:
         return 1 if self.judge_rubric().needs_gpu else 0
+
+    def judge_resources(self) -> dict:
+        """resources of judge_server: judge.resources and the rubric's GPU; its runtime is its consumers' (it
+        lives as long as they do), so it does not grow on a retry."""
+        return stage_resources(self.config["judge"]["resources"], {"gpu": self.judge_gpus()}, runtime_grows=False)
 
     def preflight_rubric_input(self) -> dict:
         """The rubric preflight checks, when the reward asks the judge (its endpoint comes beside it)."""

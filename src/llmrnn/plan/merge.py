@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from llmrnn.plan.common import PlanBase, _json, _knobs
+from llmrnn.plan.common import PlanBase, _json, _knobs, stage_resources
+from llmrnn.slurm import gpu_placement
 
 
 class MergePlan(PlanBase):
@@ -14,6 +15,12 @@ class MergePlan(PlanBase):
         """The base merge_model folds the GRPO adapter into: the memory model, or (recipe qa) the model
         GRPO started from."""
         return self.qa_policy_input() if self.recipe_is("qa") else self.memory_model_input()
+
+    def merge_resources(self) -> dict:
+        """resources of merge_model and qa_merge_sft: merge.resources, whose GPU count also decides the GPU
+        request, partition and model (llmrnn.slurm.gpu_placement; the profile does not place these rules)."""
+        res = self.config["merge"]["resources"]
+        return stage_resources(res, gpu_placement(res["gpu"]))
 
     def merge_cfg_json(self) -> str:
         """params of merge_model: the merge knobs (not resources) + the LoRA rank/alpha training asked for

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmrnn.errors import InputError
-from llmrnn.plan.common import PlanBase, _json, _knobs, model_dir_of
+from llmrnn.plan.common import PlanBase, _json, _knobs, model_dir_of, stage_resources
 from llmrnn.runconfig import filled
 
 QA_VARIANT_PATTERN = "base|sft|grpo"
@@ -63,6 +63,10 @@ class QaPlan(PlanBase):
 
     def qa_sft_cfg(self) -> str:
         return _json({"sft": self.config["qa"]["sft"]})
+
+    def qa_sft_resources(self) -> dict:
+        """resources of qa_sft: qa.sft.resources (a killed SFT starts over: its runtime grows)."""
+        return stage_resources(self.config["qa"]["sft"]["resources"])
 
     def qa_sft_merge_cfg(self) -> str:
         """params of qa_merge_sft: the merge knobs + the SFT LoRA rank/alpha the adapter is checked against."""
@@ -128,6 +132,14 @@ class QaPlan(PlanBase):
         return _json({"eval": {"k": ev["k"], "judge_threshold": ev["judge_threshold"]},
                       "max_fallback_rate": self.config["preflight"]["max_fallback_rate"],
                       "reward": judge_wait_cfg(self.config.get("reward"))})
+
+    def qa_eval_resources(self) -> dict:
+        """resources of qa_eval_model: qa.eval.resources (a killed evaluation starts over: its runtime grows)."""
+        return stage_resources(self.config["qa"]["eval"]["resources"])
+
+    def qa_judge_resources(self) -> dict:
+        """resources of qa_judge_eval: qa.eval's runtime (its judge service beside it holds the rest)."""
+        return {"runtime": self.config["qa"]["eval"]["resources"]["runtime"]}
 
     def qa_eval_cfg(self) -> str:
         """The eval knobs + the qa prompt: the evaluation asks in the system prompt training used. The

@@ -1,8 +1,8 @@
-"""The train stage's plan: GPUs and threads of the GRPO job, and the judge's GPUs beside it."""
+"""The train stage's plan: GPUs, threads and resources of the GRPO job, and the judge's GPUs beside it."""
 
 from __future__ import annotations
 
-from llmrnn.plan.common import PlanBase
+from llmrnn.plan.common import PlanBase, stage_resources
 
 
 class TrainPlan(PlanBase):
@@ -21,6 +21,11 @@ class TrainPlan(PlanBase):
         """TRL on CPU uses train.trl.num_threads (1 thread: 0.13-0.17 s per tiny GRPO step; 2: 0.14-9.7 s)."""
         t = self.config["train"]
         return t["trl"]["num_threads"] if t["engine"] == "trl" else t["resources"]["cpus_per_task"]
+
+    def train_resources(self) -> dict:
+        """resources of the GRPO job (train_grpo, qa_train_grpo): train.resources with train_gpus; its runtime
+        never grows (a killed run resumes from its checkpoint; a longer request could outgrow the partition)."""
+        return stage_resources(self.config["train"]["resources"], {"gpu": self.train_gpus()}, runtime_grows=False)
 
     def train_judge_gpus(self) -> int:
         """GPUs a judge holds beside train_grpo on its node (taken last); 0 without a judge."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmrnn.plan.common import PlanBase, _json, _knobs
+from llmrnn.plan.common import PlanBase, _json, _knobs, stage_resources
 
 TRAJECTORY_SPLITS = ("train", "val")
 
@@ -21,6 +21,10 @@ class TrajectoriesPlan(PlanBase):
             "models": {n: m for n, m in c["models"].items() if n in used},
             "trajectories": _knobs(c["trajectories"]),
         })
+
+    def trajectory_resources(self) -> dict:
+        """resources of trajectory_shard: trajectories.resources (a killed shard starts over: its runtime grows)."""
+        return stage_resources(self.config["trajectories"]["resources"])
 
     def trajectory_shard_files(self, split: str, ext: str) -> list[str]:
         return [
