@@ -28,7 +28,8 @@ def test_a_reward_child_does_not_import_from_its_working_directory(tmp_path, mon
     from llmrnn.reward.custom import load
 
     _stray_folder(tmp_path, "wandb")
-    reward = tmp_path / "my_reward.py"
+    (tmp_path / "rewards").mkdir()
+    reward = tmp_path / "rewards" / "my_reward.py"
     reward.write_text(textwrap.dedent("""
         import importlib.util, os, sys
 
@@ -44,6 +45,27 @@ def test_a_reward_child_does_not_import_from_its_working_directory(tmp_path, mon
     finally:
         fn.close()
     assert score == 0.0, "the child had its working directory on sys.path, or found the stray ./wandb"
+
+
+def test_a_reward_file_imports_a_helper_module_beside_it(tmp_path, monkeypatch):
+    """The working directory is off the child's path, the reward file's own folder is on it (last)."""
+    from llmrnn.reward.custom import load
+
+    (tmp_path / "rewards").mkdir()
+    (tmp_path / "rewards" / "my_helpers.py").write_text("BONUS = 0.25\n")
+    reward = tmp_path / "rewards" / "my_reward.py"
+    reward.write_text(textwrap.dedent("""
+        from my_helpers import BONUS
+
+        def compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs):
+            return 0.5 + BONUS
+        """))
+    monkeypatch.chdir(tmp_path)
+    fn = load(str(reward))
+    try:
+        assert fn(data_source="d", solution_str="s", ground_truth="g", extra_info={}) == 0.75
+    finally:
+        fn.close()
 
 
 MAIN_PPO_RECORDER = textwrap.dedent("""

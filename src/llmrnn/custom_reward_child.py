@@ -77,6 +77,11 @@ def _load(path: str, name: str):
     if spec is None or spec.loader is None:
         raise _Refused("not a Python file")
     module = importlib.util.module_from_spec(spec)
+    # the file's own folder, last on the path: helper modules beside your reward import (the working directory
+    # is off the path, llmrnn.safe_path), and nothing there can shadow an installed package
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:
+        sys.path.append(folder)
     try:
         spec.loader.exec_module(module)
     except BaseException as exc:  # noqa: BLE001 - the user's code: whatever it raises is one line
