@@ -30,20 +30,21 @@ demo: $(STAMP)
 # own past a few seconds (TRL resume, the zero-gradient run, the hostile config files, the tracker runs);
 # vllm the real-vLLM tests (their venv takes minutes to build). `make test-e2e` builds that venv and runs both.
 # The unit tier spreads over the cores (pytest-xdist, TEST_WORKERS processes, one file per worker, so a module's
-# shared fixture is built once); the e2e tier runs as two pytest processes side by side: every test of the one
-# local SLURM cluster, one after another (they take its nodes down, count its jobs and Ray processes), beside
-# the rest (much of either waits on SLURM, servers and subprocesses, which the other fills).
+# shared fixture is built once); the e2e tier runs every test of the one local SLURM cluster in one process, one
+# after another (they take its nodes down, count its jobs and Ray processes), beside the rest spread over
+# E2E_WORKERS processes the same way (the rerun table's two baseline runs are two files: two workers at once).
 # Budgets (docs/results.md#fast-feedback): `make test` under 10 min warm on 2 cores, .ci/run under 45 min
 # from a fresh clone; no test times itself.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: $(STAMP) verl-envs
 	$(RUNENV) pytest -q -n $(TEST_WORKERS) --dist loadfile --timeout 3600 --durations 15 -m "not e2e and not vllm" tests
 
 E2E_PYTEST := pytest -q -p no:cacheprovider --timeout 3600 --durations 15 -m "e2e or vllm"
+E2E_WORKERS ?= 2
 test-e2e: $(STAMP) verl-envs vllm-env
 	set -o pipefail; \
 	{ $(RUNENV) $(E2E_PYTEST) tests/slurm 2>&1 | sed -u 's/^/[slurm] /'; } & slurm=$$!; \
-	rest=0; $(RUNENV) $(E2E_PYTEST) --ignore=tests/slurm tests || rest=$$?; \
+	rest=0; $(RUNENV) $(E2E_PYTEST) -n $(E2E_WORKERS) --dist loadfile --ignore=tests/slurm tests || rest=$$?; \
 	s=0; wait $$slurm || s=$$?; exit $$(( rest || s ))
 
 lint: $(STAMP)

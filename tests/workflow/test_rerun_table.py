@@ -3,7 +3,8 @@ depend on it, and nothing else. Asserted by dry runs with params/code/input/mtim
 
 Data-driven: a row names its change and the rules that must rerun. A row runs against the baseline of
 its reward mode: the demo's outcome reward (no judge), or a judged one (reward.mode scalar: the judge
-server, preflight and training ask the judge) for the rows about the judge. Expected rules that the
+server, preflight and training ask the judge) for the rows about the judge, which run in
+test_rerun_table_judged.py. Expected rules that the
 baseline does not run (judge_server in outcome mode) are dropped from the row; a row that names a rule the
 workflow does not have, or whose change needs a config key, module or rule missing from the baseline's
 `all`, FAILS (a table that skips checks nothing). Every rule in the run that a row does not name must NOT
@@ -171,12 +172,6 @@ def baseline(tmp_path_factory) -> Baseline:
     return make_baseline(tmp_path_factory, "outcome")
 
 
-@pytest.fixture(scope="module")
-def judged_baseline(tmp_path_factory) -> Baseline:
-    """A judged reward: the judge server runs, preflight and training ask it."""
-    base = make_baseline(tmp_path_factory, "scalar")
-    assert {"judge_server", "preflight", "train_grpo"} <= base.ran, base.ran
-    return base
 
 def _has_path(cfg: dict, override: dict) -> str | None:
     """The first key of override missing from the config, or None (new keys would fail the schema)."""
@@ -259,19 +254,21 @@ def row_problem(row: Row, base: Baseline) -> str | None:
     return None
 
 
-def baseline_for(row: Row, request) -> Baseline:
-    """The outcome baseline, or the judged one for a row that holds for judged modes only."""
-    if row.reward_modes is None or "outcome" in row.reward_modes:
-        return request.getfixturevalue("baseline")
-    return request.getfixturevalue("judged_baseline")
+def is_judged_only(row: Row) -> bool:
+    """A row that holds for judged reward modes only: it runs against the judged baseline, in
+    tests/workflow/test_rerun_table_judged.py (its own file, so pytest-xdist's loadfile runs the two baselines
+    on two workers at once)."""
+    return row.reward_modes is not None and "outcome" not in row.reward_modes
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
-def test_rerun_table(row: Row, request, tmp_path):
-    base = baseline_for(row, request)
-    problem = row_problem(row, base)
+OUTCOME_ROWS = [row for row in ROWS if not is_judged_only(row)]
+
+
+@pytest.mark.parametrize("row", OUTCOME_ROWS, ids=[r.name for r in OUTCOME_ROWS])
+def test_rerun_table(row: Row, baseline: Baseline, tmp_path):
+    problem = row_problem(row, baseline)
     assert problem is None, f"row {row.name!r}: {problem}"
-    check_row(row, base, observed_reruns(row, base, tmp_path))
+    check_row(row, baseline, observed_reruns(row, baseline, tmp_path))
 
 
 def test_a_row_that_checks_nothing_fails(baseline: Baseline):
