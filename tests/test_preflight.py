@@ -424,14 +424,16 @@ def test_judged_preflight_fails_on_a_judge_that_ignores_the_memory(tmp_path):
 
 @pytest.mark.parametrize("over,message", [
     ({"agreement_fail_below": 0.8, "agreement_warn_below": 0.6}, "preflight.agreement_fail_below (0.8) <= "),
-    ({"agreement_pairs": -1}, "preflight.agreement_pairs: must be >= 0"),
+    ({"agreement_pairs": -1}, "preflight.agreement_pairs: Input should be greater than or equal to 0"),
+    ({"on_problem": "ignore"}, "preflight.on_problem: Input should be 'fail' or 'warn'"),
+    ({"rows": 8, "row": 9}, "preflight.row: Extra inputs are not permitted"),
 ])
 def test_bad_agreement_thresholds_are_one_line(over, message):
     from llmrnn.errors import InputError
-    from llmrnn.preflight import PreflightConfig
+    from llmrnn.preflight import preflight_settings
 
-    with pytest.raises(InputError, match=re.escape(message)):
-        PreflightConfig.from_dict(over)
+    with pytest.raises(InputError, match="^" + re.escape(message)):
+        preflight_settings(over)
 
 
 @pytest.mark.e2e  # a slow tier test (a workflow, CLI or training run of its own): `make test-e2e`

@@ -215,11 +215,9 @@ def _schema_defaults(node: dict):
 def _code_defaults():
     from dataclasses import asdict
 
-    from llmrnn.preflight import PreflightConfig
     from llmrnn.release.manifest import settings as release_settings
 
     return {
-        "preflight": asdict(PreflightConfig()),
         "release": release_settings(None),  # read through the models (runconfig.filled)
         "eval.final_judge.matcher": asdict(Matcher()),
     }

@@ -13,7 +13,7 @@ def _judge_in_dag(config: dict) -> bool:
     judge-graded (qa.eval.judge: true, or auto where the QA reward asks the judge)."""
     from llmrnn.errors import LlmrnnError
     from llmrnn.reward import asks_judge
-    from llmrnn.train.config import PreflightConfig
+    from llmrnn.settings.evaluation import Preflight
 
     try:
         if asks_judge(config):
@@ -22,7 +22,7 @@ def _judge_in_dag(config: dict) -> bool:
         return True
     if config.get("recipe") == "qa":
         return ((config.get("qa") or {}).get("eval") or {}).get("judge") is True
-    pairs = (config.get("preflight") or {}).get("agreement_pairs", PreflightConfig.agreement_pairs)
+    pairs = (config.get("preflight") or {}).get("agreement_pairs", Preflight().agreement_pairs)
     return bool(pairs)
 
 

@@ -47,13 +47,30 @@ from llmrnn.preflight.reward_checks import custom_checks, judge_checks, outcome_
 from llmrnn.preflight.rows import CANDIDATES, EMPTY_MEMORY, load_rows
 from llmrnn.preflight.run import run_preflight
 from llmrnn.preflight.training import training_checks
-from llmrnn.train.config import PreflightConfig
+from llmrnn.settings.evaluation import Preflight
+from llmrnn.train.config import preflight_settings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CANDIDATES", "EMPTY_MEMORY", "WHY_OUTCOME", "PreflightConfig", "agreement_checks", "agreement_pairs",
-           "custom_checks", "judge_checks", "load_rows", "model_folder", "outcome_checks", "register",
-           "run_agreement", "run_preflight", "training_checks", "wrong_memory"]
+__all__ = [
+    "CANDIDATES",
+    "EMPTY_MEMORY",
+    "WHY_OUTCOME",
+    "Preflight",
+    "agreement_checks",
+    "agreement_pairs",
+    "custom_checks",
+    "judge_checks",
+    "load_rows",
+    "model_folder",
+    "outcome_checks",
+    "preflight_settings",
+    "register",
+    "run_agreement",
+    "run_preflight",
+    "training_checks",
+    "wrong_memory",
+]
 
 
 def _cmd_agreement(args) -> int:

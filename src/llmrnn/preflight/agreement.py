@@ -9,7 +9,8 @@ from typing import Any
 
 from llmrnn import io
 from llmrnn.errors import InputError
-from llmrnn.train.config import PreflightConfig
+from llmrnn.settings.evaluation import Preflight
+from llmrnn.train.config import preflight_settings
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def agreement_pairs(rows: list[dict], seed: int) -> tuple[list[dict], int]:
     return pairs, skipped
 
 
-def agreement_checks(scorer, rows: list[dict], cfg: PreflightConfig) -> tuple[dict, list[str], list[str]]:
+def agreement_checks(scorer, rows: list[dict], cfg: Preflight) -> tuple[dict, list[str], list[str]]:
     """How often the judge's score ranks a patient's reference memory above a wrong one (agreement_pairs).
     Scalar: both memories scored alone; pairwise: they meet each other in both orders. A tie is not
     agreement. Returns (report, problems, warnings): below agreement_fail_below a problem, below
@@ -156,7 +157,7 @@ def run_agreement(train_parquet: str, endpoint_file: str, out: str, audit_dir: s
     with a verdict; it never stops the workflow (a judged run's preflight does that)."""
     from llmrnn.reward import Scorer, reward_settings
 
-    pcfg = PreflightConfig.from_dict(cfg.get("preflight"))
+    pcfg = preflight_settings(cfg.get("preflight"))
     reward = reward_settings(cfg.get("reward") or {})
     check_mode = mode or (reward.mode if reward.judged else "scalar")
     rcfg = reward.model_copy(update={"mode": check_mode})

@@ -9,8 +9,8 @@ import time
 from collections import Counter
 
 from llmrnn import io
+from llmrnn.settings.evaluation import Preflight
 from llmrnn.stats import percentile
-from llmrnn.train.config import PreflightConfig
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def _reward_stats(scorer, rows: list[dict], results: list[dict], elapsed: float)
     return stats, problems
 
 
-def _spread_problem(stats: dict, cfg: PreflightConfig) -> list[str]:
+def _spread_problem(stats: dict, cfg: Preflight) -> list[str]:
     reward = stats["reward"]
     if reward["distinct"] >= cfg.min_distinct_rewards:
         return []
@@ -76,7 +76,7 @@ def _spread_problem(stats: dict, cfg: PreflightConfig) -> list[str]:
     )]
 
 
-def outcome_checks(scorer, rows: list[dict], cfg: PreflightConfig) -> tuple[dict, list[str]]:
+def outcome_checks(scorer, rows: list[dict], cfg: Preflight) -> tuple[dict, list[str]]:
     """Outcome mode (no judge): the reference candidates' outcome rewards and their spread; the judge
     keys (fallback rate, latency, calls) say there was none."""
     from llmrnn.reward import NO_JUDGE
@@ -89,7 +89,7 @@ def outcome_checks(scorer, rows: list[dict], cfg: PreflightConfig) -> tuple[dict
     return report, problems + _spread_problem(stats, cfg)
 
 
-def judge_checks(scorer, rows: list[dict], cfg: PreflightConfig) -> tuple[dict, list[str]]:
+def judge_checks(scorer, rows: list[dict], cfg: Preflight) -> tuple[dict, list[str]]:
     """Score the candidates of every row with the judge; return (judge report, problems)."""
     results, elapsed = _score_references(scorer, rows)
     stats, problems = _reward_stats(scorer, rows, results, elapsed)
@@ -151,7 +151,7 @@ def _first_answer(scorer, result: dict) -> str:
     return "?"
 
 
-def custom_checks(custom: dict, rows: list[dict], cfg: PreflightConfig,
+def custom_checks(custom: dict, rows: list[dict], cfg: Preflight,
                   kwargs: dict | None = None) -> tuple[dict, list[str], list[str]]:
     """Your own reward (reward.custom) on the fixed candidates of real rows, called as verl calls it (with
     `kwargs`, the reward settings training passes as reward_kwargs): every

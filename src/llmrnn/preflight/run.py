@@ -9,7 +9,7 @@ from pathlib import Path
 from llmrnn import io
 from llmrnn.errors import CheckFailed
 from llmrnn.models import model_folder
-from llmrnn.train.config import PreflightConfig
+from llmrnn.train.config import preflight_settings
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit
     no endpoint; custom_checks for your own reward, reward.custom) + training checks -> `out`; CheckFailed when a problem counts."""
     from llmrnn.reward import missing_endpoint, reward_settings
 
-    pcfg = PreflightConfig.from_dict(cfg.get("preflight"))
+    pcfg = preflight_settings(cfg.get("preflight"))
     rcfg = reward_settings(cfg.get("reward") or {})
     if rcfg.judged and not endpoint_file:  # before any work: the judged modes cannot check anything
         raise missing_endpoint(rcfg.mode, "pass --endpoint")

@@ -73,10 +73,10 @@ def cmd_eval(args) -> int:
 
 def cmd_judge(args) -> int:
     from llmrnn.qa.evaluate import judge_eval_files
-    from llmrnn.train.config import PreflightConfig
+    from llmrnn.settings.evaluation import Preflight
 
     # the bar preflight and training hold the judge to (preflight.max_fallback_rate)
-    max_rate = float((args.cfg or {}).get("max_fallback_rate", PreflightConfig.max_fallback_rate))
+    max_rate = float((args.cfg or {}).get("max_fallback_rate", Preflight().max_fallback_rate))
     # every wait on the judge is bounded by config section `reward` (its timeouts, retries, budgets)
     judge_eval_files(args.inputs, args.outputs, args.endpoint, args.rubric, _cfg(args, "eval"), max_rate,
                      args.audit_dir, (args.cfg or {}).get("reward"))

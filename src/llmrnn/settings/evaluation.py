@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from llmrnn.settings.base import ENV_NAME, Section
 
@@ -172,4 +172,12 @@ class Preflight(Section):
     agreement_pairs: int = Field(12, le=1_000_000_000, ge=0, description="judge agreement: pairs (a train row's reference memory vs another patient's, or its own with the diagnoses removed or cut in half) the judge scores; 0 = no check")
     agreement_warn_below: float = Field(0.75, ge=0, le=1, description='a warning when the judge ranks fewer pairs right than this share')
     agreement_fail_below: float = Field(0.5, ge=0, le=1, description='a problem (on_problem) when the judge ranks fewer pairs right than this share')
+
+    @model_validator(mode="after")
+    def _thresholds_in_order(self) -> Preflight:
+        """The cross-field rule of the section (check, the docs and the preflight share it)."""
+        if self.agreement_fail_below > self.agreement_warn_below:
+            raise ValueError(f"preflight.agreement_fail_below ({self.agreement_fail_below}) <= agreement_warn_below "
+                             f"({self.agreement_warn_below}): a share that fails must also warn")
+        return self
 

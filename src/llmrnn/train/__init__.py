@@ -39,14 +39,14 @@ def _reward_kwargs(args, work: Path) -> dict:
     endpoint, the audit dir, and the fallback guard at preflight's threshold (training only). The stop
     reason of an earlier attempt is forgotten."""
     from llmrnn.reward import STOP_REASON_FILE, guard_spec, reward_kwargs
-    from llmrnn.train.config import PreflightConfig
+    from llmrnn.train.config import preflight_settings
 
     cfg = args.cfg or {}
     reward = cfg.get("reward")
     custom = (reward or {}).get("custom") if isinstance(reward, dict) else None
     if custom and custom.get("path"):
         reward = {**reward, "custom": {**custom, "path": str(Path(custom["path"]).resolve())}}
-    pre = PreflightConfig.from_dict(cfg.get("preflight"))
+    pre = preflight_settings(cfg.get("preflight"))
     (work / "audit" / STOP_REASON_FILE).unlink(missing_ok=True)
     return reward_kwargs(reward, audit_dir=work / "audit", endpoint_file=args.endpoint,
                          guard=guard_spec(pre.max_fallback_rate, pre.fallback_window))

@@ -9,9 +9,8 @@ optimizer updates (1 in the reference run: 16/16/4).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from llmrnn.errors import InputError
 from llmrnn.settings.base import parse
 from llmrnn.settings.evaluation import Preflight
 from llmrnn.settings.train import Train
@@ -126,44 +125,8 @@ def lr_at(cfg: Train, step: int, total: int) -> float:
     return lr
 
 
-_PF = Preflight().model_dump()  # the defaults' one home: llmrnn.settings
-
-
-@dataclass(frozen=True)
-class PreflightConfig:
-    """Config section `preflight` (docs/configuration.md): the preflight's checks, and the fallback guard
-    that training keeps with the same threshold (max_fallback_rate over fallback_window)."""
-
-    rows: int = _PF["rows"]
-    seed: int = _PF["seed"]
-    max_fallback_rate: float = _PF["max_fallback_rate"]
-    fallback_window: int = _PF["fallback_window"]  # judged samples the training-time guard looks back over
-    min_distinct_rewards: int = _PF["min_distinct_rewards"]
-    on_problem: str = _PF["on_problem"]  # fail | warn
-    # judge agreement: does the judge's reward rank a patient's reference memory above a wrong one?
-    agreement_pairs: int = _PF["agreement_pairs"]
-    agreement_warn_below: float = _PF["agreement_warn_below"]  # a warning below this share of pairs ranked right
-    agreement_fail_below: float = _PF["agreement_fail_below"]  # a problem (on_problem) below this: a coin
-
-    @classmethod
-    def from_dict(cls, value: dict | None) -> PreflightConfig:
-        value = dict(value or {})
-        allowed = {f.name for f in fields(cls)}
-        unknown = set(value) - allowed
-        if unknown:
-            raise InputError(f"preflight: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
-        cfg = cls(**value)
-        if cfg.on_problem not in ("fail", "warn"):
-            raise InputError(f"preflight.on_problem: {cfg.on_problem!r} is not one of fail, warn")
-        if cfg.rows < 1:
-            raise InputError("preflight.rows: must be >= 1")
-        if cfg.fallback_window < 1:
-            raise InputError("preflight.fallback_window: must be >= 1")
-        if cfg.agreement_pairs < 0:
-            raise InputError("preflight.agreement_pairs: must be >= 0 (0 = no agreement check)")
-        if not 0 <= cfg.agreement_fail_below <= cfg.agreement_warn_below <= 1:
-            raise InputError(
-                f"preflight.agreement_fail_below ({cfg.agreement_fail_below}) <= agreement_warn_below "
-                f"({cfg.agreement_warn_below}) must both lie in [0, 1]"
-            )
-        return cfg
+def preflight_settings(value: dict | Preflight | None) -> Preflight:
+    """The `preflight` section as its validated settings model (llmrnn.settings.Preflight): the preflight's
+    checks, and the fallback guard training keeps with the same threshold (max_fallback_rate over
+    fallback_window)."""
+    return value if isinstance(value, Preflight) else parse(Preflight, value or {}, "preflight")
