@@ -100,7 +100,7 @@ gpu-cpu-env: .venv-gpu-cpu/.installed-llmrnn
 
 test-gpu-stack: .venv-gpu-cpu/.installed-llmrnn
 	PATH=$(CURDIR)/.venv-gpu-cpu/bin:$$PATH OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error \
-	  .venv-gpu-cpu/bin/pytest -q -p no:cacheprovider -m "not slow" $(GPU_ROUTE_TESTS)
+	  .venv-gpu-cpu/bin/pytest -q -p no:cacheprovider --durations 15 -m "not slow" $(GPU_ROUTE_TESTS)
 
 .venv-gpu-cpu/.installed-llmrnn: envs/gpu-lock.txt pyproject.toml $(STAMP)
 	test -x .venv-gpu-cpu/bin/python || python3 -m venv .venv-gpu-cpu

@@ -144,18 +144,24 @@ def _placeholders(template: str) -> set[str]:
 
 def load_rubric(path: str | Path) -> Rubric:
     """Load and validate a rubric YAML; a bad key, engine or template field is one clear InputError."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     p = str(path)
     if not Path(p).is_file():
         raise InputError(f"{p}: rubric file not found")
     from llmrnn.io import read_yaml
 
     try:  # the one YAML policy (llmrnn.io.read_yaml), then OmegaConf for ${...} interpolation
-        raw = OmegaConf.to_container(OmegaConf.create(read_yaml(p, "rubric file") or {}), resolve=True)
-    except (OmegaConfBaseException, OSError, ValueError) as exc:
+        raw = read_yaml(p, "rubric file") or {}
+    except (OSError, ValueError) as exc:
         raise InputError(f"{p}: not a readable rubric YAML: {exc}") from exc
+    if "${" in json.dumps(raw, default=str):
+        # only where a rubric interpolates: importing OmegaConf is a sixth of every Snakemake start
+        from omegaconf import OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
+
+        try:
+            raw = OmegaConf.to_container(OmegaConf.create(raw), resolve=True)
+        except (OmegaConfBaseException, ValueError) as exc:
+            raise InputError(f"{p}: not a readable rubric YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise InputError(f"{p}: expected a mapping at top level")
     unknown = set(raw) - _TOP_KEYS
