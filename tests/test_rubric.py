@@ -50,6 +50,20 @@ def test_bad_rubric_is_one_clear_error(tmp_path, edit, message):
     assert str(bad) in str(err.value) and "\n" not in str(err.value)
 
 
+def test_interpolation_resolves_and_a_bad_one_is_one_line(tmp_path):
+    """OmegaConf's ${...} is read only where a rubric has one (importing it costs every Snakemake start)."""
+    text = DEFAULT.read_text()
+    name = load_rubric(DEFAULT).name
+    interpolated = tmp_path / "interpolated.yaml"
+    interpolated.write_text(text.replace(f"name: {name}", "name: ${judge.model}-judge", 1))
+    assert load_rubric(interpolated).name == f"{load_rubric(DEFAULT).model}-judge"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace(f"name: {name}", "name: ${no.such.key}", 1))
+    with pytest.raises(InputError, match="not a readable rubric YAML") as err:
+        load_rubric(bad)
+    assert str(bad) in str(err.value) and "\n" not in str(err.value)
+
+
 def test_scalar_request_shows_candidate_and_next_visit_outcome():
     rubric = load_rubric(DEFAULT)
     req = scalar_request(rubric, make_step(), memory("Known heart failure."))

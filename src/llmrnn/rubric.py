@@ -160,8 +160,8 @@ def load_rubric(path: str | Path) -> Rubric:
 
         try:
             raw = OmegaConf.to_container(OmegaConf.create(raw), resolve=True)
-        except (OmegaConfBaseException, ValueError) as exc:
-            raise InputError(f"{p}: not a readable rubric YAML: {exc}") from exc
+        except (OmegaConfBaseException, ValueError) as exc:  # its message goes on over lines: the first says it
+            raise InputError(f"{p}: not a readable rubric YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(raw, dict):
         raise InputError(f"{p}: expected a mapping at top level")
     unknown = set(raw) - _TOP_KEYS
