@@ -23,13 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from llmrnn import io
 from llmrnn.constants import DATA_SOURCE
 from llmrnn.errors import InputError
 from llmrnn.runconfig import filled
-from llmrnn.settings.trajectory_step import STEP_KEYS, TrajectoryStep, read_step, step_error
+from llmrnn.settings.trajectory_step import STEP_KEYS, read_step
 from llmrnn.stats import percentile
 
 log = logging.getLogger(__name__)
@@ -135,10 +133,8 @@ def trajectory_rows(split: str, patients: list[dict], results: list[dict]) -> li
                     "next_evaluation": nxt["evaluation_ok"],
                 },
             }
-            try:  # built through the model the reward reads it with: a wrong step stops here, not in training
-                step = TrajectoryStep.model_validate(step_fields)
-            except ValidationError as exc:
-                raise step_error(exc, f"trajectories {split}: patient {res['patient_id']} visit {t}") from None
+            # built through the model the reward reads it with: a wrong step stops here, not in training
+            step = read_step(step_fields, f"trajectories {split}: patient {res['patient_id']} visit {t}")
             rows.append({
                 "prompt": cur["update_messages"],
                 "data_source": DATA_SOURCE,

@@ -132,6 +132,7 @@ NAME_SUFFIXES = {"jr", "sr", "ii", "iii", "iv", "md", "do", "rn", "np", "pa", "p
 # what a contact header names instead of a person (`Contact: Mother`, `Next of kin: Wife`): never a surname
 RELATIONS = {"mother", "father", "parent", "parents", "wife", "husband", "spouse", "partner", "son", "daughter",
              "sister", "brother", "sibling", "child", "friend", "family", "self", "guardian", "patient", "other"}
+NOT_A_SURNAME = NOT_A_NAME | NAME_SUFFIXES | RELATIONS
 SURNAME_JOINERS = re.compile(r"['\u2019\u02bc-]")
 
 
@@ -150,7 +151,7 @@ def _surnames_of(header: str, name: str) -> list[str]:
     words = []
     for raw in name.split():
         word = raw.strip(".")
-        if len(word) > 1 and word.lower() not in NOT_A_NAME | NAME_SUFFIXES | RELATIONS:
+        if len(word) > 1 and word.lower() not in NOT_A_SURNAME:
             words.append(word)
             if raw.endswith("."):  # a sentence ends after the name (`Name: Johanna Quist. What ...`)
                 break

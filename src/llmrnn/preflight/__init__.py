@@ -47,8 +47,7 @@ from llmrnn.preflight.reward_checks import custom_checks, judge_checks, outcome_
 from llmrnn.preflight.rows import CANDIDATES, EMPTY_MEMORY, load_rows
 from llmrnn.preflight.run import run_preflight
 from llmrnn.preflight.training import training_checks
-from llmrnn.settings.evaluation import Preflight
-from llmrnn.train.config import preflight_settings
+from llmrnn.settings.evaluation import Preflight, preflight_settings
 
 log = logging.getLogger(__name__)
 

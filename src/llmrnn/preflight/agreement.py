@@ -9,8 +9,7 @@ from typing import Any
 
 from llmrnn import io
 from llmrnn.errors import InputError
-from llmrnn.settings.evaluation import Preflight
-from llmrnn.train.config import preflight_settings
+from llmrnn.settings.evaluation import Preflight, preflight_settings
 
 log = logging.getLogger(__name__)
 

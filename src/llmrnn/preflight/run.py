@@ -9,7 +9,7 @@ from pathlib import Path
 from llmrnn import io
 from llmrnn.errors import CheckFailed
 from llmrnn.models import model_folder
-from llmrnn.train.config import preflight_settings
+from llmrnn.settings.evaluation import preflight_settings
 
 log = logging.getLogger(__name__)
 

@@ -50,10 +50,10 @@ def _progress_callback():
     return Progress()
 
 
-def train_sft(cfg: dict | QaSft, train_file: str, val_file: str | None, model_dir: str, *, adapter_dir: str,
+def train_sft(cfg: dict | None, train_file: str, val_file: str | None, model_dir: str, *, adapter_dir: str,
               metrics_path: str, summary_path: str) -> dict:
     """Train the LoRA; writes the adapter folder, metrics.jsonl (one row per logged step) and summary.json."""
-    cfg = cfg if isinstance(cfg, QaSft) else settings(cfg)
+    cfg = settings(cfg)
     import torch
 
     torch.set_num_threads(cfg.num_threads)

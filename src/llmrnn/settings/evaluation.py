@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from llmrnn.settings.base import ENV_NAME, Section
+from llmrnn.settings.base import ENV_NAME, Section, parse
 
 
 class EvalFinalJudgeMatcher(Section):
@@ -181,3 +181,9 @@ class Preflight(Section):
                              f"({self.agreement_warn_below}): a share that fails must also warn")
         return self
 
+
+def preflight_settings(value: dict | None) -> Preflight:
+    """The `preflight` section as its validated model: the preflight's checks, and the fallback guard training
+    keeps with the same threshold (max_fallback_rate over fallback_window). Here, beside the model, because
+    both the preflight and the train stage read it."""
+    return parse(Preflight, value or {}, "preflight")

@@ -93,7 +93,7 @@ class TrajectoryStep(_Strict):
 STEP_KEYS: tuple[str, ...] = tuple(TrajectoryStep.model_fields)
 
 
-def step_error(exc: ValidationError, where: str) -> InputError:
+def _step_error(exc: ValidationError, where: str) -> InputError:
     """One line for the first problem of a step: `where` (file and row), the field's dotted path, why."""
     err = exc.errors()[0]
     field = ".".join(str(part) for part in err["loc"])
@@ -115,4 +115,4 @@ def read_step(ground_truth: Any, where: str) -> TrajectoryStep:
     try:
         return TrajectoryStep.model_validate(ground_truth)
     except ValidationError as exc:
-        raise step_error(exc, where) from None
+        raise _step_error(exc, where) from None

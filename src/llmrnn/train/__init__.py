@@ -39,7 +39,7 @@ def _reward_kwargs(args, work: Path) -> dict:
     endpoint, the audit dir, and the fallback guard at preflight's threshold (training only). The stop
     reason of an earlier attempt is forgotten."""
     from llmrnn.reward import STOP_REASON_FILE, guard_spec, reward_kwargs
-    from llmrnn.train.config import preflight_settings
+    from llmrnn.settings.evaluation import preflight_settings
 
     cfg = args.cfg or {}
     reward = cfg.get("reward")

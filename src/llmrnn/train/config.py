@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass
 
 from llmrnn.settings.base import parse
-from llmrnn.settings.evaluation import Preflight
 from llmrnn.settings.train import Train
 
 # verl loss_agg_mode -> TRL loss_type with the same normalisation: token-mean = every token of the batch
@@ -123,10 +122,3 @@ def lr_at(cfg: Train, step: int, total: int) -> float:
         progress = (step - warm) / max(1, total - warm)
         return lr * 0.5 * (1 + math.cos(math.pi * progress))
     return lr
-
-
-def preflight_settings(value: dict | Preflight | None) -> Preflight:
-    """The `preflight` section as its validated settings model (llmrnn.settings.Preflight): the preflight's
-    checks, and the fallback guard training keeps with the same threshold (max_fallback_rate over
-    fallback_window)."""
-    return value if isinstance(value, Preflight) else parse(Preflight, value or {}, "preflight")
