@@ -363,6 +363,73 @@ def test_trl_records_the_judge_fallback_rate_per_step(tmp_path, tiny_model_dir, 
     assert 0.0 < sum(rates) / len(rates) < 1.0
 
 
+def _varied_score(body: dict) -> str:
+    """A judge whose score depends on the memory it is shown (rewards differ within a group)."""
+    return f"Score: {sum(map(ord, body['messages'][0]['content'])) % 9 + 1}"
+
+
+def _judged_command(tmp_path, tiny_model_dir, parquets, port: int, out: Path) -> list[str]:
+    from tests.judge_helpers import write_endpoint, write_rubric
+
+    endpoint = write_endpoint(tmp_path / out.name, port, write_rubric(tmp_path))
+    cfg = {"train": tiny_cfg(test_freq=0, save_freq=3, keep_last=None), "preflight": {"max_fallback_rate": 1.0},
+           "reward": {"retries": 1, "backoff_s": 0.01, "health_timeout_s": 10}}
+    return [LLMRNN, "train", "run", "--cfg", json.dumps(cfg), "--train", parquets[0], "--val", parquets[1],
+            "--model", str(tiny_model_dir), "--work-dir", str(out), "--adapter", str(out / "adapter"),
+            "--metrics", str(out / "metrics.jsonl"), "--summary", str(out / "summary.json"),
+            "--endpoint", str(endpoint), "--reward-func", JSON_POLICY]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e  # three tiny judged runs
+def test_preemption_that_takes_the_judge_down_loses_only_the_step_in_flight(tmp_path, tiny_model_dir, parquets):
+    """A preempted job's every process gets SIGTERM, the judge server of its group too: the step in flight
+    cannot be scored. The trainer saves the last step boundary (step 4; save_freq saved 3, all a rerun would
+    otherwise find) and exits 75; the rerun, with a judge again, trains steps 5-8 once each on the prompts of
+    an uninterrupted run."""
+    from llmrnn.errors import Interrupted
+    from tests.judge_helpers import ScriptedJudge
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with ScriptedJudge(_varied_score) as judge:
+        ref = tmp_path / "reference"
+        done = subprocess.run(_judged_command(tmp_path, tiny_model_dir, parquets, judge.port, ref), env=env,
+                              capture_output=True, text=True, timeout=900, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    out = tmp_path / "preempted"
+    trainer: dict = {}
+
+    def preempt_at_step_5(body):
+        # steps 1-4 scored (each traced once scored), so this call scores step 5: SLURM's SIGTERM reaches
+        # the trainer and this judge together
+        trace = out / "state" / "data_trace.jsonl"
+        if trace.exists() and len(trace.read_text().splitlines()) >= 4 and not judge_down.dead:
+            trainer["proc"].send_signal(signal.SIGTERM)
+            judge_down.dead = True
+        return _varied_score(body)
+
+    with ScriptedJudge(preempt_at_step_5) as judge_down:
+        trainer["proc"] = subprocess.Popen(_judged_command(tmp_path, tiny_model_dir, parquets, judge_down.port, out),
+                                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        log, _ = trainer["proc"].communicate(timeout=900)
+    assert trainer["proc"].returncode == Interrupted.exit_code, log
+    assert "stopped at step 4 of 8 on signal SIGTERM (the judge went down with the job; step 5 was not" in log, log
+    assert checkpoint_complete(out / "checkpoints" / "checkpoint-4")
+    assert max(_trace(out)) == 4 and not (out / "adapter").exists()
+
+    with ScriptedJudge(_varied_score) as judge:
+        rerun = subprocess.run(_judged_command(tmp_path, tiny_model_dir, parquets, judge.port, out), env=env,
+                               capture_output=True, text=True, timeout=900, check=False)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from_step"] == 4 and summary["steps"] == 8
+    train_steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()
+                   if json.loads(x)["kind"] == "train"]
+    assert train_steps == list(range(1, 9))
+    assert _trace(out) == _trace(ref)
+
+
 @pytest.mark.slow
 def test_trl_stops_with_a_clear_reason_when_the_judge_degrades(tmp_path, tiny_model_dir, parquets):
     code, log, out = _judged_run(tmp_path, tiny_model_dir, parquets, lambda body: "I cannot decide on this one.",

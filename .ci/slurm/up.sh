@@ -76,8 +76,15 @@ MpiDefault=none
 GresTypes=gpu
 NodeName=node1 NodeHostname=$(hostname) NodeAddr=127.0.1.1 Port=17001 CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:a100:4 State=UNKNOWN
 NodeName=node2 NodeHostname=$(hostname) NodeAddr=127.0.1.2 Port=17002 CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:a100:4 State=UNKNOWN
-PartitionName=cpu Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP
-PartitionName=gpu-a100 Nodes=node[1-2] MaxTime=INFINITE State=UP
+# Preemption as a preemptible partition has it: a job in urgent (higher PriorityTier) that needs a node of
+# preemptible takes it; the preempted job gets SIGTERM, GraceTime seconds, then SIGKILL, and is requeued
+# (PreemptMode=REQUEUE). cpu and gpu-a100 are never preempted.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=cpu Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP PreemptMode=OFF
+PartitionName=gpu-a100 Nodes=node[1-2] MaxTime=INFINITE State=UP PreemptMode=OFF
+PartitionName=preemptible Nodes=node[1-2] MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=60
+PartitionName=urgent Nodes=node[1-2] MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
 CONF
 cat > "$R/etc/gres.conf" <<CONF
 AutoDetect=off

@@ -137,6 +137,22 @@ def stop_callback(stop, holder: dict, updates_per_step: int):
     return StopOnRequest()
 
 
+def save_before_the_lost_step(trainer, stop, holder: dict, updates_per_step: int) -> bool:
+    """The judge went down during a stop request: SLURM signals every process of a preempted job, the judge
+    server in its group too, so the rollout step in flight cannot be scored. TRL scores a step's rollouts
+    before any of its updates, so the weights, optimizer and data position are still those of the last
+    step boundary: save them there as a complete checkpoint (HF's own save) and stop as on a stop request
+    (Interrupted, exit 75). False (nothing saved: the caller re-raises) without a stop request, at step 0,
+    or off a boundary."""
+    step = int(trainer.state.global_step)
+    if not stop.requested() or step == 0 or step % updates_per_step:
+        return False
+    trainer._save_checkpoint(trainer.model, trial=None)  # what TRL's own should_save runs
+    why = f"{stop.reason} (the judge went down with the job; step {step // updates_per_step + 1} was not trained"
+    holder["interrupted"] = (step, why + " and is redone)")
+    return True
+
+
 def raise_if_interrupted(holder: dict, reached: int, max_steps: int, updates_per_step: int) -> None:
     """After trainer.train(): a run stopped on request (stop_callback) ends with Interrupted (exit 75)."""
     from llmrnn.errors import Interrupted

@@ -32,6 +32,7 @@ from typing import Any
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.gpus import cpu_bf16
+from llmrnn.judge.client import JudgeUnavailable
 from llmrnn.settings.qa import QaSft
 from llmrnn.settings.train import Train
 from llmrnn.train import config as tcfg
@@ -43,7 +44,7 @@ from llmrnn.train.checkpoints import (
     run_fingerprint,
 )
 from llmrnn.train.metrics import MetricsWriter, progress_line, trl_row
-from llmrnn.train.stop import StopRequest, check_finished, stop_callback
+from llmrnn.train.stop import StopRequest, check_finished, save_before_the_lost_step, stop_callback
 
 log = logging.getLogger(__name__)
 
@@ -524,6 +525,9 @@ def train(
             if problem := disk_full_problem(exc, ckpt_dir):
                 raise CheckFailed(problem) from None
             raise
+        except JudgeUnavailable:
+            if not save_before_the_lost_step(trainer, stop, holder, upd):
+                raise
     reached = int(trainer.state.global_step)
     check_finished(cfg, holder, reached, max_steps, upd, live_metrics)
     finish_metrics(live_metrics, Path(metrics_path))
