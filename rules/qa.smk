@@ -155,7 +155,7 @@ rule qa_train_grpo:
         endpoint=input_flag("--endpoint", "endpoint"),
         code=code_hash("train run", "llmrnn.qa.rewards"),
     shell:
-        "llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
+        "exec llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
         "--model {input.model:q} --work-dir {params.work:q} --adapter {output.adapter:q} "
         "--metrics {output.metrics:q} --summary {output.summary:q} --preflight {input.preflight:q} "
         "{params.endpoint:q} --reward-func llmrnn.qa.rewards:trl_reward_func 2> {log:q}"

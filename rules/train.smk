@@ -44,7 +44,7 @@ rule train_grpo:
         # your own reward (reward.custom.path) is code of this job too: its content is hashed
         code=code_hash("train run", *reward_code_files(config)),
     shell:
-        "llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
+        "exec llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
         "--model {input.model:q} --work-dir {params.work:q} --adapter {output.adapter:q} "
         "--metrics {output.metrics:q} --summary {output.summary:q} {params.endpoint:q} "
         "--preflight {input.preflight:q} --judge-gpus {params.judge_gpus:q} 2> {log:q}"

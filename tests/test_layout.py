@@ -165,6 +165,15 @@ def function_lengths() -> list[tuple[int, str]]:
     return out
 
 
+def test_the_trainer_is_execd_so_a_preemption_signal_reaches_it_first():
+    """SLURM signals every process of a preempted job: a shell between Snakemake and the trainer dies of it at
+    once and the job ends while the trainer saves (tests/slurm/test_preemption.py shows both). Every rule that
+    trains runs its command with `exec`."""
+    commands = [(f.name, m.group(1)) for f in sorted((REPO / "rules").glob("*.smk"))
+                for m in re.finditer(r'"(exec )?llmrnn train run', f.read_text())]
+    assert commands and all(execd for _, execd in commands), commands
+
+
 def test_no_function_is_longer_than_100_lines():
     lengths = function_lengths()
     assert len(lengths) > 100  # the walk really saw the package

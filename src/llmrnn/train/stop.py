@@ -22,7 +22,9 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
+from llmrnn.judge.client import JudgeUnavailable
 from llmrnn.settings.train import Train
+from llmrnn.train.checkpoints import disk_full_problem
 from llmrnn.train.metrics import learning_problem
 
 log = logging.getLogger(__name__)
@@ -135,6 +137,20 @@ def stop_callback(stop, holder: dict, updates_per_step: int):
                 holder["interrupted"] = (state.global_step, stop.reason)
 
     return StopOnRequest()
+
+
+def run_trainer(trainer, resume: Path | None, ckpt_dir: Path, stop: StopRequest, holder: dict, upd: int) -> None:
+    """trainer.train() from `resume`: a full disk is one line; a judge lost during a stop request (a
+    preemption signals the judge too) saves the last step boundary (llmrnn.train.stop)."""
+    try:
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    except (RuntimeError, OSError) as exc:
+        if problem := disk_full_problem(exc, ckpt_dir):
+            raise CheckFailed(problem) from None
+        raise
+    except JudgeUnavailable:
+        if not save_before_the_lost_step(trainer, stop, holder, upd):
+            raise
 
 
 def save_before_the_lost_step(trainer, stop, holder: dict, updates_per_step: int) -> bool:

@@ -32,7 +32,6 @@ from typing import Any
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.gpus import cpu_bf16
-from llmrnn.judge.client import JudgeUnavailable
 from llmrnn.settings.qa import QaSft
 from llmrnn.settings.train import Train
 from llmrnn.train import config as tcfg
@@ -40,11 +39,10 @@ from llmrnn.train import data as tdata
 from llmrnn.train.checkpoints import (
     choose_checkpoint,
     discard_stale_checkpoints,
-    disk_full_problem,
     run_fingerprint,
 )
 from llmrnn.train.metrics import MetricsWriter, progress_line, trl_row
-from llmrnn.train.stop import StopRequest, check_finished, save_before_the_lost_step, stop_callback
+from llmrnn.train.stop import StopRequest, check_finished, run_trainer, stop_callback
 
 log = logging.getLogger(__name__)
 
@@ -519,15 +517,7 @@ def train(
     holder["trainer"] = trainer
     t0 = time.perf_counter()
     with stop:  # its signal handlers are put back when training ends, however it ends
-        try:
-            trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-        except (RuntimeError, OSError) as exc:
-            if problem := disk_full_problem(exc, ckpt_dir):
-                raise CheckFailed(problem) from None
-            raise
-        except JudgeUnavailable:
-            if not save_before_the_lost_step(trainer, stop, holder, upd):
-                raise
+        run_trainer(trainer, resume, ckpt_dir, stop, holder, upd)
     reached = int(trainer.state.global_step)
     check_finished(cfg, holder, reached, max_steps, upd, live_metrics)
     finish_metrics(live_metrics, Path(metrics_path))

@@ -1,0 +1,94 @@
+"""A training job preempted mid-run survives (docs/cluster.md "Long runs"), on the real local SLURM through
+profiles/slurm: a job in the `urgent` partition takes the node of the training job (partition `preemptible`,
+PreemptMode=REQUEUE, GraceTime 60: .ci/slurm/up.sh), SLURM sends SIGTERM to every process of the training
+job, the trainer saves at the next step boundary and exits 75, Snakemake's retry (the profile's) resumes from
+that checkpoint, and the run finishes with every step trained once."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.slurm.test_slurm_run import RUN_FLAGS, _env
+from tests.test_train_trl import STANDIN, tiny_cfg
+from tests.verl.rows import make_rows, write_parquet
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.e2e]
+HERE = Path(__file__).parent
+STEPS = 40  # 8 rows, 2 prompts a step, 10 epochs: long enough to be preempted mid-run
+
+
+def _partitions() -> set[str]:
+    out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30, check=False).stdout
+    return {p.rstrip("*") for p in out.split()}
+
+
+def _running_job_node() -> tuple[str, str] | None:
+    out = subprocess.run(["squeue", "-h", "-t", "R", "-p", "preemptible", "-o", "%i %N"], capture_output=True,
+                         text=True, timeout=30, check=False).stdout.split()
+    return (out[0], out[1]) if len(out) >= 2 else None
+
+
+def test_a_preempted_training_job_continues_from_the_next_step(slurm_cluster, tmp_path, tiny_model_dir):
+    if "preemptible" not in _partitions():
+        pytest.skip("this local SLURM predates the preemptible partition: restart it (.ci/slurm/down.sh, up.sh)")
+    work = tmp_path / "preemption"
+    shutil.copytree(HERE / "preemption_workflow", work)
+    shutil.copytree(HERE.parents[1] / "profiles", work / "profiles")
+    cfg = tiny_cfg(epochs=10, test_freq=0, save_freq=100, keep_last=None)  # no periodic save before the end
+    (work / "config" / "preemption.yaml").write_text(yaml.safe_dump({
+        "run_name": "preemption", "train": cfg, "model": str(tiny_model_dir), "reward": STANDIN,
+        "train_parquet": str(write_parquet(tmp_path / "train.parquet", make_rows(8))),
+        "val_parquet": str(write_parquet(tmp_path / "val.parquet", make_rows(2, split="val", seed=1)))}))
+    env = _env(tmp_path, LLMRNN_CONFIGFILE="config/preemption.yaml", LLMRNN_SLURM_RETRIES="1",
+               LLMRNN_SLURM_CPU_PARTITION="preemptible", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    trace = work / "out" / "train" / "state" / "data_trace.jsonl"
+    preempted = None
+    with open(tmp_path / "snakemake.log", "w") as log:  # a file: a pipe nobody reads would block Snakemake
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "snakemake"), "--profile", "profiles/slurm",
+                                 "all", *RUN_FLAGS], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            give_up = time.time() + 600  # a guard against a hung run, not a timing assertion
+            while not (trace.exists() and len(trace.read_text().splitlines()) >= 3):  # inside the run
+                assert proc.poll() is None, (tmp_path / "snakemake.log").read_text()[-6000:]
+                assert time.time() < give_up, "the training job never reached step 3"
+                time.sleep(0.2)
+            preempted = _running_job_node()
+            assert preempted, "no running training job in partition preemptible"
+            # a job of a higher PriorityTier that needs the whole node: SLURM preempts the training job
+            subprocess.run(["sbatch", "-p", "urgent", "-w", preempted[1], "--exclusive", "--mem=100",
+                            "-o", str(tmp_path / "urgent.log"), "--wrap", "sleep 1"],
+                           check=True, capture_output=True, text=True, timeout=30)
+            proc.wait(timeout=900)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=60)
+    assert proc.returncode == 0, (tmp_path / "snakemake.log").read_text()[-6000:]
+
+    # the first attempt: SIGTERM mid-run, a checkpoint at the next step boundary (save_freq saves none before
+    # the end), exit 75 seen by Snakemake: the exec'd trainer is Snakemake's own child (a shell between them
+    # dies of the signal first, "died with <Signals.SIGTERM>", and the job ends while the trainer saves)
+    slurm_logs = "".join(p.read_text() for p in (work / ".snakemake" / "slurm_logs").rglob("*.log"))
+    assert "returned non-zero exit status 75" in slurm_logs and "died with <Signals.SIGTERM" not in slurm_logs
+    # the retry (a new SLURM job; Snakemake removed the first attempt's log) resumed from that checkpoint
+    summary = json.loads((work / "out" / "train" / "summary.json").read_text())
+    stopped = summary["resumed_from_step"]
+    assert stopped >= 3 and summary["steps"] == STEPS, summary
+    train_log = (work / "out" / "train.log").read_text()
+    assert f"resuming from out/train/checkpoints/checkpoint-{stopped} (step {stopped} of {STEPS})" in train_log
+    # every step trained once, on one data trace
+    steps = [json.loads(x)["step"] for x in (work / "out" / "train" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(x)["kind"] == "train"]
+    assert steps == list(range(1, STEPS + 1))
+    assert sorted(json.loads(x)["step"] for x in trace.read_text().splitlines()) == list(range(1, STEPS + 1))
