@@ -38,13 +38,15 @@ def _running_job_node() -> tuple[str, str] | None:
     return (out[0], out[1]) if len(out) >= 2 else None
 
 
-def test_a_preempted_training_job_continues_from_the_next_step(slurm_cluster, tmp_path, tiny_model_dir):
+def _run_interrupted(tmp_path: Path, tiny_model_dir: Path, save_freq: int, interrupt) -> tuple[Path, dict]:
+    """The preemption workflow through profiles/slurm (retries 1, partition preemptible), `interrupt(job, node)`
+    called once the training job is inside its run (3 steps traced); the run must then finish. -> (work, env)"""
     if "preemptible" not in _partitions():
         pytest.skip("this local SLURM predates the preemptible partition: restart it (.ci/slurm/down.sh, up.sh)")
     work = tmp_path / "preemption"
     shutil.copytree(HERE / "preemption_workflow", work)
     shutil.copytree(HERE.parents[1] / "profiles", work / "profiles")
-    cfg = tiny_cfg(epochs=10, test_freq=0, save_freq=100, keep_last=None)  # no periodic save before the end
+    cfg = tiny_cfg(epochs=10, test_freq=0, save_freq=save_freq, keep_last=None)
     (work / "config" / "preemption.yaml").write_text(yaml.safe_dump({
         "run_name": "preemption", "train": cfg, "model": str(tiny_model_dir), "reward": STANDIN,
         "train_parquet": str(write_parquet(tmp_path / "train.parquet", make_rows(8))),
@@ -52,7 +54,6 @@ def test_a_preempted_training_job_continues_from_the_next_step(slurm_cluster, tm
     env = _env(tmp_path, LLMRNN_CONFIGFILE="config/preemption.yaml", LLMRNN_SLURM_RETRIES="1",
                LLMRNN_SLURM_CPU_PARTITION="preemptible", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     trace = work / "out" / "train" / "state" / "data_trace.jsonl"
-    preempted = None
     with open(tmp_path / "snakemake.log", "w") as log:  # a file: a pipe nobody reads would block Snakemake
         proc = subprocess.Popen([str(Path(sys.executable).parent / "snakemake"), "--profile", "profiles/slurm",
                                  "all", *RUN_FLAGS], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -63,40 +64,76 @@ def test_a_preempted_training_job_continues_from_the_next_step(slurm_cluster, tm
                 assert proc.poll() is None, (tmp_path / "snakemake.log").read_text()[-6000:]
                 assert time.time() < give_up, "the training job never reached step 3"
                 time.sleep(0.2)
-            preempted = _running_job_node()
-            assert preempted, "no running training job in partition preemptible"
-            # a job of a higher PriorityTier that needs the whole node: SLURM preempts the training job
-            subprocess.run(["sbatch", "-p", "urgent", "-w", preempted[1], "--exclusive", "--mem=100",
-                            "-o", str(tmp_path / "urgent.log"), "--wrap", "sleep 1"],
-                           check=True, capture_output=True, text=True, timeout=30)
+            running = _running_job_node()
+            assert running, "no running training job in partition preemptible"
+            interrupt(*running)
             proc.wait(timeout=900)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(timeout=60)
     assert proc.returncode == 0, (tmp_path / "snakemake.log").read_text()[-6000:]
+    return work, env
 
-    # the first attempt: SIGTERM mid-run, a checkpoint at the next step boundary (save_freq saves none before
-    # the end), exit 75 seen by Snakemake: the exec'd trainer is Snakemake's own child (a shell between them
-    # dies of the signal first, "died with <Signals.SIGTERM>", and the job ends while the trainer saves)
-    slurm_logs = "".join(p.read_text() for p in (work / ".snakemake" / "slurm_logs").rglob("*.log"))
-    assert "returned non-zero exit status 75" in slurm_logs and "died with <Signals.SIGTERM" not in slurm_logs
-    # the retry (a new SLURM job; Snakemake removed the first attempt's log) resumed from that checkpoint
+
+def _assert_resumed_once_each(work: Path, env: dict, tmp_path: Path) -> int:
+    """The run trained every step once, the last attempt from a checkpoint, on the prompts of an uninterrupted
+    run of the same config (here, outside SLURM). -> the step it resumed from"""
     summary = json.loads((work / "out" / "train" / "summary.json").read_text())
-    stopped = summary["resumed_from_step"]
-    assert stopped >= 3 and summary["steps"] == STEPS, summary
-    train_log = (work / "out" / "train.log").read_text()
-    assert f"resuming from out/train/checkpoints/checkpoint-{stopped} (step {stopped} of {STEPS})" in train_log
-    # every step trained once
+    resumed = summary["resumed_from_step"]
+    assert summary["steps"] == STEPS, summary
+    train_log = (work / "out" / "train.log").read_text()  # the last attempt's (Snakemake removed the first's)
+    assert f"resuming from out/train/checkpoints/checkpoint-{resumed} (step {resumed} of {STEPS})" in train_log
     steps = [json.loads(x)["step"] for x in (work / "out" / "train" / "metrics.jsonl").read_text().splitlines()
              if json.loads(x)["kind"] == "train"]
     assert steps == list(range(1, STEPS + 1))
-    # on the prompts of an uninterrupted run of the same config (here, outside SLURM)
     ref = tmp_path / "reference"
     done = subprocess.run(_command(work, ref), cwd=work, env=env, capture_output=True, text=True, timeout=900,
                           check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert _trace(trace) == _trace(ref / "state" / "data_trace.jsonl")
+    assert _trace(work / "out" / "train" / "state" / "data_trace.jsonl") == _trace(ref / "state" / "data_trace.jsonl")
+    return resumed
+
+
+def test_a_preempted_training_job_continues_from_the_next_step(slurm_cluster, tmp_path, tiny_model_dir):
+    def preempt(job: str, node: str) -> None:
+        # a job of a higher PriorityTier that needs the whole node: SLURM preempts the training job
+        subprocess.run(["sbatch", "-p", "urgent", "-w", node, "--exclusive", "--mem=100",
+                        "-o", str(tmp_path / "urgent.log"), "--wrap", "sleep 1"],
+                       check=True, capture_output=True, text=True, timeout=30)
+
+    work, env = _run_interrupted(tmp_path, tiny_model_dir, 100, preempt)  # no periodic save before the end
+    # SIGTERM mid-run, a checkpoint at the next step boundary, exit 75 seen by Snakemake: the exec'd trainer is
+    # Snakemake's own child (a shell between them dies of the signal first, "died with <Signals.SIGTERM>", and
+    # the job ends while the trainer saves); the retry, a new SLURM job, resumed from that checkpoint
+    slurm_logs = "".join(p.read_text() for p in (work / ".snakemake" / "slurm_logs").rglob("*.log"))
+    assert "returned non-zero exit status 75" in slurm_logs and "died with <Signals.SIGTERM" not in slurm_logs
+    assert _assert_resumed_once_each(work, env, tmp_path) >= 3
+
+
+def test_a_training_job_whose_node_dies_loses_at_most_the_step_in_flight(slurm_cluster, tmp_path, tiny_model_dir):
+    """Nothing saves on a dying node: with train.save_freq 1 (a LoRA checkpoint a step) the retry, on the other
+    node, resumes from the last step boundary."""
+    killed: dict = {}
+
+    def kill_node(job: str, node: str) -> None:
+        killed["traced"] = len((tmp_path / "preemption" / "out" / "train" / "state" / "data_trace.jsonl")
+                               .read_text().splitlines())
+        killed["node"] = node
+        # SLURM takes the node down (its jobs fail) and drains it; nothing of the job survives on it
+        for state in ("DOWN", "DRAIN"):
+            subprocess.run(["scontrol", "update", f"NodeName={node}", f"State={state}", "Reason=llmrnn-test-killed"],
+                           check=True, capture_output=True, text=True, timeout=30)
+        subprocess.run(["pkill", "-KILL", "-f", "--work-dir out/train"], check=False, timeout=30)
+
+    try:
+        work, env = _run_interrupted(tmp_path, tiny_model_dir, 1, kill_node)
+    finally:
+        if "node" in killed:
+            subprocess.run(["scontrol", "update", f"NodeName={killed['node']}", "State=RESUME"], check=False,
+                           capture_output=True, text=True, timeout=30)
+    # the step being scored when the node died (traced + 1) at the latest is redone; nothing before it
+    assert _assert_resumed_once_each(work, env, tmp_path) >= killed["traced"] - 1
 
 
 def _trace(path: Path) -> dict[int, list[int]]:
