@@ -1,6 +1,6 @@
 # Held-out evaluation: forward pass over the test split per variant (base | trained memory model, and the
 # configured baselines) scattered over eval.shards jobs, graded by the final judge, gathered into
-# metrics.json + comparison.json. Helpers (eval_*): llmrnn.plan.
+# metrics.json + comparison.json. Decisions: plan.evaluate (llmrnn.plan.evaluate).
 
 
 rule eval_shard:
