@@ -457,3 +457,10 @@ def test_a_plan_error_stops_the_workflow_with_its_line(workflow_dir):
     proc = snakemake(workflow_dir, "all", "-n", "--configfile", REPRODUCE, "missing.yaml", check=False)
     assert proc.returncode != 0
     assert "cohort.source: data/nowhere.json does not exist." in proc.stdout + proc.stderr
+    assert "llmrnn/plan/" not in proc.stdout + proc.stderr  # the plan's line, not its traceback
+    # a stage's method called while the rules are read (plan.models.role_markers() in trajectories.smk)
+    (workflow_dir / "unknown.yaml").write_text("roles: {prediction: {model: not-configured}}\n")
+    proc = snakemake(workflow_dir, "all", "-n", "--configfile", DEMO, "unknown.yaml", check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "llmrnn/plan/" not in text
+    assert "WorkflowError" in text and "model 'not-configured' is used but not configured" in text
