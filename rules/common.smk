@@ -143,7 +143,8 @@ def run_products():
 
 
 def judge_endpoint_input(wildcards):
-    """The judge service's endpoint for preflight and train_grpo, when the reward asks the judge."""
+    """The judge service's endpoint for preflight and the GRPO job (train_grpo | qa_train_grpo), when the
+    reward asks the judge."""
     return (
         {"endpoint": rules.judge_server.output.endpoint} if plan.judge.planned() else {}
     )
