@@ -8,7 +8,6 @@ from llmrnn.plan.common import PlanBase, stage_resources, to_json
 from llmrnn.plan.models import ModelsPlan
 from llmrnn.plan.qa import QaPlan
 
-EVAL_VARIANT_PATTERN = "base|trained|zero_shot|full_history"
 EVAL_ROLES = ("prediction", "evaluation", "memory")
 
 
@@ -16,7 +15,8 @@ class EvaluatePlan(PlanBase):
     """The held-out evaluation's decisions over the config: its roles load configured `models`; recipe qa
     evaluates in its own stage (`qa`)."""
 
-    VARIANT_PATTERN = EVAL_VARIANT_PATTERN
+    # eval_shard's {variant}: the base and trained memory model, and the baselines eval.baselines may name
+    VARIANT_PATTERN = "base|trained|zero_shot|full_history"
 
     def __init__(self, config: Mapping, *, models: ModelsPlan, qa: QaPlan):
         super().__init__(config)

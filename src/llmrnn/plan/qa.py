@@ -13,14 +13,14 @@ from llmrnn.plan.release import ReleasePlan
 from llmrnn.reward import judge_wait_cfg
 from llmrnn.runconfig import filled
 
-QA_VARIANT_PATTERN = "base|sft|grpo"
-
 
 class QaPlan(PlanBase):
     """The qa recipe's decisions over the config: its base model is one of the configured `models`, its
-    answers are graded by the `judge` where asked, and its run ends in the shared `release`."""
+    answers are graded by the `judge` where asked, and its run ends in the shared `release`. (Both recipes
+    share cohort, models, judge, train, merge, whose base is the recipe's policy, and release.)"""
 
-    VARIANT_PATTERN = QA_VARIANT_PATTERN
+    # qa_eval_model's {variant}: the models compared
+    VARIANT_PATTERN = "base|sft|grpo"
 
     def __init__(self, config: Mapping, *, models: ModelsPlan, judge: JudgePlan, release: ReleasePlan):
         super().__init__(config)
@@ -28,8 +28,6 @@ class QaPlan(PlanBase):
         self.judge = judge
         self.release = release
 
-    # recipe: memory_head (the LLM-as-RNN DAG) | qa (rules/qa.smk). Both share cohort, models, judge,
-    # merge (merge_model, whose base is the recipe's policy) and release.
     def model_input(self) -> str:
         """The qa base model as an input: its .ready marker (a configured name) or its folder."""
         return self.models.input_of(self.config["qa"]["model"])
