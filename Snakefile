@@ -44,7 +44,7 @@ include: "rules/models.smk"
 
 
 # recipe: memory_head (trajectories, GRPO of the memory head, its eval) | qa (rules/qa.smk)
-if recipe_is("memory_head"):
+if plan.recipe_is("memory_head"):
 
     include: "rules/trajectories.smk"
 
@@ -52,21 +52,22 @@ if recipe_is("memory_head"):
 include: "rules/judge.smk"
 
 
-if recipe_is("memory_head"):
+if plan.recipe_is("memory_head"):
 
     include: "rules/preflight.smk"
-    include: "rules/train.smk"
 
 else:
 
     include: "rules/qa.smk"
 
 
+# GRPO of either recipe: one rule (train_grpo | qa_train_grpo), after the preflight it waits for
+include: "rules/train.smk"
 include: "rules/merge.smk"
 include: "rules/release.smk"
 
 
-if recipe_is("memory_head"):
+if plan.recipe_is("memory_head"):
 
     include: "rules/evaluate.smk"
     include: "rules/report.smk"
@@ -85,7 +86,7 @@ rule all:
 # the held-out evaluation of either recipe (memory head: rules/evaluate.smk; qa: rules/qa.smk)
 rule eval_heldout:
     input:
-        eval_heldout_targets(),
+        plan.evaluate.heldout_targets(),
 
 
 # Every run records what it runs: RUN/config.yaml, each value with its source (`llmrnn config show`).

@@ -12,7 +12,7 @@ rule check:
     # its whole job is to fail on a bad config: the same config fails again (profiles' retries: not here)
     retries: 0
     conda:
-        conda_env("data")
+        plan.conda_env("data")
     params:
         configfiles=check_configfiles(),
     shell:

@@ -1,14 +1,3 @@
-from llmrnn.plan.cohort import CohortPlan
-
-# The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
-raw_cohort_path = helper(CohortPlan.raw_cohort_path)
-raw_cohort_sha256 = helper(CohortPlan.raw_cohort_sha256)
-mimic_iv_inputs = helper(CohortPlan.mimic_iv_inputs)
-mimic_iv_cfg_json = helper(CohortPlan.mimic_iv_cfg_json)
-build_workers = helper(CohortPlan.build_workers)
-split_cfg_json = helper(CohortPlan.split_cfg_json)
-
-
 rule synth_cohort:
     output:
         cohort="resources/cohort/synthetic.json",
@@ -18,7 +7,7 @@ rule synth_cohort:
     benchmark:
         "logs/benchmarks/synth_cohort/synth_cohort.tsv"
     conda:
-        conda_env("data")
+        plan.conda_env("data")
     params:
         patients=config["cohort"]["synthetic"]["patients"],
         seed=config["cohort"]["synthetic"]["seed"],
@@ -40,7 +29,7 @@ rule synth_mimic_iv:
     benchmark:
         "logs/benchmarks/synth_mimic_iv/synth_mimic_iv.tsv"
     conda:
-        conda_env("data")
+        plan.conda_env("data")
     params:
         out=lambda wildcards, output: os.path.dirname(os.path.dirname(output.patients)),
         patients=config["cohort"]["synthetic"]["patients"],
@@ -54,7 +43,7 @@ rule synth_mimic_iv:
 
 rule build_cohort:
     input:
-        unpack(mimic_iv_inputs),
+        unpack(plan.cohort.mimic_iv_inputs),
     output:
         cohort=f"{RUN}/cohort/built.json",
         report=f"{RUN}/cohort/build_report.json",
@@ -63,12 +52,12 @@ rule build_cohort:
     benchmark:
         f"{LOGS}/benchmarks/build_cohort/build_cohort.tsv"
     conda:
-        conda_env("data")
-    threads: build_workers()
+        plan.conda_env("data")
+    threads: plan.cohort.build_workers()
     params:
         hosp=config["cohort"]["mimic_iv"]["hosp"],
         note=config["cohort"]["mimic_iv"]["note"],
-        cfg=mimic_iv_cfg_json(),
+        cfg=plan.cohort.mimic_iv_cfg(),
         code=code_hash("cohort build"),
     shell:
         "llmrnn cohort build --hosp {params.hosp:q} --note {params.note:q} --out {output.cohort:q} "
@@ -77,7 +66,7 @@ rule build_cohort:
 
 rule clean_cohort:
     input:
-        cohort=raw_cohort_path,
+        cohort=plan.cohort.raw_path,
     output:
         cleaned=f"{RUN}/cohort/cleaned.json",
         report=f"{RUN}/cohort/cleaning_report.json",
@@ -86,9 +75,9 @@ rule clean_cohort:
     benchmark:
         f"{LOGS}/benchmarks/clean_cohort/clean_cohort.tsv"
     conda:
-        conda_env("data")
+        plan.conda_env("data")
     params:
-        raw_cohort_sha256=raw_cohort_sha256,
+        raw_cohort_sha256=plan.cohort.raw_sha256,
         code=code_hash("cohort clean"),
     shell:
         "llmrnn cohort clean --cohort {input.cohort:q} --out {output.cleaned:q} "
@@ -108,9 +97,9 @@ rule split_cohort:
     benchmark:
         f"{LOGS}/benchmarks/split_cohort/split_cohort.tsv"
     conda:
-        conda_env("data")
+        plan.conda_env("data")
     params:
-        cfg=split_cfg_json(),
+        cfg=plan.cohort.split_cfg(),
         code=code_hash("cohort split"),
     shell:
         "llmrnn cohort split --cohort {input.cleaned:q} --train {output.train:q} --val {output.val:q} --test {output.test:q} "

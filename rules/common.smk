@@ -1,6 +1,7 @@
 # Validation and thin glue. Every decision (targets, conda envs, flags, resources, the config subsets rules
-# pass as params) lives in llmrnn.plan (tested by tests/test_plan.py); what stays here needs Snakemake:
-# its `rules`/`workflow` objects, WorkflowError, or the code hashes of the modules a job runs.
+# pass as params) lives in llmrnn.plan (tested by tests/test_plan.py), and the rules call it as written
+# (`threads: plan.train.threads()`); what stays here needs Snakemake: its `rules`/`workflow` objects,
+# WorkflowError, or the code hashes of the modules a job runs.
 import functools
 import os
 from pathlib import Path
@@ -11,14 +12,7 @@ from snakemake.utils import validate
 
 from llmrnn.configcheck import shard_problems, value_problems
 from llmrnn.errors import LlmrnnError
-from llmrnn.plan import Plan, PlanBase
-from llmrnn.plan.evaluate import EvaluatePlan
-from llmrnn.plan.judge import JudgePlan
-from llmrnn.plan.models import ModelsPlan
-from llmrnn.plan.qa import QaPlan
-from llmrnn.plan.release import ReleasePlan
-from llmrnn.plan.train import TrainPlan
-from llmrnn.plan.trajectories import TrajectoriesPlan
+from llmrnn.plan import Plan, PlanBase, input_flag
 from llmrnn.provenance import code_identity
 from llmrnn.upload import env_problems
 
@@ -38,53 +32,44 @@ if shard_problems(config):
 os.environ.setdefault("LLMRNN_REPO", str(Path(workflow.basedir)))
 
 
-def as_workflow_error(helper):
-    """The plan's one-line InputError as Snakemake's WorkflowError. functools.wraps keeps the helper's
+def as_workflow_error(method):
+    """The plan's one-line InputError as Snakemake's WorkflowError. functools.wraps keeps the method's
     signature visible (inspect.signature follows __wrapped__): Snakemake passes an input or params
     function only the arguments it names (wildcards, input)."""
 
-    @functools.wraps(helper)
+    @functools.wraps(method)
     def call(*args, **kwargs):
         try:
-            return helper(*args, **kwargs)
+            return method(*args, **kwargs)
         except LlmrnnError as exc:
             raise WorkflowError(str(exc)) from None
 
     return call
 
 
-# The run's one plan. Each rule file imports the plan classes it uses by name (llmrnn.plan.<stage>) and
-# binds the methods it calls with `helper`; the names several files (or `all`) call are bound here.
-plan = Plan(config)
+class WorkflowPlan:
+    """A plan as the rules call it: `plan.train.resources()` is the plan's own method, raising its error
+    as WorkflowError (one line, no traceback); a stage's plan comes wrapped the same way, any other
+    attribute (paths, config, a constant) as it is."""
+
+    def __init__(self, plan):
+        self._plan = plan
+
+    def __getattr__(self, name):
+        value = getattr(self._plan, name)
+        if isinstance(value, PlanBase):
+            return WorkflowPlan(value)
+        return as_workflow_error(value) if callable(value) else value
 
 
-def helper(method):
-    """`method` (a function of a llmrnn.plan class, e.g. TrainPlan.train_resources) bound to this run's plan,
-    its InputError raised as WorkflowError."""
-    return as_workflow_error(method.__get__(plan))
-
-
+# The run's one plan (llmrnn.plan.Plan: one object per stage, plan.cohort ... plan.qa).
+plan = WorkflowPlan(Plan(config))
 RUN = plan.paths.run
 LOGS = plan.paths.logs
 MODELS = plan.paths.models
 QA = plan.paths.qa
 QA_EVAL = plan.paths.qa_eval
 QA_SYNTH = plan.paths.qa_synth
-recipe_is = helper(PlanBase.recipe_is)
-cfg_json = helper(PlanBase.cfg_json)
-conda_env = helper(PlanBase.conda_env)
-memory_model_input = helper(ModelsPlan.memory_model_input)
-judge_needed = helper(
-    JudgePlan.judge_planned
-)  # the reward asks the judge (llmrnn.reward.asks_judge)
-judge_agreement_on = helper(JudgePlan.judge_agreement_on)
-preflight_rubric_input = helper(JudgePlan.preflight_rubric_input)
-train_resources = helper(TrainPlan.train_resources)
-train_threads = helper(TrainPlan.train_threads)
-trajectory_targets = helper(TrajectoriesPlan.trajectory_targets)
-release_targets = helper(ReleasePlan.release_targets)
-eval_heldout_targets = helper(EvaluatePlan.eval_heldout_targets)
-qa_targets = helper(QaPlan.qa_targets)
 
 
 def code_hash(verb, *also):
@@ -144,46 +129,49 @@ def planned_outputs(targets):
 
 def run_products():
     """What a run is for: the splits, plots, release and held-out evaluation of its recipe."""
-    if recipe_is("qa"):
-        return qa_targets()
+    if plan.recipe_is("qa"):
+        return plan.qa.targets()
     return [
         f"{RUN}/splits/splits.json",
-        *trajectory_targets(),
+        *plan.trajectories.targets(),
         rules.preflight.output.report,
         *rules.train_plots.output,
         *judge_agreement_targets(),
-        *release_targets(),
-        *eval_heldout_targets(),
+        *plan.release.targets(),
+        *plan.evaluate.heldout_targets(),
     ]
 
 
 def judge_endpoint_input(wildcards):
-    """The judge service's endpoint for preflight and train_grpo, when the reward asks the judge."""
-    return {"endpoint": rules.judge_server.output.endpoint} if judge_needed() else {}
+    """The judge service's endpoint for preflight and the GRPO job (train_grpo | qa_train_grpo), when the
+    reward asks the judge."""
+    return (
+        {"endpoint": rules.judge_server.output.endpoint} if plan.judge.planned() else {}
+    )
 
 
 def preflight_judge_input(wildcards):
     """Preflight's judge inputs: the endpoint and the rubric it checks, when the reward asks the judge."""
-    return {**judge_endpoint_input(wildcards), **preflight_rubric_input()}
+    return {**judge_endpoint_input(wildcards), **plan.judge.preflight_rubric_input()}
 
 
 def judge_agreement_source():
     """Where the judge agreement is measured: preflight.json when the reward asks the judge (preflight runs
     the check), else the judge_agreement rule's own check beside the training path."""
-    if judge_needed():
+    if plan.judge.planned():
         return rules.preflight.output.report
     return rules.judge_agreement.output.report
 
 
 def judge_agreement_targets():
     """The judge agreement figure, unless preflight.agreement_pairs is 0."""
-    return rules.judge_agreement_plot.output if judge_agreement_on() else []
+    return rules.judge_agreement_plot.output if plan.judge.agreement_on() else []
 
 
 def grpo_rule():
-    """The GRPO job of this recipe (train_grpo or qa_train_grpo): merge_model and release read its
-    outputs through it."""
-    return rules.qa_train_grpo if recipe_is("qa") else rules.train_grpo
+    """The GRPO job of this recipe (train_grpo or qa_train_grpo: rules/train.smk): merge_model, release
+    and train_plots read its outputs through it."""
+    return getattr(rules, plan.train.rule_name())
 
 
 def release_reference(wildcards):
@@ -191,7 +179,7 @@ def release_reference(wildcards):
     cohort's splits (memory_head), or the QA data stage's records (recipe qa: its questions, contexts and
     answers came from the user's data, for ECG QA from patients), with the splits.json the manifest records.
     """
-    if recipe_is("qa"):
+    if plan.recipe_is("qa"):
         out = rules.qa_data.output
         return {
             "splits": out.summary,

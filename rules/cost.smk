@@ -22,7 +22,7 @@ rule cost_report:
     log:
         f"{LOGS}/cost_report.log",
     conda:
-        conda_env("data")
+        plan.conda_env("data")
     params:
         benchmarks=f"{LOGS}/benchmarks",
         code=code_hash("report cost"),

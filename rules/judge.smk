@@ -1,29 +1,24 @@
 # Judge server (a Snakemake service: it lives exactly as long as its consumers: preflight and train_grpo in
 # the judged reward modes; in outcome mode only judge_agreement, the judge's own check beside training).
 # The rubric file is the single source of truth for model, prompts, sampling and serving.
-from llmrnn.plan.judge import JudgePlan
-
-# The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
-judge_model_input = helper(JudgePlan.judge_model_input)
-judge_resources = helper(JudgePlan.judge_resources)
 
 
 rule judge_server:
     input:
         rubric=config["judge"]["rubric"],
-        model=judge_model_input,
+        model=plan.judge.model_input,
     output:
         endpoint=service(f"{RUN}/judge/endpoint.json"),
     log:
         f"{LOGS}/judge_server.log",
     conda:
-        conda_env("judge")
+        plan.conda_env("judge")
     # 0: the service must not take the cores its consumers (same group) need; `-n --cores 1` stays valid.
     threads: 0
     resources:
-        **judge_resources(),
+        **plan.judge.resources(),
     params:
-        cfg=cfg_json("judge"),
+        cfg=plan.cfg_json("judge"),
         code=code_hash("judge server"),
     shell:
         # exec: Snakemake's SIGTERM at the end of the consumers reaches the launcher, which stops the server.

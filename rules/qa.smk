@@ -1,32 +1,7 @@
 # The qa recipe (recipe: qa): QA data -> optional LoRA SFT warm start (merged + verified) -> GRPO with
 # verifiable rewards (the shared train stage) -> merge_model / release (shared) -> pass@k evaluation of
-# base vs SFT vs GRPO. Helpers (qa_*): llmrnn.plan.
-from llmrnn.plan.qa import QA_VARIANT_PATTERN, QaPlan
-from llmrnn.plan.common import input_flag
-
-# The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
-qa_model_input = helper(QaPlan.qa_model_input)
-qa_policy_input = helper(QaPlan.qa_policy_input)
-qa_source_path = helper(QaPlan.qa_source_path)
-qa_ood_path = helper(QaPlan.qa_ood_path)
-qa_source_param = helper(QaPlan.qa_source_param)
-qa_ood_param = helper(QaPlan.qa_ood_param)
-qa_synth_cfg = helper(QaPlan.qa_synth_cfg)
-qa_data_cfg = helper(QaPlan.qa_data_cfg)
-qa_sft_cfg = helper(QaPlan.qa_sft_cfg)
-qa_sft_resources = helper(QaPlan.qa_sft_resources)
-qa_train_cfg = helper(QaPlan.qa_train_cfg)
-qa_eval_model = helper(QaPlan.qa_eval_model)
-qa_answer_files = helper(QaPlan.qa_answer_files)
-qa_judged_files = helper(QaPlan.qa_judged_files)
-qa_eval_files = helper(QaPlan.qa_eval_files)
-qa_grading_rubric = helper(QaPlan.qa_grading_rubric)
-qa_judge_cfg = helper(QaPlan.qa_judge_cfg)
-qa_eval_cfg = helper(QaPlan.qa_eval_cfg)
-qa_eval_resources = helper(QaPlan.qa_eval_resources)
-qa_judge_resources = helper(QaPlan.qa_judge_resources)
-
-
+# base vs SFT vs GRPO (its GRPO job, qa_train_grpo, is the train stage's one rule: rules/train.smk).
+# Decisions: plan.qa (llmrnn.plan.qa).
 rule qa_synth:
     input:
         cohort="resources/cohort/synthetic.json",
@@ -38,9 +13,9 @@ rule qa_synth:
     benchmark:
         "logs/benchmarks/qa_synth/qa_synth.tsv"
     conda:
-        conda_env("data")
+        plan.conda_env("data")
     params:
-        cfg=qa_synth_cfg(),
+        cfg=plan.qa.synth_cfg(),
         code=code_hash("qa synth"),
     shell:
         "llmrnn qa synth --cohort {input.cohort:q} --out {output.questions:q} --ood {output.ood:q} "
@@ -49,8 +24,8 @@ rule qa_synth:
 
 rule qa_data:
     input:
-        source=qa_source_path,
-        ood=qa_ood_path,
+        source=plan.qa.source_path,
+        ood=plan.qa.ood_path,
     output:
         train=f"{QA}/train.jsonl",
         val=f"{QA}/val.jsonl",
@@ -66,11 +41,11 @@ rule qa_data:
     benchmark:
         f"{LOGS}/benchmarks/qa_data/qa_data.tsv"
     conda:
-        conda_env("data")
+        plan.conda_env("data")
     params:
-        source=qa_source_param,
-        ood=qa_ood_param,
-        cfg=qa_data_cfg(),
+        source=plan.qa.source_param,
+        ood=plan.qa.ood_param,
+        cfg=plan.qa.data_cfg(),
         code=code_hash("qa data"),
     shell:
         "llmrnn qa data --source {params.source:q} --ood {params.ood:q} --cfg {params.cfg:q} "
@@ -83,7 +58,7 @@ rule qa_sft:
     input:
         train=rules.qa_data.output.sft_train,
         val=rules.qa_data.output.sft_val,
-        model=qa_model_input(),
+        model=plan.qa.model_input(),
     output:
         adapter=directory(f"{QA}/sft/adapter"),
         metrics=f"{QA}/sft/metrics.jsonl",
@@ -93,12 +68,12 @@ rule qa_sft:
     benchmark:
         f"{LOGS}/benchmarks/qa_sft/qa_sft.tsv"
     conda:
-        conda_env("sft")
+        plan.conda_env("sft")
     threads: config["qa"]["sft"]["num_threads"]
     resources:
-        **qa_sft_resources(),
+        **plan.qa.sft_resources(),
     params:
-        cfg=qa_sft_cfg(),
+        cfg=plan.qa.sft_cfg(),
         code=code_hash("qa sft"),
     shell:
         "llmrnn qa sft --train {input.train:q} --val {input.val:q} --model {input.model:q} "
@@ -110,7 +85,7 @@ rule qa_preflight:
     input:
         train=rules.qa_data.output.train_parquet,
         val=rules.qa_data.output.val_parquet,
-        policy=qa_policy_input(),
+        policy=plan.qa.policy_input(),
     output:
         report=f"{RUN}/train/qa_preflight.json",
     log:
@@ -118,9 +93,9 @@ rule qa_preflight:
     benchmark:
         f"{LOGS}/benchmarks/qa_preflight/qa_preflight.tsv"
     conda:
-        conda_env("cpu")
+        plan.conda_env("cpu")
     params:
-        cfg=cfg_json("train"),
+        cfg=plan.cfg_json("train"),
         out_dir=lambda w, output: os.path.dirname(output.report),
         code=code_hash("preflight training"),
     shell:
@@ -128,42 +103,9 @@ rule qa_preflight:
         "--model {input.policy:q} --out-dir {params.out_dir:q} --out {output.report:q} > {log:q} 2>&1"
 
 
-rule qa_train_grpo:
-    input:
-        unpack(judge_endpoint_input),
-        train=rules.qa_data.output.train_parquet,
-        val=rules.qa_data.output.val_parquet,
-        preflight=rules.qa_preflight.output.report,
-        model=qa_policy_input(),
-    output:
-        adapter=directory(f"{RUN}/train/adapter"),
-        metrics=f"{RUN}/train/metrics.jsonl",
-        summary=f"{RUN}/train/summary.json",
-    log:
-        f"{LOGS}/qa_train_grpo.log",
-    benchmark:
-        f"{LOGS}/benchmarks/qa_train_grpo/qa_train_grpo.tsv"
-    conda:
-        conda_env("train")
-    threads: train_threads()
-    resources:
-        **train_resources(),
-    params:
-        # checkpoints/, state/, samples/ beside the outputs (kept across reruns so a killed run resumes)
-        work=lambda w, output: os.path.dirname(output.metrics),
-        cfg=qa_train_cfg(),
-        endpoint=input_flag("--endpoint", "endpoint"),
-        code=code_hash("train run", "llmrnn.qa.rewards"),
-    shell:
-        "exec llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
-        "--model {input.model:q} --work-dir {params.work:q} --adapter {output.adapter:q} "
-        "--metrics {output.metrics:q} --summary {output.summary:q} --preflight {input.preflight:q} "
-        "{params.endpoint:q} --reward-func llmrnn.qa.rewards:trl_reward_func 2> {log:q}"
-
-
 rule qa_eval_model:
     input:
-        unpack(qa_eval_model),
+        unpack(plan.qa.eval_model),
         questions=f"{QA}/{{split}}.jsonl",
     output:
         f"{QA_EVAL}/{{variant}}/{{split}}.jsonl",
@@ -172,15 +114,15 @@ rule qa_eval_model:
     benchmark:
         f"{LOGS}/benchmarks/qa_eval_model/eval/{{variant}}/{{split}}.tsv"
     wildcard_constraints:
-        variant=QA_VARIANT_PATTERN,
+        variant=plan.qa.VARIANT_PATTERN,
         split="test|ood",
     conda:
-        conda_env("cpu")
+        plan.conda_env("cpu")
     threads: config["qa"]["eval"]["resources"]["cpus_per_task"]
     resources:
-        **qa_eval_resources(),
+        **plan.qa.eval_resources(),
     params:
-        cfg=qa_eval_cfg(),
+        cfg=plan.qa.eval_cfg(),
         code=code_hash("qa eval"),
     shell:
         "llmrnn qa eval --model {input.model:q} --questions {input.questions:q} "
@@ -199,24 +141,24 @@ use rule judge_server as qa_eval_judge_server with:
 
 rule qa_judge_eval:
     input:
-        answers=qa_answer_files(),
+        answers=plan.qa.answer_files(),
         endpoint=rules.qa_eval_judge_server.output.endpoint,
-        rubric=qa_grading_rubric(),
+        rubric=plan.qa.grading_rubric(),
     output:
-        judged=qa_judged_files(),
+        judged=plan.qa.judged_files(),
         audit=directory(f"{QA_EVAL}/judge/audit"),
     log:
         f"{LOGS}/eval/qa_judge_eval.log",
     benchmark:
         f"{LOGS}/benchmarks/qa_judge_eval/eval/qa_judge_eval.tsv"
     conda:
-        conda_env("cpu")
+        plan.conda_env("cpu")
     # a core of its own while the judge service beside it computes (the service takes 0)
     threads: 1
     resources:
-        **qa_judge_resources(),
+        **plan.qa.judge_resources(),
     params:
-        cfg=qa_judge_cfg(),
+        cfg=plan.qa.judge_cfg(),
         code=code_hash("qa judge"),
     shell:
         "llmrnn qa judge --inputs {input.answers:q} --outputs {output.judged:q} --endpoint {input.endpoint:q} "
@@ -225,7 +167,7 @@ rule qa_judge_eval:
 
 rule qa_eval_gather:
     input:
-        files=qa_eval_files(),
+        files=plan.qa.eval_files(),
         train=rules.qa_data.output.train,
     output:
         metrics=f"{QA_EVAL}/metrics.json",
@@ -235,9 +177,9 @@ rule qa_eval_gather:
     benchmark:
         f"{LOGS}/benchmarks/qa_eval_gather/eval/gather.tsv"
     conda:
-        conda_env("data")
+        plan.conda_env("data")
     params:
-        cfg=qa_eval_cfg(),
+        cfg=plan.qa.eval_cfg(),
         code=code_hash("qa gather"),
     shell:
         "llmrnn qa gather --inputs {input.files:q} --train {input.train:q} --metrics {output.metrics:q} "
@@ -248,7 +190,7 @@ rule qa_report:
     input:
         metrics=rules.qa_eval_gather.output.metrics,
         comparison=rules.qa_eval_gather.output.comparison,
-        files=qa_eval_files(),
+        files=plan.qa.eval_files(),
     output:
         plot=report(
             f"{QA_EVAL}/plots/pass_at_k.png",
@@ -266,7 +208,7 @@ rule qa_report:
     benchmark:
         f"{LOGS}/benchmarks/qa_report/eval/qa_report.tsv"
     conda:
-        conda_env("data")
+        plan.conda_env("data")
     params:
         code=code_hash("qa report"),
     shell:

@@ -4,13 +4,6 @@
 # Deliberately independent of eval: the release never waits for (or reruns with) the evaluation.
 # A local rule: the Hub upload needs the internet, which the login node running Snakemake has and compute
 # nodes often lack (the bundle is small text plus the merged model's files, read once for the PHI scan).
-from llmrnn.plan.release import ReleasePlan
-from llmrnn.plan.common import input_flag
-
-# The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
-release_cfg_json = helper(ReleasePlan.release_cfg_json)
-release_rubric_input = helper(ReleasePlan.release_rubric_input)
-release_split_format = helper(ReleasePlan.release_split_format)
 
 
 localrules:
@@ -20,7 +13,7 @@ localrules:
 rule release:
     input:
         unpack(release_reference),
-        unpack(release_rubric_input),
+        unpack(plan.release.rubric_input),
         merged=rules.merge_model.output.merged,
         check=rules.merge_model.output.check,
         metrics=grpo_rule().output.metrics,
@@ -34,10 +27,10 @@ rule release:
     benchmark:
         f"{LOGS}/benchmarks/release/release.tsv"
     conda:
-        conda_env("cpu")
+        plan.conda_env("cpu")
     params:
-        cfg=release_cfg_json(),
-        split_format=release_split_format(),
+        cfg=plan.release.build_cfg(),
+        split_format=plan.release.split_format(),
         rubric=input_flag("--rubric", "rubric"),
         code=code_hash("release build"),
     shell:

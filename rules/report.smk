@@ -3,8 +3,8 @@
 
 rule train_plots:
     input:
-        metrics=rules.train_grpo.output.metrics,
-        summary=rules.train_grpo.output.summary,
+        metrics=grpo_rule().output.metrics,
+        summary=grpo_rule().output.summary,
     output:
         reward=report(
             f"{RUN}/train/plots/reward.png",
@@ -26,7 +26,7 @@ rule train_plots:
     benchmark:
         f"{LOGS}/benchmarks/train_plots/train_plots.tsv"
     conda:
-        conda_env("data")
+        plan.conda_env("data")
     params:
         code=code_hash("report training"),
     shell:
@@ -69,7 +69,7 @@ rule eval_plots:
     benchmark:
         f"{LOGS}/benchmarks/eval_plots/eval/plots.tsv"
     conda:
-        conda_env("data")
+        plan.conda_env("data")
     params:
         code=code_hash("report plots"),
     shell:
@@ -93,7 +93,7 @@ rule judge_agreement_plot:
     benchmark:
         f"{LOGS}/benchmarks/judge_agreement_plot/judge_agreement_plot.tsv"
     conda:
-        conda_env("data")
+        plan.conda_env("data")
     params:
         code=code_hash("report agreement"),
     shell:

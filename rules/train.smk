@@ -1,50 +1,44 @@
-# GRPO training of the memory head: verl (GPU clusters) or TRL (CPU), chosen by train.engine, one set of
-# knobs. Resumes from its latest checkpoint after a kill; fails (never exits 0) if it ends short of the
-# planned steps. Runs beside the judge service (one group job on SLURM) when the reward asks the judge;
-# reward.mode outcome asks none (no endpoint input, no judge_server).
-from llmrnn.plan.train import TrainPlan
-from llmrnn.plan.common import input_flag
-
-# The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
-train_judge_gpus = helper(TrainPlan.train_judge_gpus)
-
-from llmrnn.reward.custom import code_files as reward_code_files
+# GRPO training: verl (GPU clusters) or TRL (CPU), chosen by train.engine, one set of knobs. Resumes from
+# its latest checkpoint after a kill; fails (never exits 0) if it ends short of the planned steps. Runs
+# beside the judge service (one group job on SLURM) when the reward asks the judge; reward.mode outcome
+# asks none (no endpoint input, no judge_server).
+# One rule for both recipes: train_grpo (the memory head, after preflight) or qa_train_grpo (recipe qa,
+# after qa_preflight, with the QA rewards). They never meet in one run, so `use rule` cannot join them; their
+# name, inputs, params and flags come from plan.train (llmrnn.plan.train).
 
 
-rule train_grpo:
+rule:
+    name:
+        plan.train.rule_name()
     input:
         unpack(judge_endpoint_input),
-        train=f"{RUN}/trajectories/train.parquet",
-        val=f"{RUN}/trajectories/val.parquet",
-        preflight=rules.preflight.output.report,
-        model=memory_model_input(),
+        **plan.train.inputs(),
     output:
         adapter=directory(f"{RUN}/train/adapter"),
         metrics=f"{RUN}/train/metrics.jsonl",
         summary=f"{RUN}/train/summary.json",
     log:
-        f"{LOGS}/train_grpo.log",
+        f"{LOGS}/{plan.train.rule_name()}.log",
     benchmark:
-        f"{LOGS}/benchmarks/train_grpo/train_grpo.tsv"
-    # on the training path: before the base model's eval shards, which only the report waits for
-    priority: 10
+        f"{LOGS}/benchmarks/{plan.train.rule_name()}/{plan.train.rule_name()}.tsv"
+    priority: plan.train.priority()
     conda:
-        conda_env("train")
-    threads: train_threads()
+        plan.conda_env("train")
+    threads: plan.train.threads()
     resources:
-        **train_resources(),
+        **plan.train.resources(),
     params:
-        # checkpoints/, state/, audit/ beside the outputs but not outputs themselves: Snakemake deletes
-        # outputs before a rerun, and a rerun after a kill must find the checkpoints to resume
+        # the memory head's judge_gpus, a param as it always was (its --judge-gpus is among the flags)
+        **plan.train.judge_gpus_param(),
+        # checkpoints/, state/, audit/, samples/ beside the outputs but not outputs themselves: Snakemake
+        # deletes outputs before a rerun, and a rerun after a kill must find the checkpoints to resume
         work=lambda w, output: os.path.dirname(output.metrics),
-        # preflight: its max_fallback_rate/fallback_window also guard the reward during training
-        cfg=cfg_json("train", "reward", "preflight"),
-        judge_gpus=train_judge_gpus(),
-        endpoint=input_flag("--endpoint", "endpoint"),
-        # your own reward (reward.custom.path) is code of this job too: its content is hashed
-        code=code_hash("train run", *reward_code_files(config)),
+        cfg=plan.train.run_cfg(),
+        # --endpoint, --preflight and the recipe's --judge-gpus | --reward-func (a function of the inputs)
+        flags=plan.train.run_flags,
+        # the rewards are code of this job too: the QA rewards' module, or your own reward's file
+        code=code_hash("train run", *plan.train.reward_code()),
     shell:
         "exec llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
         "--model {input.model:q} --work-dir {params.work:q} --adapter {output.adapter:q} "
-        "--metrics {output.metrics:q} --summary {output.summary:q} {params.endpoint:q} "
-        "--preflight {input.preflight:q} --judge-gpus {params.judge_gpus:q} 2> {log:q}"
+        "--metrics {output.metrics:q} --summary {output.summary:q} {params.flags:q} 2> {log:q}"

@@ -1,20 +1,12 @@
 # Phase B: the LLM-as-RNN forward pass over train/val, scattered over trajectories.shards jobs per split
 # (patients batched per visit step inside each job), gathered into verl parquets + a summary per split.
-from llmrnn.plan.models import ModelsPlan
-from llmrnn.plan.trajectories import TrajectoriesPlan
-
-# The plan's decisions the rules below call, bound to this run's plan (rules/common.smk `helper`).
-role_model_markers = helper(ModelsPlan.role_model_markers)
-trajectories_cfg_json = helper(TrajectoriesPlan.trajectories_cfg_json)
-trajectory_shard_files = helper(TrajectoriesPlan.trajectory_shard_files)
-trajectory_resources = helper(TrajectoriesPlan.trajectory_resources)
 
 
 rule trajectory_shard:
     input:
         split=f"{RUN}/splits/{{split}}.json",
         prompts=config["prompts"]["file"],
-        models=role_model_markers(),
+        models=plan.models.role_markers(),
     output:
         part=f"{RUN}/trajectories/shards/{{split}}/part_{{k}}.parquet",
         stats=f"{RUN}/trajectories/shards/{{split}}/part_{{k}}.stats.json",
@@ -28,12 +20,12 @@ rule trajectory_shard:
     # on the training path: before the base model's eval shards, which only the report waits for
     priority: 10
     conda:
-        conda_env("forward")
+        plan.conda_env("forward")
     threads: config["trajectories"]["threads"]
     resources:
-        **trajectory_resources(),
+        **plan.trajectories.resources(),
     params:
-        cfg=trajectories_cfg_json(),
+        cfg=plan.trajectories.shard_cfg(),
         code=code_hash("trajectories shard"),
     shell:
         "llmrnn trajectories shard --split {wildcards.split:q} --split-file {input.split:q} "
@@ -43,9 +35,9 @@ rule trajectory_shard:
 
 rule dump_trajectories:
     input:
-        parts=lambda w: trajectory_shard_files(w.split, "parquet"),
-        stats=lambda w: trajectory_shard_files(w.split, "stats.json"),
-        tokenizer=memory_model_input(),
+        parts=lambda w: plan.trajectories.shard_files(w.split, "parquet"),
+        stats=lambda w: plan.trajectories.shard_files(w.split, "stats.json"),
+        tokenizer=plan.models.memory_model_input(),
     output:
         parquet=f"{RUN}/trajectories/{{split}}.parquet",
         summary=f"{RUN}/trajectories/{{split}}.summary.json",
@@ -57,7 +49,7 @@ rule dump_trajectories:
         split="train|val",
     priority: 10
     conda:
-        conda_env("cpu")
+        plan.conda_env("cpu")
     params:
         code=code_hash("trajectories gather"),
     shell:

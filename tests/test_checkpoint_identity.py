@@ -60,22 +60,23 @@ def test_an_edit_of_a_module_the_reward_runs_discards_the_checkpoints(tmp_path):
         assert new != fp and not kept, spec  # another code's checkpoints are never resumed
 
 
-def _rule_text(path: Path, rule: str) -> str:
-    text = path.read_text(encoding="utf-8")
-    start = text.index(f"rule {rule}:")
-    end = text.find("\nrule ", start + 1)
-    return text[start:end if end > 0 else None]
-
-
 def test_the_fingerprint_holds_the_code_hash_of_the_rule_that_runs_it():
-    """For each training rule: the code_hash(...) in its params is the job_code of the --reward-func its
-    shell passes (none: llmrnn.reward), i.e. the checkpoints' code identity is the rule's."""
-    for path, rule in ((REPO / "rules" / "train.smk", "train_grpo"), (REPO / "rules" / "qa.smk", "qa_train_grpo")):
-        text = _rule_text(path, rule)
-        args = re.findall(r'"([^"]+)"', re.search(r"code=code_hash\(([^)]*)\)", text).group(1))
-        assert args[0] == checkpoints.TRAIN_VERB
-        spec = re.search(r"--reward-func (\S+)", text)
-        reward = spec.group(1).strip('"') if spec else None
-        assert checkpoints.job_code(reward) == provenance.code_identity(*args), rule
+    """For each recipe's training rule (train_grpo, qa_train_grpo: one rule in rules/train.smk): the
+    code_hash(...) in its params is the job_code of the --reward-func its flags pass (none: llmrnn.reward),
+    i.e. the checkpoints' code identity is the rule's."""
+    from snakemake.iocontainers import InputFiles
+
+    from llmrnn.plan import Plan
+
+    text = (REPO / "rules" / "train.smk").read_text(encoding="utf-8")
+    hashed = re.search(r"code=code_hash\(([^\n]*)\),", text).group(1)
+    assert hashed == '"train run", *plan.train.reward_code()'  # what the plan's reward_code feeds, below
+    for configfiles in ((), ("config/qa_demo.yaml",)):
+        plan = Plan.from_configfiles(*(REPO / f for f in configfiles or ("config/config.yaml",)),
+                                     schema_path=REPO / "workflow" / "schemas" / "config.schema.yaml")
+        flags = plan.train.run_flags(None, InputFiles(fromdict={"preflight": "p.json"}))
+        reward = flags[flags.index("--reward-func") + 1] if "--reward-func" in flags else None
+        assert checkpoints.job_code(reward) == provenance.code_identity(
+            checkpoints.TRAIN_VERB, *plan.train.reward_code()), plan.train.rule_name()
     # a reward outside the package: its file is part of the identity
     assert checkpoints.job_code("json:loads") != checkpoints.job_code(None)

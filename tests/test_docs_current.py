@@ -40,6 +40,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.test_docs_links import anchors, headings
+from tests.test_layout import computed_rule_names
 
 MARKDOWN = ["README.md", "CONTRIBUTING.md", "config/README.md"]
 FENCE = re.compile(r"^\s*(```|~~~)(\S*)")
@@ -160,15 +161,16 @@ def texts() -> tuple[Text, ...]:
 
 
 # ----------------------------------------------------------------------------- what exists
-RULE = re.compile(r"^(?:rule|checkpoint)\s+(\w+)\s*:")
+RULE = re.compile(r"^(?:rule|checkpoint)(?:\s+(\w+))?\s*:")  # `rule:` has its name in a `name:` directive
 USE_RULE = re.compile(r"^\s*use\s+rule\s+(\w+)\s+(?:from\s+\w+\s+)?as\s+(\w+)")  # also in a recipe's `if`
 DIRECTIVE = re.compile(r"^(\s+)(\w+):")
 
 
 def parse_rules(files: dict[str, str]) -> dict[str, bool]:
     """Rule name -> whether its output has wildcards (so it cannot be a target by name), read from the
-    Snakefile and rule files: `rule NAME:` / `checkpoint NAME:` / `use rule OLD as NEW` (NEW inherits
-    OLD's output unless its `with:` block gives one)."""
+    Snakefile and rule files: `rule NAME:` / `checkpoint NAME:` / `rule:` under each name its `name:`
+    expression gives (tests.test_layout.computed_rule_names) / `use rule OLD as NEW` (NEW inherits OLD's
+    output unless its `with:` block gives one)."""
     rules: dict[str, bool] = {}
     uses: list[tuple[str, str, str]] = []
     for text in files.values():
@@ -183,7 +185,9 @@ def parse_rules(files: dict[str, str]) -> dict[str, bool]:
                     break
                 body.append(later)
             if m:
-                rules[m.group(1)] = wildcard_output(body)
+                named = re.search(r"^\s+name:\n?\s*(.+)$", "\n".join(body), re.MULTILINE)
+                for name in [m.group(1)] if m.group(1) else computed_rule_names(named.group(1).strip()):
+                    rules[name] = wildcard_output(body)
             else:
                 uses.append((u.group(1), u.group(2), "\n".join(body)))
     for old, new, body in uses:

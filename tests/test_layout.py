@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import importlib
 import re
 from pathlib import Path
@@ -16,13 +17,33 @@ MAX_FUNCTION_LINES = 100
 MAX_MODULE_LINES = 600
 
 
-# `rule NAME:` and `use rule OLD as NEW with:` (at any indent: a recipe's `if` block), each with its body
-RULE_OR_USE = re.compile(r"^( *)(?:rule (\w+)|use rule (\w+) as (\w+) with):\n((?:\1 .*\n|\n)*)", re.MULTILINE)
+# `rule NAME:`, `rule:` (its name computed by a `name:` directive) and `use rule OLD as NEW with:` (at any
+# indent: a recipe's `if` block), each with its body
+RULE_OR_USE = re.compile(r"^( *)(?:rule (\w+)|rule|use rule (\w+) as (\w+) with):\n((?:\1 .*\n|\n)*)", re.MULTILINE)
+RECIPE_CONFIGS = ((), ("config/qa_demo.yaml",))  # the memory head's demo and recipe qa's
+
+
+@functools.cache
+def recipe_plan(configfiles: tuple[str, ...] = ()):
+    """The plan of a shipped recipe config (the demo's when none is named), as the workflow builds it."""
+    from llmrnn.plan import Plan
+
+    return Plan.from_configfiles(*(REPO / f for f in configfiles or ("config/config.yaml",)),
+                                 schema_path=REPO / "workflow" / "schemas" / "config.schema.yaml")
+
+
+def computed_rule_names(expression: str) -> dict[str, tuple[str, ...]]:
+    """name -> the recipe's config files, for each name a `name:` expression (e.g. `plan.train.rule_name()`)
+    gives under each recipe's plan."""
+    return {eval(expression, {"plan": recipe_plan(files)}): files  # the expression of this repository's rule file
+            for files in RECIPE_CONFIGS}
 
 
 def parse_rules(text: str, file: str) -> dict[str, dict]:
     """rule name -> {file, command ("llmrnn verb [sub]" or None), outputs, shell, body} of one .smk text. A
-    `use rule OLD as NEW with:` adds NEW with `parent` OLD; its command and shell are OLD's (a `with:` block
+    `rule:` is found under each name its `name:` gives (computed_rule_names), with that recipe's
+    `configfiles`. A `use rule OLD as NEW with:`
+    adds NEW with `parent` OLD; its command and shell are OLD's (a `with:` block
     cannot change them), its outputs OLD's unless it gives its own (`inherit` fills them in)."""
     found = {}
     for m in RULE_OR_USE.finditer(text):
@@ -31,14 +52,18 @@ def parse_rules(text: str, file: str) -> dict[str, dict]:
         shell = body.split("    shell:", 1)[1] if "    shell:" in body else ""
         cmd = re.search(r"llmrnn ([a-z][\w-]*)(?: ([a-z][\w-]*))?", shell)
         outputs = re.search(r"^    output:\n(.*?)(?=^    \w|\Z)", body, re.DOTALL | re.MULTILINE)
-        found[name or child] = {
-            "file": file,
-            "command": " ".join(["llmrnn", *(g for g in cmd.groups() if g)]) if cmd else None,
-            "outputs": re.findall(r"^        (\w+)=", outputs.group(1), re.MULTILINE) if outputs else None,
-            "shell": shell,
-            "body": body,
-            "parent": parent,
-        }
+        computed = re.search(r"^    name:\n?\s*(.+)$", body, re.MULTILINE)
+        names = {name or child: ()} if name or child else computed_rule_names(computed.group(1).strip())
+        for each, configfiles in names.items():
+            found[each] = {
+                "file": file,
+                "command": " ".join(["llmrnn", *(g for g in cmd.groups() if g)]) if cmd else None,
+                "outputs": re.findall(r"^        (\w+)=", outputs.group(1), re.MULTILINE) if outputs else None,
+                "shell": shell,
+                "body": body,
+                "parent": parent,
+                "configfiles": configfiles,  # the recipe whose plan the rule's plan calls are read under
+            }
     return found
 
 

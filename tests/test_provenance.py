@@ -23,7 +23,7 @@ from llmrnn import cli, provenance
 from llmrnn.errors import InputError
 from tests.conftest import REPO, WORKFLOW_PARTS
 from tests.slurm.dag import EXTRA_PARTS
-from tests.test_layout import rules_in_workflow
+from tests.test_layout import recipe_plan, rules_in_workflow
 
 
 def write_package(root: Path, files: dict[str, str]) -> Path:
@@ -277,15 +277,37 @@ def test_help_still_lists_every_stage():
         cli.stage_module("nope")
 
 
-CODE_PARAM = re.compile(r'^        code=code_hash\(([^)]*?)(?:, \*reward_code_files\(config\))?\),$', re.MULTILINE)
+CODE_PARAM = re.compile(r"^        code=code_hash\((.*)\),$", re.MULTILINE)
+PLAN_CALL = re.compile(r"plan\.(\w+)\.(\w+)")
+
+
+def planned(rule: dict, call: tuple[str, str]):
+    """A stage plan's method (`plan.train.reward_code`) as the rule's recipe plans it."""
+    stage, method = call
+    return getattr(getattr(recipe_plan(rule.get("configfiles") or ()), stage), method)
 
 
 def rule_code_args(rule: dict) -> tuple[str, ...] | None:
-    """The arguments of a rule's `code=code_hash(...)` param (None where it has none)."""
-    body = rule["body"]
-    m = CODE_PARAM.search(body)
-    # `*reward_code_files(config)`: your own reward's file (reward.custom.path), none in these configs
-    return tuple(json.loads(f"[{m.group(1)}]")) if m else None
+    """The arguments of a rule's `code=code_hash(...)` param (None where it has none): its strings, then what a
+    `*plan.<stage>.<method>()` gives under the rule's recipe. `*reward_code_files(config)`: your own reward's
+    file (reward.custom.path), none in these configs."""
+    m = CODE_PARAM.search(rule["body"])
+    if not m:
+        return None
+    computed = [arg for call in PLAN_CALL.findall(m.group(1)) for arg in planned(rule, call)()]
+    return (*re.findall(r'"([^"]+)"', m.group(1)), *computed)
+
+
+def command_line(rule: dict) -> str:
+    """The rule's shell with the flags a `flags=plan.<stage>.<method>` params function adds (for a job with
+    its required inputs only)."""
+    from snakemake.iocontainers import InputFiles
+
+    flags = re.search(r"^        flags=(plan\.\w+\.\w+),$", rule["body"], re.MULTILINE)
+    if not flags:
+        return rule["shell"]
+    added = planned(rule, PLAN_CALL.match(flags.group(1)).groups())(None, InputFiles(fromdict={"preflight": "p.json"}))
+    return rule["shell"] + " " + " ".join(added)
 
 
 def test_every_rule_hashes_the_verb_its_shell_runs():
@@ -299,7 +321,7 @@ def test_every_rule_hashes_the_verb_its_shell_runs():
         args = rule_code_args(rule)
         assert args is not None, f"rule {name}: runs {rule['command']} but has no code=code_hash(...) param"
         assert f"llmrnn {args[0]}" == rule["command"], f"rule {name}: code_hash({args[0]!r}) for {rule['command']}"
-        named = set(re.findall(r"(llmrnn(?:\.\w+)+):\w+", rule["shell"]))
+        named = set(re.findall(r"(llmrnn(?:\.\w+)+):\w+", command_line(rule)))
         assert named == set(args[1:]), f"rule {name}: its command loads {sorted(named)}; code_hash has {args[1:]}"
         provenance.verb_closure(*args)  # the verb and modules exist
         checked += 1

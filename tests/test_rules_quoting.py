@@ -11,18 +11,20 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-RULE = re.compile(r"^rule (\w+):", re.MULTILINE)
+RULE = re.compile(r"^rule( \w+)?:", re.MULTILINE)
 
 
 def shell_commands(smk: Path) -> dict[str, str]:
     """rule name -> its shell command: the block indented under `shell:`, read as ONE Python literal
-    (implicit concatenation, triple quotes). An f-string or any expression there is an error: it would
+    (implicit concatenation, triple quotes); a `rule:` is named by its `name:` expression. An f-string or any expression there is an error: it would
     format config values into the command without `:q`."""
     commands: dict[str, str] = {}
     rule, lines = None, smk.read_text().splitlines()
     for i, line in enumerate(lines):
         if m := RULE.match(line):
-            rule = m.group(1)
+            rule = (m.group(1) or "").strip()
+        if re.match(r"^    name:", line):  # a `rule:`'s computed name: its expression names it here
+            rule = line.split(":", 1)[1].strip() or lines[i + 1].strip()
         if line.strip() != "shell:":
             continue
         indent = len(line) - len(line.lstrip())

@@ -158,22 +158,19 @@ EVERY_STAGE_ON_A_GPU = {"trajectories": {"resources": {"gpu": 1}}, "eval": {"res
 
 
 def rule_resources() -> dict[str, dict]:
-    """rule -> its resources as the plan gives them (`resources: **train_resources()`: the helper's plan
-    method, found by its binding `name = helper(StageClass.method)`) with every stage on a GPU; a `use rule`
-    child has its parent's unless it gives its own."""
+    """rule -> its resources as the plan gives them (`resources: **plan.train.resources()`: the stage plan's
+    method it names) with every stage on a GPU; a `use rule` child has its parent's unless it gives its own."""
     from llmrnn.plan import Plan
     from tests.test_layout import rules_in_workflow
 
-    texts = "".join(smk.read_text() for smk in (REPO / "rules").glob("*.smk"))
-    bound = dict(re.findall(r"^(\w+) = helper\(\w+\.(\w+)\)", texts, re.MULTILINE))
     plan = Plan.from_configfiles(REPO / "config/config.yaml", overrides=EVERY_STAGE_ON_A_GPU,
                                  schema_path=REPO / "workflow/schemas/config.schema.yaml")
     out = {}
     for name, rule in rules_in_workflow().items():
         block = re.search(r"^    resources:\n((?:        .*\n)+)", rule["body"], re.MULTILINE)
         lines = block.group(1) if block else ""
-        helper = re.search(r"^\s+\*\*(\w+)\(\),", lines, re.MULTILINE)
-        res = dict(getattr(plan, bound[helper.group(1)])()) if helper else {}
+        called = re.search(r"^\s+\*\*plan\.(\w+)\.(\w+)\(\),", lines, re.MULTILINE)
+        res = dict(getattr(getattr(plan, called.group(1)), called.group(2))()) if called else {}
         res.update({key: None for key in re.findall(r"^\s+(\w+)\s*=", lines, re.MULTILINE)})
         out[name] = res
     return out

@@ -1,7 +1,7 @@
 """Software deployment on a cluster, without its runtimes (FAKE `apptainer` and `conda` from tests/fake_bin):
 - apptainer: a real Snakemake run with `--sdm apptainer` and profiles/slurm's apptainer-args; the recorded
   `apptainer exec` has `--nv` (GPUs inside) and binds the HF cache as HF_HOME;
-- conda: the envs/*.yaml Snakemake plans for each job (rules/common.smk conda_env)."""
+- conda: the envs/*.yaml Snakemake plans for each job (llmrnn.plan.Plan.conda_env)."""
 
 from __future__ import annotations
 

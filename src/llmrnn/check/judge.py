@@ -35,7 +35,7 @@ def _judge_gpus_needed(config: dict) -> int | None:
         rubric = load_rubric(config["judge"]["rubric"])
     except Exception:  # noqa: BLE001 - reported by check_judge
         return None
-    return 1 if rubric.needs_gpu else 0  # as llmrnn.plan.Plan.judge_gpus: one GPU for a vLLM judge
+    return 1 if rubric.needs_gpu else 0  # as llmrnn.plan.judge.JudgePlan.gpus: one GPU for a vLLM judge
 
 
 def check_judge(config: dict) -> list[str]:

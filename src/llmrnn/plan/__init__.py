@@ -6,22 +6,28 @@ builds, which conda env a stage runs in, which GPUs/threads a job gets, the exac
 rule passes as `--cfg` JSON (its params: a change reruns that rule and only it), and which optional
 inputs and flags a job has. Nothing here needs Snakemake.
 
-Each stage's decisions live in a module of their own (llmrnn.plan.cohort, .models, .trajectories, .judge,
-.train, .evaluate, .merge, .release, .qa; what they share in llmrnn.plan.common), as a class of methods
-on the config; `Plan` is all of them over one config. A rule file imports the stage classes it uses by
-name and binds each method it calls to the run's one Plan (rules/common.smk `helper`), so grepping a
-helper a rule calls finds its import and its definition. rules/common.smk keeps only what needs
-Snakemake's `rules` or `workflow` objects. tests/test_plan.py asserts the decisions for the shipped configs and variants.
+Each stage's decisions are an object of their own over the config, in a module of their own
+(llmrnn.plan.cohort, .models, .trajectories, .judge, .train, .evaluate, .merge, .release, .qa; what they
+share in llmrnn.plan.common), and it is given the stage plans it reads as constructor arguments
+(`TrainPlan(config, models=..., judge=..., qa=...)`). `Plan` builds each once and holds them as
+attributes: `plan.cohort`, `plan.models`, `plan.trajectories`, `plan.judge`, `plan.train`,
+`plan.evaluate`, `plan.merge`, `plan.release`, `plan.qa`, beside what all stages share (`plan.paths`,
+`plan.recipe_is`, `plan.cfg_json`) and the conda env of each stage (`plan.conda_env`). The rules call
+it as written: `threads: plan.train.threads()`, `model=plan.models.memory_model_input()`; the Snakefile's
+`plan` (rules/common.smk) is this one, its methods raising a plan error as Snakemake's WorkflowError.
+tests/test_plan.py asserts the decisions for the shipped configs and variants.
 
 Methods a rule calls as an input or params function take Snakemake's arguments (`wildcards`, and
-`input` for params), read by attribute. A bad config value raises `llmrnn.errors.InputError` (one
-line); common.smk turns it into Snakemake's WorkflowError.
+`input` for params), read by attribute. A bad config value raises `llmrnn.errors.InputError` (one line).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
+from llmrnn import runconfig
+from llmrnn.errors import InputError
 from llmrnn.plan.cohort import CohortPlan
 from llmrnn.plan.common import Paths, PlanBase, input_flag, is_model_name, model_dir_of
 from llmrnn.plan.evaluate import EvaluatePlan
@@ -35,21 +41,52 @@ from llmrnn.plan.trajectories import TrajectoriesPlan
 
 __all__ = ["Paths", "Plan", "PlanBase", "input_flag", "is_model_name", "model_dir_of"]
 
+CONDA_STAGES = ("data", "cpu", "forward", "judge", "train", "sft")
 
-class Plan(CohortPlan, ModelsPlan, TrajectoriesPlan, JudgePlan, TrainPlan, EvaluatePlan, MergePlan, ReleasePlan,
-           QaPlan):
-    """The decisions of one run's config (see the module docstring)."""
+
+class Plan(PlanBase):
+    """The decisions of one run's config: its stages' plans, each built once (see the module docstring)."""
+
+    def __init__(self, config: Mapping):
+        super().__init__(config)
+        self.cohort = CohortPlan(config)
+        self.models = ModelsPlan(config)
+        self.trajectories = TrajectoriesPlan(config)
+        self.judge = JudgePlan(config, models=self.models)
+        self.release = ReleasePlan(config, judge=self.judge)
+        self.qa = QaPlan(config, models=self.models, judge=self.judge, release=self.release)
+        self.train = TrainPlan(config, models=self.models, judge=self.judge, qa=self.qa)
+        self.evaluate = EvaluatePlan(config, models=self.models, qa=self.qa)
+        self.merge = MergePlan(config, models=self.models, qa=self.qa)
 
     @classmethod
     def from_configfiles(cls, *configfiles: str | os.PathLike, overrides: dict | None = None,
                          schema_path: str | os.PathLike | None = None) -> Plan:
         """The plan of a run of these config files (config/config.yaml when none is named) and `--config`
         overrides, layered as the Snakefile layers them (llmrnn.runconfig)."""
-        from llmrnn import runconfig
-
         layers = [runconfig.read_layer(p) for p in runconfig.configfiles_for(configfiles)]
         if overrides:
             layers.append((runconfig.COMMAND_LINE, overrides))
         config, _ = runconfig.resolve(layers, schema_path or runconfig.SCHEMA)
         return cls(config)
 
+    def conda_env(self, stage: str) -> str:
+        """The conda env file (--sdm conda) of every job, chosen in this one place. Stages: data (cohort,
+        report), cpu (models, merge, release, preflight), forward (trajectory and eval shards; vllm when a
+        role uses the vLLM backend), judge (vllm for a `vllm serve` judge), train (verl or cpu), sft (the qa
+        recipe's LoRA SFT: the GPU stack, whose lock holds TRL and PEFT, when the job gets a GPU).
+        """
+        c = self.config
+        if stage == "forward":
+            name = "vllm" if any(r.get("backend") == "vllm" for r in c["roles"].values()) else "cpu"
+        elif stage == "judge":
+            name = "vllm" if self.judge.gpus() else "cpu"
+        elif stage == "train":
+            name = "verl" if c["train"]["engine"] == "verl" else "cpu"
+        elif stage == "sft":
+            name = "verl" if c["qa"]["sft"]["resources"]["gpu"] else "cpu"
+        elif stage in ("data", "cpu"):
+            name = stage
+        else:
+            raise InputError(f"conda_env: unknown stage {stage!r}; expected one of {', '.join(CONDA_STAGES)}")
+        return f"../envs/{name}.yaml"

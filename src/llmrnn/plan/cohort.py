@@ -5,19 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llmrnn.cohort import source_sha256
 from llmrnn.configcheck import SYNTHETIC_MIMIC_IV
 from llmrnn.errors import InputError
-from llmrnn.plan.common import PlanBase, _json
+from llmrnn.mimic.tables import header_problem, table_paths
+from llmrnn.plan.common import PlanBase, to_json
 
 SYNTHETIC_COHORT = "resources/cohort/synthetic.json"
 
 
 class CohortPlan(PlanBase):
-    """The cohort stage's decisions over self.config (the other stages' methods are reached
-    through Plan, which is all of them)."""
+    """The cohort stage's decisions over the config (it depends on no other stage)."""
 
-    # ------------------------------------------------------------------------- cohort
-    def raw_cohort_path(self, wildcards=None) -> str:
+    def raw_path(self, wildcards=None) -> str:
         """The cohort file clean_cohort reads: made by synth_cohort, or the user's own file."""
         source = self.config["cohort"]["source"]
         if source == "synthetic":
@@ -37,18 +37,14 @@ class CohortPlan(PlanBase):
             )
         return source
 
-    def raw_cohort_sha256(self, wildcards=None) -> str | None:
+    def raw_sha256(self, wildcards=None) -> str | None:
         """params of clean_cohort: the user's cohort by content, so a replaced file reruns cleaning (and
         splits) even when its mtime is older; None for the synthetic cohort (synth_cohort's params rerun it).
         """
-        from llmrnn.cohort import source_sha256
-
         return source_sha256(self.config["cohort"]["source"])
 
     def mimic_iv_inputs(self, wildcards=None) -> dict[str, str]:
         """build_cohort's inputs: the PhysioNet files themselves (a new release reruns everything after)."""
-        from llmrnn.mimic.tables import header_problem, table_paths
-
         mimic = self.config["cohort"]["mimic_iv"]
         paths = table_paths(mimic["hosp"], mimic["note"], mimic["diagnoses"], mimic.get("icd_version"))
         for table, path in paths.items():
@@ -58,16 +54,16 @@ class CohortPlan(PlanBase):
                 raise InputError(f"cohort.mimic_iv: {problem}")
         return {table: str(path) for table, path in paths.items()}
 
-    def mimic_iv_cfg_json(self) -> str:
+    def mimic_iv_cfg(self) -> str:
         """params of build_cohort: the selection and diagnosis knobs (the folders are its inputs; `workers`
         is the rule's threads: it changes how fast, not what, so it reruns nothing)."""
-        return _json({k: v for k, v in self.config["cohort"]["mimic_iv"].items()
-                      if k not in ("hosp", "note", "workers")})
+        return to_json({k: v for k, v in self.config["cohort"]["mimic_iv"].items()
+                        if k not in ("hosp", "note", "workers")})
 
     def build_workers(self) -> int:
         """threads of build_cohort: the processes splitting notes (cohort.mimic_iv.workers)."""
         return int(self.config["cohort"]["mimic_iv"]["workers"])
 
-    def split_cfg_json(self) -> str:
+    def split_cfg(self) -> str:
         """params of split_cohort: the split section itself."""
-        return _json(self.config["split"])
+        return to_json(self.config["split"])

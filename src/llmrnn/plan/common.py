@@ -1,5 +1,5 @@
-"""What every stage's plan shares: the run's path prefixes, the params JSON of a config subset, the small
-params functions, and `PlanBase` (the config, the recipe, the conda env of each stage)."""
+"""What every stage's plan shares: the run's path prefixes, the params JSON of a config subset (`to_json`,
+`knobs`), the small params and resources functions, and `PlanBase` (the config, its paths and recipe)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmrnn.errors import InputError
 from llmrnn.models import MODELS_ROOT, READY
 
 NOT_A_KNOB = ("resources", "threads")
-CONDA_STAGES = ("data", "cpu", "forward", "judge", "train", "sft")
 
 
 @dataclass(frozen=True)
@@ -38,11 +36,13 @@ class Paths:
         return f"{self.run}/eval"
 
 
-def _json(value: Any) -> str:
+def to_json(value: Any) -> str:
+    """A params value as JSON with sorted keys: the same config gives the same text (no spurious rerun)."""
     return json.dumps(value, sort_keys=True)
 
 
-def _knobs(section: Mapping) -> dict:
+def knobs(section: Mapping) -> dict:
+    """A config section without its resources/threads: how a job runs, which changes no result."""
     return {k: v for k, v in section.items() if k not in NOT_A_KNOB}
 
 
@@ -88,7 +88,7 @@ def grows(base: float, factor: float = RETRY_GROWTH) -> Callable:
 
 def stage_resources(resources: Mapping, gpu: Mapping | None = None, *, runtime_grows: bool = True) -> dict:
     """A rule's `resources:` from its stage's config `resources` section, in one call (each stage's plan has
-    one helper over this: train_resources, merge_resources, ...): the GPU request (`gpu`: its own keys, e.g.
+    one method over this: plan.train.resources, plan.merge.resources, ...): the GPU request (`gpu`: its own keys, e.g.
     llmrnn.slurm.gpu_placement's; else resources.gpu as it is), mem_mb that grows on a retry, the runtime
     (growing too, unless the job resumes instead of starting over: see `grows`) and cpus_per_task. In the
     order the rules wrote them, which is the order Snakemake prints them in (tests/snapshots/plan_*.txt)."""
@@ -102,41 +102,17 @@ def stage_resources(resources: Mapping, gpu: Mapping | None = None, *, runtime_g
 
 
 class PlanBase:
-    """The config of one run and the decisions every stage shares; each stage's plan (llmrnn.plan.<stage>)
-    adds its own, and llmrnn.plan.Plan is all of them over one config."""
+    """The config of one run, its paths and recipe: what every stage's plan (llmrnn.plan.<stage>) and
+    llmrnn.plan.Plan, which composes them, are built over."""
 
     def __init__(self, config: Mapping):
         self.config = config
         self.paths = Paths.of(config["run_name"])
-        self._rubric = None
 
-    # ------------------------------------------------------------------------- shared
     def recipe_is(self, name: str) -> bool:
         return self.config["recipe"] == name
 
     def cfg_json(self, *sections: str) -> str:
         """The exact config subset a rule depends on, as JSON; in params it makes Snakemake rerun the
         rule when (and only when) that subset changes."""
-        return _json({s: self.config[s] for s in sections})
-
-    def conda_env(self, stage: str) -> str:
-        """The conda env file (--sdm conda) of every job, chosen in this one place. Stages: data (cohort,
-        report), cpu (models, merge, release, preflight), forward (trajectory and eval shards; vllm when a
-        role uses the vLLM backend), judge (vllm for a `vllm serve` judge), train (verl or cpu), sft (the qa
-        recipe's LoRA SFT: the GPU stack, whose lock holds TRL and PEFT, when the job gets a GPU).
-        """
-        c = self.config
-        if stage == "forward":
-            name = "vllm" if any(r.get("backend") == "vllm" for r in c["roles"].values()) else "cpu"
-        elif stage == "judge":
-            name = "vllm" if self.judge_gpus() else "cpu"
-        elif stage == "train":
-            name = "verl" if c["train"]["engine"] == "verl" else "cpu"
-        elif stage == "sft":
-            name = "verl" if c["qa"]["sft"]["resources"]["gpu"] else "cpu"
-        elif stage in ("data", "cpu"):
-            name = stage
-        else:
-            raise InputError(f"conda_env: unknown stage {stage!r}; expected one of {', '.join(CONDA_STAGES)}")
-        return f"../envs/{name}.yaml"
-
+        return to_json({s: self.config[s] for s in sections})

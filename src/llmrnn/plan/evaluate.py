@@ -2,54 +2,64 @@
 
 from __future__ import annotations
 
-from llmrnn.plan.common import PlanBase, _json, stage_resources
+from collections.abc import Mapping
 
-EVAL_VARIANT_PATTERN = "base|trained|zero_shot|full_history"
+from llmrnn.plan.common import PlanBase, stage_resources, to_json
+from llmrnn.plan.models import ModelsPlan
+from llmrnn.plan.qa import QaPlan
+
 EVAL_ROLES = ("prediction", "evaluation", "memory")
 
 
 class EvaluatePlan(PlanBase):
-    """The held-out evaluation's decisions over self.config (the other stages' methods are reached
-    through Plan, which is all of them)."""
+    """The held-out evaluation's decisions over the config: its roles load configured `models`; recipe qa
+    evaluates in its own stage (`qa`)."""
 
-    # ------------------------------------------------------------------------- eval (held-out)
-    def eval_variants(self) -> list[str]:
+    # eval_shard's {variant}: the base and trained memory model, and the baselines eval.baselines may name
+    VARIANT_PATTERN = "base|trained|zero_shot|full_history"
+
+    def __init__(self, config: Mapping, *, models: ModelsPlan, qa: QaPlan):
+        super().__init__(config)
+        self.models = models
+        self.qa = qa
+
+    def variants(self) -> list[str]:
         """base + trained memory model, then the configured baselines."""
         return ["base", "trained", *self.config["eval"]["baselines"]]
 
-    def eval_cfg_json(self, *keys: str) -> str:
+    def section_cfg(self, *keys: str) -> str:
         """A subset of the eval section as JSON (params of the grade/gather rules)."""
-        return _json({k: self.config["eval"][k] for k in keys})
+        return to_json({k: self.config["eval"][k] for k in keys})
 
-    def eval_forward_cfg(self) -> str:
+    def forward_cfg(self) -> str:
         """Everything that changes the forward pass of an eval shard: eval's patient/sampling knobs and the
         roles/prompts sections (models and the prompt file are inputs). Grading and statistics knobs are
         left out, so changing them never reruns the forward pass.
         """
         c = self.config
         subset = {k: c["eval"][k] for k in ("max_patients", "max_visits", "patient_seed", "seed")}
-        return _json({"eval": subset, "roles": c.get("roles"), "prompts": c.get("prompts")})
+        return to_json({"eval": subset, "roles": c.get("roles"), "prompts": c.get("prompts")})
 
-    def eval_resources(self) -> dict:
+    def resources(self) -> dict:
         """resources of eval_shard: eval.resources (a killed shard starts over: its runtime grows)."""
         return stage_resources(self.config["eval"]["resources"])
 
-    def eval_role_model_inputs(self, roles) -> list[str]:
+    def role_model_inputs(self, roles) -> list[str]:
         """Files of the roles' models: the .ready marker of a configured model name, the folder itself for
         a path; nothing for an openai endpoint."""
-        sections = self._local_roles(self.config["roles"][role] for role in roles)
-        return sorted({self.model_input(cfg["model"]) for cfg in sections})
+        sections = self.models.local_roles(self.config["roles"][role] for role in roles)
+        return sorted({self.models.input_of(cfg["model"]) for cfg in sections})
 
-    def eval_trained_model(self) -> str:
+    def trained_model(self) -> str:
         """The trained memory model: this run's merged model, or the HF folder named by eval.trained_model."""
         return self.config["eval"]["trained_model"] or f"{self.paths.run}/merged"
 
-    def eval_shard_inputs(self, wildcards) -> list[str]:
+    def shard_inputs(self, wildcards) -> list[str]:
         """Models of an eval shard; the trained variant's memory model is the merged one (and the merge
         check must have passed) or eval.trained_model."""
         if wildcards.variant != "trained":
-            return self.eval_role_model_inputs(EVAL_ROLES)
-        inputs = self.eval_role_model_inputs(("prediction", "evaluation"))
+            return self.role_model_inputs(EVAL_ROLES)
+        inputs = self.role_model_inputs(("prediction", "evaluation"))
         trained = self.config["eval"]["trained_model"]
         if trained:
             return [*inputs, f"{trained}/config.json"]
@@ -59,26 +69,27 @@ class EvaluatePlan(PlanBase):
         """The GRPO adapter folder (train_grpo's or qa_train_grpo's output `adapter`)."""
         return f"{self.paths.run}/train/adapter"
 
-    def eval_memory_arg(self, wildcards) -> list[str]:
+    def memory_arg(self, wildcards) -> list[str]:
         """Arguments as a list, so `{params.memory:q}` quotes each one. This run's trained model comes with the
         adapter it was merged from: a vLLM memory role serves it as a LoRA on the base engine (one engine)."""
         if wildcards.variant != "trained":
             return []
         if self.config["eval"]["trained_model"]:
-            return ["--memory-model", self.eval_trained_model()]
-        return ["--memory-model", self.eval_trained_model(), "--memory-adapter", self.grpo_adapter()]
+            return ["--memory-model", self.trained_model()]
+        return ["--memory-model", self.trained_model(), "--memory-adapter", self.grpo_adapter()]
 
-    def eval_shard_files(self, kind: str) -> list[str]:
+    def shard_files(self, kind: str) -> list[str]:
         """All shard files of every variant: kind is "shard" (forward pass) or "graded"."""
         return [
             f"{self.paths.run}/eval/{variant}/{kind}_{k}.jsonl"
-            for variant in self.eval_variants()
+            for variant in self.variants()
             for k in range(self.config["eval"]["shards"])
         ]
 
-    def eval_heldout_targets(self) -> list[str]:
+    def heldout_targets(self) -> list[str]:
+        """What `eval_heldout` builds: the memory head's metrics and plots, or (recipe qa) the qa stage's."""
         if self.recipe_is("qa"):
-            return self.qa_eval_targets()
+            return self.qa.eval_targets()
         plots = f"{self.paths.run}/eval/plots"
         return [
             f"{self.paths.run}/eval/metrics.json",

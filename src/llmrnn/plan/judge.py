@@ -3,68 +3,79 @@ input and GPUs, the agreement check and preflight's params."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from llmrnn.judge.launcher import judge_model_dir
 from llmrnn.models import READY
-from llmrnn.plan.common import PlanBase, _json, stage_resources
+from llmrnn.plan.common import PlanBase, stage_resources, to_json
+from llmrnn.plan.models import ModelsPlan
+from llmrnn.reward import asks_judge
+from llmrnn.rubric import load_rubric
 
 
 class JudgePlan(PlanBase):
-    """The judge and preflight stages' decisions over self.config (the other stages' methods are reached
-    through Plan, which is all of them)."""
+    """The judge and preflight stages' decisions over the config; a `source: local` judge is one of the
+    configured models (`models`)."""
 
-    # ------------------------------------------------------------------------- judge / preflight
-    def judge_rubric(self):
+    def __init__(self, config: Mapping, *, models: ModelsPlan):
+        super().__init__(config)
+        self.models = models
+        self._rubric = None
+
+    def rubric(self):
         """The rubric named by judge.rubric, parsed by the same code the server and the reward use."""
         if self._rubric is None:
-            from llmrnn.rubric import load_rubric
-
             self._rubric = load_rubric(self.config["judge"]["rubric"])
         return self._rubric
 
-    def judge_planned(self) -> bool:
+    def reward_rubric(self) -> str:
+        """The rubric the reward asks (and, recipe qa, the QA judge grades by): qa.reward.rubric, else
+        judge.rubric."""
+        if self.recipe_is("qa"):
+            return self.config["qa"]["reward"].get("rubric") or self.config["judge"]["rubric"]
+        return self.config["judge"]["rubric"]
+
+    def planned(self) -> bool:
         """Whether the reward asks the judge (llmrnn.reward.asks_judge: not when reward.mode is outcome);
         without it preflight and training get no endpoint, and judge_server serves only the judge_agreement
-        check (where judge_agreement_on)."""
-        from llmrnn.reward import asks_judge
-
+        check (where agreement_on)."""
         return asks_judge(self.config)
 
-    def judge_model_input(self, wildcards=None) -> str | list:
+    def model_input(self, wildcards=None) -> str | list:
         """The .ready marker of the judge model's local copy (the server loads only that copy, offline):
         prepare_base_model for `source: local`, prepare_judge_model for `source: hub`; none for a `path`.
         """
-        rubric = self.judge_rubric()
+        rubric = self.rubric()
         if rubric.model_source == "local":
-            return self.model_ready(rubric.model)
+            return self.models.ready(rubric.model)
         if rubric.model_source == "path":
             return []
-        from llmrnn.judge.launcher import judge_model_dir
-
         return str(judge_model_dir(rubric) / READY)
 
-    def judge_model_cfg_json(self) -> str:
+    def model_cfg(self) -> str:
         """What the judge model's download depends on: its hub id (not the rubric's prompts)."""
-        rubric = self.judge_rubric()
-        return _json({"model": rubric.model, "source": rubric.model_source})
+        rubric = self.rubric()
+        return to_json({"model": rubric.model, "source": rubric.model_source})
 
-    def judge_gpus(self) -> int:
-        return 1 if self.judge_rubric().needs_gpu else 0
+    def gpus(self) -> int:
+        return 1 if self.rubric().needs_gpu else 0
 
-    def judge_resources(self) -> dict:
+    def resources(self) -> dict:
         """resources of judge_server: judge.resources and the rubric's GPU; its runtime is its consumers' (it
         lives as long as they do), so it does not grow on a retry."""
-        return stage_resources(self.config["judge"]["resources"], {"gpu": self.judge_gpus()}, runtime_grows=False)
+        return stage_resources(self.config["judge"]["resources"], {"gpu": self.gpus()}, runtime_grows=False)
 
     def preflight_rubric_input(self) -> dict:
         """The rubric preflight checks, when the reward asks the judge (its endpoint comes beside it)."""
-        return {"rubric": self.config["judge"]["rubric"]} if self.judge_planned() else {}
+        return {"rubric": self.config["judge"]["rubric"]} if self.planned() else {}
 
-    def judge_agreement_cfg(self) -> str:
+    def agreement_cfg(self) -> str:
         """What the judge-agreement check depends on: the judge, the reward's scorer settings, and preflight's
         agreement keys and seed (not its compliance keys, which rerun only preflight)."""
         pre = {k: v for k, v in self.config["preflight"].items() if k.startswith("agreement_") or k == "seed"}
-        return _json({"judge": self.config["judge"], "reward": self.config["reward"], "preflight": pre})
+        return to_json({"judge": self.config["judge"], "reward": self.config["reward"], "preflight": pre})
 
-    def judge_agreement_on(self) -> bool:
+    def agreement_on(self) -> bool:
         """The judge-agreement figure is made unless preflight.agreement_pairs is 0."""
         return bool(self.config["preflight"]["agreement_pairs"])
 
@@ -72,7 +83,7 @@ class JudgePlan(PlanBase):
         """Preflight depends on the judge (when the reward asks it), reward and preflight sections (+ train:
         its training checks)."""
         sections = ("judge", "reward", "preflight", "train")
-        judged = self.judge_planned()
+        judged = self.planned()
         return self.cfg_json(*[s for s in sections if s in self.config and (s != "judge" or judged)])
 
     def preflight_threads(self) -> int:
@@ -80,4 +91,4 @@ class JudgePlan(PlanBase):
         waits on the judge: 0 (llmrnn runs a 0-thread job single-threaded: cli.sanitize_thread_env).
         Without a judge it computes: a core of its own (with 0 it ran beside two eval shards on the demo's
         2 cores: 53 s, not ~5)."""
-        return 0 if self.judge_planned() else 1
+        return 0 if self.planned() else 1

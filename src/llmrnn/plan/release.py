@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from llmrnn.plan.common import PlanBase, _json, _knobs
+from collections.abc import Mapping
+
+from llmrnn.plan.common import PlanBase, knobs, to_json
+from llmrnn.plan.judge import JudgePlan
 
 # Sections whose knobs shaped the released model (recorded in MANIFEST.json); eval/report/slurm/check are
 # not among them, so an eval knob never reruns the release.
@@ -13,35 +16,36 @@ RELEASE_KNOB_SECTIONS = (
 
 
 class ReleasePlan(PlanBase):
-    """The release stage's decisions over self.config (the other stages' methods are reached
-    through Plan, which is all of them)."""
+    """The release stage's decisions over the config; the card names the `judge` the reward asked."""
 
-    def release_cfg_json(self) -> str:
+    def __init__(self, config: Mapping, *, judge: JudgePlan):
+        super().__init__(config)
+        self.judge = judge
+
+    def build_cfg(self) -> str:
         """params of release: its own section + every model-shaping knob (for the manifest and card)."""
         c = self.config
-        knobs = {
-            s: _knobs(c[s]) if isinstance(c[s], dict) else c[s]
+        shaping = {
+            s: knobs(c[s]) if isinstance(c[s], dict) else c[s]
             for s in RELEASE_KNOB_SECTIONS
             if s in c
         }
         if self.recipe_is("qa"):  # only then: the memory head's manifest (and params) stay as they were
-            knobs["recipe"] = c["recipe"]
-            knobs["qa"] = {k: v for k, v in c["qa"].items() if k != "eval"}
-            knobs["qa"]["sft"] = _knobs(c["qa"]["sft"])
-        return _json({"run_name": c["run_name"], "release": c["release"], "knobs": knobs})
+            shaping["recipe"] = c["recipe"]
+            shaping["qa"] = {k: v for k, v in c["qa"].items() if k != "eval"}
+            shaping["qa"]["sft"] = knobs(c["qa"]["sft"])
+        return to_json({"run_name": c["run_name"], "release": c["release"], "knobs": shaping})
 
-    def release_targets(self) -> list[str]:
+    def targets(self) -> list[str]:
         release = f"{self.paths.run}/release"
         return [f"{release}/README.md", f"{release}/MANIFEST.json", f"{release}/upload_receipt.json"]
 
-    def release_rubric_input(self, wildcards=None) -> dict:
+    def rubric_input(self, wildcards=None) -> dict:
         """The rubric the card and manifest describe: the one the reward asked (the QA reward's for recipe
         qa); none where the reward asks no judge (memory head reward.mode outcome, a QA reward without
         judge weight), so they do not name a judge that scored nothing."""
-        if not self.judge_planned():
-            return {}
-        return {"rubric": self.qa_grading_rubric() if self.recipe_is("qa") else self.config["judge"]["rubric"]}
+        return {"rubric": self.judge.reward_rubric()} if self.judge.planned() else {}
 
-    def release_split_format(self) -> list[str]:
+    def split_format(self) -> list[str]:
         """--split-format of `llmrnn release build`: [] (cohort, the CLI's default) or qa; a list for :q."""
         return ["--split-format", "qa"] if self.recipe_is("qa") else []

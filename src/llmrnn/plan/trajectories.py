@@ -2,37 +2,35 @@
 
 from __future__ import annotations
 
-from llmrnn.plan.common import PlanBase, _json, _knobs, stage_resources
+from llmrnn.plan.common import PlanBase, knobs, stage_resources, to_json
 
 TRAJECTORY_SPLITS = ("train", "val")
 
 
 class TrajectoriesPlan(PlanBase):
-    """The trajectories stage's decisions over self.config (the other stages' methods are reached
-    through Plan, which is all of them)."""
+    """The trajectories stage's decisions over the config (it depends on no other stage)."""
 
-    # ------------------------------------------------------------------------- trajectories
-    def trajectories_cfg_json(self) -> str:
+    def shard_cfg(self) -> str:
         """params of trajectory_shard: roles, the models they use, the trajectories knobs (not resources)."""
         c = self.config
         used = {r["model"] for r in c["roles"].values()}
-        return _json({
+        return to_json({
             "roles": c["roles"],
             "models": {n: m for n, m in c["models"].items() if n in used},
-            "trajectories": _knobs(c["trajectories"]),
+            "trajectories": knobs(c["trajectories"]),
         })
 
-    def trajectory_resources(self) -> dict:
+    def resources(self) -> dict:
         """resources of trajectory_shard: trajectories.resources (a killed shard starts over: its runtime grows)."""
         return stage_resources(self.config["trajectories"]["resources"])
 
-    def trajectory_shard_files(self, split: str, ext: str) -> list[str]:
+    def shard_files(self, split: str, ext: str) -> list[str]:
         return [
             f"{self.paths.run}/trajectories/shards/{split}/part_{k}.{ext}"
             for k in range(self.config["trajectories"]["shards"])
         ]
 
-    def trajectory_targets(self) -> list[str]:
+    def targets(self) -> list[str]:
         return [
             f"{self.paths.run}/trajectories/{s}.{ext}"
             for s in TRAJECTORY_SPLITS
