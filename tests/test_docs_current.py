@@ -40,7 +40,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.test_docs_links import anchors, headings
-from tests.test_layout import computed_rule_names
+from tests.test_layout import rules_in_workflow
 
 MARKDOWN = ["README.md", "CONTRIBUTING.md", "config/README.md"]
 FENCE = re.compile(r"^\s*(```|~~~)(\S*)")
@@ -161,38 +161,7 @@ def texts() -> tuple[Text, ...]:
 
 
 # ----------------------------------------------------------------------------- what exists
-RULE = re.compile(r"^(?:rule|checkpoint)(?:\s+(\w+))?\s*:")  # `rule:` has its name in a `name:` directive
-USE_RULE = re.compile(r"^\s*use\s+rule\s+(\w+)\s+(?:from\s+\w+\s+)?as\s+(\w+)")  # also in a recipe's `if`
 DIRECTIVE = re.compile(r"^(\s+)(\w+):")
-
-
-def parse_rules(files: dict[str, str]) -> dict[str, bool]:
-    """Rule name -> whether its output has wildcards (so it cannot be a target by name), read from the
-    Snakefile and rule files: `rule NAME:` / `checkpoint NAME:` / `rule:` under each name its `name:`
-    expression gives (tests.test_layout.computed_rule_names) / `use rule OLD as NEW` (NEW inherits OLD's
-    output unless its `with:` block gives one)."""
-    rules: dict[str, bool] = {}
-    uses: list[tuple[str, str, str]] = []
-    for text in files.values():
-        lines = text.splitlines()
-        for i, line in enumerate(lines):
-            m, u = RULE.match(line), USE_RULE.match(line)
-            if not (m or u):
-                continue
-            body, indent = [], len(line) - len(line.lstrip())
-            for later in lines[i + 1:]:
-                if later.strip() and len(later) - len(later.lstrip()) <= indent:
-                    break
-                body.append(later)
-            if m:
-                named = re.search(r"^\s+name:\n?\s*(.+)$", "\n".join(body), re.MULTILINE)
-                for name in [m.group(1)] if m.group(1) else computed_rule_names(named.group(1).strip()):
-                    rules[name] = wildcard_output(body)
-            else:
-                uses.append((u.group(1), u.group(2), "\n".join(body)))
-    for old, new, body in uses:
-        rules[new] = wildcard_output(body.splitlines()) if "output:" in body else rules.get(old, False)
-    return rules
 
 
 def wildcard_output(body: list[str]) -> bool:
@@ -217,8 +186,11 @@ def wildcard_output(body: list[str]) -> bool:
 
 @cache
 def rules() -> dict[str, bool]:
-    files = [REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))]
-    return parse_rules({p.name: p.read_text(encoding="utf-8") for p in files})
+    """Rule name -> whether its output has wildcards (so it cannot be a target by name), from the Snakefile and
+    the rule files as tests.test_layout reads them (a computed `name:` under each name it gives, a `use rule`
+    child with its parent's output unless its `with:` block gives one)."""
+    found = rules_in_workflow((REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))))
+    return {name: wildcard_output(rule["body"].splitlines()) for name, rule in found.items()}
 
 
 # Snakemake's options the docs use -> (the option's long name, nargs), so the fast checks need not import
@@ -520,14 +492,15 @@ def key_problems(items: tuple[Text, ...]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- the checker itself
-def test_the_rule_reader_reads_names_use_rule_and_wildcards():
-    files = {"a.smk": (
+def test_the_rule_reader_reads_names_use_rule_and_wildcards(tmp_path):
+    (tmp_path / "a.smk").write_text(
         'rule plain:\n    output:\n        f"{RUN}/x.json",\n    shell:\n        "echo {wildcards.x}"\n\n'
         'rule shard:\n    input:\n        "a",\n    output:\n        part=f"{RUN}/s/{{k}}.parquet",\n'
         'checkpoint plain_file:\n    output:\n        "out/{name}.txt",\n'
         'use rule plain as plain_copy with:\n    log:\n        "x.log",\n'
-        'use rule shard as shard_fixed with:\n    output:\n        "fixed.txt",\n')}
-    assert parse_rules(files) == {"plain": False, "shard": True, "plain_file": True, "plain_copy": False,
+        'use rule shard as shard_fixed with:\n    output:\n        "fixed.txt",\n')
+    found = rules_in_workflow((tmp_path / "a.smk",))
+    assert {name: wildcard_output(rule["body"].splitlines()) for name, rule in found.items()} == {"plain": False, "shard": True, "plain_file": True, "plain_copy": False,
                                   "shard_fixed": False}
 
 

@@ -17,9 +17,10 @@ MAX_FUNCTION_LINES = 100
 MAX_MODULE_LINES = 600
 
 
-# `rule NAME:`, `rule:` (its name computed by a `name:` directive) and `use rule OLD as NEW with:` (at any
+# `rule NAME:` (or `checkpoint NAME:`), `rule:` (its name computed by a `name:` directive) and `use rule OLD as NEW with:` (at any
 # indent: a recipe's `if` block), each with its body
-RULE_OR_USE = re.compile(r"^( *)(?:rule (\w+)|rule|use rule (\w+) as (\w+) with):\n((?:\1 .*\n|\n)*)", re.MULTILINE)
+RULE_OR_USE = re.compile(r"^( *)(?:(?:rule|checkpoint) (\w+)|rule|use rule (\w+) as (\w+) with):\n((?:\1 .*\n|\n)*)",
+                         re.MULTILINE)
 RECIPE_CONFIGS = ((), ("config/qa_demo.yaml",))  # the memory head's demo and recipe qa's
 
 
@@ -79,10 +80,12 @@ def inherit(rules: dict[str, dict]) -> dict[str, dict]:
     return rules
 
 
-def rules_in_workflow() -> dict[str, dict]:
+def rules_in_workflow(paths: tuple[Path, ...] = ()) -> dict[str, dict]:
+    """Every rule of the rule files (or of `paths`), `use rule` children completed (the one reader of rule
+    files the tests share: test_docs_current reads the Snakefile's too)."""
     found = {}
-    for path in sorted((REPO / "rules").glob("*.smk")):
-        found.update(parse_rules(path.read_text(), str(path.relative_to(REPO))))
+    for path in paths or sorted((REPO / "rules").glob("*.smk")):
+        found.update(parse_rules(path.read_text(), str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)))
     return inherit(found)
 
 
