@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.slurm.test_slurm_run import RUN_FLAGS, _env
+from tests.slurm.test_slurm_run import _env
+from tests.slurm.test_survival import resume_node, snakemake_through_the_profile, take_node_down
 from tests.test_train_trl import STANDIN, tiny_cfg
 from tests.verl.rows import make_rows, write_parquet
 
@@ -54,24 +54,16 @@ def _run_interrupted(tmp_path: Path, tiny_model_dir: Path, save_freq: int, inter
     env = _env(tmp_path, LLMRNN_CONFIGFILE="config/preemption.yaml", LLMRNN_SLURM_RETRIES="1",
                LLMRNN_SLURM_CPU_PARTITION="preemptible", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     trace = work / "out" / "train" / "state" / "data_trace.jsonl"
-    with open(tmp_path / "snakemake.log", "w") as log:  # a file: a pipe nobody reads would block Snakemake
-        proc = subprocess.Popen([str(Path(sys.executable).parent / "snakemake"), "--profile", "profiles/slurm",
-                                 "all", *RUN_FLAGS], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            give_up = time.time() + 600  # a guard against a hung run, not a timing assertion
-            while not (trace.exists() and len(trace.read_text().splitlines()) >= 3):  # inside the run
-                assert proc.poll() is None, (tmp_path / "snakemake.log").read_text()[-6000:]
-                assert time.time() < give_up, "the training job never reached step 3"
-                time.sleep(0.2)
-            running = _running_job_node()
-            assert running, "no running training job in partition preemptible"
-            interrupt(*running)
-            proc.wait(timeout=900)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=60)
+    with snakemake_through_the_profile(work, env, tmp_path / "snakemake.log") as proc:
+        give_up = time.time() + 600  # a guard against a hung run, not a timing assertion
+        while not (trace.exists() and len(trace.read_text().splitlines()) >= 3):  # inside the run
+            assert proc.poll() is None, (tmp_path / "snakemake.log").read_text()[-6000:]
+            assert time.time() < give_up, "the training job never reached step 3"
+            time.sleep(0.2)
+        running = _running_job_node()
+        assert running, "no running training job in partition preemptible"
+        interrupt(*running)
+        proc.wait(timeout=900)
     assert proc.returncode == 0, (tmp_path / "snakemake.log").read_text()[-6000:]
     return work, env
 
@@ -120,18 +112,14 @@ def test_a_training_job_whose_node_dies_loses_at_most_the_step_in_flight(slurm_c
         killed["traced"] = len((tmp_path / "preemption" / "out" / "train" / "state" / "data_trace.jsonl")
                                .read_text().splitlines())
         killed["node"] = node
-        # SLURM takes the node down (its jobs fail) and drains it; nothing of the job survives on it
-        for state in ("DOWN", "DRAIN"):
-            subprocess.run(["scontrol", "update", f"NodeName={node}", f"State={state}", "Reason=llmrnn-test-killed"],
-                           check=True, capture_output=True, text=True, timeout=30)
+        take_node_down(node)  # and nothing of the job survives on it:
         subprocess.run(["pkill", "-KILL", "-f", "--work-dir out/train"], check=False, timeout=30)
 
     try:
         work, env = _run_interrupted(tmp_path, tiny_model_dir, 1, kill_node)
     finally:
         if "node" in killed:
-            subprocess.run(["scontrol", "update", f"NodeName={killed['node']}", "State=RESUME"], check=False,
-                           capture_output=True, text=True, timeout=30)
+            resume_node(killed["node"])
     # the step being scored when the node died (traced + 1) at the latest is redone; nothing before it
     assert _assert_resumed_once_each(work, env, tmp_path) >= killed["traced"] - 1
 

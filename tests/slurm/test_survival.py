@@ -5,6 +5,7 @@ node from the rows it kept, losing none and writing none twice."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -31,6 +32,33 @@ def _scontrol(*args: str, check: bool = True) -> None:
     subprocess.run(["scontrol", "update", *args], check=check, capture_output=True, text=True, timeout=30)
 
 
+def take_node_down(node: str) -> None:
+    """The node dies: SLURM takes it down (its jobs fail); drained, it stays out of service when its slurmd
+    (alive here) registers again (ReturnToService=2). `resume_node` brings it back for the other tests."""
+    _scontrol(f"NodeName={node}", "State=DOWN", "Reason=llmrnn-test-killed-node")
+    _scontrol(f"NodeName={node}", "State=DRAIN", "Reason=llmrnn-test-killed-node")
+
+
+def resume_node(node: str) -> None:
+    _scontrol(f"NodeName={node}", "State=RESUME", check=False)
+
+
+@contextlib.contextmanager
+def snakemake_through_the_profile(work: Path, env: dict, log_path: Path):
+    """`snakemake --profile profiles/slurm all` started in `work`, its output to a file (a pipe nobody reads
+    would block it), stopped if it still runs when the block ends."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "snakemake"), "--profile", "profiles/slurm",
+                                 "all", *RUN_FLAGS], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=60)
+
+
 def test_memory_retry_and_a_killed_node_lose_no_row(slurm_cluster, tmp_path):
     work = tmp_path / "survival"
     shutil.copytree(HERE / "survival_workflow", work)
@@ -39,11 +67,8 @@ def test_memory_retry_and_a_killed_node_lose_no_row(slurm_cluster, tmp_path):
     env = _env(tmp_path, LLMRNN_CONFIGFILE="config/survival.yaml", LLMRNN_SLURM_RETRIES="2",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     killed = None
-    with open(tmp_path / "snakemake.log", "w") as log:  # a file: a pipe nobody reads would block Snakemake
-        proc = subprocess.Popen([str(Path(sys.executable).parent / "snakemake"), "--profile", "profiles/slurm",
-                                 "all", *RUN_FLAGS], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
+    try:
+        with snakemake_through_the_profile(work, env, tmp_path / "snakemake.log") as proc:
             give_up = time.time() + 600  # a guard against a hung run, not a timing assertion
             while not any(w["item"] == 3 for w in _worked(work)):  # the shard holds in row 3, rows 0-2 kept
                 assert proc.poll() is None, (tmp_path / "snakemake.log").read_text()[-6000:]
@@ -51,22 +76,16 @@ def test_memory_retry_and_a_killed_node_lose_no_row(slurm_cluster, tmp_path):
                 time.sleep(0.5)
             first = next(w for w in _worked(work) if w["item"] == 3)
             killed = first["node"]
-            # the node dies: SLURM takes it down (its jobs fail) and nothing of the job survives on it; drained,
-            # it stays out of service when its slurmd (alive here) registers again (ReturnToService=2)
-            _scontrol(f"NodeName={killed}", "State=DOWN", "Reason=llmrnn-test-killed-node")
-            _scontrol(f"NodeName={killed}", "State=DRAIN", "Reason=llmrnn-test-killed-node")
+            take_node_down(killed)  # and nothing of the job survives on it
             try:
                 os.kill(first["pid"], signal.SIGKILL)
             except ProcessLookupError:
                 pass
             (work / "hold").unlink()
             proc.wait(timeout=900)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=60)
-            if killed:
-                _scontrol(f"NodeName={killed}", "State=RESUME", check=False)  # back for the other tests
+    finally:
+        if killed:
+            resume_node(killed)
     assert proc.returncode == 0, (tmp_path / "snakemake.log").read_text()[-6000:]
 
     # memory: the first attempt asked SLURM for 300 MB and died of it, the retry asked for 600 and finished
