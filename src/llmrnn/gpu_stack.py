@@ -96,7 +96,7 @@ def vllm_problem(version: str | None, with_verl: bool) -> str | None:
 def layout_problems(config: dict, env_nodes: str | None = None) -> list[str]:
     """A multi-node layout that cannot run: the TRL engine on several nodes, or a judge the other
     nodes cannot reach (loopback while reward workers run on every node)."""
-    from llmrnn.train.ray_cluster import is_loopback
+    from llmrnn.gpus import is_loopback
 
     train = filled("train", config.get("train"))
     nodes = max(int(train["nnodes"]), int(env_nodes or 1))

@@ -45,7 +45,7 @@ from urllib.parse import urlparse
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
-from llmrnn.gpus import node_address, this_node
+from llmrnn.gpus import is_loopback, node_address, this_node
 from llmrnn.safe_path import safe_path_env
 
 log = logging.getLogger(__name__)
@@ -123,13 +123,6 @@ def allocation_nodes(env: Mapping[str, str] | None = None) -> list[str]:
     if out.returncode != 0:
         raise CheckFailed(f"ray: scontrol show hostnames {nodelist} failed: {out.stderr.strip()[:200]}")
     return out.stdout.split()
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, ValueError):
-        return False
 
 
 def judge_reach_problem(judge_url: str | None, node_addresses: Mapping[str, str]) -> str | None:
