@@ -192,9 +192,9 @@ def test_no_module_is_longer_than_600_lines():
 LAYERS: list[tuple[str, set[str]]] = [
     ("leaves", {"errors", "constants", "safe_path", "custom_reward_child", "settings", "settings.base", "settings.workflow", "settings.evaluation",
                 "settings.train", "settings.release", "settings.qa", "settings.trajectory_step"}),
-    ("helpers", {"io", "rope", "stats", "jsonparse", "matching", "retry", "prompts", "rubric", "gpus", "upload", "cli",
+    ("helpers", {"io", "transport", "rope", "stats", "jsonparse", "matching", "retry", "prompts", "rubric", "gpus", "upload", "cli",
                  "configcheck", "runconfig", "provenance", "settings.render", "slurm", "quota", "kept", "benchmarks"}),
-    ("services", {"prefix_engine", "backends", "engine_budget", "models", "cohort", "judge", "judge.client", "judge.transport", "judge.server",
+    ("services", {"prefix_engine", "backends", "engine_budget", "models", "cohort", "judge", "judge.client", "judge.server",
                   "judge.launcher", "promptfit", "phi_guard", "phi_guard.canonical", "phi_guard.decoders",
                   "phi_guard.secrets", "phi_guard.ordinary_words", "phi_guard.identifiers", "phi_guard.scan", "phi_guard.formats",
                   "phi_guard.files", "phi_guard.bundle", "mimic", "mimic.sections", "mimic.audit", "mimic.tables", "mimic.build",

@@ -396,8 +396,8 @@ class OpenAIBackend:
         self.sequences = 0
 
     def _one(self, http, body: dict) -> str:
-        from llmrnn.judge.transport import JudgeAborted
         from llmrnn.retry import RequestRejected, RetriesExhausted, RetryPolicy
+        from llmrnn.transport import JudgeAborted
 
         policy = RetryPolicy(retries=self.max_retries, backoff_s=1.0, backoff_max_s=30.0)
         try:
@@ -415,7 +415,7 @@ class OpenAIBackend:
 
         import httpx
 
-        from llmrnn.judge.transport import BoundedHTTP, LiveCalls
+        from llmrnn.transport import BoundedHTTP, LiveCalls
 
         self.calls += 1
         self.sequences += len(conversations)
