@@ -39,6 +39,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from llmrnn.cli import stage_module
 from llmrnn.errors import InputError
 
 PACKAGE = "llmrnn"
@@ -285,8 +286,6 @@ def closure(entry_modules: Iterable[str], root: Path = ROOT, partial: dict[str, 
 def verb_closure(verb: str, *also: str, root: Path = ROOT) -> list[str]:
     """The modules `llmrnn <verb>` can run: the CLI, its stage module as far as the verb reaches it, what
     those import, and `also` (modules it loads by a name given on its command line)."""
-    from llmrnn.cli import stage_module
-
     words = verb.split()
     stage = stage_module(words[0])
     part = verb_imports(stage, words[1] if len(words) > 1 else None, root)

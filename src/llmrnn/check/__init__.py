@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from llmrnn.check import skips
+
 # one module per concept; the names below are `llmrnn.check`'s API (tests and other modules use them)
 from llmrnn.check.cohort import check_cohort, check_qa_data, withhold_ids
 from llmrnn.check.config import VALUE_ERRORS, load_config
@@ -32,6 +34,8 @@ from llmrnn.check.slurm import (
     check_profile_gpus,
 )
 from llmrnn.check.training import check_attention, check_training, check_verl_command, compose_verl
+from llmrnn.io import write_json
+from llmrnn.runconfig import configfiles_for, filled
 
 __all__ = ["CHECKS", "PROFILE_GPU_DEFAULTS", "RECIPE_ONLY", "SMOKE_COMMAND", "VALUE_ERRORS", "chat_template_problem",
            "check_attention", "check_cohort", "check_custom_reward", "check_engine_budget", "check_env_names", "check_external_endpoints",
@@ -66,8 +70,6 @@ RECIPE_ONLY = {"qa data": "qa"}
 
 def run_checks(config_paths: list[Path]) -> dict:
     """Every check, each isolated (one crashing check is a problem, not the end of the list)."""
-    from llmrnn.check import skips
-
     config, problems = load_config(config_paths)
     schema_ok = not any(p.startswith("config: ") for p in problems)
     ran = ["schema"]
@@ -106,8 +108,6 @@ SMOKE_COMMAND = "snakemake --profile profiles/slurm all --configfile config/smok
 
 def smoke_advice(config: dict) -> list[str]:
     """A long verl run (more steps than the smoke test's few) gets told to run the cluster smoke test first."""
-    from llmrnn.runconfig import filled
-
     train = config.get("train") or {}
     steps = train.get("total_steps")
     if not isinstance(train, dict) or filled("train", train)["engine"] != "verl" or (isinstance(steps, int) and steps <= 4):
@@ -118,12 +118,9 @@ def smoke_advice(config: dict) -> list[str]:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     # like the Snakefile: the given files alone, config/config.yaml only when none is given
-    from llmrnn.runconfig import configfiles_for
 
     report = run_checks(configfiles_for(args.configfile))
     if args.out:
-        from llmrnn.io import write_json
-
         write_json(args.out, report)
     files = " + ".join(report["configfiles"])
     for advice in report["advice"]:

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
-from llmrnn import io
+from llmrnn import io, kept
+from llmrnn.cli import json_arg
+from llmrnn.cohort import load_cohort
 from llmrnn.errors import InputError
 from llmrnn.evaluate.gather import gather
 from llmrnn.evaluate.grading import FinalJudge, grade_records, parse_judge_verdict
@@ -61,11 +64,8 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- CLI
 def _cmd_shard(args: argparse.Namespace) -> None:
-    import os
-
     import torch
 
-    from llmrnn.cohort import load_cohort
 
     torch.set_num_threads(max(1, int(args.threads or os.environ.get("OMP_NUM_THREADS", "1"))))
     cfg = args.cfg
@@ -79,7 +79,6 @@ def _cmd_shard(args: argparse.Namespace) -> None:
     label = f"eval {args.variant} shard {args.shard + 1}/{args.shards}"
     log.info("%s: %d of %d selected test patients", label, len(part), len(patients))
     # finished rows survive a kill (SLURM time limit, preemption): llmrnn.kept, valid only for this very shard
-    from llmrnn import kept
 
     fingerprint = kept.fingerprint("evaluate shard", cfg, args.variant, args.memory_model, args.memory_adapter,
                                    io.sha256_file(args.prompts), [p.get("subject_id") for p in part])
@@ -122,8 +121,6 @@ def _cmd_gather(args: argparse.Namespace) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from llmrnn.cli import json_arg
-
     ev = sub.add_parser("evaluate", help="held-out evaluation: forward-pass shards, final judge, metrics")
     esub = ev.add_subparsers(dest="evaluate_command", required=True)
 

@@ -10,6 +10,7 @@ its server script:
 
 from __future__ import annotations
 
+from llmrnn.cli import json_arg
 from llmrnn.judge.client import (
     Endpoint,
     JudgeClient,
@@ -18,6 +19,7 @@ from llmrnn.judge.client import (
     health_ok,
     wait_for_endpoint,
 )
+from llmrnn.judge.launcher import prepare_judge_model, run_server
 
 __all__ = ["Endpoint", "JudgeClient", "JudgeRequestError", "JudgeUnavailable", "health_ok", "register",
            "wait_for_endpoint"]
@@ -25,13 +27,12 @@ __all__ = ["Endpoint", "JudgeClient", "JudgeRequestError", "JudgeUnavailable", "
 
 # ----------------------------------------------------------------------------- CLI
 def _cmd_server(args) -> int:
-    from llmrnn.judge.launcher import run_server
-
     judge = args.cfg.get("judge", args.cfg)  # the rule passes {"judge": {...}}
     return run_server(args.rubric, args.endpoint, judge.get("startup_timeout_s"), host=judge.get("host"))
 
 
 def _cmd_serve(args) -> int:
+    # lazy: the reward (verl's workers) imports this package's client; the server brings the forward pass
     from llmrnn.judge.server import serve
 
     return serve(args.model, args.served_model_name, args.host, args.port, args.api_key_file,
@@ -39,8 +40,6 @@ def _cmd_serve(args) -> int:
 
 
 def _cmd_prepare_model(args) -> int:
-    from llmrnn.judge.launcher import prepare_judge_model
-
     prepare_judge_model(args.rubric, args.out)
     return 0
 
@@ -52,8 +51,6 @@ def _cmd_wait(args) -> int:
 
 
 def register(sub) -> None:
-    from llmrnn.cli import json_arg
-
     p = sub.add_parser("judge", help="judge server: start (service), serve (our CPU server), wait")
     jsub = p.add_subparsers(dest="judge_command", required=True)
 

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from llmrnn import io
+from llmrnn.cli import json_arg
 from llmrnn.errors import InputError
 from llmrnn.merge.adapter import (
     base_dir_of,
@@ -125,8 +126,6 @@ def _cmd_check(args: argparse.Namespace) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from llmrnn.cli import json_arg
-
     merge = sub.add_parser("merge", help="merge the LoRA into the base model and verify it")
     msub = merge.add_subparsers(dest="merge_command", required=True)
     cfg_help = 'JSON: {"merge": {...}, "train": {"lora_rank", "lora_alpha", ...}}'

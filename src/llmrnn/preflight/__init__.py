@@ -35,6 +35,7 @@ import json
 import logging
 
 from llmrnn import io
+from llmrnn.cli import json_arg
 from llmrnn.models import model_folder
 from llmrnn.preflight.agreement import (
     WHY_OUTCOME,
@@ -48,6 +49,7 @@ from llmrnn.preflight.rows import CANDIDATES, EMPTY_MEMORY, load_rows
 from llmrnn.preflight.run import run_preflight
 from llmrnn.preflight.training import training_checks
 from llmrnn.settings.evaluation import Preflight, preflight_settings
+from llmrnn.train import config as tcfg
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +80,6 @@ def _cmd_agreement(args) -> int:
 
 
 def _cmd_training(args) -> int:
-    from llmrnn.train import config as tcfg
-
     cfg = args.cfg.get("train", args.cfg)
     result = training_checks(tcfg.settings(cfg), args.train, args.val, model_folder(args.model),
                              out_dir=args.out_dir, gpus_available=args.gpus)
@@ -98,8 +98,6 @@ def _cmd_run(args) -> int:
 
 
 def register(sub) -> None:
-    from llmrnn.cli import json_arg
-
     p = sub.add_parser("preflight", help="judge compliance + training checks before GRPO")
     psub = p.add_subparsers(dest="preflight_command", required=True)
     r = psub.add_parser("run", help="score K train rows with the reward (the real judge unless reward.mode is "

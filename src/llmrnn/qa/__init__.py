@@ -15,7 +15,16 @@ from __future__ import annotations
 
 import logging
 
+from llmrnn import io
+from llmrnn.cli import json_arg
+from llmrnn.cohort import load_cohort
+from llmrnn.qa.data import OUTPUTS, prepare, write_hashed
+from llmrnn.qa.evaluate import evaluate_model, gather, judge_eval_files
+from llmrnn.qa.report import write_report
+from llmrnn.qa.sft import train_sft
+from llmrnn.qa.synth import questions_from_cohort
 from llmrnn.runconfig import filled
+from llmrnn.settings.evaluation import Preflight
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +44,6 @@ def _eval_cfg(args) -> dict:
 
 
 def cmd_synth(args) -> int:
-    from llmrnn.cohort import load_cohort
-    from llmrnn.qa.data import write_hashed
-    from llmrnn.qa.synth import questions_from_cohort
-
     cfg = filled("qa.synthetic", _cfg(args, "synthetic"))
     ind, ood = questions_from_cohort(load_cohort(args.cohort), int(cfg["seed"]), cfg["max_questions"])
     write_hashed(args.ood, ood)
@@ -48,23 +53,17 @@ def cmd_synth(args) -> int:
 
 
 def cmd_data(args) -> int:
-    from llmrnn.qa.data import OUTPUTS, prepare
-
     prepare(args.cfg, {k: getattr(args, k) for k in OUTPUTS}, args.source, args.ood_source or None)
     return 0
 
 
 def cmd_sft(args) -> int:
-    from llmrnn.qa.sft import train_sft
-
     train_sft(_cfg(args, "sft"), args.train, args.val, args.model, adapter_dir=args.adapter,
               metrics_path=args.metrics, summary_path=args.summary)
     return 0
 
 
 def cmd_eval(args) -> int:
-    from llmrnn.qa.evaluate import evaluate_model
-
     model = args.model.removesuffix("/.ready")
     evaluate_model(model, args.questions, args.out, args.variant, args.split, _eval_cfg(args), args.threads,
                    args.endpoint, args.rubric, (args.cfg or {}).get("reward"))
@@ -72,9 +71,6 @@ def cmd_eval(args) -> int:
 
 
 def cmd_judge(args) -> int:
-    from llmrnn.qa.evaluate import judge_eval_files
-    from llmrnn.settings.evaluation import Preflight
-
     # the bar preflight and training hold the judge to (preflight.max_fallback_rate)
     max_rate = float((args.cfg or {}).get("max_fallback_rate", Preflight().max_fallback_rate))
     # every wait on the judge is bounded by config section `reward` (its timeouts, retries, budgets)
@@ -84,9 +80,6 @@ def cmd_judge(args) -> int:
 
 
 def cmd_gather(args) -> int:
-    from llmrnn import io
-    from llmrnn.qa.evaluate import gather
-
     metrics, comparison = gather(args.inputs, _cfg(args, "eval"), args.train)
     io.write_json(args.comparison, comparison)
     io.write_json(args.metrics, metrics)
@@ -94,16 +87,12 @@ def cmd_gather(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from llmrnn.qa.report import write_report
-
     for path in write_report(args.metrics, args.comparison, args.inputs, args.plot, args.summary, args.questions):
         log.info("wrote %s", path)
     return 0
 
 
 def register(sub) -> None:
-    from llmrnn.cli import json_arg
-
     p = sub.add_parser("qa", help="the qa recipe: QA data, SFT warm start, pass@k evaluation")
     q = p.add_subparsers(dest="qa_command", required=True)
 

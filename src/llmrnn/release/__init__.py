@@ -20,6 +20,7 @@ import argparse
 import json
 
 from llmrnn import phi_guard
+from llmrnn.cli import json_arg
 from llmrnn.release.bundle import build_release
 from llmrnn.release.manifest import metrics_summary, rubric_info
 
@@ -48,8 +49,6 @@ def _cmd_guard(args: argparse.Namespace) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from llmrnn.cli import json_arg
-
     release = sub.add_parser("release", help="model card, manifest, PHI guard and optional Hub upload")
     rsub = release.add_subparsers(dest="release_command", required=True)
     p = rsub.add_parser("build", help="write README.md (card), MANIFEST.json, upload_receipt.json")

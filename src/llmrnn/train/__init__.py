@@ -14,8 +14,18 @@ import shlex
 import sys
 from pathlib import Path
 
+from llmrnn import gpu_stack, io
+from llmrnn.cli import json_arg
+from llmrnn.errors import CheckFailed
+from llmrnn.gpus import assign, visible_gpus
 from llmrnn.models import model_folder
+from llmrnn.reward import STOP_REASON_FILE, guard_spec, missing_endpoint, reward_kwargs, reward_settings
+from llmrnn.reward.custom import custom_of, open_custom, trl_reward
+from llmrnn.settings.evaluation import preflight_settings
 from llmrnn.settings.train import Train
+from llmrnn.train import config as tcfg
+from llmrnn.train import diagnose, ray_cluster, tracking, trl_engine, verl_cmd
+from llmrnn.train.trl_engine import DEFAULT_REWARD
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +37,6 @@ def _cfg(args) -> dict:
 
 
 def _assign_gpus(cfg: Train, judge_gpus: int) -> None:
-    from llmrnn.gpus import assign
-
     train_gpus = cfg.n_gpus_per_node if cfg.engine == "verl" else None
     assign("train", judge_gpus=judge_gpus, train_gpus=train_gpus)
 
@@ -38,9 +46,6 @@ def _reward_kwargs(args, work: Path) -> dict:
     `reward` (your own reward's file made absolute: verl's reward workers run elsewhere), the judge's
     endpoint, the audit dir, and the fallback guard at preflight's threshold (training only). The stop
     reason of an earlier attempt is forgotten."""
-    from llmrnn.reward import STOP_REASON_FILE, guard_spec, reward_kwargs
-    from llmrnn.settings.evaluation import preflight_settings
-
     cfg = args.cfg or {}
     reward = cfg.get("reward")
     custom = (reward or {}).get("custom") if isinstance(reward, dict) else None
@@ -54,8 +59,6 @@ def _reward_kwargs(args, work: Path) -> dict:
 
 def _custom_reward(kwargs: dict) -> dict | None:
     """{"path", "name"} of your own reward (reward.custom), loaded once here so a wrong one stops now."""
-    from llmrnn.reward.custom import custom_of, open_custom
-
     custom = custom_of(kwargs.get("reward_cfg"))
     if custom:
         open_custom(custom).close()
@@ -65,9 +68,6 @@ def _custom_reward(kwargs: dict) -> dict | None:
 def _require_endpoint(args) -> None:
     """llmrnn.reward's judged modes (scalar, pairwise) need the judge's endpoint: say so before anything
     is loaded. Outcome mode needs none; another reward module (recipe qa's) checks its own."""
-    from llmrnn.reward import missing_endpoint, reward_settings
-    from llmrnn.train.trl_engine import DEFAULT_REWARD
-
     module = (args.reward_func or DEFAULT_REWARD).split(":", 1)[0]
     if args.endpoint or module != DEFAULT_REWARD.split(":", 1)[0]:
         return
@@ -77,10 +77,6 @@ def _require_endpoint(args) -> None:
 
 
 def cmd_run(args) -> int:
-    from llmrnn import io
-    from llmrnn.errors import CheckFailed
-    from llmrnn.train import config as tcfg
-
     cfg = tcfg.settings(_cfg(args))
     _require_endpoint(args)
     args.model = str(model_folder(args.model))
@@ -93,33 +89,22 @@ def cmd_run(args) -> int:
     reward_kwargs = _reward_kwargs(args, work)  # verl's reward_kwargs, TRL's reward-function arguments
     custom = _custom_reward(reward_kwargs)
     _assign_gpus(cfg, args.judge_gpus)
-    from llmrnn.train import tracking
-
     tracking.prepare(cfg, work)  # train.report_to's trackers write into the run folder
     run_name = args.experiment or work.parent.name
     outputs = {"work_dir": str(work), "adapter_dir": args.adapter, "metrics_path": args.metrics}
     engine = args.engine or cfg.engine
     if engine == "verl":  # here, in the job that holds the GPUs (preflight's step holds none)
-        from llmrnn import gpu_stack
-        from llmrnn.gpus import visible_gpus
-
         gpu_stack.require_verl()
         gpu_stack.require_gpus(cfg.n_gpus_per_node, visible_gpus())
     if engine == "trl":
-        from llmrnn.train import trl_engine
-
         reward_fn = None
         if custom:  # your own reward, per sample with verl's signature: TRL calls it through trl_reward
-            from llmrnn.reward.custom import open_custom, trl_reward
-
             reward_fn = trl_reward(open_custom(custom), custom["name"])
         summary = trl_engine.train(cfg, args.train, args.val, args.model, **outputs,
                                    reward_spec=_reward_spec(args, custom) or trl_engine.DEFAULT_REWARD,
                                    run_name=run_name, tracked_config=args.cfg, reward_kwargs=reward_kwargs,
                                    reward_fn=reward_fn)
     else:
-        from llmrnn.train import verl_cmd
-
         # --reward-func names the TRL function; verl calls compute_score of the same module
         reward_module = args.reward_func.split(":", 1)[0] if args.reward_func else None
         summary = verl_cmd.run(cfg, train_parquet=args.train, val_parquet=args.val, model_dir=args.model, **outputs,
@@ -136,10 +121,6 @@ def _reward_spec(args, custom: dict | None) -> str | None:
 
 
 def cmd_verl_cmd(args) -> int:
-    from llmrnn.reward import reward_kwargs
-    from llmrnn.train import config as tcfg
-    from llmrnn.train import verl_cmd
-
     overrides = verl_cmd.build_overrides(
         tcfg.settings(_cfg(args)),
         train_parquet=args.train,
@@ -159,8 +140,6 @@ def cmd_verl_cmd(args) -> int:
 
 
 def register(sub) -> None:
-    from llmrnn.cli import json_arg
-
     p = sub.add_parser("train", help="GRPO training (verl or TRL) on the trajectory parquets")
     tsub = p.add_subparsers(dest="train_command", required=True)
 
@@ -197,7 +176,6 @@ def register(sub) -> None:
     v.add_argument("--json", action="store_true", help="print the overrides as a JSON list")
     v.set_defaults(func=cmd_verl_cmd)
 
-    from llmrnn.train import diagnose, ray_cluster
 
     diagnose.add_parser(tsub)
     ray_cluster.add_parser(tsub)

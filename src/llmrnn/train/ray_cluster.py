@@ -46,6 +46,7 @@ from urllib.parse import urlparse
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.gpus import is_loopback, node_address, this_node
+from llmrnn.judge.launcher import free_port as free_port_on
 from llmrnn.safe_path import safe_path_env
 
 log = logging.getLogger(__name__)
@@ -152,8 +153,6 @@ def judge_layout_problem(judge_url: str | None, nnodes: int) -> str | None:
 
 def free_port() -> int:
     """A port free on every address of this node (Ray's servers listen on all of them)."""
-    from llmrnn.judge.launcher import free_port as free_port_on
-
     return free_port_on("")
 
 
@@ -482,6 +481,7 @@ def cmd_probe(args) -> int:
 
     @ray.remote(num_cpus=0)
     def where(judge_url):
+        # lazy: runs in a Ray worker, which cloudpickle hands this function by value; it imports there
         import os as _os
         import urllib.request
 

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from llmrnn import io
-from llmrnn.errors import CheckFailed, InputError
+from llmrnn.errors import CheckFailed, InputError, Interrupted
 from llmrnn.settings.train import Train
 from llmrnn.train.metrics import learning_problem
 
@@ -139,8 +139,6 @@ def stop_callback(stop, holder: dict, updates_per_step: int):
 
 def raise_if_interrupted(holder: dict, reached: int, max_steps: int, updates_per_step: int) -> None:
     """After trainer.train(): a run stopped on request (stop_callback) ends with Interrupted (exit 75)."""
-    from llmrnn.errors import Interrupted
-
     if reached < max_steps and holder.get("interrupted"):
         step, why = holder["interrupted"]
         raise Interrupted(f"train: stopped at step {step // updates_per_step} of {max_steps // updates_per_step} "
