@@ -407,7 +407,7 @@ def test_a_slow_or_endless_body_hits_the_whole_call_deadline(tmp_path, reply):
 
 
 def test_a_gzip_bomb_and_an_oversized_body_are_refused_at_the_cap(tmp_path):
-    from llmrnn.judge.transport import MAX_RESPONSE_BYTES
+    from llmrnn.transport import MAX_RESPONSE_BYTES
 
     bomb = gzip_bomb_reply(4 * MAX_RESPONSE_BYTES)
     with ScriptedJudge(lambda body: bomb) as judge, \

@@ -10,7 +10,7 @@ import importlib
 import re
 from pathlib import Path
 
-from llmrnn import cli
+from llmrnn import cli, provenance
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_FUNCTION_LINES = 100
@@ -224,14 +224,15 @@ def test_no_module_is_longer_than_600_lines():
 
 # ----------------------------------------------------------------------------- layers that point one way
 # The package bottom up. A module imports (at module level or in a function, as llmrnn.provenance reads it)
-# only modules of its own layer or below, and the import graph has no loop. cli sits low: it holds the
+# only modules of its own layer or below, and the import graph has no loop; a module entering a package from
+# outside imports that package's __init__ too (with_packages). cli sits low: it holds the
 # argument types the stages' register() use and loads the stage it dispatches to by name, never by import.
 LAYERS: list[tuple[str, set[str]]] = [
     ("leaves", {"errors", "constants", "safe_path", "custom_reward_child", "settings", "settings.base", "settings.workflow", "settings.evaluation",
                 "settings.train", "settings.release", "settings.qa", "settings.trajectory_step"}),
-    ("helpers", {"io", "rope", "stats", "jsonparse", "matching", "retry", "prompts", "rubric", "gpus", "upload", "cli",
+    ("helpers", {"io", "transport", "rope", "stats", "jsonparse", "matching", "retry", "prompts", "rubric", "gpus", "upload", "cli",
                  "configcheck", "runconfig", "provenance", "settings.render", "slurm", "quota", "kept", "benchmarks"}),
-    ("services", {"prefix_engine", "backends", "engine_budget", "models", "cohort", "judge", "judge.client", "judge.transport", "judge.server",
+    ("services", {"prefix_engine", "backends", "engine_budget", "models", "cohort", "judge", "judge.client", "judge.server",
                   "judge.launcher", "promptfit", "phi_guard", "phi_guard.canonical", "phi_guard.decoders",
                   "phi_guard.secrets", "phi_guard.ordinary_words", "phi_guard.identifiers", "phi_guard.scan", "phi_guard.formats",
                   "phi_guard.files", "phi_guard.bundle", "mimic", "mimic.sections", "mimic.audit", "mimic.tables", "mimic.build",
@@ -260,11 +261,20 @@ def package_modules() -> list[str]:
     return sorted(module_name(str(p.relative_to(REPO))) for p in root.rglob("*.py"))
 
 
-def import_graph() -> dict[str, set[str]]:
-    from llmrnn import provenance
+def with_packages(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph with an arrow to each package a module enters from outside: importing llmrnn.train.config
+    from llmrnn.gpu_stack runs llmrnn/train/__init__.py first, and whatever that imports."""
+    def entered(module: str, target: str) -> set[str]:
+        parts = target.split(".")
+        packages = {".".join(parts[:i]) for i in range(2, len(parts))}  # not "llmrnn": its __init__ is bare
+        return {p for p in packages if module != p and not module.startswith(p + ".")}
 
+    return {m: targets | {p for t in targets for p in entered(m, t)} for m, targets in graph.items()}
+
+
+def import_graph() -> dict[str, set[str]]:
     root = REPO / "src" / "llmrnn"
-    return {m: provenance.direct_imports(m, root) - {m} for m in package_modules()}
+    return with_packages({m: provenance.direct_imports(m, root) - {m} for m in package_modules()})
 
 
 def upward_imports(graph: dict[str, set[str]], layers: list[tuple[str, set[str]]]) -> list[str]:
@@ -322,8 +332,6 @@ def test_no_import_runs_back_up_the_layers():
 def test_the_shared_pieces_sit_below_their_users():
     """The issue's three arrows: training does not import its preflight, the release guard knows no
     recipe, and the reward (verl's reward workers import it) does not bring the forward pass along."""
-    from llmrnn import provenance
-
     root = REPO / "src" / "llmrnn"
     graph = import_graph()
     assert "llmrnn.preflight" not in provenance.closure(["llmrnn.train"], root)
@@ -339,3 +347,126 @@ def test_an_upward_import_or_a_loop_is_found():
         "llmrnn.a (low) imports llmrnn.b (high)"]
     assert upward_imports({"llmrnn.b": {"llmrnn.a"}, "llmrnn.a": set()}, layers) == []
     assert import_loops({"x": {"y"}, "y": {"z"}, "z": {"x"}, "w": {"x"}}) == [["x", "y", "z"]]
+    # the loop gpu_stack -> train.ray_cluster -> (train's __init__) -> gpu_stack, which ran only one way round
+    graph = {"llmrnn.gpu_stack": {"llmrnn.train.ray_cluster"}, "llmrnn.train": {"llmrnn.gpu_stack"},
+             "llmrnn.train.ray_cluster": {"llmrnn.train.config"}, "llmrnn.train.config": set()}
+    assert import_loops(graph) == []
+    assert with_packages(graph)["llmrnn.gpu_stack"] == {"llmrnn.train.ray_cluster", "llmrnn.train"}
+    assert with_packages(graph)["llmrnn.train.ray_cluster"] == {"llmrnn.train.config"}  # inside its package
+    assert import_loops(with_packages(graph)) == [["llmrnn.gpu_stack", "llmrnn.train"]]
+
+
+# ----------------------------------------------------------------------------- imports at module top
+# A function imports a module only where importing it at module top costs start-up time that matters: every
+# `llmrnn <verb>` imports llmrnn.cli and its stage module (`llmrnn --help`: all of them), every Snakemake start
+# llmrnn.plan, llmrnn.configcheck, llmrnn.provenance, llmrnn.upload, llmrnn.runconfig and what they import.
+# These (a module and its submodules) may be imported in a function, nothing else. Measured: `python -c
+# "import X"` (or the form the package uses), best of two, the CPU venv, 2 shared cores; llmrnn.cli alone is
+# 15 ms. Anything else that a function must import carries `# lazy: <why>` on its line or on the comment
+# line over its import block (rare: a measured cost or a process boundary, said in the comment).
+HEAVY_IMPORTS = {
+    "torch": "956 ms",
+    "transformers": "775 ms; `from transformers import AutoTokenizer` 1.9 s (imports torch)",
+    "trl": "`from trl import GRPOConfig` 4.5 s (torch, transformers)",
+    "peft": "4.4 s",
+    "datasets": "1.6 s",
+    "pandas": "905 ms",
+    "scipy": "`from scipy import stats` 1.3 s",
+    "matplotlib": "471 ms",
+    "fastapi": "412 ms",
+    "uvicorn": "106 ms",
+    "huggingface_hub": "`from huggingface_hub import HfApi` 287 ms, `snapshot_download` 322 ms, `.errors` 101 ms",
+    "httpx": "231 ms",
+    "omegaconf": "157 ms",
+    "pyarrow": "81 ms; pyarrow.parquet 94 ms, pyarrow.compute 106 ms",
+    "jsonschema": "100 ms",
+    "snakemake": "`from snakemake.utils import validate` 81 ms",
+    "markdown_it": "57 ms",
+    "numpy": "51 ms",
+    "tenacity": "30 ms",
+    "confusable_homoglyphs": "`confusable_homoglyphs.utils` 28 ms",
+    "safetensors.torch": "imports torch (956 ms); `safetensors` alone is 2 ms and sits at the top",
+    "vllm": "the GPU stack only (envs/gpu-lock.txt): not importable in the CPU venv",
+    "verl": "the GPU stack only: not importable in the CPU venv",
+    "ray": "the GPU stack only (verl's): not importable in the CPU venv",
+    "hydra": "the GPU stack only (verl's config): not importable in the CPU venv",
+    "flash_attn": "a CUDA source build the GPU lock leaves out: a probe for it",
+    "wandb": "an optional tracker (train.report_to), no dependency",
+    "mlflow": "an optional tracker (train.report_to), no dependency",
+}
+LAZY_MARK = "# lazy:"
+# A stage package's __init__ (`llmrnn <stage>`: cli.STAGES) registers its verbs and imports what each verb runs
+# inside that verb's handler: llmrnn.provenance hashes, for a verb, only what its handler reaches (and a
+# package's module level, which importing any of its modules runs), so `llmrnn qa synth` does not rerun
+# when `qa sft`'s code changes. At their module top these imports made the code hashes of 33 verbs cover
+# more modules (qa's ~45 -> 74, release's 60 -> 91, as the train stage came in through qa.sft), and
+# `llmrnn judge --help` 66 -> 234 ms.
+HANDLER_PACKAGES = tuple(f"src/llmrnn/{stage}/__init__.py" for stage in cli.STAGES)
+
+
+def imported_module(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The absolute modules an import statement names; a relative import is the package's own ("llmrnn")."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    return ["llmrnn"] if node.level else [node.module or ""]
+
+
+def is_heavy(module: str) -> bool:
+    return any(module == heavy or module.startswith(heavy + ".") for heavy in HEAVY_IMPORTS)
+
+
+def function_imports(text: str, rel: str) -> list[tuple[str, str]]:
+    """(`file:line: statement`, why it may stay: "heavy", "lazy" (marked) or "" (it may not)) of every import
+    inside a function body of one module's source."""
+    lines = text.splitlines()
+    found = []
+
+    def marked(lineno: int) -> bool:
+        i = lineno - 1
+        while i > 0 and lines[i - 1].strip().startswith(("import ", "from ")):
+            i -= 1  # the comment over an import block marks every import of the block
+        return LAZY_MARK in lines[lineno - 1] or (i > 0 and lines[i - 1].strip().startswith(LAZY_MARK))
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if in_function and isinstance(child, (ast.Import, ast.ImportFrom)):
+                why = ("heavy" if all(is_heavy(m) for m in imported_module(child))
+                       else "lazy" if marked(child.lineno) else "")
+                found.append((f"{rel}:{child.lineno}: {ast.unparse(child)}", why))
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse(text), False)
+    return found
+
+
+def test_imports_sit_at_module_top_unless_heavy():
+    found = []
+    for path in sorted((REPO / "src" / "llmrnn").rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel not in HANDLER_PACKAGES:
+            found += function_imports(path.read_text(), rel)
+    assert sum(why == "heavy" for _, why in found) > 50  # the walk sees the heavy imports inside functions
+    inside = [where for where, why in found if not why]
+    assert not inside, ("import these at module top (or add the module to HEAVY_IMPORTS with its measured import "
+                        "time, or mark the line `# lazy: <why>`): " + "; ".join(inside))
+    marked = [where for where, why in found if why == "lazy"]
+    assert len(marked) <= 5, f"`# lazy:` is for the rare case: {marked}"
+
+
+def test_an_import_inside_a_function_is_found():
+    text = ("import os\n\n\ndef f():\n    import torch\n    from llmrnn import io\n    from . import rope\n"
+            "    from safetensors import safe_open\n    from safetensors.torch import load_file\n\n\n"
+            "def g():\n    # lazy: a process of its own\n    import json\n    import shlex\n\n    x = 1\n"
+            "    import re  # lazy: measured\n    import csv\n    import torchvision\n")
+    assert function_imports(text, "m.py") == [
+        ("m.py:5: import torch", "heavy"),
+        ("m.py:6: from llmrnn import io", ""),
+        ("m.py:7: from . import rope", ""),
+        ("m.py:8: from safetensors import safe_open", ""),
+        ("m.py:9: from safetensors.torch import load_file", "heavy"),
+        ("m.py:14: import json", "lazy"),
+        ("m.py:15: import shlex", "lazy"),
+        ("m.py:18: import re", "lazy"),
+        ("m.py:19: import csv", ""),
+        ("m.py:20: import torchvision", ""),
+    ]

@@ -26,18 +26,25 @@ Engines are cached per (engine, model, settings): roles that share a model share
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import random
 import time
 from collections.abc import Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from llmrnn import prefix_engine
 from llmrnn.errors import InputError, LlmrnnError
 from llmrnn.gpus import cpu_dtype
+from llmrnn.prompts import chat_tokens
+from llmrnn.retry import RequestRejected, RetriesExhausted, RetryPolicy
 from llmrnn.settings import defaults
 from llmrnn.settings.workflow import Role
+from llmrnn.transport import BoundedHTTP, JudgeAborted, LiveCalls
+from llmrnn.upload import env_name_problem
 
 log = logging.getLogger(__name__)
 
@@ -273,8 +280,6 @@ class VLLMBackend:
 
     def prompt_lengths(self, conversations: Sequence[Messages]) -> list[int]:
         """Tokens of each chat prompt as LLM.chat renders it (the engine's own tokenizer and chat template)."""
-        from llmrnn.prompts import chat_tokens
-
         tok = self.llm.get_tokenizer()
         return [chat_tokens(tok, c) for c in conversations]
 
@@ -339,9 +344,6 @@ def external_host(url: str | None) -> str | None:
     """The host of `url` when requests to it leave this machine and the site's private network (a hosted
     API: a third party), else None. Local: localhost, loopback/private/link-local IP literals, and
     single-label names (cluster-internal hosts such as `gpu-node-12`); any dotted name counts as external."""
-    import ipaddress
-    from urllib.parse import urlsplit
-
     host = (urlsplit(str(url or "")).hostname or "").rstrip(".").lower()
     if not host or host == "localhost" or host.endswith(".localhost"):
         return None
@@ -376,8 +378,6 @@ class OpenAIBackend:
         if problem := external_problem(url, allow_external, "openai backend", opt_in):
             raise InputError(problem)
         if api_key is None and api_key_env:
-            from llmrnn.upload import env_name_problem
-
             if env_name_problem(api_key_env):  # a key typed in place of the name: never echo it
                 raise InputError(f"roles: api_key_env {env_name_problem(api_key_env)}")
             api_key = os.environ.get(api_key_env)
@@ -396,9 +396,6 @@ class OpenAIBackend:
         self.sequences = 0
 
     def _one(self, http, body: dict) -> str:
-        from llmrnn.judge.transport import JudgeAborted
-        from llmrnn.retry import RequestRejected, RetriesExhausted, RetryPolicy
-
         policy = RetryPolicy(retries=self.max_retries, backoff_s=1.0, backoff_max_s=30.0)
         try:
             data, _, _ = policy.post_json(http, f"{self.url}/chat/completions", body, headers=self.headers,
@@ -411,11 +408,8 @@ class OpenAIBackend:
         return (data["choices"][0].get("message") or {}).get("content") or ""
 
     def generate(self, conversations, temperature, top_p, max_tokens, seeds=None) -> list[str]:
-        from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-
         import httpx
 
-        from llmrnn.judge.transport import BoundedHTTP, LiveCalls
 
         self.calls += 1
         self.sequences += len(conversations)

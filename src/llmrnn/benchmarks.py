@@ -13,6 +13,7 @@ import ast
 import csv
 import re
 from dataclasses import dataclass
+from html import escape
 from pathlib import Path
 
 from llmrnn.errors import InputError
@@ -119,8 +120,6 @@ def _clock(seconds: float) -> str:
 def cost_html(stages: list[dict]) -> str:
     """The same table as cost_table, as a standalone HTML page: Snakemake's report shows an HTML result inline
     (a TSV only as a download). Stage names are rule names, escaped all the same."""
-    from html import escape
-
     def row(cells, tag="td"):
         return "<tr>" + "".join(f"<{tag}>{escape(str(c))}</{tag}>" for c in cells) + "</tr>\n"
 

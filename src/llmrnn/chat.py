@@ -24,6 +24,7 @@ from pathlib import Path
 from llmrnn import io
 from llmrnn.errors import InputError
 from llmrnn.models import model_folder
+from llmrnn.qa.evaluate import Generator
 
 PROMPT = "you> "
 REFUSED_EXIT = 2
@@ -216,7 +217,6 @@ def _lines(stdin, bound: tuple[int, str, int] | None = None):
 def run_chat(args: argparse.Namespace, stdin=None, stdout=None) -> int:
     from transformers.utils import logging as hf_logging
 
-    from llmrnn.qa.evaluate import Generator
 
     hf_logging.disable_progress_bar()  # stderr is for the refusals a user must read, one line each
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout

@@ -41,6 +41,7 @@ def json_arg(text: str) -> dict:
         raise argparse.ArgumentTypeError(f"--cfg is not JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("--cfg must be a JSON object")
+    # lazy: configcheck loads llmrnn.settings (pydantic, +125 ms): `llmrnn gpus --help` 35 -> 180 ms
     from llmrnn.configcheck import value_problems
 
     if problems := value_problems(value, secrets=False):  # NaN/Infinity, whoever built the JSON

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from llmrnn import io
+from llmrnn.cli import json_arg
 from llmrnn.errors import InputError
+from llmrnn.mimic import audit, build, synth
 
 log = logging.getLogger(__name__)
 
@@ -436,8 +438,6 @@ def synthesize_cohort(n_patients: int, seed: int, empty_diagnosis_rate: float = 
 def _cmd_synth(args: argparse.Namespace) -> None:
     patients = synthesize_cohort(args.patients, args.seed)
     if args.format == "mimic-iv":
-        from llmrnn.mimic import synth
-
         written = {Path(p).resolve() for p in synth.write(patients, args.seed, args.out)}
         if missing := [p for p in args.expect or () if Path(p).resolve() not in written]:
             raise InputError(f"cohort synth: --expect {missing[0]}: not one of the files --format mimic-iv writes "
@@ -465,8 +465,6 @@ def _all_dropped(source: str, report: dict) -> InputError:
 
 
 def _cmd_build(args: argparse.Namespace) -> None:
-    from llmrnn.mimic import build
-
     _distinct_paths(args, ("out", "report"))
     cfg = args.cfg if args.workers is None else {**args.cfg, "workers": args.workers}
     summary = build.build(args.hosp, args.note, args.out, args.report, cfg)
@@ -474,8 +472,6 @@ def _cmd_build(args: argparse.Namespace) -> None:
 
 
 def _cmd_audit(args: argparse.Namespace) -> None:
-    from llmrnn.mimic import audit
-
     audit.command(args, load_cohort)
 
 
@@ -543,8 +539,6 @@ def _cmd_split(args: argparse.Namespace) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from llmrnn.cli import json_arg
-
     cohort = sub.add_parser("cohort", help="synthesise, validate, clean and split a cohort")
     csub = cohort.add_subparsers(dest="cohort_command", required=True)
 

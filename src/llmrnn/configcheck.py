@@ -21,7 +21,7 @@ import math
 from typing import Any
 from urllib.parse import urlsplit
 
-from llmrnn.constants import URL_USERINFO
+from llmrnn.constants import CREDENTIAL, URL_USERINFO
 from llmrnn.settings import Config, section_defaults
 
 
@@ -62,8 +62,6 @@ def url_credential_problem(text: str) -> str | None:
 
 def secret_problem(text: str) -> str | None:
     """Why a string looks like it holds a key (the release scanner's detector); never repeats it."""
-    from llmrnn.constants import CREDENTIAL
-
     match = CREDENTIAL.search(text)
     if match:
         return (f"holds what looks like a credential ({match.group(1) or 'hf_'}...); secrets come only from the "

@@ -3,6 +3,7 @@ and why a job cannot open them (`llmrnn check` runs the same plan as rnn.make_ro
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -49,8 +50,6 @@ def plan_engines(roles_cfg: dict, model_paths: dict | None = None, memory_adapte
     2. Otherwise roles that share a model and its engine settings share one engine; when the engines'
        configured shares add up to more than 1, the largest configured share is split evenly among them.
     """
-    import copy
-
     roles_cfg = copy.deepcopy(roles_cfg)
     paths = dict(model_paths or {})
     notes: list[str] = []

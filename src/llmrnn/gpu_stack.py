@@ -18,6 +18,7 @@ that says what to install or change.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from importlib import metadata
@@ -26,6 +27,10 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from llmrnn.errors import CheckFailed
+from llmrnn.gpus import is_loopback
+from llmrnn.reward import asks_judge
+from llmrnn.rubric import load_rubric
 from llmrnn.runconfig import filled
 
 log = logging.getLogger(__name__)
@@ -66,9 +71,6 @@ def uses_vllm(config: dict) -> bool:
     if any((r or {}).get("backend") == "vllm" for r in roles.values()):
         return True
     try:
-        from llmrnn.reward import asks_judge
-        from llmrnn.rubric import load_rubric
-
         return asks_judge(config) and load_rubric(config["judge"]["rubric"]).needs_gpu
     except Exception:  # noqa: BLE001 - an unreadable rubric is check_judge's problem line
         return False
@@ -96,8 +98,6 @@ def vllm_problem(version: str | None, with_verl: bool) -> str | None:
 def layout_problems(config: dict, env_nodes: str | None = None) -> list[str]:
     """A multi-node layout that cannot run: the TRL engine on several nodes, or a judge the other
     nodes cannot reach (loopback while reward workers run on every node)."""
-    from llmrnn.train.ray_cluster import is_loopback
-
     train = filled("train", config.get("train"))
     nodes = max(int(train["nnodes"]), int(env_nodes or 1))
     if nodes <= 1:
@@ -106,8 +106,6 @@ def layout_problems(config: dict, env_nodes: str | None = None) -> list[str]:
         return [(f"train: {nodes} nodes requested (train.nnodes / LLMRNN_TRAIN_NODES) but train.engine "
                  f"{train.get('engine')} trains in one process on one node: use train.engine verl or train.nnodes: 1")]
     try:
-        from llmrnn.reward import asks_judge
-
         judged = asks_judge(config)
     except Exception:  # noqa: BLE001 - an unreadable reward section is another check's problem line
         judged = False
@@ -139,8 +137,6 @@ def stack_problems(config: dict, versions: dict[str, str | None] | None = None) 
 
 def require_verl() -> None:
     """In the training job, before verl starts: refuse a release whose checkpoints we cannot read."""
-    from llmrnn.errors import CheckFailed
-
     version = installed("verl")
     if version is None:
         raise CheckFailed(f"train.engine verl: verl is not installed in this environment: {INSTALL_HINT}")
@@ -151,8 +147,6 @@ def require_verl() -> None:
 
 def require_gpus(need: int, have: int) -> None:
     """In the training job (the preflight step of the group holds no GPU): enough GPUs for verl."""
-    from llmrnn.errors import CheckFailed
-
     if have < need:
         raise CheckFailed(f"train.n_gpus_per_node={need} but {have} GPU(s) are visible to the training job "
                           "(CUDA_VISIBLE_DEVICES after the judge's GPUs): raise LLMRNN_TRAIN_GPUS or lower "
@@ -161,8 +155,6 @@ def require_gpus(need: int, have: int) -> None:
 
 def model_bytes_fp32(model_dir: str | os.PathLike) -> int:
     """Bytes of the model's weights in fp32 (what verl's FSDP actor checkpoint holds per save)."""
-    import json
-
     folder = Path(model_dir)
     size = sum(f.stat().st_size for f in folder.glob("*.safetensors")) or \
         sum(f.stat().st_size for f in folder.glob("*.bin"))

@@ -15,6 +15,7 @@ With no visible GPU (CPU runs) it changes nothing and returns [].
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import shutil
@@ -169,6 +170,14 @@ def node_address(node: str) -> str:
         return socket.gethostbyname(addr)
     except OSError as exc:
         raise CheckFailed(f"ray: cannot resolve the address of node {node} ({addr}): {exc}") from None
+
+
+def is_loopback(host: str) -> bool:
+    """Does `host` (a name or an address) resolve to a loopback address? An unresolvable one is not."""
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
 
 
 def this_node(env: Mapping[str, str] | None = None) -> str:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from llmrnn.errors import InputError
 
 
@@ -169,8 +171,6 @@ def read_regular_bytes(path: str | os.PathLike, what: str = "file", limit: int |
 
 
 def _yaml_loader():
-    import yaml
-
     class Loader(yaml.SafeLoader):
         """SafeLoader with duplicate keys refused and nesting bounded while composing."""
 
@@ -222,8 +222,6 @@ def _expanded_size(node, memo: dict) -> int:
 
 def loads_yaml(text: str, where: str) -> Any:
     """The value of a YAML document under the YAML policy above; every problem is one InputError line."""
-    import yaml
-
     loader = _yaml_loader()(text)
     try:
         node = loader.get_single_node()

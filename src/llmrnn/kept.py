@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from llmrnn import io
+from llmrnn.provenance import code_identity
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +29,6 @@ CHUNK_PATIENTS = 64  # patients per forward pass (a visit step batches this many
 def fingerprint(verb: str, *parts) -> str:
     """What a shard's kept rows depend on: `parts` (its config, inputs, patients) and the code identity of
     `llmrnn <verb>` (llmrnn.provenance), as one sha256."""
-    from llmrnn.provenance import code_identity
-
     return io.sha256_bytes(json.dumps([*parts, code_identity(verb)], sort_keys=True, default=str).encode())
 
 

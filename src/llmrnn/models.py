@@ -29,7 +29,9 @@ import zipfile
 from pathlib import Path
 
 from llmrnn import io
+from llmrnn.cli import json_arg
 from llmrnn.errors import InputError
+from llmrnn.rope import LEGACY_ROPE, base_rope
 from llmrnn.safe_path import safe_path_env
 from llmrnn.settings.workflow import ModelSpec
 
@@ -179,8 +181,6 @@ LEGACY_TOKENIZER_CLASS = {"TokenizersBackend": "PreTrainedTokenizerFast"}  # 5.x
 def readable_by_transformers_4(out: Path) -> dict:
     """Rewrite out/config.json and out/tokenizer_config.json where 5.x wrote what 4.x misreads (a symlinked
     file is replaced by a patched copy; its target stays as it is). Returns what changed."""
-    from llmrnn.rope import LEGACY_ROPE, base_rope
-
     changed: dict = {}
     cfg_path = out / "config.json"
     cfg = io.read_json(cfg_path)
@@ -252,8 +252,6 @@ def _cmd_path(args: argparse.Namespace) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from llmrnn.cli import json_arg
-
     models = sub.add_parser("models", help="prepare base models under resources/models/")
     msub = models.add_subparsers(dest="models_command", required=True)
     p = msub.add_parser("prepare", help="fetch/convert one configured model into an HF folder + .ready")

@@ -18,6 +18,7 @@ is also the policy's training prompt: it must fit `train.max_prompt_length` (ver
 
 from __future__ import annotations
 
+from llmrnn.models import resolve_model
 from llmrnn.prompts import TARGET_SECTION, PromptSet, chat_tokens, load_prompts
 
 # a clinical-looking filler for an estimated visit (no cohort file yet): ~4.5 characters per token
@@ -74,7 +75,6 @@ def check(config: dict, patients: list[dict] | None = None) -> tuple[list[str], 
     """(problems, notes): one line per role whose longest prompt exceeds its limit; notes for skipped roles."""
     from transformers import AutoTokenizer
 
-    from llmrnn.models import resolve_model
 
     roles = config.get("roles") or {}
     prompts = load_prompts((config.get("prompts") or {}).get("file") or "config/prompts/llmrnn.yaml")

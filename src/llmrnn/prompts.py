@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from llmrnn.errors import InputError
+from llmrnn.io import read_yaml
 
 ROLE_PLACEHOLDERS = {
     "prediction": {"memory", "visit", "visit_number"},
@@ -148,8 +149,6 @@ def load_prompts(path: str | Path) -> PromptSet:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: prompt file not found (config prompts.file)")
-    from llmrnn.io import read_yaml
-
     try:  # the one YAML policy (llmrnn.io.read_yaml), then OmegaConf for ${...} interpolation
         data = OmegaConf.to_container(OmegaConf.create(read_yaml(path, "prompt file") or {}), resolve=True)
     except (OmegaConfBaseException, ValueError) as exc:

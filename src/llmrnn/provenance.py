@@ -4,13 +4,15 @@ A rule's `code` param is this hash, so Snakemake reruns a job exactly when code 
 The modules come from the source, not from a list kept by hand: the import closure of the verb, read
 with `ast` (nothing is imported). Followed, within `llmrnn` only:
   - `import llmrnn.x`, `from llmrnn.x import y` (y too, where it is a submodule), relative imports;
-  - imports at any depth (inside functions too: stages import lazily, and what a function may import,
-    it may run);
+  - imports at any depth (inside functions too: the heavy third-party packages are imported there, and
+    what a function may import, it may run);
   - a string constant that names a module of the package (`"llmrnn.reward:trl_reward_func"`,
     `["-m", "llmrnn.cli"]`): what is loaded by name at run time (reward functions, subprocesses);
   - every package a module lies in, as far as importing it runs (its module level, not its functions).
 The verb's own stage module counts as far as the verb reaches it: its module level, register() and the
-subcommand's handler with the functions it names, so `llmrnn qa synth` does not depend on `qa sft`.
+subcommand's handler with the functions it names: what another verb's handler imports inside itself (a
+heavy package) or names in a string (a module it loads) does not count. What the stage module imports at
+its top counts for every verb: importing the stage runs it.
 A module name built at run time (importlib.import_module of a computed string, exec, ...) cannot be read:
 such a call counts as loading every module of the package whose name starts with the call's constant
 prefix (`import_module(f"llmrnn.judge.{kind}")`: all of llmrnn.judge), the whole package where it has
@@ -39,6 +41,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from llmrnn.cli import stage_module
 from llmrnn.errors import InputError
 
 PACKAGE = "llmrnn"
@@ -285,8 +288,6 @@ def closure(entry_modules: Iterable[str], root: Path = ROOT, partial: dict[str, 
 def verb_closure(verb: str, *also: str, root: Path = ROOT) -> list[str]:
     """The modules `llmrnn <verb>` can run: the CLI, its stage module as far as the verb reaches it, what
     those import, and `also` (modules it loads by a name given on its command line)."""
-    from llmrnn.cli import stage_module
-
     words = verb.split()
     stage = stage_module(words[0])
     part = verb_imports(stage, words[1] if len(words) > 1 else None, root)

@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from llmrnn import io
+from llmrnn.benchmarks import cost_html, cost_table, read_benchmarks, stage_costs
 from llmrnn.errors import InputError
+from llmrnn.stats import wilson_ci
 
 log = logging.getLogger(__name__)
 
@@ -227,8 +229,6 @@ def plot_truncation(rows: list[dict], out: str | Path) -> None:
 def plot_agreement(agreement: dict, out: str | Path) -> None:
     """Judge agreement: the share of pairs where the judge scored a patient's reference memory above a wrong
     one, overall and by kind of wrong memory, with the Wilson 95% interval and the warn/fail thresholds."""
-    from llmrnn.stats import wilson_ci
-
     plt = _plt()
     kinds = agreement.get("by_kind") or {}
     labels = ["all", *kinds]
@@ -352,8 +352,6 @@ def plot_costs(stages: list[dict], out: str | Path) -> None:
 
 
 def _cmd_cost(args: argparse.Namespace) -> None:
-    from llmrnn.benchmarks import cost_html, cost_table, read_benchmarks, stage_costs
-
     jobs = read_benchmarks(args.benchmarks)
     if not jobs:
         raise InputError(f"{args.benchmarks}: no benchmark files (run the workflow first)")

@@ -30,9 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmrnn import jsonparse
+from llmrnn.backends import make_backend
+from llmrnn.engine_budget import plan_engines
 from llmrnn.errors import InputError
 from llmrnn.matching import Matcher
+from llmrnn.models import resolve_model
 from llmrnn.prompts import PromptSet, show_json
+from llmrnn.runconfig import filled
 
 log = logging.getLogger(__name__)
 
@@ -137,11 +141,6 @@ def make_roles(roles_cfg: dict, model_paths: dict[str, str] | None = None, cache
     otherwise `model` is a configured model name (resources/models/<name>) or a path. Roles with the
     same engine settings share one loaded engine.
     """
-    from llmrnn.backends import make_backend
-    from llmrnn.engine_budget import plan_engines
-    from llmrnn.models import resolve_model
-    from llmrnn.runconfig import filled
-
     # vLLM engines fit one GPU's memory together: the memory adapter as a LoRA on the base engine, or the
     # memory share split among the engines (llmrnn.engine_budget.plan_engines; `llmrnn check` runs the same plan)
     plan = plan_engines(roles_cfg, model_paths, memory_adapter)

@@ -26,6 +26,7 @@ the FIRST score line, the answer's own, either way.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from llmrnn.errors import InputError
+from llmrnn.io import read_yaml
 
 ENGINES = ("llmrnn", "vllm")
 JUDGE_SOURCE = "local"  # a rubric's judge.source when it names none: resources/models/<model>
@@ -147,8 +149,6 @@ def load_rubric(path: str | Path) -> Rubric:
     p = str(path)
     if not Path(p).is_file():
         raise InputError(f"{p}: rubric file not found")
-    from llmrnn.io import read_yaml
-
     try:  # the one YAML policy (llmrnn.io.read_yaml), then OmegaConf for ${...} interpolation
         raw = read_yaml(p, "rubric file") or {}
     except (OSError, ValueError) as exc:
@@ -331,8 +331,6 @@ class JudgeRequest:
         return self.body.get("logprobs") not in (None, False)
 
     def key(self) -> str:
-        import hashlib
-
         return hashlib.sha256(json.dumps([self.path, self.body], sort_keys=True).encode()).hexdigest()
 
 

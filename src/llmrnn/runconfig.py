@@ -29,6 +29,7 @@ import yaml
 
 from llmrnn.errors import InputError
 from llmrnn.io import deep_merge, read_yaml, write_text
+from llmrnn.settings import render, section_defaults
 
 SCHEMA = Path("workflow/schemas/config.schema.yaml")
 DEFAULT_CONFIG = Path("config/config.yaml")
@@ -123,8 +124,6 @@ def filled(section: str, given: Mapping | None) -> dict:
     """A config section as a library or CLI caller passed it (partial, or None) over the models' defaults
     (llmrnn.settings, the defaults a workflow run gets from the schema): `filled("eval.stats", cfg)["seed"]`.
     Keys the models do not know (an engine's own, such as enable_lora) pass through."""
-    from llmrnn.settings import section_defaults
-
     return deep_merge(section_defaults(section), dict(given or {}))
 
 
@@ -302,8 +301,6 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
-    from llmrnn.settings import render
-
     root = Path(__file__).resolve().parents[2]
     if args.write:
         changed = render.write(root)

@@ -19,13 +19,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
 
-from llmrnn import io
+from llmrnn import io, kept
+from llmrnn.cli import json_arg
+from llmrnn.cohort import load_cohort
 from llmrnn.constants import DATA_SOURCE
 from llmrnn.errors import InputError
+from llmrnn.models import model_folder
+from llmrnn.prompts import load_prompts
+from llmrnn.rnn import make_roles, run_forward
 from llmrnn.runconfig import filled
 from llmrnn.settings.trajectory_step import STEP_KEYS, read_step
 from llmrnn.stats import percentile
@@ -174,10 +180,6 @@ def run_shard(split: str, split_file: str | Path, shard: int, cfg: dict, prompts
               roles: dict | None = None, out: str | Path | None = None) -> tuple[list[dict], dict]:
     """Forward pass over shard `shard` of the split -> (rows, stats). With `out` (the shard's output) the
     finished rows are kept across a kill beside it (llmrnn.kept): a rerun continues after them."""
-    from llmrnn.cohort import load_cohort
-    from llmrnn.prompts import load_prompts
-    from llmrnn.rnn import make_roles, run_forward
-
     tcfg = cfg["trajectories"]
     prompts = load_prompts(prompts_file)
     patients, skipped = eligible_patients(load_cohort(split_file), tcfg.get("max_visits"))
@@ -202,8 +204,6 @@ def run_shard(split: str, split_file: str | Path, shard: int, cfg: dict, prompts
         if out is None:
             rows, stats = work(mine)
         else:
-            from llmrnn import kept
-
             fingerprint = kept.fingerprint("trajectories shard", split, shard, cfg, io.sha256_file(prompts_file),
                                            [p.get("subject_id") for p in mine])
             rows, stats = kept.run_kept(mine, work, out, fingerprint, label)
@@ -218,13 +218,9 @@ def run_shard(split: str, split_file: str | Path, shard: int, cfg: dict, prompts
 
 
 def _cmd_shard(args: argparse.Namespace) -> None:
-    import os
-
     import torch
 
     torch.set_num_threads(max(1, int(args.threads or os.environ.get("OMP_NUM_THREADS") or 1)))
-    from llmrnn import kept
-
     rows, stats = run_shard(args.split, args.split_file, args.shard, args.cfg, args.prompts, out=args.out)
     write_parquet(args.out, rows)
     io.write_json(args.stats, stats)
@@ -239,7 +235,6 @@ def prompt_token_lengths(rows: list[dict], tokenizer_dir: str | Path | None) -> 
         return [len(r["prompt"][0]["content"]) for r in rows], "characters (no tokenizer given)"
     from transformers import AutoTokenizer
 
-    from llmrnn.models import model_folder
 
     tokenizer_dir = model_folder(tokenizer_dir)  # the rule passes the model's .ready marker
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
@@ -312,8 +307,6 @@ def _cmd_gather(args: argparse.Namespace) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from llmrnn.cli import json_arg
-
     tr = sub.add_parser("trajectories", help="LLM-as-RNN forward pass -> verl trajectory parquets")
     tsub = tr.add_subparsers(dest="trajectories_command", required=True)
 

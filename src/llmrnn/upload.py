@@ -6,6 +6,7 @@ huggingface_hub in memory and never written to a file, a log line or an error me
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -123,8 +124,6 @@ def upload_bundle(bundle: str | Path, repo_id: str, *, token: str, files: dict[s
     and nothing but the files named is sent. A repo
     whose history already holds a commit of `release_id` (the same bundle) gets no second commit.
     Returns what the receipt records."""
-    import contextlib
-
     from huggingface_hub import CommitOperationAdd, HfApi
     from huggingface_hub.errors import HfHubHTTPError
 

@@ -7,6 +7,14 @@ import json
 import re
 from pathlib import Path
 
+from llmrnn.cohort import clean_cohort, load_cohort, synthesize_cohort
+from llmrnn.configcheck import cohort_is_synthetic, shard_problems
+from llmrnn.errors import LlmrnnError
+from llmrnn.mimic.tables import folder_problems
+from llmrnn.qa.data import filter_records, load_records, load_records_from, split_units
+from llmrnn.qa.synth import questions_from_cohort
+from llmrnn.runconfig import filled
+
 
 def withhold_ids(message: str, source: str | Path) -> str:
     """A cohort problem as check prints it (to the terminal and to logs/RUN/check.log): the patient is
@@ -30,16 +38,9 @@ def withhold_ids(message: str, source: str | Path) -> str:
 def check_cohort(config: dict) -> list[str]:
     """The cohort loads, and the split sizes fit the CLEANED cohort (split_cohort's input), so a cohort
     too small for the configured splits fails here, not hours later at split time."""
-    from llmrnn.cohort import clean_cohort, load_cohort, synthesize_cohort
-    from llmrnn.configcheck import cohort_is_synthetic
-    from llmrnn.errors import LlmrnnError
-    from llmrnn.runconfig import filled
-
     cohort = filled("cohort", config.get("cohort"))
     source = cohort["source"]
     if source == "mimic_iv" and not cohort_is_synthetic(cohort):
-        from llmrnn.mimic.tables import folder_problems
-
         mimic = cohort["mimic_iv"]
         return [f"cohort.mimic_iv: {p}" for p in folder_problems(mimic["hosp"], mimic["note"], mimic["diagnoses"],
                                                                             mimic.get("icd_version"))]
@@ -69,7 +70,6 @@ def check_cohort(config: dict) -> list[str]:
                  f"{split['train_size']} + a test set)")]
     if cohort_is_synthetic(cohort):
         return []  # load_config's shard check already bounds the synthetic test split
-    from llmrnn.configcheck import shard_problems
 
     return [f"config: {p}" for p in shard_problems(config, len(kept) - need + 1) if p.startswith("eval.")]
 
@@ -77,16 +77,9 @@ def check_cohort(config: dict) -> list[str]:
 def _qa_records(config: dict, source: str) -> list[dict] | str | None:
     """The QA records the qa data stage would read from `source` (None: not checkable here, an hf: dataset),
     or why they cannot be read."""
-    from llmrnn.errors import LlmrnnError
-    from llmrnn.qa.data import load_records, load_records_from
-    from llmrnn.runconfig import filled
-
     qa = config.get("qa") or {}
     try:
         if source == "synthetic":  # what qa_synth makes of the synthetic cohort
-            from llmrnn.cohort import synthesize_cohort
-            from llmrnn.qa.synth import questions_from_cohort
-
             synth = filled("cohort.synthetic", (config.get("cohort") or {}).get("synthetic"))
             qsynth = filled("qa.synthetic", qa.get("synthetic"))
             patients = synthesize_cohort(int(synth["patients"]), int(synth["seed"]))
@@ -106,9 +99,6 @@ def _qa_records(config: dict, source: str) -> list[dict] | str | None:
 def check_qa_data(config: dict) -> list[str]:
     """recipe qa: the QA source reads as the qa data stage reads it, and qa.split fits the groups left
     after filtering (so neither fails hours later at run time); the OOD set, when a file, exists."""
-    from llmrnn.qa.data import filter_records, split_units
-    from llmrnn.runconfig import filled
-
     qa = config.get("qa") or {}
     problems = []
     ood = qa.get("ood")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llmrnn.configcheck import shard_problems, value_findings
+from llmrnn.errors import InputError
 from llmrnn.io import deep_merge, read_yaml
+from llmrnn.runconfig import fill_defaults, find_schema, layer_problems, read_layer
 
 
 def load_config(paths: list[Path], schema_path: Path | None = None) -> tuple[dict, list[str]]:
@@ -14,8 +17,6 @@ def load_config(paths: list[Path], schema_path: Path | None = None) -> tuple[dic
     problems: list[str] = []
     config: dict = {}
     layers: list[tuple[str, dict]] = []
-    from llmrnn.errors import InputError
-    from llmrnn.runconfig import fill_defaults, find_schema, layer_problems, read_layer
 
     for path in paths:
         try:  # the one YAML policy (llmrnn.io.read_yaml): bombs, fifos, duplicate keys, non-UTF-8 refused
@@ -30,7 +31,6 @@ def load_config(paths: list[Path], schema_path: Path | None = None) -> tuple[dic
         schema = read_yaml(find_schema(schema_path), "config schema")
     except InputError as exc:
         return config, [*problems, f"{exc}" if str(exc).startswith("config:") else f"config: {exc}"]
-    from llmrnn.configcheck import shard_problems, value_findings
 
     findings = value_findings(config)
     secret_paths = [where for where, _, secret in findings if secret]

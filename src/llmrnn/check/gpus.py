@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from llmrnn.check.skips import skip, unused
+from llmrnn.engine_budget import gpu_budget_problems, plan_engines
+from llmrnn.gpu_stack import DISTRIBUTIONS, installed, stack_problems, uses_vllm
+
 
 def check_gpu_stack(config: dict) -> list[str]:
     """verl/vLLM releases installed here that the config cannot use; more than one training node."""
-    from llmrnn.check.skips import skip
-    from llmrnn.gpu_stack import DISTRIBUTIONS, installed, stack_problems, uses_vllm
-
     train = config.get("train") or {}
     needed = [p for p, wanted in (("verl", train.get("engine") == "verl"), ("vllm", uses_vllm(config))) if wanted]
     absent = [p for p in needed if p in DISTRIBUTIONS and installed(p) is None]
@@ -20,12 +21,8 @@ def check_engine_budget(config: dict) -> list[str]:
     """The vLLM engines each forward-pass job opens, planned by the code the jobs run
     (llmrnn.engine_budget.plan_engines via rnn.make_roles), fit the GPUs the job asks for: trajectory shards and
     eval shards of the base and the trained memory model (a second model: split budget, or a LoRA)."""
-    from llmrnn.engine_budget import gpu_budget_problems, plan_engines
-
     roles = config.get("roles") or {}
     if not any((r or {}).get("backend") == "vllm" for r in roles.values()):
-        from llmrnn.check.skips import unused
-
         unused("no role on the vllm backend")
         return []
     problems = []

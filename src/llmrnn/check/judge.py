@@ -5,16 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmrnn.check.models import hub_problem
+from llmrnn.check.skips import unused
+from llmrnn.errors import LlmrnnError
+from llmrnn.judge.launcher import judge_model_dir
+from llmrnn.reward import asks_judge
+from llmrnn.rubric import load_rubric
+from llmrnn.settings.evaluation import Preflight
 
 
 def _judge_in_dag(config: dict) -> bool:
     """Whether a job starts the judge (as llmrnn.plan plans it): the reward asks it, the memory head's
     judge-agreement check beside training (preflight.agreement_pairs > 0), or the QA answers are
     judge-graded (qa.eval.judge: true, or auto where the QA reward asks the judge)."""
-    from llmrnn.errors import LlmrnnError
-    from llmrnn.reward import asks_judge
-    from llmrnn.settings.evaluation import Preflight
-
     try:
         if asks_judge(config):
             return True
@@ -30,8 +32,6 @@ def _judge_gpus_needed(config: dict) -> int | None:
     if not _judge_in_dag(config):
         return 0  # no judge_server is planned
     try:
-        from llmrnn.rubric import load_rubric
-
         rubric = load_rubric(config["judge"]["rubric"])
     except Exception:  # noqa: BLE001 - reported by check_judge
         return None
@@ -39,13 +39,9 @@ def _judge_gpus_needed(config: dict) -> int | None:
 
 
 def check_judge(config: dict) -> list[str]:
-    from llmrnn.errors import LlmrnnError
-
     judge = config.get("judge") or {}
     path = judge.get("rubric")
     if not _judge_in_dag(config):  # no judge is started: its model is not needed
-        from llmrnn.check.skips import unused
-
         unused("this config starts no judge")
         return []
     if not path:
@@ -53,8 +49,6 @@ def check_judge(config: dict) -> list[str]:
     if not Path(path).is_file():
         return [f"judge.rubric: {path} does not exist"]
     try:
-        from llmrnn.rubric import load_rubric
-
         rubric = load_rubric(path)
     except LlmrnnError as exc:
         return [f"judge.rubric: {exc}"]
@@ -66,7 +60,6 @@ def check_judge(config: dict) -> list[str]:
         if rubric.model not in models:
             return [f"{what}: {rubric.model} is not a model in the config's `models` section"]
         return []
-    from llmrnn.judge.launcher import judge_model_dir
 
     if (judge_model_dir(rubric) / ".ready").is_file():  # prepare_judge_model already made the local copy
         return []

@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from llmrnn.models import READY, model_dir, resolve_model
+
 
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
@@ -44,8 +46,6 @@ def hub_problem(repo_id: str, revision: str | None, what: str) -> str | None:
 
 
 def _model_problem(name: str, spec: dict) -> str | None:
-    from llmrnn.models import READY, model_dir
-
     what = f"models.{name}"
     prepared = model_dir(name)
     if (prepared / READY).is_file():
@@ -64,8 +64,6 @@ def _model_problem(name: str, spec: dict) -> str | None:
 
 
 def check_models(config: dict) -> list[str]:
-    from llmrnn.models import resolve_model
-
     problems = []
     models = config.get("models") or {}
     for name, spec in models.items():

@@ -6,14 +6,15 @@ from __future__ import annotations
 import os
 import re
 
+from llmrnn.backends import external_host, external_problem
 from llmrnn.check.models import _offline
+from llmrnn.check.skips import unused
+from llmrnn.upload import env_name_problem, env_problems
 
 
 def check_upload(config: dict) -> list[str]:
     rel = config.get("release") or {}
     if not rel.get("upload"):
-        from llmrnn.check.skips import unused
-
         unused("release.upload is off")
         return []
     problems = []
@@ -41,8 +42,6 @@ def check_upload(config: dict) -> list[str]:
 
 def check_env_names(config: dict) -> list[str]:
     """Every `*_env` value (api_key_env, token_env, ...) must be a variable NAME, never the secret itself."""
-    from llmrnn.upload import env_problems
-
     return [f"config: {p}" for p in env_problems(config)]
 
 
@@ -50,9 +49,6 @@ def _endpoint_problems(where: str, cfg: dict, allowed: bool, opt_in: str) -> lis
     """An OpenAI-compatible endpoint that receives patient text: a url; a host outside the site only with
     the opt-in; and then (or whenever a key variable is named) the key in the environment now, not when
     the job starts hours later."""
-    from llmrnn.backends import external_host, external_problem
-    from llmrnn.upload import env_name_problem
-
     url = cfg.get("url")
     if not url:
         return [f"{where}.url: missing (the endpoint's base URL, e.g. http://host:8000/v1)"]
@@ -83,7 +79,5 @@ def check_external_endpoints(config: dict) -> list[str]:
                                            f"roles.{role}.allow_external")
     if judge.get("mode") != "llm" and not any((r or {}).get("backend") == "openai"
                                               for r in (config.get("roles") or {}).values()):
-        from llmrnn.check.skips import unused
-
         unused("no endpoint outside the job receives patient text")
     return problems

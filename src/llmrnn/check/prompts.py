@@ -5,26 +5,28 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from llmrnn import promptfit
+from llmrnn.check.skips import skip
+from llmrnn.cohort import load_cohort
+from llmrnn.errors import LlmrnnError
+from llmrnn.prompts import load_prompts
+from llmrnn.runconfig import filled
+from llmrnn.settings.workflow import ADMISSION_TIME, MODES
+
 log = logging.getLogger(__name__)
 
 
 def check_prompt_lengths(config: dict) -> list[str]:
     """The longest prompt each role can render fits its max_model_len (and the policy's prompt
     train.max_prompt_length), counted with the role model's tokenizer (llmrnn.promptfit)."""
-    from llmrnn import promptfit
-    from llmrnn.cohort import load_cohort
-    from llmrnn.errors import LlmrnnError
-
     if config.get("recipe") == "qa":
         return []
-    from llmrnn.runconfig import filled
 
     source = filled("cohort", config.get("cohort"))["source"]
     try:
         patients = load_cohort(source) if source != "synthetic" and Path(source).is_file() else None
     except LlmrnnError:  # check_cohort names the bad record without its ids; the visits are estimated here
         patients = None
-    from llmrnn.check.skips import skip
 
     problems, notes = promptfit.check(config, patients)
     roles = [r for r in promptfit.ROLE_PROMPT if ((config.get("roles") or {}).get(r) or {}).get("model")]
@@ -42,11 +44,6 @@ def check_shown_sections(config: dict) -> list[str]:
     """A cohort built from notes shows its sections only where the prompts file lists them: reference
     mode exists to show the hospital course, procedures and every result (the reference's leak), and a
     `sections` list is a choice; either silently dropped by `visit_sections` would measure nothing."""
-    from llmrnn.errors import LlmrnnError
-    from llmrnn.prompts import load_prompts
-    from llmrnn.runconfig import filled
-    from llmrnn.settings.workflow import ADMISSION_TIME, MODES
-
     if config.get("recipe") == "qa":
         return []
     cohort = filled("cohort", config.get("cohort"))

@@ -7,8 +7,12 @@ import logging
 import os
 from pathlib import Path
 
+from llmrnn.benchmarks import longest_job_minutes
 from llmrnn.check.judge import _judge_gpus_needed
+from llmrnn.check.skips import skip
+from llmrnn.plan.common import Paths
 from llmrnn.settings.train import Train
+from llmrnn.slurm import CPU_PARTITION, GPU_PARTITION, gpu_placement, partition_limits, setting
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +57,6 @@ def slurm_jobs(config: dict) -> list[tuple[str, int, str, str]]:
     """(job, runtime in minutes, partition, the knob that sets it) of each job profiles/slurm submits with a
     runtime from the config, as the plan groups them: the judge, the preflight and the trainer are one sbatch
     (group train_node) whose runtime is the longest member's (a service group: Snakemake takes the max)."""
-    from llmrnn.slurm import CPU_PARTITION, GPU_PARTITION, gpu_placement, setting
-
     gpu, cpu = setting(GPU_PARTITION), setting(CPU_PARTITION)
 
     def merge_partition() -> str:
@@ -93,9 +95,6 @@ def check_partition_time(config: dict) -> list[str]:
     """Where `sinfo` answers (a SLURM login node): each job's runtime within its partition's MaxTime, or one
     line naming the job, its runtime, the partition, its limit and the knob. SLURM would queue such a job
     forever (PartitionTimeLimit) or refuse it, hours into the run. No sinfo here: nothing to compare with."""
-    from llmrnn.check.skips import skip
-    from llmrnn.slurm import partition_limits
-
     limits = partition_limits()
     if not limits:
         skip("all: no sinfo here, not a SLURM login node")
@@ -119,10 +118,6 @@ def benchmark_advice(config: dict, logs: str | None = None) -> list[str]:
     """Warnings from the last run's benchmark files (logs/<run>/benchmarks, llmrnn.benchmarks): a job whose
     longest measured attempt took longer than its runtime asks, or than its partition allows (where sinfo
     answers). Warnings, not problems: the next run's data or hardware may differ."""
-    from llmrnn.benchmarks import longest_job_minutes
-    from llmrnn.plan.common import Paths
-    from llmrnn.slurm import partition_limits
-
     if not config.get("run_name"):
         return []
     root = f"{logs or Paths.of(config['run_name']).logs}/benchmarks"

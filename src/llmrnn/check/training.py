@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
+from importlib.machinery import PathFinder
 from pathlib import Path
 
 from llmrnn.check.slurm import check_profile_gpus
+from llmrnn.errors import LlmrnnError
 from llmrnn.settings.train import Train
+from llmrnn.train import config as tcfg
+from llmrnn.train import verl_cmd
+from llmrnn.train.tracking import report_to
 
 log = logging.getLogger(__name__)
 
@@ -18,11 +24,6 @@ def check_training(config: dict) -> list[str]:
     installed verl config (when verl is importable here)."""
     if "train" not in config:
         return []
-    try:
-        from llmrnn.train import config as tcfg
-    except ImportError:
-        return []
-    from llmrnn.errors import LlmrnnError
 
     try:
         cfg = tcfg.settings(config["train"])
@@ -60,8 +61,6 @@ TRACKER_API = {"tensorboard": ("tensorboard", "__version__"), "wandb": ("wandb",
 def tracker_problems(train_cfg: Train, cwd: str | os.PathLike | None = None) -> list[str]:
     """train.report_to: every tracker importable as itself in a training process started in `cwd` (default: here;
     transformers' callback or verl's Tracking would fail at training start)."""
-    from llmrnn.train.tracking import report_to
-
     out = []
     for tracker in report_to(train_cfg):
         module, api = TRACKER_API.get(tracker, (tracker, None))
@@ -76,9 +75,6 @@ def tracker_import_problem(tracker: str, module: str, api: str | None, cwd: Path
     package there shadows the installed one, and a folder there without __init__.py (W&B writes ./wandb/
     where a run starts) is what `import` returns when the tracker is not installed. The package found
     elsewhere is imported and must have the API we call."""
-    import importlib
-    from importlib.machinery import PathFinder
-
     here = cwd.resolve()
     rest = [p for p in sys.path if Path(p or os.curdir).resolve() != here]
     spec = PathFinder.find_spec(module, [str(here), *rest])
@@ -110,8 +106,6 @@ def tracker_import_problem(tracker: str, module: str, api: str | None, cwd: Path
 def check_attention(train_cfg: Train) -> list[str]:
     """flash_attention_2 (and the remove-padding it turns on) imports flash-attn in verl's actor: refuse
     it where flash-attn is not importable (the GPU lock does not carry it: a CUDA source build)."""
-    import importlib.util
-
     if train_cfg.verl.attn_implementation != "flash_attention_2" or importlib.util.find_spec("flash_attn"):
         return []
     return [("train.verl.attn_implementation: flash_attention_2 needs the flash-attn package, which is not "
@@ -124,8 +118,6 @@ def check_verl_command(cfg: Train, reward_module: str | None = None) -> list[str
     except ImportError:
         log.info("check: verl not importable here; the verl command is checked by preflight on the GPU node")
         return []
-    from llmrnn.errors import LlmrnnError
-    from llmrnn.train import verl_cmd
 
     try:
         overrides = verl_cmd.build_overrides(

@@ -12,6 +12,7 @@ from llmrnn.evaluate.grading import FinalJudge
 from llmrnn.evaluate.recall import REFERENCE, ROLES, memory_recall_metrics, recall_by_patient
 from llmrnn.evaluate.specificity import compare_specificity, specificity_metrics
 from llmrnn.runconfig import filled
+from llmrnn.stats import mcnemar, paired_bootstrap, wilcoxon_signed_rank, wilson_ci
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -34,8 +35,6 @@ def _check_patients(variant: str, records: list[dict]) -> None:
 
 def variant_metrics(records: list[dict], specificity: dict | None = None) -> dict:
     """Metrics of one variant from its graded patient records (order-independent)."""
-    from llmrnn.stats import wilson_ci
-
     records = sorted(records, key=lambda r: str(r["patient_id"]))
     last = [r["visits"][-1]["grade"] for r in records]
     n = len(last)
@@ -90,8 +89,6 @@ def variant_metrics(records: list[dict], specificity: dict | None = None) -> dic
 
 def compare_memory_recall(reference: list[dict], other: list[dict], boot: dict) -> dict | None:
     """Memory recall of `other` vs the reference on the patients both have transitions for."""
-    from llmrnn.stats import paired_bootstrap, wilcoxon_signed_rank
-
     ref, oth = recall_by_patient(reference), recall_by_patient(other)
     pids = sorted(set(ref) & set(oth))
     if not pids:
@@ -113,8 +110,6 @@ def compare_memory_recall(reference: list[dict], other: list[dict], boot: dict) 
 def compare(reference: list[dict], other: list[dict], name: str, boot: dict, exact_below: int,
             specificity: dict | None = None) -> dict:
     """`name` vs the reference on paired patients: difference + paired bootstrap CI + McNemar per metric."""
-    from llmrnn.stats import mcnemar, paired_bootstrap
-
     ref = {str(r["patient_id"]): r["visits"][-1]["grade"] for r in reference}
     oth = {str(r["patient_id"]): r["visits"][-1]["grade"] for r in other}
     if set(ref) != set(oth):

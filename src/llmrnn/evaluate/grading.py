@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import logging
 
-from llmrnn import jsonparse
+from llmrnn import backends, jsonparse
+from llmrnn.backends import external_problem
 from llmrnn.errors import InputError
+from llmrnn.matching import Matcher, diagnosis_name
 from llmrnn.runconfig import filled
 
 log = logging.getLogger(__name__)
@@ -36,8 +38,6 @@ class FinalJudge:
         cfg = filled("eval.final_judge", cfg)  # a library caller's partial section over the models' defaults
         self.mode = cfg["mode"]
         if self.mode == "matcher":
-            from llmrnn.matching import Matcher
-
             m = cfg["matcher"]
             self.matcher = Matcher(
                 threshold=float(m["threshold"]),
@@ -47,7 +47,6 @@ class FinalJudge:
         elif self.mode == "llm":
             self.llm_cfg = dict(cfg["llm"])
             # test-patient text goes to this endpoint: a host outside the site only with the explicit opt-in
-            from llmrnn.backends import external_problem
 
             problem = external_problem(self.llm_cfg.get("url"), bool(cfg["allow_external"]),
                                        "eval.final_judge.llm.url", "eval.final_judge.allow_external")
@@ -77,8 +76,6 @@ class FinalJudge:
 
     # -- LLM judge through the openai backend ----------------------------------------------------
     def _messages(self, prediction: dict | None, ground_truth: list[str]) -> list[dict]:
-        from llmrnn.matching import diagnosis_name
-
         pred = prediction or {}
         top5 = pred.get("top_5_diagnoses") or []
         shown = {
@@ -99,8 +96,6 @@ class FinalJudge:
         return [{"role": "user", "content": text}]
 
     def _grade_llm(self, items: list[tuple[dict | None, list[str]]]) -> list[dict]:
-        from llmrnn import backends
-
         if self._backend is None:
             role_cfg = {**self.llm_cfg, "backend": "openai"}
             self._backend = backends.make_backend(role_cfg, self.llm_cfg.get("model"))

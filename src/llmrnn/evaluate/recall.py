@@ -7,6 +7,8 @@ import random
 import statistics
 
 from llmrnn.errors import InputError
+from llmrnn.reward import outcome_share
+from llmrnn.rnn import summary_text
 
 MEMORY_VARIANTS = ("base", "trained")  # memory = "rnn", only the memory role's weights differ
 BASELINES = {"zero_shot": "none", "full_history": "full_history"}  # variant -> run_forward memory mode
@@ -36,8 +38,6 @@ def select_patients(patients: list[dict], max_patients: int | None, seed: int) -
 def memory_shown(visit: dict) -> str:
     """The memory the prediction model saw at this visit: h_{t-1}'s summary (rnn; the initial memory for
     no-memory baselines) or the concatenated history (full_history)."""
-    from llmrnn.rnn import summary_text
-
     if visit.get("memory_shown") is not None:
         return str(visit["memory_shown"])
     return summary_text(visit.get("h_prev") or "")
@@ -45,8 +45,6 @@ def memory_shown(visit: dict) -> str:
 
 def patient_memory_recall(record: dict) -> list[tuple[int, float]]:
     """(visit_index, recall) for every visit t >= 1 of a patient record with diagnoses."""
-    from llmrnn.reward import outcome_share
-
     out = []
     for i, v in enumerate(record["visits"]):
         t = int(v.get("visit_index", i))

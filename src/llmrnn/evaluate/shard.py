@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llmrnn import rnn
 from llmrnn.errors import InputError
 from llmrnn.evaluate.recall import MEMORY_VARIANTS, REFERENCE, variant_mode
+from llmrnn.prompts import load_prompts
 
 
 # ----------------------------------------------------------------------------- forward pass
@@ -19,9 +21,6 @@ def run_shard(
     use the same prediction/evaluation roles with memory "none" or "full_history". Every variant gets
     the same roles config, prompts and seed, so sampling is paired per (patient, visit, role).
     """
-    from llmrnn import rnn
-    from llmrnn.prompts import load_prompts
-
     mode = variant_mode(variant)
     if variant in MEMORY_VARIANTS and variant != REFERENCE and not memory_model:
         raise InputError(f"eval {variant}: needs --memory-model (the merged trained model directory)")

@@ -8,7 +8,10 @@ import statistics
 from typing import Any
 
 from llmrnn.evaluate.recall import memory_shown
+from llmrnn.reward import outcome_share
+from llmrnn.rnn import summary_text
 from llmrnn.runconfig import filled
+from llmrnn.stats import paired_bootstrap, wilcoxon_signed_rank
 
 # ----------------------------------------------------------------------------- patient specificity
 # eval.stats.specificity's defaults are the models' (runconfig.filled), read where a section is used
@@ -39,8 +42,6 @@ def specificity_by_patient(records: list[dict], cfg: dict | None = None) -> dict
     other_patients that have a visit t), averaged over the transitions that have both; gap = own - other.
     A memory that lists conditions common in the cohort scores on other patients' visits too; only what
     remembers THIS patient widens the gap."""
-    from llmrnn.reward import outcome_share
-
     cfg = filled("eval.stats.specificity", cfg)
     visits = {str(r["patient_id"]): _transitions(r) for r in records}
     pids = sorted(visits)
@@ -82,8 +83,6 @@ def specificity_metrics(records: list[dict], cfg: dict | None = None) -> dict | 
 def compare_specificity(reference: list[dict], other: list[dict], boot: dict, cfg: dict | None = None) -> dict | None:
     """The specificity gap (own - other-patient recall) of `other` vs the reference, paired by patient:
     bootstrap CI of the difference in gaps and Wilcoxon signed-rank."""
-    from llmrnn.stats import paired_bootstrap, wilcoxon_signed_rank
-
     ref, oth = specificity_by_patient(reference, cfg), specificity_by_patient(other, cfg)
     pids = sorted(set(ref) & set(oth))
     if not pids:
@@ -109,8 +108,6 @@ def compare_specificity(reference: list[dict], other: list[dict], boot: dict, cf
 
 def memory_words(text: Any) -> int | None:
     """Length of a memory h_t in words (its evolving_summary when it is the JSON form)."""
-    from llmrnn.rnn import summary_text
-
     if text is None:
         return None
     return len(str(summary_text(text if isinstance(text, str) else json.dumps(text))).split())

@@ -30,9 +30,9 @@ from typing import Any
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError, LlmrnnError
-from llmrnn.judge.transport import BoundedHTTP, JudgeAborted, LiveCalls
 from llmrnn.retry import RequestRejected, RetriesExhausted, RetryPolicy
 from llmrnn.rubric import Serving
+from llmrnn.transport import BoundedHTTP, JudgeAborted, LiveCalls
 
 log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise

@@ -19,6 +19,8 @@ Engines (rubric `serving.engine`): `vllm` (`vllm serve` on a GPU; key via VLLM_A
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import dataclasses
 import logging
 import os
 import re
@@ -35,7 +37,9 @@ from typing import Any
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
+from llmrnn.gpus import assign, node_address, this_node
 from llmrnn.judge.client import ERROR_FILE, KEY_FILE, NotOurServer, health_ok, readiness  # noqa: F401
+from llmrnn.models import READY, model_dir, prepare_model
 from llmrnn.rubric import Rubric, load_rubric
 from llmrnn.safe_path import safe_path_env
 
@@ -68,8 +72,6 @@ def judge_model_dir(rubric: Rubric) -> Path:
     the folder itself for `source: path`, resources/judge_models/<slug> for `source: hub`
     (prepare_judge_model downloads it once)."""
     if rubric.model_source == "local":
-        from llmrnn.models import model_dir
-
         return Path(model_dir(rubric.model))
     if rubric.model_source == "path":
         return Path(rubric.model)
@@ -79,8 +81,6 @@ def judge_model_dir(rubric: Rubric) -> Path:
 
 def prepare_judge_model(rubric_path: str, marker: str | Path) -> dict:
     """Download a `source: hub` judge model (HF_TOKEN from the environment for gated repos)."""
-    from llmrnn.models import READY, prepare_model
-
     rubric = load_rubric(rubric_path)
     if rubric.model_source != "hub":
         raise InputError(f"{rubric.path}: judge.source {rubric.model_source}: {rubric.model} is no Hub model; "
@@ -129,8 +129,6 @@ def server_command(rubric: Rubric, model: str, port: int, key_file: Path) -> tup
 
 def _set_pdeathsig() -> None:  # runs in the child: die with the launcher, even on SIGKILL
     with contextlib.suppress(Exception):
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
@@ -199,8 +197,6 @@ def bind_address(configured: str | None, rubric_host: str) -> str:
     if configured in WILDCARDS:
         raise InputError(f"judge.host: {configured!r} would listen on every interface; name one address or `node`")
     if configured == "node":
-        from llmrnn.gpus import node_address, this_node
-
         return node_address(this_node())
     return configured
 
@@ -208,8 +204,6 @@ def bind_address(configured: str | None, rubric_host: str) -> str:
 def run_server(rubric_path: str, endpoint_file: str, startup_timeout_s: float | None = None,
                host: str | None = None) -> int:
     """Start the judge server, publish the endpoint, and keep the server up until terminated."""
-    import dataclasses
-
     pub = _Publisher(endpoint_file, rubric_path)
     try:
         bind = bind_address(host, load_rubric(rubric_path).serving.host)
@@ -224,8 +218,6 @@ def run_server(rubric_path: str, endpoint_file: str, startup_timeout_s: float | 
     env = safe_path_env(dict(os.environ, **extra_env))  # `python -m llmrnn.cli`: no stray ./llmrnn
     env["HF_HUB_OFFLINE"] = "1"  # only the local copy (prepare_judge_model / prepare_base_model)
     if rubric.needs_gpu:
-        from llmrnn.gpus import assign
-
         # one node, one group job: the judge takes the last GPU, train_grpo the others (disjoint)
         assign("judge", judge_gpus=1, env=env)
     base_url = f"http://{rubric.serving.host}:{port}"

@@ -12,6 +12,7 @@ into one batched call per sampling setting, so the rows share the prompt prefix 
 
 from __future__ import annotations
 
+import hmac
 import logging
 import queue
 import random
@@ -21,6 +22,7 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from llmrnn.backends import make_backend
 from llmrnn.errors import InputError
 
 # an OpenAI request without temperature / top_p samples at 1.0 (the API's own defaults; not llmrnn config)
@@ -156,8 +158,6 @@ def chat_completion(engine: Engine, body: dict, served_model_name: str, max_mode
 
 def build_app(engine: Engine, served_model_name: str, api_key: str | None, max_model_len: int):
     """The FastAPI app of `llmrnn judge serve` (module docstring)."""
-    import hmac
-
     from fastapi import FastAPI, Request
 
     app = FastAPI(title="llmrnn judge")
@@ -191,7 +191,6 @@ def serve(model_dir: str, served_model_name: str, host: str, port: int, api_key_
           max_model_len: int, dtype: str) -> int:
     import uvicorn
 
-    from llmrnn.backends import make_backend
 
     if host in ("", "0.0.0.0", "::"):  # one address (loopback, or the node's for multi-node training)
         raise InputError(f"--host {host!r}: the judge binds to one address, never to every interface")

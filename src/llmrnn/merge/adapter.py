@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import logging
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmrnn.errors import CheckFailed, InputError
+from llmrnn.models import model_folder
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +75,6 @@ def merge_settings(merge: dict | None) -> dict:
 # ----------------------------------------------------------------------------- locating inputs
 def base_dir_of(path: str | Path) -> Path:
     """`--base` may be the model folder or its `.ready` marker (the rule's input)."""
-    from llmrnn.models import model_folder
-
     p = model_folder(path)
     if not (p / "config.json").is_file():
         raise InputError(f"{p}: base model folder has no config.json (expected an HF model folder)")
@@ -123,8 +123,6 @@ def resolve_adapter(path: str | Path) -> AdapterSource:
 def read_adapter_config(adapter_dir: Path) -> dict:
     """adapter_config.json as PEFT's own PeftConfig.from_pretrained reads it (PeftConfig.from_json_file: the
     `runtime_config` that verl 0.7.1 writes from asdict(LoraConfig) is dropped; it is only valid at runtime)."""
-    import warnings
-
     from peft import PeftConfig
 
     path = adapter_dir / "adapter_config.json"

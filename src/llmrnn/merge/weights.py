@@ -3,8 +3,11 @@ merged weights compared with the adapter's update."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
+
+from safetensors import safe_open
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
@@ -77,8 +80,6 @@ def _clean_key(key: str) -> str:
 def attach_adapter(base_model, adapter_dir: Path, adapter_cfg: dict):
     """Wrap `base_model` with the adapter (config possibly repaired) and load its weights; return
     (peft_model, load report). Keys that find no LoRA slot are reported, never ignored."""
-    import warnings
-
     from peft import LoraConfig, PeftConfig, PeftModel
     from peft.utils import load_peft_weights, set_peft_model_state_dict
 
@@ -128,8 +129,6 @@ def _target_weight_names(adapter_weights_keys: list[str]) -> set[str]:
 
 
 def _safetensors_index(folder: Path) -> dict[str, Path]:
-    from safetensors import safe_open
-
     index: dict[str, Path] = {}
     for f in sorted(folder.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as fh:
@@ -140,8 +139,6 @@ def _safetensors_index(folder: Path) -> dict[str, Path]:
 
 def _saved_dtype(folder: Path):
     """dtype of the first floating tensor in the folder's safetensors (None if there is none)."""
-    from safetensors import safe_open
-
     for f in sorted(folder.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as fh:
             for key in fh.keys():  # noqa: SIM118 - safe_open handles are not dicts
@@ -158,7 +155,6 @@ def compare_weights(base_dir: Path, merged_dir: Path, targets: set[str] | None) 
     """Count merged tensors that differ from the base, comparing at the merged tensor's dtype (so a pure
     dtype conversion counts as unchanged)."""
     import torch
-    from safetensors import safe_open
 
     base_idx, merged_idx = _safetensors_index(base_dir), _safetensors_index(merged_dir)
     common = sorted(set(base_idx) & set(merged_idx))

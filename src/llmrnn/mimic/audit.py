@@ -18,6 +18,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 from datetime import date
+from pathlib import Path
+
+from llmrnn import io
+from llmrnn.errors import InputError
+from llmrnn.mimic.sections import diagnosis_list
 
 # signal -> (literals one of which must be in the lower-cased text, the pattern that confirms it there):
 # str.find over the literals first, as most sections hold none (a case-insensitive regex alone is slow)
@@ -152,8 +157,6 @@ class Audit:
 
 def audit_cohort(patients: list[dict]) -> dict:
     """The audit of a cohort in the LLM-as-RNN format: every section but discharge_diagnosis is 'shown'."""
-    from llmrnn.mimic.sections import diagnosis_list
-
     audit = Audit()
     for patient in patients:
         for visit in patient["visits"]:
@@ -175,11 +178,6 @@ def table(summary: dict) -> str:
 def command(args, load_cohort) -> None:
     """`llmrnn cohort audit`: one table per cohort (e.g. built in each mode, side by side); --out: the
     counts as JSON. load_cohort: llmrnn.cohort's reader (passed in: cohort imports this module)."""
-    from pathlib import Path
-
-    from llmrnn import io
-    from llmrnn.errors import InputError
-
     if args.out and any(Path(c).resolve() == Path(args.out).resolve() for c in args.cohort):
         raise InputError(f"--out and --cohort name the same file {args.out}; give each its own")
     summaries = {str(c): audit_cohort(load_cohort(c)) for c in args.cohort}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import json
+import multiprocessing as mp
 import os
 import random
 import re
@@ -240,8 +241,6 @@ def stream_notes(path: Path, admissions: dict[int, Admission], spool, counts: Co
         for batch in batches():
             take(batch, _records([item for _, item, _ in batch], shown))
     else:
-        import multiprocessing as mp
-
         pending: list = []
         with mp.get_context("spawn" if sys.platform == "darwin" else "fork").Pool(
                 workers, initializer=_init_worker, initargs=(shown,)) as pool:

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tokenizers import decoders
+
 from llmrnn.phi_guard.canonical import WORD, _char_table, canonical_id
 from llmrnn.phi_guard.identifiers import find_ids, redact
 from llmrnn.phi_guard.scan import Scan
@@ -69,8 +71,6 @@ def scan_json_value(scan: Scan, rel: str, value: Any, path: str = "$", key: str 
 
 @functools.cache
 def _byte_level():
-    from tokenizers import decoders
-
     return decoders.ByteLevel()
 
 

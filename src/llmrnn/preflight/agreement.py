@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from typing import Any
 
 from llmrnn import io
 from llmrnn.errors import InputError
-from llmrnn.settings.evaluation import Preflight, preflight_settings
-
-log = logging.getLogger(__name__)
-
+from llmrnn.matching import content_words, normalise
 from llmrnn.preflight.reward_checks import _pct
 from llmrnn.preflight.rows import _as_policy_output, load_rows
+from llmrnn.reward import Scorer, reward_settings
+from llmrnn.rnn import summary_text
+from llmrnn.settings.evaluation import Preflight, preflight_settings
+from llmrnn.stats import wilson_ci
+
+log = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------- judge agreement
 # shuffled words are left out: a memory with the same words carries the same facts, and a judge that
@@ -23,8 +27,6 @@ WRONG_MEMORIES = ("other_patient", "diagnoses_removed", "truncated")
 
 
 def _summary_of(memory: Any) -> str:
-    from llmrnn.rnn import summary_text
-
     return str(summary_text(_as_policy_output(memory)) or "")
 
 
@@ -36,8 +38,6 @@ def wrong_memory(kind: str, row: dict, rows: list[dict], rng) -> str | None:
     """A memory that should score below the row's reference memory h_ref: another patient's reference
     memory, h_ref without the words of the patient's diagnoses (this and the next visit), or its first
     half. None when the kind cannot make a different memory from this row."""
-    from llmrnn.matching import content_words, normalise
-
     ref = _summary_of(row["step"].get("h_ref"))
     words = ref.split()
     if kind == "other_patient":
@@ -59,8 +59,6 @@ def wrong_memory(kind: str, row: dict, rows: list[dict], rng) -> str | None:
 def agreement_pairs(rows: list[dict], seed: int) -> tuple[list[dict], int]:
     """(pairs, rows skipped): one pair per row, the wrong kinds in turn (the next kind when a row cannot make
     the planned one); a row whose reference memory is empty makes none."""
-    import random
-
     rng = random.Random(seed)
     pairs, skipped = [], 0
     for i, row in enumerate(rows):
@@ -83,8 +81,6 @@ def agreement_checks(scorer, rows: list[dict], cfg: Preflight) -> tuple[dict, li
     Scalar: both memories scored alone; pairwise: they meet each other in both orders. A tie is not
     agreement. Returns (report, problems, warnings): below agreement_fail_below a problem, below
     agreement_warn_below a warning; the rate carries its Wilson 95% interval."""
-    from llmrnn.stats import wilson_ci
-
     pairs, skipped = agreement_pairs(rows, cfg.seed)
     samples = []
     for i, pair in enumerate(pairs):
@@ -154,8 +150,6 @@ def run_agreement(train_parquet: str, endpoint_file: str, out: str, audit_dir: s
     """The judge-agreement check alone (for a run whose reward asks no judge): the judge at `endpoint_file`
     scores agreement_pairs pairs in `mode` (default: the reward's judged mode, else scalar). Writes `out`
     with a verdict; it never stops the workflow (a judged run's preflight does that)."""
-    from llmrnn.reward import Scorer, reward_settings
-
     pcfg = preflight_settings(cfg.get("preflight"))
     reward = reward_settings(cfg.get("reward") or {})
     check_mode = mode or (reward.mode if reward.judged else "scalar")

@@ -9,12 +9,14 @@ import time
 from collections import Counter
 
 from llmrnn import io
+from llmrnn.errors import InputError
+from llmrnn.preflight.rows import CANDIDATES, EMPTY_MEMORY, _as_policy_output
+from llmrnn.reward import NO_JUDGE
+from llmrnn.reward.custom import open_custom
 from llmrnn.settings.evaluation import Preflight
 from llmrnn.stats import percentile
 
 log = logging.getLogger(__name__)
-
-from llmrnn.preflight.rows import CANDIDATES, EMPTY_MEMORY, _as_policy_output
 
 
 def _score_references(scorer, rows: list[dict]) -> tuple[list[dict], float]:
@@ -79,8 +81,6 @@ def _spread_problem(stats: dict, cfg: Preflight) -> list[str]:
 def outcome_checks(scorer, rows: list[dict], cfg: Preflight) -> tuple[dict, list[str]]:
     """Outcome mode (no judge): the reference candidates' outcome rewards and their spread; the judge
     keys (fallback rate, latency, calls) say there was none."""
-    from llmrnn.reward import NO_JUDGE
-
     results, elapsed = _score_references(scorer, rows)
     stats, problems = _reward_stats(scorer, rows, results, elapsed)
     report = {"skipped": NO_JUDGE, **stats, "judged": 0, "fallback_rate": None,
@@ -157,9 +157,6 @@ def custom_checks(custom: dict, rows: list[dict], cfg: Preflight,
     `kwargs`, the reward settings training passes as reward_kwargs): every
     score must be a finite number (else one problem naming the row and candidate); the spread of the
     scores is reported like the outcome reward's."""
-    from llmrnn.errors import InputError
-    from llmrnn.reward.custom import open_custom
-
     where = f"{custom['path']}:{custom['name']}"
     scores, problems = [], []
     t0 = time.perf_counter()

@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from llmrnn.errors import InputError
+from llmrnn.train.data import (
+    read_trajectory_parquet,  # one reader (and one set of messages) for trajectory parquets
+)
 
 log = logging.getLogger(__name__)
 
@@ -19,9 +22,6 @@ EMPTY_MEMORY = json.dumps({"evolving_summary": ""})
 def load_rows(parquet: str | Path, k: int, seed: int) -> list[dict]:
     import pandas as pd
 
-    from llmrnn.train.data import (
-        read_trajectory_parquet,  # one reader (and one set of messages) for trajectory parquets
-    )
 
     path = Path(parquet)
     df = pd.DataFrame(read_trajectory_parquet(path))

@@ -8,15 +8,18 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed
+from llmrnn.judge.client import Endpoint
 from llmrnn.models import model_folder
-from llmrnn.settings.evaluation import preflight_settings
-
-log = logging.getLogger(__name__)
-
 from llmrnn.preflight.agreement import agreement_checks
 from llmrnn.preflight.reward_checks import custom_checks, judge_checks, outcome_checks
 from llmrnn.preflight.rows import load_rows
 from llmrnn.preflight.training import training_checks
+from llmrnn.reward import Scorer, missing_endpoint, reward_kwargs, reward_settings
+from llmrnn.runconfig import filled
+from llmrnn.settings.evaluation import preflight_settings
+from llmrnn.train.ray_cluster import judge_layout_problem
+
+log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- command
@@ -24,8 +27,6 @@ def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit
                   val_parquet: str | None = None, tokenizer_dir: str | None = None) -> dict:
     """Reward checks (judge_checks; outcome_checks when reward.mode outcome asks no judge, which needs
     no endpoint; custom_checks for your own reward, reward.custom) + training checks -> `out`; CheckFailed when a problem counts."""
-    from llmrnn.reward import missing_endpoint, reward_settings
-
     pcfg = preflight_settings(cfg.get("preflight"))
     rcfg = reward_settings(cfg.get("reward") or {})
     if rcfg.judged and not endpoint_file:  # before any work: the judged modes cannot check anything
@@ -37,8 +38,6 @@ def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit
     agreement, agreement_problems, agreement_warnings = None, [], []
     custom_problems = []
     if rcfg.custom_reward:  # your own reward: finite numbers on real rows (no judge, no scorer)
-        from llmrnn.reward import reward_kwargs
-
         Path(audit_dir).mkdir(parents=True, exist_ok=True)  # the rule's output, though no scorer writes in it
         # the reward settings as training passes them (verl's reward_kwargs), so a reward reading them runs here
         kwargs = reward_kwargs(cfg.get("reward"), audit_dir=audit_dir)
@@ -86,8 +85,6 @@ def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit
 def _scorer_checks(endpoint_file, judge_cfg: dict, audit_dir, rcfg, pcfg, train_parquet, rows: list[dict]):
     """The built-in reward's checks (judge_checks, or outcome_checks when no judge is asked) and, for a
     judged mode, the judge agreement: (report, problems, agreement, its problems, its warnings)."""
-    from llmrnn.reward import Scorer
-
     scorer = Scorer(endpoint_file, judge_cfg.get("rubric") or None, audit_dir, rcfg)
     agreement, agreement_problems, agreement_warnings = None, [], []
     try:
@@ -103,12 +100,8 @@ def _scorer_checks(endpoint_file, judge_cfg: dict, audit_dir, rcfg, pcfg, train_
 
 def _judge_reach_problem(endpoint_file: str | None, cfg: dict) -> str | None:
     """train.nnodes > 1: verl runs reward workers on every node, so each must reach the judge."""
-    from llmrnn.runconfig import filled
-
     nnodes = int(filled("train", cfg.get("train"))["nnodes"])
     if nnodes <= 1 or not endpoint_file:
         return None
-    from llmrnn.judge.client import Endpoint
-    from llmrnn.train.ray_cluster import judge_layout_problem
 
     return judge_layout_problem(Endpoint.read(endpoint_file).url, nnodes)

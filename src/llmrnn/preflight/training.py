@@ -8,8 +8,12 @@ import os
 import shutil
 from pathlib import Path
 
+from llmrnn.gpu_stack import checkpoint_disk_gb
 from llmrnn.gpus import visible_gpus
+from llmrnn.quota import user_quota
 from llmrnn.settings.train import Train
+from llmrnn.train import config as tcfg
+from llmrnn.train import data as tdata
 
 log = logging.getLogger(__name__)
 
@@ -17,8 +21,6 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------- training checks
 def _split_lengths(split: str, path, tokenizer, limit: int, max_dropped_fraction: float) -> tuple[dict, int, list[str]]:
     """Prompt lengths of one parquet vs max_prompt_length: (report, rows that fit, problems)."""
-    from llmrnn.train import data as tdata
-
     rows = tdata.read_trajectory_parquet(path)
     lengths = tdata.prompt_lengths(rows, tokenizer)
     over = [i for i, n in enumerate(lengths) if n > limit]
@@ -49,7 +51,6 @@ def _data_checks(cfg: Train, train_parquet, val_parquet, tokenizer_dir, max_drop
     """Prompt lengths of both splits and the steps the usable train rows make: (report, problems)."""
     from transformers import AutoTokenizer
 
-    from llmrnn.train import config as tcfg
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     limit = cfg.max_prompt_length
@@ -78,8 +79,6 @@ LR_MIN_FRACTION = 0.3
 
 def _lr_checks(cfg: Train, planned: int, updates_per_step: int) -> tuple[dict, list[str]]:
     """The optimizer steps the run makes and the LR it sees at the first/last one."""
-    from llmrnn.train import config as tcfg
-
     updates = planned * updates_per_step
     warm = cfg.warmup_steps
     schedule = {
@@ -132,14 +131,11 @@ def _gpu_checks(cfg: Train, gpus_available: int | None, check_gpus: bool = True)
 def _disk_checks(cfg: Train, target: Path, model_dir, planned: int) -> tuple[dict, list[str]]:
     """Free disk for checkpoints where they will go (the nearest existing folder of `target`). verl's
     checkpoints hold the full fp32 actor, so its need is sized from the model x checkpoints kept."""
-    from llmrnn.gpu_stack import checkpoint_disk_gb
-
     probe = target
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     free_gb = shutil.disk_usage(probe).free / 1e9  # statvfs: blind to the user's quota
     disk = {"path": str(target), "free_gb": round(free_gb, 2)}
-    from llmrnn.quota import user_quota
 
     quota = user_quota(probe)
     disk["quota"] = quota.note
@@ -179,8 +175,6 @@ def training_checks(
     `train run` counts them itself before verl starts.
 
     Returns {"ok", "problems": [...], "engine", "geometry", "data", "lr_schedule", "gpus", "disk"}."""
-    from llmrnn.train import config as tcfg
-
     cfg = tcfg.settings(train_cfg)
     geo = tcfg.geometry(cfg)
     data, data_problems = _data_checks(cfg, train_parquet, val_parquet, tokenizer_dir, max_dropped_fraction)

@@ -34,8 +34,9 @@ from llmrnn import io
 from llmrnn.errors import InputError
 from llmrnn.models import model_folder
 from llmrnn.qa.data import SYSTEM_PROMPT, messages
-from llmrnn.qa.rewards import exact_match, normalize_answer
+from llmrnn.qa.rewards import exact_match, judge_scores, normalize_answer
 from llmrnn.settings import section_defaults
+from llmrnn.stats import mcnemar, paired_bootstrap, wilson_ci
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +101,6 @@ def _judge_grades(items: list[tuple[dict, dict]], endpoint: str, rubric: str | N
                   threshold: float, reward_cfg: dict | None = None) -> None:
     """Judge-grade each (record, graded answer) in place, the calls sent concurrently: judge_score,
     judge_parse_method and judge_correct (score >= threshold from a parseable judge answer)."""
-    from llmrnn.qa.rewards import judge_scores
-
     scores = judge_scores([(rec["question"], str(rec["answer"]), graded["extracted"] or "") for rec, graded in items],
                           {"rubric": rubric}, endpoint_file=endpoint, audit_dir=audit_dir, reward_cfg=reward_cfg)
     for (rec, graded), (score, method) in zip(items, scores):
@@ -262,8 +261,6 @@ def train_answers(path: str) -> list[str]:
 
 # ----------------------------------------------------------------------------- gather
 def _metric(outcomes: list[bool], mode: str) -> dict:
-    from llmrnn.stats import wilson_ci
-
     n, c = len(outcomes), sum(outcomes)
     lo, hi = wilson_ci(c, n)
     lo, hi = (0.0 if c == 0 else lo), (1.0 if c == n else hi)  # exact ends (float error gave 5e-17 at 0/n)
@@ -272,8 +269,6 @@ def _metric(outcomes: list[bool], mode: str) -> dict:
 
 def _mean_metric(values: list[float], mode: str, boot: dict) -> dict:
     """A mean of per-question values in [0, 1] with a bootstrap 95% CI over questions."""
-    from llmrnn.stats import paired_bootstrap
-
     if not values:
         return {"mode": mode, "value": None, "n": 0, "ci95": [None, None]}
     b = paired_bootstrap([0.0] * len(values), values, int(boot["samples"]), int(boot["seed"]))
@@ -298,8 +293,6 @@ def _read_eval(path: str, default_k: int) -> tuple[dict, list[dict], int]:
 def gather(files: list[str], cfg: dict, train: str | None = None) -> tuple[dict, dict]:
     """(metrics, comparison) over every per-question file: metrics per split and variant (each with its mode
     and chance baselines), tests per pair. `train`: the train split's records (most-common-answer baseline)."""
-    from llmrnn.stats import mcnemar, paired_bootstrap
-
     cfg = {**EVAL_DEFAULTS, **(cfg or {})}
     boot = (cfg.get("stats") or {}).get("bootstrap") or {"samples": 2000, "seed": 0}
     sampling = f"sampling: temperature {cfg['temperature']}, top_p {cfg['top_p']}"

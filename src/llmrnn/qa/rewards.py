@@ -52,7 +52,10 @@ from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation
 from typing import Any
 
 from llmrnn.errors import InputError
+from llmrnn.reward import JudgeDegraded, JudgeUnavailable, get_scorer, judge_wait_cfg
+from llmrnn.reward.config import settings
 from llmrnn.reward.entry import verl_values
+from llmrnn.rubric import scalar_request
 from llmrnn.settings import section_defaults
 
 # the per-step keys both engines log live with the training metrics (verl's rollout stats read them there)
@@ -75,8 +78,6 @@ _PUNCT = str.maketrans({c: " " for c in string.punctuation})
 def reward_config(value: Any = None) -> dict:
     """The reward settings given as the `reward_cfg=` argument (a mapping or its JSON; None: the defaults;
     llmrnn.reward.kwargs); unknown keys are refused."""
-    from llmrnn.reward.config import settings
-
     value = settings(value, "qa.reward")
     unknown = sorted(set(value) - set(DEFAULTS))
     if unknown:
@@ -236,9 +237,6 @@ def judge_score(question: str, reference: str, answer: str, cfg: dict, **kwargs)
 def judge_scores(items: list[tuple[str, str, str]], cfg: dict, **kwargs) -> list[tuple[float, str]]:
     """(score, parse method) of each (question, reference, answer), the judge calls sent concurrently (the
     scorer's pool; identical calls share one request); audited and guarded as judge_score."""
-    from llmrnn.reward import JudgeDegraded, JudgeUnavailable, get_scorer, judge_wait_cfg
-    from llmrnn.rubric import scalar_request
-
     # the judge is always asked here (whatever reward.mode trains with); its waits are the config's
     scorer = get_scorer(kwargs.get("endpoint_file"), kwargs.get("rubric_file") or cfg.get("rubric"),
                         kwargs.get("audit_dir"), reward_cfg=judge_wait_cfg(kwargs.get("reward_cfg")),

@@ -15,8 +15,10 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
+from llmrnn.models import model_folder
 from llmrnn.settings.base import parse
 from llmrnn.settings.qa import QaSft
+from llmrnn.train.trl_engine import export_adapter
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +64,6 @@ def train_sft(cfg: dict | None, train_file: str, val_file: str | None, model_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
-    from llmrnn.models import model_folder
-    from llmrnn.train.trl_engine import export_adapter
 
     model_dir = str(model_folder(model_dir))
     work = Path(adapter_dir).parent / "sft_checkpoints"  # beside the outputs; save_strategy "no" keeps it empty

@@ -10,7 +10,11 @@ from typing import Any
 from llmrnn import io
 from llmrnn.configcheck import cohort_is_synthetic
 from llmrnn.errors import InputError
+from llmrnn.mimic import sections as sec
+from llmrnn.qa.data import SYSTEM_PROMPT
+from llmrnn.qa.rewards import DEFAULT_WEIGHTS
 from llmrnn.release.manifest import outcome_reward
+from llmrnn.reward import asks_judge  # the one place that decides whether a reward asks the judge
 from llmrnn.runconfig import filled
 
 UNKNOWN = "?"  # a count the run's splits.json does not give
@@ -115,15 +119,11 @@ QA_STEPS = [
 
 def qa_weights(knobs: dict) -> dict:
     """The QA reward's weights as training used them (qa.rewards fills in the ones not configured)."""
-    from llmrnn.qa.rewards import DEFAULT_WEIGHTS
-
     return {**DEFAULT_WEIGHTS, **((((knobs.get("qa") or {}).get("reward") or {}).get("weights")) or {})}
 
 
 def qa_workflow_steps(knobs: dict) -> list[tuple[str, str]]:
     """The QA steps this config ran: qa_synth, the SFT warm start and the judge only where configured."""
-    from llmrnn.reward import asks_judge  # the one place that decides whether a reward asks the judge
-
     qa = filled("qa", knobs.get("qa"))
     skipped = {"qa_synth": qa["source"] != "synthetic",
                "qa_sft / qa_merge_sft": not qa["sft"]["enabled"],
@@ -383,7 +383,6 @@ def _shown_note_text(knobs: dict) -> list[tuple[str, str]]:
     cohort = filled("cohort", knobs.get("cohort"))
     if cohort["source"] != "mimic_iv":
         return []
-    from llmrnn.mimic import sections as sec
 
     mimic = cohort["mimic_iv"]
     shown = [s for s in sec.KEPT if s in (mimic["sections"] or sec.MODES[mimic["mode"]])]
@@ -458,8 +457,6 @@ def _card_usage(parts: list[str], repo_id: str, outcome: bool = False) -> None:
 
 
 def _card_usage_qa(parts: list[str], repo_id: str, knobs: dict) -> None:
-    from llmrnn.qa.data import SYSTEM_PROMPT
-
     parts.append("## How the workflow made it\n")
     parts.append(_numbered(qa_workflow_steps(knobs)) + "\n")
     parts.append("The evaluation (`qa_eval_model`, `qa_eval_gather`, `qa_report`) runs after the release, not "

@@ -14,6 +14,7 @@ from typing import Any
 
 from llmrnn import io
 from llmrnn.errors import InputError
+from llmrnn.reward import asks_judge
 from llmrnn.rubric import JUDGE_SOURCE
 from llmrnn.runconfig import filled
 
@@ -99,8 +100,6 @@ def metrics_summary(path: str | Path | None) -> dict:
 
 def outcome_reward(knobs: dict) -> bool:
     """The memory head trained with reward.mode outcome: no judge scored a rollout (the card says so)."""
-    from llmrnn.reward import asks_judge
-
     return knobs.get("recipe") != "qa" and not asks_judge(knobs)
 
 
@@ -129,8 +128,6 @@ def rubric_info(path: str | Path | None) -> dict:
 
 def judge_entry(rubric: str | Path | None, knobs: dict) -> dict:
     """The manifest's judge: the rubric's, or (none given) the plain reason the reward asked no judge."""
-    from llmrnn.reward import asks_judge
-
     if rubric is not None or asks_judge(knobs):
         return rubric_info(rubric)
     why = ("the QA reward asks no judge (qa.reward.weights.judge is 0)" if knobs.get("recipe") == "qa"

@@ -4,6 +4,7 @@ copied), the run lock, and the release id."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -102,8 +103,6 @@ def run_lock(run_dir: Path):
     """An exclusive lock on the run's releases (flock on RUN/.release.lock, never waited for): a second
     release of the same run at the same time stops with one line naming the first's pid, before it stages,
     removes a stage or uploads anything. The lock goes with the process (also when it is killed)."""
-    import fcntl
-
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from llmrnn.constants import DATA_SOURCE
-from llmrnn.custom_reward_child import PARAMETERS, SIGNATURE, signature_problem
+from llmrnn.custom_reward_child import PARAMETERS, SIGNATURE, child_env, signature_problem
 from llmrnn.errors import InputError
 from llmrnn.reward.config import CUSTOM_NAME, reward_settings, settings
 from llmrnn.reward.entry import _completion_text
@@ -73,8 +73,6 @@ class RewardProcess:
         self._start()
 
     def _start(self) -> None:
-        from llmrnn.custom_reward_child import child_env
-
         env = child_env()
         self.proc = subprocess.Popen([sys.executable, "-m", "llmrnn.custom_reward_child"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=env, cwd=os.getcwd())

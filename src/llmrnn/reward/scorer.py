@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from llmrnn import jsonparse
+from llmrnn import io, jsonparse
 from llmrnn.errors import InputError
 from llmrnn.judge.client import Endpoint, JudgeClient, JudgeUnavailable, wait_for_endpoint
 from llmrnn.matching import anticipated_share
@@ -222,8 +222,6 @@ class Scorer:
     def stop_reason(self, message: str) -> None:
         """Leave the reason beside the audit: verl's reward workers die inside Ray, and the train
         command reads this file to say why (the file holds no clinical text)."""
-        from llmrnn import io
-
         self.audit.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         io.write_text(self.audit.directory / STOP_REASON_FILE, message + "\n")
 

@@ -11,6 +11,7 @@ table of the trajectory step a reward reads (docs/rewards.md, llmrnn.settings.tr
 from __future__ import annotations
 
 import json
+import re
 import types
 import typing
 from pathlib import Path
@@ -21,8 +22,10 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from llmrnn.io import write_text
 from llmrnn.settings import Config
-from llmrnn.settings.workflow import Role
+from llmrnn.settings.trajectory_step import TrajectoryStep
+from llmrnn.settings.workflow import ModelSpec, Role
 
 SCHEMA_FILE = Path("workflow/schemas/config.schema.yaml")
 # The same schema as JSON: what rules/common.smk validates against at every Snakemake start (Snakemake reads
@@ -201,8 +204,6 @@ def key_table(model: type[BaseModel], prefix: str = "") -> str:
 
 def doc_tables() -> dict[str, str]:
     """Marker name -> generated table: each section of Config, the role keys, the model keys."""
-    from llmrnn.settings.workflow import ModelSpec
-
     tables = {}
     top = [(k, i) for k, i in Config.model_fields.items()
            if not (isinstance(i.annotation, type) and issubclass(i.annotation, BaseModel)) and k != "models"]
@@ -220,8 +221,6 @@ def doc_tables() -> dict[str, str]:
 
 def step_table() -> str:
     """The field table of a trajectory step (llmrnn.settings.trajectory_step): key, type, example, meaning."""
-    from llmrnn.settings.trajectory_step import TrajectoryStep
-
     lines = ["| key | type | example | meaning |", "|---|---|---|---|"]
     for key, info in _leaf_rows(TrajectoryStep):
         example = f"`{json.dumps(info.examples[0], ensure_ascii=False)}`" if info.examples else ""
@@ -232,8 +231,6 @@ def step_table() -> str:
 def render_docs(text: str, tables: dict[str, str] | None = None, where: Path = DOCS_FILE) -> str:
     """`text` with every `<!-- keys: NAME -->` ... `<!-- /keys -->` block replaced by its generated table
     (`tables`; the config's key tables by default)."""
-    import re
-
     tables = doc_tables() if tables is None else tables
 
     def fill(match: re.Match) -> str:
@@ -265,8 +262,6 @@ def stale(root: Path) -> list[Path]:
 
 
 def write(root: Path) -> list[Path]:
-    from llmrnn.io import write_text
-
     changed = stale(root)
     for rel, text in generated(root).items():
         if rel in changed:

@@ -6,6 +6,7 @@ the base model, the reward or the code changed must start over instead of contin
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import json
@@ -14,6 +15,8 @@ import shutil
 from pathlib import Path
 
 from llmrnn import io
+from llmrnn.errors import CheckFailed
+from llmrnn.provenance import code_identity, module_path
 from llmrnn.reward import settings_identity
 from llmrnn.settings.train import Train
 
@@ -28,8 +31,6 @@ def job_code(reward_spec: str | None) -> str:
     (llmrnn.provenance.code_identity of `train run`, plus the --reward-func module the rule names: rules
     train_grpo and qa_train_grpo), so a rerun that Snakemake starts for a code change never resumes the
     checkpoints of the old code. A reward outside the package (a file, another package) adds its source."""
-    from llmrnn.provenance import code_identity, module_path
-
     module = (reward_spec or DEFAULT_REWARD_MODULE).split(":", 1)[0]
     if module == DEFAULT_REWARD_MODULE:
         return code_identity(TRAIN_VERB)
@@ -76,8 +77,6 @@ def choose_checkpoint(select: str, saved_steps: list[int], metrics_rows: list[di
     `saved_steps`: rollout steps with a checkpoint on disk; `metrics_rows`: metrics.jsonl rows (val rows carry
     val_reward_mean). "last": the newest saved step. "best_val": the saved step with the highest val reward
     (ties: the later step); every saved step must have one (llmrnn.settings.train.Train refuses a config that would not)."""
-    from llmrnn.errors import CheckFailed
-
     if not saved_steps:
         raise CheckFailed("train: no saved checkpoint to choose from")
     steps = sorted({int(s) for s in saved_steps})
@@ -109,8 +108,6 @@ DISK_FULL_SIGNS = ("No space left on device", "Disk quota exceeded", "file write
 def disk_full_problem(exc: BaseException, folder: Path) -> str | None:
     """One line saying the disk is full, when `exc` (or an error it came from) is a failed write for lack of
     space while saving a checkpoint under `folder`; None for any other error."""
-    import errno
-
     seen, e = [], exc
     while e is not None and e not in seen:
         seen.append(e)

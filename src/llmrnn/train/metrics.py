@@ -191,8 +191,6 @@ def learning_problem(rows: list[dict], zero_gradient: bool = True) -> str | None
     """One line when the logged train steps show a run that cannot have learned: no step's mean reward was a
     finite number (rewards that overflowed float32, or NaN), or (`zero_gradient`: train.fail_on_zero_gradient)
     the gradient norm was 0 at every step; such a run ends as a failure, never marked done."""
-    import math
-
     steps = [r for r in rows if r.get("kind", "train") == "train"]
     if not steps:
         return None

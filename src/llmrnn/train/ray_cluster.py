@@ -45,7 +45,8 @@ from urllib.parse import urlparse
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
-from llmrnn.gpus import node_address, this_node
+from llmrnn.gpus import is_loopback, node_address, this_node
+from llmrnn.judge.launcher import free_port as free_port_on
 from llmrnn.safe_path import safe_path_env
 
 log = logging.getLogger(__name__)
@@ -125,13 +126,6 @@ def allocation_nodes(env: Mapping[str, str] | None = None) -> list[str]:
     return out.stdout.split()
 
 
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, ValueError):
-        return False
-
-
 def judge_reach_problem(judge_url: str | None, node_addresses: Mapping[str, str]) -> str | None:
     """A judge on a loopback address is reachable only from nodes on the same host, i.e. nodes whose own
     address is loopback too (two slurmd on one host); any other node cannot reach it."""
@@ -159,8 +153,6 @@ def judge_layout_problem(judge_url: str | None, nnodes: int) -> str | None:
 
 def free_port() -> int:
     """A port free on every address of this node (Ray's servers listen on all of them)."""
-    from llmrnn.judge.launcher import free_port as free_port_on
-
     return free_port_on("")
 
 
@@ -489,6 +481,7 @@ def cmd_probe(args) -> int:
 
     @ray.remote(num_cpus=0)
     def where(judge_url):
+        # lazy: runs in a Ray worker, which cloudpickle hands this function by value; it imports there
         import os as _os
         import urllib.request
 

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from llmrnn import io
-from llmrnn.errors import CheckFailed, InputError
+from llmrnn.errors import CheckFailed, InputError, Interrupted
 from llmrnn.judge.client import JudgeUnavailable
 from llmrnn.settings.train import Train
 from llmrnn.train.checkpoints import disk_full_problem
@@ -171,8 +171,6 @@ def save_before_the_lost_step(trainer, stop, holder: dict, updates_per_step: int
 
 def raise_if_interrupted(holder: dict, reached: int, max_steps: int, updates_per_step: int) -> None:
     """After trainer.train(): a run stopped on request (stop_callback) ends with Interrupted (exit 75)."""
-    from llmrnn.errors import Interrupted
-
     if reached < max_steps and holder.get("interrupted"):
         step, why = holder["interrupted"]
         raise Interrupted(f"train: stopped at step {step // updates_per_step} of {max_steps // updates_per_step} "

@@ -19,9 +19,11 @@ key holds one, and nothing here writes the environment anywhere.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from llmrnn.errors import InputError
 from llmrnn.settings.train import Train, trackers
@@ -80,8 +82,6 @@ def forwardable(name: str, value: str) -> bool:
     """Whether a tracker variable may travel on verl's command line (visible in `ps`): one of FORWARDED_ENV, and
     no URI that may carry a credential: a user:password@ part, or a query or fragment (`?token=...`,
     `#access_token=...`); such a MLFLOW_TRACKING_URI stays in the environment, which main_ppo inherits."""
-    from urllib.parse import urlsplit
-
     if name not in FORWARDED_ENV or not value:
         return False
     if not name.endswith("_URI"):
@@ -108,8 +108,6 @@ def config_callback(config: Mapping, trackers: list[str]):
     """A TRL/transformers callback that attaches llmrnn's effective training config (the config sections
     the trainer got) to each tracker when training starts, beside the GRPOConfig that transformers attaches
     itself: TensorBoard text `llmrnn/config`, W&B run config key `llmrnn`, MLflow artifact llmrnn_config.json."""
-    import json
-
     from transformers import TrainerCallback
 
     text = json.dumps(config, indent=1, sort_keys=True, default=str)

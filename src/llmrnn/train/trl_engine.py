@@ -15,6 +15,7 @@ random stream on resume, which replays/skips prompts past epoch 0).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -25,6 +26,7 @@ import os
 import re
 import shutil
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from llmrnn.settings.qa import QaSft
 from llmrnn.settings.train import Train
 from llmrnn.train import config as tcfg
 from llmrnn.train import data as tdata
+from llmrnn.train import tracking
 from llmrnn.train.checkpoints import (
     choose_checkpoint,
     discard_stale_checkpoints,
@@ -148,12 +151,9 @@ def load_rows(path: str | os.PathLike, split: str, tokenizer, max_prompt_length:
 
 def grpo_arguments(cfg: Train, geo, ckpt_dir: Path, max_steps: int, validate: bool, run_name: str | None = None):
     """GRPOConfig from the shared knobs (the mapping in the module docstring)."""
-    import dataclasses
-
     import torch
     from trl import GRPOConfig
 
-    from llmrnn.train import tracking
 
     # train.report_to: the trackers, under the run's name; transformers 4.x takes the TensorBoard folder as
     # logging_dir, 5.x from TENSORBOARD_LOGGING_DIR (llmrnn.train.tracking.prepare sets both)
@@ -220,8 +220,6 @@ def grpo_arguments(cfg: Train, geo, ckpt_dir: Path, max_steps: int, validate: bo
 
 def _tracker_callbacks(cfg: Train, tracked_config: dict | None) -> list:
     """train.report_to's trackers get llmrnn's own config sections too (transformers attaches the GRPOConfig)."""
-    from llmrnn.train import tracking
-
     trackers = tracking.report_to(cfg)
     return [tracking.config_callback(tracked_config or {"train": cfg.model_dump()}, trackers)] if trackers else []
 
@@ -435,8 +433,6 @@ def load_policy(model_dir, tokenizer, cfg: Train):
 
 
 def _setup_threads(threads: int) -> None:
-    import warnings
-
     import torch
 
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))

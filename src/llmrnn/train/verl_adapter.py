@@ -13,8 +13,10 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed
+from llmrnn.merge.adapter import is_verl_engine_lora
 from llmrnn.safe_path import safe_path_env
 from llmrnn.settings.train import Train
+from llmrnn.train.trl_engine import check_adapter
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +28,6 @@ def adapter_from_checkpoint(actor: Path, dst: Path, cfg: Train, *, python: str |
     training Python, which has verl) gathers the adapter in `scratch` (default: beside `actor`), its alpha is
     checked against lora_train_meta.json and train.lora, then it is copied and `scratch` removed. Returns
     {"adapter_from": "lora_adapter" | "model_merger", ...}."""
-    from llmrnn.merge.adapter import is_verl_engine_lora
-
     if (actor / "lora_adapter").is_dir() or not actor.is_dir() or not is_verl_engine_lora(actor):
         copy_adapter(actor / "lora_adapter", dst, cfg)
         return {"adapter_from": "lora_adapter"}
@@ -85,8 +85,6 @@ def fix_gathered_alpha(adapter: Path, actor: Path, cfg: Train) -> dict:
 
 def copy_adapter(src: Path, dst: Path, cfg: Train) -> None:
     """verl's actor/lora_adapter carries the real alpha (model_merger's copy says 0)."""
-    from llmrnn.train.trl_engine import check_adapter
-
     if not (src / "adapter_config.json").is_file():
         raise CheckFailed(f"{src}: no lora_adapter in the final verl checkpoint")
     with io.atomic_dir(dst) as tmp:

@@ -14,22 +14,34 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import time
+from importlib.metadata import version as dist_version
 from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError, Interrupted
+from llmrnn.judge.client import Endpoint
+from llmrnn.reward import STOP_REASON_FILE, fallback_rate
 from llmrnn.reward import reward_kwargs as default_reward_kwargs
 from llmrnn.safe_path import safe_path_env
 from llmrnn.settings.train import Train
 from llmrnn.train import config as tcfg
-from llmrnn.train import tracking
-from llmrnn.train.checkpoints import discard_stale_checkpoints, run_fingerprint
-from llmrnn.train.metrics import MetricsWriter, progress_line, verl_rows
+from llmrnn.train import ray_cluster, tracking
+from llmrnn.train.checkpoints import choose_checkpoint, discard_stale_checkpoints, run_fingerprint
+from llmrnn.train.metrics import (
+    STEP_KEYS,
+    MetricsWriter,
+    learning_problem,
+    progress_line,
+    step_metrics,
+    verl_rows,
+)
 from llmrnn.train.stop import StopRequest, env_seconds
+from llmrnn.train.trl_engine import finish_metrics
 from llmrnn.train.verl_adapter import adapter_from_checkpoint
 
 log = logging.getLogger(__name__)
@@ -61,8 +73,6 @@ def series(version: str | None) -> str:
     """'0.7.1' -> '0.7'; None -> the installed verl's series (falls back to the reference 0.7)."""
     if version in (None, "", "auto"):
         try:
-            from importlib.metadata import version as dist_version
-
             version = dist_version("verl")
         except Exception:  # noqa: BLE001 - not installed in this env: build for the reference release
             version = "0.7.1"
@@ -335,9 +345,6 @@ def _follow_metrics(log_path: Path, writer: MetricsWriter, seen: set[int], total
 def rollout_stats(rollout_dir: Path, step: int) -> dict:
     """reward std and judge fallback rate of one step from verl's rollout dump ({step}.jsonl), and the qa
     recipe's per-step correctness/extraction stats (the same raw keys TRL logs)."""
-    from llmrnn.reward import fallback_rate
-    from llmrnn.train.metrics import STEP_KEYS, step_metrics
-
     path = rollout_dir / f"{step}.jsonl"
     if not path.is_file():
         return {}
@@ -439,11 +446,7 @@ def run(
             f"train: verl stopped at step {reached} of {planned} planned "
             f"({ckpt_dir}/latest_checkpointed_iteration.txt); the run is not complete"
         )
-    from llmrnn.train.trl_engine import finish_metrics
-
     finish_metrics(out / "state" / "metrics.jsonl", Path(metrics_path))
-    from llmrnn.train.metrics import learning_problem
-
     # as under TRL: a run whose rewards were never finite, or whose gradient was 0 at every step, learned
     # nothing and is not complete (no adapter is written)
     if problem := learning_problem(io.read_jsonl(metrics_path), zero_gradient=cfg.fail_on_zero_gradient):
@@ -457,8 +460,6 @@ def run(
 
 def choose_verl_checkpoint(cfg: Train, ckpt_dir: Path, rows: list[dict]) -> dict:
     """train.select over verl's saved steps (global_step_N/actor), by verl's own val metrics per step."""
-    from llmrnn.train.checkpoints import choose_checkpoint
-
     saved = [int(p.name.rsplit("_", 1)[1]) for p in ckpt_dir.glob("global_step_*")
              if p.name.rsplit("_", 1)[1].isdigit() and (p / "actor").is_dir()]
     return choose_checkpoint(cfg.select, saved, rows)
@@ -477,15 +478,13 @@ def _launch(cfg: Train, overrides: list[str], python: str | None, env: dict, out
     with StopRequest().watch() as stop:
         overrides = overrides + deadline_overrides(stop.deadline)
         if cfg.nnodes > 1:  # a Ray cluster over the allocation's nodes; verl's ray.init() joins it
-            from llmrnn.train import ray_cluster
-
             with ray_cluster.cluster(nodes=_training_nodes(cfg.nnodes), gpus_per_node=cfg.n_gpus_per_node,
                                      state_dir=out / "state" / "ray", judge_url=_judge_url(endpoint_file)) as rc:
                 return _main_ppo(command(overrides, python), {**env, **rc.env}, out, follow, stop)
         # one node: verl starts Ray itself, with the job's CPUs and a temp dir of its own
-        from llmrnn.train.ray_cluster import single_node_overrides
 
-        return _main_ppo(command(overrides + single_node_overrides(), python), env, out, follow, stop)
+        return _main_ppo(command(overrides + ray_cluster.single_node_overrides(), python), env, out, follow,
+                         stop)
 
 
 def _main_ppo(cmd: list[str], env: dict, out: Path, follow, stop: StopRequest | None = None) -> subprocess.Popen:
@@ -512,9 +511,7 @@ def _main_ppo(cmd: list[str], env: dict, out: Path, follow, stop: StopRequest | 
 
 def _training_nodes(nnodes: int) -> list[str]:
     """The allocation's nodes; exactly train.nnodes of them (the profile asks SLURM for that many)."""
-    from llmrnn.train.ray_cluster import allocation_nodes
-
-    nodes = allocation_nodes()
+    nodes = ray_cluster.allocation_nodes()
     if len(nodes) != nnodes:
         raise CheckFailed(f"train.nnodes is {nnodes} but this job holds {len(nodes)} node(s) "
                           f"({','.join(nodes) or 'no SLURM allocation'}): run it through profiles/slurm with "
@@ -525,7 +522,6 @@ def _training_nodes(nnodes: int) -> list[str]:
 def _judge_url(endpoint_file: str | None) -> str | None:
     if not endpoint_file:
         return None
-    from llmrnn.judge.client import Endpoint
 
     return Endpoint.read(endpoint_file).url
 
@@ -533,13 +529,9 @@ def _judge_url(endpoint_file: str | None) -> str | None:
 def _stop_reason(audit_dir: Path) -> str:
     """Why the reward stopped the run, when it did (the reward workers die inside Ray: their exception
     reaches us only as main_ppo's exit code)."""
-    from llmrnn.reward import STOP_REASON_FILE
-
     path = audit_dir / STOP_REASON_FILE
     return f": {path.read_text(encoding='utf-8').strip()}" if path.is_file() else ""
 
 
 def _shell_quote(text: str) -> str:
-    import shlex
-
     return shlex.quote(text)

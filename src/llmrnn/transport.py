@@ -1,4 +1,4 @@
-"""The judge client's HTTP transport: calls bounded in size and time, and a watchdog of the server's progress.
+"""HTTP to an OpenAI-compatible server: calls bounded in size and time, and a watchdog of its progress.
 
 LiveCalls holds the sockets of every call in flight on one client (so one failure cuts them all) and notices
 a server that stopped answering; BoundedHTTP sends one request under a whole-call deadline and a size cap on
