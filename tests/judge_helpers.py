@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,16 @@ KEY = "test-key-123"
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # listen() backlog: the default 5 drops SYNs under 100+ concurrent calls
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that left before its answer (a timeout under test, a killed trainer) is not an error of
+        the server: no traceback. Python 3.11's traceback printing parses the source line (ast.parse) for its
+        carets, and the AST constructor's recursion counter is shared by threads: a later test's ast.parse in
+        the main thread failed with "SystemError: AST constructor recursion depth mismatch" (seen in CI;
+        CPython issue 106905, pytest issue 10763)."""
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
 
 
 def chat_payload(text: str, logprobs: list | None = None) -> dict:
