@@ -17,7 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 KEY = "test-key-123"
 
 
-class _Server(ThreadingHTTPServer):
+class LocalServer(ThreadingHTTPServer):
+    """The tests' HTTP servers on 127.0.0.1: a thread a request, a deep backlog, quiet about clients gone."""
+
     daemon_threads = True
     request_queue_size = 256  # listen() backlog: the default 5 drops SYNs under 100+ concurrent calls
 
@@ -183,7 +185,7 @@ class ScriptedJudge:
                 else:
                     self._send(200, chat_payload(str(out)))
 
-        self.server = _Server(("127.0.0.1", port), Handler)
+        self.server = LocalServer(("127.0.0.1", port), Handler)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

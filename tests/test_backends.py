@@ -6,13 +6,14 @@ import json
 import sys
 import threading
 import typing
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from llmrnn import backends, prefix_engine
 from llmrnn.backends import BackendError, make_backend
 from llmrnn.errors import InputError
+from tests.judge_helpers import LocalServer
 
 CONVS = [
     [{"role": "user", "content": f"patient {i} with congestive heart failure " * (1 + i % 3)}] for i in range(5)
@@ -120,7 +121,7 @@ class _Handler(BaseHTTPRequestHandler):
 def server():
     _Handler.requests = []
     _Handler.fail_first = 0
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv = LocalServer(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{srv.server_address[1]}/v1"

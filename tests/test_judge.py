@@ -23,6 +23,7 @@ from llmrnn.rubric import load_rubric
 from tests.judge_helpers import (
     KEY,
     REPO,
+    LocalServer,
     RawReply,
     ScriptedJudge,
     chat_payload,
@@ -294,7 +295,7 @@ def test_readiness_refuses_a_server_that_ignores_auth_without_sending_the_key():
 def test_readiness_refuses_a_server_that_takes_any_key(tmp_path):
     """401 without a key but 200 with ANY key: a made-up key goes first, so ours is never sent."""
     import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     seen: list[str | None] = []
 
@@ -311,7 +312,7 @@ def test_readiness_refuses_a_server_that_takes_any_key(tmp_path):
             self.end_headers()
             self.wfile.write(data)
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), AnyKey)
+    srv = LocalServer(("127.0.0.1", 0), AnyKey)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         with pytest.raises(NotOurServer, match="accepts a made-up API key"):

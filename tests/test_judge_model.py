@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ from llmrnn.errors import InputError
 from llmrnn.judge.launcher import judge_model_dir, prepare_judge_model, resolve_model
 from llmrnn.rubric import load_rubric
 from tests.conftest import REPO
+from tests.judge_helpers import LocalServer
 
 TOKEN = "hf_test_token_for_the_fake_hub"
 
@@ -88,7 +89,7 @@ class GatedHub:
                     return
                 self._file(head=False)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = LocalServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

@@ -13,13 +13,14 @@ import base64
 import hashlib
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
 from llmrnn import upload
 from llmrnn.errors import CheckFailed
+from tests.judge_helpers import LocalServer
 from tests.test_release import KNOBS, make_inputs, run_release
 
 TOKEN = "hf_test_token_do_not_log_0123456789"
@@ -83,7 +84,7 @@ class FakeHub:
                     return self._send(200, {"commitUrl": f"{host}/{repo}/commit/{oid}", "commitOid": oid})
                 return self._send(404, {"error": "unknown route"})
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = LocalServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()

@@ -18,7 +18,12 @@ import pytest
 import yaml
 
 from tests.slurm.test_slurm_run import _env
-from tests.slurm.test_survival import resume_node, snakemake_through_the_profile, take_node_down
+from tests.slurm.test_survival import (
+    kill_job_steps_of,
+    resume_node,
+    snakemake_through_the_profile,
+    take_node_down,
+)
 from tests.test_train_trl import STANDIN, tiny_cfg
 from tests.verl.rows import make_rows, write_parquet
 
@@ -114,6 +119,7 @@ def test_a_training_job_whose_node_dies_loses_at_most_the_step_in_flight(slurm_c
         killed["node"] = node
         take_node_down(node)  # and nothing of the job survives on it:
         subprocess.run(["pkill", "-KILL", "-f", "--work-dir out/train"], check=False, timeout=30)
+        kill_job_steps_of(tmp_path / "preemption")
 
     try:
         work, env = _run_interrupted(tmp_path, tiny_model_dir, 1, kill_node)

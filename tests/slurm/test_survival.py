@@ -39,6 +39,12 @@ def take_node_down(node: str) -> None:
     _scontrol(f"NodeName={node}", "State=DRAIN", "Reason=llmrnn-test-killed-node")
 
 
+def kill_job_steps_of(work: Path) -> None:
+    """What a node taken down here leaves running (proctrack/linuxproc, no cgroups): the job steps' Snakemake
+    of the workflow in `work` (`--snakefile WORK/Snakefile`), which would wait for its dead job forever."""
+    subprocess.run(["pkill", "-KILL", "-f", f"--snakefile {work}/Snakefile"], check=False, timeout=30)
+
+
 def resume_node(node: str) -> None:
     _scontrol(f"NodeName={node}", "State=RESUME", check=False)
 
@@ -81,6 +87,7 @@ def test_memory_retry_and_a_killed_node_lose_no_row(slurm_cluster, tmp_path):
                 os.kill(first["pid"], signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            kill_job_steps_of(work)
             (work / "hold").unlink()
             proc.wait(timeout=900)
     finally:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator
@@ -29,6 +28,7 @@ import yaml
 from llmrnn import provenance
 from tests.conftest import REPO, WORKFLOW_PARTS
 from tests.slurm.dag import EXTRA_PARTS, parse_dry_run, run, write_small_config
+from tests.test_layout import rules_in_workflow
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 TRIGGERS = ["--rerun-triggers", "params", "code", "input", "mtime"]
@@ -232,8 +232,8 @@ def check_row(row: Row, base: Baseline, observed: set[str]) -> None:
 
 
 def workflow_rules() -> set[str]:
-    return {m.group(1) for path in (REPO / "rules").glob("*.smk")
-            for m in re.finditer(r"^(?:local)?rule (\w+):", path.read_text(), re.MULTILINE)}
+    """Every rule name of the rule files, a computed `name:` under each name it gives (tests.test_layout)."""
+    return set(rules_in_workflow())
 
 
 def row_problem(row: Row, base: Baseline) -> str | None:
