@@ -118,7 +118,7 @@ def test_a_training_job_whose_node_dies_loses_at_most_the_step_in_flight(slurm_c
                                .read_text().splitlines())
         killed["node"] = node
         take_node_down(node)  # and nothing of the job survives on it:
-        subprocess.run(["pkill", "-KILL", "-f", "--work-dir out/train"], check=False, timeout=30)
+        subprocess.run(["pkill", "-KILL", "-f", "--", "--work-dir out/train"], check=False, timeout=30)
         kill_job_steps_of(tmp_path / "preemption")
 
     try:

@@ -42,7 +42,7 @@ def take_node_down(node: str) -> None:
 def kill_job_steps_of(work: Path) -> None:
     """What a node taken down here leaves running (proctrack/linuxproc, no cgroups): the job steps' Snakemake
     of the workflow in `work` (`--snakefile WORK/Snakefile`), which would wait for its dead job forever."""
-    subprocess.run(["pkill", "-KILL", "-f", f"--snakefile {work}/Snakefile"], check=False, timeout=30)
+    subprocess.run(["pkill", "-KILL", "-f", "--", f"--snakefile {work}/Snakefile"], check=False, timeout=30)
 
 
 def resume_node(node: str) -> None:
