@@ -328,22 +328,30 @@ def test_early_stopping_on_a_falling_val_reward(tmp_path, tiny_model_dir, parque
 JSON_POLICY = f"{Path(__file__).parent / 'judge_helpers.py'}:json_policy_reward"
 
 
+def _judged_command(tmp_path, tiny_model_dir, parquets, port: int, out: Path, preflight: dict,
+                    **cfg_over) -> list[str]:
+    """`llmrnn train run` into `out` with the real reward against the scripted judge on `port`."""
+    from tests.judge_helpers import write_endpoint, write_rubric
+
+    endpoint = write_endpoint(tmp_path / f"{out.name}-endpoint", port, write_rubric(tmp_path))
+    cfg = {"train": tiny_cfg(**cfg_over), "preflight": preflight,
+           "reward": {"retries": 1, "backoff_s": 0.01, "health_timeout_s": 10}}
+    return [LLMRNN, "train", "run", "--cfg", json.dumps(cfg), "--train", parquets[0], "--val", parquets[1],
+            "--model", str(tiny_model_dir), "--work-dir", str(out), "--adapter", str(out / "adapter"),
+            "--metrics", str(out / "metrics.jsonl"), "--summary", str(out / "summary.json"),
+            "--endpoint", str(endpoint), "--reward-func", JSON_POLICY]
+
+
 def _judged_run(tmp_path, tiny_model_dir, parquets, respond, preflight: dict, **cfg_over):
     """`llmrnn train run` with the real reward against a scripted judge on 127.0.0.1 -> (returncode, log, out)."""
-    from tests.judge_helpers import ScriptedJudge, write_endpoint, write_rubric
+    from tests.judge_helpers import ScriptedJudge
 
     out = tmp_path / "train"
     with ScriptedJudge(respond) as judge:
-        endpoint = write_endpoint(tmp_path, judge.port, write_rubric(tmp_path))
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        cfg = {"train": tiny_cfg(**cfg_over), "preflight": preflight,
-               "reward": {"retries": 1, "backoff_s": 0.01, "health_timeout_s": 10}}
-        proc = subprocess.run(
-            [LLMRNN, "train", "run", "--cfg", json.dumps(cfg), "--train", parquets[0], "--val", parquets[1],
-             "--model", str(tiny_model_dir), "--work-dir", str(out), "--adapter", str(out / "adapter"),
-             "--metrics", str(out / "metrics.jsonl"), "--summary", str(out / "summary.json"),
-             "--endpoint", str(endpoint), "--reward-func", JSON_POLICY],
-            env=env, capture_output=True, text=True, timeout=900, check=False)
+        proc = subprocess.run(_judged_command(tmp_path, tiny_model_dir, parquets, judge.port, out, preflight,
+                                              **cfg_over),
+                              env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                              timeout=900, check=False)
     return proc.returncode, proc.stdout + proc.stderr, out
 
 
@@ -368,16 +376,8 @@ def _varied_score(body: dict) -> str:
     return f"Score: {sum(map(ord, body['messages'][0]['content'])) % 9 + 1}"
 
 
-def _judged_command(tmp_path, tiny_model_dir, parquets, port: int, out: Path) -> list[str]:
-    from tests.judge_helpers import write_endpoint, write_rubric
-
-    endpoint = write_endpoint(tmp_path / out.name, port, write_rubric(tmp_path))
-    cfg = {"train": tiny_cfg(test_freq=0, save_freq=3, keep_last=None), "preflight": {"max_fallback_rate": 1.0},
-           "reward": {"retries": 1, "backoff_s": 0.01, "health_timeout_s": 10}}
-    return [LLMRNN, "train", "run", "--cfg", json.dumps(cfg), "--train", parquets[0], "--val", parquets[1],
-            "--model", str(tiny_model_dir), "--work-dir", str(out), "--adapter", str(out / "adapter"),
-            "--metrics", str(out / "metrics.jsonl"), "--summary", str(out / "summary.json"),
-            "--endpoint", str(endpoint), "--reward-func", JSON_POLICY]
+# 8 steps, saves at 3 and 6: a stop at step 4 is saved only by the stop itself
+PREEMPTED_RUN = {"preflight": {"max_fallback_rate": 1.0}, "test_freq": 0, "save_freq": 3, "keep_last": None}
 
 
 @pytest.mark.slow
@@ -393,7 +393,8 @@ def test_preemption_that_takes_the_judge_down_loses_only_the_step_in_flight(tmp_
     env = dict(os.environ, OMP_NUM_THREADS="1")
     with ScriptedJudge(_varied_score) as judge:
         ref = tmp_path / "reference"
-        done = subprocess.run(_judged_command(tmp_path, tiny_model_dir, parquets, judge.port, ref), env=env,
+        command = _judged_command(tmp_path, tiny_model_dir, parquets, judge.port, ref, **PREEMPTED_RUN)
+        done = subprocess.run(command, env=env,
                               capture_output=True, text=True, timeout=900, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
 
@@ -410,7 +411,8 @@ def test_preemption_that_takes_the_judge_down_loses_only_the_step_in_flight(tmp_
         return _varied_score(body)
 
     with ScriptedJudge(preempt_at_step_5) as judge_down:
-        trainer["proc"] = subprocess.Popen(_judged_command(tmp_path, tiny_model_dir, parquets, judge_down.port, out),
+        trainer["proc"] = subprocess.Popen(_judged_command(tmp_path, tiny_model_dir, parquets, judge_down.port, out,
+                                                           **PREEMPTED_RUN),
                                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         log, _ = trainer["proc"].communicate(timeout=900)
     assert trainer["proc"].returncode == Interrupted.exit_code, log
@@ -419,7 +421,8 @@ def test_preemption_that_takes_the_judge_down_loses_only_the_step_in_flight(tmp_
     assert max(_trace(out)) == 4 and not (out / "adapter").exists()
 
     with ScriptedJudge(_varied_score) as judge:
-        rerun = subprocess.run(_judged_command(tmp_path, tiny_model_dir, parquets, judge.port, out), env=env,
+        command = _judged_command(tmp_path, tiny_model_dir, parquets, judge.port, out, **PREEMPTED_RUN)
+        rerun = subprocess.run(command, env=env,
                                capture_output=True, text=True, timeout=900, check=False)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     summary = json.loads((out / "summary.json").read_text())

@@ -141,7 +141,7 @@ def stop_callback(stop, holder: dict, updates_per_step: int):
 
 def run_trainer(trainer, resume: Path | None, ckpt_dir: Path, stop: StopRequest, holder: dict, upd: int) -> None:
     """trainer.train() from `resume`: a full disk is one line; a judge lost during a stop request (a
-    preemption signals the judge too) saves the last step boundary (llmrnn.train.stop)."""
+    preemption signals the judge too) saves the last step boundary (save_before_the_lost_step)."""
     try:
         trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     except (RuntimeError, OSError) as exc:
