@@ -20,7 +20,7 @@ from tests.verl.rows import make_rows, write_parquet
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.e2e]
 
 
-def _command(cfg: dict, train: Path, val: Path, model: Path, out: Path) -> list[str]:
+def train_command(cfg: dict, train: Path, val: Path, model: Path, out: Path) -> list[str]:
     return [LLMRNN, "train", "run", "--cfg", json.dumps({"train": cfg}), "--train", str(train), "--val", str(val),
             "--model", str(model), "--work-dir", str(out), "--adapter", str(out / "adapter"),
             "--metrics", str(out / "metrics.jsonl"), "--summary", str(out / "summary.json"),
@@ -32,7 +32,7 @@ def test_training_at_its_time_limit_checkpoints_and_the_rerun_continues(slurm_cl
     val = write_parquet(tmp_path / "val.parquet", make_rows(2, split="val", seed=1))
     cfg = tiny_cfg(epochs=6, test_freq=0, save_freq=100, keep_last=None)  # 24 steps, no periodic save
     out = tmp_path / "train"
-    command = " ".join(f"'{a}'" for a in _command(cfg, train, val, tiny_model_dir, out))
+    command = " ".join(f"'{a}'" for a in train_command(cfg, train, val, tiny_model_dir, out))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
                LLMRNN_STOP_MARGIN_S="150")  # more than the 2-minute limit: the stop is due when the job reads
     # its end time, so it stops at the first step boundary whatever this machine's speed (no timing here)
@@ -48,7 +48,7 @@ def test_training_at_its_time_limit_checkpoints_and_the_rerun_continues(slurm_cl
     assert checkpoint_complete(out / "checkpoints" / f"checkpoint-{stopped}")  # saved at the stop, not at save_freq
     assert not (out / "adapter").exists()
 
-    rerun = subprocess.run(_command(cfg, train, val, tiny_model_dir, out), env=dict(env, LLMRNN_STOP_MARGIN_S=""),
+    rerun = subprocess.run(train_command(cfg, train, val, tiny_model_dir, out), env=dict(env, LLMRNN_STOP_MARGIN_S=""),
                            capture_output=True, text=True, timeout=900, check=False)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())

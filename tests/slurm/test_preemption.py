@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.slurm.test_long_runs import train_command
 from tests.slurm.test_slurm_run import _env
 from tests.slurm.test_survival import (
     kill_job_steps_of,
@@ -85,7 +86,9 @@ def _assert_resumed_once_each(work: Path, env: dict, tmp_path: Path) -> int:
              if json.loads(x)["kind"] == "train"]
     assert steps == list(range(1, STEPS + 1))
     ref = tmp_path / "reference"
-    done = subprocess.run(_command(work, ref), cwd=work, env=env, capture_output=True, text=True, timeout=900,
+    config = yaml.safe_load((work / "config" / "preemption.yaml").read_text())
+    command = train_command(config["train"], config["train_parquet"], config["val_parquet"], config["model"], ref)
+    done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=900,
                           check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert _trace(work / "out" / "train" / "state" / "data_trace.jsonl") == _trace(ref / "state" / "data_trace.jsonl")
@@ -135,11 +138,3 @@ def _trace(path: Path) -> dict[int, list[int]]:
     rows = [json.loads(x) for x in path.read_text().splitlines()]
     assert sorted(r["step"] for r in rows) == list(range(1, STEPS + 1))
     return {r["step"]: r["indices"] for r in rows}
-
-
-def _command(work: Path, out: Path) -> list[str]:
-    config = yaml.safe_load((work / "config" / "preemption.yaml").read_text())
-    return [str(Path(sys.executable).parent / "llmrnn"), "train", "run", "--cfg", json.dumps({"train": config["train"]}),
-            "--train", config["train_parquet"], "--val", config["val_parquet"], "--model", config["model"],
-            "--work-dir", str(out), "--adapter", str(out / "adapter"), "--metrics", str(out / "metrics.jsonl"),
-            "--summary", str(out / "summary.json"), "--reward-func", config["reward"]]
