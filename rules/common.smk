@@ -10,7 +10,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.io import is_flagged
 from snakemake.utils import validate
 
-from llmrnn.configcheck import shard_problems, value_problems
+from llmrnn.configcheck import model_problems, shard_problems, value_problems
 from llmrnn.errors import LlmrnnError
 from llmrnn.plan import Plan, PlanBase, input_flag
 from llmrnn.provenance import code_identity
@@ -27,6 +27,9 @@ if value_problems(config):
 validate(config, schema="../workflow/schemas/config.schema.json")
 if shard_problems(config):
     raise WorkflowError("\n".join(f"config: {p}" for p in shard_problems(config)))
+# the settings models (strict types: `9.0` passes the schema's integer) and their cross-field rules
+if model_problems(config):
+    raise WorkflowError("\n".join(f"config: {p}" for p in model_problems(config)))
 
 # envs/*.yaml install llmrnn from ${LLMRNN_REPO} (conda's pip expands it): this workflow's own folder
 os.environ.setdefault("LLMRNN_REPO", str(Path(workflow.basedir)))

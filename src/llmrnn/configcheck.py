@@ -10,7 +10,10 @@ validated: Snakemake's parse (rules/common.smk), `llmrnn check`, and (numbers) e
   `release.commit_message` or `release.tags`; secrets come only from the environment (`*_env` names,
   which upload.env_problems checks), so this is refused at parse time, before any training;
 - shard counts fit the work: no more eval shards than test patients can exist, no more trajectory
-  shards than the larger of the two splits (1000 shards for 20 patients would plan thousands of jobs).
+  shards than the larger of the two splits (1000 shards for 20 patients would plan thousands of jobs);
+- every value of the JSON type its settings model says (model_problems): JSON Schema's `integer` is any
+  number with no fraction, so `icd_version: 9.0` or `min_visits: 2.0` passes it; the models (strict, in
+  llmrnn.settings.base) refuse them, and state the cross-field rules (min_visits <= max_visits).
 
 Each problem is one line naming the key path and never repeats a secret.
 """
@@ -23,6 +26,7 @@ from urllib.parse import urlsplit
 
 from llmrnn.constants import CREDENTIAL, URL_USERINFO
 from llmrnn.settings import Config, section_defaults
+from llmrnn.settings.masking import secret_reason
 
 
 def _walk(tree: Any, path: str = ""):
@@ -69,6 +73,14 @@ def secret_problem(text: str) -> str | None:
     return None
 
 
+def _masked_problem(where: str, value: str) -> str | None:
+    """What the shared detector (llmrnn.settings.masking) finds beyond the two above: a token in a URL's
+    query or fragment, a key pasted as a `repo_id`."""
+    problem = secret_reason(where.rsplit(".", 1)[-1], value)
+    return (f"{problem} (not repeated); secrets come only from the environment: put it in a variable and "
+            "name that in the matching *_env key") if problem else None
+
+
 def value_findings(config: Any, secrets: bool = True) -> list[tuple[str, str, bool]]:
     """(key path, problem, is a secret) for every non-finite number and (with `secrets`) credential in a
     config tree."""
@@ -79,7 +91,7 @@ def value_findings(config: Any, secrets: bool = True) -> list[tuple[str, str, bo
         if problem := number_problem(value):
             out.append((where, problem, False))
         elif secrets and isinstance(value, str) and (problem := url_credential_problem(value)
-                                                     or secret_problem(value)):
+                                                     or secret_problem(value) or _masked_problem(where, value)):
             out.append((where, problem, True))
     return out
 
@@ -148,6 +160,50 @@ def shard_problems(config: dict, test_patients: int | None = None) -> list[str]:
         out.append(f"trajectories.shards: {tshards} shards per split for splits of {sizes[0]} (val) and "
                    f"{sizes[1]} (train) patients; set trajectories.shards <= {max(sizes)}")
     return out
+
+
+def model_findings(config: Any) -> list[tuple[str, str]]:
+    """(key path, problem) for every value the settings models refuse (llmrnn.settings.Config, strict:
+    a float or bool where an int belongs, `9.0` for a Literal 9) and every cross-field rule of a model.
+    Run after the schema (its defaults filled): it adds what JSON Schema cannot state. The value is
+    never repeated (it may be a secret typed in the wrong key)."""
+    from pydantic import ValidationError
+
+    try:
+        Config.model_validate(config)
+    except ValidationError as exc:
+        out = []
+        for err in exc.errors():
+            where = _located(config, err["loc"])
+            if err["type"] == "value_error":  # a model's own rule: its message names its keys
+                out.append((where, str(err["ctx"]["error"])))
+            else:
+                out.append((where, f"{err['msg']} (a {type(err.get('input')).__name__}; JSON types are not converted)"))
+        return out
+    return []
+
+
+def _located(config: Any, loc: tuple) -> str:
+    """The dotted key path of a pydantic error location, up to the last part that is a key of the config
+    (pydantic appends a union member's tag, e.g. `int`, which no config has)."""
+    parts, node = [], config
+    for part in loc:
+        if isinstance(node, dict) and part in node or isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            break
+        parts.append(f"[{part}]" if isinstance(part, int) else f".{part}")
+    return "".join(parts).lstrip(".") or "<top>"
+
+
+def finding_line(where: str, problem: str) -> str:
+    """`key: problem`, or the problem alone where it starts with its key (a model's rule names its keys)."""
+    return problem if problem.startswith(where) else f"{where}: {problem}"
+
+
+def model_problems(config: Any) -> list[str]:
+    """model_findings as `key: problem` lines (Snakemake's parse, after validate)."""
+    return [finding_line(where, problem) for where, problem in model_findings(config)]
 
 
 def config_problems(config: dict) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmrnn.configcheck import shard_problems, value_findings
+from llmrnn.configcheck import finding_line, model_findings, shard_problems, value_findings
 from llmrnn.errors import InputError
 from llmrnn.io import deep_merge, read_yaml
 from llmrnn.runconfig import fill_defaults, find_schema, layer_problems, read_layer
@@ -36,8 +36,10 @@ def load_config(paths: list[Path], schema_path: Path | None = None) -> tuple[dic
     secret_paths = [where for where, _, secret in findings if secret]
     validator = jsonschema.Draft202012Validator(schema)
     invalid: list[list] = []
+    said = {where for where, _, _ in findings}  # paths a problem line names already
     for err in sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path)):
         where = ".".join(str(p) for p in err.absolute_path) or "<top>"
+        said.add(where)
         if where.endswith("_env"):
             continue  # check_env_names says it from the value itself, without echoing a possible secret
         invalid.append(list(err.absolute_path) if err.validator in VALUE_ERRORS else [])
@@ -54,7 +56,17 @@ def load_config(paths: list[Path], schema_path: Path | None = None) -> tuple[dic
     fill_defaults(config, schema)  # the one home of filling schema defaults (runconfig)
     if not invalid:
         problems += [f"config: {p}" for p in shard_problems(config)]
+    problems += [f"config: {finding_line(where, problem)}" for where, problem in model_findings(config)
+                 if not _said_elsewhere(where, problem, said)]
     return config, problems
+
+
+def _said_elsewhere(where: str, problem: str, said: set[str]) -> bool:
+    """A settings-model finding another line already says: a key the schema or value_findings named, a
+    missing key (the schema's), a `*_env` value (check_env_names'), the train section (check_training
+    parses it with the same model)."""
+    return (where in said or problem.startswith("Field required") or where.endswith("_env")
+            or where == "train" or where.startswith("train."))
 
 
 # schema errors about a value itself (not a misspelt or missing key): the value is dropped for the later checks

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from llmrnn.settings.base import ENV_NAME, Section
 
@@ -85,6 +85,14 @@ class CohortMimicIv(Section):
     max_patients: int | None = Field(None, ge=1, le=1_000_000_000, description='a seeded sample of this many patients, drawn after the other rules from those whose every visit has a target (so cleaning keeps them all); null = every patient')
     patient_seed: int = Field(0, ge=0, le=2**32 - 1, description='seed of the max_patients sample')
     workers: int = Field(2, ge=1, le=256, description='processes splitting notes (the build is bound by the splitter); 1 = in the main process')
+
+    @model_validator(mode="after")
+    def _visit_range(self) -> CohortMimicIv:
+        """min_visits above max_visits keeps nobody: every patient is dropped by one rule or the other."""
+        if self.max_visits is not None and self.min_visits > self.max_visits:
+            raise ValueError(f"cohort.mimic_iv.min_visits: {self.min_visits} is above cohort.mimic_iv.max_visits "
+                             f"{self.max_visits}, so no patient is kept; set min_visits <= max_visits")
+        return self
 
 
 
