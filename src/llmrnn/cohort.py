@@ -218,10 +218,8 @@ def load_cohort(path: str | Path) -> list[dict]:
         raise InputError(f"{path}: cohort file not found; {REAL_DATA_HINT}")
     if path.is_dir():
         raise InputError(f"{path}: is a directory, not a cohort file; {REAL_DATA_HINT}")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the cohort file ({exc.strerror or type(exc).__name__})") from None
+    # the input rule (llmrnn.io): a regular file (never a fifo or /dev/zero), bounded, read in time
+    raw = io.read_regular_bytes(path, "cohort file")
     if not raw.strip():
         raise InputError(f"{path}: empty file; {REAL_DATA_HINT}")
     text = io.decode_text(raw, str(path))  # the reader policy QA data shares: UTF-8, an optional BOM
@@ -236,7 +234,8 @@ def load_cohort(path: str | Path) -> list[dict]:
         return value if math.isfinite(value) else constant(literal)  # 1e999 overflows to inf
 
     try:
-        data = json.loads(text, parse_constant=constant, parse_float=parse_float, parse_int=_parse_int(path, text))
+        data = json.loads(text, parse_constant=constant, parse_float=parse_float, parse_int=_parse_int(path, text),
+                          object_pairs_hook=io.unique_keys(str(path)))
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: line {exc.lineno} column {exc.colno}: not JSON ({exc.msg})") from None
     except RecursionError:
@@ -466,9 +465,23 @@ def _all_dropped(source: str, report: dict) -> InputError:
 
 def _cmd_build(args: argparse.Namespace) -> None:
     _distinct_paths(args, ("out", "report"))
-    cfg = args.cfg if args.workers is None else {**args.cfg, "workers": args.workers}
+    cfg = build_settings(args.cfg)
+    if args.workers is not None:
+        cfg["workers"] = args.workers
     summary = build.build(args.hosp, args.note, args.out, args.report, cfg)
     log.info("built cohort: %d patients, %d visits", summary["patients_out"], summary["visits_out"])
+
+
+def build_settings(cfg: dict) -> dict:
+    """`cohort build --cfg` through the settings model of cohort.mimic_iv (strict types, bounds, its
+    cross-field rules), as the workflow's config is: one line naming the key, never a traceback."""
+    from llmrnn.settings.base import parse
+    from llmrnn.settings.workflow import CohortMimicIv
+
+    try:
+        return parse(CohortMimicIv, cfg, "cohort.mimic_iv").model_dump(exclude={"hosp", "note"})
+    except InputError as exc:
+        raise InputError(f"--cfg: {exc}") from None
 
 
 def _cmd_audit(args: argparse.Namespace) -> None:
