@@ -11,6 +11,7 @@ import re
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -102,9 +103,9 @@ def deep_merge(base: dict, over: dict | None) -> dict:
     return out
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
+    """A JSON file under the input rule (read_regular_bytes: a regular file, bounded, read in time)."""
+    return json.loads(decode_text(read_regular_bytes(path, what, INPUT_MAX_BYTES), str(path)))
 
 
 # ----------------------------------------------------------------------------- the input reader policy
@@ -121,14 +122,28 @@ def decode_text(raw: bytes, where: str, offset: int = 0) -> str:
 
 
 def read_input_text(path: str | os.PathLike, what: str = "file") -> str:
-    """A user's data file as text under the reader policy; every failure is one InputError line."""
-    try:
-        raw = Path(path).read_bytes()
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not a {what}") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the {what} ({exc.strerror or type(exc).__name__})") from None
-    return decode_text(raw, str(path))
+    """A user's data file as text under the reader policy and the input rule (read_regular_bytes); every
+    failure is one InputError line."""
+    return decode_text(read_regular_bytes(path, what, INPUT_MAX_BYTES), str(path))
+
+
+def unique_keys(where: str) -> Callable[[list[tuple[str, Any]]], dict]:
+    """json's object_pairs_hook refusing a key given twice in one object (json keeps the last silently, so
+    a second `discharge_diagnosis` or `subject_id` would replace the first unseen). The key is named only
+    when it is a plain field name: a key can be any text of the file, patient text included."""
+    def hook(pairs: list[tuple[str, Any]]) -> dict:
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            seen: set[str] = set()
+            key = next(k for k, _ in pairs if k in seen or seen.add(k))
+            named = repr(key) if FIELD_NAME.fullmatch(key) else "a key"
+            raise InputError(f"{where}: {named} appears twice in one object; JSON keys must be unique")
+        return out
+
+    return hook
+
+
+FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
 # ----------------------------------------------------------------------------- the YAML reader
@@ -143,26 +158,58 @@ YAML_MAX_DEPTH = 64
 YAML_MAX_NODES = 200_000
 
 
-def read_regular_bytes(path: str | os.PathLike, what: str = "file", limit: int | None = None) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes; anything else is one InputError line."""
+# ----------------------------------------------------------------------------- the input rule
+# EVERY file the package reads as input (cohort and QA data, config layers, JSON records, JSONL logs) is opened
+# here: a regular file (a fifo would block the reader forever, /dev/zero or a link to it would fill memory;
+# both are refused before a byte is read), of at most INPUT_MAX_BYTES (the full MIMIC-IV cohort is a few
+# hundred MB), read within READ_TIMEOUT_S (a file on a stalled network mount that still trickles, checked
+# between 1 MiB reads).
+INPUT_MAX_BYTES = 4 * 1024**3  # 4 GiB: json.loads of it already needs tens of GB of memory
+READ_TIMEOUT_S = 600.0
+
+
+def open_regular(path: str | os.PathLike, what: str = "file", limit: int | None = INPUT_MAX_BYTES) -> int:
+    """A read-only descriptor of `path`, which must be a regular file of at most `limit` bytes (the input
+    rule above); anything else is one InputError line. Opened non-blocking, so a fifo never blocks it."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except FileNotFoundError:
         raise InputError(f"{path}: {what} does not exist") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a folder, not a {what}") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read the {what} ({exc.strerror or type(exc).__name__})") from None
     try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
             raise InputError(f"{path}: is a folder, not a {what}")
-        if not stat.S_ISREG(mode):
+        if not stat.S_ISREG(st.st_mode):
             raise InputError(f"{path}: not a regular file (a fifo, socket or device); give the {what} as a file")
+        if limit is not None and st.st_size > limit:
+            raise InputError(f"{path}: {st.st_size} bytes, larger than the {limit} a {what} may have")
+        os.set_blocking(fd, True)  # a regular file: plain reads from here
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular_bytes(path: str | os.PathLike, what: str = "file", limit: int | None = INPUT_MAX_BYTES,
+                       timeout_s: float | None = None) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes, read within `timeout_s` (READ_TIMEOUT_S by
+    default); anything else is one InputError line."""
+    fd = open_regular(path, what, limit)
+    deadline = time.monotonic() + (READ_TIMEOUT_S if timeout_s is None else timeout_s)
+    try:
         chunks, size = [], 0
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
             size += len(chunk)
-            if limit is not None and size > limit:
+            if limit is not None and size > limit:  # it grew while being read
                 raise InputError(f"{path}: larger than {limit} bytes; not a {what}")
+            if time.monotonic() > deadline:
+                raise InputError(f"{path}: not read within {READ_TIMEOUT_S if timeout_s is None else timeout_s:g} s "
+                                 f"(a stalled mount?); copy the {what} to a local disk")
         return b"".join(chunks)
     except OSError as exc:
         raise InputError(f"{path}: cannot read the {what} ({exc.strerror or type(exc).__name__})") from None
@@ -249,7 +296,9 @@ def read_yaml(path: str | os.PathLike, what: str = "YAML file") -> Any:
 
 
 def loads_input(text: str, where: str, **hooks) -> Any:
-    """json.loads of a user's data: malformed or too deeply nested JSON is one InputError line."""
+    """json.loads of a user's data: malformed or too deeply nested JSON, or a key twice in one object, is
+    one InputError line."""
+    hooks.setdefault("object_pairs_hook", unique_keys(where))
     try:
         return json.loads(text, **hooks)
     except json.JSONDecodeError as exc:
@@ -266,7 +315,7 @@ def read_jsonl(path: str | os.PathLike, skip_bad: bool = False) -> list[Any]:
     log another process is still writing, or one whose last line a kill cut off)."""
     rows = []
     offset = 0
-    with open(path, "rb") as fh:
+    with os.fdopen(open_regular(path, "JSON-lines file"), "rb") as fh:
         for lineno, raw in enumerate(fh, 1):
             start, offset = offset, offset + len(raw)
             try:
@@ -300,8 +349,9 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def sha256_file(path: str | os.PathLike) -> str:
+    """sha256 of a regular file (a fifo or device is one InputError line, never a hang)."""
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with os.fdopen(open_regular(path, "file", None), "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()

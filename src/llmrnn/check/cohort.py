@@ -10,6 +10,7 @@ from pathlib import Path
 from llmrnn.cohort import clean_cohort, load_cohort, synthesize_cohort
 from llmrnn.configcheck import cohort_is_synthetic, shard_problems
 from llmrnn.errors import LlmrnnError
+from llmrnn.io import read_regular_bytes
 from llmrnn.mimic.tables import folder_problems
 from llmrnn.qa.data import filter_records, load_records, load_records_from, split_units
 from llmrnn.qa.synth import questions_from_cohort
@@ -19,9 +20,9 @@ from llmrnn.runconfig import filled
 def withhold_ids(message: str, source: str | Path) -> str:
     """A cohort problem as check prints it (to the terminal and to logs/RUN/check.log): the patient is
     named by its record number in the file, and no patient or visit id of the file is repeated."""
-    try:
-        data = json.loads(Path(source).read_bytes().decode("utf-8-sig"))
-    except (OSError, ValueError, RecursionError):
+    try:  # the input rule (llmrnn.io): a fifo or device here is refused, not read
+        data = json.loads(read_regular_bytes(source, "cohort file").decode("utf-8-sig"))
+    except (LlmrnnError, ValueError, RecursionError):
         return message  # not JSON: the loader's message names a line and column, no record
     records = [r if isinstance(r, dict) else {} for r in data] if isinstance(data, list) else []
     for n, record in enumerate(records):
@@ -53,7 +54,7 @@ def check_cohort(config: dict) -> list[str]:
         if "{" in source or "}" in source:
             return [(f"cohort.source: {source!r} contains a brace, which Snakemake reads as a wildcard; "
                     "rename the file or its folder")]
-        if not Path(source).is_file():
+        if not Path(source).exists():
             return [f"cohort.source: {source} does not exist (the cleaned cohort JSON in LLM-as-RNN format)"]
         try:
             patients = load_cohort(source)
