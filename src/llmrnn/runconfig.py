@@ -30,6 +30,7 @@ import yaml
 from llmrnn.errors import InputError
 from llmrnn.io import deep_merge, read_yaml, write_text
 from llmrnn.settings import render, section_defaults
+from llmrnn.settings.masking import mask
 
 SCHEMA = Path("workflow/schemas/config.schema.yaml")
 DEFAULT_CONFIG = Path("config/config.yaml")
@@ -252,18 +253,21 @@ def _value(value: Any) -> str:
 
 
 def show_lines(doc: dict) -> list[str]:
-    """`key: value  # source`, one line per value, in config order."""
+    """`key: value  # source`, one line per value, in config order; a value that looks like a secret is
+    masked (llmrnn.settings.masking)."""
     lines = [f"# configfiles: {', '.join(doc['configfiles']) or '(none)'}"]
-    for path, value in leaves(doc["config"]):
+    for path, value in leaves(mask(doc["config"])):
         _, source = _get(doc["sources"], path)
         lines.append(f"{_dotted(path)}: {_value(value)}  # {source or '?'}")
     return lines
 
 
 def diff_lines(a: dict, b: dict) -> list[str]:
-    """One line per value that differs (or exists on one side only): `key: A (source) -> B (source)`."""
+    """One line per value that differs (or exists on one side only): `key: A (source) -> B (source)`;
+    values compared as they are, shown masked where they look like a secret (llmrnn.settings.masking)."""
     left = dict(leaves(a["config"]))
     right = dict(leaves(b["config"]))
+    shown = {id(a): dict(leaves(mask(a["config"]))), id(b): dict(leaves(mask(b["config"])))}
     lines = []
     for path in [*left, *(p for p in right if p not in left)]:
         if path in left and path in right and left[path] == right[path]:
@@ -271,7 +275,7 @@ def diff_lines(a: dict, b: dict) -> list[str]:
         sides = []
         for doc, values in ((a, left), (b, right)):
             if path in values:
-                sides.append(f"{_value(values[path])} ({_get(doc['sources'], path)[1] or '?'})")
+                sides.append(f"{_value(shown[id(doc)].get(path, '***'))} ({_get(doc['sources'], path)[1] or '?'})")
             else:
                 sides.append("(absent)")
         lines.append(f"{_dotted(path)}: {sides[0]} -> {sides[1]}")
@@ -288,7 +292,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         config, sources = resolve(layers)
         doc = {"configfiles": [n for n, _ in layers], "config": config, "sources": sources}
     if args.yaml:  # the effective config alone: a complete config file that runs the same
-        sys.stdout.write(yaml.safe_dump(doc["config"], sort_keys=False, allow_unicode=True))
+        sys.stdout.write(yaml.safe_dump(mask(doc["config"]), sort_keys=False, allow_unicode=True))
     else:
         print("\n".join(show_lines(doc)))
     return 0
@@ -301,7 +305,10 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
-    root = Path(__file__).resolve().parents[2]
+    # the checkout whose schema runs and `llmrnn check` read (find_schema: the working directory's workflow
+    # folder first), not the one the package was installed from: a default edited by hand in the workflow
+    # folder a run starts in was never compared with the models
+    root = find_schema().resolve().parents[2]
     if args.write:
         changed = render.write(root)
         print("\n".join(f"wrote {p}" for p in changed) if changed else "up to date")
