@@ -44,16 +44,57 @@ def job_code(reward_spec: str | None) -> str:
     return f"{code_identity(TRAIN_VERB)}+{extra}"
 
 
+SMALL_FILE = 16 * 2**20  # config, tokenizer and other small files are hashed whole
+SAMPLE = 2**20  # of a weight file: its header and three 1 MiB samples of its data (start, middle, end)
+
+
+def _weights_identity(path: Path, size: int) -> str:
+    """A weight file cheaply: its size, its safetensors header (tensor names, dtypes, shapes, offsets and
+    metadata) and three samples of its data; a retrained model of the same shapes differs in every sample."""
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        h.update(head)
+        start = 8
+        if path.suffix == ".safetensors" and len(head) == 8:
+            n = int.from_bytes(head, "little")
+            if n <= min(size - 8, 100 * 2**20):
+                h.update(fh.read(n))
+                start = 8 + n
+        for offset in (start, start + max(size - start - SAMPLE, 0) // 2, max(size - SAMPLE, start)):
+            fh.seek(offset)
+            h.update(fh.read(SAMPLE))
+    return h.hexdigest()
+
+
+def model_identity(model_dir) -> str:
+    """What the base model IS, not where it lies: every file at the top of its folder (links followed; no
+    dotfiles, such as the .ready marker, no model card) by name with its sha256, or for a file larger than
+    SMALL_FILE (the weights) _weights_identity. A base model replaced at the same path (another download,
+    a retrained model) so changes the fingerprint, and its old checkpoints are not resumed."""
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        return f"no folder: {folder.name}"
+    parts = []
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith(".") or path.suffix.lower() == ".md" or not path.is_file():
+            continue
+        size = path.stat().st_size
+        ident = io.sha256_file(path) if size <= SMALL_FILE else _weights_identity(path, size)
+        parts.append(f"{path.name}:{ident}")
+    return "\n".join(parts)
+
+
 def run_fingerprint(cfg: Train, train_parquet, model_dir, reward_spec: str | None,
                     reward_kwargs: dict | None = None) -> str:
-    """What a checkpoint is valid for: knobs, data, base model, the reward's settings (the very arguments
+    """What a checkpoint is valid for: knobs, data, base model (its contents: model_identity), the reward's settings (the very arguments
     the scorer gets, llmrnn.reward.kwargs, less where files are) and the job's code identity (job_code:
     every module `llmrnn train run` can run, the reward's included, your own reward's file too)."""
     digest = hashlib.sha256()
     # the trackers watching a run (train.report_to) change nothing it computes: adding one resumes the run
     digest.update(json.dumps(cfg.model_dump(exclude={"report_to"}), sort_keys=True).encode())
     digest.update(io.sha256_file(train_parquet).encode())
-    digest.update(str(Path(model_dir).resolve()).encode())
+    digest.update(model_identity(model_dir).encode())  # the model's contents, not its path
     digest.update((reward_spec or "").encode())
     digest.update(settings_identity(reward_kwargs).encode())  # the settings the scorer gets as arguments
     digest.update(job_code(reward_spec).encode())
