@@ -6,6 +6,7 @@ profiles/slurm/config.yaml; tests/slurm/test_profile.py keeps the two in step).
   `--gpus=<model>:<n>` whenever `gpu_model` is set, so a profile that set it for such a rule would ask for a
   GPU the config said the job does not need (or override the count the config gave).
 - `partition_limits()` / `parse_minutes()`: the partitions' MaxTime from `sinfo`, for `llmrnn check`.
+- `env_count(name)`: a count the profile reads from the environment (LLMRNN_SLURM_RETRIES, ...), bounded.
 """
 
 from __future__ import annotations
@@ -20,6 +21,31 @@ GPU_PARTITION = ("LLMRNN_SLURM_GPU_PARTITION", "gpu-a100")
 CPU_PARTITION = ("LLMRNN_SLURM_CPU_PARTITION", "cpu")
 GPU_MODEL = ("LLMRNN_SLURM_GPU_MODEL", "a100")
 CONSTRAINT = ("LLMRNN_SLURM_CONSTRAINT", "")
+
+
+# the profile's counts from the environment: name -> (default, least, most). A value outside is one line naming
+# the variable (a million retries would resubmit a failing job for ever; -1 or `abc` was a traceback)
+COUNTS = {
+    "LLMRNN_SLURM_RETRIES": (2, 0, 20),
+    "LLMRNN_SLURM_JOBS": (100, 1, 100_000),
+    "LLMRNN_TRAIN_GPUS": (2, 1, 64),
+    "LLMRNN_JUDGE_GPUS": (1, 0, 64),
+    "LLMRNN_TRAIN_NODES": (1, 1, 4096),
+}
+
+
+def env_count(name: str, environ=None) -> int:
+    """The whole number `name` (one of COUNTS) of the environment, its default where unset; anything else
+    raises a ValueError whose one line names the variable and its range."""
+    default, low, high = COUNTS[name]
+    raw = (os.environ if environ is None else environ).get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    text = raw.strip()
+    if not re.fullmatch(r"\d{1,9}", text) or not low <= int(text) <= high:
+        shown = text[:20] if re.fullmatch(r"[\w.+-]*", text[:20]) else "that value"
+        raise ValueError(f"{name}={shown}: expected a whole number from {low} to {high} (default {default})")
+    return int(text)
 
 
 def setting(var: tuple[str, str], environ=None) -> str:

@@ -29,6 +29,7 @@ from llmrnn.check.slurm import (
     PROFILE_GPU_DEFAULTS,
     benchmark_advice,
     check_partition_time,
+    check_profile_env,
     check_profile_gpus,
 )
 from llmrnn.check.training import check_attention, check_training, check_verl_command, compose_verl
@@ -56,6 +57,7 @@ CHECKS: list[tuple[str, Callable[[dict], list[str]]]] = [
     ("gpu memory", check_engine_budget),
     ("gpu stack", check_gpu_stack),
     ("slurm time limits", check_partition_time),
+    ("slurm profile", check_profile_env),
     ("upload", check_upload),
 ]
 

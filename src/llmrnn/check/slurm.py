@@ -4,7 +4,6 @@ partition's MaxTime (where `sinfo` answers)."""
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from llmrnn.benchmarks import longest_job_minutes
@@ -12,7 +11,15 @@ from llmrnn.check.judge import _judge_gpus_needed
 from llmrnn.check.skips import skip
 from llmrnn.plan.common import Paths
 from llmrnn.settings.train import Train
-from llmrnn.slurm import CPU_PARTITION, GPU_PARTITION, gpu_placement, partition_limits, setting
+from llmrnn.slurm import (
+    COUNTS,
+    CPU_PARTITION,
+    GPU_PARTITION,
+    env_count,
+    gpu_placement,
+    partition_limits,
+    setting,
+)
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +29,22 @@ PROFILE_GPU_DEFAULTS = {"LLMRNN_TRAIN_GPUS": 2, "LLMRNN_JUDGE_GPUS": 1, "LLMRNN_
 
 
 def _profile_value(name: str) -> int:
-    return int(os.environ.get(name, PROFILE_GPU_DEFAULTS[name]))
+    try:
+        return env_count(name)
+    except ValueError:  # check_profile_env says it
+        return PROFILE_GPU_DEFAULTS[name]
+
+
+def check_profile_env(config: dict) -> list[str]:
+    """The counts profiles/slurm reads from the environment (llmrnn.slurm.COUNTS) are whole numbers in range:
+    the profile itself refuses them too, but only when Snakemake starts on the cluster."""
+    problems = []
+    for name in COUNTS:
+        try:
+            env_count(name)
+        except ValueError as exc:
+            problems.append(f"profiles/slurm: {exc}")
+    return problems
 
 
 def check_profile_gpus(config: dict, train_cfg: Train) -> list[str]:
