@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+
 from llmrnn.check.skips import skip, unused
 from llmrnn.engine_budget import gpu_budget_problems, plan_engines
 from llmrnn.gpu_stack import DISTRIBUTIONS, installed, stack_problems, uses_vllm
@@ -11,10 +14,26 @@ def check_gpu_stack(config: dict) -> list[str]:
     """verl/vLLM releases installed here that the config cannot use; more than one training node."""
     train = config.get("train") or {}
     needed = [p for p, wanted in (("verl", train.get("engine") == "verl"), ("vllm", uses_vllm(config))) if wanted]
-    absent = [p for p in needed if p in DISTRIBUTIONS and installed(p) is None]
+    absent = [p for p in needed if p in DISTRIBUTIONS and not _importable(p)]
     if absent:
-        skip(f"{' and '.join(absent)} not installed here; the job that needs it checks it")
+        # "all:" when nothing the config needs could be checked: the OK line then lists the GPU stack as
+        # skipped only, never as checked
+        whole = "all: " if len(absent) == len(needed) else ""
+        skip(f"{whole}{' and '.join(absent)} not importable here; the job that needs it checks it")
     return stack_problems(config)
+
+
+def _importable(package: str) -> bool:
+    """Installed (its distribution) AND importable here: an install whose import fails checked nothing."""
+    if installed(package) is None or importlib.util.find_spec(package) is None:
+        return False
+    if package != "verl":  # vLLM's import starts CUDA probes (seconds); its version is what is checked
+        return True
+    try:  # the training check imported it already (check_verl_command): cached
+        importlib.import_module(package)
+    except Exception:  # noqa: BLE001 - any failure of the import: not importable
+        return False
+    return True
 
 
 def check_engine_budget(config: dict) -> list[str]:

@@ -5,16 +5,15 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import sys
-from importlib.machinery import PathFinder
 from pathlib import Path
 
+from llmrnn.check.skips import skip
 from llmrnn.check.slurm import check_profile_gpus
 from llmrnn.errors import LlmrnnError
 from llmrnn.settings.train import Train
 from llmrnn.train import config as tcfg
 from llmrnn.train import verl_cmd
-from llmrnn.train.tracking import report_to
+from llmrnn.train.tracking import TRACKER_API, report_to, tracker_import_problem
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +50,6 @@ def check_lora_dropout(train_cfg: Train) -> list[str]:
             "no setting for it) and would ignore it; set 0.0, or use train.engine trl, which applies it")]
 
 
-# the module each train.report_to tracker needs in the training environment, and what of it the trainers call:
-# a folder or file of that name without it is not the tracker (torch's SummaryWriter, which verl and
-# transformers log to TensorBoard with, refuses a tensorboard without __version__)
-TRACKER_API = {"tensorboard": ("tensorboard", "__version__"), "wandb": ("wandb", "init"),
-               "mlflow": ("mlflow", "start_run")}
-
-
 def tracker_problems(train_cfg: Train, cwd: str | os.PathLike | None = None) -> list[str]:
     """train.report_to: every tracker importable as itself in a training process started in `cwd` (default: here;
     transformers' callback or verl's Tracking would fail at training start)."""
@@ -67,40 +59,6 @@ def tracker_problems(train_cfg: Train, cwd: str | os.PathLike | None = None) -> 
         if problem := tracker_import_problem(tracker, module, api, Path.cwd() if cwd is None else Path(cwd)):
             out.append(f"train.report_to: {tracker}{problem}")
     return out
-
-
-def tracker_import_problem(tracker: str, module: str, api: str | None, cwd: Path) -> str | None:
-    """Why `import <module>` in a training process would not give the tracker, or None. Such a process looks in
-    its working directory first (verl's Ray workers put the driver's there; `python -c` does), so a file or a
-    package there shadows the installed one, and a folder there without __init__.py (W&B writes ./wandb/
-    where a run starts) is what `import` returns when the tracker is not installed. The package found
-    elsewhere is imported and must have the API we call."""
-    here = cwd.resolve()
-    rest = [p for p in sys.path if Path(p or os.curdir).resolve() != here]
-    spec = PathFinder.find_spec(module, [str(here), *rest])
-    if spec is None:
-        return (f" is not installed in this environment (pip install {module}); training would fail at its "
-                "start: install it or drop it from train.report_to")
-    if spec.origin in (None, "namespace"):  # folders named like it, no package
-        folders = ", ".join(spec.submodule_search_locations or [])
-        return (f" is not installed in this environment, and `import {module}` finds the folder {folders} "
-                f"instead (no __init__.py, no {module}.{api}), so training would fail at its start: "
-                f"pip install {module}, and move that folder away")
-    found = Path(spec.origin)
-    top = found.parent if found.name == "__init__.py" else found
-    if top.parent == here:
-        installed = PathFinder.find_spec(module, rest)
-        behind = f"the installed {installed.origin}" if installed and installed.origin else "the package"
-        return (f": {top} in the working directory shadows {behind} (a training process imports from there "
-                "first): move it away or run from another folder")
-    try:
-        loaded = importlib.import_module(module)
-    except Exception as exc:  # noqa: BLE001 - any failure of the import is the finding
-        return f": `import {module}` ({spec.origin}) fails: {type(exc).__name__}: {exc}"[:400]
-    if getattr(loaded, "__file__", None) is None or (api and not hasattr(loaded, api)):
-        return (f": {getattr(loaded, '__file__', None) or spec.origin} has no {module}.{api} (not the {tracker} "
-                f"package, or a broken install): reinstall {module}")
-    return None
 
 
 def check_attention(train_cfg: Train) -> list[str]:
@@ -115,8 +73,9 @@ def check_attention(train_cfg: Train) -> list[str]:
 def check_verl_command(cfg: Train, reward_module: str | None = None) -> list[str]:
     try:
         import verl  # noqa: F401
-    except ImportError:
+    except Exception:  # noqa: BLE001 - not installed, or an install whose import fails
         log.info("check: verl not importable here; the verl command is checked by preflight on the GPU node")
+        skip("the verl command (verl not importable here; preflight composes it on the GPU node)")
         return []
 
     try:

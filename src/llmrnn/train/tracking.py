@@ -19,13 +19,16 @@ key holds one, and nothing here writes the environment anywhere.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import sys
 from collections.abc import Mapping
+from importlib.machinery import PathFinder
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from llmrnn.errors import InputError
+from llmrnn.errors import CheckFailed, InputError
 from llmrnn.settings.train import Train, trackers
 
 # what verl's Tracking always gets besides the trackers: progress on the console, and the JSONL file that
@@ -93,9 +96,22 @@ def forwardable(name: str, value: str) -> bool:
     return not ("@" in parts.netloc or parts.query or parts.fragment or "?" in value or "#" in value)
 
 
-def prepare(cfg: Train, work_dir: str | os.PathLike) -> dict:
+def require_trackers(cfg: Train, cwd: str | os.PathLike | None = None) -> None:
+    """Every train.report_to tracker importable as itself in this process, or one line (CheckFailed) before the
+    model loads: transformers' callbacks would raise a traceback at training start. `llmrnn check` says the
+    same where it runs; this is the guard of the environment that trains (another venv, a conda env)."""
+    for tracker in report_to(cfg):
+        module, api = TRACKER_API.get(tracker, (tracker, None))
+        if problem := tracker_import_problem(tracker, module, api, Path.cwd() if cwd is None else Path(cwd)):
+            raise CheckFailed(f"train.report_to: {tracker}{problem}")
+
+
+def prepare(cfg: Train, work_dir: str | os.PathLike, engine: str | None = None) -> dict:
     """Set tracking_env in this process (TRL trains here; verl's main_ppo inherits it) and make the folders
-    the trackers expect; returns what was set."""
+    the trackers expect; returns what was set. TRL (which imports the trackers in this process) gets
+    require_trackers first; verl imports them in the Python that runs main_ppo."""
+    if (engine or cfg.engine) == "trl":
+        require_trackers(cfg)
     env = tracking_env(cfg, work_dir)
     os.environ.update(env)
     for key in ("TENSORBOARD_DIR", "WANDB_DIR"):
@@ -135,3 +151,44 @@ def config_callback(config: Mapping, trackers: list[str]):
                     mlflow.log_dict(json.loads(text), "llmrnn_config.json")
 
     return AttachConfig()
+
+
+# the module each train.report_to tracker needs in the training environment, and what of it the trainers call:
+# a folder or file of that name without it is not the tracker (torch's SummaryWriter, which verl and
+# transformers log to TensorBoard with, refuses a tensorboard without __version__)
+TRACKER_API = {"tensorboard": ("tensorboard", "__version__"), "wandb": ("wandb", "init"),
+               "mlflow": ("mlflow", "start_run")}
+
+
+def tracker_import_problem(tracker: str, module: str, api: str | None, cwd: Path) -> str | None:
+    """Why `import <module>` in a training process would not give the tracker, or None. Such a process looks in
+    its working directory first (verl's Ray workers put the driver's there; `python -c` does), so a file or a
+    package there shadows the installed one, and a folder there without __init__.py (W&B writes ./wandb/
+    where a run starts) is what `import` returns when the tracker is not installed. The package found
+    elsewhere is imported and must have the API we call."""
+    here = cwd.resolve()
+    rest = [p for p in sys.path if Path(p or os.curdir).resolve() != here]
+    spec = PathFinder.find_spec(module, [str(here), *rest])
+    if spec is None:
+        return (f" is not installed in this environment (pip install {module}); training would fail at its "
+                "start: install it or drop it from train.report_to")
+    if spec.origin in (None, "namespace"):  # folders named like it, no package
+        folders = ", ".join(spec.submodule_search_locations or [])
+        return (f" is not installed in this environment, and `import {module}` finds the folder {folders} "
+                f"instead (no __init__.py, no {module}.{api}), so training would fail at its start: "
+                f"pip install {module}, and move that folder away")
+    found = Path(spec.origin)
+    top = found.parent if found.name == "__init__.py" else found
+    if top.parent == here:
+        installed = PathFinder.find_spec(module, rest)
+        behind = f"the installed {installed.origin}" if installed and installed.origin else "the package"
+        return (f": {top} in the working directory shadows {behind} (a training process imports from there "
+                "first): move it away or run from another folder")
+    try:
+        loaded = importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - any failure of the import is the finding
+        return f": `import {module}` ({spec.origin}) fails: {type(exc).__name__}: {exc}"[:400]
+    if getattr(loaded, "__file__", None) is None or (api and not hasattr(loaded, api)):
+        return (f": {getattr(loaded, '__file__', None) or spec.origin} has no {module}.{api} (not the {tracker} "
+                f"package, or a broken install): reinstall {module}")
+    return None
