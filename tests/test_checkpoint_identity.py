@@ -80,3 +80,38 @@ def test_the_fingerprint_holds_the_code_hash_of_the_rule_that_runs_it():
             checkpoints.TRAIN_VERB, *plan.train.reward_code()), plan.train.rule_name()
     # a reward outside the package: its file is part of the identity
     assert checkpoints.job_code("json:loads") != checkpoints.job_code(None)
+
+
+def _model_folder(folder: Path, scale: float) -> Path:
+    """A small HF-shaped folder: config, tokenizer files, safetensors weights (the values scaled by `scale`)."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text('{"model_type": "llama", "hidden_size": 8}')
+    (folder / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
+    save_file({"w": torch.arange(3_000_000, dtype=torch.float32) * scale}, str(folder / "model.safetensors"))
+    (folder / ".ready").write_text('{"prepared_at": "now"}')
+    return folder
+
+
+def test_a_base_model_replaced_at_the_same_path_does_not_resume(tmp_path):
+    """The fingerprint held the model's PATH: a retrained base of the same shapes put at the same path
+    resumed the old run's checkpoints. It holds the contents now; the same contents elsewhere still resume."""
+    from llmrnn.settings.train import Train
+
+    data = tmp_path / "train.parquet"
+    data.write_bytes(b"rows")
+    model = _model_folder(tmp_path / "base", 1.0)
+    first = checkpoints.run_fingerprint(Train(), data, model, None)
+    assert checkpoints.run_fingerprint(Train(), data, model, None) == first
+    (model / ".ready").write_text('{"prepared_at": "later"}')  # the marker and a card change nothing
+    (model / "README.md").write_text("card")
+    assert checkpoints.run_fingerprint(Train(), data, model, None) == first
+    moved = shutil.copytree(model, tmp_path / "elsewhere" / "base")
+    assert checkpoints.run_fingerprint(Train(), data, moved, None) == first
+    _model_folder(model, 2.0)  # same names, sizes and header; other weights
+    assert checkpoints.run_fingerprint(Train(), data, model, None) != first
+    _model_folder(model, 1.0)
+    (model / "tokenizer.json").write_text('{"model": {"vocab": {"b": 0}}}')
+    assert checkpoints.run_fingerprint(Train(), data, model, None) != first

@@ -73,9 +73,9 @@ def model_identity(model_dir) -> str:
     SMALL_FILE (the weights) _weights_identity. A base model replaced at the same path (another download,
     a retrained model) so changes the fingerprint, and its old checkpoints are not resumed."""
     folder = Path(model_dir)
-    if not folder.is_dir():
-        return f"no folder: {folder.name}"
-    parts = []
+    parts: list[str] = []
+    if not folder.is_dir():  # nothing to train from (the engine says so): as a folder without files
+        return ""
     for path in sorted(folder.iterdir()):
         if path.name.startswith(".") or path.suffix.lower() == ".md" or not path.is_file():
             continue
