@@ -168,13 +168,21 @@ INPUT_MAX_BYTES = 4 * 1024**3  # 4 GiB: json.loads of it already needs tens of G
 READ_TIMEOUT_S = 600.0
 
 
+class MissingInput(InputError, FileNotFoundError):
+    """An input file that does not exist: one InputError line, and still the FileNotFoundError (an OSError)
+    that callers reading an optional file (a log not written yet) catch."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def open_regular(path: str | os.PathLike, what: str = "file", limit: int | None = INPUT_MAX_BYTES) -> int:
     """A read-only descriptor of `path`, which must be a regular file of at most `limit` bytes (the input
     rule above); anything else is one InputError line. Opened non-blocking, so a fifo never blocks it."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except FileNotFoundError:
-        raise InputError(f"{path}: {what} does not exist") from None
+        raise MissingInput(f"{path}: {what} does not exist") from None
     except IsADirectoryError:
         raise InputError(f"{path}: is a folder, not a {what}") from None
     except OSError as exc:
@@ -310,7 +318,8 @@ def loads_input(text: str, where: str, **hooks) -> Any:
 
 
 def read_jsonl(path: str | os.PathLike, skip_bad: bool = False) -> list[Any]:
-    """The values of a JSON-lines file (the reader policy: UTF-8, an optional BOM), blank lines skipped.
+    """The values of a JSON-lines file (the reader policy: UTF-8, an optional BOM; the input rule; no key twice
+    in one object), blank lines skipped.
     A line that is not UTF-8 JSON is an InputError naming the file and line, or skipped with `skip_bad` (a
     log another process is still writing, or one whose last line a kill cut off)."""
     rows = []
@@ -322,7 +331,7 @@ def read_jsonl(path: str | os.PathLike, skip_bad: bool = False) -> list[Any]:
                 line = decode_text(raw, f"{path}: line {lineno}", start)
                 if not line.strip():
                     continue
-                rows.append(json.loads(line))
+                rows.append(json.loads(line, object_pairs_hook=unique_keys(f"{path}: line {lineno}")))
             except (InputError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
                 if skip_bad:
                     continue
