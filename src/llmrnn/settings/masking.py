@@ -4,7 +4,7 @@ parse refuses the config first). Secrets come only from the environment, named i
 
 A value looks like a secret when it holds
 - a string shaped like a key (constants.CREDENTIAL: hf_, sk-, ghp_, AKIA, ... followed by a long run);
-- a URL with userinfo (`user:password@host`, or a token as its user);
+- a URL with userinfo (`user:password@host`, or any user of an http(s)/ws(s) URL: a token as its user);
 - a URL whose query or fragment carries a parameter named like a credential (`?token=`, `#access_token=`,
   `&api_key=`, `X-Amz-Signature=`) or a value shaped like a key (a long run mixing letters and digits);
 - in a key that holds a NAME (`*_env`) or an id (`repo_id`): anything that is not a plain name
@@ -43,7 +43,10 @@ def _pairs(part: str) -> list[tuple[str, str]]:
 
 def url_secret(url: str) -> str | None:
     """Why a URL carries a secret (None when it does not); never repeats it."""
-    if (match := URL_USERINFO.match(url)) and match.group(2) and match.group(2) != MASK:
+    match = URL_USERINFO.match(url)
+    userinfo = match.group(2) if match else ""
+    # a password, or any user of a web URL (a token as its user); `ssh://git@host` names only a login
+    if userinfo and userinfo != MASK and (":" in userinfo or match.group(1).lower().startswith(("http", "ws"))):
         return "a URL with credentials (user:password@ before the host)"
     for sep, what in (("?", "query"), ("#", "fragment")):
         if sep not in url:
