@@ -290,3 +290,13 @@ def test_the_ok_line_never_lists_the_gpu_stack_as_checked_where_verl_is_not_impo
     gpus.check_gpu_stack({"train": {"engine": "verl"}})
     assert skips.SKIPPED and all(why.startswith("all:") for _, why in skips.SKIPPED), skips.SKIPPED
     skips.reset()
+
+
+def test_no_default_the_docs_and_schema_print_looks_like_a_secret():
+    """settings/render.py prints only the models' defaults (docs tables, the schema): none may look like a
+    secret, so nothing it renders needs the mask."""
+    from llmrnn.settings import SECTIONS, defaults
+    from llmrnn.settings.masking import mask
+
+    for name, model in SECTIONS.items():
+        assert mask(defaults(model)) == defaults(model), name
