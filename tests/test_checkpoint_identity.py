@@ -105,13 +105,13 @@ def test_a_base_model_replaced_at_the_same_path_does_not_resume(tmp_path):
     model = _model_folder(tmp_path / "base", 1.0)
     first = checkpoints.run_fingerprint(Train(), data, model, None)
     assert checkpoints.run_fingerprint(Train(), data, model, None) == first
+    _model_folder(model, 2.0)  # same path, names, sizes and header; other weights
+    assert checkpoints.run_fingerprint(Train(), data, model, None) != first
+    _model_folder(model, 1.0)
     (model / ".ready").write_text('{"prepared_at": "later"}')  # the marker and a card change nothing
     (model / "README.md").write_text("card")
     assert checkpoints.run_fingerprint(Train(), data, model, None) == first
     moved = shutil.copytree(model, tmp_path / "elsewhere" / "base")
     assert checkpoints.run_fingerprint(Train(), data, moved, None) == first
-    _model_folder(model, 2.0)  # same names, sizes and header; other weights
-    assert checkpoints.run_fingerprint(Train(), data, model, None) != first
-    _model_folder(model, 1.0)
     (model / "tokenizer.json").write_text('{"model": {"vocab": {"b": 0}}}')
     assert checkpoints.run_fingerprint(Train(), data, model, None) != first
