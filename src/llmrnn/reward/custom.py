@@ -95,10 +95,12 @@ class RewardProcess:
 
     def __init__(self, path: str, name: str = CUSTOM_NAME, timeout_s: float = DEFAULT_TIMEOUT_S,
                  max_abs: float = DEFAULT_MAX_ABS, *, import_timeout_s: float | None = None,
+                 import_limit: str = "reward.custom.timeout_s",
                  max_memory_mb: float = MAX_MEMORY_MB, max_processes: int = MAX_PROCESSES,
                  output_cap: int = OUTPUT_CAP):
         self.path, self.name, self.timeout_s, self.max_abs = str(path), name, float(timeout_s), float(max_abs)
         self.import_timeout_s = float(import_timeout_s or timeout_s)
+        self.import_limit = import_limit if self.import_timeout_s < self.timeout_s else "reward.custom.timeout_s"
         self.max_memory_mb, self.max_processes, self.output_cap = float(max_memory_mb), int(max_processes), int(output_cap)
         self.where = f"{self.path}:{self.name}"
         self.proc: subprocess.Popen | None = None
@@ -134,7 +136,7 @@ class RewardProcess:
         threading.Thread(target=_pass_output, args=(out_r, self.output_cap, self.where), daemon=True,
                          name="llmrnn-reward-output").start()
         status, line, trace = self._ask(_pickled(("load", str(Path(self.path).resolve()), self.name, self.max_abs)),
-                                        "importing it ", self.import_timeout_s)
+                                        "importing it ", self.import_timeout_s, self.import_limit)
         if status != "ok":
             self._stop()
             if trace:
@@ -145,7 +147,8 @@ class RewardProcess:
                 raise InputError(f"reward.custom: {self.path}:{line}")
             raise InputError(f"reward.custom.path: {self.path}: {line}")
 
-    def _ask(self, body: bytes, what: str, timeout_s: float) -> tuple[str, str, str]:
+    def _ask(self, body: bytes, what: str, timeout_s: float,
+             limit: str = "reward.custom.timeout_s") -> tuple[str, str, str]:
         """(status, line, traceback) of one exchange with the child (`body`: the pickled request); the caller
         holds the lock."""
         request_id = next(self._ids)
@@ -154,7 +157,7 @@ class RewardProcess:
         while data:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([], [self._req], [], min(left, TICK_S))[1]:
-                if (line := self._over_limits(what, deadline, timeout_s)) is not None:
+                if (line := self._over_limits(what, deadline, timeout_s, limit)) is not None:
                     return "error", line, ""
                 continue
             try:
@@ -163,7 +166,7 @@ class RewardProcess:
                 continue
             except (BrokenPipeError, OSError):
                 return "error", self._gone(what), ""
-        head = self._read(HEADER.size, what, deadline, timeout_s)
+        head = self._read(HEADER.size, what, deadline, timeout_s, limit)
         if isinstance(head, str):
             return "error", head, ""
         try:
@@ -171,7 +174,7 @@ class RewardProcess:
         except ValueError as exc:
             self._stop()
             return "error", f"{what}broke the reward protocol ({exc}); the reward process was stopped", ""
-        body = self._read(length, what, deadline, timeout_s)
+        body = self._read(length, what, deadline, timeout_s, limit)
         if isinstance(body, str):
             return "error", body, ""
         import zlib
@@ -183,34 +186,35 @@ class RewardProcess:
             return "error", f"{what}broke the reward protocol ({why}); the reward process was stopped", ""
         kind, rest = body[:1], body[1:]
         if kind == b"o":
-            self._after_call(what)
+            if (line := self._after_call(what)) is not None:
+                return "error", line, ""
             return "ok", repr(SCORE.unpack(rest)[0]), ""
         line, _, trace = rest.decode("utf-8", "replace").partition("\0")
         if kind == b"x":  # an error after which the child ends
             self._stop()
         return "error", line, trace
 
-    def _read(self, n: int, what: str, deadline: float, timeout_s: float) -> bytes | str:
+    def _read(self, n: int, what: str, deadline: float, timeout_s: float, limit: str) -> bytes | str:
         """n bytes from the child, or the line saying why not (no answer within the time limit, a bound broken,
         or it died)."""
-        out = b""
+        out = bytearray()
         while len(out) < n:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self._resp], [], [], min(left, TICK_S))[0]:
-                if (line := self._over_limits(what, deadline, timeout_s)) is not None:
+                if (line := self._over_limits(what, deadline, timeout_s, limit)) is not None:
                     return line
                 continue
             chunk = os.read(self._resp, min(n - len(out), 1 << 20))
             if not chunk:
                 return self._gone(what)
             out += chunk
-        return out
+        return bytes(out)
 
-    def _over_limits(self, what: str, deadline: float, timeout_s: float) -> str | None:
+    def _over_limits(self, what: str, deadline: float, timeout_s: float, limit: str) -> str | None:
         """While a call is in flight: the line that stops it (its time is up, or it runs too many processes)."""
         if time.monotonic() >= deadline:
             self._stop()
-            return (f"{what}gave no answer within {timeout_s:g} s (reward.custom.timeout_s); "
+            return (f"{what}gave no answer within {timeout_s:g} s ({limit}); "
                     "the reward process was stopped")
         return self._process_problem(what)
 
@@ -225,18 +229,17 @@ class RewardProcess:
         return (f"{what}started {n} processes, more than the reward process's limit of {self.max_processes} "
                 "alive at once; the reward process and all it started were stopped")
 
-    def _after_call(self, what: str) -> None:
+    def _after_call(self, what: str) -> str | None:
         """After an answer: a child that left more processes than its limit running is stopped (its next call
-        starts a fresh one); only looked for when it has children at all (cheap)."""
+        starts a fresh one), the line saying so; only looked for when it has children at all (cheap)."""
         pid = self.proc.pid if self.proc else None
         try:
             with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as fh:
                 if not fh.read().strip():
-                    return
+                    return None
         except OSError:
             pass
-        if line := self._process_problem(what):
-            log.warning("reward.custom: %s %s", self.where, line)
+        return self._process_problem(what)
 
     def _gone(self, what: str) -> str:
         proc = self.proc
@@ -260,7 +263,7 @@ class RewardProcess:
         """The score of one call, or InputError naming the file:function and `where` (the row)."""
         on = f" on {where}" if where else ""
         for field in PARAMETERS:
-            if (problem := _field_problem(kwargs.get(field))) is not None:
+            if (problem := field_problem(kwargs.get(field))) is not None:
                 raise InputError(f"reward.custom: {self.where}{on}: {field} {problem}")
         try:
             body = _pickled(("call", kwargs))
@@ -366,7 +369,7 @@ def _pass_output(fd: int, cap: int, where: str) -> None:
                     pass
 
 
-def _field_problem(value: Any) -> str | None:
+def field_problem(value: Any) -> str | None:
     """Why one argument of a call cannot be handed to the reward (nested too deep), or None. Iterative: a
     20,000-level row must not crash the walk that refuses it."""
     stack = [(value, 1)]
@@ -413,13 +416,14 @@ def _sendable(value: Any) -> bool:
     return True
 
 
-def open_custom(custom: dict, import_timeout_s: float | None = None) -> RewardProcess:
+def open_custom(custom: dict, import_timeout_s: float | None = None, import_limit: str = "") -> RewardProcess:
     """The RewardProcess of a `custom_of` mapping (its timeout and bound from reward.custom); the import waits
     at most `import_timeout_s` where that is shorter than reward.custom.timeout_s."""
     timeout_s = float(custom.get("timeout_s") or DEFAULT_TIMEOUT_S)
     return RewardProcess(custom["path"], custom.get("name") or CUSTOM_NAME, timeout_s=timeout_s,
                          max_abs=custom.get("max_abs") or DEFAULT_MAX_ABS,
-                         import_timeout_s=min(timeout_s, import_timeout_s or timeout_s))
+                         import_timeout_s=min(timeout_s, import_timeout_s or timeout_s),
+                         import_limit=import_limit or "reward.custom.timeout_s")
 
 
 def load(path: str, name: str = CUSTOM_NAME, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -429,13 +433,13 @@ def load(path: str, name: str = CUSTOM_NAME, timeout_s: float = DEFAULT_TIMEOUT_
     return RewardProcess(path, name, timeout_s, max_abs)
 
 
-def problem(config: dict, import_timeout_s: float | None = None) -> str | None:
+def problem(config: dict, import_timeout_s: float | None = None, import_limit: str = "") -> str | None:
     """`llmrnn check`'s line for the config's own reward (None: none set, or it loads with verl's signature);
     `import_timeout_s`: the check's own limit on the import (never longer than reward.custom.timeout_s)."""
     try:
         custom = custom_of((config or {}).get("reward"))
         if custom:
-            open_custom(custom, import_timeout_s).close()
+            open_custom(custom, import_timeout_s, import_limit).close()
     except InputError as exc:
         return str(exc)
     return None
