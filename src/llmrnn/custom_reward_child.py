@@ -239,6 +239,13 @@ def _limit_memory(max_mb: float) -> None:
 
 
 def main(argv: list[str]) -> None:
+    try:
+        _serve(argv)
+    finally:  # the request pipe closed (the parent is done or gone), or the child must end: all it started ends too
+        _killpg(0, signal.SIGKILL)
+
+
+def _serve(argv: list[str]) -> None:
     req, resp, parent, max_mb = int(argv[0]), int(argv[1]), int(argv[2]), float(argv[3])
     channel = _Channel(req, resp)
     sys.stdin = open(os.devnull)  # noqa: SIM115 - the process's stdin for its whole life (fd 0 is /dev/null too)
