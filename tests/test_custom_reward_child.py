@@ -112,11 +112,11 @@ def test_the_reward_output_is_capped_in_the_log(tmp_path):
 
 
 @pytest.mark.parametrize("body", [
-    "import pickle, json, struct, zlib, os\n"
+    ("import pickle, json, struct, zlib, os\n"
     "pickle.dumps = pickle.loads = lambda *a, **k: b'garbage'\n"
     "json.dumps = json.loads = struct.pack = struct.unpack = zlib.crc32 = lambda *a, **k: 0\n"
     "os.write = os.read = lambda *a, **k: 0\n"
-    "return 0.25",
+    "return 0.25"),
 ])
 def test_a_reward_that_patches_the_serialiser_changes_nothing(tmp_path, body):
     proc = custom.load(str(_reward(tmp_path, body)))
@@ -128,8 +128,8 @@ def test_a_reward_that_patches_the_serialiser_changes_nothing(tmp_path, body):
 
 @pytest.mark.parametrize("body", [
     "import os\nos.closerange(0, 4096)\nreturn 0.25",
-    "import os\nnull = os.open(os.devnull, os.O_RDWR)\nfor fd in range(3, 1024):\n"
-    "    if fd != null:\n        try:\n            os.dup2(null, fd)\n        except OSError:\n            pass\nreturn 0.25",
+    ("import os\nnull = os.open(os.devnull, os.O_RDWR)\nfor fd in range(3, 1024):\n"
+    "    if fd != null:\n        try:\n            os.dup2(null, fd)\n        except OSError:\n            pass\nreturn 0.25"),
 ])
 def test_a_reward_that_closes_or_replaces_the_protocols_descriptors_is_named(tmp_path, body):
     proc = custom.load(str(_reward(tmp_path, "if solution_str == 'x':\n" + "".join(
