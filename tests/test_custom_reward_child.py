@@ -236,3 +236,51 @@ def test_the_childs_group_ends_when_its_parent_is_killed(tmp_path):
     while (_alive(child) or _alive(kid)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(child) and not _alive(kid)
+
+
+# SLURM's preemption, from inside a reward call: the whole process group of the job gets SIGTERM at once
+PREEMPTING = '''import os, signal
+
+CALLS = os.path.join(os.path.dirname(__file__), "calls.txt")
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs):
+    with open(CALLS, "a") as fh:
+        fh.write("x")
+    if os.path.getsize(CALLS) == 12:  # in step 2 (8 completions a step)
+        os.killpg(os.getpgid(os.getppid()), signal.SIGTERM)
+    return len(solution_str) % 7 / 7
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.e2e  # one tiny TRL run
+def test_a_sigterm_to_the_jobs_process_group_lets_the_trainer_save_and_exit_75(tmp_path, tiny_model_dir):
+    """A real `llmrnn train run` (TRL, tiny model, CPU) with reward.custom, in a process group of its own as a
+    SLURM job step is; SIGTERM reaches the whole group in the middle of a reward call. The reward's process,
+    in a session of its own, finishes the call and the step's others; the trainer saves at the step boundary and
+    exits 75 ("saved, retry me"), not 2 (a reward process killed with the trainer's group)."""
+    from llmrnn.errors import Interrupted
+    from tests.test_train_trl import LLMRNN, tiny_cfg
+    from tests.verl.rows import make_rows, write_parquet
+
+    (tmp_path / "my_reward.py").write_text(PREEMPTING)
+    train = write_parquet(tmp_path / "t.parquet", make_rows(8))
+    val = write_parquet(tmp_path / "v.parquet", make_rows(2, split="val", seed=1))
+    out = tmp_path / "train"
+    cfg = {"train": tiny_cfg(test_freq=0, save_freq=4, keep_last=None),
+           "reward": {"mode": "outcome", "custom": {"path": "my_reward.py"}}}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMRNN_")} | {"OMP_NUM_THREADS": "1"}
+    cmd = [LLMRNN, "train", "run", "--cfg", json.dumps(cfg), "--train", train, "--val", val, "--model",
+           str(tiny_model_dir), "--work-dir", str(out), "--adapter", str(out / "adapter"), "--metrics",
+           str(out / "metrics.jsonl"), "--summary", str(out / "summary.json")]
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == Interrupted.exit_code == 75, log[-3000:]
+    assert "on signal SIGTERM" in log and "Traceback" not in log, log[-3000:]
+    assert list((out / "checkpoints").glob("checkpoint-*")), "no checkpoint saved"
