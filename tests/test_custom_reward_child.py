@@ -284,3 +284,20 @@ def test_a_sigterm_to_the_jobs_process_group_lets_the_trainer_save_and_exit_75(t
     assert proc.returncode == Interrupted.exit_code == 75, log[-3000:]
     assert "on signal SIGTERM" in log and "Traceback" not in log, log[-3000:]
     assert list((out / "checkpoints").glob("checkpoint-*")), "no checkpoint saved"
+
+
+def test_check_gives_a_hanging_import_its_own_limit_and_ends_what_it_started(tmp_path, monkeypatch):
+    """`llmrnn check` waits CHECK_IMPORT_S for the import (not reward.custom.timeout_s, 60 s by default), then one
+    line; a process the import started, holding check's output open, ends with the reward's process (a caller
+    reading check's output would otherwise wait on it)."""
+    from llmrnn.check import reward as check_reward
+
+    pids = tmp_path / "pids.txt"
+    path = _reward(tmp_path, "return 0.5", f"import subprocess, time\n"
+                                           f"open({str(pids)!r}, 'w').write(str(subprocess.Popen(['sleep', '3600']).pid))\n"
+                                           "time.sleep(3600)\n")
+    monkeypatch.setattr(check_reward, "CHECK_IMPORT_S", 2.0)
+    lines = check_reward.check_custom_reward({"reward": {"custom": {"path": str(path)}}})
+    assert lines == [(f"reward.custom.path: {path}: importing it gave no answer within 2 s (llmrnn check's limit on "
+                     "the import; training waits reward.custom.timeout_s); the reward process was stopped")]
+    assert not _alive(int(pids.read_text()))
