@@ -193,11 +193,13 @@ def test_only_the_columns_and_rows_scored_are_read(tmp_path):
     for row in rows:  # incompressible text: the file is as large as the text
         row["prompt"][0]["content"] = "".join(rng.choices(string.ascii_letters, k=2_000_000))
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "large.parquet")
-    script = ("import resource, sys\nfrom pathlib import Path\nimport pyarrow.parquet\n"
+    # the peak of this process's own memory (VmHWM; ru_maxrss would carry pytest's, inherited over fork)
+    script = ("import re, sys\nfrom pathlib import Path\nimport pyarrow.parquet\n"
               "from llmrnn.reward.trial import first_rows\n"
-              "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+              "peak = lambda: int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
+              "before = peak()\n"
               "rows = first_rows(Path(sys.argv[1]), 1)\n"
-              "print(len(rows), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)\n")
+              "print(len(rows), (peak() - before) // 1024)\n")
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "large.parquet")], capture_output=True,
                           text=True, timeout=300, check=True)
     n, grown_mb = map(int, done.stdout.split())
