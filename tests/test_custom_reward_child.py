@@ -301,3 +301,17 @@ def test_check_gives_a_hanging_import_its_own_limit_and_ends_what_it_started(tmp
     assert lines == [(f"reward.custom.path: {path}: importing it gave no answer within 2 s (llmrnn check's limit on "
                      "the import; training waits reward.custom.timeout_s); the reward process was stopped")]
     assert not _alive(int(pids.read_text()))
+
+
+def test_the_docs_quote_the_childs_bounds():
+    """docs/rewards.md's numbers for the child are the code's."""
+    from llmrnn.check.reward import CHECK_IMPORT_S
+    from llmrnn.custom_reward_child import AS_FACTOR
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "rewards.md").read_text()
+    section = docs.split("### What your reward's process may do", 1)[1].split("\n## ", 1)[0]
+    for quoted in (f"More than {custom.MAX_PROCESSES} processes", f"more than {custom.MAX_MEMORY_MB} MB resident",
+                   f"capped at {AS_FACTOR} times", f"first {custom.OUTPUT_CAP >> 20} MiB",
+                   f"more than {custom.MAX_DEPTH} levels deep", f"over {custom.MAX_REQUEST_MB} MB"):
+        assert quoted in " ".join(section.split()), quoted
+    assert f"waits at most {CHECK_IMPORT_S:g} s for the import" in " ".join(docs.split())
