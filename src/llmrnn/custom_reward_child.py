@@ -28,6 +28,7 @@ import inspect
 import math
 import numbers
 import os
+import resource
 import signal
 import struct
 import sys
@@ -229,8 +230,6 @@ def _shield() -> None:
 
 
 def _limit_memory(max_mb: float) -> None:
-    import resource
-
     cap = int(max_mb * AS_FACTOR * 2**20)
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard != resource.RLIM_INFINITY:

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 import weakref
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -177,8 +178,6 @@ class RewardProcess:
         body = self._read(length, what, deadline, timeout_s, limit)
         if isinstance(body, str):
             return "error", body, ""
-        import zlib
-
         if answer_id != request_id or zlib.crc32(body) != crc:
             self._stop()
             why = f"the answer to request {answer_id} came for request {request_id}" if answer_id != request_id \
