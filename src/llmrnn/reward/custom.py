@@ -286,6 +286,11 @@ class RewardProcess:
             for pid in _session(proc.pid):
                 _kill(lambda pid=pid: os.kill(pid, signal.SIGKILL))
             proc.wait()
+            # SIGKILL is delivered asynchronously: close() returns once its session is gone (at most ~2 s)
+            for _ in range(100):
+                if not _session(proc.pid):
+                    break
+                time.sleep(0.02)
         for name in ("_req", "_resp"):
             fd, _ = getattr(self, name), setattr(self, name, -1)
             if fd >= 0:
