@@ -148,3 +148,79 @@ def test_the_docs_step_and_table_are_the_models():
         nested = info.annotation if isinstance(info.annotation, type) and hasattr(info.annotation, "model_fields") else None
         example[name] = ({k: f.examples[0] for k, f in nested.model_fields.items()} if nested else info.examples[0])
     assert TrajectoryStep.model_validate(example).to_ground_truth() == json.dumps(example, ensure_ascii=False)
+
+
+def _deep_json(n: int) -> str:
+    return "[" * n + "]" * n
+
+
+@pytest.mark.parametrize(("field", "value", "expected"), [
+    ("extra_info", None, "row 1: extra_info: expected a mapping (split, index, patient_id, visit_index), got null"),
+    ("reward_model", None, "row 1: reward_model: expected a mapping with ground_truth (the step's JSON), got null"),
+    ("ground_truth", _deep_json(20_000), "row 1: reward_model.ground_truth: nested too deeply to read"),
+])
+def test_a_hostile_row_is_one_line_naming_the_row_and_field(run_folder, tmp_path, capsys, field, value, expected):
+    """A row 20,000 levels deep, or with a null where a mapping belongs: one line naming the row and the field,
+    never a traceback (RecursionError, TypeError before)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = trajectories.read_parquet(run_folder / "trajectories" / "train.parquet")
+    if field == "ground_truth":
+        rows[1]["reward_model"]["ground_truth"] = value
+    else:
+        rows[1][field] = value
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "hostile.parquet")
+    rc, lines, err = run_cli("llmrnn reward try --parquet hostile.parquet --custom my_reward.py --rows 3", capsys)
+    assert (rc, lines) == (2, []) and err == f"llmrnn reward: error: hostile.parquet: {expected}\n", err
+
+
+def test_only_the_columns_and_rows_scored_are_read(tmp_path):
+    """`--rows 1` on a parquet whose rows carry 2 MB prompts (a column scoring never reads): the read's peak
+    memory stays far below the 80 MB of prompts (the whole table was read before)."""
+    import random
+    import string
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.verl.rows import make_rows
+
+    rng = random.Random(0)
+    rows = make_rows(40)
+    for row in rows:  # incompressible text: the file is as large as the text
+        row["prompt"][0]["content"] = "".join(rng.choices(string.ascii_letters, k=2_000_000))
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "large.parquet")
+    # the peak of this process's own memory (VmHWM; ru_maxrss would carry pytest's, inherited over fork)
+    script = ("import re, sys\nfrom pathlib import Path\nimport pyarrow.parquet\n"
+              "from llmrnn.reward.trial import first_rows\n"
+              "peak = lambda: int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
+              "before = peak()\n"
+              "rows = first_rows(Path(sys.argv[1]), 1)\n"
+              "print(len(rows), (peak() - before) // 1024)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "large.parquet")], capture_output=True,
+                          text=True, timeout=300, check=True)
+    n, grown_mb = map(int, done.stdout.split())
+    assert n == 1 and grown_mb < 40, f"reading one row grew the peak by {grown_mb} MB"
+
+
+def test_a_raising_reward_names_where_it_raised_and_v_shows_the_traceback(run_folder, capsys):
+    (run_folder.parent.parent / "raising.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs):\n"
+        "    return 1 / 0\n")
+    parquet = "results/demo/trajectories/train.parquet"
+    rc, _, err = run_cli(f"llmrnn reward try --parquet {parquet} --custom raising.py --rows 1", capsys)
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.rstrip().endswith("row 0 raised ZeroDivisionError: division by zero (raising.py:2)") or \
+        err.rstrip().endswith(f"row 0 raised ZeroDivisionError: division by zero ({Path('raising.py').resolve()}:2)"), err
+    import subprocess
+    import sys
+
+    # -v as a user types it, in a process of its own (pytest's log capture takes the debug lines in this one)
+    done = subprocess.run([str(Path(sys.executable).parent / "llmrnn"), "-v", "reward", "try", "--parquet", parquet,
+                           "--custom", "raising.py", "--rows", "1"], capture_output=True, text=True, timeout=300,
+                          check=False)
+    rc, err = done.returncode, done.stderr
+    assert rc == 2 and "Traceback (most recent call last)" in err and 'line 2, in compute_score' in err

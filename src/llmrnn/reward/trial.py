@@ -23,7 +23,7 @@ from typing import Any
 
 from llmrnn.errors import InputError
 from llmrnn.reward.config import missing_endpoint, reward_settings
-from llmrnn.reward.custom import custom_of, open_custom
+from llmrnn.reward.custom import custom_of, field_problem, open_custom
 from llmrnn.reward.entry import PUBLIC_KEYS, compute_score
 from llmrnn.reward.kwargs import reward_kwargs
 from llmrnn.runconfig import configfiles_for, load_any, read_layer, resolve
@@ -56,24 +56,62 @@ def parquet_of(parquet: str | None, run: str | None, split: str) -> Path:
 
 def first_rows(path: Path, n: int) -> list[dict]:
     """The first n rows, each step read through its model (a bad one is one line naming the row and field).
-    Read here with pyarrow, not llmrnn.train.data's reader: the reward sits below the training stage."""
+    Read here with pyarrow, not llmrnn.train.data's reader: the reward sits below the training stage. Only the
+    columns scoring reads, in batches of at most n rows, until n are read: a large parquet is never decoded
+    whole (a 2 GB-decoded parquet peaks near what its first n rows need)."""
     import pyarrow.parquet as pq
 
     if not path.is_file():
         raise InputError(f"{path}: trajectory parquet not found")
     try:
-        table = pq.read_table(path)
+        parquet = pq.ParquetFile(path)
+        names = parquet.schema_arrow.names
     except Exception as exc:  # noqa: BLE001 - whatever arrow says of a file that is not a parquet
-        raise InputError(f"{path}: not a readable parquet file: {exc}") from None
-    missing = [c for c in COLUMNS if c not in table.column_names]
+        raise InputError(f"{path}: not a readable parquet file: {_one_line(exc)}") from None
+    missing = [c for c in COLUMNS if c not in names]
     if missing:
         raise InputError(f"{path}: missing column(s) {missing}; expected a trajectory parquet")
-    rows = table.slice(0, n).to_pylist()
+    rows: list[dict] = []
+    try:
+        for batch in parquet.iter_batches(batch_size=n, columns=list(COLUMNS), use_threads=False):
+            rows += batch.to_pylist()[: n - len(rows)]
+            if len(rows) >= n:
+                break
+    except Exception as exc:  # noqa: BLE001 - a damaged file: arrow's own words, one line
+        raise InputError(f"{path}: not a readable parquet file: {_one_line(exc)}") from None
     if not rows:
         raise InputError(f"{path}: no rows")
     for i, row in enumerate(rows):
-        row["step"] = read_step(row["reward_model"]["ground_truth"], f"{path}: row {i}")
+        row["step"] = _row_step(row, f"{path}: row {i}")
     return rows
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
+
+
+def _row_step(row: dict, where: str):
+    """The row's trajectory step, its fields checked first: each problem is one line naming the row and field."""
+    if not isinstance(row.get("data_source"), str):
+        raise InputError(f"{where}: data_source: expected text, got {_kind(row.get('data_source'))}")
+    info = row.get("extra_info")
+    if not isinstance(info, dict):
+        raise InputError(f"{where}: extra_info: expected a mapping (split, index, patient_id, visit_index), "
+                         f"got {_kind(info)}")
+    if (problem := field_problem(info)) is not None:
+        raise InputError(f"{where}: extra_info {problem}")
+    reward_model = row.get("reward_model")
+    if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
+        raise InputError(f"{where}: reward_model: expected a mapping with ground_truth (the step's JSON), "
+                         f"got {_kind(reward_model)}")
+    try:
+        return read_step(reward_model["ground_truth"], where)
+    except RecursionError:
+        raise InputError(f"{where}: reward_model.ground_truth: nested too deeply to read") from None
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
 
 
 def candidate(row: dict, memory: str) -> str:
