@@ -4,6 +4,7 @@
 # WorkflowError, or the code hashes of the modules a job runs.
 import functools
 import os
+import shutil
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -30,6 +31,17 @@ if shard_problems(config):
 
 # envs/*.yaml install llmrnn from ${LLMRNN_REPO} (conda's pip expands it): this workflow's own folder
 os.environ.setdefault("LLMRNN_REPO", str(Path(workflow.basedir)))
+# a job's failure no retry can change (llmrnn.errors.NotRetriable) leaves its line here; the next attempt of
+# any job stops the run on it (llmrnn.plan.common.grows). The jobs (local or SLURM) inherit the variable.
+os.environ.setdefault(
+    "LLMRNN_NOT_RETRIABLE_DIR",
+    str(Path(".snakemake", "llmrnn_not_retriable").resolve()),
+)
+
+
+def clear_not_retriable():
+    """At the start of a run (onstart): the lines earlier runs left are not this run's."""
+    shutil.rmtree(os.environ["LLMRNN_NOT_RETRIABLE_DIR"], ignore_errors=True)
 
 
 def as_workflow_error(method):
@@ -196,6 +208,15 @@ def check_configfiles():
     cli = [str(f) for f in workflow.overwrite_configfiles or []]
     own = [str(f) for f in workflow.configfiles if str(f) not in cli]
     return own + cli
+
+
+def deployment_methods():
+    """This run's --sdm (conda, apptainer; empty: the environment snakemake runs in), for `llmrnn check`."""
+    return " ".join(
+        sorted(
+            str(m.name).lower() for m in workflow.deployment_settings.deployment_method
+        )
+    )
 
 
 def workflow_container():

@@ -15,7 +15,7 @@ import os
 import stat
 import sys
 
-from llmrnn.errors import InputError, LlmrnnError
+from llmrnn.errors import NOT_RETRIABLE_DIR, InputError, LlmrnnError, NotRetriable
 
 # `llmrnn <stage>` is served by the module llmrnn.<stage> (MODULE_OF names the exceptions), which exposes
 # `register(subparsers)`; its subcommands set `func` (args -> int | None). A command imports only its own
@@ -109,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = args.func(args)
         sys.stdout.flush()  # here, not at exit: a full disk under `> file` is this command's one line
     except LlmrnnError as exc:
-        print(f"llmrnn {args.command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return report_error(args.command, exc)
     except KeyboardInterrupt:
         print(f"llmrnn {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -122,6 +121,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llmrnn {args.command}: error: cannot write {exc.filename or 'the output'}: {what}", file=sys.stderr)
         return 1
     return int(rc or 0)
+
+
+def report_error(command: str, exc: LlmrnnError) -> int:
+    """A failure the user can act on: its one line, and its exit status (a NotRetriable one's line is left
+    for the workflow's retry logic too)."""
+    print(f"llmrnn {command}: error: {exc}", file=sys.stderr)
+    if isinstance(exc, NotRetriable):
+        _record_not_retriable(f"llmrnn {command}: {exc}")
+    return exc.exit_code
+
+
+def _record_not_retriable(line: str) -> None:
+    """Leave a NotRetriable failure's line where the workflow's retry logic looks (llmrnn.plan.common.grows)."""
+    folder = os.environ.get(NOT_RETRIABLE_DIR)
+    if not folder:
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"{os.getpid()}.txt"), "w") as fh:
+            fh.write(line + "\n")
+    except OSError:
+        pass  # the job's own line and exit status still say it
 
 
 def _silence_stdout() -> None:

@@ -17,6 +17,18 @@ class CheckFailed(LlmrnnError):
     exit_code = 3
 
 
+class NotRetriable(LlmrnnError):
+    """A failure no retry can change (a package missing from the job's environment): exit status 78
+    (EX_CONFIG). The CLI leaves its line in $LLMRNN_NOT_RETRIABLE_DIR (the workflow sets it), and the
+    resources of every rule's next attempt (llmrnn.plan.common.grows) refuse to start it: profiles'
+    `retries:` would otherwise queue the same job again for the same GPUs, to fail the same way."""
+
+    exit_code = 78
+
+
+NOT_RETRIABLE_DIR = "LLMRNN_NOT_RETRIABLE_DIR"
+
+
 class Interrupted(LlmrnnError):
     """The job stopped on request (SLURM's warning signal, its time limit near) after saving its work: a
     rerun continues from it. Exit status 75 (EX_TEMPFAIL, "try again"): Snakemake's retries (profiles)

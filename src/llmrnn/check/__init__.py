@@ -112,7 +112,7 @@ def smoke_advice(config: dict) -> list[str]:
     steps = train.get("total_steps")
     if not isinstance(train, dict) or filled("train", train)["engine"] != "verl" or (isinstance(steps, int) and steps <= 4):
         return []
-    return [(f"first run the cluster smoke test on this cluster ({SMOKE_COMMAND}, about 15 min on one GPU node; "
+    return [(f"first run the cluster smoke test on this cluster ({SMOKE_COMMAND}: a few verl steps on one GPU node; "
              "docs/cluster.md 'Smoke test first'): it fails in minutes where this run would fail after hours")]
 
 

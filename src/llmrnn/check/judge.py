@@ -8,9 +8,9 @@ from llmrnn.check.models import hub_problem
 from llmrnn.check.skips import unused
 from llmrnn.errors import LlmrnnError
 from llmrnn.judge.launcher import judge_model_dir
+from llmrnn.plan.judge import agreement_planned
 from llmrnn.reward import asks_judge
 from llmrnn.rubric import load_rubric
-from llmrnn.plan.judge import agreement_planned
 
 
 def _judge_in_dag(config: dict) -> bool:

@@ -7,8 +7,10 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from llmrnn.errors import NOT_RETRIABLE_DIR, NotRetriable
 from llmrnn.models import MODELS_ROOT, READY
 
 NOT_A_KNOB = ("resources", "threads")
@@ -72,6 +74,18 @@ def input_flag(flag: str, name: str) -> Callable:
 RETRY_GROWTH = 1.5
 
 
+def refuse_not_retriable(folder: str | None = None) -> None:
+    """Before a job's next attempt: stop when an earlier attempt failed for a reason no retry changes
+    (llmrnn.errors.NotRetriable, exit 78: its line is in $LLMRNN_NOT_RETRIABLE_DIR). Snakemake then stops
+    the run with that line instead of queueing the job again (profiles' `retries:`)."""
+    folder = folder or os.environ.get(NOT_RETRIABLE_DIR)
+    if not folder or not os.path.isdir(folder):
+        return
+    lines = sorted({p.read_text().strip() for p in Path(folder).glob("*.txt")})
+    if lines:
+        raise NotRetriable(f"not retried (a retry cannot change it): {lines[0]}")
+
+
 def grows(base: float, factor: float = RETRY_GROWTH) -> Callable:
     """A resources function: `base` on the first attempt, `base x factor^(attempt-1)` on a retry
     (Snakemake passes `attempt`, 1 on the first run). For mem_mb (an OOM kill) and the runtime of jobs
@@ -80,6 +94,8 @@ def grows(base: float, factor: float = RETRY_GROWTH) -> Callable:
     base = float(base)
 
     def value(wildcards, attempt):
+        if int(attempt) > 1:
+            refuse_not_retriable()
         return round(base * factor ** (max(int(attempt), 1) - 1))
 
     value.__name__ = f"grows_{int(base)}"
