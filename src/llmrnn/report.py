@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -364,6 +365,20 @@ def _cmd_cost(args: argparse.Namespace) -> None:
              len(stages), len(jobs))
 
 
+def _cmd_cost_plan(args: argparse.Namespace) -> None:
+    from llmrnn.check import load_config
+    from llmrnn.cost_plan import plan_stages, plan_table, summary_line
+    from llmrnn.runconfig import configfiles_for
+
+    config, problems = load_config(configfiles_for(args.configfile))
+    if problems:
+        raise InputError(f"{problems[0]} (llmrnn check lists them all)")
+    benchmarks = args.benchmarks or f"logs/{config['run_name']}/benchmarks"
+    stages = plan_stages(config, benchmarks)
+    sys.stdout.write(plan_table(stages))
+    print(summary_line(stages))
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     rep = sub.add_parser("report", help="plots and tables for the Snakemake report")
     rsub = rep.add_subparsers(dest="report_command", required=True)
@@ -394,3 +409,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--plot", required=True, help="output: cost per stage (png)")
     c.add_argument("--html", default=None, help="output: cost per stage as an HTML table (shown in the report)")
     c.set_defaults(func=_cmd_cost)
+    cp = rsub.add_parser("cost-plan", help="before submitting: GPU-hours and wall time per stage and in all, from "
+                                           "the rules' resources and earlier runs' benchmark files")
+    cp.add_argument("--configfile", nargs="*", default=[],
+                    help="config files layered in order, as snakemake --configfile; none: config/config.yaml")
+    cp.add_argument("--benchmarks", default=None,
+                    help="an earlier run's benchmark files (default: logs/<run_name>/benchmarks, where they exist)")
+    cp.set_defaults(func=_cmd_cost_plan)

@@ -91,7 +91,19 @@ def run_checks(config_paths: list[Path]) -> dict:
               if why.startswith(skips.UNUSED)]
     return {"ok": not problems, "problems": problems, "checks": ran, "skipped": skipped, "not_needed": unused,
             "configfiles": [str(p) for p in config_paths], "run_name": config.get("run_name"),
-            "advice": smoke_advice(config) + _benchmark_advice(config)}
+            "advice": smoke_advice(config) + _benchmark_advice(config) + _cost_plan_advice(config, schema_ok)}
+
+
+def _cost_plan_advice(config: dict, schema_ok: bool) -> list[str]:
+    """The cost plan's total (llmrnn.cost_plan), before anything is queued; its table: `llmrnn report cost-plan`."""
+    if not schema_ok or config.get("recipe") == "qa":
+        return []
+    from llmrnn.cost_plan import plan_stages, summary_line
+
+    try:
+        return [summary_line(plan_stages(config, f"logs/{config.get('run_name')}/benchmarks"))]
+    except Exception as exc:  # noqa: BLE001 - advice only: a bad benchmark file must not hide the problems
+        return [f"cost plan: not computed: {exc}"]
 
 
 def _benchmark_advice(config: dict) -> list[str]:
