@@ -50,12 +50,43 @@ def json_arg(text: str) -> dict:
 
 
 def build_parser(stages: tuple[str, ...] = STAGES) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llmrnn", description=__doc__.splitlines()[0])
+    from llmrnn import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="llmrnn", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train, merge, evaluate and publish an LLM-as-RNN memory head with GRPO. Commands you run: "
+                    f"{', '.join(USER_COMMANDS)}; the workflow's stages (its rules run them, `snakemake` runs the "
+                    "rules): the others; [internal]: called by other commands.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"llmrnn {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for stage in stages:
         importlib.import_module(stage_module(stage)).register(sub)
+    _group_help(sub)
     return parser
+
+
+# what a person runs (the rest is the workflow's: its rules call them), and what other commands call
+USER_COMMANDS = ("check", "config", "reward", "report", "chat")
+INTERNAL = {("gpus",), ("judge", "serve"), ("judge", "wait"), ("train", "ray-cluster"), ("train", "verl-cmd")}
+
+
+def _group_help(sub: argparse._SubParsersAction, path: tuple[str, ...] = ()) -> None:
+    """--help lists the commands a person runs first, the workflow's stages next, internal ones marked last."""
+    def rank(action) -> int:
+        name = (*path, action.dest)
+        if name in INTERNAL:
+            return len(USER_COMMANDS) + 1
+        return USER_COMMANDS.index(action.dest) if not path and action.dest in USER_COMMANDS else len(USER_COMMANDS)
+
+    for action in sub._choices_actions:
+        if (*path, action.dest) in INTERNAL and not str(action.help or "").startswith("[internal]"):
+            action.help = f"[internal] {action.help or ''}".strip()
+    sub._choices_actions.sort(key=rank)
+    for name, child in sub.choices.items():
+        for act in child._actions:
+            if isinstance(act, argparse._SubParsersAction):
+                _group_help(act, (*path, name))
 
 
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",

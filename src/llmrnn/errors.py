@@ -1,6 +1,12 @@
 """One exception type for every user-facing failure; the CLI turns it into one line and an exit code."""
 
 
+def doc_summary(doc: str | None) -> str:
+    """A module docstring's first paragraph on one line: a command's --help description (its first line
+    alone ended mid-sentence)."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
+
+
 class LlmrnnError(Exception):
     """A failure the user can act on (bad input, failed check). Message is one line, no traceback."""
 

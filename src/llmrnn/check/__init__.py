@@ -32,6 +32,7 @@ from llmrnn.check.slurm import (
     check_profile_gpus,
 )
 from llmrnn.check.training import check_attention, check_training, check_verl_command, compose_verl
+from llmrnn.errors import doc_summary
 
 __all__ = ["CHECKS", "PROFILE_GPU_DEFAULTS", "RECIPE_ONLY", "SMOKE_COMMAND", "VALUE_ERRORS", "chat_template_problem",
            "check_attention", "check_cohort", "check_custom_reward", "check_engine_budget", "check_env_names", "check_external_endpoints",
@@ -155,7 +156,7 @@ def register(sub) -> None:
     p = sub.add_parser(
         "check",
         help="pre-submit check: list every problem of the config and its inputs before queueing",
-        description=__doc__.splitlines()[0],
+        description=doc_summary(__doc__),
     )
     p.add_argument("--configfile", nargs="*", default=[],
                    help="config files layered in order, as snakemake --configfile; none: config/config.yaml")
