@@ -23,6 +23,7 @@ demo: $(STAMP)
 	$(RUNENV) snakemake --profile profiles/local all
 	$(RUNENV) snakemake --profile profiles/local cost_report
 	$(RUNENV) snakemake --profile profiles/local --report report.html cost_report
+	@$(RUNENV) llmrnn report headline --comparison results/demo/eval/comparison.json --report report.html
 
 # `make test`: every unit and integration test except those marked e2e and vllm. e2e holds the whole-workflow
 # runs (real SLURM, the rerun table, the QA demo, trajectories, eval, preflight, your own reward, the documented
