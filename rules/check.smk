@@ -18,5 +18,5 @@ rule check:
         # the jobs' software-deployment method (--sdm): the packages they need come from it, not from here
         sdm=deployment_methods(),
     shell:
-        "umask 077; LLMRNN_SDM={params.sdm:q} llmrnn check --configfile {params.configfiles:q} 2>&1 | tee {log:q}; "
+        "umask 077; llmrnn check --sdm={params.sdm:q} --configfile {params.configfiles:q} 2>&1 | tee {log:q}; "
         "exit ${{PIPESTATUS[0]}}"

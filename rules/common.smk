@@ -5,6 +5,7 @@
 import functools
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -14,6 +15,7 @@ from snakemake.utils import validate
 from llmrnn.configcheck import shard_problems, value_problems
 from llmrnn.errors import LlmrnnError
 from llmrnn.plan import Plan, PlanBase, input_flag
+from llmrnn.plan.common import config_changes
 from llmrnn.provenance import code_identity
 from llmrnn.upload import env_problems
 
@@ -82,6 +84,12 @@ MODELS = plan.paths.models
 QA = plan.paths.qa
 QA_EVAL = plan.paths.qa_eval
 QA_SYNTH = plan.paths.qa_synth
+
+# Rerun reasons a person can read: Snakemake prints a changed param as its whole JSON before and after;
+# the config keys that changed since this run's RUN/config.yaml, and the command that lists them all
+if workflow.is_main_process:
+    for line in config_changes(f"{RUN}/config.yaml", CONFIG_LAYERS):
+        print(line, file=sys.stderr)
 
 
 def code_hash(verb, *also):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -133,6 +134,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     # like the Snakefile: the given files alone, config/config.yaml only when none is given
     from llmrnn.runconfig import configfiles_for
 
+    if args.sdm is not None:  # the gpu stack check reads it where the profile does
+        os.environ["LLMRNN_SDM"] = args.sdm
     report = run_checks(configfiles_for(args.configfile))
     if args.out:
         from llmrnn.io import write_json
@@ -161,4 +164,7 @@ def register(sub) -> None:
     p.add_argument("--configfile", nargs="*", default=[],
                    help="config files layered in order, as snakemake --configfile; none: config/config.yaml")
     p.add_argument("--out", help="also write the report as JSON")
+    p.add_argument("--sdm", default=None,
+                   help="the jobs' software-deployment method (snakemake --sdm: conda, apptainer; empty: the "
+                        "environment this runs in); default: $LLMRNN_SDM, as profiles/slurm reads it")
     p.set_defaults(func=_cmd_check)

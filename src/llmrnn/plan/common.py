@@ -74,6 +74,30 @@ def input_flag(flag: str, name: str) -> Callable:
 RETRY_GROWTH = 1.5
 
 
+def config_changes(run_config: str | os.PathLike, layers: list, limit: int = 8) -> list[str]:
+    """What Snakemake's rerun reason "Params have changed" means, in config keys: the values that differ
+    between the run's recorded RUN/config.yaml and this invocation's layers (llmrnn.runconfig.diff_lines, as
+    `llmrnn config diff` prints them), at most `limit` lines and a pointer to the command that prints all."""
+    from llmrnn.runconfig import diff_lines, load_any, resolve
+
+    if not Path(run_config).is_file():
+        return []
+    try:
+        old = load_any(run_config)
+        config, sources = resolve(layers)
+    except Exception:  # noqa: BLE001 - a hint only: the run's own checks report a bad config
+        return []
+    lines = diff_lines(old, {"config": config, "sources": sources})
+    if not lines:
+        return []
+    files = [str(name) for name, _ in layers]
+    every = (f"llmrnn config diff {run_config} {files[0]}" if len(files) == 1
+             else f"llmrnn config show --configfile {' '.join(files)}")
+    head = (f"config keys changed since {run_config} was written ({len(lines)}; Snakemake's \"Params have changed\" "
+            f"reasons are these; all: {every}):")
+    return [head, *(f"  {line}" for line in lines[:limit]), *(["  ..."] if len(lines) > limit else [])]
+
+
 def refuse_not_retriable(folder: str | None = None) -> None:
     """Before a job's next attempt: stop when an earlier attempt failed for a reason no retry changes
     (llmrnn.errors.NotRetriable, exit 78: its line is in $LLMRNN_NOT_RETRIABLE_DIR). Snakemake then stops
