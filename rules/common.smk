@@ -15,7 +15,7 @@ from snakemake.utils import validate
 from llmrnn.configcheck import shard_problems, value_problems
 from llmrnn.errors import LlmrnnError
 from llmrnn.plan import Plan, PlanBase, input_flag
-from llmrnn.plan.common import config_changes
+from llmrnn.plan.common import config_changes, schema_error_line
 from llmrnn.provenance import code_identity
 from llmrnn.upload import env_problems
 
@@ -27,7 +27,15 @@ if env_problems(config):
 if value_problems(config):
     raise WorkflowError("\n".join(f"config: {p}" for p in value_problems(config)))
 # the generated schema as JSON (config.schema.yaml's twin): Snakemake parses JSON ~50x faster than YAML
-validate(config, schema="../workflow/schemas/config.schema.json")
+# A schema error is one line naming the key (Snakemake's own message dumps the whole schema: ~1,000 lines)
+try:
+    validate(config, schema="../workflow/schemas/config.schema.json")
+except WorkflowError as exc:
+    raise WorkflowError(
+        schema_error_line(
+            config, Path(workflow.basedir, "workflow", "schemas", "config.schema.json")
+        )
+    ) from None
 if shard_problems(config):
     raise WorkflowError("\n".join(f"config: {p}" for p in shard_problems(config)))
 

@@ -74,6 +74,22 @@ def input_flag(flag: str, name: str) -> Callable:
 RETRY_GROWTH = 1.5
 
 
+def schema_error_line(config: Mapping, schema_path: str | os.PathLike) -> str:
+    """A config the schema refuses, as one line (Snakemake's `validate` message prints the whole schema, ~1,000
+    lines): the first problem's key and jsonschema's message, and how many more `llmrnn check` lists."""
+    import jsonschema
+
+    schema = json.loads(Path(schema_path).read_text())
+    errors = sorted(jsonschema.validators.validator_for(schema)(schema).iter_errors(config),
+                    key=lambda e: [str(p) for p in e.absolute_path])
+    if not errors:
+        return "config: refused by the schema (llmrnn check --configfile ... says why)"
+    first = errors[0]
+    where = ".".join(str(p) for p in first.absolute_path) or "(top level)"
+    more = f"; {len(errors) - 1} more" if len(errors) > 1 else ""
+    return f"config: {where}: {first.message}{more} (llmrnn check --configfile ... lists every problem)"
+
+
 def config_changes(run_config: str | os.PathLike, layers: list, limit: int = 8) -> list[str]:
     """What Snakemake's rerun reason "Params have changed" means, in config keys: the values that differ
     between the run's recorded RUN/config.yaml and this invocation's layers (llmrnn.runconfig.diff_lines, as
