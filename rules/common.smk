@@ -13,7 +13,7 @@ from snakemake.io import is_flagged
 from snakemake.utils import validate
 
 from llmrnn.configcheck import shard_problems, value_problems
-from llmrnn.errors import LlmrnnError
+from llmrnn.errors import NOT_RETRIABLE_DIR, LlmrnnError
 from llmrnn.plan import Plan, PlanBase, input_flag
 from llmrnn.plan.common import config_changes, schema_error_line
 from llmrnn.provenance import code_identity
@@ -44,14 +44,13 @@ os.environ.setdefault("LLMRNN_REPO", str(Path(workflow.basedir)))
 # a job's failure no retry can change (llmrnn.errors.NotRetriable) leaves its line here; the next attempt of
 # any job stops the run on it (llmrnn.plan.common.grows). The jobs (local or SLURM) inherit the variable.
 os.environ.setdefault(
-    "LLMRNN_NOT_RETRIABLE_DIR",
-    str(Path(".snakemake", "llmrnn_not_retriable").resolve()),
+    NOT_RETRIABLE_DIR, str(Path(".snakemake", "llmrnn_not_retriable").resolve())
 )
 
 
 def clear_not_retriable():
     """At the start of a run (onstart): the lines earlier runs left are not this run's."""
-    shutil.rmtree(os.environ["LLMRNN_NOT_RETRIABLE_DIR"], ignore_errors=True)
+    shutil.rmtree(os.environ[NOT_RETRIABLE_DIR], ignore_errors=True)
 
 
 def as_workflow_error(method):

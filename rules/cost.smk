@@ -12,6 +12,8 @@ localrules:
 
 
 rule cost_plan:
+    log:
+        f"{LOGS}/cost_plan.log",
     retries: 0
     conda:
         plan.conda_env("data")
@@ -19,7 +21,8 @@ rule cost_plan:
         configfiles=check_configfiles(),
         benchmarks=f"{LOGS}/benchmarks",
     shell:
-        "llmrnn report cost-plan --configfile {params.configfiles:q} --benchmarks {params.benchmarks:q}"
+        "umask 077; llmrnn report cost-plan --configfile {params.configfiles:q} "
+        "--benchmarks {params.benchmarks:q} 2>&1 | tee {log:q}; exit ${{PIPESTATUS[0]}}"
 
 
 rule cost_report:
