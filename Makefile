@@ -6,6 +6,9 @@ SHELL := /bin/bash
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-llmrnn
+# PyPI's Linux torch wheel is the CUDA build (GBs): `make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu`
+# takes the CPU wheel of the same version from PyTorch's index (empty: pip's own index and find-links)
+TORCH_INDEX ?=
 RUNENV := PATH=$(CURDIR)/$(BIN):$$PATH OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 
 .PHONY: venv demo test test-e2e lint report clean-results
@@ -15,7 +18,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt torch uv
+	$(BIN)/pip install -q -c constraints.txt $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple) torch uv
 	$(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
@@ -23,6 +26,7 @@ demo: $(STAMP)
 	$(RUNENV) snakemake --profile profiles/local all
 	$(RUNENV) snakemake --profile profiles/local cost_report
 	$(RUNENV) snakemake --profile profiles/local --report report.html cost_report
+	@$(RUNENV) llmrnn report headline --comparison results/demo/eval/comparison.json --report report.html
 
 # `make test`: every unit and integration test except those marked e2e and vllm. e2e holds the whole-workflow
 # runs (real SLURM, the rerun table, the QA demo, trajectories, eval, preflight, your own reward, the documented

@@ -92,3 +92,4 @@ rule eval_heldout:
 # Every run records what it runs: RUN/config.yaml, each value with its source (`llmrnn config show`).
 onstart:
     write_run_config(f"{RUN}/config.yaml", config, CONFIG_LAYERS)
+    clear_not_retriable()

@@ -15,5 +15,8 @@ rule check:
         plan.conda_env("data")
     params:
         configfiles=check_configfiles(),
+        # the jobs' software-deployment method (--sdm): the packages they need come from it, not from here
+        sdm=deployment_methods(),
     shell:
-        "umask 077; llmrnn check --configfile {params.configfiles:q} 2>&1 | tee {log:q}; exit ${{PIPESTATUS[0]}}"
+        "umask 077; llmrnn check --sdm={params.sdm:q} --configfile {params.configfiles:q} 2>&1 | tee {log:q}; "
+        "exit ${{PIPESTATUS[0]}}"

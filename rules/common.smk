@@ -4,6 +4,8 @@
 # WorkflowError, or the code hashes of the modules a job runs.
 import functools
 import os
+import shutil
+import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -11,8 +13,9 @@ from snakemake.io import is_flagged
 from snakemake.utils import validate
 
 from llmrnn.configcheck import model_problems, shard_problems, value_problems
-from llmrnn.errors import LlmrnnError
+from llmrnn.errors import NOT_RETRIABLE_DIR, LlmrnnError
 from llmrnn.plan import Plan, PlanBase, input_flag
+from llmrnn.plan.common import config_changes, schema_error_line
 from llmrnn.provenance import code_identity
 from llmrnn.upload import env_problems
 
@@ -24,7 +27,15 @@ if env_problems(config):
 if value_problems(config):
     raise WorkflowError("\n".join(f"config: {p}" for p in value_problems(config)))
 # the generated schema as JSON (config.schema.yaml's twin): Snakemake parses JSON ~50x faster than YAML
-validate(config, schema="../workflow/schemas/config.schema.json")
+# A schema error is one line naming the key (Snakemake's own message dumps the whole schema: ~1,000 lines)
+try:
+    validate(config, schema="../workflow/schemas/config.schema.json")
+except WorkflowError as exc:
+    raise WorkflowError(
+        schema_error_line(
+            config, Path(workflow.basedir, "workflow", "schemas", "config.schema.json")
+        )
+    ) from None
 if shard_problems(config):
     raise WorkflowError("\n".join(f"config: {p}" for p in shard_problems(config)))
 # the settings models (strict types: `9.0` passes the schema's integer) and their cross-field rules
@@ -33,6 +44,16 @@ if model_problems(config):
 
 # envs/*.yaml install llmrnn from ${LLMRNN_REPO} (conda's pip expands it): this workflow's own folder
 os.environ.setdefault("LLMRNN_REPO", str(Path(workflow.basedir)))
+# a job's failure no retry can change (llmrnn.errors.NotRetriable) leaves its line here; the next attempt of
+# any job stops the run on it (llmrnn.plan.common.grows). The jobs (local or SLURM) inherit the variable.
+os.environ.setdefault(
+    NOT_RETRIABLE_DIR, str(Path(".snakemake", "llmrnn_not_retriable").resolve())
+)
+
+
+def clear_not_retriable():
+    """At the start of a run (onstart): the lines earlier runs left are not this run's."""
+    shutil.rmtree(os.environ[NOT_RETRIABLE_DIR], ignore_errors=True)
 
 
 def as_workflow_error(method):
@@ -73,6 +94,12 @@ MODELS = plan.paths.models
 QA = plan.paths.qa
 QA_EVAL = plan.paths.qa_eval
 QA_SYNTH = plan.paths.qa_synth
+
+# Rerun reasons a person can read: Snakemake prints a changed param as its whole JSON before and after;
+# the config keys that changed since this run's RUN/config.yaml, and the command that lists them all
+if workflow.is_main_process:
+    for line in config_changes(f"{RUN}/config.yaml", CONFIG_LAYERS):
+        print(line, file=sys.stderr)
 
 
 def code_hash(verb, *also):
@@ -199,6 +226,15 @@ def check_configfiles():
     cli = [str(f) for f in workflow.overwrite_configfiles or []]
     own = [str(f) for f in workflow.configfiles if str(f) not in cli]
     return own + cli
+
+
+def deployment_methods():
+    """This run's --sdm (conda, apptainer; empty: the environment snakemake runs in), for `llmrnn check`."""
+    return " ".join(
+        sorted(
+            str(m.name).lower() for m in workflow.deployment_settings.deployment_method
+        )
+    )
 
 
 def workflow_container():

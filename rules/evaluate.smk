@@ -27,10 +27,12 @@ rule eval_shard:
         memory=plan.evaluate.memory_arg,
         shards=config["eval"]["shards"],
         code=code_hash("evaluate shard"),
+    # progress on the console, as train_grpo's: the visit-step lines of the log (numbers only)
     shell:
-        "llmrnn evaluate shard --test {input.test:q} --variant {wildcards.variant:q} {params.memory:q} "
+        "umask 077; llmrnn evaluate shard --test {input.test:q} --variant {wildcards.variant:q} {params.memory:q} "
         "--prompts {input.prompts:q} --threads {threads:q} "
-        "--shard {wildcards.shard:q} --shards {params.shards:q} --out {output:q} --cfg {params.cfg:q} 2> {log:q}"
+        "--shard {wildcards.shard:q} --shards {params.shards:q} --out {output:q} --cfg {params.cfg:q} "
+        "2> >(tee {log:q} | grep --line-buffered -E 'visit step [0-9]+/[0-9]+' >&2)"
 
 
 rule eval_grade:

@@ -139,3 +139,84 @@ def test_check_warns_when_the_last_run_did_not_fit_the_runtime(tmp_path):
     assert "train_grpo took 120 min" in advice[0] and "asks 60 min" in advice[0]
     assert "continue in a rerun" in advice[0]
     assert benchmark_advice(config, logs=str(tmp_path / "no-run")) == []  # no benchmarks: nothing to say
+
+
+# ----------------------------------------------------------------------------- the cost plan, before a run
+@pytest.mark.parametrize("text, field", [
+    ("s\tmax_rss\tresources\nabc\t1\t{}\n", "field s is 'abc', not a number"),
+    ("s\tmax_rss\tresources\n5\tnan\t{}\n", "field max_rss is 'nan', not a finite number"),
+    ("s\tmax_rss\tresources\n5\t1\t{'gpu': 'a100'}\n", "gpu is 'a100', not a whole number"),
+    ("s\tmax_rss\tresources\n5\t1\t5\n", "field resources is not a dict"),
+    ("s\tmax_rss\tresources\n5\n", "field max_rss is missing"),
+])
+def test_report_cost_on_a_non_number_is_one_line(tmp_path, capsys, text, field):
+    bench = tmp_path / "benchmarks" / "train_grpo"
+    bench.mkdir(parents=True)
+    (bench / "train_grpo.tsv").write_text(text)
+    rc = main(["report", "cost", "--benchmarks", str(tmp_path / "benchmarks"), "--table", str(tmp_path / "t.tsv"),
+               "--plot", str(tmp_path / "p.png")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and field in err[0] and "train_grpo.tsv" in err[0], err
+
+
+def _plan(*files: str):
+    from llmrnn.check import load_config
+
+    config, problems = load_config([Path(f) for f in files])
+    assert not problems, problems
+    return config
+
+
+def test_the_reproduction_cost_plan_before_submitting(monkeypatch, capsys):
+    """Training 3 GPUs x 48 h (2 trainer + 1 judge), 64 eval shards x 4 h, 8 trajectory shards x 4 h."""
+    monkeypatch.chdir(REPO)
+    rc = main(["report", "cost-plan", "--configfile", "config/reproduce.yaml", "--benchmarks", "nowhere"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:-1]}
+    assert rows["eval_shard"][1:4] == ["64", "1", "4.00"] and rows["trajectory_shard"][1:4] == ["8", "1", "4.00"]
+    assert rows["train_grpo"][1:3] == ["1", "2"] and rows["judge_server"][1:3] == ["1", "1"]
+    assert "up to 432.0 GPU-hours" in out.splitlines()[-1]
+    assert "wall up to 58 h" in out.splitlines()[-1]  # 4 h shards + 48 h training + 2 h merge + 4 h eval
+
+
+def test_an_earlier_runs_benchmark_replaces_the_cap(tmp_path, monkeypatch):
+    from llmrnn.cost_plan import plan_stages
+
+    monkeypatch.chdir(REPO)
+    bench = tmp_path / "train_grpo"
+    bench.mkdir()
+    (bench / "train_grpo.tsv").write_text("s\tmax_rss\tresources\n7200\t1000\t{'gpu': 2}\n")
+    stages = {s["stage"]: s for s in plan_stages(_plan("config/smoke.yaml"), tmp_path)}
+    assert stages["train_grpo"]["source"] == "measured" and stages["train_grpo"]["gpu_hours"] == pytest.approx(4.0)
+    assert stages["judge_server"]["hours_per_job"] == pytest.approx(2.0)  # it lives as long as training
+    assert stages["eval_shard"]["source"] == "cap"
+
+
+def test_the_plan_counts_the_jobs_the_dry_run_plans(tmp_path):
+    """The cost plan's job counts are the workflow's own (a dry run of the demo, and of the demo with more shards
+    and a baseline)."""
+    from llmrnn.cost_plan import plan_stages
+
+    over = tmp_path / "over.yaml"
+    over.write_text("eval: {shards: 3, baselines: [zero_shot]}\ntrajectories: {shards: 1}\n")
+    for files in (["config/config.yaml"], ["config/config.yaml", str(over)]):
+        proc = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "-n", "--quiet", "rules", "all",
+                               "--configfile", *files], cwd=REPO, capture_output=True, text=True, timeout=600,
+                              check=False, env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        planned = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", proc.stdout, re.MULTILINE)}
+        cwd = os.getcwd()
+        try:
+            os.chdir(REPO)
+            stages = plan_stages(_plan(*files))
+        finally:
+            os.chdir(cwd)
+        for s in stages:
+            assert planned.get(s["stage"]) == s["jobs"], (files, s["stage"], planned)
+
+
+def test_check_prints_the_cost_plan(monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    report = check.run_checks([Path("config/smoke.yaml")])
+    assert any(a.startswith("cost plan: up to 5.2 GPU-hours") for a in report["advice"]), report["advice"]

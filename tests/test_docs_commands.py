@@ -192,7 +192,14 @@ def programs_safe(line: str) -> list[str]:
 # ----------------------------------------------------------------------------- the commands, exercised
 SHIMS = r"""
 set -o pipefail
-snakemake() { command snakemake --cores 1 -n "$@"; }
+snakemake() {  # as a user's shell runs it: a command that executes jobs must name its cores (or a profile)
+  case " $* " in
+    *" --profile "*|*" --cores "*|*" -c "*|*" --jobs "*|*" -j "*|*" -n "*|*" --dry-run "*|*" --rulegraph "*|\
+    *" --dag "*|*" --summary "*|*" --list-changes "*|*" --lint "*|*" --report "*) ;;
+    *) echo "snakemake $*: cores have to be specified (no --profile or --cores)" >&2; return 1 ;;
+  esac
+  command snakemake --cores 1 -n "$@"
+}
 make() { command make -n "$@"; }
 llmrnn() { python -c 'import sys; from llmrnn import cli; cli.build_parser().parse_args(sys.argv[1:])' "$@"; }
 command -v dot >/dev/null || dot() { cat >/dev/null; }
@@ -296,6 +303,23 @@ def _benchmark(name: str):
 
 def _results() -> list[str]:
     return [line.strip() for line in (REPO / "docs" / "results.md").read_text().splitlines()]
+
+
+NO_JOBS = {"-n", "--dry-run", "--rulegraph", "--dag", "--summary", "--list-changes", "--lint", "--report"}
+NAMES_CORES = {"--profile", "--cores", "-c", "--jobs", "-j"}
+
+
+def test_every_documented_snakemake_command_names_its_cores():
+    """A bare `snakemake all` stops with "cores have to be specified": each documented command that runs jobs
+    names a profile or its cores (the docs' shim above refuses it too, in the slow tier)."""
+    bare = []
+    for cmds in documented().values():
+        for c in cmds:
+            if "snakemake" in programs(c.text):
+                words = {w.split("=")[0] for w in shlex.split(strip_comment(c.text))}
+                if not words & (NO_JOBS | NAMES_CORES):
+                    bare.append(f"{c.where}: {c.text}")
+    assert not bare, bare
 
 
 def test_the_docs_cover_every_page():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -184,3 +185,41 @@ def test_agreement_plot_from_the_check_and_from_preflight(tmp_path):
     with pytest.raises(InputError, match="no judge agreement in it \\(reward.mode outcome asks no judge\\)"):
         run_report_cli(["agreement", "--agreement", str(tmp_path / "skipped.json"), "--plot", str(tmp_path / "c.png")])
     assert not (tmp_path / "c.png").exists()
+
+
+def test_make_demo_ends_with_the_report_path_and_the_headline(tmp_path, capsys):
+    """`make demo`'s last command: two lines, the report's path and the held-out result with its CI and n."""
+    _, comparison = _metrics_and_comparison(tmp_path)
+    write_json(tmp_path / "comparison.json", comparison)
+    run_report_cli(["headline", "--comparison", str(tmp_path / "comparison.json"),
+                    "--report", str(tmp_path / "report.html")])
+    lines = capsys.readouterr().out.splitlines()
+    mr = comparison["comparisons"]["trained"]["memory_recall"]
+    assert lines[0] == f"report: {tmp_path / 'report.html'}"
+    assert lines[1].startswith(f"held-out memory recall: base {mr['a']:.3f} -> trained {mr['b']:.3f}")
+    assert f"on {mr['n_pairs']} held-out patients and 1 training seed" in lines[1] and "95% CI" in lines[1]
+    assert len(lines) == 2
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    demo = makefile.split("\ndemo:", 1)[1].split("\n\n", 1)[0].strip().splitlines()
+    assert "llmrnn report headline --comparison results/demo/eval/comparison.json --report report.html" in demo[-1]
+
+
+@pytest.mark.parametrize("files, says", [
+    (["config/config.yaml"], "reward: the outcome reward"),
+    (["config/config.yaml", "config/own_reward/my_reward.yaml"], "``compute_score`` in\n``config/own_reward/my_reward.py``"),
+])
+def test_the_report_opens_with_what_was_trained(files, says, monkeypatch):
+    """workflow/report/workflow.rst (Snakemake renders it with Jinja over the config): model, steps, seed,
+    reward (the own-reward file by name), what the headline rests on, and what to do next."""
+    import jinja2
+
+    from llmrnn.check import load_config
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)
+    config, _ = load_config([Path(f) for f in files])
+    snakemake = type("S", (), {"config": config})
+    text = jinja2.Template((repo / "workflow" / "report" / "workflow.rst").read_text()).render(snakemake=snakemake)
+    assert says in text and "judge reward" not in text
+    assert "smollm2-135m-instruct" in text and f"{config['train']['total_steps']} GRPO steps" in text
+    assert "training seed 42 (one seed)" in text and "eval.max_patients: 20" in text and "**Next**" in text

@@ -61,3 +61,36 @@ def test_without_retries_the_memory_kill_fails_the_run(tmp_path):
     assert proc.returncode != 0
     assert (tmp_path / "attempts.log").read_text().split() == ["attempt", "256"]
     assert not (tmp_path / "done.txt").exists()
+
+
+# a job whose environment lacks verl (this venv: the GPU stack is `make gpu-env`'s): the real check the
+# training job runs (gpu_stack.require_verl) and the CLI's error path (cli.report_error), under the
+# workflow's LLMRNN_NOT_RETRIABLE_DIR (rules/common.smk sets it the same way)
+MISSING_PACKAGE = """
+import os
+os.environ["LLMRNN_NOT_RETRIABLE_DIR"] = os.path.abspath("not_retriable")
+from llmrnn.plan.common import grows
+
+rule gpu_job:
+    output: "done.txt"
+    resources:
+        mem_mb=grows(256),
+    shell:
+        "echo attempt >> attempts.log; "
+        "{python} -c 'import sys; from llmrnn import cli, gpu_stack\\n"
+        "try: gpu_stack.require_verl()\\n"
+        "except Exception as exc: sys.exit(cli.report_error(\\"train run\\", exc))'"
+"""
+
+
+def test_a_missing_package_is_not_retried(tmp_path):
+    pytest.importorskip("snakemake")
+    if __import__("llmrnn.gpu_stack", fromlist=["installed"]).installed("verl"):
+        pytest.skip("verl is installed in this environment")
+    (tmp_path / "Snakefile").write_text(MISSING_PACKAGE.format(python=sys.executable))
+    proc = _snakemake(tmp_path, "--retries", "2")
+    assert proc.returncode != 0
+    assert (tmp_path / "attempts.log").read_text().split() == ["attempt"]  # one attempt, not three
+    assert "exit status 78" in proc.stderr
+    assert "not retried (a retry cannot change it): llmrnn train run: train.engine verl: verl is not installed" \
+        in proc.stderr and "make gpu-env" in proc.stderr

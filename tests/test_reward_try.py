@@ -63,7 +63,8 @@ def run_folder(tmp_path, monkeypatch) -> Path:
     write_run_config(run / "config.yaml", resolve(layers)[0], layers)
     (tmp_path / "config").mkdir()  # the workflow folder a user runs in: --parquet alone reads its config.yaml
     (tmp_path / "config" / "config.yaml").write_text((REPO / "config" / "config.yaml").read_text())
-    (tmp_path / "my_reward.py").write_text(my_reward_text())
+    (tmp_path / "config" / "own_reward").mkdir()  # where the repository ships it (docs/rewards.md)
+    (tmp_path / "config" / "own_reward" / "my_reward.py").write_text(my_reward_text())
     monkeypatch.chdir(tmp_path)
     return run
 

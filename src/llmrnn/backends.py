@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from llmrnn import prefix_engine
-from llmrnn.errors import InputError, LlmrnnError
+from llmrnn.errors import InputError, LlmrnnError, NotRetriable
 from llmrnn.gpus import cpu_dtype
 from llmrnn.prompts import chat_tokens
 from llmrnn.retry import RequestRejected, RetriesExhausted, RetryPolicy
@@ -256,9 +256,9 @@ class VLLMBackend:
         try:
             from vllm import LLM
         except ImportError as exc:
-            raise InputError(
-                f"roles: backend vllm needs the vllm package ({exc}); install the gpu extra / envs/vllm.yaml, "
-                "or use backend: transformers on CPU"
+            raise NotRetriable(
+                f"roles: backend vllm needs the vllm package ({exc}): build the GPU stack with `make gpu-env` "
+                "(or --sdm conda/apptainer), or use backend: transformers on CPU"
             ) from None
         kwargs: dict[str, Any] = {
             "model": str(model_path),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import math
 import re
 from dataclasses import dataclass
 from html import escape
@@ -35,26 +36,40 @@ class JobCost:
         return self.wall_s * self.gpus / 3600
 
 
-def _gpus(resources: dict) -> int:
+def _gpus(resources: dict, path: Path) -> int:
+    def count(value, what: str) -> int:
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise InputError(f"{path}: field resources: {what} is {value!r}, not a whole number") from None
+
     if resources.get("gpu") not in (None, ""):
-        return int(resources["gpu"])
+        return count(resources["gpu"], "gpu")
     match = re.search(r"gpu(?::[\w.-]+)?:(\d+)", str(resources.get("gres") or ""))
-    return int(match.group(1)) * int(resources.get("nodes") or 1) if match else 0
+    return int(match.group(1)) * count(resources.get("nodes") or 1, "nodes") if match else 0
 
 
-def _number(value: str, path: Path, field: str) -> float | None:
+def _number(value: str | None, path: Path, field: str) -> float | None:
+    if value is None:  # a row shorter than the header
+        raise InputError(f"{path}: field {field} is missing from the last row")
     if value in ("", "NA", "-"):
         return None
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         raise InputError(f"{path}: field {field} is {value!r}, not a number") from None
+    if not math.isfinite(number) or number < 0:
+        raise InputError(f"{path}: field {field} is {value!r}, not a finite number >= 0")
+    return number
 
 
 def read_job(path: Path, root: Path) -> JobCost:
     """One benchmark file (its last row: the last attempt or repeat)."""
-    with open(path, newline="", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh, delimiter="\t"))
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(fh, delimiter="\t"))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise InputError(f"{path}: not a Snakemake benchmark file ({exc})") from None
     if not rows or "s" not in rows[-1]:
         raise InputError(f"{path}: not a Snakemake benchmark file (no row with a field s)")
     row = rows[-1]
@@ -65,11 +80,13 @@ def read_job(path: Path, root: Path) -> JobCost:
     if row.get("resources"):
         try:
             resources = ast.literal_eval(row["resources"])
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            resources = None
+        if not isinstance(resources, dict):
             raise InputError(f"{path}: field resources is not a dict: {row['resources'][:80]!r}") from None
     rel = path.relative_to(root).with_suffix("")
     return JobCost(stage=rel.parts[0], job=str(rel), wall_s=wall,
-                   max_rss_mb=_number(row.get("max_rss", ""), path, "max_rss"), gpus=_gpus(resources),
+                   max_rss_mb=_number(row.get("max_rss", ""), path, "max_rss"), gpus=_gpus(resources, path),
                    path=str(path))
 
 

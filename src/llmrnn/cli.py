@@ -15,7 +15,7 @@ import os
 import stat
 import sys
 
-from llmrnn.errors import InputError, LlmrnnError
+from llmrnn.errors import NOT_RETRIABLE_DIR, InputError, LlmrnnError, NotRetriable
 
 # `llmrnn <stage>` is served by the module llmrnn.<stage> (MODULE_OF names the exceptions), which exposes
 # `register(subparsers)`; its subcommands set `func` (args -> int | None). A command imports only its own
@@ -50,12 +50,43 @@ def json_arg(text: str) -> dict:
 
 
 def build_parser(stages: tuple[str, ...] = STAGES) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llmrnn", description=__doc__.splitlines()[0])
+    from llmrnn import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="llmrnn", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train, merge, evaluate and publish an LLM-as-RNN memory head with GRPO. Commands you run: "
+                    f"{', '.join(USER_COMMANDS)}; the workflow's stages (its rules run them, `snakemake` runs the "
+                    "rules): the others; [internal]: called by other commands.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"llmrnn {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for stage in stages:
         importlib.import_module(stage_module(stage)).register(sub)
+    _group_help(sub)
     return parser
+
+
+# what a person runs (the rest is the workflow's: its rules call them), and what other commands call
+USER_COMMANDS = ("check", "config", "reward", "report", "chat")
+INTERNAL = {("gpus",), ("judge", "serve"), ("judge", "wait"), ("train", "ray-cluster"), ("train", "verl-cmd")}
+
+
+def _group_help(sub: argparse._SubParsersAction, path: tuple[str, ...] = ()) -> None:
+    """--help lists the commands a person runs first, the workflow's stages next, internal ones marked last."""
+    def rank(action) -> int:
+        name = (*path, action.dest)
+        if name in INTERNAL:
+            return len(USER_COMMANDS) + 1
+        return USER_COMMANDS.index(action.dest) if not path and action.dest in USER_COMMANDS else len(USER_COMMANDS)
+
+    for action in sub._choices_actions:
+        if (*path, action.dest) in INTERNAL and not str(action.help or "").startswith("[internal]"):
+            action.help = f"[internal] {action.help or ''}".strip()
+    sub._choices_actions.sort(key=rank)
+    for name, child in sub.choices.items():
+        for act in child._actions:
+            if isinstance(act, argparse._SubParsersAction):
+                _group_help(act, (*path, name))
 
 
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
@@ -109,8 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = args.func(args)
         sys.stdout.flush()  # here, not at exit: a full disk under `> file` is this command's one line
     except LlmrnnError as exc:
-        print(f"llmrnn {args.command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return report_error(args.command, exc)
     except KeyboardInterrupt:
         print(f"llmrnn {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -122,6 +152,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llmrnn {args.command}: error: cannot write {exc.filename or 'the output'}: {what}", file=sys.stderr)
         return 1
     return int(rc or 0)
+
+
+def report_error(command: str, exc: LlmrnnError) -> int:
+    """A failure the user can act on: its one line, and its exit status (a NotRetriable one's line is left
+    for the workflow's retry logic too)."""
+    print(f"llmrnn {command}: error: {exc}", file=sys.stderr)
+    if isinstance(exc, NotRetriable):
+        _record_not_retriable(f"llmrnn {command}: {exc}")
+    return exc.exit_code
+
+
+def _record_not_retriable(line: str) -> None:
+    """Leave a NotRetriable failure's line where the workflow's retry logic looks (llmrnn.plan.common.grows)."""
+    folder = os.environ.get(NOT_RETRIABLE_DIR)
+    if not folder:
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"{os.getpid()}.txt"), "w") as fh:
+            fh.write(line + "\n")
+    except OSError:
+        pass  # the job's own line and exit status still say it
 
 
 def _silence_stdout() -> None:

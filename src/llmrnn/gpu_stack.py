@@ -21,13 +21,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from importlib import metadata
 from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from llmrnn.errors import CheckFailed
+from llmrnn.errors import CheckFailed, NotRetriable
 from llmrnn.gpus import is_loopback
 from llmrnn.reward import asks_judge
 from llmrnn.rubric import load_rubric
@@ -139,7 +140,8 @@ def require_verl() -> None:
     """In the training job, before verl starts: refuse a release whose checkpoints we cannot read."""
     version = installed("verl")
     if version is None:
-        raise CheckFailed(f"train.engine verl: verl is not installed in this environment: {INSTALL_HINT}")
+        raise NotRetriable(f"train.engine verl: verl is not installed in this environment ({sys.prefix}): "
+                           f"{INSTALL_HINT}")
     problem = verl_problem(version) or vllm_problem(installed("vllm"), with_verl=True)
     if problem:
         raise CheckFailed(problem)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -364,6 +365,36 @@ def _cmd_cost(args: argparse.Namespace) -> None:
              len(stages), len(jobs))
 
 
+def headline(comparison: dict, seeds: int = 1) -> str:
+    """The run's result in one line: held-out memory recall, trained vs base, with its CI, test and n."""
+    c = (comparison.get("comparisons", {}).get("trained") or {}).get("memory_recall")
+    if not c:
+        raise InputError("comparison: no trained-vs-base memory_recall comparison (did the evaluation run?)")
+    lo, hi = c["ci95"]
+    return (f"held-out memory recall: base {c['a']:.3f} -> trained {c['b']:.3f}, {c['diff']:+.3f} "
+            f"[95% CI {lo:+.3f}, {hi:+.3f}], Wilcoxon p {c['wilcoxon']['p_value']:.4f}, "
+            f"on {c['n_pairs']} held-out patients and {seeds} training seed{'s' if seeds != 1 else ''}")
+
+
+def _cmd_headline(args: argparse.Namespace) -> None:
+    print(f"report: {Path(args.report).resolve()}")
+    print(headline(io.read_json(args.comparison)))
+
+
+def _cmd_cost_plan(args: argparse.Namespace) -> None:
+    from llmrnn.check import load_config
+    from llmrnn.cost_plan import plan_stages, plan_table, summary_line
+    from llmrnn.runconfig import configfiles_for
+
+    config, problems = load_config(configfiles_for(args.configfile))
+    if problems:
+        raise InputError(f"{problems[0]} (llmrnn check lists them all)")
+    benchmarks = args.benchmarks or f"logs/{config['run_name']}/benchmarks"
+    stages = plan_stages(config, benchmarks)
+    sys.stdout.write(plan_table(stages))
+    print(summary_line(stages))
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     rep = sub.add_parser("report", help="plots and tables for the Snakemake report")
     rsub = rep.add_subparsers(dest="report_command", required=True)
@@ -394,3 +425,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--plot", required=True, help="output: cost per stage (png)")
     c.add_argument("--html", default=None, help="output: cost per stage as an HTML table (shown in the report)")
     c.set_defaults(func=_cmd_cost)
+    h = rsub.add_parser("headline", help="the report's path and the run's headline result, one line each")
+    h.add_argument("--comparison", required=True, help="RUN/eval/comparison.json")
+    h.add_argument("--report", default="report.html", help="the report snakemake --report wrote")
+    h.set_defaults(func=_cmd_headline)
+    cp = rsub.add_parser("cost-plan", help="before submitting: GPU-hours and wall time per stage and in all, from "
+                                           "the rules' resources and earlier runs' benchmark files")
+    cp.add_argument("--configfile", nargs="*", default=[],
+                    help="config files layered in order, as snakemake --configfile; none: config/config.yaml")
+    cp.add_argument("--benchmarks", default=None,
+                    help="an earlier run's benchmark files (default: logs/<run_name>/benchmarks, where they exist)")
+    cp.set_defaults(func=_cmd_cost_plan)

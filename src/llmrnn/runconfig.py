@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from llmrnn.errors import InputError
+from llmrnn.errors import InputError, doc_summary
 from llmrnn.io import deep_merge, read_yaml, write_text
 from llmrnn.settings import render, section_defaults
 from llmrnn.settings.masking import mask
@@ -324,7 +324,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("config", help="the effective config of a run or of config files, with each value's source",
-                       description=__doc__.splitlines()[0])
+                       description=doc_summary(__doc__))
     verbs = p.add_subparsers(dest="verb", required=True)
     s = verbs.add_parser("show", help="every value of the effective config and the file it came from")
     s.add_argument("--configfile", nargs="+", default=[],

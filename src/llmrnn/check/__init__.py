@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ from llmrnn.check.slurm import (
     check_profile_gpus,
 )
 from llmrnn.check.training import check_attention, check_training, check_verl_command, compose_verl
+from llmrnn.errors import doc_summary
 
 __all__ = ["CHECKS", "PROFILE_GPU_DEFAULTS", "RECIPE_ONLY", "SMOKE_COMMAND", "VALUE_ERRORS", "chat_template_problem",
            "check_attention", "check_cohort", "check_custom_reward", "check_engine_budget", "check_env_names", "check_external_endpoints",
@@ -93,7 +95,19 @@ def run_checks(config_paths: list[Path]) -> dict:
               if why.startswith(skips.UNUSED)]
     return {"ok": not problems, "problems": problems, "checks": ran, "skipped": skipped, "not_needed": unused,
             "configfiles": [str(p) for p in config_paths], "run_name": config.get("run_name"),
-            "advice": smoke_advice(config) + _benchmark_advice(config)}
+            "advice": smoke_advice(config) + _benchmark_advice(config) + _cost_plan_advice(config, schema_ok)}
+
+
+def _cost_plan_advice(config: dict, schema_ok: bool) -> list[str]:
+    """The cost plan's total (llmrnn.cost_plan), before anything is queued; its table: `llmrnn report cost-plan`."""
+    if not schema_ok or config.get("recipe") == "qa":
+        return []
+    from llmrnn.cost_plan import plan_stages, summary_line
+
+    try:
+        return [summary_line(plan_stages(config, f"logs/{config.get('run_name')}/benchmarks"))]
+    except Exception as exc:  # noqa: BLE001 - advice only: a bad benchmark file must not hide the problems
+        return [f"cost plan: not computed: {exc}"]
 
 
 def _benchmark_advice(config: dict) -> list[str]:
@@ -114,7 +128,7 @@ def smoke_advice(config: dict) -> list[str]:
     steps = train.get("total_steps")
     if not isinstance(train, dict) or filled("train", train)["engine"] != "verl" or (isinstance(steps, int) and steps <= 4):
         return []
-    return [(f"first run the cluster smoke test on this cluster ({SMOKE_COMMAND}, about 15 min on one GPU node; "
+    return [(f"first run the cluster smoke test on this cluster ({SMOKE_COMMAND}: a few verl steps on one GPU node; "
              "docs/cluster.md 'Smoke test first'): it fails in minutes where this run would fail after hours")]
 
 
@@ -122,6 +136,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     # like the Snakefile: the given files alone, config/config.yaml only when none is given
     from llmrnn.runconfig import configfiles_for
 
+    if args.sdm is not None:  # the gpu stack check reads it where the profile does
+        os.environ["LLMRNN_SDM"] = args.sdm
     report = run_checks(configfiles_for(args.configfile))
     if args.out:
         from llmrnn.io import write_json
@@ -145,9 +161,12 @@ def register(sub) -> None:
     p = sub.add_parser(
         "check",
         help="pre-submit check: list every problem of the config and its inputs before queueing",
-        description=__doc__.splitlines()[0],
+        description=doc_summary(__doc__),
     )
     p.add_argument("--configfile", nargs="*", default=[],
                    help="config files layered in order, as snakemake --configfile; none: config/config.yaml")
     p.add_argument("--out", help="also write the report as JSON")
+    p.add_argument("--sdm", default=None,
+                   help="the jobs' software-deployment method (snakemake --sdm: conda, apptainer; empty: the "
+                        "environment this runs in); default: $LLMRNN_SDM, as profiles/slurm reads it")
     p.set_defaults(func=_cmd_check)

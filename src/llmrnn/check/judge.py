@@ -8,14 +8,14 @@ from llmrnn.check.models import hub_problem
 from llmrnn.check.skips import unused
 from llmrnn.errors import LlmrnnError
 from llmrnn.judge.launcher import judge_model_dir
+from llmrnn.plan.judge import agreement_planned
 from llmrnn.reward import asks_judge
 from llmrnn.rubric import load_rubric
-from llmrnn.settings.evaluation import Preflight
 
 
 def _judge_in_dag(config: dict) -> bool:
     """Whether a job starts the judge (as llmrnn.plan plans it): the reward asks it, the memory head's
-    judge-agreement check beside training (preflight.agreement_pairs > 0), or the QA answers are
+    judge-agreement check beside training (llmrnn.plan.judge.agreement_planned), or the QA answers are
     judge-graded (qa.eval.judge: true, or auto where the QA reward asks the judge)."""
     try:
         if asks_judge(config):
@@ -24,8 +24,7 @@ def _judge_in_dag(config: dict) -> bool:
         return True
     if config.get("recipe") == "qa":
         return ((config.get("qa") or {}).get("eval") or {}).get("judge") is True
-    pairs = (config.get("preflight") or {}).get("agreement_pairs", Preflight().agreement_pairs)
-    return bool(pairs)
+    return agreement_planned(config)
 
 
 def _judge_gpus_needed(config: dict) -> int | None:

@@ -179,7 +179,7 @@ def _prepare(rubric_path: str, pub: _Publisher, host: str) -> tuple[Rubric, str,
     s = rubric.serving
     if s.engine == "vllm" and shutil.which("vllm") is None:
         pub.fail(f"{rubric.path}: serving.engine vllm: its command is not on PATH "
-                 "(GPU stack: install the `gpu` extra / envs/vllm.yaml)")
+                 "(the GPU stack: `make gpu-env`, or --sdm conda/apptainer)")
     if s.port and port_in_use(host, s.port):
         pub.fail(f"{rubric.path}: serving.port {s.port}: port {s.port} on {host} is already in use by another "
                  "process; free it or set serving.port: 0 (a free port per run)")

@@ -7,8 +7,10 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from llmrnn.errors import NOT_RETRIABLE_DIR, NotRetriable
 from llmrnn.models import MODELS_ROOT, READY
 
 NOT_A_KNOB = ("resources", "threads")
@@ -72,6 +74,58 @@ def input_flag(flag: str, name: str) -> Callable:
 RETRY_GROWTH = 1.5
 
 
+def schema_error_line(config: Mapping, schema_path: str | os.PathLike) -> str:
+    """A config the schema refuses, as one line (Snakemake's `validate` message prints the whole schema, ~1,000
+    lines): the first problem's key and jsonschema's message, and how many more `llmrnn check` lists."""
+    import jsonschema
+
+    schema = json.loads(Path(schema_path).read_text())
+    errors = sorted(jsonschema.validators.validator_for(schema)(schema).iter_errors(config),
+                    key=lambda e: [str(p) for p in e.absolute_path])
+    if not errors:
+        return "config: refused by the schema (llmrnn check --configfile ... says why)"
+    first = errors[0]
+    where = ".".join(str(p) for p in first.absolute_path) or "(top level)"
+    more = f"; {len(errors) - 1} more" if len(errors) > 1 else ""
+    return f"config: {where}: {first.message}{more} (llmrnn check --configfile ... lists every problem)"
+
+
+def config_changes(run_config: str | os.PathLike, layers: list, limit: int = 8) -> list[str]:
+    """What Snakemake's rerun reason "Params have changed" means, in config keys: the values that differ
+    between the run's recorded RUN/config.yaml and this invocation's layers (llmrnn.runconfig.diff_lines, as
+    `llmrnn config diff` prints them), at most `limit` lines and a pointer to the command that prints all."""
+    from llmrnn.runconfig import diff_lines, load_any, resolve
+
+    if not Path(run_config).is_file():
+        return []
+    try:
+        old = load_any(run_config)
+        config, sources = resolve(layers)
+    except Exception:  # noqa: BLE001 - a hint only: the run's own checks report a bad config
+        return []
+    lines = diff_lines(old, {"config": config, "sources": sources})
+    if not lines:
+        return []
+    files = [str(name) for name, _ in layers]
+    every = (f"llmrnn config diff {run_config} {files[0]}" if len(files) == 1
+             else f"llmrnn config show --configfile {' '.join(files)}")
+    head = (f"config keys changed since {run_config} was written ({len(lines)}; Snakemake's \"Params have changed\" "
+            f"reasons are these; all: {every}):")
+    return [head, *(f"  {line}" for line in lines[:limit]), *(["  ..."] if len(lines) > limit else [])]
+
+
+def refuse_not_retriable(folder: str | None = None) -> None:
+    """Before a job's next attempt: stop when an earlier attempt failed for a reason no retry changes
+    (llmrnn.errors.NotRetriable, exit 78: its line is in $LLMRNN_NOT_RETRIABLE_DIR). Snakemake then stops
+    the run with that line instead of queueing the job again (profiles' `retries:`)."""
+    folder = folder or os.environ.get(NOT_RETRIABLE_DIR)
+    if not folder or not os.path.isdir(folder):
+        return
+    lines = sorted({p.read_text().strip() for p in Path(folder).glob("*.txt")})
+    if lines:
+        raise NotRetriable(f"not retried (a retry cannot change it): {lines[0]}")
+
+
 def grows(base: float, factor: float = RETRY_GROWTH) -> Callable:
     """A resources function: `base` on the first attempt, `base x factor^(attempt-1)` on a retry
     (Snakemake passes `attempt`, 1 on the first run). For mem_mb (an OOM kill) and the runtime of jobs
@@ -80,6 +134,8 @@ def grows(base: float, factor: float = RETRY_GROWTH) -> Callable:
     base = float(base)
 
     def value(wildcards, attempt):
+        if int(attempt) > 1:
+            refuse_not_retriable()
         return round(base * factor ** (max(int(attempt), 1) - 1))
 
     value.__name__ = f"grows_{int(base)}"

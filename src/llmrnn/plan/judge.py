@@ -11,6 +11,18 @@ from llmrnn.plan.common import PlanBase, stage_resources, to_json
 from llmrnn.plan.models import ModelsPlan
 from llmrnn.reward import asks_judge
 from llmrnn.rubric import load_rubric
+from llmrnn.settings.evaluation import Preflight
+
+
+def agreement_planned(config: Mapping) -> bool:
+    """Whether the judge-agreement check beside training is planned (memory head, a reward that asks no
+    judge): unless preflight.agreement_pairs is 0 or your own reward (reward.custom.path) replaces the judge's
+    scorer (docs/rewards.md: no judge server is planned for it). The one place the rules and `llmrnn check`
+    ask it."""
+    if ((config.get("reward") or {}).get("custom") or {}).get("path"):
+        return False
+    pairs = (config.get("preflight") or {}).get("agreement_pairs")
+    return bool(Preflight().agreement_pairs if pairs is None else pairs)
 
 
 class JudgePlan(PlanBase):
@@ -76,8 +88,9 @@ class JudgePlan(PlanBase):
         return to_json({"judge": self.config["judge"], "reward": self.config["reward"], "preflight": pre})
 
     def agreement_on(self) -> bool:
-        """The judge-agreement figure is made unless preflight.agreement_pairs is 0."""
-        return bool(self.config["preflight"]["agreement_pairs"])
+        """The judge-agreement figure is made unless preflight.agreement_pairs is 0 or reward.custom replaces
+        the judge (agreement_planned)."""
+        return agreement_planned(self.config)
 
     def preflight_cfg(self) -> str:
         """Preflight depends on the judge (when the reward asks it), reward and preflight sections (+ train:

@@ -153,7 +153,9 @@ def run_agreement(train_parquet: str, endpoint_file: str, out: str, audit_dir: s
     pcfg = preflight_settings(cfg.get("preflight"))
     reward = reward_settings(cfg.get("reward") or {})
     check_mode = mode or (reward.mode if reward.judged else "scalar")
-    rcfg = reward.model_copy(update={"mode": check_mode})
+    # the check measures the judge of judge.rubric, not the training reward: your own reward file
+    # (reward.custom) is left out of its scorer, so a custom-reward run can still ask it by hand
+    rcfg = reward.model_copy(update={"mode": check_mode, "custom": reward.custom.model_copy(update={"path": None})})
     if not rcfg.judged:
         raise InputError(f"preflight agreement --mode {check_mode}: the check needs a judged mode (scalar, pairwise)")
     rows = load_rows(train_parquet, max(2, pcfg.agreement_pairs), pcfg.seed + 1)

@@ -286,6 +286,15 @@ def _card_grpo_and_reward(parts: list[str], manifest: dict) -> None:
     if knobs.get("recipe") == "qa":
         _card_reward_qa(parts, knobs, judge)
         return
+    own = manifest.get("own_reward")
+    if own:
+        parts.append(_table([
+            ("reward", f"your own reward: {own['name']} in {own['path']} (no judge)"),
+            ("reward file sha256", own.get("sha256") or "(file not found at release time)"),
+        ], ("field", "value")) + "\n")
+        parts.append("Every rollout was scored by that function (reward.custom); the manifest holds its file's "
+                     "hash. No judge model was asked.\n")
+        return
     if outcome_reward(knobs):
         parts.append(_table([
             ("reward", "outcome (no judge): the share of the next visit's diagnoses the memory names"),

@@ -103,6 +103,17 @@ def outcome_reward(knobs: dict) -> bool:
     return knobs.get("recipe") != "qa" and not asks_judge(knobs)
 
 
+def own_reward(knobs: dict) -> dict | None:
+    """Your own reward (reward.custom), by file name, function and content hash (the training job's code
+    identity hashed the same file: Snakemake reruns training, then release, when it changes); None: none."""
+    custom = (knobs.get("reward") or {}).get("custom") or {}
+    if not custom.get("path"):
+        return None
+    path = Path(custom["path"])
+    return {"path": str(path), "name": custom.get("name") or "compute_score",
+            "sha256": io.sha256_file(path) if path.is_file() else None}
+
+
 def rubric_info(path: str | Path | None) -> dict:
     """Judge model and rubric identity from the rubric file (the single source of truth for the judge)."""
     if not path:
@@ -166,6 +177,7 @@ def build_manifest(*, run_name: str, knobs: dict, rel: dict, merge_check: dict, 
             "source_sha256": splits.get("source_sha256"),
         },
         "judge": rubric,
+        "own_reward": own_reward(knobs),
         "base_model": {
             "hub_id": rel.get("base_model"),
             "local_dir": merge_check.get("base"),

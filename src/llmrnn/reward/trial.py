@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from llmrnn.errors import InputError
+from llmrnn.errors import InputError, doc_summary
 from llmrnn.reward.config import missing_endpoint, reward_settings
 from llmrnn.reward.custom import custom_of, field_problem, open_custom
 from llmrnn.reward.entry import PUBLIC_KEYS, compute_score
@@ -186,7 +186,7 @@ def _positive(text: str) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("reward", help="try the reward on real trajectory rows",
-                       description=__doc__.splitlines()[0])
+                       description=doc_summary(__doc__))
     verbs = p.add_subparsers(dest="verb", required=True)
     t = verbs.add_parser("try", help="score the first rows of a trajectory parquet and print each row's score "
                                      "and diagnostics")
