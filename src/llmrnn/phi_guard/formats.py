@@ -147,7 +147,8 @@ def _scan_json_data(scan: Scan, rel: str, name: str, data: Any) -> None:
 
 
 def _leaves(value: Any, out: list[str], budget: int = 1 << 20) -> None:
-    """The strings and whole numbers of decoded JSON in document order (keys too), up to `budget` of them."""
+    """The strings of decoded JSON in document order (keys too), up to `budget` of them; numbers are left out
+    (each is compared by its value, and sizes and seeds side by side would read as a number of their own)."""
     stack = [value]
     while stack and len(out) < budget:
         v = stack.pop()
@@ -159,8 +160,6 @@ def _leaves(value: Any, out: list[str], budget: int = 1 << 20) -> None:
             stack.extend(reversed(v))
         elif isinstance(v, str):
             out.append(v)
-        elif isinstance(v, int) and not isinstance(v, bool):
-            out.append(str(v))
 
 
 def scan_joined(scan: Scan, rel: str, value: Any, path: str = "$") -> None:

@@ -36,19 +36,20 @@ B64_BLOB = re.compile(r"[A-Za-z0-9+/_-]{24,}={0,2}")
 ESCAPE_RUN = re.compile(r"(?i)(?:%[0-9a-f]{2}){4,}|(?:&#x?[0-9a-f]+;){4,}|(?:\\(?:u[0-9a-f]{4}|x[0-9a-f]{2})){4,}")
 
 
-def encoded_data(text: str) -> str | None:
-    """What encoded data `text` holds (None when it holds none): free text is refused with it, not decoded."""
-    if DATA_URI.search(text):
-        return "a data URI"
-    if ESCAPE_RUN.search(text):
-        return "a run of URL, HTML or backslash escapes"
+def encoded_data(text: str) -> tuple[str, int] | None:
+    """(what, char offset) of the first encoded data `text` holds (None when it holds none): free text is
+    refused with it, not decoded."""
+    if m := DATA_URI.search(text):
+        return "a data URI", m.start()
+    if m := ESCAPE_RUN.search(text):
+        return "a run of URL, HTML or backslash escapes", m.start()
     for m in B64_BLOB.finditer(text):
         run = m.group()
         if all(c in "0123456789abcdefABCDEF" for c in run.rstrip("=")):
             continue  # a hash (hex): decoded and scanned like text
         if any(len(seg) >= 16 and re.search(r"[a-z]", seg) and re.search(r"[A-Z]", seg) and re.search(r"\d", seg)
                for seg in re.split(r"[/_-]", run)):
-            return "base64 data"
+            return "base64 data", m.start()
     return None
 
 
@@ -106,7 +107,8 @@ class Scan:
         before = len(self.findings)
         views = [("", text), *self.read_as_shown(text), *decoded_views(text)]
         if self.free_text and (encoded := encoded_data(text)):
-            self.refuse(where, f"{encoded} in user-supplied free text; refused, not decoded")
+            self.refuse(where, f"{encoded[0]} in user-supplied free text at char {base + encoded[1]}; refused, "
+                               "not decoded")
         credential = CREDENTIAL.search(text) or URL_CREDENTIAL.search(text)
         if credential:
             self.refuse(where, f"a credential-like string at char {base + credential.start()}")
