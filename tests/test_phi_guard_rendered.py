@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmrnn import cohort, phi_guard
+from llmrnn import cohort
 from tests.test_phi_guard import guard, make_bundle, write_splits
 
 NOTE_HEADER = "Name: Johanna Quist  MRN: 44519023  DOB: 1956-03-14\n"

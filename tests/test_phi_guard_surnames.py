@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llmrnn import cohort, phi_guard
+from llmrnn import cohort
 from tests.test_phi_guard import guard, make_bundle, write_splits
 
 # three names from the notes: a rare surname, one that is an ordinary word, one that is a disease's eponym

@@ -267,11 +267,11 @@ def account(bundle: Path, entries: list[tuple[int, str]], total: int, base: Path
                 findings.append((rel, "a tokenizer file the base model's prepared copy does not have; refused"))
             elif ref.read_bytes() != path.read_bytes():
                 findings.append((rel, "not byte-identical to the base model's prepared copy; refused"))
-        elif kind == "weights index":
-            if why := check_weights_index(path, weights):
-                findings.append((rel, why))
-        elif kind in ("config", "generation config"):
-            if why := check_config(path, base, rel, saved_dtype):
+        else:
+            why = (check_weights_index(path, weights) if kind == "weights index"
+                   else check_config(path, base, rel, saved_dtype) if kind in ("config", "generation config")
+                   else None)  # weights: all files together, below
+            if why:
                 findings.append((rel, why))
     if base is not None and weights:
         findings += check_all_weights(bundle, weights, base, saved_dtype)
