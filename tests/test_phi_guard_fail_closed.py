@@ -311,3 +311,21 @@ def test_a_card_scans_in_linear_time(monkeypatch):
         guard_scan._letters(" ".join(f"word{i % 97}x" for i in range(words)))
         counts[words] = calls["n"]
     assert counts[8_000] <= 4.5 * counts[2_000], counts
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_real_merge_releases(tiny_model_dir, tmp_path, monkeypatch, dtype):
+    """The honest path end to end: a real PEFT merge (merge.run_merge, at the dtype of merge.dtype) of the base
+    model's prepared copy is accounted for file by file and released."""
+    import shutil
+
+    from llmrnn import merge
+    from tests.test_merge import LORA, _make_adapter
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    inputs = _with_note_header(make_inputs(tmp_path / "run", tiny_model_dir))
+    adapter = _make_adapter(inputs["base"], tmp_path / "adapter")
+    shutil.rmtree(inputs["merged"])
+    merge.run_merge(inputs["base"], adapter, inputs["merged"], inputs["merge_check"], {"merge": {"dtype": dtype}, **LORA})
+    receipt = _release(inputs, tmp_path / "run" / "release")
+    assert receipt["phi_guard"]["ok"] and "model.safetensors" in receipt["files"], receipt["phi_guard"]["findings"]

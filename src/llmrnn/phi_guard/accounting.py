@@ -220,6 +220,11 @@ def check_config(path: Path, base: Path, name: str, saved_dtype: str | None) -> 
     except (ValueError, UnicodeDecodeError, RecursionError):
         raw = {}
     rewritten = _rewritten_configs(base)[0 if name == CONFIG else 1]
+    if name == CONFIG and isinstance(raw, dict):
+        from llmrnn.rope import base_rope
+
+        # the merge writes the base's RoPE in transformers 4.x's spelling too (llmrnn.rope.keep_base_rope)
+        rewritten = {**base_rope(raw), **rewritten}
     if name == GENERATION and not raw and not rewritten:
         return "the base model has no generation config to compare with; refused"
     for key in sorted(got, key=str):
