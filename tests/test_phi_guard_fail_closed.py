@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from llmrnn import io, phi_guard, release
+from llmrnn import cohort, io, phi_guard, release
 from llmrnn.errors import CheckFailed
 from llmrnn.phi_guard import scan as guard_scan
 from llmrnn.phi_guard.secrets import load_cohort_secrets
@@ -329,3 +329,35 @@ def test_a_real_merge_releases(tiny_model_dir, tmp_path, monkeypatch, dtype):
     merge.run_merge(inputs["base"], adapter, inputs["merged"], inputs["merge_check"], {"merge": {"dtype": dtype}, **LORA})
     receipt = _release(inputs, tmp_path / "run" / "release")
     assert receipt["phi_guard"]["ok"] and "model.safetensors" in receipt["files"], receipt["phi_guard"]["findings"]
+
+
+def test_sharded_weights_and_their_index_are_accounted_for(tmp_path, tiny_model_dir, splits_with_header):
+    """A sharded save (transformers' own, max_shard_size) is the base's architecture over two files and an
+    index of exactly those tensors; an MRN as the index's total_size, or a tensor mapped to another file, is
+    refused."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    base, bundle = tmp_path / "base", tmp_path / "bundle"
+    shutil.copytree(tiny_model_dir, base)
+    AutoModelForCausalLM.from_pretrained(base).save_pretrained(bundle, max_shard_size="100KB")
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(base / f, bundle / f)
+    assert len(list(bundle.glob("model-*-of-*.safetensors"))) >= 2
+    assert phi_guard.scan_bundle(bundle, splits_with_header, base=base)["findings"] == []
+    index = json.loads((bundle / "model.safetensors.index.json").read_text())
+    (bundle / "model.safetensors.index.json").write_text(json.dumps(
+        {**index, "metadata": {**index["metadata"], "total_size": int(MRN)}}))
+    findings = phi_guard.scan_bundle(bundle, splits_with_header, base=base)["findings"]
+    assert findings == ["model.safetensors.index.json: its metadata totals are not the bundle's tensors'; refused"]
+
+
+@pytest.fixture
+def splits_with_header(tmp_path) -> list[Path]:
+    patients = cohort.synthesize_cohort(12, 3)
+    course = patients[0]["visits"][0]["clinical_sections"]
+    course["hospital_course"] = NOTE_HEADER + course["hospital_course"]
+    path = tmp_path / "train.json"
+    io.write_text(path, cohort.dump_cohort(patients))
+    return [path]

@@ -169,14 +169,27 @@ def check_weights_index(path: Path, bundle_weights: list[str]) -> str | None:
     if not isinstance(meta, dict) or set(meta) - {"total_size", "total_parameters"} or \
             not all(isinstance(v, int) and not isinstance(v, bool) for v in meta.values()):
         return "metadata other than total_size; refused"
-    held = {}
+    from llmrnn.phi_guard.formats import ST_DTYPES
+
+    held, size, params = {}, 0, 0
     for rel in bundle_weights:
         try:
-            held.update(dict.fromkeys((k for k in safetensors_header(path.parent / rel) if k != "__metadata__"), rel))
+            header = safetensors_header(path.parent / rel)
         except ValueError:
             return "names a weights file that is not valid; refused"
+        for name, info in header.items():
+            if name != "__metadata__":
+                held[name] = rel
+                n = 1
+                for d in info["shape"]:
+                    n *= d
+                params += n
+                size += n * ST_DTYPES[info["dtype"]]
     if data["weight_map"] != held:
         return "its weight_map is not the bundle's tensors and files; refused"
+    # the totals are the tensors' own (a number nobody set is refused, an identifier as a size among them)
+    if meta.get("total_size", size) != size or meta.get("total_parameters", params) != params:
+        return "its metadata totals are not the bundle's tensors'; refused"
     return None
 
 

@@ -6,7 +6,8 @@ writes RUN/release/{README.md, MANIFEST.json, upload_receipt.json}.
 
 The bundle (merged model files + card + manifest, nothing else) is COPIED into a private (0700) temp folder
 beside the run's folders, each file read-only and hashed as it is copied; the manifest records those hashes,
-the PHI guard scans exactly that copy, and exactly those bytes are uploaded after every hash is checked
+the PHI guard accounts for exactly that copy (fail closed: each file against the base model's
+prepared copy or against the card and manifest written again; only user-supplied text is scanned), and exactly those bytes are uploaded after every hash is checked
 again (a file changed since the scan, in the copy or in merged/, stops the release). Links and other
 non-regular files are refused, never followed; so are file names that are not plain UTF-8. The release
 folder's files are opened before anything is uploaded (an unwritable folder stops the release first), and
