@@ -361,3 +361,18 @@ def splits_with_header(tmp_path) -> list[Path]:
     path = tmp_path / "train.json"
     io.write_text(path, cohort.dump_cohort(patients))
     return [path]
+
+
+def test_strings_hidden_in_the_bytes_of_a_base_shaped_tensor_are_found(inputs, tmp_path):
+    """Weights of the base's architecture are still searched: an MRN written into a tensor's bytes (its name,
+    shape and dtype the base's) stops the release, the tensor named, the MRN not repeated."""
+    path = inputs["merged"] / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    name = next(k for k in sorted(header) if k != "__metadata__")
+    start = 8 + n + header[name]["data_offsets"][0]
+    payload = f"MRN {MRN};".encode()
+    data[start:start + len(payload)] = payload
+    path.write_bytes(bytes(data))
+    _refused(inputs, tmp_path, rf"model.safetensors tensor '{name}'.*: cohort identifier")
