@@ -288,8 +288,10 @@ def test_header_words_of_the_notes_are_no_identifiers(inputs, tmp_path, monkeypa
     monkeypatch.delenv("HF_TOKEN", raising=False)
     secrets = load_cohort_secrets(inputs["split_files"], 5)
     assert not {"daughter", "denies", "unit", "zephyrinequoxleyunit"} & set(secrets.ids)
-    assert ("zephyrine", "quoxley", "unit") not in secrets.names and "unit" not in secrets.surnames
-    rel = {"tags": ["llmrnn", "daughter", "denies", "unit"], "commit_message": "Unit tests pass; Denies nothing"}
+    assert ("zephyrine", "quoxley", "unit") not in secrets.names
+    assert not {"unit", "denies", "daughter"} & set(secrets.surnames)
+    rel = {"tags": ["llmrnn", "daughter", "denies", "unit"],
+           "commit_message": "Unit tests pass; the patient denies nothing, Patient Denies nothing"}
     assert _release(inputs, tmp_path / "run" / "release", rel=rel)["phi_guard"]["ok"]
 
 

@@ -16,7 +16,6 @@ FILLERS = frozenset([0x115F, 0x1160, 0x3164, 0xFFA0, 0x2800, 0x034F, 0x17B4, 0x1
                      0x180F, *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)])
 # bidi controls: a right-to-left override shows the characters after it in reverse order
 RLO, BIDI_END = "\u202e", "\u202c\u2069\n"
-BIDI = re.compile(r"[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 # ----------------------------------------------------------------------------- normalisation

@@ -194,6 +194,8 @@ def add_text_identifiers(secrets: Secrets, text: str, where: str, min_id_digits:
     for m in NAME_HEADER.finditer(text):
         name = m.group(1).strip()
         words = [w for w in re.findall(r"[^\W\d_]+", name) if w.lower() not in NOT_A_NAME]
+        if len(words) == 1 and re.match(r"[ \t]+[a-z]", text[m.end():]):
+            continue  # a sentence after the header (`Patient - Denies chest pain`), not a name
         # one capitalised word after a header is not a name (`Contact: Daughter at bedside`, `Patient - Denies
         # chest pain`): as an identifier it matched ordinary words everywhere; it counts as a surname only,
         # found where it names a person (`Mrs. Quist`)
