@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from llmrnn import cohort, phi_guard
-from tests.test_phi_guard import make_bundle, write_splits
+from llmrnn import cohort
+from tests.test_phi_guard import guard, make_bundle, write_splits
 
 NOTE_HEADER = "Name: Johanna Quist  MRN: 44519023  DOB: 1956-03-14\n"
 
@@ -49,11 +49,11 @@ def _dressed(words: list[str], how: str) -> str:
 
 
 @pytest.mark.parametrize("how", ["br", "tags", "links", "emphasis", "table"])
-@pytest.mark.parametrize("name", ["README.md", "notes.txt", "card.yaml"])
+@pytest.mark.parametrize("name", ["README.md"])  # any other text file is refused by its name (fail closed)
 def test_clinical_text_dressed_in_markup_is_refused(bundle, cohort_splits, how, name):
     files, patients = cohort_splits
     (bundle / name).write_text(f"# card\n\nExample memory: {_dressed(_hpi_words(patients), how)}\n")
-    report = phi_guard.scan_bundle(bundle, files)
+    report = guard(bundle, files)
     # a table's cells are lines of their own already; every other dressing is seen in the rendered view only
     seen = f"{name}: " if how == "table" else f"{name} (rendered): "
     assert any(f.startswith(f"{seen}clinical text from the cohort") for f in report["findings"]), report["findings"]
@@ -61,9 +61,9 @@ def test_clinical_text_dressed_in_markup_is_refused(bundle, cohort_splits, how, 
 
 def test_markup_in_a_json_string_is_rendered_too(bundle, cohort_splits):
     files, patients = cohort_splits
-    (bundle / "chat_template.json").write_text(json.dumps({"chat_template": _dressed(_hpi_words(patients), "br")}))
-    report = phi_guard.scan_bundle(bundle, files)
-    assert any(f.startswith("chat_template.json $.chat_template (rendered): clinical text") for f in report["findings"]), \
+    (bundle / "MANIFEST.json").write_text(json.dumps({"knobs": {"note": _dressed(_hpi_words(patients), "br")}}))
+    report = guard(bundle, files)
+    assert any(f.startswith("MANIFEST.json $.knobs.note (rendered): clinical text") for f in report["findings"]), \
         report["findings"]
 
 
@@ -76,7 +76,7 @@ def test_markup_in_a_json_string_is_rendered_too(bundle, cohort_splits):
 def test_identifier_inside_a_note_is_refused_with_its_line(bundle, cohort_splits, written, kind):
     files, _ = cohort_splits
     (bundle / "README.md").write_text(f"# card\n\nTrained with GRPO.\n\n{written}\n")
-    report = phi_guard.scan_bundle(bundle, files)
+    report = guard(bundle, files)
     assert not report["ok"]
     finding = next(f for f in report["findings"] if f.startswith("README.md"))
     assert f"cohort identifier ({kind})" in finding and finding.endswith("line 5"), report["findings"]
@@ -85,7 +85,7 @@ def test_identifier_inside_a_note_is_refused_with_its_line(bundle, cohort_splits
 
 
 @pytest.mark.parametrize("glue", ["<wbr>", "\u200b", "\u202e", "<sup>1</sup> ", "\\*"])
-@pytest.mark.parametrize("name", ["README.md", "notes.txt", "chat_template.jinja"])
+@pytest.mark.parametrize("name", ["README.md"])
 def test_clinical_text_whose_word_breaks_are_hidden_is_refused(bundle, cohort_splits, glue, name):
     """Words glued (a reader still reads them: `<wbr>`, zero-width or bidi characters between them) or with a
     footnote mark or escaped markup between or inside them: matched on the letters alone."""
@@ -93,7 +93,7 @@ def test_clinical_text_whose_word_breaks_are_hidden_is_refused(bundle, cohort_sp
     words = _hpi_words(patients)
     text = glue.join(words) if glue != "\\*" else " ".join(f"{w[:1]}{glue}{w[1:]}" for w in words)
     (bundle / name).write_text(f"# card\n\nExample memory: {text}\n")
-    report = phi_guard.scan_bundle(bundle, files)
+    report = guard(bundle, files)
     assert any(f.startswith(name) and "clinical text from the cohort" in f for f in report["findings"]), \
         report["findings"]
 
@@ -102,7 +102,7 @@ def test_clinical_text_whose_word_breaks_are_hidden_is_refused(bundle, cohort_sp
 def test_a_date_of_birth_from_a_note_is_refused_however_it_is_spelled(bundle, cohort_splits, written):
     files, _ = cohort_splits
     (bundle / "README.md").write_text(f"# card\n\nAn example patient, {written}.\n")
-    report = phi_guard.scan_bundle(bundle, files)
+    report = guard(bundle, files)
     assert any(f.startswith("README.md: cohort identifier (") and ") written as a date at " in f
                for f in report["findings"]), report["findings"]
     assert "1956" not in " ".join(report["findings"])
@@ -112,7 +112,7 @@ def test_a_date_of_birth_from_a_note_is_refused_however_it_is_spelled(bundle, co
 def test_a_name_from_a_note_is_refused_reordered_or_with_a_middle_initial(bundle, cohort_splits, written):
     files, _ = cohort_splits
     (bundle / "README.md").write_text(f"# card\n\nReviewed by {written}.\n")
-    report = phi_guard.scan_bundle(bundle, files)
+    report = guard(bundle, files)
     assert any(f.startswith("README.md: cohort identifier (name in the clinical text)") for f in report["findings"]), \
         report["findings"]
     assert not any(w in " ".join(report["findings"]) for w in ("Quist", "Johanna", "quist", "johanna"))
@@ -125,7 +125,7 @@ def test_a_clean_card_with_markup_still_passes(bundle, cohort_splits):
                                       "Name: the memory head.\nReleased 2024-03-14; born<wbr>again as v2 on 3/14/24.\n"
                                       "Antidisestablishmentarianism<sup>1</sup> pneumonoultramicroscopicsilicovolcano"
                                       "coniosis floccinaucinihilipilification.\nJohanna wrote the card; Quist is not named.\n")
-    report = phi_guard.scan_bundle(bundle, files)
+    report = guard(bundle, files)
     assert report["ok"], report["findings"]
 
 
@@ -136,7 +136,7 @@ def test_a_hub_token_without_a_digit_is_refused_by_the_guard(bundle, cohort_spli
     files, _ = cohort_splits
     assert len(DIGITLESS_TOKEN) == 37
     (bundle / "README.md").write_text(f"# card\nUse token {DIGITLESS_TOKEN} to download.\n")
-    report = phi_guard.scan_bundle(bundle, files)
+    report = guard(bundle, files)
     assert any(f.startswith("README.md: a credential-like string") for f in report["findings"]), report["findings"]
     assert DIGITLESS_TOKEN not in " ".join(report["findings"])
 

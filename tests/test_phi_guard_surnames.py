@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from llmrnn import cohort, phi_guard
-from tests.test_phi_guard import make_bundle, write_splits
+from llmrnn import cohort
+from tests.test_phi_guard import guard, make_bundle, write_splits
 
 # three names from the notes: a rare surname, one that is an ordinary word, one that is a disease's eponym
 NOTE_HEADERS = ("Name: Johanna Quist  MRN: 44519023\n", "Patient: Peter White\n", "Name: Anna Parkinson\n")
@@ -34,7 +34,7 @@ def bundle(tiny_model_dir, tmp_path) -> Path:
 
 def _card_findings(bundle: Path, files: list[Path], line: str) -> list[str]:
     (bundle / "README.md").write_text(f"# card\n\nTrained with GRPO.\n\n{line}\n")
-    return phi_guard.scan_bundle(bundle, files)["findings"]
+    return guard(bundle, files)["findings"]
 
 
 @pytest.mark.parametrize("written", [
@@ -85,6 +85,6 @@ def test_a_surname_from_a_qa_record_is_refused(bundle, tmp_path):
     split = tmp_path / "train.jsonl"
     split.write_text(json.dumps(record) + "\n")
     (bundle / "README.md").write_text("# card\nAn example answer for Mrs. Quist.\n")
-    findings = phi_guard.scan_bundle(bundle, [split], split_format="qa")["findings"]
+    findings = guard(bundle, [split], split_format="qa")["findings"]
     assert any(f.startswith("README.md: QA data identifier (surname of a name in the question)")
                and f.endswith("line 2") for f in findings), findings

@@ -26,8 +26,10 @@ def make_inputs(root: Path, merged_src: Path) -> dict:
     """Release inputs as the upstream rules write them (merged folder, merge check, splits, metrics, rubric)."""
     merged = root / "merged"
     shutil.copytree(merged_src, merged)
+    base = root / "base"  # the base model's prepared copy the merge used (the release compares the bundle with it)
+    shutil.copytree(merged_src, base)
     check = {
-        "ok": True, "base": "resources/models/tiny", "source_kind": "peft_adapter", "dtype": "float32",
+        "ok": True, "base": str(base), "source_kind": "peft_adapter", "dtype": "float32",
         "checked_utc": "2026-01-01T00:00:00Z",
         "checks": {
             "weights_differ": {"ok": True, "changed_tensors": 4, "total_tensors": 20},
@@ -54,7 +56,7 @@ def make_inputs(root: Path, merged_src: Path) -> dict:
     )
     return {"merged": merged, "merge_check": root / "merge_check.json", "splits": root / "splits.json",
             "split_files": split_files, "metrics": root / "metrics.jsonl", "rubric": root / "rubric.yaml",
-            "patients": patients}
+            "patients": patients, "base": base}
 
 
 def run_release(inputs: dict, out: Path, rel: dict | None = None, knobs: dict | None = None) -> dict:
@@ -345,7 +347,9 @@ def test_links_and_non_regular_files_in_merged_are_refused_never_followed(inputs
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.md").write_text("outside the run: never to be released\n")
-    entry = inputs["merged"] / ("extra" if kind == "folder link" else "notes.md")
+    # a name a bundle may hold is named; any other (the folder link's) only by its position
+    entry = inputs["merged"] / {"file link": "vocab.json", "folder link": "extra", "fifo": "merges.txt",
+                                "dangling link": "special_tokens_map.json"}[kind]
     if kind == "file link":
         entry.symlink_to(outside / "secret.md")
     elif kind == "folder link":
@@ -355,7 +359,8 @@ def test_links_and_non_regular_files_in_merged_are_refused_never_followed(inputs
     else:
         os.mkfifo(entry)
     what = "not a regular file" if kind == "fifo" else "a symbolic link"
-    with pytest.raises(InputError, match=rf"merged/{entry.name}: {what}") as err:
+    shown = r"merged: entry \d+ of \d+" if kind == "folder link" else f"merged/{entry.name}"
+    with pytest.raises(InputError, match=rf"{shown}: {what}") as err:
         run_release(inputs, tmp_path / "run" / "release")
     assert "\n" not in str(err.value)
     assert not (tmp_path / "run" / "release").exists() and not list((tmp_path / "run").glob(".bundle.*"))
@@ -365,7 +370,7 @@ def test_the_cli_refuses_a_link_in_one_line_and_writes_nothing(inputs, tmp_path)
     import subprocess
     import sys
 
-    (inputs["merged"] / "notes.md").symlink_to(inputs["split_files"][0])
+    (inputs["merged"] / "vocab.json").symlink_to(inputs["split_files"][0])
     out = tmp_path / "run" / "release"
     cfg = json.dumps({"run_name": "demo", "release": {}, "knobs": KNOBS})
     proc = subprocess.run(
@@ -377,7 +382,7 @@ def test_the_cli_refuses_a_link_in_one_line_and_writes_nothing(inputs, tmp_path)
         capture_output=True, text=True, check=False)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "notes.md: a symbolic link" in lines[0] and "Traceback" not in proc.stderr
+    assert len(lines) == 1 and "vocab.json: a symbolic link" in lines[0] and "Traceback" not in proc.stderr
     assert not out.exists()
 
 

@@ -143,9 +143,9 @@ def test_public_repo_only_when_configured(tiny_model_dir, tmp_path, hub, monkeyp
 def test_phi_guard_refusal_sends_nothing(tiny_model_dir, tmp_path, hub, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     inputs = make_inputs(tmp_path / "run", tiny_model_dir)
-    (inputs["merged"] / "notes.md").write_text(f"patient {inputs['patients'][2]['subject_id']}\n")
+    tags = ["llmrnn", f"patient {inputs['patients'][2]['subject_id']}"]
     with pytest.raises(CheckFailed, match="PHI guard refused"):
-        run_release(inputs, tmp_path / "rel", rel={"upload": True, "endpoint": hub.url})
+        run_release(inputs, tmp_path / "rel", rel={"upload": True, "endpoint": hub.url, "tags": tags})
     assert hub.requests == []
 
 
@@ -326,7 +326,10 @@ def test_a_rerun_finds_its_commit_and_pushes_nothing_again(tiny_model_dir, tmp_p
     assert again["commit_oid"] == first["commit_oid"] and again["release_id"] == first["release_id"]
     assert "nothing pushed again" in again["reason"]
     # a changed model is a new release: it is pushed
-    (inputs["merged"] / "generation_config.json").write_text('{"do_sample": false}\n')
+    from safetensors.torch import load_file, save_file  # other weights of the same architecture
+
+    weights = inputs["merged"] / "model.safetensors"
+    save_file({k: v + 1 for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
     third = run_release(inputs, tmp_path / "run" / "release", rel={"upload": True, "endpoint": hub.url})
     assert third["already_uploaded"] is False and len(commits_posted(hub)) == 2
 
@@ -354,9 +357,9 @@ def test_a_non_utf8_file_name_is_refused_before_the_repo_is_created(tiny_model_d
     inputs = make_inputs(tmp_path / "run", tiny_model_dir)
     with open(os.path.join(os.fsencode(inputs["merged"]), b"notes-\xff\xfe.md"), "wb") as fh:
         fh.write(b"# notes\n")
-    with pytest.raises(InputError, match=r"notes-\\xff\\xfe.md: file name is not UTF-8") as err:
+    with pytest.raises(InputError, match=r"merged: entry \d+ of \d+: file name is not UTF-8") as err:
         run_release(inputs, tmp_path / "run" / "release", rel={"upload": True, "endpoint": hub.url})
-    assert "\n" not in str(err.value)
+    assert "\n" not in str(err.value) and "notes" not in str(err.value)  # named by position, not by its name
     assert hub.requests == [] and not (tmp_path / "run" / "release").exists()
 
 

@@ -5,21 +5,19 @@ QA records of the qa data stage (recipe qa: questions, contexts, free-text answe
 and group ids; for ECG QA they come from patients). Both are read into the same `Secrets` and scanned by
 the same machinery below; findings name the reference ("cohort identifier", "QA data identifier").
 
-Every file is either scanned by its structure or refused; nothing is skipped:
-- policy: a symbolic link (to a file or a folder, dangling or not) or anything but a regular file is refused
-  and never followed; a file type that is not model/card/manifest material (allow-list: safetensors, json, md, txt,
-  jinja, model, yaml, gitattributes), a name that looks like an audit log, cohort or QA file, bytes equal to a
-  split file, JSON shaped like a cohort;
-- content, by structure: JSON values after json.loads (recursing, repeated keys kept; token ids and sizes
-  in model metadata are numbers, not identifiers), tokenizer vocab and merges entry by entry
-  (tokenizer.json, vocab.json, vocab.txt, merges.txt; an entry is flagged only when it IS an identifier,
-  its id or rank never is), safetensors header (it must describe the file's bytes exactly) + metadata +
-  tensor bytes (strings and character codes hidden in tensors), `tokenizer.model` pieces (sentencepiece
-  protobuf or tiktoken lines), text decoded from UTF-8/16/32
-  (BOM or NUL pattern), gzip/bz2/xz decompressed, base64/base32/hex/URL/HTML/backslash escapes decoded
-  (escapes applied several times over are undone as often). Anything that cannot be parsed as what it
-  claims to be is refused. Long texts are scanned in overlapping windows and large text files read from
-  disk window by window, so memory does not grow with the file;
+FAIL CLOSED (accounting): a release bundle is a fixed set of file kinds and each file is accounted for
+against what it must be, not searched for what it might hide: weights against the base model's architecture
+(header metadata, tensor names, shapes, dtypes), tokenizer files byte for byte against the base model's
+prepared copy, config.json / generation_config.json key by key against the base's and the settings that made
+them, the card and manifest byte for byte against what the release writes again from the run's records. Any
+other file, any link or folder, any difference is refused, the file named by its fixed name or, where its
+name is not one a bundle may hold, by its position only. The deny-list machinery below is kept for what is
+still scanned: user-supplied free text (the settings, tags and commit message the card and manifest are made
+from; in a person's check of a folder, its card and manifest), read as a person reads it (NFKC, confusable
+skeletons, bidi reordered, tag and filler characters removed, markdown rendered) and across JSON and table
+structure, encoded data in it refused rather than decoded; and the tensor bytes of accounted-for weights.
+
+What the scanned text is matched against:
 - identifiers: the cohort's subject/visit ids in any form: digits grouped (`12 345`, `12,345`, `12-345`),
   other Unicode digits, full-width forms, look-alike letters of other scripts (Cyrillic `АВ7731Х`, via
   Unicode's confusables data) and O/l typed for 0/1, string ids (`MRN-AB7731X`, also its id-like part
@@ -32,7 +30,8 @@ Every file is either scanned by its structure or refused; nothing is skipped:
   words (a medication list), matched on decoded text, and on its letters alone (5 x `min_words` letters in a
   row) where the word breaks are hidden (`<wbr>`, zero-width or bidi characters, footnote marks between words);
 - a date of birth from a note however the bundle spells it (3/14/56, March 14th, 1956, 14-mar-56);
-- a name from a note (next to a name-like header) also reordered or with a word between its words
+- a name from a note (two or more capitalised words next to a name-like header, up to the next header;
+  one word alone is a surname only) also reordered or with a word between its words
   (`Quist, Johanna`, `Johanna M. Quist`), and its surname alone where it names a person: after a title
   (`Mrs. Quist`), before an initial or a capitalised given name (`QUIST, J.`, `Quist, Maria`), possessive
   (`Quist's`); never bare, and a surname that is an ordinary word (`White`) only after a title or before an

@@ -1,15 +1,19 @@
-"""Bundle scan: every entry of a release folder scanned or refused, and the refusal of a bundle with findings."""
+"""Bundle scan: every entry of a release folder accounted for (phi_guard.accounting) or refused, the free text a
+user supplied scanned, and the refusal of a bundle with findings."""
 
 from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from llmrnn.errors import CheckFailed, InputError
+from llmrnn.phi_guard import accounting
 from llmrnn.phi_guard.files import scan_file
-from llmrnn.phi_guard.identifiers import redact
+from llmrnn.phi_guard.formats import scan_joined, scan_json_value, scan_safetensors
 from llmrnn.phi_guard.scan import Scan, find_clinical_text
 from llmrnn.phi_guard.secrets import SPLIT_FORMATS
 
@@ -24,11 +28,32 @@ def bundle_entries(root: Path) -> Iterator[Path]:
             yield Path(folder, name)
 
 
+def scan_free_text(scan: Scan, where: str, value: Any, path: str = "$") -> None:
+    """Text a user supplied (a tag, a commit message, a prompt, any setting copied into the card or manifest):
+    normalised, read as shown (bidi, table cells), across its JSON structure; encoded data in it is refused."""
+    scan.free_text = True
+    try:
+        if isinstance(value, str):
+            scan.ids_in(where, value)
+        else:
+            scan_json_value(scan, where, value, path)
+            scan_joined(scan, where, value, path)
+    except RecursionError:
+        scan.refuse(where, "nested too deeply to scan; refused")
+    finally:
+        scan.free_text = False
+
+
 def scan_bundle(bundle: str | Path, split_files: Iterable[str | Path], min_words: int = 8,
-                min_id_digits: int = 5, min_line_words: int = 3, split_format: str = "cohort") -> dict:
-    """Scan every file under `bundle` for the data of `split_files` (`split_format`: cohort split JSONs or
-    QA split JSONL); the report's `findings` lists what was found. Links are refused, never followed (a
-    linked folder is one finding, its files are not listed), and so is anything but a regular file."""
+                min_id_digits: int = 5, min_line_words: int = 3, split_format: str = "cohort", *,
+                base: str | Path | None = None, expected: dict[str, bytes] | None = None,
+                free_text: Iterable[tuple[str, str, Any]] = (), saved_dtype: str | None = None) -> dict:
+    """Account for every entry under `bundle` (fail closed, phi_guard.accounting): model files against the
+    `base` model folder (`saved_dtype`: the dtype the merge saved at), the card and manifest against the bytes
+    the release writes (`expected`; without it, as a person's check of a folder, they are scanned as free
+    text), anything else refused. `free_text` ((file, JSON path, value)) is what a user supplied, scanned for
+    the data of `split_files` (`split_format`: cohort split JSONs or QA split JSONL); the report's `findings`
+    lists what was refused. Links are refused, never followed, and so is anything but a regular file."""
     root = Path(bundle)
     if split_format not in SPLIT_FORMATS:
         raise InputError(f"PHI guard: split format {split_format!r} is not one of {sorted(SPLIT_FORMATS)}")
@@ -36,12 +61,43 @@ def scan_bundle(bundle: str | Path, split_files: Iterable[str | Path], min_words
     secrets.min_words, secrets.min_line_words = min_words, min_line_words
     files = sorted(bundle_entries(root))
     scan = Scan(secrets)
-    for path in files:
-        scan_file(scan, root, path, redact(path.relative_to(root).as_posix(), secrets))
+    regular = []
+    for n, path in enumerate(files, 1):
+        rel = path.relative_to(root).as_posix()
+        shown = accounting.where(rel, n, len(files))
+        mode = path.lstat().st_mode
+        if stat.S_ISLNK(mode):
+            what = "a linked folder" if path.is_dir() else "a dangling link" if not path.exists() else "a linked file"
+            scan.refuse(shown, f"{what}: a symbolic link; refused, never followed (a release holds regular files only)")
+        elif not stat.S_ISREG(mode):
+            scan.refuse(shown, "not a regular file (a fifo, device or socket); refused")
+        else:
+            regular.append((n, rel))
+    base_dir = Path(base) if base is not None else None
+    try:
+        found, to_scan = accounting.account(root, regular, len(files), base_dir, expected, saved_dtype)
+    except OSError as exc:
+        found, to_scan = [("bundle", f"cannot be read ({type(exc).__name__}); refused rather than skipped")], []
+    for where, what in found:
+        scan.refuse(where, what)
+    refused = {where for where, _ in found}
+    for _, rel in regular:  # the weights' bytes too: strings hidden in tensors of the right architecture
+        if accounting.kind_of(rel) == "weights" and base_dir is not None and rel not in refused:
+            scan_safetensors(scan, rel, root / rel)
+    for rel in to_scan:
+        scan.free_text = True
+        try:
+            scan_file(scan, root, root / rel, rel)
+        finally:
+            scan.free_text = False
+    for where, path, value in free_text:
+        scan_free_text(scan, where, value, path)
     find_clinical_text(scan)
     return {
         "ok": not scan.findings,
         "reference": split_format,
+        "rule": "fail closed: every file accounted for against the base model and the release's own records",
+        "base": str(base_dir) if base_dir is not None else None,
         "files_scanned": len(files),
         "identifiers_checked": len(secrets.ids),
         "identifiers_too_short_to_check": len(secrets.too_short),

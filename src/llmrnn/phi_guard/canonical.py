@@ -10,6 +10,12 @@ import unicodedata
 from typing import Any
 
 WORD = re.compile(r"[^\W_]+")
+# characters that show as nothing (or as blank space) but are letters or marks to Unicode, so NFKC keeps them:
+# Hangul fillers, the braille blank, the combining grapheme joiner, variation selectors, Khmer inherent vowels
+FILLERS = frozenset([0x115F, 0x1160, 0x3164, 0xFFA0, 0x2800, 0x034F, 0x17B4, 0x17B5, 0x180B, 0x180C, 0x180D,
+                     0x180F, *range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)])
+# bidi controls: a right-to-left override shows the characters after it in reverse order
+RLO, BIDI_END = "\u202e", "\u202c\u2069\n"
 
 
 # ----------------------------------------------------------------------------- normalisation
@@ -22,7 +28,7 @@ def _char_table() -> dict[int, str | None]:
         ch = chr(cp)
         if ch.isdecimal():
             table[cp] = str(unicodedata.decimal(ch))
-        elif unicodedata.category(ch) == "Cf":
+        elif unicodedata.category(ch) == "Cf" or cp in FILLERS:  # Cf: bidi, tags, zero-width
             table[cp] = None
     return table
 
@@ -44,6 +50,19 @@ def _confusable_table() -> dict[int, str]:
                 table[ord(char)] = c
                 break
     return table
+
+
+def as_displayed(text: str) -> str:
+    """The characters in the order a reader sees them: each span after a right-to-left override (to its pop,
+    the end of an isolate or the line) reversed, `\u202etsiuQ annahoJ` shows `Johanna Quist`."""
+    out, i = [], 0
+    while (j := text.find(RLO, i)) >= 0:
+        out.append(text[i:j])
+        end = min((k for k in (text.find(c, j + 1) for c in BIDI_END) if k >= 0), default=len(text))
+        out.append(text[j + 1:end][::-1])
+        i = end
+    out.append(text[i:])
+    return "".join(out)
 
 
 def normalize_keep_case(text: str) -> str:

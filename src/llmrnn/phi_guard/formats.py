@@ -143,6 +143,32 @@ def _scan_json_data(scan: Scan, rel: str, name: str, data: Any) -> None:
             scan_vocab_entry(scan, f"{rel} vocab entry #{n}", str(piece))
     else:
         scan_json_value(scan, rel, data, skip_numbers=name in MODEL_METADATA)
+        scan_joined(scan, rel, data)
+
+
+def _leaves(value: Any, out: list[str], budget: int = 1 << 20) -> None:
+    """The strings of decoded JSON in document order (keys too), up to `budget` of them; numbers are left out
+    (each is compared by its value, and sizes and seeds side by side would read as a number of their own)."""
+    stack = [value]
+    while stack and len(out) < budget:
+        v = stack.pop()
+        if isinstance(v, dict):
+            for k, item in reversed(list(v.items())):
+                stack.append(item)
+                stack.append(str(k).split("\x00")[0])
+        elif isinstance(v, list):
+            stack.extend(reversed(v))
+        elif isinstance(v, str):
+            out.append(v)
+
+
+def scan_joined(scan: Scan, rel: str, value: Any, path: str = "$") -> None:
+    """An identifier split across JSON structure (a name in two fields of one record, an MRN over two strings
+    of a list): the strings of `value` are scanned once more joined by a space, in document order."""
+    leaves: list[str] = []
+    _leaves(value, leaves)
+    if len(leaves) > 1:
+        scan.ids_in(f"{rel} {path} (its strings joined)", " ".join(leaves), docs=False)
 
 
 # ----------------------------------------------------------------------------- sentencepiece

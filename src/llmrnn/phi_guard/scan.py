@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterator
 
 from llmrnn.constants import CREDENTIAL
-from llmrnn.phi_guard.canonical import _words, letters_as_digits, normalize_keep_case
+from llmrnn.phi_guard.canonical import RLO, _words, as_displayed, letters_as_digits, normalize_keep_case
 from llmrnn.phi_guard.decoders import decoded_views
 from llmrnn.phi_guard.identifiers import find_dates, find_ids, find_names, find_numbers, find_surnames
 from llmrnn.phi_guard.secrets import Secrets
@@ -23,6 +23,34 @@ URL_CREDENTIAL = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://[^/?#@\s:]*:[^/?#\s]*@")
 WINDOW_CHARS = 1 << 20
 OVERLAP_CHARS = 1 << 16
 DOC_BUDGET_CHARS = 1 << 20  # decoded text kept for the clinical-text pass before it runs and is dropped
+# a markdown table's cell borders (and the line breaks between its rows): an id split over cells is read
+# with the cells joined by a space
+TABLE_BORDER = re.compile(r"[ \t]*(?:\|[ \t]*\r?\n?[ \t]*)+")
+# JSON written into a text: the strings of a list or record joined by a space
+JSON_BORDER = re.compile(r'"(?:\s*[,:\[\]{}]\s*)+"')
+# Free text (what a user wrote: a tag, a commit message, a prompt in the settings) is prose; encoded data in
+# it is refused, not decoded: a data URI, a base64 run (24+ characters, letters of both cases and a digit, a
+# stretch of 16 without a path separator: not a path or a model name), runs of URL, HTML or backslash escapes
+DATA_URI = re.compile(r"(?i)\bdata:[a-z0-9.+/-]*(?:;[a-z0-9=.+-]+)*,")
+B64_BLOB = re.compile(r"[A-Za-z0-9+/_-]{24,}={0,2}")
+ESCAPE_RUN = re.compile(r"(?i)(?:%[0-9a-f]{2}){4,}|(?:&#x?[0-9a-f]+;){4,}|(?:\\(?:u[0-9a-f]{4}|x[0-9a-f]{2})){4,}")
+
+
+def encoded_data(text: str) -> tuple[str, int] | None:
+    """(what, char offset) of the first encoded data `text` holds (None when it holds none): free text is
+    refused with it, not decoded."""
+    if m := DATA_URI.search(text):
+        return "a data URI", m.start()
+    if m := ESCAPE_RUN.search(text):
+        return "a run of URL, HTML or backslash escapes", m.start()
+    for m in B64_BLOB.finditer(text):
+        run = m.group()
+        if all(c in "0123456789abcdefABCDEF" for c in run.rstrip("=")):
+            continue  # a hash (hex): decoded and scanned like text
+        if any(len(seg) >= 16 and re.search(r"[a-z]", seg) and re.search(r"[A-Z]", seg) and re.search(r"\d", seg)
+               for seg in re.split(r"[/_-]", run)):
+            return "base64 data", m.start()
+    return None
 
 
 # ----------------------------------------------------------------------------- the scan
@@ -42,6 +70,7 @@ class Scan:
         self.numeric_only = all(i.isdigit() for i in secrets.ids)
         self.numeric_ids = any(i.isdigit() for i in secrets.ids)
         self.birth_dates = any(k.startswith("date of birth") for k in secrets.ids.values())
+        self.free_text = False  # the text scanned now is what a user wrote: encoded data in it is refused
 
     def refuse(self, where: str, what: str) -> None:
         self.findings.append(f"{where}: {what}")
@@ -52,9 +81,12 @@ class Scan:
         if len(text) <= WINDOW_CHARS:
             self.window(where, text, docs)
             return
+        lines, counted = 0, 0
         for start in range(0, len(text), WINDOW_CHARS - OVERLAP_CHARS):
             window = text[start:start + WINDOW_CHARS]
-            if self.window(where, window, docs, start, text.count("\n", 0, start)) or start + WINDOW_CHARS >= len(text):
+            lines += text.count("\n", counted, start)  # counted from where the last window started, not from 0
+            counted = start
+            if self.window(where, window, docs, start, lines) or start + WINDOW_CHARS >= len(text):
                 return
 
     def line_of_id(self, text: str) -> int | None:
@@ -73,7 +105,10 @@ class Scan:
         """One window of a text, starting at char `base` (after `lines_before` lines) of it; True when it had
         a finding."""
         before = len(self.findings)
-        views = [("", text), *decoded_views(text)]
+        views = [("", text), *self.read_as_shown(text), *decoded_views(text)]
+        if self.free_text and (encoded := encoded_data(text)):
+            self.refuse(where, f"{encoded[0]} in user-supplied free text at char {base + encoded[1]}; refused, "
+                               "not decoded")
         credential = CREDENTIAL.search(text) or URL_CREDENTIAL.search(text)
         if credential:
             self.refuse(where, f"a credential-like string at char {base + credential.start()}")
@@ -95,6 +130,19 @@ class Scan:
         if self.doc_chars > DOC_BUDGET_CHARS:
             find_clinical_text(self)
         return len(self.findings) > before
+
+    @staticmethod
+    def read_as_shown(text: str) -> list[tuple[str, str]]:
+        """Views of `text` as a person reads it where that differs from its characters: a right-to-left
+        override's span reversed, a table's cells joined."""
+        views = []
+        if RLO in text:
+            views.append(("as displayed", as_displayed(text)))
+        if "|" in text:
+            views.append(("table cells joined", TABLE_BORDER.sub(" ", text)))
+        if '"' in text:
+            views.append(("JSON strings joined", JSON_BORDER.sub(" ", text)))
+        return views
 
     def _id_hits(self, view: str) -> tuple[list[tuple[int, str]], str]:
         """Hits of the ids written as text, then as the VALUE of a number literal (0012345678,
@@ -142,10 +190,11 @@ SQUASHED = "\x00"  # marks a letters-only phrase: its hashes never equal a word 
 
 def _letters(text: str) -> tuple[str, list[int]]:
     """The letters of normalised `text` alone, and where in them each word starts."""
-    letters, starts = [], []
+    letters, starts, at = [], [], 0
     for word in _words(text):
-        starts.append(sum(map(len, letters)))
+        starts.append(at)  # a running count: summing the letters so far for each word was quadratic
         letters.append("".join(ch for ch in word if ch.isalpha()))
+        at += len(letters[-1])
     return "".join(letters), starts
 
 

@@ -117,7 +117,9 @@ NAME_HEADER = re.compile(
     r"(?i:\b(?:(?:patient|pt|full|first|last|family|given|maiden|mother'?s?|father'?s?)[ \t]*name|name|patient"
     r"|surname|attending|physician|doctor|nurse|contact|next[ \t]+of[ \t]+kin|guardian)[ \t]*[:#=-][ \t]*)"
     r"((?:Mrs?\.|Ms\.|Dr\.)?[ \t]*[A-Z][A-Za-z'\u2019-]*\.?"
-    r"(?:[ \t]+(?![A-Za-z]+[ \t]*[:#=])[A-Z][A-Za-z'\u2019-]*\.?){0,3})"  # up to the next header on its line
+    # more words one space apart, up to the next header on its line (`Unit No:`, `Admission Date:`, `Sex:`)
+    r"(?: (?![A-Za-z]+(?:[ \t]+(?:of[ \t]+)?(?:No|Number|Num|Date|Name|ID|Id|Birth|Kin|Time|Type)\.?)?[ \t]*[:#=])"
+    r"[A-Z][A-Za-z'\u2019-]*\.?){0,3})"
 )
 # a date of birth next to its header: numeric (1956-03-14, 03/14/1956, 14.03.1956) or with a month name
 DOB = re.compile(
@@ -192,7 +194,12 @@ def add_text_identifiers(secrets: Secrets, text: str, where: str, min_id_digits:
     for m in NAME_HEADER.finditer(text):
         name = m.group(1).strip()
         words = [w for w in re.findall(r"[^\W\d_]+", name) if w.lower() not in NOT_A_NAME]
-        if words and sum(map(len, words)) >= min_id_digits:
+        if len(words) == 1 and re.match(r"[ \t]+[a-z]", text[m.end():]):
+            continue  # a sentence after the header (`Patient - Denies chest pain`), not a name
+        # one capitalised word after a header is not a name (`Contact: Daughter at bedside`, `Patient - Denies
+        # chest pain`): as an identifier it matched ordinary words everywhere; it counts as a surname only,
+        # found where it names a person (`Mrs. Quist`)
+        if len(words) >= 2 and sum(map(len, words)) >= min_id_digits:
             secrets.add_id(f"name in {where}", " ".join(words), min_id_digits)
             parts = tuple(normalize(w) for w in words if len(w) > 1)
             if len(parts) >= 2:

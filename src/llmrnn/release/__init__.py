@@ -6,7 +6,8 @@ writes RUN/release/{README.md, MANIFEST.json, upload_receipt.json}.
 
 The bundle (merged model files + card + manifest, nothing else) is COPIED into a private (0700) temp folder
 beside the run's folders, each file read-only and hashed as it is copied; the manifest records those hashes,
-the PHI guard scans exactly that copy, and exactly those bytes are uploaded after every hash is checked
+the PHI guard accounts for exactly that copy (fail closed: each file against the base model's
+prepared copy or against the card and manifest written again; only user-supplied text is scanned), and exactly those bytes are uploaded after every hash is checked
 again (a file changed since the scan, in the copy or in merged/, stops the release). Links and other
 non-regular files are refused, never followed; so are file names that are not plain UTF-8. The release
 folder's files are opened before anything is uploaded (an unwritable folder stops the release first), and
@@ -42,7 +43,8 @@ def _cmd_build(args: argparse.Namespace) -> None:
 
 def _cmd_guard(args: argparse.Namespace) -> None:
     report = phi_guard.scan_bundle(args.bundle, args.split_files, args.min_words, args.min_id_digits,
-                                   args.min_line_words, split_format=args.split_format)
+                                   args.min_line_words, split_format=args.split_format, base=args.base,
+                                   saved_dtype=args.saved_dtype)
     print(json.dumps(report, indent=2))
     phi_guard.enforce(report, args.bundle)
 
@@ -70,11 +72,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--receipt", required=True)
     p.set_defaults(func=_cmd_build)
 
-    p = rsub.add_parser("guard", help="scan a folder for cohort or QA identifiers/text (exit 3 on a finding)")
+    p = rsub.add_parser("guard", help="account for a folder's files against the base model and scan its card and "
+                                      "manifest for cohort or QA identifiers/text (exit 3 on a finding)")
     p.add_argument("bundle")
     p.add_argument("--split-files", nargs="+", required=True)
     p.add_argument("--split-format", choices=sorted(phi_guard.SPLIT_FORMATS), default="cohort")
     p.add_argument("--min-words", type=int, default=8)
     p.add_argument("--min-id-digits", type=int, default=5)
     p.add_argument("--min-line-words", type=int, default=3, help="a whole cohort line/list item this long is a finding")
+    p.add_argument("--base", default=None,
+                   help="the base model's prepared folder: the bundle's weights, tokenizer and configs are compared "
+                        "with it (without it they cannot be accounted for and are refused)")
+    p.add_argument("--saved-dtype", choices=["float32", "float16", "bfloat16"], default=None,
+                   help="the dtype the merge saved the weights at (merge.dtype), when not the base's")
     p.set_defaults(func=_cmd_guard)

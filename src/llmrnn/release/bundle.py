@@ -41,6 +41,19 @@ def _release_outputs(*paths: str | Path):
         raise
 
 
+def _base_model(check: dict, merge_check: str | Path) -> Path:
+    """The base model's prepared copy the merge folded the adapter into (merge_check.json `base`): the bundle's
+    model files are compared with it, so a release without it cannot be accounted for and stops here."""
+    from llmrnn.models import model_folder
+
+    given = check.get("base")
+    folder = model_folder(given) if isinstance(given, str) and given else None
+    if folder is None or not (folder / "config.json").is_file():
+        raise InputError(f"{merge_check}: `base` does not name the base model folder the merge used (a folder with "
+                         "config.json); the bundle cannot be compared with it, nothing was uploaded")
+    return folder
+
+
 def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | Path, split_files: list[str],
                   metrics: str | Path | None, rubric: str | Path | None,
                   cfg: dict, card_out: str | Path, manifest_out: str | Path, receipt_out: str | Path,
@@ -62,6 +75,7 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
     check = io.read_json(merge_check)
     if not check.get("ok"):
         raise InputError(f"{merge_check}: ok is not true; the merge check failed, nothing to release")
+    base = _base_model(check, merge_check)
     repo_id = rel["repo_id"] or f"llmrnn-{run_name}-merged"
     inputs = {"merge_check": str(merge_check), "splits": str(splits), "metrics": str(metrics) if metrics else None,
               "rubric": str(rubric) if rubric else None}
@@ -72,7 +86,7 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
         locked = contextlib.ExitStack()  # the run's lock: from before any stage is made or removed to the end
         try:
             locked.enter_context(run_lock(run_dir))
-            stage, staged = stage_model_files(merged, run_dir)
+            stage, staged = stage_model_files(merged, run_dir, base)
         except BaseException as exc:
             locked.close()
             if not isinstance(exc, OSError):
@@ -83,6 +97,7 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
             receipt = _check_and_upload(
                 stage, staged, merged=merged, rel=rel, endpoint=endpoint, repo_id=repo_id, run_name=run_name,
                 split_files=split_files, split_format=split_format, card_tmp=card_tmp, manifest_tmp=manifest_tmp,
+                base=base, saved_dtype=check.get("dtype"),
                 manifest=upload.redact_credentials(build_manifest(
                     run_name=run_name, knobs=knobs, rel=rel, merge_check=check, splits=io.read_json(splits),
                     metrics={**metrics_summary(metrics), "checkpoint": chosen,

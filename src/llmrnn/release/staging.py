@@ -16,6 +16,7 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
+from llmrnn.phi_guard.accounting import NOT_ALLOWED, kind_of
 from llmrnn.release.card import render_card
 from llmrnn.release.manifest import config_hash
 
@@ -71,28 +72,45 @@ def _copy_private(src: Path, dst: Path, shown: str) -> dict:
     return {"bytes": size, "sha256": digest.hexdigest()}
 
 
-def _walk_regular(folder: Path, shown: str, rel: str = "") -> list[tuple[str, Path]]:
-    """(path relative to `folder`, path) of every file under `folder`, hidden names left out; a link, a
-    fifo, a device or a socket anywhere is refused (InputError), a name that is not plain UTF-8 too."""
+def _walk_regular(folder: Path, shown: str) -> list[tuple[str, Path]]:
+    """(name, path) of every file of `folder`, hidden names left out; a link, a folder, a fifo, a device or a
+    socket is refused (InputError), a name that is not plain UTF-8 too. An entry is named only when its name is
+    one a bundle may hold (phi_guard.accounting); any other is named by its position (its name may be the
+    identifier)."""
     out = []
-    with os.scandir(folder) as entries:
-        for entry in sorted(entries, key=lambda e: os.fsencode(e.name)):
-            if entry.name.startswith("."):
-                continue
-            sub = f"{rel}{entry.name}"
-            where = f"{shown}/{printable_name(sub)}"
-            if problem := name_problem(sub):
-                raise InputError(f"{where}: {problem}; rename it (nothing was uploaded)")
-            if entry.is_symlink():
-                raise InputError(f"{where}: a symbolic link; a release copies regular files only and never "
-                                 "follows a link")
-            if entry.is_dir(follow_symlinks=False):
-                out += _walk_regular(Path(entry.path), shown, f"{sub}/")
-            elif entry.is_file(follow_symlinks=False):
-                out.append((sub, Path(entry.path)))
-            else:
-                raise InputError(f"{where}: not a regular file (a fifo, device or socket); refused")
+    with os.scandir(folder) as listing:
+        entries = [e for e in sorted(listing, key=lambda e: os.fsencode(e.name)) if not e.name.startswith(".")]
+    for n, entry in enumerate(entries, 1):
+        where = f"{shown}/{entry.name}" if kind_of(entry.name) else f"{shown}: entry {n} of {len(entries)}"
+        if problem := name_problem(entry.name):
+            raise InputError(f"{where}: {problem}; rename it (nothing was uploaded)")
+        if entry.is_symlink():
+            raise InputError(f"{where}: a symbolic link; a release copies regular files only and never "
+                             "follows a link")
+        if entry.is_dir(follow_symlinks=False):
+            raise InputError(f"{where}: a folder; a release bundle holds no folders (nothing was uploaded)")
+        if not entry.is_file(follow_symlinks=False):
+            raise InputError(f"{where}: not a regular file (a fifo, device or socket); refused")
+        out.append((entry.name, Path(entry.path)))
     return out
+
+
+def release_files(merged: Path, base: Path | None) -> tuple[list[tuple[str, Path]], list[str]]:
+    """The files of merged/ the bundle holds, and the ones withheld: a file whose name is not one a bundle may
+    hold goes only where it is byte-identical to the base model's file of that name (the merge copied it from
+    the base: a license, the base's training logs); then it is withheld and counted, never released. Any
+    other such file stops the release (CheckFailed, named by its position)."""
+    files = [(rel, src) for rel, src in _walk_regular(merged, str(merged)) if rel not in RELEASE_TEXTS]
+    keep, withheld = [], []
+    for n, (rel, src) in enumerate(files, 1):
+        if kind_of(rel):
+            keep.append((rel, src))
+        elif base is not None and (base / rel).is_file() and io.sha256_file(base / rel) == io.sha256_file(src):
+            withheld.append(rel)
+        else:
+            raise CheckFailed(f"{merged}: entry {n} of {len(files)} (sorted by name) is {NOT_ALLOWED}; nothing was "
+                              "uploaded")
+    return keep, withheld
 
 
 LOCK_FILE = ".release.lock"
@@ -127,12 +145,13 @@ def remove_stale_stages(parent: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def stage_model_files(merged: Path, parent: Path) -> tuple[Path, dict[str, dict]]:
-    """A private temp folder (0700) in `parent` holding a read-only copy of every merged model file, and
-    the size and sha256 of each copy (what the manifest records, the guard scans and the upload sends)."""
+def stage_model_files(merged: Path, parent: Path, base: Path | None = None) -> tuple[Path, dict[str, dict]]:
+    """A private temp folder (0700) in `parent` holding a read-only copy of every merged model file the
+    bundle may hold (release_files), and the size and sha256 of each copy (what the manifest records, the
+    guard accounts for and the upload sends)."""
     parent.mkdir(parents=True, exist_ok=True)
     remove_stale_stages(parent)
-    files = [(rel, src) for rel, src in _walk_regular(merged, str(merged)) if rel not in RELEASE_TEXTS]
+    files, _ = release_files(merged, base)
     stage = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, suffix=STAGE_SUFFIX, dir=parent))  # mode 0700
     try:
         staged = {}
@@ -158,10 +177,10 @@ def _remove_stage(stage: Path) -> None:
     shutil.rmtree(stage, ignore_errors=True)  # read-only files in owner-writable folders: removable
 
 
-def sources_unchanged(merged: Path, staged: dict[str, dict]) -> None:
+def sources_unchanged(merged: Path, staged: dict[str, dict], base: Path | None = None) -> None:
     """merged/ still holds exactly what was copied and scanned: no file changed, appeared or vanished
     (else the release would describe a folder that no longer exists); CheckFailed naming the file."""
-    now = {rel: src for rel, src in _walk_regular(merged, str(merged)) if rel not in RELEASE_TEXTS}
+    now = dict(release_files(merged, base)[0])
     for rel in sorted(set(now) | set(staged)):
         if rel not in now or rel not in staged:
             how = "vanished" if rel not in now else "appeared"

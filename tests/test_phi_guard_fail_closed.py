@@ -1,0 +1,380 @@
+"""PHI guard, round 6: fail closed. A release bundle holds a fixed set of file kinds, each accounted for against
+the base model's prepared copy and the release's own card and manifest; the only text scanned is what a user
+supplied (settings copied into the card and manifest, the commit message), read as a person reads it and across
+JSON and table structure. Refusals are one line, exit 3, and never repeat the value, file names included.
+
+The cohort carries a note header with a fake name, MRN and date of birth, as PhysioNet-shaped notes do."""
+
+from __future__ import annotations
+
+import base64
+import io as stdio
+import json
+import struct
+import subprocess
+import sys
+import zipfile
+import zlib
+from pathlib import Path
+
+import pytest
+
+from llmrnn import cohort, io, phi_guard, release
+from llmrnn.errors import CheckFailed
+from llmrnn.phi_guard import scan as guard_scan
+from llmrnn.phi_guard.secrets import load_cohort_secrets
+from tests.test_release import KNOBS, make_inputs
+
+NAME, SURNAME, GIVEN, MRN, DOB = "Zephyrine Quoxley", "Quoxley", "Zephyrine", "44519023", "1956-03-14"
+NOTE_HEADER = (f"Name: {NAME} Unit No: 5521\nMRN: {MRN}  DOB: {DOB}\nContact: Daughter at bedside\n"
+               "Patient - Denies chest pain\n")
+SECRETS = (NAME, SURNAME, GIVEN, MRN, "Quoxley", "Zephyrine", "19560314", "4451", "9023")
+
+
+def _with_note_header(inputs: dict) -> dict:
+    """The release inputs with the note header in one train patient's note (split files rewritten)."""
+    train = Path(inputs["split_files"][0])
+    patients = json.loads(train.read_text())
+    course = patients[0]["visits"][0]["clinical_sections"]
+    course["hospital_course"] = NOTE_HEADER + course["hospital_course"]
+    train.write_text(json.dumps(patients))
+    return inputs
+
+
+@pytest.fixture
+def inputs(tiny_model_dir, tmp_path) -> dict:
+    return _with_note_header(make_inputs(tmp_path / "run", tiny_model_dir))
+
+
+def _release(inputs: dict, out: Path, rel: dict | None = None, knobs: dict | None = None) -> dict:
+    cfg = {"run_name": "demo", "release": {"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct", **(rel or {})},
+           "knobs": knobs or KNOBS}
+    return release.build_release(
+        merged=inputs["merged"], merge_check=inputs["merge_check"], splits=inputs["splits"],
+        split_files=inputs["split_files"], metrics=inputs["metrics"], rubric=inputs["rubric"], cfg=cfg,
+        card_out=out / "README.md", manifest_out=out / "MANIFEST.json", receipt_out=out / "upload_receipt.json")
+
+
+def _refused(inputs: dict, tmp_path: Path, match: str, **kw) -> str:
+    with pytest.raises(CheckFailed, match=match) as err:
+        _release(inputs, tmp_path / "rel", **kw)
+    message = str(err.value)
+    assert "\n" not in message
+    for secret in SECRETS:
+        assert secret.lower() not in message.lower(), message
+    assert not (tmp_path / "rel").exists()  # nothing written, nothing uploaded
+    return message
+
+
+def test_the_fixture_holds_what_the_tests_assume(inputs):
+    secrets = load_cohort_secrets(inputs["split_files"], 5)
+    assert ("zephyrine", "quoxley") in secrets.names and MRN in secrets.ids and "19560314" in secrets.ids
+    assert "quoxley" in secrets.surnames
+
+
+def test_an_honest_release_still_releases(inputs, tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    receipt = _release(inputs, tmp_path / "run" / "release")
+    guard = receipt["phi_guard"]
+    assert guard["ok"] and guard["findings"] == [] and guard["base"] == str(inputs["base"])
+    assert receipt["withheld_base_files"] == 0
+
+
+# ----------------------------------------------------------------------------- the bundle accounts for every byte
+def _rewrite_weights(path: Path, extra: dict | None = None, metadata: dict | None = None, rename: dict | None = None):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(path)
+    for old, new in (rename or {}).items():
+        tensors[new] = tensors.pop(old)
+    tensors.update(extra or {})
+    save_file(tensors, path, metadata={"format": "pt", **(metadata or {})})
+
+
+def _png_with_text(text: str) -> bytes:
+    """A 1x1 PNG whose zTXt chunk holds `text` (compressed: no text in the bytes)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))
+            + chunk(b"zTXt", b"Comment\x00\x00" + zlib.compress(text.encode()))
+            + chunk(b"IDAT", zlib.compress(b"\x00\x00")) + chunk(b"IEND", b""))
+
+
+def _zip_of(text: str) -> bytes:
+    buf = stdio.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("a.txt", text)
+    return buf.getvalue()
+
+
+HOSTILE_MERGED = {
+    # a file name holding the name in another order: refused by its position, the name never repeated
+    "file name": lambda m: (m / f"{SURNAME}_{GIVEN}.md").write_text("nothing here\n"),
+    "figure with a zTXt chunk": lambda m: (m / "figure.png").write_bytes(_png_with_text(f"{NAME} MRN {MRN}")),
+    "zip in a text file": lambda m: (m / "notes.txt").write_bytes(_zip_of(f"{NAME}, MRN {MRN}")),
+    "an audit log": lambda m: (m / "calls_0001.jsonl").write_text(json.dumps({"prompt": NAME}) + "\n"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_MERGED))
+def test_a_file_the_bundle_may_not_hold_stops_the_release_named_by_position(inputs, tmp_path, case):
+    HOSTILE_MERGED[case](inputs["merged"])
+    message = _refused(inputs, tmp_path, r"merged: entry \d+ of \d+ \(sorted by name\) is a file whose name is not "
+                                         "one the bundle may hold")
+    assert ".md" not in message and ".png" not in message and ".txt" not in message
+
+
+def test_a_folder_in_merged_stops_the_release(inputs, tmp_path):
+    from llmrnn.errors import InputError
+
+    (inputs["merged"] / SURNAME).mkdir()
+    (inputs["merged"] / SURNAME / "a.md").write_text("x\n")
+    with pytest.raises(InputError, match=r"merged: entry \d+ of \d+: a folder") as err:
+        _release(inputs, tmp_path / "rel")
+    assert SURNAME not in str(err.value)
+
+
+def _split_mrn_tokenizer_config(m: Path) -> None:
+    cfg = json.loads((m / "tokenizer_config.json").read_text())
+    (m / "tokenizer_config.json").write_text(json.dumps({**cfg, "note_a": MRN[:4], "note_b": MRN[4:]}))
+
+
+HOSTILE_MODEL_FILES = {
+    # tokenizer files: byte-identical to the base's or refused with the file named
+    "tokenizer config with an MRN over two strings": (_split_mrn_tokenizer_config, "tokenizer_config.json: not byte-identical"),
+    "chat template with the name reversed by a bidi override": (
+        lambda m: (m / "chat_template.jinja").write_text((m / "chat_template.jinja").read_text()
+                                                       + "{# \u202eyelxouQ eniryhpeZ\u202c #}"),
+        "chat_template.jinja: not byte-identical"),
+    "a tokenizer file the base does not have": (
+        lambda m: (m / "vocab.txt").write_text(f"[PAD]\n{MRN}\n"),
+        "vocab.txt: a tokenizer file the base model's prepared copy does not have"),
+    # configs: keys and values the base's or made by a setting
+    "an MRN as the seed of generation_config.json": (
+        lambda m: (m / "generation_config.json").write_text(json.dumps(
+            {**json.loads((m / "generation_config.json").read_text()), "seed": int(MRN)})),
+        "generation_config.json: a key the base model's generation_config.json does not have"),
+    "an MRN as a size in config.json": (
+        lambda m: (m / "config.json").write_text(json.dumps(
+            {**json.loads((m / "config.json").read_text()), "intermediate_size": int(MRN)})),
+        "config.json: the value of `intermediate_size` is not the base model's and no setting made it"),
+    # weights: header metadata and tensor names the base's architecture
+    "an MRN over two tensor names": (
+        lambda m: _rewrite_weights(m / "model.safetensors", extra={
+            f"model.extra.{MRN[:4]}": _zeros(), f"model.extra.{MRN[4:]}": _zeros()}),
+        "model.safetensors: a tensor whose name is not one of the base model's"),
+    "the name in the header metadata, reversed": (
+        lambda m: _rewrite_weights(m / "model.safetensors", metadata={"note": "\u202eyelxouQ eniryhpeZ"}),
+        "model.safetensors: its header metadata is not the base model's"),
+}
+
+
+def _zeros():
+    import torch
+
+    return torch.zeros(2)
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_MODEL_FILES))
+def test_a_model_file_that_is_not_the_base_models_stops_the_release(inputs, tmp_path, case):
+    change, finding = HOSTILE_MODEL_FILES[case]
+    change(inputs["merged"])
+    _refused(inputs, tmp_path, "PHI guard refused .*" + finding.replace("(", r"\(").replace(")", r"\)"))
+
+
+def test_a_dtype_the_merge_saved_at_is_accounted_for(inputs, tmp_path, monkeypatch):
+    """merge.dtype bfloat16 of a float32 base: config.json's dtype and the tensors' dtype are what the setting
+    made; the same dtype without the merge having saved at it is refused."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    merged = inputs["merged"]
+    save_file({k: v.to(torch.bfloat16) for k, v in load_file(merged / "model.safetensors").items()},
+              merged / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((merged / "config.json").read_text())
+    key = "dtype" if "dtype" in cfg else "torch_dtype"
+    (merged / "config.json").write_text(json.dumps({**cfg, key: "bfloat16"}))
+    check = json.loads(inputs["merge_check"].read_text())
+    io.write_json(inputs["merge_check"], {**check, "dtype": "bfloat16"})
+    assert _release(inputs, tmp_path / "run" / "release")["phi_guard"]["ok"]
+    io.write_json(inputs["merge_check"], {**check, "dtype": "float32"})
+    _refused(inputs, tmp_path, "(config.json: the value of `(torch_)?dtype`|model.safetensors: a tensor whose dtype)")
+
+
+def test_files_the_merge_copied_from_the_base_are_withheld_not_released(inputs, tmp_path, monkeypatch):
+    """A base file of no bundle kind (a license, the base's training logs), copied into merged/ by the merge:
+    withheld and counted, never uploaded; the same name with other bytes stops the release."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    for folder in (inputs["base"], inputs["merged"]):
+        (folder / "LICENSE.txt").write_text("Apache-2.0\n")
+    receipt = _release(inputs, tmp_path / "run" / "release")
+    assert receipt["withheld_base_files"] == 1 and "LICENSE.txt" not in receipt["files"]
+    (inputs["merged"] / "LICENSE.txt").write_text(f"Apache-2.0 {NAME}\n")
+    _refused(inputs, tmp_path, r"merged: entry \d+ of \d+ \(sorted by name\) is a file whose name is not one")
+
+
+def test_a_card_or_manifest_the_release_did_not_write_is_refused(inputs, tmp_path):
+    """The card and manifest are compared with what the release writes from the run's records."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "README.md").write_text("# card\nnothing here\n")
+    (bundle / "MANIFEST.json").write_text("{}\n")
+    expected = {"README.md": b"# card\nnothing here\n", "MANIFEST.json": b"{ }\n"}
+    report = phi_guard.scan_bundle(bundle, inputs["split_files"], base=inputs["base"], expected=expected)
+    assert report["findings"] == [("MANIFEST.json: differs from the manifest the release writes from the run's "
+                                   "records; refused")]
+
+
+def test_the_guard_command_refuses_in_one_line_exit_3(inputs, tmp_path):
+    """`llmrnn release guard --base` on a person's folder: the model files compared with the base, the card
+    scanned as free text; without --base the model files cannot be accounted for."""
+    import shutil
+
+    bundle = tmp_path / "folder"
+    shutil.copytree(inputs["merged"], bundle)
+    (bundle / "README.md").write_text("# card\nnothing here\n")
+    cmd = [sys.executable, "-m", "llmrnn.cli", "release", "guard", str(bundle), "--split-files", *inputs["split_files"]]
+    ok = subprocess.run([*cmd, "--base", str(inputs["base"])], capture_output=True, text=True, check=False)
+    assert ok.returncode == 0, ok.stderr
+    no_base = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert no_base.returncode == 3 and "no base model to compare it with (--base)" in no_base.stderr
+    (bundle / f"{SURNAME}-{GIVEN}.txt").write_text("x\n")
+    proc = subprocess.run([*cmd, "--base", str(inputs["base"])], capture_output=True, text=True, check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 3 and len(lines) == 1 and "bundle entry" in lines[0], proc.stderr
+    assert SURNAME not in proc.stderr and GIVEN not in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ----------------------------------------------------------------------------- user-supplied free text
+def _data_uri_png() -> str:
+    return "data:image/png;base64," + base64.b64encode(_png_with_text(f"{NAME} {MRN}")).decode()
+
+
+HOSTILE_TEXT = {
+    # text the guard reads differently from a person
+    "digits in mixed widths": ({"tags": ["llmrnn", "mrn-\uff14\uff145190\uff123"]}, None, "cohort identifier"),
+    "Cyrillic confusables": ({"tags": ["Z\u0435phyr\u0456n\u0435 Qu\u043exl\u0435y"]}, None, "cohort identifier"),
+    "a bidi override": ({"commit_message": "release \u202eyelxouQ eniryhpeZ\u202c"}, None, "cohort identifier"),
+    "a Hangul filler": ({"tags": ["Zephy\u3164rine Quo\u3164xley"]}, None, "cohort identifier"),
+    "tag characters": ({"tags": ["Zeph\U000e0061yrine Quox\U000e0062ley"]}, None, "cohort identifier"),
+    "a filler between the words": ({"tags": ["Zephyrine\u3164Quoxley"]}, None, "cohort identifier"),
+    # identifiers split across structure
+    "a name in two fields of one record": (None, {**KNOBS, "cohort": {**KNOBS["cohort"], "about": {"first": GIVEN, "last": SURNAME}}},
+                                           "cohort identifier"),
+    "an MRN over two strings": ({"tags": ["llmrnn", MRN[:4], MRN[4:]]}, None, "cohort identifier"),
+    "an MRN over table cells": ({"commit_message": f"| run | {MRN[:4]} | {MRN[4:]} |"}, None, "cohort identifier"),
+    "a date of birth over table cells": ({"commit_message": "| born | 1956 | 03 | 14 |"}, None, "cohort identifier"),
+    # in places nobody looks
+    "a PNG data URI": ({"commit_message": f"see ![x]({_data_uri_png()})"}, None, "a data URI in user-supplied free text"),
+    "a zip, base64-encoded": ({"commit_message": "payload " + base64.b64encode(_zip_of(f"{NAME} {MRN}")).decode()},
+                              None, "base64 data in user-supplied free text"),
+    "a surname after a title": ({"commit_message": f"thanks to Mrs. {SURNAME}"}, None, "cohort identifier"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_TEXT))
+def test_user_supplied_text_is_read_as_a_person_reads_it(inputs, tmp_path, case):
+    rel, knobs, finding = HOSTILE_TEXT[case]
+    _refused(inputs, tmp_path, rf"PHI guard refused .*MANIFEST.json \$\.(release|knobs)\S*.*: {finding}",
+             rel=rel, knobs=knobs)
+
+
+# ----------------------------------------------------------------------------- an honest release refused
+def test_header_words_of_the_notes_are_no_identifiers(inputs, tmp_path, monkeypatch):
+    """`Contact: Daughter at bedside`, `Patient - Denies chest pain`: one capitalised word after a header is no
+    name; `Name: Zephyrine Quoxley Unit No: 5521`: the name ends before the next header."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    secrets = load_cohort_secrets(inputs["split_files"], 5)
+    assert not {"daughter", "denies", "unit", "zephyrinequoxleyunit"} & set(secrets.ids)
+    assert ("zephyrine", "quoxley", "unit") not in secrets.names
+    assert not {"unit", "denies", "daughter"} & set(secrets.surnames)
+    rel = {"tags": ["llmrnn", "daughter", "denies", "unit"],
+           "commit_message": "Unit tests pass; the patient denies nothing, Patient Denies nothing"}
+    assert _release(inputs, tmp_path / "run" / "release", rel=rel)["phi_guard"]["ok"]
+
+
+def test_a_card_scans_in_linear_time(monkeypatch):
+    """The letters-only pass counted each word's start by summing every word before it (a 1 MiB card: 374 s).
+    Counted, not timed: the calls to len() the pass makes grow with the text, not with its square."""
+    import builtins
+
+    calls = {"n": 0}
+
+    def counting_len(obj):
+        calls["n"] += 1
+        return builtins.len(obj)
+
+    monkeypatch.setattr(guard_scan, "len", counting_len, raising=False)
+    counts = {}
+    for words in (2_000, 8_000):
+        calls["n"] = 0
+        guard_scan._letters(" ".join(f"word{i % 97}x" for i in range(words)))
+        counts[words] = calls["n"]
+    assert counts[8_000] <= 4.5 * counts[2_000], counts
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_real_merge_releases(tiny_model_dir, tmp_path, monkeypatch, dtype):
+    """The honest path end to end: a real PEFT merge (merge.run_merge, at the dtype of merge.dtype) of the base
+    model's prepared copy is accounted for file by file and released."""
+    import shutil
+
+    from llmrnn import merge
+    from tests.test_merge import LORA, _make_adapter
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    inputs = _with_note_header(make_inputs(tmp_path / "run", tiny_model_dir))
+    adapter = _make_adapter(inputs["base"], tmp_path / "adapter")
+    shutil.rmtree(inputs["merged"])
+    merge.run_merge(inputs["base"], adapter, inputs["merged"], inputs["merge_check"], {"merge": {"dtype": dtype}, **LORA})
+    receipt = _release(inputs, tmp_path / "run" / "release")
+    assert receipt["phi_guard"]["ok"] and "model.safetensors" in receipt["files"], receipt["phi_guard"]["findings"]
+
+
+def test_sharded_weights_and_their_index_are_accounted_for(tmp_path, tiny_model_dir, splits_with_header):
+    """A sharded save (transformers' own, max_shard_size) is the base's architecture over two files and an
+    index of exactly those tensors; an MRN as the index's total_size, or a tensor mapped to another file, is
+    refused."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    base, bundle = tmp_path / "base", tmp_path / "bundle"
+    shutil.copytree(tiny_model_dir, base)
+    AutoModelForCausalLM.from_pretrained(base).save_pretrained(bundle, max_shard_size="100KB")
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(base / f, bundle / f)
+    assert len(list(bundle.glob("model-*-of-*.safetensors"))) >= 2
+    assert phi_guard.scan_bundle(bundle, splits_with_header, base=base)["findings"] == []
+    index = json.loads((bundle / "model.safetensors.index.json").read_text())
+    (bundle / "model.safetensors.index.json").write_text(json.dumps(
+        {**index, "metadata": {**index["metadata"], "total_size": int(MRN)}}))
+    findings = phi_guard.scan_bundle(bundle, splits_with_header, base=base)["findings"]
+    assert findings == ["model.safetensors.index.json: its metadata totals are not the bundle's tensors'; refused"]
+
+
+@pytest.fixture
+def splits_with_header(tmp_path) -> list[Path]:
+    patients = cohort.synthesize_cohort(12, 3)
+    course = patients[0]["visits"][0]["clinical_sections"]
+    course["hospital_course"] = NOTE_HEADER + course["hospital_course"]
+    path = tmp_path / "train.json"
+    io.write_text(path, cohort.dump_cohort(patients))
+    return [path]
+
+
+def test_strings_hidden_in_the_bytes_of_a_base_shaped_tensor_are_found(inputs, tmp_path):
+    """Weights of the base's architecture are still searched: an MRN written into a tensor's bytes (its name,
+    shape and dtype the base's) stops the release, the tensor named, the MRN not repeated."""
+    path = inputs["merged"] / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    name = next(k for k in sorted(header) if k != "__metadata__")
+    start = 8 + n + header[name]["data_offsets"][0]
+    payload = f"MRN {MRN};".encode()
+    data[start:start + len(payload)] = payload
+    path.write_bytes(bytes(data))
+    _refused(inputs, tmp_path, rf"model.safetensors tensor '{name}'.*: cohort identifier")
