@@ -101,14 +101,14 @@ ADMISSION_AND_DISCHARGE = ("physical_exam", "pertinent_results")
 SUBLABEL_WORDS = {
     "discharge_diagnosis": {"primary", "secondary", "diagnosis", "diagnoses", "dx", "dxs", "chronic", "active",
                             "acute", "resolved", "other", "problems", "issues", "discharge", "final",
-                            "principal", "additional", "conditions", "medical", "and", "s"},
+                            "principal", "additional", "conditions", "condition", "medical", "and", "s"},
     "past_medical_history": {"history", "medical", "surgical", "oncologic", "oncology", "cardiac",
                              "psychiatric", "pmh", "psh", "past", "other", "problems", "hx"},
 }
 PRIMARY_WORDS = {"primary", "principal"}
 # an unknown label with one of these words starts withheld text, whatever section it stands in
-DISCHARGE_TIME_WORDS = {"discharge", "discharged", "course", "instructions", "followup", "disposition", "addendum",
-                        "transitional"}
+DISCHARGE_TIME_WORDS = {"discharge", "discharged", "course", "instruction", "instructions", "followup", "disposition",
+                        "addendum", "transitional"}
 
 
 _NON_LETTERS = re.compile(r"[^a-z]+")
@@ -119,33 +119,65 @@ def header_key(label: str) -> str:
     return _NON_LETTERS.sub(" ", label.lower()).strip()
 
 
-HEADERS: dict[str, str] = {header_key(v): canonical for canonical, vs in HEADER_VARIANTS.items() for v in vs}
-TEMPLATE_WORDING = {header_key(vs[0]) for vs in HEADER_VARIANTS.values()} | {header_key(v) for v in TARGET_STRICT}
+# one spelling per word of a header: singular, `meds`/`dx`/`hx` written out, `follow up` one word
+_WORD_FORMS = {"medications": "medication", "meds": "medication", "med": "medication", "medicines": "medication",
+               "diagnoses": "diagnosis", "dx": "diagnosis", "dxs": "diagnosis", "instructions": "instruction",
+               "procedures": "procedure", "complaints": "complaint", "results": "result", "labs": "lab",
+               "examination": "exam", "examinations": "exam", "exams": "exam", "hx": "history",
+               "conditions": "condition", "s": ""}
+# `X on/at/upon/prior to discharge|admission` -> `discharge|admission X`: the template's two word orders
+_WORD_ORDER = re.compile(r"^(.+?) (?:on|at|upon|prior to|for|of) (discharge|admission)$")
+
+
+@functools.lru_cache(maxsize=100_000)
+def section_key(label: str) -> str:
+    """A header's key in the table: header_key, then one form per word and one word order, so `Medications
+    at Discharge`, `DISCHARGE MEDICATION` and `Discharge Meds` meet (`discharge medication`)."""
+    words = [_WORD_FORMS.get(w, w) for w in header_key(label).split()]
+    norm = " ".join(w for i, w in enumerate(words) if w and (i == 0 or w != words[i - 1]))
+    norm = norm.replace("follow up", "followup")
+    if m := _WORD_ORDER.match(norm):
+        norm = f"{m.group(2)} {m.group(1)}"
+    return norm
+
+
+HEADERS: dict[str, str] = {section_key(v): canonical for canonical, vs in HEADER_VARIANTS.items() for v in vs}
+TEMPLATE_WORDING = {section_key(vs[0]) for vs in HEADER_VARIANTS.values()} | {section_key(v) for v in TARGET_STRICT}
 # matched against "\n" + text: a leading literal lets the engine jump from line start to line start; the
 # label is taken whole at once (a lookahead and a back-reference: an atomic group before Python 3.11), as
-# a lazy or backtracking label tried every shorter label on each line of prose
-_LABEL_LINE = re.compile(r"\n[ \t]*(?=([A-Za-z][A-Za-z0-9 ,/&()'\-]{0,60}))\1[ \t]*:[ \t]*([^\n]*)")
+# a lazy or backtracking label tried every shorter label on each line of prose. The colon may be missing
+# where the label is the whole line (`Brief Hospital Course`, `DISCHARGE MEDICATIONS`): group 2 is None then
+_LABEL_LINE = re.compile(r"\n[ \t]*(?=([A-Za-z][A-Za-z0-9 \t,/&()'\-]{0,60}))\1[ \t]*(?::[ \t]*([^\n]*)|(?=\n|$))")
+_LINE_ENDS = re.compile(r"\r\n?|[\x85\u2028\u2029]")
 
-# ----------------------------------------------------------------------------- parts of a mixed section
-_PART_WORDS = re.compile(
-    r"\b(exam|examination|pe|labs?|laboratory|results?|studies|study|data|imaging|radiology|micro"
-    r"|microbiology|cultures?|path|pathology|biopsy|cytology|echo|tte|tee|ekg|ecg|cxr|ct|cta|mri|mra|us"
-    r"|ultrasound|x ?ray|xray|kub|films?|cath|catheterization|eeg|emg|pft)\b", re.IGNORECASE)
-_ADMISSION_LABEL = re.compile(r"\b(admission|admit|admitting|admitted|arrival|presentation|presenting|initial"
-                              r"|intake|ed|emergency)\b", re.IGNORECASE)
-# kinds of a withheld part, first match wins
+
+def normalise_line_ends(text: str) -> str:
+    """CRLF, CR and the Unicode line separators as LF: once, where a note is read (split_note), so no
+    pattern after it meets a `\r`."""
+    return _LINE_ENDS.sub("\n", text) if ("\r" in text or "\x85" in text or "\u2028" in text
+                                           or "\u2029" in text) else text
+
+# ----------------------------------------------------------------------------- the kept part of a section
+# Fail closed: a mixed section (Physical Exam, Pertinent Results) keeps the lines it can name as admission
+# content and ends at the first line it cannot; the HPI and Medications on Admission keep their prose and
+# end at a label that names a later stay or another medication list. What ends a kept part is counted by
+# the kind of its label (_PART_KIND), `unplaced` where no label says what it is.
 _PART_KIND = (
     ("discharge", re.compile(r"d\s*/\s*c|\bdc\b|dis?ch?a?r?g|dsch|disch|dispo|\bdischarge", re.IGNORECASE)),
-    ("transfer", re.compile(r"transfer|\bxfer|\bcall ?out|\bupon arrival to (the )?floor", re.IGNORECASE)),
+    ("transfer", re.compile(r"transfer|\bxfer|\bcall ?out|\bfloor\b|\b(?:[mscn]|cv|ts)?icu\b|\bccu\b|\bunit\b",
+                            re.IGNORECASE)),
     ("death", re.compile(r"death|expired|deceased|\bdied\b|\bpassed\b|\bexpiration", re.IGNORECASE)),
-    ("imaging", re.compile(r"imaging|radiology|\b(cxr|ct|cta|mri|mra|us|kub|x ?ray|xray|films?|ultrasound"
-                           r"|studies|study)\b", re.IGNORECASE)),
-    ("microbiology", re.compile(r"micro|culture|\bcx\b", re.IGNORECASE)),
+    ("course", re.compile(r"\bcourse\b|\bstay\b|\bevents\b|\bhospitali[sz]ation\b", re.IGNORECASE)),
+    ("imaging", re.compile(r"imaging|radiology|\b(cxr|ct|cta|mri|mra|us|kub|x ?-?ray|xray|films?|ultrasound"
+                           r"|studies|study|chest|head|abdomen|pelvis|findings|impression)\b", re.IGNORECASE)),
+    ("microbiology", re.compile(r"micro|culture|\bcx\b|gram stain|difficile|assay|\bpcr\b|\(final|\(preliminary"
+                                r"|antigen|smear", re.IGNORECASE)),
     ("pathology", re.compile(r"path|biopsy|cytology", re.IGNORECASE)),
-    ("echo_ekg", re.compile(r"\b(echo|tte|tee|ekg|ecg|cath|catheterization|eeg|emg|pft)\b", re.IGNORECASE)),
+    ("echo_ekg", re.compile(r"\b(echo\w*|tte|tee|ekg|ecg|cath|catheteri[sz]ation|eeg|emg|pft)\b", re.IGNORECASE)),
+    ("procedure", re.compile(r"\b(egd|\w+scopy|\w+centesis|\w+ectomy|\w+otomy|\w+ostomy|\w+plasty|procedures?"
+                             r"|operative|op note|intubation|placement|picc)\b", re.IGNORECASE)),
+    ("medications", re.compile(r"\bmed(?:ication|icine)?s?\b|\brx\b|prescription", re.IGNORECASE)),
 )
-_LAB_STAMP = re.compile(r"^[ \t]*(?:___|\[\*\*[^\]]*\*\*\]|\d{1,4}[-/]\d{1,2}[-/]\d{1,4})?[ \t]*"
-                        r"(\d{1,2}:\d{2}[ \t]*(?:AM|PM|am|pm)?)[ \t]+[A-Z]")
 
 
 @functools.lru_cache(maxsize=100_000)
@@ -156,68 +188,307 @@ def _part_kind(label: str) -> str:
     return "other"
 
 
-@functools.lru_cache(maxsize=100_000)
-def _starts_part(label: str, alone: bool) -> bool:
-    return bool(_PART_WORDS.search(label) or any(p.search(label) for _, p in _PART_KIND[:3])
-                or _written_at_discharge(header_key(label)) or (alone and _ADMISSION_LABEL.search(label)))
+# a label-like line: an optional bullet and date or placeholder, a short label, a colon and text or nothing
+_DATE_FIRST = r"(?:(?:___|\[\*\*[^\]\n]*\*\*\]|\d{1,4}[-/.]\d{1,2}(?:[-/.]\d{1,4})?)[ \t]+)?"
+_LABELISH = re.compile(r"[ \t]*(?:[-*\u2022#>][ \t]*)?" + _DATE_FIRST
+                       + r"([A-Za-z][\w \t,/&()'.#+\-]{0,60}?)[ \t]*(?::[ \t]*(.*?))?[ \t]*$")
+_MINOR = {"of", "on", "at", "to", "the", "and", "or", "for", "in", "by", "with", "upon", "from", "a", "an", "s"}
 
 
 @functools.lru_cache(maxsize=100_000)
-def _is_admission(label: str) -> bool:
-    return bool(_ADMISSION_LABEL.search(label)) and _part_kind(label) not in ("discharge", "transfer", "death")
+def _labelish(line: str, cased: bool = True) -> tuple[str, str | None] | None:
+    """(label, text after its colon or None) of a label-like line, else None. Without a colon the line
+    must look like a label (cased): upper case, or title case of two words or more."""
+    m = _LABELISH.match(line)
+    if not m:
+        return None
+    label, rest = m.group(1).strip(), m.group(2)
+    if rest is not None:
+        return (label, rest) if len(label.split()) <= 7 else None
+    letters = [c for c in label if c.isalpha()]
+    if not cased:
+        return label, None
+    if len(letters) >= 2 and label.upper() == label:
+        return label, None
+    words = [w for w in re.split(r"[\s/]+", label) if any(c.isalpha() for c in w)]
+    if len(words) >= 2 and all(w[0].isupper() or w.lower() in _MINOR or not w[0].isalpha() for w in words):
+        return label, None
+    return None
 
 
-# matched against "\n" + body (a leading literal: the engine jumps from line start to line start)
-_CANDIDATE = re.compile(r"\n[ \t]*(?:[-*\u2022][ \t]*)?(?:([A-Za-z#][\w ,/&()'#.\-]{0,60}?)[ \t]*:[ \t]*([^\n]*)"
-                        r"|([A-Z][A-Z0-9 /&()'\-]{2,50})[ \t]*)(?=\n|\Z)")
+# ------------------------------------------------------------- what an admission sub-label is
+_ADMIT_WORDS = {"admission", "admit", "admitting", "admitted", "presentation", "presenting", "arrival", "initial",
+                "intake", "ed", "er", "emergency", "triage"}
+_LABEL_FILLER = {"on", "at", "upon", "the", "of", "to", "in", "time", "department", "from", "and", "pertinent"}
+_ADMIT_VOCAB = {
+    "physical_exam": _ADMIT_WORDS | _LABEL_FILLER | {"exam", "examination", "physical", "pe", "vitals", "vital",
+                                                     "signs", "vs", "findings", "general"},
+    "pertinent_results": _ADMIT_WORDS | _LABEL_FILLER | {"labs", "lab", "laboratory", "laboratories", "results",
+                                                         "result", "data", "blood", "chemistry", "chemistries",
+                                                         "cbc", "values", "work", "up", "workup", "bloodwork"},
+}
 
 
-def _first_draw(chunk: str, withheld: Counter, section: str) -> str:
-    """A kept part of the results without the lab lines of a later draw (another time stamp than the
-    part's first), their wrapped continuation lines with them; a blank line ends a draw."""
-    if ":" not in chunk:  # every time stamp has one
-        return chunk
-    kept, first_stamp, keep_draw = [], None, True
-    for line in chunk.split("\n"):
+@functools.lru_cache(maxsize=100_000)
+def admission_label(line: str, section: str) -> str | None:
+    """The text after an admission sub-label of a mixed section (`ADMISSION EXAM:`, `Labs on admission:
+    Na 131`), "" for one alone on its line, None for any other line. Every word must be on the section's
+    list: `FLOOR ADMISSION EXAM`, `MICU admission labs`, `Admission imaging` are not admission parts."""
+    found = _labelish(line, cased=False)
+    if found is None:
+        return None
+    label, rest = found
+    words = header_key(label).split()
+    vocab = _ADMIT_VOCAB[section]
+    if not words or not set(words) & _ADMIT_WORDS or not all(w in vocab for w in words):
+        return None
+    return rest or ""
+
+
+# ------------------------------------------------------------- exam lines
+_LATER = re.compile(
+    r"\b(?:on|at|upon|prior to|day of|time of|before|after|since|until|post|for)\s+(?:the\s+)?"
+    r"(?:discharge|transfer|call ?-?out|the floor|floor|icu|micu)\b|\bdischarged\b|\btransferr?ed\b|\bexpired\b"
+    r"|\bdeceased\b|\btime of death\b|\bpassed away\b|\b(?:pod|hd|hospital day|post-?op(?:erative)? day)\s*#?\s*\d"
+    r"|\bdischarge (?:exam|labs?|vitals|physical)|\bd/c\b|\bcall-?out\b", re.IGNORECASE)
+_SYSTEMS = (
+    r"gen(?:eral)?(?: appearance)?|constitutional|appearance|heent|head|eyes?|ent|ears?|nose|throat|mouth|oropharynx"
+    r"|op|neck|lymph(?: nodes?)?|lymphatics?|nodes|ln|cv|cvs|cardiac|cardio|cardiovascular|heart|cor|chest|lungs?"
+    r"|pulm(?:onary)?|resp(?:iratory)?|breasts?|back|spine|abd(?:omen|ominal)?|gi|gu|genitourinary|genitalia|gyn"
+    r"|pelvic|rectal|dre|ext(?:r|rem|remities|remity)?|msk|musculoskeletal|joints?|skin|integument|derm|wounds?"
+    r"|incisions?|neuro(?:logic(?:al)?)?|ns|mental status|ms|mse|cn|cranial nerves|motor|sensory|sensation"
+    r"|reflexes|dtrs?|coordination|cerebellar|gait|strength|tone|psych(?:iatric)?|mood|affect|speech|language"
+    r"|orientation|pulses|vascular|access|lines?|foley|drains?|tubes?|ostomy|stoma|heme|hands?|feet|foot|knees?"
+    r"|hips?|shoulders?|arms?|legs?|ankles?|wrists?|elbows?|face|scalp|nails|fingers|toes|[rl]ue|[rl]le|bue|ble"
+    r"|extremities|vitals?|vital signs|vs|v/s")
+_VITALS = r"t|temp|tmax|tc|bp|hr|p|rr|o2(?: sat)?|spo2|sao2|sats?|pulse ox|weight|wt|height|i/o|fs|fsbg|bmi|pain"
+_EXAM_LINE = re.compile(
+    r"[ \t]*(?:[-*\u2022][ \t]*)?(?:(?:left|right|l|r|bilateral|bilat|b/l)[ \t]+)?"
+    rf"(?:(?:{_SYSTEMS})(?:[ \t]+(?:exam|examination|findings))?[ \t]*(?:[:=]|-(?!\w)|-[ \t]|[ \t]+[^\s:]|$)"
+    rf"|(?:{_VITALS})[ \t]*(?:[:=]|[ \t]*[<>~]?\d))", re.IGNORECASE)
+_FINDINGS = frozenset((
+    "afebrile", "febrile", "alert", "awake", "oriented", "a&o", "a&ox3", "aox3", "aaox3", "aaox", "nad", "wdwn",
+    "crackles", "rales", "rhonchi", "wheeze", "wheezes", "wheezing", "edema", "tachycardic", "bradycardic",
+    "tachypneic", "hypoxic", "hypotensive", "hypertensive", "diaphoretic", "pale", "jaundiced", "icteric",
+    "anicteric", "tender", "nontender", "non-tender", "soft", "distended", "nondistended", "non-distended",
+    "obese", "cachectic", "thin", "murmur", "murmurs", "rrr", "ctab", "irregularly", "irregular", "regular",
+    "clear", "lethargic", "confused", "somnolent", "unresponsive", "obtunded", "comfortable", "uncomfortable",
+    "well-appearing", "ill-appearing", "dry", "warm", "cool", "mottled", "cyanotic", "erythema", "erythematous",
+    "swelling", "swollen", "decreased", "diminished", "absent", "mild", "moderate", "severe", "trace", "normal",
+    "no", "diffuse", "bibasilar", "faint", "intact", "supple"))
+_CONTINUATION = re.compile(r"[ \t]*[a-z0-9+(/,]")
+
+
+def _exam_line(line: str, after_line: bool) -> bool:
+    """An exam line: it starts with an exam system label (`Neuro:`, `EXT:`, `Rectal exam:`, `VS 98.1`), or
+    is a list of findings (`afebrile, alert`), or continues the line above it (starts lower case)."""
+    if _LATER.search(line):
+        return False
+    if _EXAM_LINE.match(line):
+        return True
+    if after_line and _CONTINUATION.match(line):
+        return True
+    items = [i.strip() for i in re.split(r"[,;]", line) if i.strip()]
+    return bool(items) and len(line) <= 200 and all(
+        i[0].isdigit() or i.split()[0].lower().rstrip(".") in _FINDINGS for i in items)
+
+
+# ------------------------------------------------------------- lab lines
+_LAB_STAMP = re.compile(r"[ \t]*(?:(___|\[\*\*[^\]\n]*\*\*\]|\d{1,4}[-/]\d{1,2}[-/]\d{1,4})[ \t]+)?"
+                        r"(\d{1,2}:\d{2}[ \t]*(?:AM|PM|am|pm)?)[ \t]+(.*)$")
+_SPECIMEN = re.compile(r"(?:(?:BLOOD|URINE|ASCITES|PLEURAL|CSF|\(CSF\)|CEREBROSPINAL|FLUID|JOINT|OTHER|BODY|STOOL"
+                       r"|SERUM|PERITONEAL|SYNOVIAL|BAL|WHOLE)(?:[ \t]+|$))+")
+_QUALITATIVE = (r"neg|pos|none|tr|sm|mod|lg|few|many|occ|rare|clear|cloudy|hazy|slhazy|slcloudy|yellow|straw|amber"
+                r"|red|orange|brown|pink|random|hold|negative|positive|normal|abnormal|notdone|art|ven|mix|central"
+                r"|greater|less|trace|small|large|moderate")
+_LAB_TOKEN = re.compile(rf"[A-Za-z][A-Za-z0-9%#/().']*-(?:(?:[<>]=?)?(?:\d|\.\d)\S*|(?:{_QUALITATIVE})\*?)",
+                        re.IGNORECASE)
+_SHORT = re.compile(r"[A-Za-z][A-Za-z0-9]{0,7}")
+_ANALYTE = (r"wbc|rbc|hgb|hb|hemoglobin|hct|hematocrit|plt|platelets?|mcv|na|sodium|k|potassium|cl|chloride|hco3"
+            r"|bicarb(?:onate)?|co2|bun|urea|cr|creat|creatinine|glucose|glu|ca|calcium|mg|magnesium|phos|phosphate"
+            r"|alt|ast|alk phos|alkphos|alp|t ?bili|bili(?:rubin)?|albumin|alb|lipase|amylase|inr|pt|ptt|trop(?:onin)?"
+            r"(?: [ti])?|tnt|tni|ctropnt|ck|ck-?mb|bnp|pro-?bnp|nt-?pro-?bnp|lactate|lactic acid|lac|ph|pco2|po2"
+            r"|anion gap|ag|a1c|hba1c|tsh|esr|crp|d-?dimer|ammonia|nh3|etoh|osm|uric acid|ldh|ferritin|iron|tibc|b12"
+            r"|folate|neuts|lymphs|monos|eos|baso|bands|retic")
+_ANALYTE_ITEM = re.compile(
+    rf"(?:{_ANALYTE})[ \t]*(?:[:=][ \t]*|-|[ \t])(?:of[ \t]+)?(?:[<>]=?[ \t]*)?(?:\d+(?:\.\d+)?(?:[ \t]*(?:%|[a-z]+/[a-z]+|mg|k))?\*?"
+    r"|elevated|high|low|normal|negative|positive|neg|pos|wnl|nl|undetectable|detectable|pending|trace)",
+    re.IGNORECASE)
+
+
+def _lab_tokens(text: str, after_lab: bool) -> bool:
+    """A line of PhysioNet lab values (`MCHC-33.2 RDW-13.5 Plt ___`): every token a value, a `___`, or a
+    short name before one; at least one value, or the line wraps a lab line."""
+    tokens = text.split()
+    values = 0
+    for i, token in enumerate(tokens):
+        if _LAB_TOKEN.fullmatch(token):
+            values += 1
+        elif token.strip("_*") == "" and "_" in token:
+            continue
+        elif not (_SHORT.fullmatch(token) and i + 1 < len(tokens)
+                  and (_LAB_TOKEN.fullmatch(tokens[i + 1]) or tokens[i + 1].startswith("___"))):
+            return False
+    return bool(tokens) and (values > 0 or after_lab)
+
+
+class _Draws:
+    """The first draw's time stamp and whether the last stamped line belonged to it."""
+    __slots__ = ("first", "keep")
+
+    def __init__(self) -> None:
+        self.first: tuple | None = None
+        self.keep = True
+
+
+def _result_line(line: str, after_line: bool, draws: _Draws) -> str | None:
+    """`keep` (a lab line of the first draw, admission lab values), `later` (a lab line of another draw, or
+    its wrapped continuation), None (a line it cannot place)."""
+    if "-" in line or ":" in line:
         stamp = _LAB_STAMP.match(line)
-        if stamp:
-            when = stamp.group(1).replace(" ", "").upper()
-            first_stamp = first_stamp or when
-            keep_draw = when == first_stamp
-            if not keep_draw:
-                withheld[f"{section}:later_draw_lines"] += 1
-        elif not line.strip():
-            keep_draw = True
-        if keep_draw:
-            kept.append(line)
-    return "\n".join(kept)
+        if stamp and (specimen := _SPECIMEN.match(stamp.group(3))):
+            day = stamp.group(1) if stamp.group(1) and stamp.group(1) != "___" else ""
+            when = (day, stamp.group(2).replace(" ", "").upper())
+            draws.first = draws.first or when
+            if when != draws.first:
+                draws.keep = False
+                return "later"
+            draws.keep = True
+            rest = stamp.group(3)[specimen.end():]
+            return "keep" if not rest.strip() or _lab_tokens(rest, True) else None
+        if _lab_tokens(line, after_line):
+            return "keep" if draws.keep else "later"
+    if _LATER.search(line):
+        return None
+    items = [i for i in re.split(r"[,;]|\s{2,}", line.strip()) if i.strip()]
+    if items and all(_ANALYTE_ITEM.fullmatch(i.strip()) for i in items):
+        return "keep"
+    return None
+
+
+_RULE_LINE = re.compile(r"[ \t]*[=\-_*~#.+]{3,}[ \t]*$")
+
+
+def _count_withheld(lines: list[str], section: str, first_kind: str, withheld: Counter) -> int:
+    """Count the withheld rest of a section: one per run of parts of one kind (the first is the stopping
+    line's), and the lines no recognised label accounts for (`<section>:unplaced_lines`, returned)."""
+    withheld[f"{section}:{first_kind}"] += 1
+    kind, unplaced = first_kind, 0
+    for line in lines:
+        if not line.strip():
+            continue
+        found = _labelish(line) if ":" in line or line.lstrip()[:1].isupper() or line.lstrip()[:3] == "___" else None
+        if found is not None and (k := _part_kind(found[0])) != "other":
+            if k != kind:
+                withheld[f"{section}:{k}"] += 1
+            kind = k
+            continue
+        if found is not None and admission_label(line, section if section in _ADMIT_VOCAB else "physical_exam") \
+                is not None:
+            kind = "unplaced"
+        if kind in ("unplaced", "other"):
+            unplaced += 1
+    if unplaced:
+        withheld[f"{section}:unplaced_lines"] += unplaced
+    return unplaced
+
+
+def _stop_kind(line: str) -> str:
+    found = _labelish(line)
+    kind = _part_kind(found[0]) if found is not None else "other"
+    return "unplaced" if kind == "other" else kind
 
 
 def admission_part(body: str, withheld: Counter | None = None, section: str = "physical_exam") -> str:
-    """The opening block and the parts whose label names admission/presentation (their label lines
-    dropped); every other part withheld, counted in `withheld` as `<section>:<kind>` (a run of parts of
-    one kind once: `CT abd:` inside IMAGING). In pertinent_results a lab line of another draw than the
-    part's first (another time stamp) is withheld too (_first_draw)."""
+    """The admission part of a mixed section: its lines up to the first it cannot place (module docstring);
+    admission sub-label lines dropped, lab lines of a later draw withheld (`later_draw_lines`)."""
     withheld = withheld if withheld is not None else Counter()
-    bounds = []  # (label line start, its end, label, text after the label)
-    for m in _CANDIDATE.finditer("\n" + body):  # positions in body: one less
-        label, rest = (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(3), "")
-        if _starts_part(label, not rest.strip()):
-            bounds.append((m.start(), m.end() - 1, label, rest))
-    draws = section == "pertinent_results"
-    opening = body[:bounds[0][0]] if bounds else body
-    chunks = [_first_draw(opening, withheld, section) if draws else opening]
-    kind = None
-    for i, (_, end, label, rest) in enumerate(bounds):
-        upto = bounds[i + 1][0] if i + 1 < len(bounds) else len(body)
-        if _is_admission(label):
-            kind = None
-            chunk = (rest + "\n" if rest.strip() else "") + body[end + 1:upto]
-            chunks.append(_first_draw(chunk, withheld, section) if draws else chunk)
-        elif _part_kind(label) != kind:
-            kind = _part_kind(label)
-            withheld[f"{section}:{kind}"] += 1
-    return "".join(c if c.endswith("\n") or not c else c + "\n" for c in chunks).strip()
+    results = section == "pertinent_results"
+    draws = _Draws()
+    kept: list[str] = []
+    lines = body.split("\n")
+    after_line = False
+    for i, line in enumerate(lines):
+        if not line.strip() or _RULE_LINE.match(line):
+            kept.append(line)
+            after_line = False
+            continue
+        rest = admission_label(line, section)
+        if rest is not None:
+            if not rest.strip():
+                after_line = False
+                continue
+            line = rest
+        verdict = _result_line(line, after_line, draws) if results else (
+            "keep" if _exam_line(line, after_line) else None)
+        if verdict is None:
+            _count_withheld(lines[i + 1:], section, _stop_kind(lines[i]), withheld)
+            if _stop_kind(lines[i]) == "unplaced":
+                withheld[f"{section}:unplaced_lines"] += 1
+            break
+        if verdict == "keep":
+            kept.append(line)
+        else:
+            withheld[f"{section}:later_draw_lines"] += 1
+        after_line = True
+    return "\n".join(kept).strip()
+
+
+# ------------------------------------------------------------- the HPI and the medications on admission
+_STAY = re.compile(r"\b(?:[mscn]|cv|ts)?icu\b|\bccu\b|\bunit\b|\bfloor\b|\btransfer|\bcall ?-?out\b|\bdischarg"
+                   r"|\bhospitali[sz]ation\b|\bpost-?op|\bpostoperative\b|\boperative\b|\bhospital day\b",
+                   re.IGNORECASE)
+_COURSE = re.compile(r"\bcourse\b|\bstay\b|\bevents\b|\bsummary\b|\bhospital\b", re.IGNORECASE)
+_BEFORE_ADMISSION = re.compile(r"\b(?:ed|er|osh|outside|ems|pre-?hospital|triage|emergency|clinic|pcp|office)\b",
+                               re.IGNORECASE)
+_HPI_LABEL_WORDS = {"ros", "review", "of", "systems", "system", "ed", "er", "in", "the", "course", "osh", "outside",
+                    "hospital", "ems", "triage", "initial", "vitals", "vital", "signs", "vs", "hpi", "history",
+                    "present", "illness", "interval", "subjective", "note", "per", "report", "family", "patient",
+                    "pt", "on", "at", "prior", "to", "arrival", "prehospital", "pre", "presentation", "presenting",
+                    "collateral", "symptoms", "emergency", "department", "clinic", "pcp", "office", "and", "exam",
+                    "labs", "ros:"}
+_HOME_MEDS = re.compile(r"\b(?:admission|preadmission|pre-admission|home|outpatient|prior|pta|current|otc|over the"
+                        r" counter|prescription|prescriptions|supplements?|vitamins?)\b", re.IGNORECASE)
+_NOT_HOME_MEDS = re.compile(r"discharg|\bnew\b|\bchanged?\b|\bstop(?:ped)?\b|\bheld\b|\bhold\b|\bcontinue[ds]?\b"
+                            r"|\bstart(?:ed)?\b|\bdiscontinued\b|\binpatient\b|\bhospital\b|\btransfer|\bicu\b"
+                            r"|transitional", re.IGNORECASE)
+_RECONCILIATION = {"new", "changed", "change", "stopped", "stop", "discontinued", "held", "hold", "continue",
+                   "continued", "started", "start", "transitional"}
+
+
+def _cut_at(body: str, section: str, ends, withheld: Counter) -> str:
+    """body up to the first line `ends` says ends it; the rest withheld and counted."""
+    if ":" not in body and not any(c.isupper() for c in body):  # no label can stand in it
+        return body
+    lines = body.split("\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        found = _labelish(line)
+        if found is not None and ends(*found):
+            kind = _part_kind(found[0])
+            _count_withheld(lines[i + 1:], section, "unplaced" if kind == "other" else kind, withheld)
+            if kind == "other":
+                withheld[f"{section}:unplaced_lines"] += 1
+            return "\n".join(lines[:i]).strip()
+    return body
+
+
+def _ends_hpi(label: str, rest: str | None) -> bool:
+    """A course or stay label ends the HPI (`MICU COURSE`, `Summary of MICU stay: ...`); an ED or outside
+    hospital course does not; an unknown label alone on its line ends it too."""
+    if _STAY.search(label) or (_COURSE.search(label) and not _BEFORE_ADMISSION.search(label)):
+        return True
+    return rest is None and not all(w in _HPI_LABEL_WORDS for w in header_key(label).split())
+
+
+def _ends_admission_meds(label: str, rest: str | None) -> bool:
+    """A medication label that is not an admission one (`DISCHARGE MEDS`, `NEW MEDICATIONS`, `Medications:`)
+    or a reconciliation label (`STOPPED:`, `CHANGED`) ends Medications on Admission."""
+    words = set(header_key(label).split())
+    if words & _RECONCILIATION or _NOT_HOME_MEDS.search(label):
+        return True
+    return _part_kind(label) == "medications" and not _HOME_MEDS.search(label)
 
 
 # ----------------------------------------------------------------------------- the splitter
@@ -274,17 +545,24 @@ def _opens(canonical: str, norm: str, alone: bool, current: str, seen: set[str])
 @functools.lru_cache(maxsize=100_000)
 def _label(label: str) -> tuple[str, str | None, bool]:
     """A label line's (lookup key, canonical section or None, a template wording)."""
-    norm = header_key(label)
+    norm = section_key(label)
     return norm, HEADERS.get(norm), norm in TEMPLATE_WORDING
 
 
 def split_note(text: str) -> SplitNote:
     """Canonical section -> its text, with what was withheld counted (see the module docstring)."""
     out = SplitNote()
-    text = "\n" + text  # positions below are in this text; slicing it gives the same sections
-    # (line start, content start, end, key, canonical, template wording, alone on its line) of each label line
-    matches = [(m.start() + 1, m.start(2), m.end(), *_label(m.group(1)), not (rest := m.group(2)) or rest.isspace())
-               for m in _LABEL_LINE.finditer(text)]
+    text = "\n" + normalise_line_ends(text)  # positions below are in this text; slicing it gives the sections
+    # (line start, content start, end, key, canonical, template wording, alone on its line) of each label line;
+    # a line without a colon counts only where it is a known header (`Brief Hospital Course`)
+    matches = []
+    for m in _LABEL_LINE.finditer(text):
+        rest = m.group(2)
+        label = _label(m.group(1))
+        if rest is None and label[1] is None:
+            continue
+        matches.append((m.start() + 1, m.end() if rest is None else m.start(2), m.end(), *label,
+                        rest is None or not rest or rest.isspace()))
     # where a template wording of each section stands alone on its line: a loose wording, or a label with
     # text after it, before that yields to it (narrative)
     template_at: dict[str, int] = {}
@@ -323,6 +601,9 @@ def split_note(text: str) -> SplitNote:
         if name in out.sections:
             out.full[name] = out.sections[name]
             out.sections[name] = admission_part(out.sections[name], out.withheld, name)
+    for name, ends in (("history_present_illness", _ends_hpi), ("admission_medications", _ends_admission_meds)):
+        if name in out.sections:
+            out.sections[name] = _cut_at(out.sections[name], name, ends, out.withheld)
     return out
 
 
