@@ -608,14 +608,26 @@ def split_note(text: str) -> SplitNote:
 
 
 # ----------------------------------------------------------------------------- the target
-_NUMBER = re.compile(r"^(?:\(?\d{1,3}[.):]|#\s*\d{1,3}[.):]?|\(?[a-zA-Z][.)](?=\s)|[-*\u2022#>~+o](?=\s)|[-*\u2022#>]+)\s*")
+# a list marker: a number, a bullet, or a letter with `)` or with `.` before a capital (`A. Sepsis`); a letter
+# and a dot before a lower-case word is an abbreviated genus (`E. coli`, `C. difficile`, `H. pylori`)
+_NUMBER = re.compile(r"^(?:\(?\d{1,3}[.):]|#\s*\d{1,3}[.):]?|\(?[a-zA-Z]\)(?=\s)|[a-zA-Z]\.(?=\s+[A-Z0-9(])"
+                     r"|[-*\u2022#>~+o](?=\s)|[-*\u2022#>]+)\s*")
+# a disposition or a placeholder written where the diagnosis belongs: not a diagnosis
+_NOT_DIAGNOSIS = re.compile(
+    r"(?:patient |pt )?(?:expired|deceased|died|death|dead|ama|left ama|left against medical advice|against medical"
+    r" advice|hospice|home hospice|comfort measures(?: only)?|cmo|dnr/dni|transferred|transfer(?:red)? to \w+"
+    r"|home|home with services|snf|rehab|extended care|n/?a|none|unknown|deferred|see above|see hpi|pending)",
+    re.IGNORECASE)
+_DISPOSITION = re.compile(r"expired|deceased|died|death|dead|ama|left|against|hospice|comfort|cmo|dnr|transfer"
+                          r"|home|snf|rehab|extended", re.IGNORECASE)
 _RULE = re.compile(r"^[\s=\-_*~#.+]*$")
 _SUBLABEL = re.compile(r"^([A-Za-z][A-Za-z ,/&()'\-]{0,50}?)\s*(?::\s*(.*))?$")
 
 
 def diagnosis_target(body: str | None) -> tuple[list[str], str | None]:
     """A Discharge Diagnosis section -> (names, None), or ([], why it is empty): `no section`,
-    `empty section` or `no diagnosis in the section` (only labels, rules, blanks). Primary sub-list first;
+    `empty section`, `no diagnosis in the section` (only labels, rules, blanks, placeholders such as `None`)
+    or `only a disposition` (`Expired`, `AMA`: where the patient went, not what they had). Primary sub-list first;
     sub-list labels (`Primary:`, `SECONDARY DIAGNOSES`), numbering, bullets and `=====` rules removed;
     duplicates (case-insensitive) dropped."""
     if body is None:
@@ -625,6 +637,7 @@ def diagnosis_target(body: str | None) -> tuple[list[str], str | None]:
     primary: list[str] = []
     other: list[str] = []
     target = other
+    dispositions = 0
     for raw in body.split("\n"):
         line = raw.strip()
         if _RULE.match(line):
@@ -636,13 +649,18 @@ def diagnosis_target(body: str | None) -> tuple[list[str], str | None]:
             line = (m.group(2) or "").strip()
         item = _NUMBER.sub("", line).strip().rstrip(" .,;")
         if item and not _RULE.match(item):
+            if _NOT_DIAGNOSIS.fullmatch(item):
+                dispositions += bool(_DISPOSITION.search(item))
+                continue
             target.append(item)
     names, seen = [], set()
     for item in primary + other:
         if item.lower() not in seen:
             seen.add(item.lower())
             names.append(item)
-    return names, None if names else "no diagnosis in the section"
+    if names:
+        return names, None
+    return [], "only a disposition (Expired, AMA, ...)" if dispositions else "no diagnosis in the section"
 
 
 def diagnosis_list(body: str | None) -> list[str]:
