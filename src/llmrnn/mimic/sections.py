@@ -464,8 +464,10 @@ def _cut_at(body: str, section: str, ends, withheld: Counter) -> str:
     for i, line in enumerate(lines):
         if not line.strip():
             continue
-        found = _labelish(line)
-        if found is not None and ends(*found):
+        found = _labelish(line, cased=False)  # a stay named in any case ends it; an unknown label must look like one
+        if found is not None and found[1] is None and len(found[0].split()) > 5:
+            continue  # a short line of prose, not a label
+        if found is not None and ends(*found, found[1] is not None or _labelish(line) is not None):
             kind = _part_kind(found[0])
             _count_withheld(lines[i + 1:], section, "unplaced" if kind == "other" else kind, withheld)
             if kind == "other":
@@ -474,15 +476,15 @@ def _cut_at(body: str, section: str, ends, withheld: Counter) -> str:
     return body
 
 
-def _ends_hpi(label: str, rest: str | None) -> bool:
+def _ends_hpi(label: str, rest: str | None, cased: bool) -> bool:
     """A course or stay label ends the HPI (`MICU COURSE`, `Summary of MICU stay: ...`); an ED or outside
-    hospital course does not; an unknown label alone on its line ends it too."""
+    hospital course does not; an unknown label alone on its line (upper or title case) ends it too."""
     if _STAY.search(label) or (_COURSE.search(label) and not _BEFORE_ADMISSION.search(label)):
         return True
-    return rest is None and not all(w in _HPI_LABEL_WORDS for w in header_key(label).split())
+    return cased and rest is None and not all(w in _HPI_LABEL_WORDS for w in header_key(label).split())
 
 
-def _ends_admission_meds(label: str, rest: str | None) -> bool:
+def _ends_admission_meds(label: str, rest: str | None, cased: bool) -> bool:
     """A medication label that is not an admission one (`DISCHARGE MEDS`, `NEW MEDICATIONS`, `Medications:`)
     or a reconciliation label (`STOPPED:`, `CHANGED`) ends Medications on Admission."""
     words = set(header_key(label).split())
