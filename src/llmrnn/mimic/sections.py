@@ -229,6 +229,9 @@ _ADMIT_VOCAB = {
 }
 
 
+_ADMIT_HINT = re.compile(r"admi|presen|arriv|initial|intake|\bed\b|\ber\b|emergen|triage", re.IGNORECASE)
+
+
 @functools.lru_cache(maxsize=100_000)
 def admission_label(line: str, section: str) -> str | None:
     """The text after an admission sub-label of a mixed section (`ADMISSION EXAM:`, `Labs on admission:
@@ -369,34 +372,37 @@ def _result_line(line: str, after_line: bool, draws: _Draws) -> str | None:
 _RULE_LINE = re.compile(r"[ \t]*[=\-_*~#.+]{3,}[ \t]*$")
 
 
-def _count_withheld(lines: list[str], section: str, first_kind: str, withheld: Counter) -> int:
-    """Count the withheld rest of a section: one per run of parts of one kind (the first is the stopping
-    line's), and the lines no recognised label accounts for (`<section>:unplaced_lines`, returned)."""
-    withheld[f"{section}:{first_kind}"] += 1
-    kind, unplaced = first_kind, 0
-    for line in lines:
-        if not line.strip():
-            continue
-        found = _labelish(line) if ":" in line or line.lstrip()[:1].isupper() or line.lstrip()[:3] == "___" else None
-        if found is not None and (k := _part_kind(found[0])) != "other":
-            if k != kind:
-                withheld[f"{section}:{k}"] += 1
-            kind = k
-            continue
-        if found is not None and admission_label(line, section if section in _ADMIT_VOCAB else "physical_exam") \
-                is not None:
-            kind = "unplaced"
-        if kind in ("unplaced", "other"):
-            unplaced += 1
-    if unplaced:
-        withheld[f"{section}:unplaced_lines"] += unplaced
-    return unplaced
+# the label lines of a withheld rest, found in one pass (the rest can be long: every later draw and study)
+# matched against "\n" + rest: a leading literal lets the engine jump from line start to line start
+_REST_LABEL = re.compile(r"\n[ \t]*(?:[-*\u2022#>][ \t]*)?" + _DATE_FIRST
+                         + r"(?=([A-Za-z][\w \t,/&()'.#+\-]{0,60}))\1(?::|(?=\n)|$)")
 
 
-def _stop_kind(line: str) -> str:
-    found = _labelish(line)
+def _nonblank(text: str) -> int:
+    return sum(1 for line in text.split("\n") if line.strip())
+
+
+def _count_withheld(stop_line: str, rest: str, section: str, withheld: Counter) -> None:
+    """Count a withheld rest of a section (from its stopping line on): one part per run of labels of one
+    kind (the first is the stopping line's, `unplaced` where no label names it), and as
+    `<section>:unplaced_lines` the lines from an unplaced stop up to the first label that names a kind:
+    the lines withheld only because the splitter could not place them."""
+    found = _labelish(stop_line, cased=False)
     kind = _part_kind(found[0]) if found is not None else "other"
-    return "unplaced" if kind == "other" else kind
+    kind = "unplaced" if kind == "other" else kind
+    withheld[f"{section}:{kind}"] += 1
+    explained_at = None if kind == "unplaced" else 0
+    for m in _REST_LABEL.finditer("\n" + rest):  # positions in rest: one less
+        k = _part_kind(m.group(1))
+        if k == "other":
+            continue
+        if explained_at is None:
+            explained_at = m.start()
+        if k != kind:
+            withheld[f"{section}:{k}"] += 1
+        kind = k
+    if explained_at != 0:
+        withheld[f"{section}:unplaced_lines"] += 1 + _nonblank(rest[:explained_at])
 
 
 def admission_part(body: str, withheld: Counter | None = None, section: str = "physical_exam") -> str:
@@ -408,12 +414,14 @@ def admission_part(body: str, withheld: Counter | None = None, section: str = "p
     kept: list[str] = []
     lines = body.split("\n")
     after_line = False
-    for i, line in enumerate(lines):
+    at = 0  # where the line starts in body
+    for line in lines:
+        start, at = at, at + len(line) + 1
         if not line.strip() or _RULE_LINE.match(line):
             kept.append(line)
             after_line = False
             continue
-        rest = admission_label(line, section)
+        rest = admission_label(line, section) if _ADMIT_HINT.search(line) else None
         if rest is not None:
             if not rest.strip():
                 after_line = False
@@ -422,9 +430,7 @@ def admission_part(body: str, withheld: Counter | None = None, section: str = "p
         verdict = _result_line(line, after_line, draws) if results else (
             "keep" if _exam_line(line, after_line) else None)
         if verdict is None:
-            _count_withheld(lines[i + 1:], section, _stop_kind(lines[i]), withheld)
-            if _stop_kind(lines[i]) == "unplaced":
-                withheld[f"{section}:unplaced_lines"] += 1
+            _count_withheld(body[start:at - 1], body[at:], section, withheld)
             break
         if verdict == "keep":
             kept.append(line)
@@ -458,7 +464,7 @@ _RECONCILIATION = {"new", "changed", "change", "stopped", "stop", "discontinued"
 
 def _cut_at(body: str, section: str, ends, withheld: Counter) -> str:
     """body up to the first line `ends` says ends it; the rest withheld and counted."""
-    if ":" not in body and not any(c.isupper() for c in body):  # no label can stand in it
+    if ":" not in body and body.lower() == body:  # no label can stand in it
         return body
     lines = body.split("\n")
     for i, line in enumerate(lines):
@@ -468,10 +474,7 @@ def _cut_at(body: str, section: str, ends, withheld: Counter) -> str:
         if found is not None and found[1] is None and len(found[0].split()) > 5:
             continue  # a short line of prose, not a label
         if found is not None and ends(*found, found[1] is not None or _labelish(line) is not None):
-            kind = _part_kind(found[0])
-            _count_withheld(lines[i + 1:], section, "unplaced" if kind == "other" else kind, withheld)
-            if kind == "other":
-                withheld[f"{section}:unplaced_lines"] += 1
+            _count_withheld(line, "\n".join(lines[i + 1:]), section, withheld)
             return "\n".join(lines[:i]).strip()
     return body
 
