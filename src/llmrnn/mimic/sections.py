@@ -229,7 +229,15 @@ _ADMIT_VOCAB = {
 }
 
 
-_ADMIT_HINT = re.compile(r"admi|presen|arriv|initial|intake|\bed\b|\ber\b|emergen|triage", re.IGNORECASE)
+_ADMIT_HINT = re.compile(r"admi|presen|arriv|initial|intake|\bed\b|\ber\b|emergen|triage|exam|\bpe\b|lab|result"
+                         r"|data|values", re.IGNORECASE)
+
+
+# a sub-label that only repeats the section's name (`PHYSICAL EXAM:`, `LABS:`): it names no time, so what
+# follows it is placed line by line as before
+_NEUTRAL = {"physical_exam": {"physical", "exam", "examination", "pe"},
+            "pertinent_results": {"labs", "lab", "laboratory", "laboratories", "results", "result", "data",
+                                  "pertinent", "values"}}
 
 
 @functools.lru_cache(maxsize=100_000)
@@ -238,11 +246,13 @@ def admission_label(line: str, section: str) -> str | None:
     Na 131`), "" for one alone on its line, None for any other line. Every word must be on the section's
     list: `FLOOR ADMISSION EXAM`, `MICU admission labs`, `Admission imaging` are not admission parts."""
     found = _labelish(line, cased=False)
-    if found is None:
-        return None
+    if found is None or line.lstrip(" \t-*\u2022#>")[:1] in ("_", "[") or line.lstrip()[:1].isdigit():
+        return None  # a date or `___` before it: an exam or draw of some later day
     label, rest = found
     words = header_key(label).split()
     vocab = _ADMIT_VOCAB[section]
+    if words and all(w in _NEUTRAL[section] for w in words):
+        return rest or ""
     if not words or not set(words) & _ADMIT_WORDS or not all(w in vocab for w in words):
         return None
     return rest or ""
@@ -253,7 +263,10 @@ _LATER = re.compile(
     r"\b(?:on|at|upon|prior to|day of|time of|before|after|since|until|post|for)\s+(?:the\s+)?"
     r"(?:discharge|transfer|call ?-?out|the floor|floor|icu|micu)\b|\bdischarged\b|\btransferr?ed\b|\bexpired\b"
     r"|\bdeceased\b|\btime of death\b|\bpassed away\b|\b(?:pod|hd|hospital day|post-?op(?:erative)? day)\s*#?\s*\d"
-    r"|\bdischarge (?:exam|labs?|vitals|physical)|\bd/c\b|\bcall-?out\b", re.IGNORECASE)
+    r"|\bdischarge (?:exam|labs?|vitals|physical)|\bd/c\b|\bcall-?out\b|\b(?:[mscn]|cv|ts)?icu\b|\bccu\b"
+    r"|\brepeat\b|\bsubsequent(?:ly)?\b|\bthe next (?:day|morning)\b|\binterval\b|\bpost-?op|\bresolved\b"
+    r"|\b(?:since|after) admission\b|\bduring (?:the |his |her )?(?:stay|admission|hospitali[sz]ation)\b",
+    re.IGNORECASE)
 _SYSTEMS = (
     r"gen(?:eral)?(?: appearance)?|constitutional|appearance|heent|head|eyes?|ent|ears?|nose|throat|mouth|oropharynx"
     r"|op|neck|lymph(?: nodes?)?|lymphatics?|nodes|ln|cv|cvs|cardiac|cardio|cardiovascular|heart|cor|chest|lungs?"
@@ -263,11 +276,13 @@ _SYSTEMS = (
     r"|reflexes|dtrs?|coordination|cerebellar|gait|strength|tone|psych(?:iatric)?|mood|affect|speech|language"
     r"|orientation|pulses|vascular|access|lines?|foley|drains?|tubes?|ostomy|stoma|heme|hands?|feet|foot|knees?"
     r"|hips?|shoulders?|arms?|legs?|ankles?|wrists?|elbows?|face|scalp|nails|fingers|toes|[rl]ue|[rl]le|bue|ble"
-    r"|extremities|vitals?|vital signs|vs|v/s")
+    r"|extremities|vitals?|vital signs|vs|v/s|gastrointestinal|hematologic|integumentary|thyroid|pupils|cva"
+    r"|peripheral vascular|attention|memory|tele|telemetry|genitals?|groin|airway|fundoscopic|funduscopic|fundi"
+    r"|speculum|bimanual|orthostatics?")
 _VITALS = r"t|temp|tmax|tc|bp|hr|p|rr|o2(?: sat)?|spo2|sao2|sats?|pulse ox|weight|wt|height|i/o|fs|fsbg|bmi|pain"
 _EXAM_LINE = re.compile(
     r"[ \t]*(?:[-*\u2022][ \t]*)?(?:(?:left|right|l|r|bilateral|bilat|b/l)[ \t]+)?"
-    rf"(?:(?:{_SYSTEMS})(?:[ \t]+(?:exam|examination|findings))?[ \t]*(?:[:=]|-(?!\w)|-[ \t]|[ \t]+[^\s:]|$)"
+    rf"(?:(?:{_SYSTEMS})(?:[ \t]+(?:exam|examination|findings))?[ \t]*(?:[:=,/]|-(?!\w)|-[ \t]|[ \t]+[^\s:]|$)"
     rf"|(?:{_VITALS})[ \t]*(?:[:=]|[ \t]*[<>~]?\d))", re.IGNORECASE)
 _FINDINGS = frozenset((
     "afebrile", "febrile", "alert", "awake", "oriented", "a&o", "a&ox3", "aox3", "aaox3", "aaox", "nad", "wdwn",
@@ -289,8 +304,8 @@ def _exam_line(line: str, after_line: bool) -> bool:
         return False
     if _EXAM_LINE.match(line):
         return True
-    if after_line and _CONTINUATION.match(line):
-        return True
+    if after_line and _CONTINUATION.match(line) and (":" not in line or _labelish(line, cased=False) is None):
+        return True  # a wrapped line, not a lower-case label (`repeat exam:`)
     items = [i.strip() for i in re.split(r"[,;]", line) if i.strip()]
     return bool(items) and len(line) <= 200 and all(
         i[0].isdigit() or i.split()[0].lower().rstrip(".") in _FINDINGS for i in items)
@@ -304,9 +319,11 @@ _SPECIMEN = re.compile(r"(?:(?:BLOOD|URINE|ASCITES|PLEURAL|CSF|\(CSF\)|CEREBROSP
 _QUALITATIVE = (r"neg|pos|none|tr|sm|mod|lg|few|many|occ|rare|clear|cloudy|hazy|slhazy|slcloudy|yellow|straw|amber"
                 r"|red|orange|brown|pink|random|hold|negative|positive|normal|abnormal|notdone|art|ven|mix|central"
                 r"|greater|less|trace|small|large|moderate")
-_LAB_TOKEN = re.compile(rf"[A-Za-z][A-Za-z0-9%#/().']*-(?:(?:[<>]=?)?(?:\d|\.\d)\S*|(?:{_QUALITATIVE})\*?)",
+_LAB_TOKEN = re.compile(rf"[%A-Za-z][A-Za-z0-9%#/().'\-]*-(?:(?:[<>]=?)?(?:\d|\.\d)\S*|(?:{_QUALITATIVE})\*?)",
                         re.IGNORECASE)
-_SHORT = re.compile(r"[A-Za-z][A-Za-z0-9]{0,7}")
+# a short name before a `___` or a value (`Plt ___`, `Base XS-0`); a study's name is none (`CXR ___`)
+_SHORT = re.compile(r"(?!(?:cxr|ct|cta|mri|mra|us|tte|tee|ekg|ecg|egd|kub|eeg|ercp|chest|echo|head|abd)\b)"
+                    r"[A-Za-z][A-Za-z0-9]{0,7}", re.IGNORECASE)
 _ANALYTE = (r"wbc|rbc|hgb|hb|hemoglobin|hct|hematocrit|plt|platelets?|mcv|na|sodium|k|potassium|cl|chloride|hco3"
             r"|bicarb(?:onate)?|co2|bun|urea|cr|creat|creatinine|glucose|glu|ca|calcium|mg|magnesium|phos|phosphate"
             r"|alt|ast|alk phos|alkphos|alp|t ?bili|bili(?:rubin)?|albumin|alb|lipase|amylase|inr|pt|ptt|trop(?:onin)?"
@@ -442,8 +459,8 @@ def admission_part(body: str, withheld: Counter | None = None, section: str = "p
 
 # ------------------------------------------------------------- the HPI and the medications on admission
 _STAY = re.compile(r"\b(?:[mscn]|cv|ts)?icu\b|\bccu\b|\bunit\b|\bfloor\b|\btransfer|\bcall ?-?out\b|\bdischarg"
-                   r"|\bhospitali[sz]ation\b|\bpost-?op|\bpostoperative\b|\boperative\b|\bhospital day\b",
-                   re.IGNORECASE)
+                   r"|\bhospitali[sz]ation\b|\bpost-?op|\bpostoperative\b|\boperative\b|\bhospital day\b"
+                   r"|\b(?:since|after) admission\b|\bduring (?:the |his |her )?(?:stay|admission)\b", re.IGNORECASE)
 _COURSE = re.compile(r"\bcourse\b|\bstay\b|\bevents\b|\bsummary\b|\bhospital\b", re.IGNORECASE)
 _BEFORE_ADMISSION = re.compile(r"\b(?:ed|er|osh|outside|ems|pre-?hospital|triage|emergency|clinic|pcp|office)\b",
                                re.IGNORECASE)
@@ -621,10 +638,11 @@ _NUMBER = re.compile(r"^(?:\(?\d{1,3}[.):]|#\s*\d{1,3}[.):]?|\(?[a-zA-Z]\)(?=\s)
 _NOT_DIAGNOSIS = re.compile(
     r"(?:patient |pt )?(?:expired|deceased|died|death|dead|ama|left ama|left against medical advice|against medical"
     r" advice|hospice|home hospice|comfort measures(?: only)?|cmo|dnr/dni|transferred|transfer(?:red)? to \w+"
-    r"|home|home with services|snf|rehab|extended care|n/?a|none|unknown|deferred|see above|see hpi|pending)",
-    re.IGNORECASE)
+    r"|home|home with services|snf|rehab|extended care|n/?a|none|unknown|deferred|see above|see hpi|pending)"
+    r"(?:\s+(?:on|at)\s+\S+)?", re.IGNORECASE)
 _DISPOSITION = re.compile(r"expired|deceased|died|death|dead|ama|left|against|hospice|comfort|cmo|dnr|transfer"
                           r"|home|snf|rehab|extended", re.IGNORECASE)
+_LETTER = re.compile(r"\(?([a-zA-Z])([.)])\s+[A-Z]")
 _RULE = re.compile(r"^[\s=\-_*~#.+]*$")
 _SUBLABEL = re.compile(r"^([A-Za-z][A-Za-z ,/&()'\-]{0,50}?)\s*(?::\s*(.*))?$")
 
@@ -643,6 +661,7 @@ def diagnosis_target(body: str | None) -> tuple[list[str], str | None]:
     other: list[str] = []
     target = other
     dispositions = 0
+    last_letter = "`"  # the letter before `a`
     for raw in body.split("\n"):
         line = raw.strip()
         if _RULE.match(line):
@@ -652,7 +671,13 @@ def diagnosis_target(body: str | None) -> tuple[list[str], str | None]:
                                                                    for w in words):
             target = primary if any(w in PRIMARY_WORDS for w in words) else other
             line = (m.group(2) or "").strip()
-        item = _NUMBER.sub("", line).strip().rstrip(" .,;")
+        if (letter := _LETTER.match(line)) and letter.group(2) == ".":
+            # a letter and a dot are a list marker only in a lettered list (a., b., ...): `E. Coli UTI` is a name
+            in_list = letter.group(1).lower() in ("a", chr(ord(last_letter) + 1))
+            last_letter = letter.group(1).lower()
+            item = (_NUMBER.sub("", line) if in_list else line).strip().rstrip(" .,;")
+        else:
+            item = _NUMBER.sub("", line).strip().rstrip(" .,;")
         if item and not _RULE.match(item):
             if _NOT_DIAGNOSIS.fullmatch(item):
                 dispositions += bool(_DISPOSITION.search(item))
