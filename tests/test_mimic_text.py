@@ -79,7 +79,23 @@ LATER_EXAMS = {
     "exam on day of transfer": "Exam on day of transfer\nGEN: intubated LATE5\n",
     "prose after the exam": "Patient seen and examined on the day of discharge, LATE5 lungs clear.\n",
     "dated exam": "___ exam:\nLungs: clear LATE5\n",
+    "a unit in a system line": "Gen (MICU): sedated LATE5\n",
+    "vitals on discharge": "Vitals on discharge: 98.1 LATE5\n",
+    "pre-discharge": "PRE-DISCHARGE EXAM:\nGen: LATE5\n",
+    "exam on the floor": "Exam on floor:\nLungs: LATE5\n",
+    "a numbered later exam": "2) Discharge exam: LATE5\n",
+    "last day": "Last day exam:\nGen: LATE5\n",
 }
+WRAPPED = {
+    "a lower-case label wrapped on": "repeat exam the next day: clear LATE5\n",
+    "a later day in a system line": "Wound: staples removed on POD 3 LATE5\n",
+    "a label with no blank line before": "DISCHARGE:\nGen: LATE5\n",
+}
+
+
+@pytest.mark.parametrize("later", list(WRAPPED.values()), ids=list(WRAPPED))
+def test_a_later_line_right_under_the_admission_exam_is_withheld(later):
+    _assert_fails_closed(_note(exam=EXAM.rstrip(" \n") + "\n" + later + " \n"))
 
 
 @pytest.mark.parametrize("later", list(LATER_EXAMS.values()), ids=list(LATER_EXAMS))
@@ -110,6 +126,19 @@ LATER_RESULTS = {
     "discharge labs lower case": "discharge labs\n___ 06:05AM BLOOD WBC-7.9\n",
     "a study in prose": "CTA was negative for PE LATE5\n",
     "labs without a label": "Na 140 K 4.0\nRepeat lactate 1.1 LATE5\n",
+    "mri with a date": "___ MRI HEAD W/O CONTRAST: no infarct LATE5\n",
+    "ct, date after": "CT HEAD W/O CONTRAST ___: LATE5\n",
+    "portable tte": "Portable TTE (Complete) Done ___ at 10:00 LATE5\n",
+    "urine culture": "URINE CULTURE (Final ___): NO GROWTH. LATE5\n",
+    "mrsa screen": "MRSA SCREEN (Final ___): No MRSA isolated. LATE5\n",
+    "cardiac cath": "Cardiac cath ___: LATE5\n",
+    "ercp": "ERCP ___: LATE5\n",
+    "a study with a time stamp": "___ 10:15AM CHEST X-RAY LATE5\n",
+    "a culture with a time stamp": "___ 07:20PM BLOOD CULTURE positive LATE5\n",
+    "a study name and a blank": "CXR ___\nIMPRESSION: LATE5\n",
+    "labs prior to discharge": "Labs prior to discharge:\nWBC 8 LATE5\n",
+    "a trend": "Trend: Cr 0.9 -> 1.4 LATE5\n",
+    "the same clock time another day": "___ 09:10PM BLOOD WBC-3.1 LATE5-1\n",
 }
 
 
@@ -160,6 +189,11 @@ def test_an_admission_exam_of_a_later_unit_is_withheld(label):
     "ICU Course:\nLATE5 pressors.\n",
     "Hospital course:\nLATE5\n",
     "On arrival to the floor: LATE5 saturating well.\n",
+    "Since admission: LATE5\n",
+    "Overnight events:\nLATE5\n",
+    "Clinical course: LATE5\n",
+    "micu summary:\nLATE5\n",
+    "Upon arrival to the MICU: LATE5\n",
 ])
 def test_the_stay_written_into_the_hpi_is_withheld(stay):
     shown = _assert_fails_closed(_note(hpi=HPI.rstrip(" \n") + "\n" + stay + " \n"))
@@ -172,7 +206,8 @@ def test_an_ed_course_and_a_review_of_systems_stay_in_the_hpi():
 
 
 @pytest.mark.parametrize("label", ["NEW MEDICATIONS:", "CHANGED", "Inpatient medications:", "STOPPED:",
-                                   "Medications:"])
+                                   "Medications:", "Medications on Transfer:", "Active Medication list as of ___:",
+                                   "Discharge Medications (new)"])
 def test_a_medication_list_that_is_not_the_admission_one_ends_it(label):
     _assert_fails_closed(_note(meds=MEDS.rstrip(" \n") + f"\n{label}\nPrednisone LATE5\n \n"))
 

@@ -240,6 +240,12 @@ _NEUTRAL = {"physical_exam": {"physical", "exam", "examination", "pe"},
                                   "pertinent", "values"}}
 
 
+@functools.lru_cache(maxsize=10_000)
+def _neutral_label(line: str, section: str) -> bool:
+    found = _labelish(line, cased=False)
+    return found is not None and all(w in _NEUTRAL[section] for w in header_key(found[0]).split())
+
+
 @functools.lru_cache(maxsize=100_000)
 def admission_label(line: str, section: str) -> str | None:
     """The text after an admission sub-label of a mixed section (`ADMISSION EXAM:`, `Labs on admission:
@@ -353,12 +359,16 @@ def _lab_tokens(text: str, after_lab: bool) -> bool:
 
 
 class _Draws:
-    """The first draw's time stamp and whether the last stamped line belonged to it."""
-    __slots__ = ("first", "keep")
+    """The first draw's time stamp, whether the last stamped line belonged to it, and whether the first
+    draw's block has ended (a blank line after its lines: dates are `___`, so a stamp of the same clock
+    time further down may be another day's; only an admission sub-label opens it again)."""
+    __slots__ = ("first", "keep", "seen", "closed")
 
     def __init__(self) -> None:
         self.first: tuple | None = None
         self.keep = True
+        self.seen = False  # a lab line of the first draw since the last admission sub-label
+        self.closed = False
 
 
 def _result_line(line: str, after_line: bool, draws: _Draws) -> str | None:
@@ -370,10 +380,10 @@ def _result_line(line: str, after_line: bool, draws: _Draws) -> str | None:
             day = stamp.group(1) if stamp.group(1) and stamp.group(1) != "___" else ""
             when = (day, stamp.group(2).replace(" ", "").upper())
             draws.first = draws.first or when
-            if when != draws.first:
+            if when != draws.first or draws.closed:
                 draws.keep = False
                 return "later"
-            draws.keep = True
+            draws.keep = draws.seen = True
             rest = stamp.group(3)[specimen.end():]
             return "keep" if not rest.strip() or _lab_tokens(rest, True) else None
         if _lab_tokens(line, after_line):
@@ -437,9 +447,12 @@ def admission_part(body: str, withheld: Counter | None = None, section: str = "p
         if not line.strip() or _RULE_LINE.match(line):
             kept.append(line)
             after_line = False
+            draws.closed = draws.closed or (draws.seen and not line.strip())
             continue
         rest = admission_label(line, section) if _ADMIT_HINT.search(line) else None
         if rest is not None:
+            if not _neutral_label(line, section):  # `ADMISSION LABS:` opens the first draw again, `LABS:` not
+                draws.closed = draws.seen = False
             if not rest.strip():
                 after_line = False
                 continue
