@@ -358,3 +358,36 @@ def test_an_expired_patients_note_shows_nothing_from_the_stay():
     shown = _assert_fails_closed(_note(exam=exam, tail=tail))
     assert "No heart sounds" not in json.dumps(shown)
     assert sections.diagnosis_target(sections.split_note(_note(tail=tail)).sections["discharge_diagnosis"])[0] == []
+
+
+WRAPPED_EXAM = """Physical Exam:
+ADMISSION PHYSICAL EXAM:
+========================
+VITALS: 98.2 PO 128 / 72 L Lying 78 18 96 RA
+GENERAL: Alert and interactive. In no acute distress.
+HEENT: NCAT. PERRL, EOMI. Sclera anicteric and without injection.
+MMM.
+CARDIAC: Regular rhythm, normal rate. Audible S1 and S2. No
+murmurs/rubs/gallops.
+LUNGS: Clear to auscultation bilaterally. No wheezes, rhonchi or
+rales. No increased work of breathing.
+ABDOMEN: Normal bowels sounds, non distended, non-tender to deep
+palpation in all four quadrants. No organomegaly.
+NEUROLOGIC: AOx3. CN2-12 intact. ___ strength throughout. Normal
+sensation. KEEP2
+
+DISCHARGE PHYSICAL EXAM:
+VS: 98.0 LATE5
+"""
+
+
+def test_an_exam_wrapped_at_the_note_width_is_kept_whole():
+    """Lines wrapped from a long exam line (`MMM.`, `Normal\nsensation.`) continue it; they are no labels."""
+    shown = _assert_fails_closed(_note(exam=WRAPPED_EXAM))
+    assert shown["physical_exam"].endswith("sensation. KEEP2") and "MMM." in shown["physical_exam"]
+
+
+def test_a_wrapped_capitalised_word_does_not_end_the_hpi():
+    hpi = ("History of Present Illness:\nMs. ___ is a ___ woman with a long history of severe\nCOPD.\n"
+           "She presents with dyspnea KEEP1.\n \n")
+    _assert_fails_closed(_note(hpi=hpi))

@@ -82,6 +82,8 @@ def _labelish(line: str, cased: bool = True) -> tuple[str, str | None] | None:
     letters = [c for c in label if c.isalpha()]
     if not cased:
         return label, None
+    if label.endswith("."):
+        return None  # a sentence (`MMM.` wrapped from the line above), not a label
     if len(letters) >= 2 and label.upper() == label:
         return label, None
     words = [w for w in re.split(r"[\s/]+", label) if any(c.isalpha() for c in w)]
@@ -144,7 +146,7 @@ _LATER = re.compile(
     r"(?:discharge|transfer|call ?-?out|the floor|floor|icu|micu)\b|\bdischarged\b|\btransferr?ed\b|\bexpired\b"
     r"|\bdeceased\b|\btime of death\b|\bpassed away\b|\b(?:pod|hd|hospital day|post-?op(?:erative)? day)\s*#?\s*\d"
     r"|\bdischarge (?:exam|labs?|vitals|physical)|\bd/c\b|\bcall-?out\b|\b(?:[mscn]|cv|ts)?icu\b|\bccu\b"
-    r"|\brepeat\b|\bsubsequent(?:ly)?\b|\bthe next (?:day|morning)\b|\binterval\b|\bpost-?op|\bresolved\b"
+    r"|\brepeat\b|\blater\b|\bsubsequent(?:ly)?\b|\bthe next (?:day|morning)\b|\binterval\b|\bpost-?op|\bresolved\b"
     r"|\b(?:since|after) admission\b|\bduring (?:the |his |her )?(?:stay|admission|hospitali[sz]ation)\b",
     re.IGNORECASE)
 _SYSTEMS = (
@@ -177,15 +179,20 @@ _FINDINGS = frozenset((
 _CONTINUATION = re.compile(r"[ \t]*[a-z0-9+(/,]")
 
 
-def _exam_line(line: str, after_line: bool) -> bool:
+WRAP = 55  # a placed line this long or longer was most likely wrapped: the next line may start in capitals
+
+
+def _exam_line(line: str, after: int) -> bool:
     """An exam line: it starts with an exam system label (`Neuro:`, `EXT:`, `Rectal exam:`, `VS 98.1`), or
-    is a list of findings (`afebrile, alert`), or continues the line above it (starts lower case)."""
+    is a list of findings (`afebrile, alert`), or continues the placed line above it (`after`: its length),
+    starting lower case, or in any case where that line was long enough to have been wrapped."""
     if _LATER.search(line):
         return False
     if _EXAM_LINE.match(line):
         return True
-    if after_line and _CONTINUATION.match(line) and (":" not in line or _labelish(line, cased=False) is None):
-        return True  # a wrapped line, not a lower-case label (`repeat exam:`)
+    if after and (_CONTINUATION.match(line) or after >= WRAP) and (
+            ":" not in line or _labelish(line, cased=False) is None):
+        return True  # a wrapped line, not a label (`repeat exam:`)
     items = [i.strip() for i in re.split(r"[,;]", line) if i.strip()]
     return bool(items) and len(line) <= 200 and all(
         i[0].isdigit() or i.split()[0].lower().rstrip(".") in _FINDINGS for i in items)
@@ -314,13 +321,13 @@ def admission_part(body: str, withheld: Counter | None = None, section: str = "p
     draws = _Draws()
     kept: list[str] = []
     lines = body.split("\n")
-    after_line = False
+    after = 0  # the length of the placed line just above, 0 after a blank or a label
     at = 0  # where the line starts in body
     for line in lines:
         start, at = at, at + len(line) + 1
         if not line.strip() or _RULE_LINE.match(line):
             kept.append(line)
-            after_line = False
+            after = 0
             draws.closed = draws.closed or (draws.seen and not line.strip())
             continue
         rest = admission_label(line, section) if _ADMIT_HINT.search(line) else None
@@ -328,11 +335,11 @@ def admission_part(body: str, withheld: Counter | None = None, section: str = "p
             if not _neutral_label(line, section):  # `ADMISSION LABS:` opens the first draw again, `LABS:` not
                 draws.closed = draws.seen = False
             if not rest.strip():
-                after_line = False
+                after = 0
                 continue
             line = rest
-        verdict = _result_line(line, after_line, draws) if results else (
-            "keep" if _exam_line(line, after_line) else None)
+        verdict = _result_line(line, bool(after), draws) if results else (
+            "keep" if _exam_line(line, after) else None)
         if verdict is None:
             _count_withheld(body[start:at - 1], body[at:], section, withheld)
             break
@@ -340,7 +347,7 @@ def admission_part(body: str, withheld: Counter | None = None, section: str = "p
             kept.append(line)
         else:
             withheld[f"{section}:later_draw_lines"] += 1
-        after_line = True
+        after = len(line.rstrip())
     return "\n".join(kept).strip()
 
 
