@@ -64,8 +64,10 @@ def _part_kind(label: str) -> str:
 
 # a label-like line: an optional bullet and date or placeholder, a short label, a colon and text or nothing
 _DATE_FIRST = r"(?:(?:___|\[\*\*[^\]\n]*\*\*\]|\d{1,4}[-/.]\d{1,2}(?:[-/.]\d{1,4})?)[ \t]+)?"
+# the label taken whole at once (a lookahead and a back-reference): a lazy label before an optional colon
+# tried every shorter label against every rest of the line
 _LABELISH = re.compile(r"[ \t]*(?:[-*\u2022#>][ \t]*)?" + _DATE_FIRST
-                       + r"([A-Za-z][\w \t,/&()'.#+\-]{0,60}?)[ \t]*(?::[ \t]*(.*?))?[ \t]*$")
+                       + r"(?=([A-Za-z][\w \t,/&()'.#+\-]{0,60}))\1(?::(.*))?$")
 _MINOR = {"of", "on", "at", "to", "the", "and", "or", "for", "in", "by", "with", "upon", "from", "a", "an", "s"}
 
 
@@ -78,6 +80,7 @@ def _labelish(line: str, cased: bool = True) -> tuple[str, str | None] | None:
         return None
     label, rest = m.group(1).strip(), m.group(2)
     if rest is not None:
+        rest = rest.strip()
         return (label, rest) if len(label.split()) <= 7 else None
     letters = [c for c in label if c.isalpha()]
     if not cased:
@@ -147,8 +150,13 @@ _LATER = re.compile(
     r"|\bdeceased\b|\btime of death\b|\bpassed away\b|\b(?:pod|hd|hospital day|post-?op(?:erative)? day)\s*#?\s*\d"
     r"|\bdischarge (?:exam|labs?|vitals|physical)|\bd/c\b|\bcall-?out\b|\b(?:[mscn]|cv|ts)?icu\b|\bccu\b"
     r"|\brepeat\b|\blater\b|\bsubsequent(?:ly)?\b|\bthe next (?:day|morning)\b|\binterval\b|\bpost-?op|\bresolved\b"
-    r"|\b(?:since|after) admission\b|\bduring (?:the |his |her )?(?:stay|admission|hospitali[sz]ation)\b",
-    re.IGNORECASE)
+    r"|\b(?:since|after) admission\b|\bduring (?:the |his |her )?(?:stay|admission|hospitali[sz]ation)\b")
+def _later(line: str) -> bool:
+    """Whether a line names a later time; these patterns are lower case, matched against the lower-cased line
+    (a case-blind alternation of this size costs several times more)."""
+    return bool(_LATER.search(line.lower()))
+
+
 _SYSTEMS = (
     r"gen(?:eral)?(?: appearance)?|constitutional|appearance|heent|head|eyes?|ent|ears?|nose|throat|mouth|oropharynx"
     r"|op|neck|lymph(?: nodes?)?|lymphatics?|nodes|ln|cv|cvs|cardiac|cardio|cardiovascular|heart|cor|chest|lungs?"
@@ -165,7 +173,7 @@ _VITALS = r"t|temp|tmax|tc|bp|hr|p|rr|o2(?: sat)?|spo2|sao2|sats?|pulse ox|weigh
 _EXAM_LINE = re.compile(
     r"[ \t]*(?:[-*\u2022][ \t]*)?(?:(?:left|right|l|r|bilateral|bilat|b/l)[ \t]+)?"
     rf"(?:(?:{_SYSTEMS})(?:[ \t]+(?:exam|examination|findings))?[ \t]*(?:[:=,/]|-(?!\w)|-[ \t]|[ \t]+[^\s:]|$)"
-    rf"|(?:{_VITALS})[ \t]*(?:[:=]|[ \t]*[<>~]?\d))", re.IGNORECASE)
+    rf"|(?:{_VITALS})[ \t]*(?:[:=]|[ \t]*[<>~]?\d))")
 _FINDINGS = frozenset((
     "afebrile", "febrile", "alert", "awake", "oriented", "a&o", "a&ox3", "aox3", "aaox3", "aaox", "nad", "wdwn",
     "crackles", "rales", "rhonchi", "wheeze", "wheezes", "wheezing", "edema", "tachycardic", "bradycardic",
@@ -186,14 +194,14 @@ def _exam_line(line: str, after: int) -> bool:
     """An exam line: it starts with an exam system label (`Neuro:`, `EXT:`, `Rectal exam:`, `VS 98.1`), or
     is a list of findings (`afebrile, alert`), or continues the placed line above it (`after`: its length),
     starting lower case, or in any case where that line was long enough to have been wrapped."""
-    if _LATER.search(line):
+    if _later(line):
         return False
-    if _EXAM_LINE.match(line):
+    if _EXAM_LINE.match(line.lower()):
         return True
     if after and (_CONTINUATION.match(line) or after >= WRAP) and (
             ":" not in line or _labelish(line, cased=False) is None):
         return True  # a wrapped line, not a label (`repeat exam:`)
-    items = [i.strip() for i in re.split(r"[,;]", line) if i.strip()]
+    items = [i.strip() for i in line.replace(";", ",").split(",") if i.strip()]
     return bool(items) and len(line) <= 200 and all(
         i[0].isdigit() or i.split()[0].lower().rstrip(".") in _FINDINGS for i in items)
 
@@ -219,8 +227,8 @@ _ANALYTE = (r"wbc|rbc|hgb|hb|hemoglobin|hct|hematocrit|plt|platelets?|mcv|na|sod
             r"|folate|neuts|lymphs|monos|eos|baso|bands|retic")
 _ANALYTE_ITEM = re.compile(
     rf"(?:{_ANALYTE})[ \t]*(?:[:=][ \t]*|-|[ \t])(?:of[ \t]+)?(?:[<>]=?[ \t]*)?(?:\d+(?:\.\d+)?(?:[ \t]*(?:%|[a-z]+/[a-z]+|mg|k))?\*?"
-    r"|elevated|high|low|normal|negative|positive|neg|pos|wnl|nl|undetectable|detectable|pending|trace)",
-    re.IGNORECASE)
+    r"|elevated|high|low|normal|negative|positive|neg|pos|wnl|nl|undetectable|detectable|pending|trace)")
+_ITEMS = re.compile(r"[,;]|\s{2,}")
 
 
 def _lab_tokens(text: str, after_lab: bool) -> bool:
@@ -269,9 +277,9 @@ def _result_line(line: str, after_line: bool, draws: _Draws) -> str | None:
             return "keep" if not rest.strip() or _lab_tokens(rest, True) else None
         if _lab_tokens(line, after_line):
             return "keep" if draws.keep else "later"
-    if _LATER.search(line):
+    if _later(line):
         return None
-    items = [i for i in re.split(r"[,;]|\s{2,}", line.strip()) if i.strip()]
+    items = [i for i in _ITEMS.split(line.strip().lower()) if i.strip()]
     if items and all(_ANALYTE_ITEM.fullmatch(i.strip()) for i in items):
         return "keep"
     return None
