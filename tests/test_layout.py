@@ -235,7 +235,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("services", {"prefix_engine", "backends", "engine_budget", "models", "cohort", "judge", "judge.client", "judge.server",
                   "judge.launcher", "promptfit", "phi_guard", "phi_guard.canonical", "phi_guard.decoders",
                   "phi_guard.secrets", "phi_guard.ordinary_words", "phi_guard.identifiers", "phi_guard.scan", "phi_guard.formats",
-                  "phi_guard.files", "phi_guard.bundle", "mimic", "mimic.sections", "mimic.audit", "mimic.tables", "mimic.build",
+                  "phi_guard.files", "phi_guard.bundle", "mimic", "mimic.admission", "mimic.sections", "mimic.audit", "mimic.tables", "mimic.build",
                   "mimic.synth"}),
     ("reward", {"reward", "reward.config", "reward.kwargs", "reward.audit", "reward.guard", "reward.scorer",
                 "reward.entry", "reward.custom", "reward.trial"}),

@@ -525,7 +525,7 @@ def test_audit_counts_discharge_time_signals_per_section(tmp_path, capsys):
     assert rc == 0
     course = ref_report["leak_audit"]["hospital_course"]
     assert course["visits"] == 2 and course["target_verbatim"] == 2 and course["any"] == 2
-    assert ref_report["leak_audit"]["procedures"]["procedure_phrase"] == 1  # appendectomy
+    assert ref_report["leak_audit"]["procedures"]["procedure_phrase"] == 2  # appendectomy; intubation, line placement
     assert "hospital_course" not in report["leak_audit"] and "procedures" not in report["leak_audit"]
     assert report["leak_audit"]["pertinent_results"]["any"] == 0
     audit_json = tmp_path / "audit.json"

@@ -154,6 +154,7 @@ def note_record(text: str, shown: Shown, admitted: date | None = None) -> tuple[
     counts["notes_with_unknown_headers"] = int(bool(split.unknown_headers))
     counts["headers_in_narrative"] = split.repeated
     body = split.sections if shown.cut_mixed else {**split.sections, **split.full}
+    body_full = split.full
     names, why = sec.diagnosis_target(split.sections.get("discharge_diagnosis"))
     kept = {k: body[k] for k in shown.sections if body.get(k)}
     pattern = target_pattern(names)
@@ -161,7 +162,10 @@ def note_record(text: str, shown: Shown, admitted: date | None = None) -> tuple[
     rules = possible_rules(lows.values())
     meta = {"allergies": split.sections.get("allergies") or None,
             "has": sorted(split.sections),
-            "signals": {k: sorted(visit_signals(kept[k], pattern, admitted, rules, low)) for k, low in lows.items()}}
+            "signals": {k: sorted(visit_signals(kept[k], pattern, admitted, rules, low, k)) for k, low in lows.items()},
+            # lines of each shown section withheld because the splitter could not place them (the audit's)
+            "unplaced": {k: split.withheld[f"{k}:unplaced_lines"] for k in shown.sections
+                         if split.withheld.get(f"{k}:unplaced_lines") and (shown.cut_mixed or k not in body_full)}}
     # the visit's clinical_sections as the cohort writes them (the note's target), encoded here in the worker:
     # the main process copies this line into the cohort (json escapes every newline, so it is one line)
     clinical = {"discharge_diagnosis": sec.numbered(names), **{k: body[k] for k in shown.sections if k in body}}
@@ -352,6 +356,7 @@ def _patient_json(sid: int, hadms: list[int], chosen, spool, patients, icd, cove
         if why:
             targets.add(f"empty: {why}")
         leak.add_signals(signals)
+        leak.add_unplaced(meta["unplaced"])
         visits.append(f'{{"visit_id": {hadm}, "visit_number": {number}, "sex": {sex}, '
                       f'"allergies": {json.dumps(meta["allergies"], ensure_ascii=False)}, "clinical_sections": {clinical}}}')
     return f'{{"subject_id": {sid}, "visits": [{", ".join(visits)}]}}'

@@ -18,11 +18,14 @@ else is withheld and counted. How a note is read:
   - inside a shown section that is not mixed, an unknown label alone on its line after a blank line ends
     the section (its text withheld, counted); a label naming discharge-time text (`DISCHARGE LABS:`,
     `Transitional Issues:`) withholds from that line on, wherever it stands;
-  - the mixed sections (Physical Exam, Pertinent Results) are cut into parts at their sub-labels; only the
-    opening block and parts whose label names admission or presentation are kept (ADMISSION_PART). Every
-    other part (D/C, discharge, transfer, death, imaging, microbiology, pathology, echo, unnamed labs) is
-    withheld and counted by kind. In kept results, lab lines of a later draw (a second `___ 07:20AM`
-    time stamp) are withheld too.
+  - line ends are LF (normalise_line_ends, once per note), and a header may come without its colon where
+    it is the whole line (`Brief Hospital Course`, `DISCHARGE MEDICATIONS`); each word has one form and
+    `X at/on discharge` is `discharge X` (section_key), so every spelling of the template meets its entry;
+  - the shown text fails closed (llmrnn.mimic.admission): of the mixed sections (Physical Exam, Pertinent
+    Results) only the lines positively named as admission content are kept, up to the first line that
+    cannot be placed; the HPI ends at a course or stay label, Medications on Admission at any other
+    medication list; what is withheld is counted by kind, and the lines withheld only because they could
+    not be placed as `<section>:unplaced_lines`.
 Which of the sections are shown is a build setting (cohort.mimic_iv.mode / sections); RISK says what each
 one risks.
 """
@@ -34,6 +37,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from llmrnn.mimic.admission import admission_part, cut_admission_medications, cut_hpi, header_key
 from llmrnn.settings.workflow import ADMISSION_TIME, MODES, REFERENCE, RISK  # noqa: F401 (re-exported)
 
 # canonical section <- header variants (as written in notes; normalised when the table is built).
@@ -101,124 +105,53 @@ ADMISSION_AND_DISCHARGE = ("physical_exam", "pertinent_results")
 SUBLABEL_WORDS = {
     "discharge_diagnosis": {"primary", "secondary", "diagnosis", "diagnoses", "dx", "dxs", "chronic", "active",
                             "acute", "resolved", "other", "problems", "issues", "discharge", "final",
-                            "principal", "additional", "conditions", "medical", "and", "s"},
+                            "principal", "additional", "conditions", "condition", "medical", "and", "s"},
     "past_medical_history": {"history", "medical", "surgical", "oncologic", "oncology", "cardiac",
                              "psychiatric", "pmh", "psh", "past", "other", "problems", "hx"},
 }
 PRIMARY_WORDS = {"primary", "principal"}
 # an unknown label with one of these words starts withheld text, whatever section it stands in
-DISCHARGE_TIME_WORDS = {"discharge", "discharged", "course", "instructions", "followup", "disposition", "addendum",
-                        "transitional"}
+DISCHARGE_TIME_WORDS = {"discharge", "discharged", "course", "instruction", "instructions", "followup", "disposition",
+                        "addendum", "transitional"}
 
 
-_NON_LETTERS = re.compile(r"[^a-z]+")
+# one spelling per word of a header: singular, `meds`/`dx`/`hx` written out, `follow up` one word
+_WORD_FORMS = {"medications": "medication", "meds": "medication", "med": "medication", "medicines": "medication",
+               "diagnoses": "diagnosis", "dx": "diagnosis", "dxs": "diagnosis", "instructions": "instruction",
+               "procedures": "procedure", "complaints": "complaint", "results": "result", "labs": "lab",
+               "examination": "exam", "examinations": "exam", "exams": "exam", "hx": "history",
+               "conditions": "condition", "s": ""}
+# `X on/at/upon/prior to discharge|admission` -> `discharge|admission X`: the template's two word orders
+_WORD_ORDER = re.compile(r"^(.+?) (?:on|at|upon|prior to|for|of) (discharge|admission)$")
+
+
 @functools.lru_cache(maxsize=100_000)
-def header_key(label: str) -> str:
-    """A header's lookup key in the table: `Past Medical/Surgical History ` -> `past medical surgical
-    history` (cached: labels repeat). Not llmrnn.matching.normalise, which compares diagnoses."""
-    return _NON_LETTERS.sub(" ", label.lower()).strip()
+def section_key(label: str) -> str:
+    """A header's key in the table: header_key, then one form per word and one word order, so `Medications
+    at Discharge`, `DISCHARGE MEDICATION` and `Discharge Meds` meet (`discharge medication`)."""
+    words = [_WORD_FORMS.get(w, w) for w in header_key(label).split()]
+    norm = " ".join(w for i, w in enumerate(words) if w and (i == 0 or w != words[i - 1]))
+    norm = norm.replace("follow up", "followup")
+    if m := _WORD_ORDER.match(norm):
+        norm = f"{m.group(2)} {m.group(1)}"
+    return norm
 
 
-HEADERS: dict[str, str] = {header_key(v): canonical for canonical, vs in HEADER_VARIANTS.items() for v in vs}
-TEMPLATE_WORDING = {header_key(vs[0]) for vs in HEADER_VARIANTS.values()} | {header_key(v) for v in TARGET_STRICT}
+HEADERS: dict[str, str] = {section_key(v): canonical for canonical, vs in HEADER_VARIANTS.items() for v in vs}
+TEMPLATE_WORDING = {section_key(vs[0]) for vs in HEADER_VARIANTS.values()} | {section_key(v) for v in TARGET_STRICT}
 # matched against "\n" + text: a leading literal lets the engine jump from line start to line start; the
 # label is taken whole at once (a lookahead and a back-reference: an atomic group before Python 3.11), as
-# a lazy or backtracking label tried every shorter label on each line of prose
-_LABEL_LINE = re.compile(r"\n[ \t]*(?=([A-Za-z][A-Za-z0-9 ,/&()'\-]{0,60}))\1[ \t]*:[ \t]*([^\n]*)")
-
-# ----------------------------------------------------------------------------- parts of a mixed section
-_PART_WORDS = re.compile(
-    r"\b(exam|examination|pe|labs?|laboratory|results?|studies|study|data|imaging|radiology|micro"
-    r"|microbiology|cultures?|path|pathology|biopsy|cytology|echo|tte|tee|ekg|ecg|cxr|ct|cta|mri|mra|us"
-    r"|ultrasound|x ?ray|xray|kub|films?|cath|catheterization|eeg|emg|pft)\b", re.IGNORECASE)
-_ADMISSION_LABEL = re.compile(r"\b(admission|admit|admitting|admitted|arrival|presentation|presenting|initial"
-                              r"|intake|ed|emergency)\b", re.IGNORECASE)
-# kinds of a withheld part, first match wins
-_PART_KIND = (
-    ("discharge", re.compile(r"d\s*/\s*c|\bdc\b|dis?ch?a?r?g|dsch|disch|dispo|\bdischarge", re.IGNORECASE)),
-    ("transfer", re.compile(r"transfer|\bxfer|\bcall ?out|\bupon arrival to (the )?floor", re.IGNORECASE)),
-    ("death", re.compile(r"death|expired|deceased|\bdied\b|\bpassed\b|\bexpiration", re.IGNORECASE)),
-    ("imaging", re.compile(r"imaging|radiology|\b(cxr|ct|cta|mri|mra|us|kub|x ?ray|xray|films?|ultrasound"
-                           r"|studies|study)\b", re.IGNORECASE)),
-    ("microbiology", re.compile(r"micro|culture|\bcx\b", re.IGNORECASE)),
-    ("pathology", re.compile(r"path|biopsy|cytology", re.IGNORECASE)),
-    ("echo_ekg", re.compile(r"\b(echo|tte|tee|ekg|ecg|cath|catheterization|eeg|emg|pft)\b", re.IGNORECASE)),
-)
-_LAB_STAMP = re.compile(r"^[ \t]*(?:___|\[\*\*[^\]]*\*\*\]|\d{1,4}[-/]\d{1,2}[-/]\d{1,4})?[ \t]*"
-                        r"(\d{1,2}:\d{2}[ \t]*(?:AM|PM|am|pm)?)[ \t]+[A-Z]")
+# a lazy or backtracking label tried every shorter label on each line of prose. The colon may be missing
+# where the label is the whole line (`Brief Hospital Course`, `DISCHARGE MEDICATIONS`): group 2 is None then
+_LABEL_LINE = re.compile(r"\n[ \t]*(?=([A-Za-z][A-Za-z0-9 \t,/&()'\-]{0,60}))\1[ \t]*(?::[ \t]*([^\n]*)|(?=\n|$))")
+_LINE_ENDS = re.compile(r"\r\n?|[\x85\u2028\u2029]")
 
 
-@functools.lru_cache(maxsize=100_000)
-def _part_kind(label: str) -> str:
-    for kind, pattern in _PART_KIND:
-        if pattern.search(label):
-            return kind
-    return "other"
-
-
-@functools.lru_cache(maxsize=100_000)
-def _starts_part(label: str, alone: bool) -> bool:
-    return bool(_PART_WORDS.search(label) or any(p.search(label) for _, p in _PART_KIND[:3])
-                or _written_at_discharge(header_key(label)) or (alone and _ADMISSION_LABEL.search(label)))
-
-
-@functools.lru_cache(maxsize=100_000)
-def _is_admission(label: str) -> bool:
-    return bool(_ADMISSION_LABEL.search(label)) and _part_kind(label) not in ("discharge", "transfer", "death")
-
-
-# matched against "\n" + body (a leading literal: the engine jumps from line start to line start)
-_CANDIDATE = re.compile(r"\n[ \t]*(?:[-*\u2022][ \t]*)?(?:([A-Za-z#][\w ,/&()'#.\-]{0,60}?)[ \t]*:[ \t]*([^\n]*)"
-                        r"|([A-Z][A-Z0-9 /&()'\-]{2,50})[ \t]*)(?=\n|\Z)")
-
-
-def _first_draw(chunk: str, withheld: Counter, section: str) -> str:
-    """A kept part of the results without the lab lines of a later draw (another time stamp than the
-    part's first), their wrapped continuation lines with them; a blank line ends a draw."""
-    if ":" not in chunk:  # every time stamp has one
-        return chunk
-    kept, first_stamp, keep_draw = [], None, True
-    for line in chunk.split("\n"):
-        stamp = _LAB_STAMP.match(line)
-        if stamp:
-            when = stamp.group(1).replace(" ", "").upper()
-            first_stamp = first_stamp or when
-            keep_draw = when == first_stamp
-            if not keep_draw:
-                withheld[f"{section}:later_draw_lines"] += 1
-        elif not line.strip():
-            keep_draw = True
-        if keep_draw:
-            kept.append(line)
-    return "\n".join(kept)
-
-
-def admission_part(body: str, withheld: Counter | None = None, section: str = "physical_exam") -> str:
-    """The opening block and the parts whose label names admission/presentation (their label lines
-    dropped); every other part withheld, counted in `withheld` as `<section>:<kind>` (a run of parts of
-    one kind once: `CT abd:` inside IMAGING). In pertinent_results a lab line of another draw than the
-    part's first (another time stamp) is withheld too (_first_draw)."""
-    withheld = withheld if withheld is not None else Counter()
-    bounds = []  # (label line start, its end, label, text after the label)
-    for m in _CANDIDATE.finditer("\n" + body):  # positions in body: one less
-        label, rest = (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(3), "")
-        if _starts_part(label, not rest.strip()):
-            bounds.append((m.start(), m.end() - 1, label, rest))
-    draws = section == "pertinent_results"
-    opening = body[:bounds[0][0]] if bounds else body
-    chunks = [_first_draw(opening, withheld, section) if draws else opening]
-    kind = None
-    for i, (_, end, label, rest) in enumerate(bounds):
-        upto = bounds[i + 1][0] if i + 1 < len(bounds) else len(body)
-        if _is_admission(label):
-            kind = None
-            chunk = (rest + "\n" if rest.strip() else "") + body[end + 1:upto]
-            chunks.append(_first_draw(chunk, withheld, section) if draws else chunk)
-        elif _part_kind(label) != kind:
-            kind = _part_kind(label)
-            withheld[f"{section}:{kind}"] += 1
-    return "".join(c if c.endswith("\n") or not c else c + "\n" for c in chunks).strip()
-
+def normalise_line_ends(text: str) -> str:
+    """CRLF, CR and the Unicode line separators as LF: once, where a note is read (split_note), so no
+    pattern after it meets a `\r`."""
+    return _LINE_ENDS.sub("\n", text) if ("\r" in text or "\x85" in text or "\u2028" in text
+                                           or "\u2029" in text) else text
 
 # ----------------------------------------------------------------------------- the splitter
 @dataclass
@@ -274,17 +207,24 @@ def _opens(canonical: str, norm: str, alone: bool, current: str, seen: set[str])
 @functools.lru_cache(maxsize=100_000)
 def _label(label: str) -> tuple[str, str | None, bool]:
     """A label line's (lookup key, canonical section or None, a template wording)."""
-    norm = header_key(label)
+    norm = section_key(label)
     return norm, HEADERS.get(norm), norm in TEMPLATE_WORDING
 
 
 def split_note(text: str) -> SplitNote:
     """Canonical section -> its text, with what was withheld counted (see the module docstring)."""
     out = SplitNote()
-    text = "\n" + text  # positions below are in this text; slicing it gives the same sections
-    # (line start, content start, end, key, canonical, template wording, alone on its line) of each label line
-    matches = [(m.start() + 1, m.start(2), m.end(), *_label(m.group(1)), not (rest := m.group(2)) or rest.isspace())
-               for m in _LABEL_LINE.finditer(text)]
+    text = "\n" + normalise_line_ends(text)  # positions below are in this text; slicing it gives the sections
+    # (line start, content start, end, key, canonical, template wording, alone on its line) of each label line;
+    # a line without a colon counts only where it is a known header (`Brief Hospital Course`)
+    matches = []
+    for m in _LABEL_LINE.finditer(text):
+        rest = m.group(2)
+        label = _label(m.group(1))
+        if rest is None and label[1] is None:
+            continue
+        matches.append((m.start() + 1, m.end() if rest is None else m.start(2), m.end(), *label,
+                        rest is None or not rest or rest.isspace()))
     # where a template wording of each section stands alone on its line: a loose wording, or a label with
     # text after it, before that yields to it (narrative)
     template_at: dict[str, int] = {}
@@ -323,18 +263,34 @@ def split_note(text: str) -> SplitNote:
         if name in out.sections:
             out.full[name] = out.sections[name]
             out.sections[name] = admission_part(out.sections[name], out.withheld, name)
+    for name, cut in (("history_present_illness", cut_hpi), ("admission_medications", cut_admission_medications)):
+        if name in out.sections:
+            out.sections[name] = cut(out.sections[name], out.withheld)
     return out
 
 
 # ----------------------------------------------------------------------------- the target
-_NUMBER = re.compile(r"^(?:\(?\d{1,3}[.):]|#\s*\d{1,3}[.):]?|\(?[a-zA-Z][.)](?=\s)|[-*\u2022#>~+o](?=\s)|[-*\u2022#>]+)\s*")
+# a list marker: a number, a bullet, or a letter with `)` or with `.` before a capital (`A. Sepsis`); a letter
+# and a dot before a lower-case word is an abbreviated genus (`E. coli`, `C. difficile`, `H. pylori`)
+_NUMBER = re.compile(r"^(?:\(?\d{1,3}[.):]|#\s*\d{1,3}[.):]?|\(?[a-zA-Z]\)(?=\s)|[a-zA-Z]\.(?=\s+[A-Z0-9(])"
+                     r"|[-*\u2022#>~+o](?=\s)|[-*\u2022#>]+)\s*")
+# a disposition or a placeholder written where the diagnosis belongs: not a diagnosis
+_NOT_DIAGNOSIS = re.compile(
+    r"(?:patient |pt )?(?:expired|deceased|died|death|dead|ama|left ama|left against medical advice|against medical"
+    r" advice|hospice|home hospice|comfort measures(?: only)?|cmo|dnr/dni|transferred|transfer(?:red)? to \w+"
+    r"|home|home with services|snf|rehab|extended care|n/?a|none|unknown|deferred|see above|see hpi|pending)"
+    r"(?:\s+(?:on|at)\s+\S+)?", re.IGNORECASE)
+_DISPOSITION = re.compile(r"expired|deceased|died|death|dead|ama|left|against|hospice|comfort|cmo|dnr|transfer"
+                          r"|home|snf|rehab|extended", re.IGNORECASE)
+_LETTER = re.compile(r"\(?([a-zA-Z])([.)])\s+[A-Z]")
 _RULE = re.compile(r"^[\s=\-_*~#.+]*$")
 _SUBLABEL = re.compile(r"^([A-Za-z][A-Za-z ,/&()'\-]{0,50}?)\s*(?::\s*(.*))?$")
 
 
 def diagnosis_target(body: str | None) -> tuple[list[str], str | None]:
     """A Discharge Diagnosis section -> (names, None), or ([], why it is empty): `no section`,
-    `empty section` or `no diagnosis in the section` (only labels, rules, blanks). Primary sub-list first;
+    `empty section`, `no diagnosis in the section` (only labels, rules, blanks, placeholders such as `None`)
+    or `only a disposition` (`Expired`, `AMA`: where the patient went, not what they had). Primary sub-list first;
     sub-list labels (`Primary:`, `SECONDARY DIAGNOSES`), numbering, bullets and `=====` rules removed;
     duplicates (case-insensitive) dropped."""
     if body is None:
@@ -344,6 +300,8 @@ def diagnosis_target(body: str | None) -> tuple[list[str], str | None]:
     primary: list[str] = []
     other: list[str] = []
     target = other
+    dispositions = 0
+    last_letter = "`"  # the letter before `a`
     for raw in body.split("\n"):
         line = raw.strip()
         if _RULE.match(line):
@@ -353,15 +311,26 @@ def diagnosis_target(body: str | None) -> tuple[list[str], str | None]:
                                                                    for w in words):
             target = primary if any(w in PRIMARY_WORDS for w in words) else other
             line = (m.group(2) or "").strip()
-        item = _NUMBER.sub("", line).strip().rstrip(" .,;")
+        if (letter := _LETTER.match(line)) and letter.group(2) == ".":
+            # a letter and a dot are a list marker only in a lettered list (a., b., ...): `E. Coli UTI` is a name
+            in_list = letter.group(1).lower() in ("a", chr(ord(last_letter) + 1))
+            last_letter = letter.group(1).lower()
+            item = (_NUMBER.sub("", line) if in_list else line).strip().rstrip(" .,;")
+        else:
+            item = _NUMBER.sub("", line).strip().rstrip(" .,;")
         if item and not _RULE.match(item):
+            if _NOT_DIAGNOSIS.fullmatch(item):
+                dispositions += bool(_DISPOSITION.search(item))
+                continue
             target.append(item)
     names, seen = [], set()
     for item in primary + other:
         if item.lower() not in seen:
             seen.add(item.lower())
             names.append(item)
-    return names, None if names else "no diagnosis in the section"
+    if names:
+        return names, None
+    return [], "only a disposition (Expired, AMA, ...)" if dispositions else "no diagnosis in the section"
 
 
 def diagnosis_list(body: str | None) -> list[str]:
