@@ -53,7 +53,7 @@ def check_gpu_stack(config: dict) -> list[str]:
     else:
         absent = [p for p in needed if not _importable(p)]
         if absent:
-            problems.append(f"gpu stack: {' and '.join(absent)} not installed (or not importable) in this environment "
+            problems.append(f"gpu stack: {' and '.join(absent)} not installed in this environment "
                             f"({sys.prefix}), which the jobs run in ({SDM_ENV} unset: no software-deployment "
                             f"method): {GPU_ENV_HINT}")
     return problems + stack_problems(config, {} if sdm else None)
