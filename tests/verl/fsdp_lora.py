@@ -8,12 +8,15 @@ over 2 CPU ranks (torch.distributed gloo), and the two places its LoRA adapter l
 
 Real: verl's worker __init__/init_model (its FSDP1 wrap with get_fsdp_wrap_policy(is_lora=True), PEFT LoRA,
 optimizer, FSDPCheckpointManager), the installed PEFT. Between the two syncs one optimizer step moves the LoRA
-tensors (verl's update_actor needs a rollout batch; the step is its optimizer's). With --guard, llmrnn's
-LoRA guard (llmrnn.train.lora_guard.install, as the Ray worker hook installs it) wraps verl's code first.
+tensors (verl's update_actor needs a rollout batch; the step is its optimizer's). llmrnn's LoRA guard
+(llmrnn.train.lora_guard.install, as the Ray worker hook installs it) wraps verl's code first; the collector is
+also called unwrapped, to count what verl alone hands over. Stand-ins: the accelerator memory counters, and
+FSDP1's sync_module_states (see CPUFullyShardedDataParallel).
 
-    .venv-verl-0.7.1/bin/python tests/verl/fsdp_lora.py --model DIR --out REPORT.json [--guard]
+    .venv-verl-0.7.1/bin/python tests/verl/fsdp_lora.py --model DIR --out REPORT.json
 
-Writes {"peft", "slots", "collected", "saved_tensors", "adapter_bytes", "reloaded", "guard_error"} (rank 0).
+Writes {"peft", "slots", "collected", "collected_after_update", "saved_tensors", "adapter_bytes", "reloaded",
+"guard_sync" | "guard_sync_after_update" | "guard_save" (the guard's one line, where it failed)} (rank 0).
 """
 
 from __future__ import annotations
@@ -42,10 +45,10 @@ def overrides(model: str, ckpt: str) -> list[str]:
 
 def rank_main(rank: int, world: int, args) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    if args.guard:
-        from llmrnn.train import lora_guard
+    from llmrnn.train import lora_guard
+    from llmrnn.train.lora_guard import WATCH, LoraGuardError, lora_slots
 
-        lora_guard.install()
+    lora_guard.install()  # as the Ray worker hook does (verl_cmd.WORKER_SETUP_HOOK)
     import torch
     import torch.distributed as dist
     import verl
@@ -54,6 +57,14 @@ def rank_main(rank: int, world: int, args) -> None:
     from verl.utils.fsdp_utils import collect_lora_params  # noqa: F401 - the guard wraps this name first
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
+    for name in ("memory_reserved", "memory_allocated", "max_memory_allocated", "max_memory_reserved"):
+        if not hasattr(torch.cpu, name):  # STAND-IN: the accelerator memory counters verl logs read 0 on CPU
+            setattr(torch.cpu, name, lambda *a, **k: 0)
+    for name in ("empty_cache", "reset_peak_memory_stats", "ipc_collect"):
+        if not hasattr(torch.cpu, name):
+            setattr(torch.cpu, name, lambda *a, **k: None)
+    if not hasattr(torch.cpu, "mem_get_info"):
+        torch.cpu.mem_get_info = lambda *a, **k: (0, 0)
     torch.manual_seed(0)  # both ranks init the LoRA tensors alike (stands in for sync_module_states, below)
     from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -77,30 +88,38 @@ def rank_main(rank: int, world: int, args) -> None:
     try:
         worker = ActorRolloutRefWorker(config.actor_rollout_ref, role="actor")
         worker.init_model()
-        from llmrnn.train.lora_guard import lora_slots
-
         module = worker.actor_module_fsdp
         report["slots"] = lora_slots(module)
         report["fsdp"] = type(module).__name__
         layered = bool(config.actor_rollout_ref.rollout.layered_summon)
+        guarded = fw.collect_lora_params  # the guard's wrapper where it is installed
+        raw = getattr(guarded, "__wrapped__", guarded)
 
-        def sync():  # what rollout_mode hands vLLM (base weights already loaded: load_format safetensors)
-            return fw.collect_lora_params(module=module, layered_summon=layered, base_sync_done=True)
+        def sync(collect):  # what rollout_mode hands vLLM (base weights already loaded: load_format safetensors)
+            return collect(module=module, layered_summon=layered, base_sync_done=True)
 
-        report["collected"] = sum(1 for k in sync() if "lora_" in k)
-        # one optimizer step on a real loss moves the LoRA tensors, then the next sync
+        def guard(what, fn):
+            try:
+                return fn()
+            except LoraGuardError as exc:
+                report[f"guard_{what}"] = str(exc)
+                return None
+
+        report["collected"] = sum(1 for k in sync(raw) if "lora_" in k)
+        guard("sync", lambda: sync(guarded))
+        # one optimizer step on a real loss (verl's update_actor needs a rollout batch; the step is its optimizer's)
         ids = torch.randint(0, 100, (1, 8))
-        loss = module(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float().pow(2).mean()
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # the FSDP mixed precision verl sets (bf16 params)
+            loss = module(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float().pow(2).mean()
         loss.backward()
         worker.actor_optimizer.step()
         worker.actor_optimizer.zero_grad()
-        if args.guard:
-            from llmrnn.train.lora_guard import WATCH
-
-            WATCH.updates += 1  # what the guard's update_actor wrapper counts
-        report["collected_after_update"] = sum(1 for k in sync() if "lora_" in k)
+        WATCH.updates += 1  # what the guard's update_actor wrapper counts
+        report["collected_after_update"] = sum(1 for k in sync(raw) if "lora_" in k)
+        if "guard_sync" not in report:
+            guard("sync_after_update", lambda: sync(guarded))
         step = os.path.join(args.ckpt, "global_step_1", "actor")
-        worker.save_checkpoint(step, global_step=1)
+        guard("save", lambda: worker.save_checkpoint(step, global_step=1))
         adapter = os.path.join(step, "lora_adapter", "adapter_model.safetensors")
         if rank == 0 and os.path.exists(adapter):
             from safetensors import safe_open
@@ -111,14 +130,12 @@ def rank_main(rank: int, world: int, args) -> None:
         worker.load_checkpoint(step)
         report["reloaded"] = True
     except Exception as exc:  # noqa: BLE001 - the report says which step failed, in its own line
-        name = type(exc).__name__
-        report["guard_error" if name == "LoraGuardError" else "error"] = f"{name}: {exc}"
-        if name != "LoraGuardError":
-            report["traceback"] = traceback.format_exc()[-3000:]
+        report["error"] = f"{type(exc).__name__}: {exc}"
+        report["traceback"] = traceback.format_exc()[-3000:]
     if rank == 0:
         with open(args.out, "w", encoding="utf-8") as fh:
             json.dump(report, fh)
-    if "guard_error" in report or "error" in report:
+    if "error" in report:
         os._exit(0)  # the other rank may wait in a collective that will not come
     dist.barrier()
     dist.destroy_process_group()
@@ -129,7 +146,6 @@ def main() -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--ckpt", required=True)
-    ap.add_argument("--guard", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
