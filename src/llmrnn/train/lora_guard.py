@@ -80,7 +80,7 @@ class SyncWatch:
         self.syncs += 1
         if not lora or len(lora) < slots:
             raise LoraGuardError(
-                f"llmrnn LoRA guard: the weights handed to the rollout hold {len(lora)} LoRA tensors of the "
+                f"LoRA guard: the weights handed to the rollout hold {len(lora)} LoRA tensors of the "
                 f"actor's {slots} (sync {self.syncs}); vLLM would sample from the base model all run. "
                 f"{_peft_hint()}")
         digests = {k: _digest(v) for k, v in lora.items()} if not self.changed_checked else None
@@ -89,7 +89,7 @@ class SyncWatch:
             self.changed_checked = True  # once: the first update is what tells a live path from a dead one
             if changed == 0:
                 raise LoraGuardError(
-                    f"llmrnn LoRA guard: none of the {len(lora)} LoRA tensors handed to the rollout changed "
+                    f"LoRA guard: none of the {len(lora)} LoRA tensors handed to the rollout changed "
                     f"after {self.updates - self._updates_at_last} actor update(s) (sync {self.syncs}); the "
                     "rollout would keep sampling the initial policy")
         if digests is not None:
@@ -132,7 +132,7 @@ def saved_lora_tensors(adapter_dir: Path) -> int:
 def check_saved_adapter(adapter_dir: Path, slots: int, what: str = "saved adapter") -> int:
     n = saved_lora_tensors(Path(adapter_dir))
     if n < slots or n == 0:
-        raise LoraGuardError(f"llmrnn LoRA guard: {adapter_dir}: the {what} holds {n} LoRA tensors of the {slots} "
+        raise LoraGuardError(f"LoRA guard: {adapter_dir}: the {what} holds {n} LoRA tensors of the {slots} "
                              f"LoRA slots it targets (an empty adapter: nothing trained reaches the merge). "
                              f"{_peft_hint()}")
     return n
