@@ -441,6 +441,11 @@ FAKE_MAIN_PPO = textwrap.dedent(
         json.dump({"r": int(args["actor_rollout_ref.model.lora_rank"]),
                    "lora_alpha": int(args["actor_rollout_ref.model.lora_alpha"])},
                   open(os.path.join(d, "adapter_config.json"), "w"))
+        import torch  # the adapter's tensors, as verl writes them (train run refuses an empty adapter)
+        from safetensors.torch import save_file
+        stem = "base_model.model.model.layers.0.self_attn.q_proj"
+        save_file({f"{stem}.lora_A.weight": torch.ones(2, 8), f"{stem}.lora_B.weight": torch.ones(8, 2)},
+                  os.path.join(d, "adapter_model.safetensors"))
         open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w").write(str(step))
     '''
 )

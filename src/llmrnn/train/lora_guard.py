@@ -165,13 +165,14 @@ def check_adapter_dir(adapter_dir: Path, base_dir: Path | None = None) -> dict:
     counted in `base_dir`, else in the config's base_model_name_or_path); CheckFailed in one line otherwise."""
     adapter_dir = Path(adapter_dir)
     conf = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
-    base = Path(base_dir) if base_dir else Path(conf.get("base_model_name_or_path") or "")
+    named = base_dir or conf.get("base_model_name_or_path")
+    base = Path(named) if named else None
     n = saved_lora_tensors(adapter_dir)
     if n == 0:
         raise CheckFailed(f"{adapter_dir}: the adapter holds no LoRA tensor (an empty adapter: the trainer's "
                           f"LoRA collection wrote nothing; not a reward problem). {_peft_hint()}")
-    if not base.is_dir():
-        return {"lora_tensors": n, "slots": None}
+    if base is None or not base.is_dir() or not any(base.glob("*.safetensors")):
+        return {"lora_tensors": n, "slots": None}  # the base is not here (a hub id, another node): n > 0 only
     slots = base_slots(conf, base)
     if n < slots:
         raise CheckFailed(f"{adapter_dir}: the adapter holds {n} LoRA tensors of the {slots} LoRA slots it "
