@@ -13,7 +13,7 @@ tensors (verl's update_actor needs a rollout batch; the step is its optimizer's)
 also called unwrapped, to count what verl alone hands over. Stand-ins: the accelerator memory counters, and
 FSDP1's sync_module_states (see CPUFullyShardedDataParallel).
 
-    .venv-verl-0.7.1/bin/python tests/verl/fsdp_lora.py --model DIR --out REPORT.json
+    .venv-verl-0.7.1/bin/python tests/verl/fsdp_lora.py --model DIR --out REPORT.json --ckpt CKPT_DIR
 
 Writes {"peft", "slots", "collected", "collected_after_update", "saved_tensors", "adapter_bytes", "reloaded",
 "guard_sync" | "guard_sync_after_update" | "guard_save" (the guard's one line, where it failed)} (rank 0).
