@@ -56,13 +56,14 @@ lint: $(STAMP)
 	$(RUNENV) snakemake --lint
 	$(RUNENV) ruff check src tests benchmarks
 
-# Separate CPU venvs with verl 0.7.1 (reference) and 0.9.1 for tests/test_train_verl.py (~90 s each, cached
+# Separate CPU venvs with verl 0.7.1 (reference) and 0.9.1 for tests/test_train_verl.py, with the GPU lock's
+# peft (verl's LoRA collection runs through it; ~90 s each, cached
 # by a stamp holding the build script's hash).
 VERL_VERSIONS := 0.7.1 0.9.1
 .PHONY: verl-envs
 verl-envs: $(foreach v,$(VERL_VERSIONS),.venv-verl-$(v)/.llmrnn-verl-stamp)
 
-.venv-verl-%/.llmrnn-verl-stamp: scripts/make_verl_env.sh scripts/venv_lib.sh
+.venv-verl-%/.llmrnn-verl-stamp: scripts/make_verl_env.sh scripts/venv_lib.sh envs/gpu-lock.txt
 	bash scripts/make_verl_env.sh $*
 
 # The GPU stack (verl 0.7.1 + vLLM 0.17.1 + llmrnn's dependencies), locked for Linux x86_64, Python 3.11

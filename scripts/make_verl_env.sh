@@ -14,7 +14,11 @@ REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="${2:-$REPO/.venv-verl-$VERSION}"
 PY="${PYTHON:-python3}"
 STAMP="$VENV/.llmrnn-verl-stamp"
-WANT="verl==$VERSION $(sha256sum "$0" "$(dirname "$0")/venv_lib.sh" | sha256sum | cut -c1-16)"
+LOCK="$REPO/envs/gpu-lock.txt"
+# The GPU lock's releases of what verl's LoRA path runs through (peft: verl's layered_summon_lora_params and
+# save_checkpoint collect the adapter with it), so the rehearsal runs what the cluster runs.
+LOCKED="$(grep -E '^peft==' "$LOCK")"
+WANT="verl==$VERSION $LOCKED $(sha256sum "$0" "$(dirname "$0")/venv_lib.sh" | sha256sum | cut -c1-16)"
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
   touch "$STAMP"
@@ -31,13 +35,13 @@ esac
 source "$(dirname "$0")/venv_lib.sh"
 fresh_venv
 # torch first, pinned to the CPU wheel on disk; every later install keeps it (constraint file).
-echo "torch==2.13.0" > "$CONS"
+printf 'torch==2.13.0\n%s\n' "$LOCKED" > "$CONS"
 pip_install torch==2.13.0
 # tenacity: llmrnn.retry, which llmrnn.reward imports (tests/verl/rehearse_reward.py scores through it here);
 # cachetools: verl's agent loop imports it (tests/verl/assemble_batch.py runs AgentLoopWorker._postprocess);
 # fastapi, uvicorn: verl 0.9's agent loop and trainer import them (vLLM brings them on a GPU node), and the
 # CPU rehearsal of RayPPOTrainer.fit (tests/verl/rehearse_fit.py) imports both releases' trainer modules
-uv_install -c "$CONS" "verl==$VERSION" "${EXTRA[@]}" tenacity cachetools fastapi uvicorn
-"$VENV/bin/python" -c "import verl, hydra, omegaconf; print('verl', verl.__version__)"
+uv_install -c "$CONS" "verl==$VERSION" "${EXTRA[@]}" "$LOCKED" tenacity cachetools fastapi uvicorn
+"$VENV/bin/python" -c "import verl, hydra, omegaconf, peft; print('verl', verl.__version__, 'peft', peft.__version__)"
 echo "$WANT" > "$STAMP"
 echo "built $VENV"

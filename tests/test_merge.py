@@ -286,3 +286,21 @@ def test_the_temp_folder_of_a_killed_merge_goes_with_the_next_merge_run(tiny_mod
     assert rerun.returncode == 0, rerun.stderr
     assert not left.exists() and not list(tmp_path.glob(".merged.*"))
     assert json.loads(check.read_text())["ok"] is True and (out / "model.safetensors").is_file()
+
+
+def test_an_empty_adapter_is_named_as_one_not_blamed_on_the_rewards(tiny_model_dir, adapter_dir, tmp_path):
+    """verl 0.7.1 with peft 0.21.x writes lora_adapter/adapter_model.safetensors with no tensor (16 bytes):
+    the merge says the adapter is empty, not that equal rewards gave GRPO no gradient."""
+    from safetensors.torch import save_file
+
+    empty = tmp_path / "global_step_3" / "actor" / "lora_adapter"
+    shutil.copytree(adapter_dir, empty)
+    save_file({}, empty / "adapter_model.safetensors")
+    assert (empty / "adapter_model.safetensors").stat().st_size == 16
+    with pytest.raises(CheckFailed, match=r"an empty adapter \(no LoRA tensor") as exc:
+        merge.run_merge(tiny_model_dir, empty, tmp_path / "m", tmp_path / "c.json", {"merge": {}, **LORA})
+    assert "equal rewards" not in str(exc.value) and "\n" not in str(exc.value)
+    assert not (tmp_path / "m").exists()
+    with pytest.raises(CheckFailed, match=r"an empty adapter"):  # the checkpoint folder resolves to the same
+        merge.run_merge(tiny_model_dir, tmp_path / "global_step_3", tmp_path / "m", tmp_path / "c.json",
+                        {"merge": {}, **LORA})

@@ -441,6 +441,11 @@ FAKE_MAIN_PPO = textwrap.dedent(
         json.dump({"r": int(args["actor_rollout_ref.model.lora_rank"]),
                    "lora_alpha": int(args["actor_rollout_ref.model.lora_alpha"])},
                   open(os.path.join(d, "adapter_config.json"), "w"))
+        import torch  # the adapter's tensors, as verl writes them (train run refuses an empty adapter)
+        from safetensors.torch import save_file
+        stem = "base_model.model.model.layers.0.self_attn.q_proj"
+        save_file({f"{stem}.lora_A.weight": torch.ones(2, 8), f"{stem}.lora_B.weight": torch.ones(8, 2)},
+                  os.path.join(d, "adapter_model.safetensors"))
         open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w").write(str(step))
     '''
 )
@@ -745,6 +750,9 @@ def test_verl_fit_rehearsed_on_cpu_from_rollout_to_merged_model(version, tmp_pat
     assert second["global_steps"] >= 3 and second["total_training_steps"] == 3
     if engine:  # the replica got the engine's adapter tensors before every rollout (start, after each step)
         assert first["weight_syncs"] == 3 and second["weight_syncs"] == 2, report
+    # every weight sync went through the LoRA guard (one tensor per slot), and one after an update had moved
+    assert first["guard"]["syncs"] >= 3 and first["guard"]["updates"] == 2, report
+    assert first["guard"]["changed_checked"], report
     ckpt = work / "checkpoints"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
     assert (ckpt / "global_step_2" / "data.pt").is_file()  # the dataloader position the resume read
@@ -819,3 +827,58 @@ def test_verl_fit_rehearsed_on_cpu_from_rollout_to_merged_model(version, tmp_pat
     base = AutoModelForCausalLM.from_pretrained(json_policy_dir, dtype=torch.float32)
     moved = [n for n, p in out.state_dict().items() if not torch.equal(p, base.state_dict()[n])]
     assert moved and all(any(m in n for m in train["lora"]["target_modules"]) for n in moved), moved[:5]
+
+
+def _fsdp_lora(tmp_path, model, peft_dir: Path | None = None) -> dict:
+    """tests/verl/fsdp_lora.py: verl 0.7.1's own FSDP ActorRolloutRefWorker over 2 CPU ranks (gloo)."""
+    python = verl_python("0.7.1")
+    path = [str(peft_dir)] if peft_dir else []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*path, str(REPO / "src")]), HF_HUB_OFFLINE="1",
+               OMP_NUM_THREADS="1")
+    out = tmp_path / "fsdp.json"
+    proc = subprocess.run([str(python), str(REPO / "tests" / "verl" / "fsdp_lora.py"), "--model", str(model),
+                           "--out", str(out), "--ckpt", str(tmp_path / "ckpt")],
+                          env=env, capture_output=True, text=True, timeout=1500, check=False)
+    assert proc.returncode == 0 and out.is_file(), proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert "error" not in report, report.get("traceback", report)
+    return report
+
+
+@pytest.mark.verl
+@pytest.mark.e2e
+def test_verl_071s_fsdp_worker_hands_vllm_and_its_checkpoint_every_lora_tensor(tmp_path, tiny_model_dir):
+    """With the GPU lock's PEFT (scripts/make_verl_env.sh installs it), verl 0.7.1's own FSDP worker on 2 gloo
+    ranks, wrapped by get_fsdp_wrap_policy(is_lora=True): the weight sync's collector (layered_summon, our
+    setting) hands over one tensor per LoRA slot before and after an update, save_checkpoint writes them all
+    into lora_adapter/, load_checkpoint reads the checkpoint back, and the LoRA guard stays quiet. With peft
+    0.21.x the collector returns none and the adapter is 16 bytes (the next test)."""
+    lock = [x for x in (REPO / "envs" / "gpu-lock.txt").read_text().splitlines() if x.startswith("peft==")]
+    report = _fsdp_lora(tmp_path, tiny_model_dir)
+    assert lock == [f"peft=={report['peft']}"], (lock, report["peft"])  # the rehearsal runs the cluster's peft
+    assert report["fsdp"].endswith("FullyShardedDataParallel") and report["slots"] == 28  # 2 layers x 7 x (A, B)
+    assert report["collected"] == report["collected_after_update"] == report["slots"], report
+    assert report["saved_tensors"] == report["slots"] and report["adapter_bytes"] > 16, report
+    assert report["reloaded"] and not [k for k in report if k.startswith("guard_")], report
+
+
+@pytest.mark.verl
+@pytest.mark.e2e
+def test_the_lora_guard_stops_verl_071_with_peft_021_at_the_first_sync(tmp_path, tiny_model_dir):
+    """peft 0.21.x (the CPU stack's, constraints.txt) under verl 0.7.1's own worker: its collector hands vLLM
+    no LoRA tensor and save_checkpoint writes a 16-byte adapter; the guard says so in one line at the first
+    sync and again at the save."""
+    import peft
+
+    if not peft.__version__.startswith("0.21."):
+        pytest.skip(f"this environment's peft is {peft.__version__}, not a 0.21 release")
+    overlay = tmp_path / "peft021"
+    overlay.mkdir()
+    (overlay / "peft").symlink_to(Path(peft.__file__).parent)
+    report = _fsdp_lora(tmp_path, tiny_model_dir, overlay)
+    assert report["peft"] == peft.__version__
+    assert report["collected"] == 0 and report["slots"] == 28, report
+    assert report["saved_tensors"] == 0 and report["adapter_bytes"] == 16, report
+    assert "hold 0 LoRA tensors of the actor's 28 (sync 1)" in report["guard_sync"]
+    assert "holds 0 LoRA tensors of the 28 LoRA slots" in report["guard_save"]
+    assert all("\n" not in v for k, v in report.items() if k.startswith("guard_"))

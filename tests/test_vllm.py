@@ -245,6 +245,35 @@ def test_vllm_stops_the_judge_at_the_answer_and_keeps_the_stop(served_judge, tmp
         client.close()
 
 
+def test_vllm_honours_the_judges_structured_output_and_ignores_the_removed_field(served_judge, tmp_path):
+    """The scalar judge's `structured_outputs: {regex}` (llmrnn.rubric.scalar_request) is honoured by the real
+    vLLM: the answer is the score line even for a prompt that invites free text. The field vLLM removed in
+    0.12 (`guided_regex`) returns 200 with free text: an ignored constraint is silent, so this checks the
+    served engine, not the status code."""
+    from llmrnn.judge.client import Endpoint, JudgeClient
+    from llmrnn.rubric import parse_scalar, response_text, scalar_request, score_regex
+
+    endpoint, rubrics, _ = served_judge
+    rubric = load_rubric(rubrics["text"])
+    regex = score_regex(rubric, "Score: ")  # one number: what a poem is not
+    client = JudgeClient(Endpoint.read(endpoint), timeout_s=300, retries=1)
+    try:
+        body = {"model": "judge", "prompt": "Write a short poem about the sea:\n", "max_tokens": 24,
+                "temperature": 0}
+        free = client.post("/completions", dict(body, guided_regex=regex))[0]["choices"][0]["text"]
+        assert not re.fullmatch(regex, free), free  # ignored: 200, free text
+        held = client.post("/completions", dict(body, structured_outputs={"regex": regex}))[0]
+        text = held["choices"][0]["text"]
+        assert re.fullmatch(regex, text), text
+        # what scalar_request sends for this rubric (after its "Score: " prefix: the number only)
+        req = scalar_request(rubric, make_step(), GOOD)
+        answer = response_text(client.post(req.path, req.body)[0])
+        assert re.fullmatch(req.body["structured_outputs"]["regex"], answer), answer
+        assert parse_scalar(answer, rubric.scale_max, prefix=req.prefix).parse_method == "score_line"
+    finally:
+        client.close()
+
+
 LORA = """
 import json, sys
 from llmrnn import backends, rnn

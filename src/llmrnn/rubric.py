@@ -338,6 +338,15 @@ def _path(rubric: Rubric) -> str:
     return "/chat/completions" if rubric.request.api == "chat" else "/completions"
 
 
+def score_regex(rubric: Rubric, prefix: str) -> str:
+    """The answer a scalar judge may write: anything, then a `Score: N` line with N in 1..scale_max (the
+    SCORE_LINE the parser reads first); after an assistant prefix ending in "Score:" only the number."""
+    numbers = "|".join(str(n) for n in range(rubric.scale_max, 0, -1))  # longest first: 10 before 1
+    if re.search(r"(?i)score:\s*$", prefix):
+        return f"{' ?' if not prefix.endswith(' ') else ''}({numbers})"
+    return rf"([\s\S]*\n)?Score: ({numbers})"
+
+
 def scalar_request(rubric: Rubric, step: dict, candidate_memory: str) -> JudgeRequest:
     fields = step_fields(step, rubric)
     fields["candidate_memory"] = memory_text(candidate_memory)
@@ -347,6 +356,13 @@ def scalar_request(rubric: Rubric, step: dict, candidate_memory: str) -> JudgeRe
         rubric, prompt, prefix, rubric.request.max_tokens, rubric.request.score_method == "expected",
         rubric.request.stop,
     )
+    if rubric.serving.engine == "vllm" and rubric.request.score_method == "text":
+        # vLLM constrains the judge's answer to end in its score line, so no parse can fail. vLLM >= 0.12 (0.17.1
+        # beside verl 0.7.1, and today's) reads only `structured_outputs`; the older `guided_regex` is ignored
+        # there with a 200 (tests/test_vllm.py checks the served engine honours this one). Not for
+        # score_method expected: a grammar mask would change the digit probabilities it reads. Not for the
+        # policy's own sampling: that stays unconstrained (GRPO's rollouts must be on-policy).
+        body["structured_outputs"] = {"regex": score_regex(rubric, prefix)}
     return JudgeRequest(_path(rubric), body, prompt, prefix)
 
 

@@ -22,7 +22,10 @@ Stand-ins, only for what needs a GPU (named STAND-IN below):
   generate (0.7.1: the actor's module; 0.9: a replica, as vLLM holds one); every sample is scored by verl's
   RewardLoopWorker and packed by verl's AgentLoopWorker._postprocess, as the agent loop does.
 - StandInCheckpointEngine: the weight sync to the vLLM replicas (0.9: the engine's exported adapter tensors
-  loaded into the replica, every one of them used).
+  loaded into the replica, every one of them used; 0.7.1: verl's collect_lora_params on the actor's module).
+  Both go through llmrnn's LoRA guard (llmrnn.train.lora_guard, installed as the Ray hook installs it): an
+  empty or unmoved sync fails the run. verl 0.7.1's FSDP worker itself (2 ranks over gloo, its collector and
+  save/load_checkpoint) runs in tests/verl/fsdp_lora.py.
 Two runs: `--steps-first` steps (stops there, as a killed job would, after its checkpoint), then a second
 trainer that resumes from the checkpoint and finishes. Writes a JSON report.
 """
@@ -56,6 +59,9 @@ def main() -> int:
         import cpu_platform
 
         cpu_platform.install()  # STAND-IN platform: before verl asks for one
+    from llmrnn.train import lora_guard
+
+    lora_guard.install()  # as `llmrnn train run`'s Ray worker hook does (verl_cmd.WORKER_SETUP_HOOK)
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -125,6 +131,7 @@ def main() -> int:
         def update_actor(self, data):
             data.meta_info.setdefault("pad_token_id", tok.pad_token_id)
             metrics = self.actor.update_policy(data=data)
+            lora_guard.WATCH.updates += 1  # what the guard counts in the FSDP worker's update_actor
             metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
             return DataProto(meta_info={"metrics": metrics})
 
@@ -256,7 +263,11 @@ def main() -> int:
             self.wg, self.rollout = wg, rollout
 
         def update_weights(self, step):
-            if not engine:
+            if not engine:  # verl 0.7.1's collector on the actor's module (no FSDP here: its whole-model branch)
+                from verl.utils import fsdp_utils
+
+                fsdp_utils.collect_lora_params(module=self.wg.module, base_sync_done=True,
+                                               layered_summon=config.actor_rollout_ref.rollout.layered_summon)
                 return
             params, peft_config = self.wg.worker.actor.engine.get_per_tensor_param(
                 layered_summon=config.actor_rollout_ref.rollout.layered_summon, base_sync_done=True)
@@ -287,7 +298,9 @@ def main() -> int:
         report["runs"].append({"saved_steps": steps_reached[before:], "global_steps": trainer.global_steps,
                                "total_training_steps": trainer.total_training_steps,
                                "rollout_calls": trainer.async_rollout_manager.calls,
-                               "weight_syncs": getattr(trainer.async_rollout_manager, "synced", None)})
+                               "weight_syncs": getattr(trainer.async_rollout_manager, "synced", None),
+                               "guard": {"syncs": lora_guard.WATCH.syncs, "updates": lora_guard.WATCH.updates,
+                                         "changed_checked": lora_guard.WATCH.changed_checked}})
         if not args.stop_after:
             break
     with open(args.out, "w", encoding="utf-8") as fh:

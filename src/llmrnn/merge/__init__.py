@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from llmrnn import io
-from llmrnn.errors import InputError
+from llmrnn.errors import CheckFailed, InputError
 from llmrnn.merge.adapter import (
     base_dir_of,
     configured_lora,
@@ -50,6 +50,7 @@ from llmrnn.merge.adapter import (
 from llmrnn.merge.fold import merge_lora, merge_verl_fsdp
 from llmrnn.merge.verify import _fail, _report, check_adapter_config, verify_merge
 from llmrnn.rope import keep_base_rope
+from llmrnn.train.lora_guard import saved_lora_tensors
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,10 @@ def run_merge(base: str | Path, adapter: str | Path, out: str | Path, check: str
     with io.atomic_dir(out_dir) as tmp:
         adapter_cfg, repair = None, {}
         if source.kind in ("peft_adapter", "verl_lora_adapter"):
+            if saved_lora_tensors(source.path) == 0:  # e.g. verl's 16-byte adapter_model.safetensors
+                raise CheckFailed(f"{source.path}: an empty adapter (no LoRA tensor in adapter_model.*): the "
+                                  "trainer's LoRA collection saved nothing, so there is nothing to merge; "
+                                  "not a reward problem (docs/troubleshooting.md: reward flat)")
             adapter_cfg, repair = repair_alpha(read_adapter_config(source.path), configured, str(source.path))
             info = merge_lora(base_dir, source, adapter_cfg, tmp, settings)
         elif source.kind == "verl_fsdp_full":

@@ -68,7 +68,11 @@ def verify_merge(
         del model, base
 
     checks["weights_differ"] = compare_weights(base_dir, merged_dir, targets)
-    if lora and checks["adapter_loaded"]["nonzero_lora_B"] == 0:
+    if lora and checks["adapter_loaded"]["adapter_tensors"] == 0:
+        checks["weights_differ"]["hint"] = (
+            "the adapter is empty (no LoRA tensor saved): the trainer's LoRA collection wrote nothing"
+        )
+    elif lora and checks["adapter_loaded"]["nonzero_lora_B"] == 0:
         checks["weights_differ"]["hint"] = (
             "every lora_B tensor is zero: training never moved the adapter (equal rewards within each "
             "group give GRPO no gradient)"

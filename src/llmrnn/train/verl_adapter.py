@@ -16,6 +16,7 @@ from llmrnn.errors import CheckFailed
 from llmrnn.merge.adapter import is_verl_engine_lora
 from llmrnn.safe_path import safe_path_env
 from llmrnn.settings.train import Train
+from llmrnn.train.lora_guard import check_adapter_dir
 from llmrnn.train.trl_engine import check_adapter
 
 log = logging.getLogger(__name__)
@@ -84,9 +85,11 @@ def fix_gathered_alpha(adapter: Path, actor: Path, cfg: Train) -> dict:
 
 
 def copy_adapter(src: Path, dst: Path, cfg: Train) -> None:
-    """verl's actor/lora_adapter carries the real alpha (model_merger's copy says 0)."""
+    """verl's actor/lora_adapter carries the real alpha (model_merger's copy says 0). An adapter with fewer
+    LoRA tensors than the slots it targets (an empty one: 0) is refused (llmrnn.train.lora_guard)."""
     if not (src / "adapter_config.json").is_file():
         raise CheckFailed(f"{src}: no lora_adapter in the final verl checkpoint")
+    check_adapter_dir(src)
     with io.atomic_dir(dst) as tmp:
         shutil.copytree(src, tmp, dirs_exist_ok=True)
     check_adapter(dst, cfg)

@@ -267,7 +267,8 @@ def resolve_attention(configured: str, python: str | None = None) -> dict:
 # into the runtime_env of its ray.init (verl 0.7.1 trainer/main_ppo.py run_ppo), so they travel there, with
 # a setup hook that sets umask 077 in every worker process.
 FORWARDED_ENV = ("VERL_FILE_LOGGER_PATH",)
-WORKER_SETUP_HOOK = "llmrnn.train.ray_cluster.private_worker"
+# umask 077 and the LoRA guard (llmrnn.train.lora_guard) in every Ray worker process
+WORKER_SETUP_HOOK = "llmrnn.train.lora_guard.worker_setup"
 
 
 def runtime_env_overrides(env: dict) -> list[str]:
@@ -275,6 +276,7 @@ def runtime_env_overrides(env: dict) -> list[str]:
     modes, never a secret) of those set in `env`, and the umask hook, into verl's runtime_env."""
     names = [k for k in FORWARDED_ENV if env.get(k)]
     names += [k for k in tracking.FORWARDED_ENV if tracking.forwardable(k, str(env.get(k) or ""))]
+    # one hook per job (Ray's worker_process_setup_hook): umask 077 and verl's LoRA path guarded
     items = [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={_hydra_value(str(env[k]))}" for k in names]
     return items + [f"+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={WORKER_SETUP_HOOK}"]
 
