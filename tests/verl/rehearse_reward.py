@@ -31,11 +31,9 @@ def main() -> int:
     with open(args.responses, encoding="utf-8") as fh:
         responses = json.load(fh)
 
-    import numpy as np
-    import torch
     import verl
     from check_verl import _vllm_free_lora_rank_check, composed
-    from verl import DataProto
+    from reward_batch import reward_batch
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
     from verl.utils import hf_tokenizer
     from verl.utils.dataset.rl_dataset import RLHFDataset
@@ -53,17 +51,7 @@ def main() -> int:
     prompt_ids = [tok.apply_chat_template(it["raw_prompt"], add_generation_prompt=True, tokenize=True) for it in items]
     prompt_ids = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in prompt_ids]
     response_ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-    plen, rlen, pad = max(map(len, prompt_ids)), max(map(len, response_ids)), tok.pad_token_id or 0
-    prompts = torch.tensor([[pad] * (plen - len(p)) + p for p in prompt_ids])
-    resp = torch.tensor([r + [pad] * (rlen - len(r)) for r in response_ids])
-    mask = torch.tensor([[0] * (plen - len(p)) + [1] * len(p) + [1] * len(r) + [0] * (rlen - len(r))
-                         for p, r in zip(prompt_ids, response_ids)])
-    batch = DataProto.from_dict(
-        tensors={"prompts": prompts, "responses": resp, "attention_mask": mask,
-                 "input_ids": torch.cat([prompts, resp], dim=1)},
-        non_tensors={k: np.array([it[k] for it in items], dtype=object)
-                     for k in ("data_source", "reward_model", "extra_info")},
-    )
+    batch = reward_batch(items, prompt_ids, response_ids, tok.pad_token_id or 0)
     worker = RewardLoopWorker(config)
     outputs = get_event_loop().run_until_complete(worker.compute_score_batch(batch))
     print(json.dumps({

@@ -28,11 +28,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
 
-    import numpy as np
-    import torch
     import verl
     from check_verl import composed
-    from verl import DataProto
+    from reward_batch import reward_batch
     from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
     from verl.utils import hf_tokenizer
     from verl.utils.dataset.rl_dataset import RLHFDataset
@@ -46,17 +44,7 @@ def main() -> int:
     items = [ds[i] for i in range(len(ds))]
     response_ids = [tok(f"answer {i}", add_special_tokens=False)["input_ids"] for i in range(len(items))]
     prompt_ids = [tok("prompt", add_special_tokens=False)["input_ids"]] * len(items)
-    plen, rlen, pad = max(map(len, prompt_ids)), max(map(len, response_ids)), tok.pad_token_id or 0
-    prompts = torch.tensor([[pad] * (plen - len(p)) + p for p in prompt_ids])
-    resp = torch.tensor([r + [pad] * (rlen - len(r)) for r in response_ids])
-    mask = torch.tensor([[0] * (plen - len(p)) + [1] * len(p) + [1] * len(r) + [0] * (rlen - len(r))
-                         for p, r in zip(prompt_ids, response_ids)])
-    batch = DataProto.from_dict(
-        tensors={"prompts": prompts, "responses": resp, "attention_mask": mask,
-                 "input_ids": torch.cat([prompts, resp], dim=1)},
-        non_tensors={k: np.array([it[k] for it in items], dtype=object)
-                     for k in ("data_source", "reward_model", "extra_info")},
-    )
+    batch = reward_batch(items, prompt_ids, response_ids, tok.pad_token_id or 0)
     worker = RewardLoopWorker(config)
     loop = get_event_loop()
     rounds, errors = [], []

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.phi_guard import accounting
-from llmrnn.phi_guard.files import scan_file
+from llmrnn.phi_guard.files import refuse_irregular, scan_file
 from llmrnn.phi_guard.formats import scan_joined, scan_json_value, scan_safetensors
 from llmrnn.phi_guard.scan import Scan, find_clinical_text
 from llmrnn.phi_guard.secrets import SPLIT_FORMATS
@@ -65,13 +64,7 @@ def scan_bundle(bundle: str | Path, split_files: Iterable[str | Path], min_words
     for n, path in enumerate(files, 1):
         rel = path.relative_to(root).as_posix()
         shown = accounting.where(rel, n, len(files))
-        mode = path.lstat().st_mode
-        if stat.S_ISLNK(mode):
-            what = "a linked folder" if path.is_dir() else "a dangling link" if not path.exists() else "a linked file"
-            scan.refuse(shown, f"{what}: a symbolic link; refused, never followed (a release holds regular files only)")
-        elif not stat.S_ISREG(mode):
-            scan.refuse(shown, "not a regular file (a fifo, device or socket); refused")
-        else:
+        if not refuse_irregular(scan, path, shown):
             regular.append((n, rel))
     base_dir = Path(base) if base is not None else None
     try:

@@ -93,6 +93,19 @@ def scan_text_stream(scan: Scan, rel: str, path: Path) -> bool:
             tail = window[len(window) - keep:]
 
 
+def refuse_irregular(scan: Scan, path: Path, display: str) -> bool:
+    """Refuse a link (never followed) or anything not a regular file; True when refused."""
+    mode = path.lstat().st_mode
+    if stat.S_ISLNK(mode):
+        what = "a linked folder" if path.is_dir() else "a dangling link" if not path.exists() else "a linked file"
+        scan.refuse(display, f"{what}: a symbolic link; refused, never followed (a release holds regular files only)")
+    elif not stat.S_ISREG(mode):
+        scan.refuse(display, "not a regular file (a fifo, device or socket); refused")
+    else:
+        return False
+    return True
+
+
 def scan_file(scan: Scan, root: Path, path: Path, display: str) -> None:
     try:
         _scan_file(scan, root, path, display)
@@ -104,13 +117,9 @@ def _scan_file(scan: Scan, root: Path, path: Path, display: str) -> None:
     rel = path.relative_to(root).as_posix()
     name = path.name.lower()
     suffix = path.suffix.lower() if path.suffix else name
-    mode = path.lstat().st_mode
-    if stat.S_ISLNK(mode):
-        what = "a linked folder" if path.is_dir() else "a dangling link" if not path.exists() else "a linked file"
-        scan.refuse(display, f"{what}: a symbolic link; refused, never followed (a release holds regular files only)")
-    elif not stat.S_ISREG(mode):
-        scan.refuse(display, "not a regular file (a fifo, device or socket); refused")
-    elif suffix not in ALLOWED_SUFFIXES and name != ".gitattributes":
+    if refuse_irregular(scan, path, display):
+        return
+    if suffix not in ALLOWED_SUFFIXES and name != ".gitattributes":
         scan.refuse(display, "file type not allowed in a release")
     elif any(SUSPECT_NAME.search(part) for part in rel.split("/")):
         scan.refuse(display, "name looks like an audit log, cohort or QA data file")
