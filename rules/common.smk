@@ -14,8 +14,7 @@ from snakemake.utils import validate
 
 from llmrnn.configcheck import model_problems, shard_problems, value_problems
 from llmrnn.errors import NOT_RETRIABLE_DIR, LlmrnnError
-from llmrnn.plan import Plan, PlanBase, input_flag
-from llmrnn.plan.common import config_changes, schema_error_line
+from llmrnn.plan import Plan, PlanBase, config_changes, input_flag, schema_error_line
 from llmrnn.provenance import code_identity
 from llmrnn.upload import env_problems
 

@@ -32,7 +32,7 @@ rule eval_shard:
         "umask 077; llmrnn evaluate shard --test {input.test:q} --variant {wildcards.variant:q} {params.memory:q} "
         "--prompts {input.prompts:q} --threads {threads:q} "
         "--shard {wildcards.shard:q} --shards {params.shards:q} --out {output:q} --cfg {params.cfg:q} "
-        "2> >(tee {log:q} | grep --line-buffered -E 'visit step [0-9]+/[0-9]+' >&2)"
+        "2> >(trap '' TERM; tee {log:q} | grep --line-buffered -E 'visit step [0-9]+/[0-9]+' >&2)"
 
 
 rule eval_grade:

@@ -39,9 +39,11 @@ rule:
         # the rewards are code of this job too: the QA rewards' module, or your own reward's file
         code=code_hash("train run", *plan.train.reward_code()),
     # progress on the console: the log is tee'd, its step lines (step, reward, time: numbers, never patient
-    # text) go to Snakemake's output too; umask 077: tee makes the log, owner-only
+    # text) go to Snakemake's output too; umask 077: tee makes the log, owner-only; tee and grep ignore a
+    # preemption's SIGTERM (SLURM signals every process of the job), so the trainer saving meanwhile still has
+    # its stderr and exits 75, and they end when it does
     shell:
         "umask 077; exec llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
         "--model {input.model:q} --work-dir {params.work:q} --adapter {output.adapter:q} "
         "--metrics {output.metrics:q} --summary {output.summary:q} {params.flags:q} "
-        "2> >(tee {log:q} | grep --line-buffered -E 'step [0-9]+/[0-9]+' >&2)"
+        "2> >(trap '' TERM; tee {log:q} | grep --line-buffered -E 'step [0-9]+/[0-9]+' >&2)"

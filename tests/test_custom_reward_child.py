@@ -309,7 +309,7 @@ def test_the_docs_quote_the_childs_bounds():
     from llmrnn.custom_reward_child import AS_FACTOR
 
     docs = (Path(__file__).resolve().parents[1] / "docs" / "rewards.md").read_text()
-    section = docs.split("### What your reward's process may do", 1)[1].split("\n## ", 1)[0]
+    section = docs.split("### What the reward process may do", 1)[1].split("\n## ", 1)[0]
     for quoted in (f"More than {custom.MAX_PROCESSES} processes", f"more than {custom.MAX_MEMORY_MB} MB resident",
                    f"capped at {AS_FACTOR} times", f"first {custom.OUTPUT_CAP >> 20} MiB",
                    f"more than {custom.MAX_DEPTH} levels deep", f"over {custom.MAX_REQUEST_MB} MB"):

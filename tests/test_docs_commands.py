@@ -286,8 +286,8 @@ def test_a_broken_command_fails(sandbox):
         return subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True,
                               timeout=600, check=False).returncode == 0
 
-    assert not runs("snakemake --configfile config/qa_demo.yaml all")
-    assert runs("snakemake all --configfile config/qa_demo.yaml")
+    assert not runs("snakemake --profile profiles/local --configfile config/qa_demo.yaml all")
+    assert runs("snakemake --profile profiles/local all --configfile config/qa_demo.yaml")
     assert not runs("llmrnn chat --modle x")  # a misspelt option
     assert not runs("make no-such-target")
 

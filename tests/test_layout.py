@@ -198,7 +198,7 @@ def test_the_trainer_is_execd_so_a_preemption_signal_reaches_it_first():
     once and the job ends while the trainer saves (tests/slurm/test_preemption.py shows both). Every rule that
     trains runs its command with `exec`."""
     commands = [(f.name, m.group(1)) for f in sorted((REPO / "rules").glob("*.smk"))
-                for m in re.finditer(r'"(exec )?llmrnn train run', f.read_text())]
+                for m in re.finditer(r"\"(?:umask \d+; )?(exec )?llmrnn train run", f.read_text())]
     assert commands and all(execd for _, execd in commands), commands
 
 
@@ -231,24 +231,24 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("leaves", {"errors", "constants", "safe_path", "custom_reward_child", "settings", "settings.base", "settings.workflow", "settings.evaluation",
                 "settings.train", "settings.release", "settings.qa", "settings.trajectory_step"}),
     ("helpers", {"io", "transport", "rope", "stats", "jsonparse", "matching", "retry", "prompts", "rubric", "gpus", "upload", "cli",
-                 "configcheck", "runconfig", "provenance", "settings.render", "slurm", "quota", "kept", "benchmarks"}),
+                 "configcheck", "runconfig", "provenance", "settings.render", "settings.masking", "plots", "lora_files", "slurm", "quota", "kept", "benchmarks"}),
     ("services", {"prefix_engine", "backends", "engine_budget", "models", "cohort", "judge", "judge.client", "judge.server",
                   "judge.launcher", "promptfit", "phi_guard", "phi_guard.canonical", "phi_guard.decoders",
                   "phi_guard.secrets", "phi_guard.ordinary_words", "phi_guard.identifiers", "phi_guard.scan", "phi_guard.formats",
-                  "phi_guard.files", "phi_guard.bundle", "mimic", "mimic.admission", "mimic.sections", "mimic.audit", "mimic.tables", "mimic.build",
+                  "phi_guard.files", "phi_guard.accounting", "phi_guard.bundle", "mimic", "mimic.admission", "mimic.sections", "mimic.audit", "mimic.tables", "mimic.build",
                   "mimic.synth"}),
     ("reward", {"reward", "reward.config", "reward.kwargs", "reward.audit", "reward.guard", "reward.scorer",
                 "reward.entry", "reward.custom", "reward.trial"}),
     ("stages", {"rnn", "trajectories", "merge", "merge.adapter", "merge.weights", "merge.fold",
-                "merge.verify", "report", "gpu_stack", "train", "train.checkpoints",
+                "merge.verify", "gpu_stack", "train", "train.checkpoints",
                 "train.config", "train.data", "train.diagnose", "train.metrics", "train.trl_engine",
-                "train.verl_cmd", "train.verl_adapter", "train.ray_cluster", "train.tracking", "train.stop"}),
+                "train.verl_cmd", "train.verl_adapter", "train.ray_cluster", "train.tracking", "train.stop", "train.lora_guard"}),
     ("checks and recipes", {"evaluate", "evaluate.recall", "evaluate.specificity", "evaluate.grading",
                             "evaluate.gather", "evaluate.shard", "preflight", "preflight.rows",
                             "preflight.reward_checks", "preflight.agreement", "preflight.training", "preflight.run",
                             "qa", "qa.data", "qa.evaluate", "qa.report", "qa.rewards",
                             "qa.sft", "qa.synth"}),
-    ("top", {"release", "release.manifest", "release.card", "release.staging", "release.upload", "release.bundle",
+    ("top", {"report", "cost_plan", "release", "release.manifest", "release.card", "release.staging", "release.upload", "release.bundle",
              "check", "chat", "plan", "plan.common", "plan.cohort", "plan.models", "plan.trajectories", "plan.judge",
              "plan.train", "plan.evaluate", "plan.merge", "plan.release", "plan.qa", "check.config", "check.models",
              "check.cohort", "check.judge", "check.training", "check.slurm", "check.outside", "check.gpus",

@@ -15,6 +15,7 @@ import os
 import stat
 import sys
 
+from llmrnn import __version__
 from llmrnn.errors import NOT_RETRIABLE_DIR, InputError, LlmrnnError, NotRetriable
 
 # `llmrnn <stage>` is served by the module llmrnn.<stage> (MODULE_OF names the exceptions), which exposes
@@ -50,8 +51,6 @@ def json_arg(text: str) -> dict:
 
 
 def build_parser(stages: tuple[str, ...] = STAGES) -> argparse.ArgumentParser:
-    from llmrnn import __version__
-
     parser = argparse.ArgumentParser(
         prog="llmrnn", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train, merge, evaluate and publish an LLM-as-RNN memory head with GRPO. Commands you run: "

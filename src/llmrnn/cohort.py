@@ -24,6 +24,8 @@ from llmrnn import io
 from llmrnn.cli import json_arg
 from llmrnn.errors import InputError
 from llmrnn.mimic import audit, build, synth
+from llmrnn.settings.base import parse
+from llmrnn.settings.workflow import CohortMimicIv
 
 log = logging.getLogger(__name__)
 
@@ -475,9 +477,6 @@ def _cmd_build(args: argparse.Namespace) -> None:
 def build_settings(cfg: dict) -> dict:
     """`cohort build --cfg` through the settings model of cohort.mimic_iv (strict types, bounds, its
     cross-field rules), as the workflow's config is: one line naming the key, never a traceback."""
-    from llmrnn.settings.base import parse
-    from llmrnn.settings.workflow import CohortMimicIv
-
     try:
         return parse(CohortMimicIv, cfg, "cohort.mimic_iv").model_dump(exclude={"hosp", "note"})
     except InputError as exc:

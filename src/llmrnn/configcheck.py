@@ -24,6 +24,8 @@ import math
 from typing import Any
 from urllib.parse import urlsplit
 
+from pydantic import ValidationError
+
 from llmrnn.constants import CREDENTIAL, URL_USERINFO
 from llmrnn.settings import Config, section_defaults
 from llmrnn.settings.masking import secret_reason
@@ -167,8 +169,6 @@ def model_findings(config: Any) -> list[tuple[str, str]]:
     a float or bool where an int belongs, `9.0` for a Literal 9) and every cross-field rule of a model.
     Run after the schema (its defaults filled): it adds what JSON Schema cannot state. The value is
     never repeated (it may be a secret typed in the wrong key)."""
-    from pydantic import ValidationError
-
     try:
         Config.model_validate(config)
     except ValidationError as exc:

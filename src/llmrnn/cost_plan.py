@@ -18,6 +18,7 @@ from pathlib import Path
 
 from llmrnn.benchmarks import read_benchmarks
 from llmrnn.errors import LlmrnnError
+from llmrnn.plan import Plan
 
 # the stages on the critical path, in order (the training group: judge_server, preflight, train_grpo)
 CRITICAL = ("trajectory_shard", "train_grpo", "merge_model", "eval_shard")
@@ -25,8 +26,6 @@ CRITICAL = ("trajectory_shard", "train_grpo", "merge_model", "eval_shard")
 
 def plan_stages(config: Mapping, benchmarks: str | Path | None = None) -> list[dict]:
     """Per stage: jobs, GPUs per job, hours per job (cap or measured), GPU-hours, and where the hours came from."""
-    from llmrnn.plan import Plan
-
     plan = Plan(config)
     if plan.recipe_is("qa"):
         raise LlmrnnError("cost plan: recipe qa is not planned yet (the memory-head recipe only)")

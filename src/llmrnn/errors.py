@@ -23,8 +23,8 @@ class CheckFailed(LlmrnnError):
     exit_code = 3
 
 
-class NotRetriable(LlmrnnError):
-    """A failure no retry can change (a package missing from the job's environment): exit status 78
+class NotRetriable(InputError):
+    """Bad input no retry can change (a package missing from the job's environment): exit status 78
     (EX_CONFIG). The CLI leaves its line in $LLMRNN_NOT_RETRIABLE_DIR (the workflow sets it), and the
     resources of every rule's next attempt (llmrnn.plan.common.grows) refuse to start it: profiles'
     `retries:` would otherwise queue the same job again for the same GPUs, to fail the same way."""

@@ -58,8 +58,10 @@ COVERED_LOADS = {
     ("train.trl_engine", "import_module"): "--reward-func: rules name the module in code_hash(...) and the "
                                           "checkpoints' job_code",
     ("train.trl_engine", "spec_from_file_location"): "--reward-func as a file: job_code hashes the file",
-    ("check.training", "import_module"): "a train.report_to tracker's package (TRACKER_API: tensorboard, wandb, "
+    ("train.tracking", "import_module"): "a train.report_to tracker's package (TRACKER_API: tensorboard, wandb, "
                                         "mlflow), never a module of llmrnn",
+    ("check.gpus", "import_module"): "verl, imported to see that it imports (the GPU stack's check), never a "
+                                    "module of llmrnn",
     ("custom_reward_child", "spec_from_file_location"): "reward.custom.path, loaded in its child: the same file "
                                                        "hashes as reward.custom's",
 }

@@ -26,7 +26,11 @@ from typing import Any
 
 from llmrnn import io
 from llmrnn.benchmarks import cost_html, cost_table, read_benchmarks, stage_costs
+from llmrnn.check import load_config
+from llmrnn.cost_plan import plan_stages, plan_table, summary_line
 from llmrnn.errors import InputError
+from llmrnn.plots import pyplot, save_png
+from llmrnn.runconfig import configfiles_for
 from llmrnn.stats import wilson_ci
 
 log = logging.getLogger(__name__)
@@ -34,22 +38,8 @@ log = logging.getLogger(__name__)
 COLORS = {"base": "#7f7f7f", "trained": "#1f77b4", "zero_shot": "#ff7f0e", "full_history": "#2ca02c"}
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: str | Path) -> None:
-    with io.atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-
-
 def plot_accuracy(metrics: dict, out: str | Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     variants = list(metrics["variants"])
     fig, ax = plt.subplots(figsize=(max(4.5, 1.6 * len(variants) + 2), 3.6))
     width = 0.38
@@ -69,12 +59,12 @@ def plot_accuracy(metrics: dict, out: str | Path) -> None:
     ax.set_ylabel("accuracy at the last visit")
     ax.set_title(f"Held-out accuracy (n = {', '.join(map(str, sorted(n)))} patients, 95% Wilson CI)")
     ax.legend(loc="upper left", fontsize=8)
-    _save(fig, out)
+    save_png(fig, out)
     plt.close(fig)
 
 
 def plot_by_visit(metrics: dict, out: str | Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
     for ax, (metric, label) in zip(axes, (("acc_at_1", "Acc@1"), ("acc_at_5", "Acc@5"))):
         for variant, m in metrics["variants"].items():
@@ -87,12 +77,12 @@ def plot_by_visit(metrics: dict, out: str | Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("accuracy")
     axes[1].legend(fontsize=8)
-    _save(fig, out)
+    save_png(fig, out)
     plt.close(fig)
 
 
 def plot_memory_recall(metrics: dict, comparison: dict, out: str | Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     recall = {v: m.get("memory_recall") for v, m in metrics["variants"].items()}
     shown = [v for v, r in recall.items() if r]
@@ -112,7 +102,7 @@ def plot_memory_recall(metrics: dict, comparison: dict, out: str | Path) -> None
     axes[1].legend(fontsize=8)
     fig.suptitle(_tested_title("Held-out memory recall", comparison, "memory_recall", ": trained - base"),
                  fontsize=9)
-    _save(fig, out)
+    save_png(fig, out)
     plt.close(fig)
 
 
@@ -129,7 +119,7 @@ def _tested_title(title: str, comparison: dict, metric: str, lead: str) -> str:
 def plot_specificity(metrics: dict, comparison: dict, out: str | Path) -> None:
     """Memory recall against the patient's own next visits vs against other patients' (the control), per
     variant, with the trained-vs-base test on the gap in the title."""
-    plt = _plt()
+    plt = pyplot()
     spec = {v: m.get("memory_specificity") for v, m in metrics["variants"].items()}
     shown = [v for v, s in spec.items() if s]
     fig, ax = plt.subplots(figsize=(max(4.5, 1.8 * len(shown) + 2), 3.6))
@@ -150,13 +140,13 @@ def plot_specificity(metrics: dict, comparison: dict, out: str | Path) -> None:
     ax.legend(loc="upper left", fontsize=8)
     ax.set_title(_tested_title("Memory specificity: own vs other patients' visits", comparison,
                                "memory_specificity", "\ngap trained - base"), fontsize=9)
-    _save(fig, out)
+    save_png(fig, out)
     plt.close(fig)
 
 
 def plot_reward(rows: list[dict], out: str | Path, checkpoint: dict | None = None) -> None:
     """Train reward mean +- within-step std, and the val reward, per step; the chosen checkpoint marked."""
-    plt = _plt()
+    plt = pyplot()
     train = [r for r in rows if r["kind"] == "train" and r.get("reward_mean") is not None]
     val = [r for r in rows if r["kind"] == "val" and r.get("val_reward_mean") is not None]
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -178,12 +168,12 @@ def plot_reward(rows: list[dict], out: str | Path, checkpoint: dict | None = Non
     ax.set_ylabel("reward")
     ax.set_title(title, fontsize=8)
     ax.legend(fontsize=8)
-    _save(fig, out)
+    save_png(fig, out)
     plt.close(fig)
 
 
 def plot_kl(rows: list[dict], out: str | Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     kl = [(r["step"], r["kl"]) for r in rows if r["kind"] == "train" and r.get("kl") is not None]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     if kl:
@@ -194,14 +184,14 @@ def plot_kl(rows: list[dict], out: str | Path) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("KL to reference")
     ax.set_title("KL (policy vs frozen base)")
-    _save(fig, out)
+    save_png(fig, out)
     plt.close(fig)
 
 
 def plot_truncation(rows: list[dict], out: str | Path) -> None:
     """Truncation rate (rollouts cut at max_response_length) of train and val rollouts, and the mean
     response length on a second axis: memories that never end never parse."""
-    plt = _plt()
+    plt = pyplot()
     series = [("train", "truncation_rate", "response_length_mean"),
               ("val", "val_truncation_rate", "val_response_length_mean")]
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -223,14 +213,14 @@ def plot_truncation(rows: list[dict], out: str | Path) -> None:
     handles = ax.get_legend_handles_labels()[0] + length_ax.get_legend_handles_labels()[0]
     if handles:
         ax.legend(handles=handles, fontsize=8)
-    _save(fig, out)
+    save_png(fig, out)
     plt.close(fig)
 
 
 def plot_agreement(agreement: dict, out: str | Path) -> None:
     """Judge agreement: the share of pairs where the judge scored a patient's reference memory above a wrong
     one, overall and by kind of wrong memory, with the Wilson 95% interval and the warn/fail thresholds."""
-    plt = _plt()
+    plt = pyplot()
     kinds = agreement.get("by_kind") or {}
     labels = ["all", *kinds]
     counts = [(agreement.get("agreed", 0), agreement.get("pairs", 0))] + [(k["agreed"], k["pairs"]) for k in kinds.values()]
@@ -255,7 +245,7 @@ def plot_agreement(agreement: dict, out: str | Path) -> None:
     if agreement.get("training_reward_mode") == "outcome":
         title += "\ntraining pays the outcome reward (reward.mode outcome), not this judge"
     ax.set_title(title, fontsize=8)
-    _save(fig, out)
+    save_png(fig, out)
     plt.close(fig)
 
 
@@ -337,7 +327,7 @@ def _cmd_agreement(args: argparse.Namespace) -> None:
 
 def plot_costs(stages: list[dict], out: str | Path) -> None:
     """Cost per stage: wall time (h), peak memory (GB) and GPU hours, one bar panel each."""
-    plt = _plt()
+    plt = pyplot()
     names = [s["stage"] for s in stages]
     panels = [("wall time (h, all jobs)", [s["wall_s"] / 3600 for s in stages]),
               ("peak memory (GB, max_rss)", [(s["max_rss_mb"] or 0) / 1024 for s in stages]),
@@ -348,7 +338,7 @@ def plot_costs(stages: list[dict], out: str | Path) -> None:
         ax.set_title(title)
     axes[0].invert_yaxis()  # the stages top-down in DAG order (shared y axis)
     fig.suptitle("Cost per stage (benchmark files of the last run)")
-    _save(fig, out)
+    save_png(fig, out)
     plt.close(fig)
 
 
@@ -382,10 +372,6 @@ def _cmd_headline(args: argparse.Namespace) -> None:
 
 
 def _cmd_cost_plan(args: argparse.Namespace) -> None:
-    from llmrnn.check import load_config
-    from llmrnn.cost_plan import plan_stages, plan_table, summary_line
-    from llmrnn.runconfig import configfiles_for
-
     config, problems = load_config(configfiles_for(args.configfile))
     if problems:
         raise InputError(f"{problems[0]} (llmrnn check lists them all)")

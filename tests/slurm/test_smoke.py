@@ -68,8 +68,9 @@ def test_smoke_is_a_complete_recipe_file_and_passes_llmrnn_check(tmp_path):
     rubric = yaml.safe_load((REPO / config["judge"]["rubric"]).read_text())
     assert rubric["serving"]["engine"] == "vllm" and rubric["judge"]["source"] == "local"
     llmrnn = str(Path(sys.executable).parent / "llmrnn")
+    # the jobs bring the GPU stack (a software-deployment method): this environment need not have it
     proc = subprocess.run([llmrnn, "check", "--configfile", SMOKE], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env=_clean_env(tmp_path), check=False)
+                          timeout=120, env=dict(_clean_env(tmp_path), LLMRNN_SDM="apptainer"), check=False)
     assert proc.returncode == 0, proc.stderr
     shown = subprocess.run([llmrnn, "config", "show", "--configfile", SMOKE], cwd=REPO, capture_output=True,
                            text=True, timeout=120, check=True).stdout

@@ -7,6 +7,7 @@ import importlib.util
 import os
 import sys
 
+from llmrnn.check.judge import _judge_in_dag
 from llmrnn.check.skips import skip, unused
 from llmrnn.engine_budget import gpu_budget_problems, plan_engines
 from llmrnn.gpu_stack import installed, stack_problems
@@ -22,8 +23,6 @@ GPU_ENV_HINT = ("build it with `make gpu-env` and run snakemake from that venv (
 def needed_packages(config: dict) -> list[str]:
     """The distributions the planned jobs import: the training engine's (verl | trl) and vLLM's where a
     forward-pass role or a started judge (llmrnn.check.judge: as the plan starts it) serves on vLLM."""
-    from llmrnn.check.judge import _judge_in_dag
-
     train = config.get("train") or {}
     engine = train.get("engine") if isinstance(train, dict) else None
     roles = config.get("roles") or {}

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
+from llmrnn.lora_files import saved_lora_tensors
 from llmrnn.merge.adapter import (
     base_dir_of,
     configured_lora,
@@ -50,7 +51,6 @@ from llmrnn.merge.adapter import (
 from llmrnn.merge.fold import merge_lora, merge_verl_fsdp
 from llmrnn.merge.verify import _fail, _report, check_adapter_config, verify_merge
 from llmrnn.rope import keep_base_rope
-from llmrnn.train.lora_guard import saved_lora_tensors
 
 log = logging.getLogger(__name__)
 

@@ -23,6 +23,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from llmrnn.phi_guard.formats import ST_DTYPES, _safetensors_layout
+from llmrnn.rope import base_rope
+
 WEIGHTS = re.compile(r"model(?:-\d{5}-of-\d{5})?\.safetensors")
 WEIGHTS_INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = frozenset({
@@ -64,8 +67,6 @@ def where(rel: str, n: int, total: int) -> str:
 def safetensors_header(path: Path) -> dict:
     """The header of a safetensors file that describes the file's bytes exactly (ValueError otherwise): tensors
     contiguous from 0 to the end, each entry exactly dtype/shape/data_offsets, only spaces after the JSON."""
-    from llmrnn.phi_guard.formats import ST_DTYPES, _safetensors_layout
-
     size = path.stat().st_size
     with open(path, "rb") as fh:
         try:
@@ -169,8 +170,6 @@ def check_weights_index(path: Path, bundle_weights: list[str]) -> str | None:
     if not isinstance(meta, dict) or set(meta) - {"total_size", "total_parameters"} or \
             not all(isinstance(v, int) and not isinstance(v, bool) for v in meta.values()):
         return "metadata other than total_size; refused"
-    from llmrnn.phi_guard.formats import ST_DTYPES
-
     held, size, params = {}, 0, 0
     for rel in bundle_weights:
         try:
@@ -234,8 +233,6 @@ def check_config(path: Path, base: Path, name: str, saved_dtype: str | None) -> 
         raw = {}
     rewritten = _rewritten_configs(base)[0 if name == CONFIG else 1]
     if name == CONFIG and isinstance(raw, dict):
-        from llmrnn.rope import base_rope
-
         # the merge writes the base's RoPE in transformers 4.x's spelling too (llmrnn.rope.keep_base_rope)
         rewritten = {**base_rope(raw), **rewritten}
     if name == GENERATION and not raw and not rewritten:

@@ -29,7 +29,15 @@ from collections.abc import Mapping
 from llmrnn import runconfig
 from llmrnn.errors import InputError
 from llmrnn.plan.cohort import CohortPlan
-from llmrnn.plan.common import Paths, PlanBase, input_flag, is_model_name, model_dir_of
+from llmrnn.plan.common import (
+    Paths,
+    PlanBase,
+    config_changes,
+    input_flag,
+    is_model_name,
+    model_dir_of,
+    schema_error_line,
+)
 from llmrnn.plan.evaluate import EvaluatePlan
 from llmrnn.plan.judge import JudgePlan
 from llmrnn.plan.merge import MergePlan
@@ -39,7 +47,8 @@ from llmrnn.plan.release import ReleasePlan
 from llmrnn.plan.train import TrainPlan
 from llmrnn.plan.trajectories import TrajectoriesPlan
 
-__all__ = ["Paths", "Plan", "PlanBase", "input_flag", "is_model_name", "model_dir_of"]
+__all__ = ["Paths", "Plan", "PlanBase", "config_changes", "input_flag", "is_model_name", "model_dir_of",
+           "schema_error_line"]
 
 CONDA_STAGES = ("data", "cpu", "forward", "judge", "train", "sft")
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from llmrnn.errors import NOT_RETRIABLE_DIR, NotRetriable
 from llmrnn.models import MODELS_ROOT, READY
+from llmrnn.runconfig import diff_lines, load_any, resolve
 
 NOT_A_KNOB = ("resources", "threads")
 
@@ -94,8 +95,6 @@ def config_changes(run_config: str | os.PathLike, layers: list, limit: int = 8) 
     """What Snakemake's rerun reason "Params have changed" means, in config keys: the values that differ
     between the run's recorded RUN/config.yaml and this invocation's layers (llmrnn.runconfig.diff_lines, as
     `llmrnn config diff` prints them), at most `limit` lines and a pointer to the command that prints all."""
-    from llmrnn.runconfig import diff_lines, load_any, resolve
-
     if not Path(run_config).is_file():
         return []
     try:

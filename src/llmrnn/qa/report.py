@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 
 from llmrnn import io
+from llmrnn.plots import pyplot, save_png
 from llmrnn.qa.evaluate import _variant_order
-from llmrnn.report import _plt, _save
 
 COLORS = {"base": "#7f7f7f", "sft": "#ff7f0e", "grpo": "#1f77b4"}
 _CURVE = re.compile(r"sampling_(pass|maj)@(\d+)$")
@@ -29,7 +29,7 @@ def _curve(cells: dict, kind: str) -> list[tuple[int, dict]]:
 
 
 def plot_pass(metrics: dict, out: str) -> None:
-    plt = _plt()
+    plt = pyplot()
     splits = sorted(metrics["splits"])
     fig, axes = plt.subplots(1, len(splits), figsize=(6 * len(splits), 5.6), squeeze=False)
     for ax, split in zip(axes[0], splits):
@@ -70,7 +70,7 @@ def plot_pass(metrics: dict, out: str) -> None:
         judged = any("judge_greedy_pass@1" in c for c in metrics["splits"][split].values())
         ax.set_ylabel("share correct (exact match" + ("; diamonds: judge-graded)" if judged else ")"))
         ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
-    _save(fig, out)
+    save_png(fig, out)
     plt.close(fig)
 
 

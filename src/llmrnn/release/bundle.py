@@ -9,6 +9,7 @@ from pathlib import Path
 
 from llmrnn import io, upload
 from llmrnn.errors import InputError
+from llmrnn.models import model_folder
 from llmrnn.release.card import _chosen_checkpoint, _ran_attention
 from llmrnn.release.manifest import build_manifest, judge_entry, metrics_summary, settings
 from llmrnn.release.staging import _remove_stage, run_lock, stage_model_files
@@ -44,8 +45,6 @@ def _release_outputs(*paths: str | Path):
 def _base_model(check: dict, merge_check: str | Path) -> Path:
     """The base model's prepared copy the merge folded the adapter into (merge_check.json `base`): the bundle's
     model files are compared with it, so a release without it cannot be accounted for and stops here."""
-    from llmrnn.models import model_folder
-
     given = check.get("base")
     folder = model_folder(given) if isinstance(given, str) and given else None
     if folder is None or not (folder / "config.json").is_file():

@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 # with its row): the settings' defaults
 DEFAULT_TIMEOUT_S = float(section_defaults("reward.custom")["timeout_s"])
 DEFAULT_MAX_ABS = float(section_defaults("reward.custom")["max_abs"])
-# The reward process's own bounds (docs/rewards.md "What your reward's process may do"):
+# The reward process's own bounds (docs/rewards.md "What the reward process may do"):
 MAX_MEMORY_MB = 4096  # resident memory after any call (and an address-space cap of AS_FACTOR times it)
 MAX_PROCESSES = 64  # processes of its session alive at once besides itself (a multiprocessing pool fits)
 OUTPUT_CAP = 1 << 20  # bytes of its stdout+stderr passed on to the log, then one line and nothing more

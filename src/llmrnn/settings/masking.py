@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from llmrnn.constants import CREDENTIAL, URL_USERINFO
+from llmrnn.upload import env_name_problem
 
 MASK = "***"
 # a URL and its query (?...) and fragment (#...), up to whitespace or a quote
@@ -64,8 +65,6 @@ def name_key_problem(key: str, value: Any) -> str | None:
     """Why the value of a key that holds a NAME (`*_env`) or an id (`repo_id`) looks like a key."""
     if not isinstance(value, str):
         return None
-    from llmrnn.upload import env_name_problem
-
     if key.endswith("_env"):
         problem = env_name_problem(value)
         return problem if problem and "looks like a key" in problem else (

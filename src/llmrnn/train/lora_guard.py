@@ -27,7 +27,11 @@ import json
 import sys
 from pathlib import Path
 
+from safetensors import safe_open
+
 from llmrnn.errors import CheckFailed
+from llmrnn.lora_files import is_lora_key, saved_lora_tensors
+from llmrnn.train.ray_cluster import private_worker
 
 ADAPTER = "default"
 # modules whose wrapping is deferred until they are imported (importing verl's workers costs seconds per process)
@@ -36,10 +40,6 @@ _WORKER_MODULES = ("verl.workers.fsdp_workers", "verl.workers.engine_workers")
 
 class LoraGuardError(RuntimeError):
     """The LoRA path lost the adapter: one line, raised in the worker that found it."""
-
-
-def is_lora_key(name: str) -> bool:
-    return "lora_A" in name or "lora_B" in name or "lora_embedding_" in name
 
 
 def lora_slots(model, adapter: str = ADAPTER) -> int:
@@ -110,25 +110,6 @@ def _peft_hint() -> str:
         return ""
 
 
-def saved_lora_tensors(adapter_dir: Path) -> int:
-    """LoRA tensors in adapter_dir's adapter_model.safetensors (or .bin); 0 when neither holds any."""
-    st = adapter_dir / "adapter_model.safetensors"
-    if st.is_file():
-        from safetensors import safe_open
-
-        try:
-            with safe_open(str(st), framework="pt") as fh:
-                return sum(1 for k in fh.keys() if is_lora_key(k))  # noqa: SIM118 - safe_open has no __iter__
-        except Exception as exc:  # an unreadable file is a check failure, said in one line
-            raise CheckFailed(f"{st}: not a readable safetensors file ({exc})") from exc
-    binf = adapter_dir / "adapter_model.bin"
-    if binf.is_file():
-        import torch
-
-        return sum(1 for k in torch.load(binf, map_location="cpu", weights_only=True) if is_lora_key(k))
-    return 0
-
-
 def check_saved_adapter(adapter_dir: Path, slots: int, what: str = "saved adapter") -> int:
     n = saved_lora_tensors(Path(adapter_dir))
     if n < slots or n == 0:
@@ -144,8 +125,6 @@ def base_slots(adapter_conf: dict, base_dir: Path) -> int:
     no weights loaded)."""
     from peft import LoraConfig
     from peft.tuners.tuners_utils import check_target_module_exists
-    from safetensors import safe_open
-
     files = sorted(Path(base_dir).glob("*.safetensors"))
     if not files:
         raise CheckFailed(f"{base_dir}: no *.safetensors weights to count the adapter's LoRA slots in")
@@ -281,7 +260,5 @@ def install() -> None:
 def worker_setup() -> None:
     """Ray's worker_process_setup_hook for verl's workers: umask 077 (llmrnn.train.ray_cluster.private_worker)
     and the LoRA guard."""
-    from llmrnn.train.ray_cluster import private_worker
-
     private_worker()
     install()
