@@ -26,16 +26,17 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 
 
-@pytest.fixture
-def workflow_dir(tmp_path) -> Path:
-    """A copy of the workflow (Snakefile, rules, schemas, configs) in a fresh working directory."""
+def copy_workflow(dest: Path) -> Path:
+    """A copy of the workflow (Snakefile, rules, schemas, configs) in dest, a fresh working directory."""
     for part in WORKFLOW_PARTS:
         src = REPO / part
-        if src.is_dir():
-            shutil.copytree(src, tmp_path / part)
-        else:
-            shutil.copy2(src, tmp_path / part)
-    return tmp_path
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, dest / part)
+    return dest
+
+
+@pytest.fixture
+def workflow_dir(tmp_path) -> Path:
+    return copy_workflow(tmp_path)
 
 
 def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:

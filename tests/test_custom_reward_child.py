@@ -18,15 +18,7 @@ import pytest
 
 from llmrnn.errors import InputError
 from llmrnn.reward import custom
-
-SIGNATURE = "def compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs):\n"
-ROW = {"data_source": "d", "solution_str": "s", "ground_truth": "g", "extra_info": {"index": 7}}
-
-
-def _reward(tmp_path: Path, body: str, head: str = "") -> Path:
-    path = tmp_path / "my_reward.py"
-    path.write_text(head + SIGNATURE + "".join(f"    {line}\n" for line in body.splitlines()))
-    return path
+from tests.test_custom_reward_contract import ROW, _reward
 
 
 def _alive(pid: int) -> bool:

@@ -9,7 +9,6 @@ import importlib.util
 import json
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 import yaml
 
 from llmrnn.reward import compute_score
-from tests.conftest import REPO, WORKFLOW_PARTS
+from tests.conftest import REPO, copy_workflow
 
 PAGE = (REPO / "docs" / "rewards.md").read_text()
 SECTION = PAGE.split("## Your own reward", 1)[1].split("\n## ", 1)[0]
@@ -62,10 +61,7 @@ def test_the_example_scores_as_the_builtin_outcome_reward(memory, tmp_path):
 
 @pytest.fixture(scope="module")
 def workflow(tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("own_reward")
-    for part in WORKFLOW_PARTS:
-        (shutil.copytree if (REPO / part).is_dir() else shutil.copy2)(REPO / part, work / part)
-    return work
+    return copy_workflow(tmp_path_factory.mktemp("own_reward"))
 
 
 def _run(line: str, cwd: Path, *extra: str) -> subprocess.CompletedProcess:

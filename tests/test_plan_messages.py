@@ -5,7 +5,6 @@ rerun reason quotes kilobytes of JSON), with the `llmrnn config diff` line that 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,15 +13,12 @@ import pytest
 
 from llmrnn.plan.common import config_changes
 from llmrnn.runconfig import read_layer, resolve, write_run_config
-from tests.conftest import REPO, WORKFLOW_PARTS
+from tests.conftest import REPO, copy_workflow
 
 
 @pytest.fixture(scope="module")
 def workflow(tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("messages")
-    for part in WORKFLOW_PARTS:
-        (shutil.copytree if (REPO / part).is_dir() else shutil.copy2)(REPO / part, work / part)
-    return work
+    return copy_workflow(tmp_path_factory.mktemp("messages"))
 
 
 def _dry_run(work: Path, *args: str) -> subprocess.CompletedProcess:

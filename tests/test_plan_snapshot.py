@@ -15,12 +15,11 @@ tests/snapshots/ is the review of what it changed:
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, WORKFLOW_PARTS, snakemake
+from tests.conftest import REPO, copy_workflow, snakemake
 from tests.slurm.dag import parse_dry_run, prepare_reproduce_inputs
 
 pytestmark = pytest.mark.slow  # five dry runs of the whole DAG: ~5-10 s each
@@ -40,10 +39,7 @@ UPDATE = os.environ.get("LLMRNN_UPDATE_SNAPSHOTS") == "1"
 def workdir(tmp_path_factory) -> Path:
     """One copy of the workflow for all five dry runs, with the inputs the reproductions name: the
     credentialed cohort's synthetic stand-in and an (empty) ECG-Expert-QA file at qa.source."""
-    work = tmp_path_factory.mktemp("snapshot")
-    for part in WORKFLOW_PARTS:
-        src = REPO / part
-        (shutil.copytree if src.is_dir() else shutil.copy2)(src, work / part)
+    work = copy_workflow(tmp_path_factory.mktemp("snapshot"))
     prepare_reproduce_inputs(work)
     (work / "data" / "ecg_expert_qa").mkdir(parents=True)
     (work / "data" / "ecg_expert_qa" / "train.json").write_text("[]")
