@@ -59,8 +59,10 @@ rule eval_plots:
             category="Held-out evaluation",
             caption="../workflow/report/memory_specificity.rst",
         ),
-        summary=report(
-            f"{RUN}/eval/plots/summary.tsv",
+        summary=f"{RUN}/eval/plots/summary.tsv",
+        # the same table as a page: the report shows HTML inline, a TSV only as a download
+        summary_html=report(
+            f"{RUN}/eval/plots/summary.html",
             category="Held-out evaluation",
             caption="../workflow/report/summary.rst",
         ),
@@ -76,7 +78,34 @@ rule eval_plots:
         "llmrnn report plots --metrics {input.metrics:q} --comparison {input.comparison:q} "
         "--bars {output.bars:q} --by-visit {output.by_visit:q} "
         "--memory-recall {output.memory_recall:q} --specificity {output.specificity:q} "
-        "--summary {output.summary:q} 2> {log:q}"
+        "--summary {output.summary:q} --summary-html {output.summary_html:q} 2> {log:q}"
+
+
+# The report's landing page: workflow/report/workflow.rst takes overview.html in whole, so the report opens
+# with what was trained, the headline and what next (llmrnn.overview).
+rule report_overview:
+    input:
+        unpack(plan.evaluate.overview_inputs),
+    output:
+        overview=report(
+            plan.evaluate.overview_target(),
+            category="Overview",
+            caption="../workflow/report/overview.rst",
+        ),
+    log:
+        f"{LOGS}/report_overview.log",
+    benchmark:
+        f"{LOGS}/benchmarks/report_overview/report_overview.tsv"
+    conda:
+        plan.conda_env("data")
+    params:
+        cfg=plan.evaluate.overview_cfg(),
+        train_summary=input_flag("--train-summary", "train_summary"),
+        rubric=input_flag("--rubric", "rubric"),
+        code=code_hash("report overview"),
+    shell:
+        "llmrnn report overview --comparison {input.comparison:q} --splits {input.splits:q} "
+        "{params.train_summary:q} {params.rubric:q} --cfg {params.cfg:q} --out {output.overview:q} 2> {log:q}"
 
 
 rule judge_agreement_plot:

@@ -4,10 +4,12 @@ report's table and plot from them, and `llmrnn check`'s warning from the last ru
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import subprocess
 import sys
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -16,10 +18,20 @@ from llmrnn import check
 from llmrnn.benchmarks import read_benchmarks, stage_costs
 from llmrnn.check.slurm import benchmark_advice
 from llmrnn.cli import main
+from llmrnn.io import write_json
+from llmrnn.overview import headline
+from tests.test_report import _metrics_and_comparison
 
 REPO = Path(__file__).resolve().parents[1]
 
+# as rules/cost.smk and rules/report.smk report them (their inputs there are the whole run: too much for this
+# tier), under the workflow's own landing text (workflow/report/workflow.rst)
 SNAKEFILE = """
+import json
+
+report: "LANDING"
+config["run_name"] = "demo"
+
 rule shard:
     output: "out/{k}.txt"
     benchmark: "logs/demo/benchmarks/shard/{k}.tsv"
@@ -32,7 +44,12 @@ rule gather:
     benchmark: "logs/demo/benchmarks/gather/gather.tsv"
     shell: "cat {input} > {output}"
 
-# as rules/cost.smk reports it (its input there is the whole run: too much for this tier)
+rule overview:
+    input: comparison="comparison.json", splits="splits.json", summary="summary.json"
+    output: report("report/overview.html", category="Overview")
+    params: cfg=json.dumps({"run_name": "demo", "memory_model": "m", "train": {"seed": 42, "lora": {"rank": 16}}, "reward": {"mode": "outcome"}, "eval": {}})
+    shell: "llmrnn report overview --comparison {input.comparison} --splits {input.splits} --train-summary {input.summary} --cfg {params.cfg:q} --out {output}"
+
 rule cost:
     input: "all.txt"
     output:
@@ -40,7 +57,7 @@ rule cost:
         html=report("report/cost.html", category="Cost"),
         plot=report("report/cost.png", category="Cost"),
     shell: "llmrnn report cost --benchmarks logs/demo/benchmarks --table {output.table} --html {output.html} --plot {output.plot}"
-"""
+""".replace("LANDING", str(REPO / "workflow" / "report" / "workflow.rst"))
 
 
 def reported(html: str, name: str) -> bytes:
@@ -54,6 +71,11 @@ def reported(html: str, name: str) -> bytes:
 def benchmarks(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("bench")
     (work / "Snakefile").write_text(SNAKEFILE)
+    _, comparison = _metrics_and_comparison(work / "eval-inputs")
+    write_json(work / "comparison.json", comparison)
+    write_json(work / "splits.json", {"sizes": {"train": 6, "val": 2, "test": 4}})
+    write_json(work / "summary.json", {"engine": "trl", "steps": 2, "planned_steps": 2,
+                                       "checkpoint": {"step": 2, "select": "last"}})
     exe = Path(sys.executable).with_name("snakemake")
     env = dict(os.environ, PATH=f"{exe.parent}{os.pathsep}{os.environ['PATH']}")
     proc = subprocess.run([str(exe), "--cores", "1", "--benchmark-extended", "all.txt"], cwd=work, env=env,
@@ -65,11 +87,12 @@ def benchmarks(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_the_report_shows_the_cost_table_inline_and_the_plot(benchmarks):
     """`snakemake --report`: the cost table is an HTML result (shown inline; a TSV is only a download) with a
-    row per stage and the total, and the plot a PNG, both under the category Cost."""
+    row per stage and the total, and the plot a PNG, both under the category Cost; the report's first page
+    (the landing text) opens with the overview's headline and holds the cost table itself."""
     work = benchmarks.parents[2]
     exe = Path(sys.executable).with_name("snakemake")
     env = dict(os.environ, PATH=f"{exe.parent}{os.pathsep}{os.environ['PATH']}")
-    for args in (["cost"], ["--report", "report.html", "cost"]):
+    for args in (["cost", "overview"], ["--report", "report.html", "cost", "overview"]):
         proc = subprocess.run([str(exe), "--cores", "1", *args], cwd=work, env=env, capture_output=True, text=True,
                               timeout=300, check=False)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -83,6 +106,11 @@ def test_the_report_shows_the_cost_table_inline_and_the_plot(benchmarks):
     assert rows["shard"][5] == f"{stage_costs(read_benchmarks(benchmarks))[1]['gpu_hours']:.2f}"
     assert reported(html, "cost.png").startswith(b"image/png\n\x89PNG")
     assert "Cost" in html
+    landing = json.loads(re.search(r"var workflow_desc = (\".*?\");\n", html).group(1))
+    comparison = json.loads((work / "comparison.json").read_text())
+    assert f"<strong>Headline</strong>: {escape(headline(comparison))}." in landing
+    assert "<td>2 of 2 planned GRPO steps (trl); the merged adapter is step 2 (train.select last)</td>" in landing
+    assert landing.index("Headline") < landing.index("<td>shard</td><td>2</td>")  # the cost table, inline
 
 
 @pytest.mark.slow

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -87,9 +89,9 @@ def test_plots_cli_writes_pngs_and_summary(tmp_path):
     run_report_cli(["plots", "--metrics", str(tmp_path / "metrics.json"), "--comparison",
                     str(tmp_path / "comparison.json"), "--bars", str(out / "acc_bars.png"),
                     "--by-visit", str(out / "acc_by_visit.png"), "--memory-recall", str(out / "memory_recall.png"),
-                    "--summary", str(out / "summary.tsv")])
+                    "--summary", str(out / "summary.tsv"), "--summary-html", str(out / "summary.html")])
     assert sorted(p.name for p in out.iterdir()) == ["acc_bars.png", "acc_by_visit.png", "memory_recall.png",
-                                                     "summary.tsv"]
+                                                     "summary.html", "summary.tsv"]
     for name in ("acc_bars.png", "acc_by_visit.png", "memory_recall.png"):
         data = (out / name).read_bytes()
         assert data.startswith(PNG) and len(data) > 5000, name
@@ -103,6 +105,10 @@ def test_plots_cli_writes_pngs_and_summary(tmp_path):
     assert (by_variant["base"][col], by_variant["trained"][col]) == ("0.000", "0.750")
     assert by_variant["trained"][col + 1] == "0.750" and by_variant["base"][col + 1] == ""
     assert float(by_variant["trained"][col + 3]) > 0.05  # three of four pairs differ: no paired test passes
+    # the report shows the same table inline (an HTML page; summary.tsv would be a download only)
+    page = (out / "summary.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.count("<table") == 1
+    assert [[unescape(c) for c in re.findall(r"<t[dh]>(.*?)</t[dh]>", r)] for r in re.findall(r"<tr>(.*?)</tr>", page)] == rows
 
 
 def test_plots_cli_missing_metrics_is_one_clear_error(tmp_path):
@@ -202,24 +208,3 @@ def test_make_demo_ends_with_the_report_path_and_the_headline(tmp_path, capsys):
     makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
     demo = makefile.split("\ndemo:", 1)[1].split("\n\n", 1)[0].strip().splitlines()
     assert "llmrnn report headline --comparison results/demo/eval/comparison.json --report report.html" in demo[-1]
-
-
-@pytest.mark.parametrize("files, says", [
-    (["config/config.yaml"], "reward: the outcome reward"),
-    (["config/config.yaml", "config/own_reward/my_reward.yaml"], "``compute_score`` in\n``config/own_reward/my_reward.py``"),
-])
-def test_the_report_opens_with_what_was_trained(files, says, monkeypatch):
-    """workflow/report/workflow.rst (Snakemake renders it with Jinja over the config): model, steps, seed,
-    reward (the own-reward file by name), what the headline rests on, and what to do next."""
-    import jinja2
-
-    from llmrnn.check import load_config
-
-    repo = Path(__file__).resolve().parents[1]
-    monkeypatch.chdir(repo)
-    config, _ = load_config([Path(f) for f in files])
-    snakemake = type("S", (), {"config": config})
-    text = jinja2.Template((repo / "workflow" / "report" / "workflow.rst").read_text()).render(snakemake=snakemake)
-    assert says in text and "judge reward" not in text
-    assert "smollm2-135m-instruct" in text and f"{config['train']['total_steps']} GRPO steps" in text
-    assert "training seed 42 (one seed)" in text and "eval.max_patients: 20" in text and "**Next**" in text

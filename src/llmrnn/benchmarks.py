@@ -14,9 +14,9 @@ import csv
 import math
 import re
 from dataclasses import dataclass
-from html import escape
 from pathlib import Path
 
+from llmrnn import html_table
 from llmrnn.errors import InputError
 
 BENCHMARKS = "benchmarks"
@@ -136,10 +136,8 @@ def _clock(seconds: float) -> str:
 
 def cost_html(stages: list[dict]) -> str:
     """The same table as cost_table, as a standalone HTML page: Snakemake's report shows an HTML result inline
-    (a TSV only as a download). Stage names are rule names, escaped all the same."""
-    def row(cells, tag="td"):
-        return "<tr>" + "".join(f"<{tag}>{escape(str(c))}</{tag}>" for c in cells) + "</tr>\n"
-
+    (a TSV only as a download), and its landing page takes this one in whole. Stage names are rule names,
+    escaped all the same."""
     def cells(s):
         rss = "" if s["max_rss_mb"] is None else f"{s['max_rss_mb']:.0f}"
         return [s["stage"], s["jobs"], _clock(s["wall_s"]), _clock(s["longest_s"]), rss, f"{s['gpu_hours']:.2f}"]
@@ -148,11 +146,8 @@ def cost_html(stages: list[dict]) -> str:
     total = {"stage": "total", "jobs": sum(s["jobs"] for s in stages), "wall_s": sum(s["wall_s"] for s in stages),
              "longest_s": max((s["longest_s"] for s in stages), default=0.0), "max_rss_mb": peak,
              "gpu_hours": sum(s["gpu_hours"] for s in stages)}
-    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>Cost per stage</title><style>"
-            "table{border-collapse:collapse;font-family:sans-serif}td,th{border:1px solid #ccc;padding:2px 8px}"
-            "td:not(:first-child){text-align:right}tr:last-child{font-weight:bold}</style></head><body>\n"
-            "<table>\n" + row(COLUMNS, "th") + "".join(row(cells(s)) for s in stages) + row(cells(total))
-            + "</table>\n</body></html>\n")
+    return html_table.page("Cost per stage", html_table.table(COLUMNS, [*map(cells, stages), cells(total)],
+                                                              numbers=True, total=True))
 
 
 def longest_job_minutes(root: str | Path, stage: str) -> tuple[float, str] | None:

@@ -8,6 +8,8 @@
   memory_specificity.png  memory recall against the patient's own visits vs other patients' (the control),
                       with the trained-vs-base test on the gap in the title
   summary.tsv         one row per variant: Acc@1/Acc@5 with CIs and, vs base, the difference, CI and McNemar p
+  summary.html        the same table as a page (the report shows HTML inline, a TSV only as a download)
+`llmrnn report overview` (rule report_overview): the report's landing page (llmrnn.overview)
 `llmrnn report agreement` (rule judge_agreement_plot), from RUN/judge/agreement.json:
   judge_agreement.png how often the judge ranks a patient's reference memory above a wrong one (Wilson CI)
 `llmrnn report training` (rule train_plots), from RUN/train/metrics.jsonl (llmrnn.train.metrics rows):
@@ -24,11 +26,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llmrnn import io
+from llmrnn import html_table, io
 from llmrnn.benchmarks import cost_html, cost_table, read_benchmarks, stage_costs
 from llmrnn.check import load_config
+from llmrnn.cli import json_arg
 from llmrnn.cost_plan import plan_stages, plan_table, summary_line
 from llmrnn.errors import InputError
+from llmrnn.overview import headline, write_overview
 from llmrnn.plots import pyplot, save_png
 from llmrnn.runconfig import configfiles_for
 from llmrnn.stats import wilson_ci
@@ -253,13 +257,14 @@ def _fmt(x: Any, digits: int = 3) -> str:
     return "" if x is None else f"{x:.{digits}f}"
 
 
-def summary_table(metrics: dict, comparison: dict) -> str:
+def summary_rows(metrics: dict, comparison: dict) -> tuple[list[str], list[list[str]]]:
+    """The summary table's header and one row per variant (summary.tsv and summary.html)."""
     head = ["variant", "n", "acc@1", "acc@1 95% CI", "acc@5", "acc@5 95% CI",
             "acc@1 diff vs base", "diff 95% CI", "McNemar p (acc@1)",
             "acc@5 diff vs base", "diff 95% CI", "McNemar p (acc@5)",
             "memory recall", "recall diff vs base", "diff 95% CI", "Wilcoxon p (recall)",
             "other-patient recall", "specificity gap", "gap diff vs base", "diff 95% CI", "Wilcoxon p (gap)"]
-    lines = ["\t".join(head)]
+    rows = []
     for v, m in metrics["variants"].items():
         row = [v, str(m["n_patients"])]
         for metric in ("acc_at_1", "acc_at_5"):
@@ -280,8 +285,19 @@ def summary_table(metrics: dict, comparison: dict) -> str:
         ms = (c or {}).get("memory_specificity")
         row += ([_fmt(ms["diff"]), f"[{_fmt(ms['ci95'][0])}, {_fmt(ms['ci95'][1])}]", _fmt(ms["wilcoxon"]["p_value"], 4)]
                 if ms else ["", "", ""])
-        lines.append("\t".join(row))
-    return "\n".join(lines) + "\n"
+        rows.append(row)
+    return head, rows
+
+
+def summary_table(metrics: dict, comparison: dict) -> str:
+    head, rows = summary_rows(metrics, comparison)
+    return "".join("\t".join(r) + "\n" for r in (head, *rows))
+
+
+def summary_html(metrics: dict, comparison: dict) -> str:
+    """The summary table as a page: the report shows it inline (summary.tsv only as a download)."""
+    head, rows = summary_rows(metrics, comparison)
+    return html_table.page("Held-out evaluation: summary", html_table.table(head, rows, numbers=True))
 
 
 def _cmd_plots(args: argparse.Namespace) -> None:
@@ -296,7 +312,10 @@ def _cmd_plots(args: argparse.Namespace) -> None:
     if args.specificity:
         plot_specificity(metrics, comparison, args.specificity)
     io.write_text(args.summary, summary_table(metrics, comparison))
-    log.info("wrote %s, %s, %s, %s, %s", args.bars, args.by_visit, args.memory_recall, args.specificity, args.summary)
+    if args.summary_html:
+        io.write_text(args.summary_html, summary_html(metrics, comparison))
+    log.info("wrote %s, %s, %s, %s, %s, %s", args.bars, args.by_visit, args.memory_recall, args.specificity,
+             args.summary, args.summary_html)
 
 
 def _cmd_training(args: argparse.Namespace) -> None:
@@ -355,17 +374,6 @@ def _cmd_cost(args: argparse.Namespace) -> None:
              len(stages), len(jobs))
 
 
-def headline(comparison: dict, seeds: int = 1) -> str:
-    """The run's result in one line: held-out memory recall, trained vs base, with its CI, test and n."""
-    c = (comparison.get("comparisons", {}).get("trained") or {}).get("memory_recall")
-    if not c:
-        raise InputError("comparison: no trained-vs-base memory_recall comparison (did the evaluation run?)")
-    lo, hi = c["ci95"]
-    return (f"held-out memory recall: base {c['a']:.3f} -> trained {c['b']:.3f}, {c['diff']:+.3f} "
-            f"[95% CI {lo:+.3f}, {hi:+.3f}], Wilcoxon p {c['wilcoxon']['p_value']:.4f}, "
-            f"on {c['n_pairs']} held-out patients and {seeds} training seed{'s' if seeds != 1 else ''}")
-
-
 def _cmd_headline(args: argparse.Namespace) -> None:
     print(f"report: {Path(args.report).resolve()}")
     print(headline(io.read_json(args.comparison)))
@@ -391,6 +399,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--by-visit", required=True, help="output: accuracy by visit (png)")
     p.add_argument("--memory-recall", required=True, help="output: memory recall per variant and by visit (png)")
     p.add_argument("--summary", required=True, help="output: summary table (tsv)")
+    p.add_argument("--summary-html", default=None, help="output: the summary table as an HTML page (the report shows "
+                                                        "it inline)")
     p.add_argument("--specificity", default=None,
                    help="output: memory recall against own vs other patients' visits (png)")
     p.set_defaults(func=_cmd_plots)
@@ -411,6 +421,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--plot", required=True, help="output: cost per stage (png)")
     c.add_argument("--html", default=None, help="output: cost per stage as an HTML table (shown in the report)")
     c.set_defaults(func=_cmd_cost)
+    o = rsub.add_parser("overview", help="the report's landing page: what was trained, the headline result with "
+                                         "its CI and what it rests on, what to do next (html)")
+    o.add_argument("--comparison", required=True, help="RUN/eval/comparison.json")
+    o.add_argument("--splits", required=True, help="RUN/splits/splits.json (the split sizes)")
+    o.add_argument("--train-summary", default=None,
+                   help="RUN/train/summary.json (steps, checkpoint); none with eval.trained_model")
+    o.add_argument("--rubric", default=None, help="the rubric file a judged reward asked (its sha256 is shown)")
+    o.add_argument("--cfg", type=json_arg, required=True, help="the config subset the page reads (JSON)")
+    o.add_argument("--out", required=True, help="output: overview.html")
+    o.set_defaults(func=write_overview)
     h = rsub.add_parser("headline", help="the report's path and the run's headline result, one line each")
     h.add_argument("--comparison", required=True, help="RUN/eval/comparison.json")
     h.add_argument("--report", default="report.html", help="the report snakemake --report wrote")

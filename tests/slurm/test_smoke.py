@@ -20,7 +20,8 @@ SMOKE = "config/smoke.yaml"
 # every stage of the reproduction's DAG (reward.mode scalar: the judge's agreement comes from preflight)
 STAGES = {"prepare_base_model", "synth_cohort", "clean_cohort", "split_cohort", "trajectory_shard",
           "dump_trajectories", "judge_server", "preflight", "train_grpo", "train_plots", "merge_model",
-          "eval_shard", "eval_grade", "eval_gather", "eval_plots", "release", "judge_agreement_plot"}
+          "eval_shard", "eval_grade", "eval_gather", "eval_plots", "report_overview", "release",
+          "judge_agreement_plot"}
 
 
 def _check_plan(text: str, profile: dict) -> None:

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow  # real Snakemake dry runs of the whole DAG (5-15 
 SHIPPED = ["config/config.yaml", "config/qa_demo.yaml", "config/reproduce.yaml", "config/qa_reproduce.yaml",
            "config/smoke.yaml"]
 # The jobs a run is for: what they write is read by no other job, only requested by `all`.
-PRODUCT_RULES = {"release", "train_plots", "eval_plots", "judge_agreement_plot", "qa_report"}
+PRODUCT_RULES = {"release", "train_plots", "eval_plots", "report_overview", "judge_agreement_plot", "qa_report"}
 
 _RULE = re.compile(r"^\s*(?:local)?rule (\w+):\s*$")
 _FILES = re.compile(r"^\s+(input|output): (.*)$")

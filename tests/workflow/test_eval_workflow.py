@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 import re
+from html import escape
 
 import pytest
 import yaml
 
+from llmrnn.overview import headline
 from tests.conftest import snakemake
 
-EVAL_JOBS = {"eval_shard", "eval_grade", "eval_gather", "eval_plots", "eval_heldout"}
+EVAL_JOBS = {"eval_shard", "eval_grade", "eval_gather", "eval_plots", "report_overview", "eval_heldout"}
 
 
 def write_test_config(workdir, tiny, trained, **eval_overrides) -> str:
@@ -80,17 +82,22 @@ def test_eval_heldout_report_and_eval_only_reruns(workflow_dir, tiny_model_dir, 
 
     snakemake(workflow_dir, "eval_heldout", "--configfile", "config/config.yaml", base_cfg, "--report", "report.html")
     html = (workflow_dir / "report.html").read_text(errors="replace")
-    for name in ("acc_bars.png", "acc_by_visit.png", "summary.tsv", "Held-out evaluation"):
+    for name in ("acc_bars.png", "acc_by_visit.png", "summary.html", "Held-out evaluation"):
         assert name in html, name
+    # the first page opens with the headline of a model trained elsewhere (no training seed to count)
+    landing = json.loads(re.search(r"var workflow_desc = (\".*?\");\n", html).group(1))
+    assert f"<strong>Headline</strong>: {escape(headline(comparison, seeds=None))}." in landing
+    assert "trained outside this run" in landing
 
     # rerun table of the eval knobs, on top of the finished run
     assert planned_jobs(workflow_dir, base_cfg) == {}
     judge_cfg = write_test_config(workflow_dir, tiny_model_dir, trained, final_judge={"matcher": {"threshold": 0.6}})
     assert planned_jobs(workflow_dir, judge_cfg) == {"eval_grade": 6, "eval_gather": 1, "eval_plots": 1,
-                                                      "eval_heldout": 1}
+                                                      "report_overview": 1, "eval_heldout": 1}
     stats_cfg = write_test_config(workflow_dir, tiny_model_dir, trained,
                                   stats={"bootstrap": {"samples": 500, "seed": 1}})
-    assert planned_jobs(workflow_dir, stats_cfg) == {"eval_gather": 1, "eval_plots": 1, "eval_heldout": 1}
+    assert planned_jobs(workflow_dir, stats_cfg) == {"eval_gather": 1, "eval_plots": 1, "report_overview": 1,
+                                                      "eval_heldout": 1}
     seed_cfg = write_test_config(workflow_dir, tiny_model_dir, trained, seed=6)
     jobs = planned_jobs(workflow_dir, seed_cfg)
     assert jobs["eval_shard"] == 6 and set(jobs) == EVAL_JOBS  # nothing upstream (cohort, models) reruns

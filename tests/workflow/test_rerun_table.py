@@ -36,7 +36,7 @@ TRIGGERS = ["--rerun-triggers", "params", "code", "input", "mtime"]
 # waits (up to --latency-wait) for preflight.json, which takes longer than the default 5 s here.
 GROUP_WAIT = ["--latency-wait", "180"]
 TRAINED_SIDE = {"train_grpo", "train_plots", "merge_model", "release", "eval_shard", "eval_grade", "eval_gather",
-                "eval_plots"}
+                "eval_plots", "report_overview"}
 JUDGED = {"judge_server", "preflight"}
 # the judge-agreement figure: from preflight.json in judged modes; in outcome mode from its own check (rule
 # judge_agreement, with the judge service started for it alone)
@@ -89,7 +89,7 @@ ROWS = [
     Row("training knob, outcome reward", config={"train": {"lr": 2.5e-6}}, needs_rules={"train_grpo"},
         rerun={"preflight"} | TRAINED_SIDE, reward_modes=("outcome",)),
     Row("eval knob", config={"eval": {"stats": {"bootstrap": {"samples": 1999}}}},
-        rerun={"eval_gather", "eval_plots"}),
+        rerun={"eval_gather", "eval_plots", "report_overview"}),
     Row("release knob", config={"release": {"private": False}}, needs_rules={"release"}, rerun={"release"}),
     Row("reward code", edit_module="llmrnn.reward", needs_rules={"preflight"},
         rerun=JUDGED | TRAINED_SIDE | AGREEMENT),

@@ -1,4 +1,5 @@
-"""The held-out evaluation's plan: its variants, params, shard inputs and files, and its targets."""
+"""The held-out evaluation's plan: its variants, params, shard inputs and files, its targets, and the report's
+overview of it (what was trained, the headline, what next)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Mapping
 from llmrnn.plan.common import PlanBase, stage_resources, to_json
 from llmrnn.plan.models import ModelsPlan
 from llmrnn.plan.qa import QaPlan
+from llmrnn.reward import asks_judge
 
 EVAL_ROLES = ("prediction", "evaluation", "memory")
 
@@ -99,4 +101,35 @@ class EvaluatePlan(PlanBase):
             f"{plots}/memory_recall.png",
             f"{plots}/memory_specificity.png",
             f"{plots}/summary.tsv",
+            f"{plots}/summary.html",
+            self.overview_target(),
         ]
+
+    def overview_target(self) -> str:
+        """The report's landing page (rule report_overview; workflow/report/workflow.rst takes it in)."""
+        return f"{self.paths.run}/report/overview.html"
+
+    def overview_inputs(self, wildcards=None) -> dict:
+        """What the overview reads: the comparison and the split sizes; this run's training summary unless
+        eval.trained_model names a model trained elsewhere; the rubric when the reward asked the judge."""
+        run = self.paths.run
+        inputs = {"comparison": f"{run}/eval/comparison.json", "splits": f"{run}/splits/splits.json"}
+        if not self.config["eval"]["trained_model"]:
+            inputs["train_summary"] = f"{run}/train/summary.json"
+        if asks_judge(self.config):
+            inputs["rubric"] = self.config["judge"]["rubric"]
+        return inputs
+
+    def overview_cfg(self) -> str:
+        """params of report_overview: the knobs the page names. Each one reruns the training or the evaluation
+        too (so the page never reruns alone)."""
+        c = self.config
+        train = c["train"]
+        return to_json({
+            "run_name": c["run_name"],
+            "memory_model": c["roles"]["memory"]["model"],
+            "train": {"engine": train["engine"], "seed": train["seed"], "select": train["select"],
+                      "lora": {"rank": train["lora"]["rank"]}},
+            "reward": {k: c["reward"][k] for k in ("mode", "custom") if k in c["reward"]},
+            "eval": {k: c["eval"][k] for k in ("max_patients", "trained_model")},
+        })
