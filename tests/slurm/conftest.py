@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -42,3 +43,20 @@ def slurm_cluster():
         yield
     finally:
         subprocess.run(["bash", str(DOWN)], check=False, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(autouse=True)
+def no_job_outlives_its_test(request):
+    """A test that fails or times out leaves its SLURM jobs (trainers, Ray heads) running; on CI's 2 cores they
+    would slow every later test. Each SLURM test ends with the queue cancelled and empty."""
+    yield
+    if "slurm_cluster" not in request.fixturenames or not shutil.which("squeue"):
+        return
+    left = subprocess.run(["squeue", "-h", "-o", "%i"], check=False, capture_output=True, text=True, timeout=20)
+    if not left.stdout.split():
+        return
+    subprocess.run(["scancel", "--full", *left.stdout.split()], check=False, capture_output=True, timeout=20)
+    for _ in range(60):
+        if not subprocess.run(["squeue", "-h"], check=False, capture_output=True, text=True, timeout=20).stdout.strip():
+            return
+        time.sleep(1)
