@@ -103,6 +103,59 @@ def test_the_reward_output_is_capped_in_the_log(tmp_path):
     assert f"printed more than {custom.OUTPUT_CAP} bytes; the rest of its output is dropped" in done.stderr
 
 
+def test_the_childs_bounds_are_settings_of_reward_custom_defaulting_to_the_old_constants():
+    """reward.custom.max_processes, max_memory_mb and max_output_bytes: 64, 4096 MB and 1 MiB by default (what
+    the constants were), bounded, and strict (a bool or a string is refused, not coerced)."""
+    from pydantic import ValidationError
+
+    from llmrnn.settings.evaluation import RewardCustom
+
+    defaults = RewardCustom()
+    assert (defaults.max_processes, defaults.max_memory_mb, defaults.max_output_bytes) == (64, 4096, 1 << 20)
+    assert (custom.MAX_PROCESSES, custom.MAX_MEMORY_MB, custom.OUTPUT_CAP) == (64, 4096, 1 << 20)
+    for bad in ({"max_processes": -1}, {"max_processes": 5000}, {"max_memory_mb": 10},
+                {"max_memory_mb": 2_000_000}, {"max_output_bytes": -1}, {"max_output_bytes": 1 << 31},
+                {"max_processes": True}, {"max_memory_mb": "4096"}):
+        with pytest.raises(ValidationError):
+            RewardCustom(path="r.py", **bad)
+
+
+def test_reward_custom_settings_bound_the_child_processes_and_memory(tmp_path):
+    """The limits come from the settings wherever the reward runs (custom_of -> open_custom: check, preflight,
+    `reward try`, both trainers): 3 processes against max_processes 2, then 80 MB kept against max_memory_mb 64."""
+    body = ("import subprocess\n"
+            "kids = [subprocess.Popen(['sleep', '3600']) for _ in range(3)]\n"
+            "return 0.5")
+    spec = custom.custom_of({"custom": {"path": str(_reward(tmp_path, body)), "max_processes": 2}})
+    assert spec["max_processes"] == 2 and spec["max_memory_mb"] == custom.MAX_MEMORY_MB
+    proc = custom.open_custom(spec)
+    try:
+        with pytest.raises(InputError, match="started 3 processes, more than the reward process's limit of 2 alive"):
+            proc("row 7", **ROW)
+    finally:
+        proc.close()
+    (tmp_path / "mem").mkdir()
+    path = _reward(tmp_path / "mem", "KEPT.append(bytearray(80 * 2**20))\nreturn 0.5", "KEPT = []\n")
+    proc = custom.open_custom(custom.custom_of({"custom": {"path": str(path), "max_memory_mb": 64}}))
+    try:
+        with pytest.raises(InputError, match="more than the reward process's limit of 64 MB"):
+            proc("row 3", **ROW)
+    finally:
+        proc.close()
+
+
+def test_reward_custom_max_output_bytes_caps_the_log(tmp_path):
+    path = _reward(tmp_path, "import os\nos.write(2, b'y' * 50_000)\nreturn 0.5")
+    script = ("from llmrnn.reward import custom\n"
+              f"p = custom.open_custom(custom.custom_of({{'custom': {{'path': {str(path)!r}, 'max_output_bytes': 1000}}}}))\n"
+              "print(p('row 7', data_source='d', solution_str='s', ground_truth='g', extra_info={}))\n"
+              "p.close()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "0.5", done.stderr[-2000:]
+    assert "y" * 1000 + "\n" in done.stderr and "y" * 1001 not in done.stderr
+    assert "printed more than 1000 bytes; the rest of its output is dropped" in done.stderr
+
+
 @pytest.mark.parametrize("body", [
     ("import pickle, json, struct, zlib, os\n"
     "pickle.dumps = pickle.loads = lambda *a, **k: b'garbage'\n"

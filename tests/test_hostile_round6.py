@@ -8,8 +8,9 @@
 - a value that looks like a secret (a token in a URL's query or fragment, a key pasted into `*_env` or
   `repo_id`) is never printed by `config show`/`diff` and refused by `check` without being repeated;
 - the SLURM profile's counts (LLMRNN_SLURM_RETRIES, ...) are bounded whole numbers;
-- `config schema --check` compares the workflow folder it runs in; a tracker missing where TRL trains is one
-  line; check's OK line never lists the GPU stack as checked where verl is not importable.
+- `config schema --check` compares the workflow folder it runs in; a tracker missing where TRL or verl trains
+  is one line, at `check` and at the job's start; check's OK line never lists as checked what it could not
+  check here (the GPU stack where verl is not importable, trackers of jobs with their own environment).
 """
 
 from __future__ import annotations
@@ -279,6 +280,69 @@ def test_a_tracker_missing_where_trl_trains_is_one_line_before_training(tmp_path
     monkeypatch.chdir(tmp_path)
     with pytest.raises(CheckFailed, match=rf"^train.report_to: {missing[0]} is not installed"):
         tracking.prepare(Train(engine="trl", report_to=missing[0]), tmp_path / "work")
+
+
+def _missing_tracker() -> str:
+    import importlib.util
+
+    missing = [t for t in ("wandb", "mlflow") if importlib.util.find_spec(t) is None]
+    if not missing:
+        pytest.skip("wandb and mlflow are both installed here")
+    return missing[0]
+
+
+def test_a_tracker_missing_where_verl_trains_is_one_line_before_main_ppo(tmp_path, monkeypatch):
+    """verl's main_ppo runs in the job's own Python (verl_cmd.command: sys.executable) and its Tracking imports
+    the tracker after Ray and the model are up: the job refuses it first, as for TRL, and sets nothing."""
+    from llmrnn.settings.train import Train
+    from llmrnn.train import tracking
+
+    missing = _missing_tracker()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with pytest.raises(CheckFailed, match=rf"^train.report_to: {missing} is not installed"):
+        tracking.prepare(Train(engine="verl", report_to=missing), tmp_path / "work")
+    assert "WANDB_MODE" not in os.environ and "MLFLOW_TRACKING_URI" not in os.environ
+    assert not (tmp_path / "work").exists()
+
+
+def test_check_refuses_a_missing_tracker_under_the_verl_engine_in_one_line(monkeypatch):
+    from llmrnn.check import gpus, skips
+    from llmrnn.check.training import check_training
+
+    missing = _missing_tracker()
+    monkeypatch.delenv(gpus.SDM_ENV, raising=False)
+    skips.reset()
+    skips.start("training")
+    problems = check_training({"train": {"engine": "verl", "report_to": ["tensorboard", missing]}})
+    tracker_lines = [p for p in problems if p.startswith("train.report_to: ")]
+    assert len(tracker_lines) == 1 and tracker_lines[0].startswith(f"train.report_to: {missing} is not installed")
+    assert "\n" not in tracker_lines[0]
+    skips.reset()
+
+
+def test_trackers_of_jobs_that_bring_their_own_environment_are_skipped_not_listed_as_checked(monkeypatch):
+    """With a software-deployment method (LLMRNN_SDM: conda, apptainer) the jobs import the trackers from their
+    own environment: `check` cannot see it, so it neither refuses by this one nor counts them as checked; the
+    OK line names them as skipped (the job's start refuses a missing one: the tests above)."""
+    from llmrnn.check import gpus, skips
+    from llmrnn.check.training import check_training
+
+    missing = _missing_tracker()
+    monkeypatch.setenv(gpus.SDM_ENV, "conda")
+    skips.reset()
+    skips.start("training")
+    for engine in ("verl", "trl"):
+        problems = check_training({"train": {"engine": engine, "report_to": missing}})
+        assert not [p for p in problems if p.startswith("train.report_to")], problems
+    trackers = [why for _, why in skips.SKIPPED if "train.report_to" in why]
+    assert trackers == ["train.report_to's trackers in the jobs' own environments (LLMRNN_SDM=conda)"] * 2
+    skips.reset()
+    skips.start("training")
+    check_training({"train": {"engine": "trl", "report_to": "none"}})
+    assert skips.SKIPPED == []  # no tracker: nothing skipped either
+    skips.reset()
 
 
 def test_the_ok_line_never_lists_the_gpu_stack_as_checked_where_verl_is_not_importable(monkeypatch):

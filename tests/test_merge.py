@@ -154,6 +154,33 @@ def test_fsdp_full_finetune_needs_verl(tiny_model_dir, tmp_path, monkeypatch):
     assert not (tmp_path / "m").exists()
 
 
+def test_the_tied_copy_verls_merger_saves_for_a_full_fine_tune_is_dropped_only_where_it_is_the_tied_tensor(
+        tiny_model_dir, tmp_path):
+    """verl's merger casts each tensor to bfloat16 apart, so a tied-embedding model (the tiny one, Llama 3.2,
+    SmolLM2) comes back with lm_head.weight as a second tensor the base does not hold: dropped when it is
+    model.embed_tokens.weight's bytes (the folder is then the base's architecture and loads tied); kept, for
+    the merge check to refuse, when it is not."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from llmrnn.merge.fold import _drop_tied_copies
+
+    folder = tmp_path / "merged"
+    shutil.copytree(tiny_model_dir, folder)
+    base_names = set(load_file(tiny_model_dir / "model.safetensors"))
+    tensors = {k: v.to(torch.bfloat16) for k, v in load_file(folder / "model.safetensors").items()}
+    assert "lm_head.weight" not in tensors
+    save_file({**tensors, "lm_head.weight": tensors["model.embed_tokens.weight"].clone()},
+              folder / "model.safetensors", metadata={"format": "pt"})
+    assert _drop_tied_copies(folder) == ["lm_head.weight"]
+    assert set(load_file(folder / "model.safetensors")) == base_names
+    other = tensors["model.embed_tokens.weight"].clone()
+    other[0, 0] += 1
+    save_file({**tensors, "lm_head.weight": other}, folder / "model.safetensors", metadata={"format": "pt"})
+    assert _drop_tied_copies(folder) == []
+    assert "lm_head.weight" in load_file(folder / "model.safetensors")
+
+
 def test_a_verl_09_lora_checkpoint_is_named_as_one_and_the_gather_step_given(tmp_path):
     """verl 0.9's engine writes a LoRA run's actor/ as FSDP shards + lora_train_meta.json, with no lora_adapter/
     (tests/test_train_verl.py::test_verl_fit_rehearsed_... makes a real one, and merges what train run's

@@ -378,3 +378,108 @@ def test_strings_hidden_in_the_bytes_of_a_base_shaped_tensor_are_found(inputs, t
     data[start:start + len(payload)] = payload
     path.write_bytes(bytes(data))
     _refused(inputs, tmp_path, rf"model.safetensors tensor '{name}'.*: cohort identifier")
+
+
+# ----------------------------------------------------------------------------- a full fine-tune (verl's merger)
+def _base_like_llama32(tiny_model_dir: Path, root: Path, generation_config: bool = True) -> Path:
+    """The tiny base with a config as Llama-3.2's is: a list of eos ids and no pad id, so the ids verl's actor
+    sets from the tokenizer (one eos, the tokenizer's pad) differ from the base's config."""
+    import shutil
+
+    base = root / "base"
+    shutil.copytree(tiny_model_dir, base)
+    cfg = json.loads((base / "config.json").read_text())
+    cfg.pop("pad_token_id")
+    cfg["eos_token_id"] = [cfg["eos_token_id"], 0]
+    (base / "config.json").write_text(json.dumps(cfg, indent=2))
+    if not generation_config:
+        (base / "generation_config.json").unlink()
+    return base
+
+
+def _as_verl_merger_writes(base: Path, bundle: Path) -> None:
+    """A full fine-tune's merged folder as `llmrnn merge run` leaves what verl's model merger wrote (the e2e
+    test below runs the real merger): config.json with the token ids verl's actor set from the tokenizer and
+    dtype bfloat16, the base's generation config, every tensor in bfloat16 (the merger's copy of the tied output
+    embedding dropped: tests/test_merge.py)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
+
+    bundle.mkdir()
+    tok = AutoTokenizer.from_pretrained(base)
+    cfg = json.loads((base / "config.json").read_text())
+    cfg.update(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, dtype="bfloat16")
+    (bundle / "config.json").write_text(json.dumps(cfg, indent=2))
+    tensors = {k: v.to(torch.bfloat16) for k, v in load_file(base / "model.safetensors").items()}
+    save_file(tensors, bundle / "model.safetensors", metadata={"format": "pt"})
+    for f in base.iterdir():
+        if f.name not in ("config.json", "model.safetensors"):
+            shutil.copy(f, bundle / f.name)
+
+
+def test_what_verls_merger_writes_for_a_full_fine_tune_is_accounted_for_and_nothing_else(
+        tiny_model_dir, tmp_path, splits_with_header):
+    """The merge check names verl's model merger as the writer (a verl checkpoint without lora_adapter/): the
+    token ids its actor set from the base's tokenizer are accounted for; without that writer they are refused,
+    and so is any value it did not set (an MRN as the pad id, an extra key)."""
+    from llmrnn.constants import VERL_MERGER
+
+    base = _base_like_llama32(tiny_model_dir, tmp_path)
+    bundle = tmp_path / "bundle"
+    _as_verl_merger_writes(base, bundle)
+
+    def findings(written_by=VERL_MERGER) -> list[str]:
+        return phi_guard.scan_bundle(bundle, splits_with_header, base=base, saved_dtype="bfloat16",
+                                     written_by=written_by)["findings"]
+
+    assert findings() == []
+    assert findings(None) == [
+        "config.json: the value of `eos_token_id` is not the base model's and no setting made it; refused"]
+    cfg = json.loads((bundle / "config.json").read_text())
+    for changed, finding in (({"pad_token_id": int(MRN)}, "the value of `pad_token_id` is not the base model's"),
+                             ({"seed": int(MRN)}, "a key the base model's config.json does not have")):
+        (bundle / "config.json").write_text(json.dumps({**cfg, **changed}))
+        assert findings() == [f"config.json: {finding}; refused" if "does not have" in finding
+                              else f"config.json: {finding} and no setting made it; refused"]
+
+
+@pytest.mark.verl
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.parametrize("generation_config", [True, False], ids=["base-has-generation-config", "base-has-none"])
+def test_a_verl_full_fine_tune_merged_by_verls_own_merger_releases(tiny_model_dir, tmp_path, monkeypatch,
+                                                                   generation_config):
+    """The honest full fine-tune end to end: an actor checkpoint as verl 0.7.1's FSDP actor leaves it
+    (tests/verl/full_finetune_checkpoint.py), `llmrnn merge run` on it in the verl venv (verl's own
+    `python -m verl.model_merger`), then the release: the merge check names the writer and the dtype it saved
+    at, and the bundle is accounted for file by file and released."""
+    import os
+
+    from llmrnn.constants import VERL_MERGER
+    from tests.conftest import REPO
+    from tests.test_train_verl import verl_python
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    py = verl_python("0.7.1")
+    base = _base_like_llama32(tiny_model_dir, tmp_path, generation_config)
+    actor = tmp_path / "checkpoints" / "global_step_1" / "actor"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    for cmd in ([str(py), str(REPO / "tests" / "verl" / "full_finetune_checkpoint.py"), "--base", str(base),
+                 "--out", str(actor)],
+                [str(py), "-c", "from llmrnn.cli import main; raise SystemExit(main())", "merge", "run",
+                 "--base", str(base), "--adapter", str(actor.parent), "--out", str(tmp_path / "merged"),
+                 "--check", str(tmp_path / "merge_check.json"), "--cfg", "{}"]):
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+    check = json.loads((tmp_path / "merge_check.json").read_text())
+    assert check["source_kind"] == "verl_fsdp_full" and check["written_by"] == VERL_MERGER, check
+    assert check["dtype"] == "bfloat16"
+    written = json.loads((tmp_path / "merged" / "config.json").read_text())
+    assert written["eos_token_id"] != json.loads((base / "config.json").read_text())["eos_token_id"]
+    inputs = _with_note_header(make_inputs(tmp_path / "run", tmp_path / "merged"))
+    io.write_json(inputs["merge_check"], check)  # the real check: its `base` is the base the merge used
+    receipt = _release(inputs, tmp_path / "run" / "release")
+    assert receipt["phi_guard"]["ok"] and "model.safetensors" in receipt["files"], receipt["phi_guard"]["findings"]

@@ -201,6 +201,34 @@ def test_hostile_files_are_one_line_and_nothing_is_written(tmp_path, case):
     assert not out.exists() or not list(out.iterdir())
 
 
+@pytest.mark.parametrize("case", ["fifo json", "fifo jsonl", "fifo ood", "missing json", "missing jsonl"])
+def test_a_qa_file_that_is_no_regular_file_is_one_line_not_a_hang(tmp_path, case):
+    """The input rule (io.open_regular) for the QA file and the OOD file: a fifo nobody writes is refused as
+    not a regular file, before a byte is read (it used to be "not found", or a read that never returns); a
+    missing file says it does not exist. The subprocess timeout only guards against the hang."""
+    import os
+
+    kind, suffix = case.split()
+    good = tmp_path / "good.json"
+    good.write_text(GOOD)
+    target = tmp_path / f"{'ood' if suffix == 'ood' else 'qa'}.{'json' if suffix == 'ood' else suffix}"
+    if kind == "fifo":
+        os.mkfifo(target)
+    src, ood = (good, target) if suffix == "ood" else (target, None)
+    out = tmp_path / "out"
+    paths = D.output_paths(out)
+    args = [a for k, v in paths.items() for a in (f"--{k.replace('_', '-')}" if k != "ood" else "--ood-out", v)]
+    proc = subprocess.run([sys.executable, "-m", "llmrnn.cli", "qa", "data", "--source", str(src),
+                           *(["--ood", str(ood)] if ood else []), "--cfg", json.dumps(CFG), *args],
+                          check=False, capture_output=True, text=True, timeout=60)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    why = "not a regular file (a fifo, socket or device); give the QA file as a file" if kind == "fifo" \
+        else "QA file does not exist"
+    assert f"{target}: {why}" in lines[0], lines
+    assert not out.exists() or not list(out.iterdir())
+
+
 def test_a_bad_ood_file_leaves_no_split_behind(tmp_path):
     src, ood = tmp_path / "qa.json", tmp_path / "ood.json"
     src.write_text(GOOD)

@@ -17,3 +17,8 @@ CREDENTIAL = re.compile(r"(?<![A-Za-z0-9])(?:(hf_|sk-|sk_|ghp_|gho_|ghs_|github_
 # to the last @ before the path: a password may hold a raw @). The config check refuses it, the release
 # redacts it (llmrnn.upload.redact_credentials)
 URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#\s]*)@")
+
+# who wrote a merged folder other than our own PEFT merge: verl's model merger, on a full fine-tune (a verl
+# checkpoint without lora_adapter/). merge_check.json records it (`written_by`); the release's bundle
+# accounting (phi_guard.accounting) accepts what that writer sets, and nothing else
+VERL_MERGER = "verl.model_merger"

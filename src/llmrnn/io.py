@@ -317,14 +317,14 @@ def loads_input(text: str, where: str, **hooks) -> Any:
         raise InputError(f"{where}: not JSON ({str(exc).splitlines()[0][:120]})") from None
 
 
-def read_jsonl(path: str | os.PathLike, skip_bad: bool = False) -> list[Any]:
+def read_jsonl(path: str | os.PathLike, skip_bad: bool = False, what: str = "JSON-lines file") -> list[Any]:
     """The values of a JSON-lines file (the reader policy: UTF-8, an optional BOM; the input rule; no key twice
     in one object), blank lines skipped.
     A line that is not UTF-8 JSON is an InputError naming the file and line, or skipped with `skip_bad` (a
     log another process is still writing, or one whose last line a kill cut off)."""
     rows = []
     offset = 0
-    with os.fdopen(open_regular(path, "JSON-lines file"), "rb") as fh:
+    with os.fdopen(open_regular(path, what), "rb") as fh:
         for lineno, raw in enumerate(fh, 1):
             start, offset = offset, offset + len(raw)
             try:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 from pathlib import Path
 
+from llmrnn.check.gpus import SDM_ENV, deployment_method
 from llmrnn.check.skips import skip
 from llmrnn.check.slurm import check_profile_gpus
 from llmrnn.errors import LlmrnnError
 from llmrnn.settings.train import Train
 from llmrnn.train import config as tcfg
 from llmrnn.train import verl_cmd
-from llmrnn.train.tracking import TRACKER_API, report_to, tracker_import_problem
+from llmrnn.train.tracking import report_to, tracker_problems
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def check_training(config: dict) -> list[str]:
         problems = [f"train: {p}" for p in tcfg.geometry(cfg).problems]
     except LlmrnnError as exc:
         return [f"train: {exc}"]
-    problems += tracker_problems(cfg)
+    problems += check_trackers(cfg)
     if cfg.engine == "verl":
         # the qa recipe's reward is llmrnn.qa.rewards.compute_score (same signature, other module)
         problems += check_verl_command(cfg, "llmrnn.qa.rewards" if config.get("recipe") == "qa" else None)
@@ -50,15 +50,17 @@ def check_lora_dropout(train_cfg: Train) -> list[str]:
             "no setting for it) and would ignore it; set 0.0, or use train.engine trl, which applies it")]
 
 
-def tracker_problems(train_cfg: Train, cwd: str | os.PathLike | None = None) -> list[str]:
-    """train.report_to: every tracker importable as itself in a training process started in `cwd` (default: here;
-    transformers' callback or verl's Tracking would fail at training start)."""
-    out = []
-    for tracker in report_to(train_cfg):
-        module, api = TRACKER_API.get(tracker, (tracker, None))
-        if problem := tracker_import_problem(tracker, module, api, Path.cwd() if cwd is None else Path(cwd)):
-            out.append(f"train.report_to: {tracker}{problem}")
-    return out
+def check_trackers(train_cfg: Train) -> list[str]:
+    """train.report_to, for either engine (both import the trackers in the Python that runs the job: TRL in
+    the training process, verl in main_ppo): tracking.tracker_problems in this environment, which is the
+    jobs' own unless a software-deployment method brings another (then skipped: the job's own start refuses a
+    missing tracker in one line, llmrnn.train.tracking.prepare)."""
+    if not report_to(train_cfg):
+        return []
+    if sdm := deployment_method():
+        skip(f"train.report_to's trackers in the jobs' own environments ({SDM_ENV}={' '.join(sdm)})")
+        return []
+    return tracker_problems(train_cfg)
 
 
 def check_attention(train_cfg: Train) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import shutil
 import subprocess
@@ -10,9 +11,19 @@ import sys
 import time
 from pathlib import Path
 
+from safetensors import safe_open
+
+from llmrnn.constants import VERL_MERGER
 from llmrnn.errors import CheckFailed
 from llmrnn.merge.adapter import AdapterSource
-from llmrnn.merge.weights import _device, _dtype, _load_model, attach_adapter
+from llmrnn.merge.weights import (
+    _device,
+    _dtype,
+    _load_model,
+    _safetensors_index,
+    _saved_dtype,
+    attach_adapter,
+)
 from llmrnn.safe_path import safe_path_env
 
 log = logging.getLogger(__name__)
@@ -70,6 +81,74 @@ def merge_verl_fsdp(actor_dir: Path, out_dir: Path, base_dir: Path) -> dict:
             f"{actor_dir}: verl.model_merger produced lora_adapter/: this is a LoRA run; point --adapter at "
             "global_step_N/actor/lora_adapter instead (verl's merger does not merge LoRA)"
         )
+    # the tokenizer is the base's prepared copy byte for byte (the release accounts for it so): the merger's own
+    # save of it (transformers' spelling of the same tokenizer, maybe under other file names) goes first
+    for f in out_dir.iterdir():
+        if f.is_file() and f.name not in NOT_TOKENIZER and f.suffix != ".safetensors":
+            f.unlink()
     for f in _copy_tokenizer_files(base_dir, out_dir):
         log.debug("tokenizer file from base: %s", f)
-    return {"dtype": "as written by verl.model_merger", "device": "cpu"}
+    for name in _drop_tied_copies(out_dir):
+        log.info("%s: dropped verl's merger's copy of the tied tensor %s (the base's architecture ties it)", out_dir, name)
+    saved = _saved_dtype(out_dir)  # the merger casts every tensor to bfloat16
+    # written_by: the release accounts for what this writer sets (phi_guard.accounting: the token ids, the tied
+    # output embedding)
+    return {"dtype": str(saved).removeprefix("torch.") if saved else f"as written by {VERL_MERGER}", "device": "cpu",
+            "written_by": VERL_MERGER}
+
+
+def _tied_pairs(folder: Path) -> dict[str, str]:
+    """{tied tensor: the tensor it is tied to} of the model in `folder` ({} when it ties none): transformers 5
+    names both (`_tied_weights_keys` as a mapping), transformers 4 the copies only, of the input embedding."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(folder)
+    if not getattr(config, "tie_word_embeddings", False):
+        return {}
+    try:
+        cls = AutoModelForCausalLM._model_mapping[type(config)]
+    except KeyError:
+        return {}
+    keys = getattr(cls, "_tied_weights_keys", None) or {}
+    if isinstance(keys, dict):
+        return {str(k): str(v) for k, v in keys.items()}
+    return {str(k): f"{cls.base_model_prefix}.embed_tokens.weight" for k in keys}
+
+
+def _drop_tied_copies(out_dir: Path) -> list[str]:
+    """verl's merger casts each tensor to bfloat16 on its own, so a model with tied word embeddings is saved
+    with its output embedding as a second tensor (lm_head.weight), which the base's files do not hold. Where
+    it is the tied tensor's bytes, it goes (transformers ties it again on load): the merged weights are the
+    base's architecture, as the merge check and the release's accounting require. A copy that differs stays
+    (the merge check then refuses it: only_in_merged)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    index = _safetensors_index(out_dir)
+    dropped = []
+    for copy, source in _tied_pairs(out_dir).items():
+        if copy not in index or source not in index:
+            continue
+        with safe_open(str(index[copy]), framework="pt") as a, safe_open(str(index[source]), framework="pt") as b:
+            if not torch.equal(a.get_tensor(copy), b.get_tensor(source)):
+                continue
+            metadata = a.metadata()
+        tensors = load_file(index[copy])
+        gone = tensors.pop(copy)
+        save_file(tensors, index[copy], metadata=metadata)
+        _drop_from_index(out_dir / "model.safetensors.index.json", copy, gone.numel(), gone.numel() * gone.element_size())
+        dropped.append(copy)
+    return dropped
+
+
+def _drop_from_index(path: Path, name: str, params: int, size: int) -> None:
+    """A sharded save's index without tensor `name` (its totals less that tensor's)."""
+    if not path.is_file():
+        return
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["weight_map"].pop(name, None)
+    meta = data.get("metadata") or {}
+    for key, less in (("total_size", size), ("total_parameters", params)):
+        if isinstance(meta.get(key), int):
+            meta[key] -= less
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -6,8 +6,9 @@ must be, not searched for what it might hide.
   must be the base model's (the dtype may be the one the merge saved at);
 - tokenizer files: byte-identical to the base model's prepared copy (the merge copies them verbatim);
 - config.json and generation_config.json: every key and value the base's, or what transformers writes again
-  from the base's config, or what a setting made (the dtype the merge saved at, the transformers version);
-  a value nobody set is refused;
+  from the base's config, or what a setting made (the dtype the merge saved at, the transformers version),
+  or what the writer the merge check names set (`written_by`: verl's model merger, for a full fine-tune,
+  sets the token ids from the base's tokenizer); a value nobody set is refused;
 - the card (README.md) and manifest (MANIFEST.json): byte-identical to what the release stage writes from the
   run's records (`expected`);
 - anything else (another name, a folder, a link, a fifo) is refused.
@@ -23,6 +24,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from llmrnn.constants import VERL_MERGER
 from llmrnn.phi_guard.formats import ST_DTYPES, _safetensors_layout
 from llmrnn.rope import base_rope
 
@@ -197,13 +199,35 @@ def _read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def _rewritten_configs(base: Path) -> tuple[dict, dict]:
+def writer_token_ids(base: Path, written_by: str | None) -> dict[str, Any]:
+    """The config values the bundle's writer sets beyond transformers' rewrite of the base's: verl's actor sets
+    bos/eos/pad_token_id on the model config from the base's tokenizer (verl 0.7.1 fsdp_workers, 0.9.1
+    workers/config/model.py; its hf_tokenizer pads with the eos token where the tokenizer has no pad token),
+    its checkpoint saves that config and its model merger writes it again. None for any other writer."""
+    if written_by != VERL_MERGER:
+        return {}
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(base, local_files_only=True)
+    except Exception:  # noqa: BLE001 - a tokenizer that does not load sets nothing we can account for
+        return {}
+    eos = tok.eos_token_id
+    return {"bos_token_id": tok.bos_token_id, "eos_token_id": eos,
+            "pad_token_id": eos if tok.pad_token_id is None else tok.pad_token_id}
+
+
+def _rewritten_configs(base: Path, made: dict[str, Any] | None = None) -> tuple[dict, dict]:
     """What transformers writes again from the base's config.json and generation config (a merge loads the
-    base and saves it: keys it adds or spells otherwise are its, not anybody's)."""
+    base and saves it: keys it adds or spells otherwise are its, not anybody's); with `made` (the writer's
+    values, writer_token_ids) set on the config first, as the writer's model had them: a base without a
+    generation config gets the one transformers derives from that config."""
     from transformers import AutoConfig, GenerationConfig
 
     try:
         config = AutoConfig.from_pretrained(base, local_files_only=True)
+        for key, value in (made or {}).items():
+            setattr(config, key, value)
         config_dict = json.loads(config.to_json_string(use_diff=True))
     except Exception:  # noqa: BLE001 - a base transformers cannot read adds nothing to compare with
         return {}, {}
@@ -216,10 +240,13 @@ def _rewritten_configs(base: Path) -> tuple[dict, dict]:
     return config_dict, gen_dict
 
 
-def check_config(path: Path, base: Path, name: str, saved_dtype: str | None) -> str | None:
+def check_config(path: Path, base: Path, name: str, saved_dtype: str | None,
+                 made: dict[str, Any] | None = None) -> str | None:
     """Why config.json / generation_config.json is not the base's (None when it is): every key must be one
     the base's file (or transformers' rewrite of it) has, with the same value, except the dtype the merge
-    saved at and transformers' version. Keys not the base's are not named (a key may be the identifier)."""
+    saved at, transformers' version and, in config.json, the values the writer set (`made`:
+    writer_token_ids). Keys not the base's are not named (a key may be the identifier)."""
+    made = made or {}
     try:
         got = _read_json(path)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -231,7 +258,7 @@ def check_config(path: Path, base: Path, name: str, saved_dtype: str | None) -> 
         raw = _read_json(base_file) if base_file.is_file() else {}
     except (ValueError, UnicodeDecodeError, RecursionError):
         raw = {}
-    rewritten = _rewritten_configs(base)[0 if name == CONFIG else 1]
+    rewritten = _rewritten_configs(base, made)[0 if name == CONFIG else 1]
     if name == CONFIG and isinstance(raw, dict):
         # the merge writes the base's RoPE in transformers 4.x's spelling too (llmrnn.rope.keep_base_rope)
         rewritten = {**base_rope(raw), **rewritten}
@@ -239,6 +266,8 @@ def check_config(path: Path, base: Path, name: str, saved_dtype: str | None) -> 
         return "the base model has no generation config to compare with; refused"
     for key in sorted(got, key=str):
         value = got[key]
+        if name == CONFIG and key in made and value == made[key] and type(value) is type(made[key]):
+            continue  # the writer set it, to this value
         known = key in raw or key in rewritten
         if not known:
             return f"a key the base model's {name} does not have; refused"
@@ -253,14 +282,18 @@ def check_config(path: Path, base: Path, name: str, saved_dtype: str | None) -> 
 
 # ----------------------------------------------------------------------------- the bundle
 def account(bundle: Path, entries: list[tuple[int, str]], total: int, base: Path | None,
-            expected: dict[str, bytes] | None, saved_dtype: str | None) -> tuple[list[tuple[str, str]], list[str]]:
+            expected: dict[str, bytes] | None, saved_dtype: str | None,
+            written_by: str | None = None) -> tuple[list[tuple[str, str]], list[str]]:
     """(findings as (where, what), the card/manifest files left to scan as text because no expected bytes were
-    given) for the regular files `entries` ((position, relative path)) of the `total` entries of `bundle`."""
+    given) for the regular files `entries` ((position, relative path)) of the `total` entries of `bundle`;
+    `written_by`: the writer of the merged folder other than our PEFT merge (VERL_MERGER), whose own values
+    are accounted for (writer_token_ids)."""
     findings: list[tuple[str, str]] = []
     to_scan: list[str] = []
     weights = [rel for _, rel in entries if kind_of(rel) == "weights"]
     if base is not None and not (base / CONFIG).is_file():
         return [("base model", "the base model folder to compare the bundle with has no config.json; refused")], []
+    made = writer_token_ids(base, written_by) if base is not None else {}
     for n, rel in entries:
         kind = kind_of(rel)
         if kind is None:
@@ -284,7 +317,7 @@ def account(bundle: Path, entries: list[tuple[int, str]], total: int, base: Path
                 findings.append((rel, "not byte-identical to the base model's prepared copy; refused"))
         else:
             why = (check_weights_index(path, weights) if kind == "weights index"
-                   else check_config(path, base, rel, saved_dtype) if kind in ("config", "generation config")
+                   else check_config(path, base, rel, saved_dtype, made) if kind in ("config", "generation config")
                    else None)  # weights: all files together, below
             if why:
                 findings.append((rel, why))

@@ -46,9 +46,11 @@ def scan_free_text(scan: Scan, where: str, value: Any, path: str = "$") -> None:
 def scan_bundle(bundle: str | Path, split_files: Iterable[str | Path], min_words: int = 8,
                 min_id_digits: int = 5, min_line_words: int = 3, split_format: str = "cohort", *,
                 base: str | Path | None = None, expected: dict[str, bytes] | None = None,
-                free_text: Iterable[tuple[str, str, Any]] = (), saved_dtype: str | None = None) -> dict:
+                free_text: Iterable[tuple[str, str, Any]] = (), saved_dtype: str | None = None,
+                written_by: str | None = None) -> dict:
     """Account for every entry under `bundle` (fail closed, phi_guard.accounting): model files against the
-    `base` model folder (`saved_dtype`: the dtype the merge saved at), the card and manifest against the bytes
+    `base` model folder (`saved_dtype`: the dtype the merge saved at; `written_by`: the merged folder's writer
+    when not our PEFT merge, accounting.VERL_MERGER), the card and manifest against the bytes
     the release writes (`expected`; without it, as a person's check of a folder, they are scanned as free
     text), anything else refused. `free_text` ((file, JSON path, value)) is what a user supplied, scanned for
     the data of `split_files` (`split_format`: cohort split JSONs or QA split JSONL); the report's `findings`
@@ -68,7 +70,8 @@ def scan_bundle(bundle: str | Path, split_files: Iterable[str | Path], min_words
             regular.append((n, rel))
     base_dir = Path(base) if base is not None else None
     try:
-        found, to_scan = accounting.account(root, regular, len(files), base_dir, expected, saved_dtype)
+        found, to_scan = accounting.account(root, regular, len(files), base_dir, expected, saved_dtype,
+                                             written_by)
     except OSError as exc:
         found, to_scan = [("bundle", f"cannot be read ({type(exc).__name__}); refused rather than skipped")], []
     for where, what in found:

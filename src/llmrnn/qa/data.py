@@ -60,10 +60,9 @@ def read_source(source: str, dataset: dict | None = None) -> tuple[list[Any], st
             raise InputError(f"{source}: cannot load the dataset: {str(exc).splitlines()[0]}") from exc
         return list(ds), source
     path = Path(source)
-    if not path.is_file():
-        raise InputError(f"{path}: QA file not found")
+    # the input rule (io.open_regular): a missing file, a folder, a fifo or a device is one line, never a hang
     if path.suffix == ".jsonl":
-        return io.read_jsonl(path), str(path)
+        return io.read_jsonl(path, what="QA file"), str(path)
     # the reader policy the cohort loader uses too (UTF-8, optional BOM); deep nesting is one line
     rows = io.loads_input(io.read_input_text(path, "QA file"), str(path))
     if not isinstance(rows, list):

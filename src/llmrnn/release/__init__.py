@@ -21,6 +21,7 @@ import argparse
 import json
 
 from llmrnn import phi_guard
+from llmrnn.constants import VERL_MERGER
 from llmrnn.release.bundle import build_release
 from llmrnn.release.manifest import metrics_summary, rubric_info
 
@@ -44,7 +45,7 @@ def _cmd_build(args: argparse.Namespace) -> None:
 def _cmd_guard(args: argparse.Namespace) -> None:
     report = phi_guard.scan_bundle(args.bundle, args.split_files, args.min_words, args.min_id_digits,
                                    args.min_line_words, split_format=args.split_format, base=args.base,
-                                   saved_dtype=args.saved_dtype)
+                                   saved_dtype=args.saved_dtype, written_by=args.written_by)
     print(json.dumps(report, indent=2))
     phi_guard.enforce(report, args.bundle)
 
@@ -85,4 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "with it (without it they cannot be accounted for and are refused)")
     p.add_argument("--saved-dtype", choices=["float32", "float16", "bfloat16"], default=None,
                    help="the dtype the merge saved the weights at (merge.dtype), when not the base's")
+    p.add_argument("--written-by", choices=[VERL_MERGER], default=None,
+                   help="the merged folder's writer when not llmrnn's PEFT merge (merge_check.json's written_by): "
+                        "verl's model merger, for a full fine-tune")
     p.set_defaults(func=_cmd_guard)

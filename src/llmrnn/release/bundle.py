@@ -96,7 +96,7 @@ def build_release(*, merged: str | Path, merge_check: str | Path, splits: str | 
             receipt = _check_and_upload(
                 stage, staged, merged=merged, rel=rel, endpoint=endpoint, repo_id=repo_id, run_name=run_name,
                 split_files=split_files, split_format=split_format, card_tmp=card_tmp, manifest_tmp=manifest_tmp,
-                base=base, saved_dtype=check.get("dtype"),
+                base=base, saved_dtype=check.get("dtype"), written_by=check.get("written_by"),
                 manifest=upload.redact_credentials(build_manifest(
                     run_name=run_name, knobs=knobs, rel=rel, merge_check=check, splits=io.read_json(splits),
                     metrics={**metrics_summary(metrics), "checkpoint": chosen,

@@ -24,7 +24,8 @@ USER_SUPPLIED = ("run_name", "knobs", "release", "judge", "base_model")
 
 def _check_and_upload(stage: Path, staged: dict[str, dict], *, merged: Path, rel: dict, endpoint: str | None,
                       repo_id: str, run_name: str, split_files: list[str], split_format: str, card_tmp: Path,
-                      manifest_tmp: Path, manifest: dict, base: Path, saved_dtype: str | None) -> dict:
+                      manifest_tmp: Path, manifest: dict, base: Path, saved_dtype: str | None,
+                      written_by: str | None = None) -> dict:
     """Card and manifest into the stage, the PHI guard over the stage, the card and manifest temps filled
     with the staged text, then (when asked) the upload of exactly the staged bytes; returns the receipt."""
     card = upload.redact_credentials(render_card(manifest, rel, repo_id))
@@ -38,7 +39,8 @@ def _check_and_upload(stage: Path, staged: dict[str, dict], *, merged: Path, rel
                 "MANIFEST.json": (json.dumps(manifest, indent=2) + "\n").encode("utf-8")}
     free_text = [("MANIFEST.json", f"$.{key}", manifest[key]) for key in USER_SUPPLIED if key in manifest]
     guard = phi_guard.scan_bundle(stage, split_files, **rel["phi_guard"], split_format=split_format, base=base,
-                                  expected=expected, free_text=free_text, saved_dtype=saved_dtype)
+                                  expected=expected, free_text=free_text, saved_dtype=saved_dtype,
+                                  written_by=written_by)
     phi_guard.enforce(guard, f"{stage.name} (merged model + card + manifest)")
     try:  # before the upload: a full disk stops the release here, not after a push
         card_tmp.write_text(card, encoding="utf-8")

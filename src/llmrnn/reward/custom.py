@@ -1,4 +1,5 @@
-"""Your own reward: config `reward.custom: {path: my_reward.py, name: compute_score, timeout_s, max_abs}`.
+"""Your own reward: config `reward.custom: {path: my_reward.py, name: compute_score, timeout_s, max_abs,
+max_processes, max_memory_mb, max_output_bytes}`.
 
 The function has verl's signature, `compute_score(data_source, solution_str, ground_truth, extra_info,
 **kwargs)`, and returns a number (numpy numbers too) or a dict with "score". It runs under one contract
@@ -53,12 +54,14 @@ __all__ = ["PARAMETERS", "SIGNATURE", "RewardProcess", "compute_score", "load", 
 log = logging.getLogger(__name__)
 # reward.custom.timeout_s (one import or one call of your reward) and max_abs (|reward| beyond it is refused
 # with its row): the settings' defaults
-DEFAULT_TIMEOUT_S = float(section_defaults("reward.custom")["timeout_s"])
-DEFAULT_MAX_ABS = float(section_defaults("reward.custom")["max_abs"])
-# The reward process's own bounds (docs/rewards.md "What the reward process may do"):
-MAX_MEMORY_MB = 4096  # resident memory after any call (and an address-space cap of AS_FACTOR times it)
-MAX_PROCESSES = 64  # processes of its session alive at once besides itself (a multiprocessing pool fits)
-OUTPUT_CAP = 1 << 20  # bytes of its stdout+stderr passed on to the log, then one line and nothing more
+_CUSTOM_DEFAULTS = section_defaults("reward.custom")
+DEFAULT_TIMEOUT_S = float(_CUSTOM_DEFAULTS["timeout_s"])
+DEFAULT_MAX_ABS = float(_CUSTOM_DEFAULTS["max_abs"])
+# The reward process's own bounds (docs/rewards.md "What the reward process may do"), settings of reward.custom;
+# their defaults:
+MAX_MEMORY_MB = int(_CUSTOM_DEFAULTS["max_memory_mb"])  # resident after any call (address space: AS_FACTOR times)
+MAX_PROCESSES = int(_CUSTOM_DEFAULTS["max_processes"])  # of its session alive at once besides itself
+OUTPUT_CAP = int(_CUSTOM_DEFAULTS["max_output_bytes"])  # of its stdout+stderr into the log, then one line
 MAX_DEPTH = 200  # nesting of one argument (pickle itself fails near 1000 levels, json near 1000 too)
 MAX_REQUEST_MB = 256  # one call's arguments, pickled
 TICK_S = 0.25  # how often a call in flight has its process count checked
@@ -92,7 +95,8 @@ class RewardProcess:
     so no row can get another row's score. The child's bounds: its own session (a signal to the job's process
     group does not reach it; its whole group is killed when it is stopped, when this process exits, or by its
     watchdog when this process is gone), at most `max_processes` processes besides itself, `max_memory_mb`
-    resident after each call, `output_cap` bytes of its output in the log."""
+    resident after each call, `output_cap` bytes of its output in the log (reward.custom.max_processes,
+    max_memory_mb, max_output_bytes)."""
 
     def __init__(self, path: str, name: str = CUSTOM_NAME, timeout_s: float = DEFAULT_TIMEOUT_S,
                  max_abs: float = DEFAULT_MAX_ABS, *, import_timeout_s: float | None = None,
@@ -421,13 +425,21 @@ def _sendable(value: Any) -> bool:
 
 
 def open_custom(custom: dict, import_timeout_s: float | None = None, import_limit: str = "") -> RewardProcess:
-    """The RewardProcess of a `custom_of` mapping (its timeout and bound from reward.custom); the import waits
-    at most `import_timeout_s` where that is shorter than reward.custom.timeout_s."""
+    """The RewardProcess of a `custom_of` mapping (its timeout, bound and the process's limits from
+    reward.custom); the import waits at most `import_timeout_s` where that is shorter than
+    reward.custom.timeout_s."""
     timeout_s = float(custom.get("timeout_s") or DEFAULT_TIMEOUT_S)
+
+    def limit(key: str, default: int) -> int:
+        return default if custom.get(key) is None else int(custom[key])  # 0 is a limit too
+
     return RewardProcess(custom["path"], custom.get("name") or CUSTOM_NAME, timeout_s=timeout_s,
                          max_abs=custom.get("max_abs") or DEFAULT_MAX_ABS,
                          import_timeout_s=min(timeout_s, import_timeout_s or timeout_s),
-                         import_limit=import_limit or "reward.custom.timeout_s")
+                         import_limit=import_limit or "reward.custom.timeout_s",
+                         max_memory_mb=limit("max_memory_mb", MAX_MEMORY_MB),
+                         max_processes=limit("max_processes", MAX_PROCESSES),
+                         output_cap=limit("max_output_bytes", OUTPUT_CAP))
 
 
 def load(path: str, name: str = CUSTOM_NAME, timeout_s: float = DEFAULT_TIMEOUT_S,

@@ -125,6 +125,15 @@ class RewardCustom(Section):
                              "(it runs in a child process); then it is stopped and the step fails with one line")
     max_abs: float = Field(1e6, gt=0, le=1e30, description="a reward with |r| above this is refused with its row "
                            "(training adds and scales rewards in float32, which overflows at 3.4e38)")
+    max_processes: int = Field(64, ge=0, le=4096, description="processes of the reward process's session alive at "
+                               "once besides itself (a multiprocessing pool of a 64-core node fits); more stop it "
+                               "with one line naming the row")
+    max_memory_mb: int = Field(4096, ge=64, le=1_048_576, description="resident memory of the reward process after "
+                               "a call (MB); more stop it with one line naming the row, and the next call gets a fresh "
+                               "one; its address space is capped at 4 times this (RLIMIT_AS)")
+    max_output_bytes: int = Field(1_048_576, ge=0, le=1_073_741_824, description="bytes of what the reward prints "
+                                  "(stdout and stderr) passed on to the job's log; then one line says the rest is "
+                                  "dropped")
 
 
 class Reward(Section):
@@ -155,7 +164,8 @@ class Reward(Section):
 
     @property
     def custom_reward(self) -> dict | None:
-        """reward.custom as a dict ({"path", "name", "timeout_s", "max_abs"}), None when its path is not set."""
+        """reward.custom as a dict ({"path", "name", "timeout_s", "max_abs", and the reward process's bounds
+        "max_processes", "max_memory_mb", "max_output_bytes"}), None when its path is not set."""
         return self.custom.model_dump() if self.custom.path else None
 
 

@@ -96,22 +96,33 @@ def forwardable(name: str, value: str) -> bool:
     return not ("@" in parts.netloc or parts.query or parts.fragment or "?" in value or "#" in value)
 
 
-def require_trackers(cfg: Train, cwd: str | os.PathLike | None = None) -> None:
-    """Every train.report_to tracker importable as itself in this process, or one line (CheckFailed) before the
-    model loads: transformers' callbacks would raise a traceback at training start. `llmrnn check` says the
-    same where it runs; this is the guard of the environment that trains (another venv, a conda env)."""
+def tracker_problems(cfg: Train, cwd: str | os.PathLike | None = None) -> list[str]:
+    """One line per train.report_to tracker not importable as itself in a training process started in `cwd`
+    (default: here): transformers' callback (TRL) or verl's Tracking (in main_ppo) would fail at training start.
+    `llmrnn check` lists them; the training job refuses the first (require_trackers)."""
+    here = Path.cwd() if cwd is None else Path(cwd)
+    out = []
     for tracker in report_to(cfg):
         module, api = TRACKER_API.get(tracker, (tracker, None))
-        if problem := tracker_import_problem(tracker, module, api, Path.cwd() if cwd is None else Path(cwd)):
-            raise CheckFailed(f"train.report_to: {tracker}{problem}")
+        if problem := tracker_import_problem(tracker, module, api, here):
+            out.append(f"train.report_to: {tracker}{problem}")
+    return out
 
 
-def prepare(cfg: Train, work_dir: str | os.PathLike, engine: str | None = None) -> dict:
+def require_trackers(cfg: Train, cwd: str | os.PathLike | None = None) -> None:
+    """Every train.report_to tracker importable as itself in this process, or one line (CheckFailed) before the
+    model loads: `llmrnn check` says the same where it runs; this is the guard of the environment that trains
+    (another venv, a conda env, an image)."""
+    if problems := tracker_problems(cfg, cwd):
+        raise CheckFailed(problems[0])
+
+
+def prepare(cfg: Train, work_dir: str | os.PathLike) -> dict:
     """Set tracking_env in this process (TRL trains here; verl's main_ppo inherits it) and make the folders
-    the trackers expect; returns what was set. TRL (which imports the trackers in this process) gets
-    require_trackers first; verl imports them in the Python that runs main_ppo."""
-    if (engine or cfg.engine) == "trl":
-        require_trackers(cfg)
+    the trackers expect; returns what was set. Both engines import the trackers in this Python (TRL in this
+    process, verl in main_ppo, which verl_cmd starts with sys.executable from this working directory), so
+    require_trackers comes first: a missing tracker is one line, not a traceback once the model is loaded."""
+    require_trackers(cfg)
     env = tracking_env(cfg, work_dir)
     os.environ.update(env)
     for key in ("TENSORBOARD_DIR", "WANDB_DIR"):
