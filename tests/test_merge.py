@@ -332,3 +332,19 @@ def test_an_empty_adapter_is_named_as_one_not_blamed_on_the_rewards(tiny_model_d
     with pytest.raises(CheckFailed, match=r"an empty adapter"):  # the checkpoint folder resolves to the same
         merge.run_merge(tiny_model_dir, tmp_path / "global_step_3", tmp_path / "m", tmp_path / "c.json",
                         Merge(), TRAIN)
+
+
+def test_the_one_alpha_repair_takes_the_first_source_that_has_an_alpha():
+    """llmrnn.lora_files.repair_alpha, which the merge (from train.lora.alpha) and verl's adapter step (from
+    lora_train_meta.json, else train.lora.alpha) both use: a real alpha is kept, 0/None is set from the first
+    source that has one, and with none the line names the sources."""
+    from llmrnn.lora_files import repair_alpha
+
+    kept, record = repair_alpha({"r": 4, "lora_alpha": 8}, "a", [("train.lora.alpha", 16)])
+    assert kept["lora_alpha"] == 8 and record == {"original_alpha": 8, "alpha_repaired": False, "repaired_from": None}
+    sources = [("lora_train_meta.json", None), ("train.lora.alpha", 16)]
+    for written in (0, None):
+        fixed, record = repair_alpha({"r": 4, "lora_alpha": written}, "a", sources)
+        assert fixed["lora_alpha"] == 16 and record["repaired_from"] == "train.lora.alpha" and record["alpha_repaired"]
+    with pytest.raises(CheckFailed, match=r"^a: lora_alpha is 0 .*\['lora_train_meta.json'\] gives one"):
+        repair_alpha({"lora_alpha": 0}, "a", [("lora_train_meta.json", None)])

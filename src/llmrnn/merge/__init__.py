@@ -43,8 +43,8 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
-from llmrnn.lora_files import saved_lora_tensors
-from llmrnn.merge.adapter import base_dir_of, read_adapter_config, repair_alpha, resolve_adapter
+from llmrnn.lora_files import repair_alpha, saved_lora_tensors
+from llmrnn.merge.adapter import base_dir_of, read_adapter_config, resolve_adapter
 from llmrnn.merge.fold import merge_lora, merge_verl_fsdp
 from llmrnn.merge.verify import _fail, _report, check_adapter_config, verify_merge
 from llmrnn.rope import keep_base_rope
@@ -68,6 +68,11 @@ def stage_settings(cfg: dict) -> tuple[Merge, Train]:
     return parse(Merge, cfg.get("merge") or {}, "merge"), parse(Train, cfg.get("train") or {}, "train")
 
 
+def _repaired_config(adapter_dir: Path, train: Train) -> tuple[dict, dict]:
+    """The adapter's config, an alpha of 0 repaired from train.lora.alpha (llmrnn.lora_files.repair_alpha)."""
+    return repair_alpha(read_adapter_config(adapter_dir), str(adapter_dir), [("train.lora.alpha", train.lora.alpha)])
+
+
 def run_merge(base: str | Path, adapter: str | Path, out: str | Path, check: str | Path, settings: Merge,
               train: Train) -> dict:
     """Merge and verify; the merged folder appears at `out` only when every check passed."""
@@ -85,7 +90,7 @@ def run_merge(base: str | Path, adapter: str | Path, out: str | Path, check: str
                 raise CheckFailed(f"{source.path}: an empty adapter (no LoRA tensor in adapter_model.*): the "
                                   "trainer's LoRA collection saved nothing, so there is nothing to merge; "
                                   "not a reward problem (docs/troubleshooting.md: reward flat)")
-            adapter_cfg, repair = repair_alpha(read_adapter_config(source.path), train.lora, str(source.path))
+            adapter_cfg, repair = _repaired_config(source.path, train)
             info = merge_lora(base_dir, source, adapter_cfg, tmp, settings)
         elif source.kind == "verl_fsdp_full":
             info = merge_verl_fsdp(source.path, tmp, base_dir)
@@ -115,7 +120,7 @@ def run_check(base: str | Path, adapter: str | Path | None, merged: str | Path, 
     source = resolve_adapter(adapter) if adapter else None
     adapter_cfg, repair = None, {}
     if source is not None and source.kind in ("peft_adapter", "verl_lora_adapter"):
-        adapter_cfg, repair = repair_alpha(read_adapter_config(source.path), train.lora, str(source.path))
+        adapter_cfg, repair = _repaired_config(source.path, train)
     checks = verify_merge(base_dir, source, adapter_cfg, merged_dir, settings)
     if adapter_cfg is not None:
         checks["adapter_config"] = check_adapter_config(adapter_cfg, train.lora, repair)

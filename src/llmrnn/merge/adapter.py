@@ -1,10 +1,8 @@
-"""The adapter to merge: where it is (a PEFT folder or verl FSDP shards) and its LoRA config, an alpha of 0
-repaired."""
+"""The adapter to merge: where it is (a PEFT folder or verl FSDP shards) and its LoRA config."""
 
 from __future__ import annotations
 
 import json
-import logging
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -12,10 +10,6 @@ from pathlib import Path
 
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.models import model_folder
-from llmrnn.settings.train import TrainLora
-
-log = logging.getLogger(__name__)
-
 
 # Probe prompts when merge.probe_prompts is null: our own generic memory-update requests (no cohort text),
 # rendered with the chat template.
@@ -108,19 +102,3 @@ def read_adapter_config(adapter_dir: Path) -> dict:
     if not isinstance(cfg, dict) or cfg.get("peft_type", "LORA") != "LORA":
         raise InputError(f"{path}: peft_type: expected LORA, got {cfg.get('peft_type')!r}")
     return cfg
-
-
-def repair_alpha(adapter_cfg: dict, lora: TrainLora, source: str) -> tuple[dict, dict]:
-    """Return (fixed config, repair record). An alpha of 0/None (verl's merger writes 0) is replaced by the
-    configured train.lora.alpha."""
-    original = adapter_cfg.get("lora_alpha")
-    fixed = dict(adapter_cfg)
-    record = {"original_alpha": original, "alpha_repaired": False}
-    if original in (0, None):
-        fixed["lora_alpha"] = lora.alpha
-        record.update(alpha_repaired=True, repaired_from="train.lora.alpha")
-        log.warning(
-            "%s: lora_alpha=%r in adapter_config.json (verl merger bug); repaired to train.lora.alpha=%s",
-            source, original, lora.alpha,
-        )
-    return fixed, record
