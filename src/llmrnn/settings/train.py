@@ -7,7 +7,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
-from llmrnn.settings.base import NAME, Section
+from llmrnn.settings.base import NAME, Section, job_resources
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")  # train.report_to's trackers
 NO_TRACKER = "none"
@@ -109,13 +109,9 @@ class TrainEarlyStopping(Section):
 
 
 
-class TrainResources(Section):
-    """`train.resources`"""
-
-    gpu: int | None = Field(None, le=64, ge=0, description='GPUs of the job; null = `n_gpus_per_node` for verl, 0 for TRL')
-    mem_mb: int = Field(8000, le=16 * 1024 * 1024, ge=1, description='memory of the train_grpo job (MB)')
-    runtime: int = Field(120, le=366 * 24 * 60, ge=1, description='time limit of the train_grpo job (minutes)')
-    cpus_per_task: int = Field(2, le=4096, ge=1, description='CPU cores of the train_grpo job')
+TrainResources = job_resources("TrainResources", "train.resources", "the train_grpo job", gpu=None, mem_mb=8000,
+                               runtime=120, cpus_per_task=2,
+                               help={"gpu": "GPUs of the job; null = `n_gpus_per_node` for verl, 0 for TRL"})
 
 
 
