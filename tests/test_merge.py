@@ -15,8 +15,11 @@ from llmrnn import merge
 from llmrnn import rope as merge_rope
 from llmrnn.errors import CheckFailed
 from llmrnn.merge import verify as merge_verify
+from llmrnn.settings.release import Merge
+from llmrnn.settings.train import Train
 
 LORA = {"train": {"lora": {"rank": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "up_proj"]}}}
+TRAIN = Train.model_validate(LORA["train"])  # the LoRA of the adapters below, as the CLI parses --cfg
 
 
 def _make_adapter(base: Path, out: Path, random_b: bool = True) -> Path:
@@ -50,7 +53,7 @@ def _set_alpha(adapter: Path, alpha) -> None:
 
 def test_merge_of_a_trl_adapter_passes_every_check(tiny_model_dir, adapter_dir, tmp_path):
     out, check = tmp_path / "merged", tmp_path / "merge_check.json"
-    report = merge.run_merge(tiny_model_dir, adapter_dir, out, check, {"merge": {"dtype": "float32"}, **LORA})
+    report = merge.run_merge(tiny_model_dir, adapter_dir, out, check, Merge(dtype="float32"), TRAIN)
     on_disk = json.loads(check.read_text())
     assert on_disk["ok"] is True and report["ok"] is True
     checks = on_disk["checks"]
@@ -72,7 +75,7 @@ def test_merge_of_a_trl_adapter_passes_every_check(tiny_model_dir, adapter_dir, 
 
 def test_bfloat16_merge_is_checked_against_the_rounding_noise_floor(tiny_model_dir, adapter_dir, tmp_path):
     report = merge.run_merge(tiny_model_dir, adapter_dir, tmp_path / "m", tmp_path / "c.json",
-                             {"merge": {"dtype": "bfloat16"}, **LORA})
+                             Merge(dtype="bfloat16"), TRAIN)
     lm = report["checks"]["logits_match"]
     assert report["ok"] and lm["rounding_noise"] > 0 and lm["max_abs_diff"] <= lm["tolerance"]
     assert report["checks"]["weights_differ"]["changed_tensors"] == 6  # bf16 casting alone changes nothing
@@ -85,7 +88,7 @@ def test_verl_checkpoint_with_alpha_zero_is_repaired_from_the_training_config(ti
     shutil.copytree(adapter_dir, lora)
     _set_alpha(lora, 0)  # what verl's model_merger writes for a LoRA run
     (root / "latest_checkpointed_iteration.txt").write_text("3\n")
-    report = merge.run_merge(tiny_model_dir, root, tmp_path / "m", tmp_path / "c.json", {"merge": {}, **LORA})
+    report = merge.run_merge(tiny_model_dir, root, tmp_path / "m", tmp_path / "c.json", Merge(), TRAIN)
     assert report["source_kind"] == "verl_lora_adapter"
     assert report["adapter_resolved"] == str(lora)
     ac = report["checks"]["adapter_config"]
@@ -94,21 +97,46 @@ def test_verl_checkpoint_with_alpha_zero_is_repaired_from_the_training_config(ti
     assert report["checks"]["logits_match"]["max_abs_diff"] < 1e-4
 
 
-def test_alpha_zero_without_a_configured_alpha_stops_with_a_clear_message(tiny_model_dir, adapter_dir, tmp_path):
+def test_a_merge_without_a_train_section_checks_the_adapter_against_trains_defaults(tiny_model_dir, adapter_dir,
+                                                                                     tmp_path):
+    """`--cfg` without `train` means the run trained with train's defaults (rank 16, alpha 32): an alpha of 0
+    is repaired from the default alpha and the r=4 adapter is refused, the line naming train.lora.rank."""
     broken = tmp_path / "adapter"
     shutil.copytree(adapter_dir, broken)
     _set_alpha(broken, 0)
-    with pytest.raises(CheckFailed, match=r"lora_alpha is 0 .*set train.lora_alpha"):
-        merge.run_merge(tiny_model_dir, broken, tmp_path / "merged", tmp_path / "c.json", {"merge": {}})
+    settings, train = merge.stage_settings({"merge": {}})
+    assert (train.lora.rank, train.lora.alpha) == (16, 32)
+    with pytest.raises(CheckFailed, match=r"adapter_config: rank 4 != configured 16 \(train\.lora\.rank\)"):
+        merge.run_merge(tiny_model_dir, broken, tmp_path / "merged", tmp_path / "c.json", settings, train)
     assert not (tmp_path / "merged").exists() and not (tmp_path / "c.json").exists()
+    adapter_config = json.loads((tmp_path / "c.failed.json").read_text())["checks"]["adapter_config"]
+    assert adapter_config["alpha_repaired"] is True and adapter_config["alpha"] == 32
+    assert adapter_config["repaired_from"] == "train.lora.alpha"
+
+
+@pytest.mark.parametrize("cfg, line", [
+    ({"train": {"lora": {"rank": 0, "alpha": 8}}}, "train.lora.rank: Input should be greater than or equal to 1 (got 0)"),
+    ({"train": {"lora_alpha": 8}}, "train.lora_alpha: Extra inputs are not permitted (got 8)"),
+    ({"merge": {"probe_prompts": []}}, "merge.probe_prompts: List should have at least 1 item after validation, not 0"),
+])
+def test_merge_refuses_a_bad_setting_in_one_line_naming_its_key(tmp_path, capsys, cfg, line):
+    """--cfg is parsed into settings.Merge and settings.Train before anything is read: a bad key is one line
+    naming it by its real dotted path (the old spellings lora_rank/lora_alpha are refused, not read)."""
+    from llmrnn import cli
+
+    rc = cli.main(["merge", "run", "--base", str(tmp_path / "absent"), "--adapter", str(tmp_path / "absent"),
+                   "--out", str(tmp_path / "m"), "--check", str(tmp_path / "c.json"), "--cfg", json.dumps(cfg)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"llmrnn merge: error: {line}"), err
+    assert not (tmp_path / "m").exists() and not (tmp_path / "c.json").exists()
 
 
 def test_alpha_mismatch_fails_and_leaves_no_merged_folder(tiny_model_dir, adapter_dir, tmp_path):
     (tmp_path / "merged").mkdir()
     (tmp_path / "merged" / "config.json").write_text("{}")  # a stale merge from an earlier run
-    cfg = {"merge": {}, "train": {"lora": {"rank": 4, "alpha": 16}}}
-    with pytest.raises(CheckFailed, match=r"adapter_config: alpha 8 != configured 16"):
-        merge.run_merge(tiny_model_dir, adapter_dir, tmp_path / "merged", tmp_path / "c.json", cfg)
+    train = Train.model_validate({"lora": {"rank": 4, "alpha": 16}})
+    with pytest.raises(CheckFailed, match=r"adapter_config: alpha 8 != configured 16 \(train\.lora\.alpha\)"):
+        merge.run_merge(tiny_model_dir, adapter_dir, tmp_path / "merged", tmp_path / "c.json", Merge(), train)
     assert not (tmp_path / "merged").exists() and not (tmp_path / "c.json").exists()
     failed = json.loads((tmp_path / "c.failed.json").read_text())
     assert failed["ok"] is False and failed["checks"]["adapter_config"]["ok"] is False
@@ -120,14 +148,14 @@ def test_base_weights_copied_as_merged_are_caught(tiny_model_dir, adapter_dir, t
     fake_merged = tmp_path / "verl_merged"
     shutil.copytree(tiny_model_dir, fake_merged)
     with pytest.raises(CheckFailed, match=r"weights_differ: merged weights are identical to the base"):
-        merge.run_check(tiny_model_dir, adapter_dir, fake_merged, tmp_path / "c.json", {"merge": {}, **LORA})
+        merge.run_check(tiny_model_dir, adapter_dir, fake_merged, tmp_path / "c.json", Merge(), TRAIN)
     assert not (tmp_path / "c.json").exists()
 
 
 def test_an_adapter_that_never_moved_fails_with_a_hint(tiny_model_dir, tmp_path):
     zero = _make_adapter(tiny_model_dir, tmp_path / "zero", random_b=False)
     with pytest.raises(CheckFailed, match=r"identical to the base.*every lora_B tensor is zero"):
-        merge.run_merge(tiny_model_dir, zero, tmp_path / "m", tmp_path / "c.json", {"merge": {}, **LORA})
+        merge.run_merge(tiny_model_dir, zero, tmp_path / "m", tmp_path / "c.json", Merge(), TRAIN)
 
 
 def test_adapter_tensors_that_find_no_slot_are_reported(tiny_model_dir, adapter_dir, tmp_path):
@@ -138,7 +166,7 @@ def test_adapter_tensors_that_find_no_slot_are_reported(tiny_model_dir, adapter_
     weights = load_file(bad / "adapter_model.safetensors")
     save_file({k.replace("q_proj", "qq_proj"): v for k, v in weights.items()}, bad / "adapter_model.safetensors")
     with pytest.raises(CheckFailed, match=r"adapter_loaded: 4 adapter tensors found no slot"):
-        merge.run_merge(tiny_model_dir, bad, tmp_path / "m", tmp_path / "c.json", {"merge": {}, **LORA})
+        merge.run_merge(tiny_model_dir, bad, tmp_path / "m", tmp_path / "c.json", Merge(), TRAIN)
 
 
 def test_fsdp_full_finetune_needs_verl(tiny_model_dir, tmp_path, monkeypatch):
@@ -150,7 +178,7 @@ def test_fsdp_full_finetune_needs_verl(tiny_model_dir, tmp_path, monkeypatch):
     assert src.kind == "verl_fsdp_full"
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(CheckFailed, match=r"verl is not importable"):
-        merge.run_merge(tiny_model_dir, actor, tmp_path / "m", tmp_path / "c.json", {"merge": {}})
+        merge.run_merge(tiny_model_dir, actor, tmp_path / "m", tmp_path / "c.json", Merge(), TRAIN)
     assert not (tmp_path / "m").exists()
 
 
@@ -257,7 +285,7 @@ def test_merged_config_keeps_the_base_rope_for_transformers_457_and_vllm(tiny_mo
     cfg.pop("rope_parameters", None)
     (base / "config.json").write_text(json.dumps({**cfg, **LLAMA3_ROPE}))
     out, check = tmp_path / "merged", tmp_path / "merge_check.json"
-    report = merge.run_merge(base, adapter_dir, out, check, {"merge": {"dtype": "float32"}, **LORA})
+    report = merge.run_merge(base, adapter_dir, out, check, Merge(dtype="float32"), TRAIN)
     assert report["ok"] and report["checks"]["rope"]["ok"], report["checks"].get("rope")
     written = json.loads((out / "config.json").read_text())
     assert {k: written.get(k) for k in LLAMA3_ROPE} == LLAMA3_ROPE
@@ -298,11 +326,11 @@ def test_the_temp_folder_of_a_killed_merge_goes_with_the_next_merge_run(tiny_mod
         "import os, signal, sys, json; from llmrnn import merge\n"
         "def verify(*a, **k): os.kill(os.getpid(), signal.SIGKILL)  # the weights are saved by now\n"
         "merge.verify_merge = verify\n"
-        "merge.run_merge(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5]))\n"
+        "merge.run_merge(*sys.argv[1:5], *merge.stage_settings(json.loads(sys.argv[5])))\n"
     )
     args = [str(tiny_model_dir), str(adapter_dir), str(out), str(check), json.dumps(LORA)]
     proc = subprocess.run([sys.executable, "-c", killed, *args], capture_output=True, text=True, check=False,
-                          env={**os.environ, "PYTHONPATH": str(Path(merge.__file__).parents[1])})
+                          env={**os.environ, "PYTHONPATH": str(Path(merge.__file__).parents[2])})
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     (left,) = tmp_path.glob(".merged.*.tmp")
     assert (left / "model.safetensors").is_file() and not out.exists() and not check.exists()
@@ -325,9 +353,25 @@ def test_an_empty_adapter_is_named_as_one_not_blamed_on_the_rewards(tiny_model_d
     save_file({}, empty / "adapter_model.safetensors")
     assert (empty / "adapter_model.safetensors").stat().st_size == 16
     with pytest.raises(CheckFailed, match=r"an empty adapter \(no LoRA tensor") as exc:
-        merge.run_merge(tiny_model_dir, empty, tmp_path / "m", tmp_path / "c.json", {"merge": {}, **LORA})
+        merge.run_merge(tiny_model_dir, empty, tmp_path / "m", tmp_path / "c.json", Merge(), TRAIN)
     assert "equal rewards" not in str(exc.value) and "\n" not in str(exc.value)
     assert not (tmp_path / "m").exists()
     with pytest.raises(CheckFailed, match=r"an empty adapter"):  # the checkpoint folder resolves to the same
         merge.run_merge(tiny_model_dir, tmp_path / "global_step_3", tmp_path / "m", tmp_path / "c.json",
-                        {"merge": {}, **LORA})
+                        Merge(), TRAIN)
+
+
+def test_the_one_alpha_repair_takes_the_first_source_that_has_an_alpha():
+    """llmrnn.lora_files.repair_alpha, which the merge (from train.lora.alpha) and verl's adapter step (from
+    lora_train_meta.json, else train.lora.alpha) both use: a real alpha is kept, 0/None is set from the first
+    source that has one, and with none the line names the sources."""
+    from llmrnn.lora_files import repair_alpha
+
+    kept, record = repair_alpha({"r": 4, "lora_alpha": 8}, "a", [("train.lora.alpha", 16)])
+    assert kept["lora_alpha"] == 8 and record == {"original_alpha": 8, "alpha_repaired": False, "repaired_from": None}
+    sources = [("lora_train_meta.json", None), ("train.lora.alpha", 16)]
+    for written in (0, None):
+        fixed, record = repair_alpha({"r": 4, "lora_alpha": written}, "a", sources)
+        assert fixed["lora_alpha"] == 16 and record["repaired_from"] == "train.lora.alpha" and record["alpha_repaired"]
+    with pytest.raises(CheckFailed, match=r"^a: lora_alpha is 0 .*\['lora_train_meta.json'\] gives one"):
+        repair_alpha({"lora_alpha": 0}, "a", [("lora_train_meta.json", None)])

@@ -328,7 +328,8 @@ def test_a_real_merge_releases(tiny_model_dir, tmp_path, monkeypatch, dtype):
     inputs = _with_note_header(make_inputs(tmp_path / "run", tiny_model_dir))
     adapter = _make_adapter(inputs["base"], tmp_path / "adapter")
     shutil.rmtree(inputs["merged"])
-    merge.run_merge(inputs["base"], adapter, inputs["merged"], inputs["merge_check"], {"merge": {"dtype": dtype}, **LORA})
+    merge.run_merge(inputs["base"], adapter, inputs["merged"], inputs["merge_check"],
+                    *merge.stage_settings({"merge": {"dtype": dtype}, **LORA}))
     receipt = _release(inputs, tmp_path / "run" / "release")
     assert receipt["phi_guard"]["ok"] and "model.safetensors" in receipt["files"], receipt["phi_guard"]["findings"]
 

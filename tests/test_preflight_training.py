@@ -47,7 +47,7 @@ def test_good_config_passes_with_numbers(parquets, tiny_model_dir, tmp_path):
 
 def test_reference_geometry_is_possible():
     # 16 prompts x G=8 on 2 GPUs: 64 responses per GPU per update, micro 4 -> 16 micro steps
-    geo = tcfg.geometry(tcfg.settings({"n_gpus_per_node": 2, "rollout": {"tensor_parallel": 2}}))
+    geo = tcfg.settings({"n_gpus_per_node": 2, "rollout": {"tensor_parallel": 2}}).geometry
     assert geo.problems == () and geo.grad_accum == 16 and geo.responses_per_step == 128
 
 
@@ -67,6 +67,28 @@ def test_impossible_geometry_is_rejected(parquets, tiny_model_dir, over, message
     res = training_checks(_cfg(**over), *parquets, tiny_model_dir, gpus_available=8)
     assert not res["ok"]
     assert any(message in p for p in res["problems"]), res["problems"]
+
+
+def test_check_preflight_and_trl_read_the_one_geometry_of_the_settings(parquets, tiny_model_dir):
+    """The batch geometry is one derived value of the Train settings (Train.geometry): `llmrnn check`,
+    preflight and the TRL engine report the same numbers and the same problems, each in its own way (check:
+    a line per problem; preflight: its problems and geometry; TRL: a refusal before loading anything)."""
+    from llmrnn.check.training import check_training
+    from llmrnn.errors import CheckFailed, InputError
+    from llmrnn.train.trl_engine import check_knobs
+
+    bad = _cfg(batch={"train": 6, "mini": 4, "micro_per_gpu": 3})
+    geo = tcfg.settings(bad).geometry
+    assert len(geo.problems) == 2 and geo.as_dict()["responses_per_step"] == 24
+    pre = training_checks(bad, *parquets, tiny_model_dir, check_gpus=False)
+    assert pre["geometry"] == geo.as_dict() and pre["problems"][:2] == list(geo.problems)
+    assert check_training({"train": bad})[:2] == [f"train: {p}" for p in geo.problems]
+    with pytest.raises(CheckFailed) as refused:
+        check_knobs(tcfg.settings(bad))
+    assert str(refused.value) == "train: " + "; ".join(geo.problems)
+    # TRL runs only a section whose engine is trl: its geometry (one device) is not verl's (n_gpus_per_node)
+    with pytest.raises(InputError, match=r"^train\.engine: 'verl', but the TRL engine was asked to run it"):
+        check_knobs(tcfg.settings({**bad, "engine": "verl"}))
 
 
 def test_overlong_prompts_are_counted_and_rejected(tmp_path, tiny_model_dir):

@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 from pydantic import BaseModel
 
@@ -113,3 +114,36 @@ def test_the_scan_finds_a_literal_default(tmp_path):
     src.mkdir(parents=True)
     (src / "stage.py").write_text("def f(cfg):\n    return cfg.get('group_size', 8), cfg.get('run_name')\n")
     assert literal_defaults(tmp_path) == ["src/llmrnn/stage.py:2: cfg.get('group_size', 8)"]
+
+
+def resources_sections(model: type[BaseModel] = Config, prefix: str = "") -> dict[str, type[BaseModel]]:
+    """Every `resources` section of the config, by its dotted key."""
+    out = {}
+    for name, info in model.model_fields.items():
+        tp = info.annotation
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            out.update({f"{prefix}{name}": tp} if name == "resources" else resources_sections(tp, f"{prefix}{name}."))
+    return out
+
+
+def test_every_stages_resources_is_the_one_resources_model_with_its_own_defaults():
+    """One Resources model (llmrnn.settings.base): each stage's `resources` has its fields and bounds, only
+    the defaults and the job its help names differ; a bad value is refused the same way in every stage."""
+    from llmrnn.errors import InputError
+    from llmrnn.settings.base import GpuResources, Resources, parse
+
+    sections = resources_sections()
+    assert set(sections) == {"qa.sft.resources", "qa.eval.resources", "trajectories.resources", "eval.resources",
+                             "judge.resources", "train.resources", "merge.resources"}
+    shared = {name: info.metadata for name, info in GpuResources.model_fields.items()}
+    for key, model in sections.items():
+        assert issubclass(model, Resources), key
+        assert {n: i.metadata for n, i in model.model_fields.items()} == {
+            n: m for n, m in shared.items() if n in model.model_fields}, key
+        assert set(model.model_fields) == set(shared) - ({"gpu"} if key == "judge.resources" else set()), key
+        with pytest.raises(InputError, match=rf"^{key}\.mem_mb: Input should be greater than or equal to 1 \(got 0\)$"):
+            parse(model, {"mem_mb": 0}, key)
+    assert section_defaults("judge.resources") == {"mem_mb": 8000, "runtime": 1440, "cpus_per_task": 2}
+    assert section_defaults("qa.eval.resources") == {"gpu": 0, "mem_mb": 6000, "runtime": 60, "cpus_per_task": 1}
+    assert section_defaults("train.resources")["gpu"] is None  # null: the engine decides
+    assert sections["merge.resources"].model_fields["mem_mb"].description == "memory of the merge_model job (MB)"

@@ -466,12 +466,12 @@ def test_cpu_speed_knobs_reach_grpo_config(tmp_path, cpu_bf16, checkpointing):
     from llmrnn.train.trl_engine import grpo_arguments
 
     cfg = tcfg.settings(tiny_cfg(trl={"cpu_bf16": cpu_bf16, "gradient_checkpointing": checkpointing}))
-    args = grpo_arguments(cfg, tcfg.geometry(cfg, "trl"), tmp_path, max_steps=4, validate=True)
+    args = grpo_arguments(cfg, cfg.geometry, tmp_path, max_steps=4, validate=True)
     assert (args.bf16, args.gradient_checkpointing) == (cpu_bf16, checkpointing)
     assert args.per_device_eval_batch_size == 2 * 4 and args.num_generations_eval == 4
     # val_generations: fewer val rollouts per prompt, still whole groups in one generation-sized batch
     cfg = tcfg.settings(tiny_cfg(val_generations=3))
-    args = grpo_arguments(cfg, tcfg.geometry(cfg, "trl"), tmp_path, max_steps=4, validate=True)
+    args = grpo_arguments(cfg, cfg.geometry, tmp_path, max_steps=4, validate=True)
     assert args.num_generations_eval == 3 and args.per_device_eval_batch_size == 6
 
 
@@ -522,7 +522,7 @@ def test_clip_and_loss_reach_both_engines(tmp_path, mode, loss_type):
 
     knobs = {"clip_ratio": {"low": 0.15, "high": 0.28}, "loss_agg_mode": mode}
     cfg = tcfg.settings(tiny_cfg(**knobs))
-    args = grpo_arguments(cfg, tcfg.geometry(cfg, "trl"), tmp_path, max_steps=4, validate=False)
+    args = grpo_arguments(cfg, cfg.geometry, tmp_path, max_steps=4, validate=False)
     assert (args.epsilon, args.epsilon_high, args.loss_type) == (0.15, 0.28, loss_type)
     overrides = build_overrides({**tiny_cfg(**knobs), "engine": "verl"}, train_parquet="t.parquet",
                                 val_parquet="v.parquet", model_dir="m", out_dir=str(tmp_path), experiment_name="x",
@@ -532,7 +532,7 @@ def test_clip_and_loss_reach_both_engines(tmp_path, mode, loss_type):
         assert item in overrides
     # the defaults are verl's (the reference run's): TRL's own loss_type default is not relied on
     cfg = tcfg.settings(tiny_cfg())
-    args = grpo_arguments(cfg, tcfg.geometry(cfg, "trl"), tmp_path, max_steps=4, validate=False)
+    args = grpo_arguments(cfg, cfg.geometry, tmp_path, max_steps=4, validate=False)
     assert (args.epsilon, args.epsilon_high, args.loss_type) == (0.2, 0.2, "dapo")
 
 
@@ -640,6 +640,6 @@ def test_cpu_bf16_auto_follows_the_cpu(tmp_path, monkeypatch, native):
 
     monkeypatch.setattr(gpus, "cpu_has_native_bf16", lambda cpuinfo=None: native)
     cfg = tcfg.settings(tiny_cfg(trl={"cpu_bf16": "auto"}))
-    assert grpo_arguments(cfg, tcfg.geometry(cfg, "trl"), tmp_path, max_steps=4, validate=True).bf16 is native
+    assert grpo_arguments(cfg, cfg.geometry, tmp_path, max_steps=4, validate=True).bf16 is native
     with pytest.raises(InputError, match=r"train\.trl\.cpu_bf16: Input should be True, False or 'auto' \(got 'yes'\)"):
         tcfg.settings(tiny_cfg(trl={"cpu_bf16": "yes"}))

@@ -106,7 +106,7 @@ def test_micro_batch_verl_only_checks_on_the_gpu_node_is_caught_by_preflight(ver
     cfg = dict(REFERENCE, batch={"train": 16, "mini": 16, "micro_per_gpu": 3})
     proc = check(version, tmp_path, tiny_model_dir, cfg)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    problems = tcfg.geometry(tcfg.settings(cfg)).problems
+    problems = tcfg.settings(cfg).geometry.problems
     assert any("micro_per_gpu=3 does not divide the 64 responses" in p for p in problems)
 
 

@@ -1,12 +1,17 @@
-"""What a saved LoRA adapter holds, read from its files: shared by the training guard and the merge."""
+"""What a saved LoRA adapter holds, read from its files, and the one repair of its alpha: shared by the
+training guard, verl's adapter step and the merge."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 from safetensors import safe_open
 
 from llmrnn.errors import CheckFailed
+
+log = logging.getLogger(__name__)
 
 
 def is_lora_key(name: str) -> bool:
@@ -28,3 +33,24 @@ def saved_lora_tensors(adapter_dir: Path) -> int:
 
         return sum(1 for k in torch.load(binf, map_location="cpu", weights_only=True) if is_lora_key(k))
     return 0
+
+
+def repair_alpha(adapter_cfg: Mapping, where: str, sources: list[tuple[str, int | None]]) -> tuple[dict, dict]:
+    """(config, record) of an adapter_config.json whose lora_alpha is 0 or missing, what verl's model merger
+    writes for a LoRA (0.7.1 always; 0.9 without lora_train_meta.json): the alpha is set from the first of
+    `sources` ((name, alpha), most trusted first) that has one, and the record says so
+    ({original_alpha, alpha_repaired, repaired_from}). A config with a real alpha is returned as it is."""
+    original = adapter_cfg.get("lora_alpha")
+    fixed = dict(adapter_cfg)
+    record = {"original_alpha": original, "alpha_repaired": False, "repaired_from": None}
+    if original not in (0, None):
+        return fixed, record
+    source, alpha = next(((name, a) for name, a in sources if a), (None, None))
+    if source is None:
+        raise CheckFailed(f"{where}: lora_alpha is {original!r} (verl's model merger writes 0) and none of "
+                          f"{[name for name, _ in sources]} gives one to repair it from")
+    fixed["lora_alpha"] = alpha
+    record.update(alpha_repaired=True, repaired_from=source)
+    log.warning("%s: lora_alpha=%r in adapter_config.json (verl's model merger writes 0); set to %s from %s",
+                where, original, alpha, source)
+    return fixed, record

@@ -19,14 +19,14 @@ log = logging.getLogger(__name__)
 
 
 def check_training(config: dict) -> list[str]:
-    """Batch geometry (TRAIN's config.geometry) and, for verl, the command composed against the
+    """Batch geometry (Train.geometry) and, for verl, the command composed against the
     installed verl config (when verl is importable here)."""
     if "train" not in config:
         return []
 
     try:
         cfg = tcfg.settings(config["train"])
-        problems = [f"train: {p}" for p in tcfg.geometry(cfg).problems]
+        problems = [f"train: {p}" for p in cfg.geometry.problems]
     except LlmrnnError as exc:
         return [f"train: {exc}"]
     problems += check_trackers(cfg)

@@ -13,12 +13,16 @@ Inputs it accepts (`--adapter`):
 
 verl's own merger never merges a LoRA here (for verl 0.9 it only gathers the adapter, in the training job):
 `python -m verl.model_merger merge` on a LoRA run leaves the base weights untouched and (0.7.1) writes
-lora_alpha=0 (verl issues #3050, #4553, #5325, #7285). We merge with PEFT `merge_and_unload()`; an adapter whose alpha is 0 (or missing) is repaired
-from the training config (`train.lora_alpha`) and the repair is logged and recorded.
+lora_alpha=0 (verl issues #3050, #4553, #5325, #7285). We merge with PEFT `merge_and_unload()`; an adapter
+whose alpha is 0 (or missing) is repaired from the training config (`train.lora.alpha`) and the repair is
+logged and recorded.
+
+Settings: `--cfg` is parsed once, here at the CLI boundary (`stage_settings`), into `settings.Merge` and
+`settings.Train`; the stage functions take those models (a key the config leaves out has its default).
 
 Checks (merge_check.json, all must pass, else CheckFailed and no merged folder is left behind):
 - adapter_loaded: every tensor of the adapter file found its LoRA slot in the base model;
-- adapter_config: rank and alpha (after any repair) equal the configured ones;
+- adapter_config: rank and alpha (after any repair) equal train.lora.rank and train.lora.alpha;
 - weights_differ: merged tensors that differ from the base (at the saved dtype): > 0, and none outside
   the adapter's target modules;
 - logits_match: merged logits == base+adapter (unmerged PEFT, float32) logits on probe prompts within
@@ -39,31 +43,40 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
-from llmrnn.lora_files import saved_lora_tensors
-from llmrnn.merge.adapter import (
-    base_dir_of,
-    configured_lora,
-    merge_settings,
-    read_adapter_config,
-    repair_alpha,
-    resolve_adapter,
-)
+from llmrnn.lora_files import repair_alpha, saved_lora_tensors
+from llmrnn.merge.adapter import base_dir_of, read_adapter_config, resolve_adapter
 from llmrnn.merge.fold import merge_lora, merge_verl_fsdp
 from llmrnn.merge.verify import _fail, _report, check_adapter_config, verify_merge
 from llmrnn.rope import keep_base_rope
+from llmrnn.settings.base import parse
+from llmrnn.settings.release import Merge
+from llmrnn.settings.train import Train
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "resolve_adapter",
+    "run_check",
+    "run_merge",
+    "stage_settings",
 ]
 
 
-def run_merge(base: str | Path, adapter: str | Path, out: str | Path, check: str | Path, cfg: dict) -> dict:
+def stage_settings(cfg: dict) -> tuple[Merge, Train]:
+    """`--cfg` as the settings models, parsed once: the merge section, and the train section whose LoRA
+    (train.lora.rank, train.lora.alpha) the adapter is checked against and an alpha of 0 repaired from."""
+    return parse(Merge, cfg.get("merge") or {}, "merge"), parse(Train, cfg.get("train") or {}, "train")
+
+
+def _repaired_config(adapter_dir: Path, train: Train) -> tuple[dict, dict]:
+    """The adapter's config, an alpha of 0 repaired from train.lora.alpha (llmrnn.lora_files.repair_alpha)."""
+    return repair_alpha(read_adapter_config(adapter_dir), str(adapter_dir), [("train.lora.alpha", train.lora.alpha)])
+
+
+def run_merge(base: str | Path, adapter: str | Path, out: str | Path, check: str | Path, settings: Merge,
+              train: Train) -> dict:
     """Merge and verify; the merged folder appears at `out` only when every check passed."""
     base_dir, out_dir, check_path = base_dir_of(base), Path(out), Path(check)
-    settings = merge_settings(cfg.get("merge"))
-    configured = configured_lora(cfg.get("train"))
     source = resolve_adapter(adapter)
     log.info("adapter source: %s at %s", source.kind, source.path)
     t0 = time.monotonic()
@@ -77,7 +90,7 @@ def run_merge(base: str | Path, adapter: str | Path, out: str | Path, check: str
                 raise CheckFailed(f"{source.path}: an empty adapter (no LoRA tensor in adapter_model.*): the "
                                   "trainer's LoRA collection saved nothing, so there is nothing to merge; "
                                   "not a reward problem (docs/troubleshooting.md: reward flat)")
-            adapter_cfg, repair = repair_alpha(read_adapter_config(source.path), configured, str(source.path))
+            adapter_cfg, repair = _repaired_config(source.path, train)
             info = merge_lora(base_dir, source, adapter_cfg, tmp, settings)
         elif source.kind == "verl_fsdp_full":
             info = merge_verl_fsdp(source.path, tmp, base_dir)
@@ -87,7 +100,7 @@ def run_merge(base: str | Path, adapter: str | Path, out: str | Path, check: str
         info["rope"] = keep_base_rope(base_dir, tmp)
         checks = verify_merge(base_dir, source, adapter_cfg, tmp, settings)
         if adapter_cfg is not None:
-            checks["adapter_config"] = check_adapter_config(adapter_cfg, configured, repair)
+            checks["adapter_config"] = check_adapter_config(adapter_cfg, train.lora, repair)
         report = _report(base_dir, source, out_dir, checks, {**info, "seconds": 0.0})
         report["seconds"] = round(time.monotonic() - t0, 2)
         if not report["ok"]:
@@ -99,20 +112,18 @@ def run_merge(base: str | Path, adapter: str | Path, out: str | Path, check: str
 
 
 def run_check(base: str | Path, adapter: str | Path | None, merged: str | Path, check: str | Path,
-              cfg: dict) -> dict:
+              settings: Merge, train: Train) -> dict:
     """Verify a merged folder made elsewhere (e.g. by verl's model_merger) against base + adapter."""
     base_dir, merged_dir, check_path = base_dir_of(base), Path(merged), Path(check)
-    settings = merge_settings(cfg.get("merge"))
-    configured = configured_lora(cfg.get("train"))
     if not (merged_dir / "config.json").is_file():
         raise InputError(f"{merged_dir}: merged folder has no config.json")
     source = resolve_adapter(adapter) if adapter else None
     adapter_cfg, repair = None, {}
     if source is not None and source.kind in ("peft_adapter", "verl_lora_adapter"):
-        adapter_cfg, repair = repair_alpha(read_adapter_config(source.path), configured, str(source.path))
+        adapter_cfg, repair = _repaired_config(source.path, train)
     checks = verify_merge(base_dir, source, adapter_cfg, merged_dir, settings)
     if adapter_cfg is not None:
-        checks["adapter_config"] = check_adapter_config(adapter_cfg, configured, repair)
+        checks["adapter_config"] = check_adapter_config(adapter_cfg, train.lora, repair)
     report = _report(base_dir, source, merged_dir, checks, {})
     if not report["ok"]:
         _fail(report, check_path)
@@ -122,11 +133,11 @@ def run_check(base: str | Path, adapter: str | Path | None, merged: str | Path, 
 
 # ----------------------------------------------------------------------------- CLI
 def _cmd_run(args: argparse.Namespace) -> None:
-    run_merge(args.base, args.adapter, args.out, args.check, args.cfg)
+    run_merge(args.base, args.adapter, args.out, args.check, *stage_settings(args.cfg))
 
 
 def _cmd_check(args: argparse.Namespace) -> None:
-    run_check(args.base, args.adapter, args.merged, args.check, args.cfg)
+    run_check(args.base, args.adapter, args.merged, args.check, *stage_settings(args.cfg))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -134,7 +145,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     merge = sub.add_parser("merge", help="merge the LoRA into the base model and verify it")
     msub = merge.add_subparsers(dest="merge_command", required=True)
-    cfg_help = 'JSON: {"merge": {...}, "train": {"lora_rank", "lora_alpha", ...}}'
+    cfg_help = ('JSON: {"merge": {...}, "train": {"lora": {"rank": R, "alpha": A}}}: the merge section and the LoRA '
+                "the adapter must match (train.lora.rank, train.lora.alpha); a key left out has its config default")
 
     p = msub.add_parser("run", help="PEFT merge_and_unload + checks -> merged folder and merge_check.json")
     p.add_argument("--base", required=True, help="base model folder or its .ready marker")

@@ -1,10 +1,8 @@
-"""The adapter to merge: where it is (a PEFT folder or verl FSDP shards), its LoRA config and the merge
-settings, an alpha of 0 repaired."""
+"""The adapter to merge: where it is (a PEFT folder or verl FSDP shards) and its LoRA config."""
 
 from __future__ import annotations
 
 import json
-import logging
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -13,10 +11,8 @@ from pathlib import Path
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.models import model_folder
 
-log = logging.getLogger(__name__)
-
-
-# Probe prompts: our own generic memory-update requests (no cohort text), rendered with the chat template.
+# Probe prompts when merge.probe_prompts is null: our own generic memory-update requests (no cohort text),
+# rendered with the chat template.
 DEFAULT_PROBES = [
     (
         'Memory so far: {"evolving_summary": "Long-standing hypertension, on two agents."} New visit: '
@@ -41,35 +37,6 @@ class AdapterSource:
     path: Path  # the folder holding adapter_config.json (LoRA), the actor dir (FSDP) or the model dir
     given: Path
     notes: list[str] = field(default_factory=list)
-
-
-# ----------------------------------------------------------------------------- config
-def configured_lora(train: dict | None) -> dict:
-    """Rank/alpha/target modules the training config asked for (`train.lora_rank`, `train.lora_alpha`,
-    `train.lora_target_modules`; a nested `train.lora: {rank|r, alpha, target_modules}` is read too)."""
-    train = train or {}
-    nested = train.get("lora") if isinstance(train.get("lora"), dict) else {}
-    rank = train.get("lora_rank", nested.get("rank", nested.get("r")))
-    alpha = train.get("lora_alpha", nested.get("alpha"))
-    targets = train.get("lora_target_modules", train.get("target_modules", nested.get("target_modules")))
-    return {"rank": rank, "alpha": alpha, "target_modules": targets}
-
-
-def merge_settings(merge: dict | None) -> dict:
-    """The merge section with defaults filled (the schema has the same defaults)."""
-    out = {
-        "dtype": "auto",
-        "device": "auto",
-        "probe_prompts": list(DEFAULT_PROBES),
-        "logits_atol": 1e-3,
-        "logits_rtol": 1e-3,
-        "rounding_margin": 4.0,
-        "max_new_tokens": 8,
-    }
-    out.update({k: v for k, v in (merge or {}).items() if v is not None})
-    if not out["probe_prompts"]:
-        raise InputError("merge.probe_prompts: must list at least one prompt")
-    return out
 
 
 # ----------------------------------------------------------------------------- locating inputs
@@ -135,25 +102,3 @@ def read_adapter_config(adapter_dir: Path) -> dict:
     if not isinstance(cfg, dict) or cfg.get("peft_type", "LORA") != "LORA":
         raise InputError(f"{path}: peft_type: expected LORA, got {cfg.get('peft_type')!r}")
     return cfg
-
-
-def repair_alpha(adapter_cfg: dict, configured: dict, source: str) -> tuple[dict, dict]:
-    """Return (fixed config, repair record). An alpha of 0/None (verl's merger writes 0) is replaced by the
-    configured alpha; without one the merge cannot be trusted and stops."""
-    original = adapter_cfg.get("lora_alpha")
-    fixed = dict(adapter_cfg)
-    record = {"original_alpha": original, "alpha_repaired": False}
-    if original in (0, None):
-        alpha = configured.get("alpha")
-        if not alpha:
-            raise CheckFailed(
-                f"{source}: lora_alpha is {original!r} (verl's model_merger writes 0) and the "
-                "training config gives no lora_alpha to repair it from; set train.lora_alpha"
-            )
-        fixed["lora_alpha"] = alpha
-        record.update(alpha_repaired=True, repaired_from="train.lora_alpha")
-        log.warning(
-            "%s: lora_alpha=%r in adapter_config.json (verl merger bug); repaired to train.lora_alpha=%s",
-            source, original, alpha,
-        )
-    return fixed, record

@@ -25,6 +25,7 @@ from llmrnn.merge.weights import (
     attach_adapter,
 )
 from llmrnn.safe_path import safe_path_env
+from llmrnn.settings.release import Merge
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +46,12 @@ def _copy_tokenizer_files(base_dir: Path, out_dir: Path) -> list[str]:
     return copied
 
 
-def merge_lora(base_dir: Path, source: AdapterSource, adapter_cfg: dict, out_dir: Path, settings: dict) -> dict:
+def merge_lora(base_dir: Path, source: AdapterSource, adapter_cfg: dict, out_dir: Path, settings: Merge) -> dict:
     """PEFT merge_and_unload of base + adapter, saved at the configured dtype into out_dir."""
     import torch
 
-    device = _device(settings["device"])
-    save_dtype = _dtype(settings["dtype"], base_dir)
+    device = _device(settings.device)
+    save_dtype = _dtype(settings.dtype, base_dir)
     t0 = time.monotonic()
     base = _load_model(base_dir, device, torch.float32)
     model, _ = attach_adapter(base, source.path, adapter_cfg)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed
-from llmrnn.merge.adapter import AdapterSource
+from llmrnn.merge.adapter import DEFAULT_PROBES, AdapterSource
 from llmrnn.merge.weights import (
     _device,
     _load_model,
@@ -20,6 +20,8 @@ from llmrnn.merge.weights import (
     compare_weights,
 )
 from llmrnn.rope import _rope_check
+from llmrnn.settings.release import Merge
+from llmrnn.settings.train import TrainLora
 
 
 # ----------------------------------------------------------------------------- checks
@@ -33,18 +35,18 @@ def _check_files(merged_dir: Path) -> dict:
 
 
 def verify_merge(
-    base_dir: Path, source: AdapterSource | None, adapter_cfg: dict | None, merged_dir: Path, settings: dict
+    base_dir: Path, source: AdapterSource | None, adapter_cfg: dict | None, merged_dir: Path, settings: Merge
 ) -> dict:
     """Run every check against the merged folder ON DISK. Returns {check: {..., ok}}."""
     import torch
     from transformers import AutoTokenizer
 
-    device = _device(settings["device"])
+    device = _device(settings.device)
     checks: dict[str, dict] = {"files": _check_files(merged_dir)}
     if checks["files"]["ok"]:
         checks["rope"] = _rope_check(base_dir, merged_dir)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    probes = _probe_inputs(tokenizer, settings["probe_prompts"])
+    probes = _probe_inputs(tokenizer, settings.probe_prompts or DEFAULT_PROBES)
 
     lora = source is not None and source.kind in ("peft_adapter", "verl_lora_adapter")
     noise = 0.0
@@ -90,16 +92,16 @@ def verify_merge(
             diff = max(float((a - b).abs().max()) for a, b in zip(got, ref))
             scale = max(float(r.abs().max()) for r in ref)
             effect = max(float((r - b).abs().max()) for r, b in zip(ref, base_logits))
-            tol = max(settings["logits_atol"] + settings["logits_rtol"] * scale, settings["rounding_margin"] * noise)
+            tol = max(settings.logits_atol + settings.logits_rtol * scale, settings.rounding_margin * noise)
             top1 = [float((a.argmax(-1) == b.argmax(-1)).float().mean()) for a, b in zip(got, ref)]
             checks["logits_match"] = {
                 "ok": bool(diff <= tol),
                 "max_abs_diff": diff,
                 "tolerance": tol,
-                "atol": settings["logits_atol"],
-                "rtol": settings["logits_rtol"],
+                "atol": settings.logits_atol,
+                "rtol": settings.logits_rtol,
                 "rounding_noise": noise,
-                "rounding_margin": settings["rounding_margin"],
+                "rounding_margin": settings.rounding_margin,
                 "max_abs_ref": scale,
                 "adapter_effect": effect,
                 "top1_agreement": min(top1),
@@ -111,7 +113,7 @@ def verify_merge(
         ids = torch.tensor([probes[0]], device=device)
         with torch.no_grad():
             out = merged.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=settings["max_new_tokens"],
+                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=settings.max_new_tokens,
                 do_sample=False, pad_token_id=merged_tok.pad_token_id or merged_tok.eos_token_id,
             )
         new = out[0, ids.shape[1]:].tolist()
@@ -125,13 +127,14 @@ def verify_merge(
     return checks
 
 
-def check_adapter_config(adapter_cfg: dict | None, configured: dict, repair: dict) -> dict:
+def check_adapter_config(adapter_cfg: dict, lora: TrainLora, repair: dict) -> dict:
+    """The adapter's rank and alpha (after any repair) against the configured train.lora."""
     rank, alpha = adapter_cfg.get("r"), adapter_cfg.get("lora_alpha")
     report = {
         "rank": rank,
         "alpha": alpha,
-        "configured_rank": configured.get("rank"),
-        "configured_alpha": configured.get("alpha"),
+        "configured_rank": lora.rank,
+        "configured_alpha": lora.alpha,
         "target_modules": adapter_cfg.get("target_modules"),
         "dropout": adapter_cfg.get("lora_dropout"),
         "use_rslora": bool(adapter_cfg.get("use_rslora", False)),
@@ -139,13 +142,10 @@ def check_adapter_config(adapter_cfg: dict | None, configured: dict, repair: dic
         **repair,
     }
     problems = []
-    if configured.get("rank") is None or configured.get("alpha") is None:
-        problems.append("training config gives no lora_rank/lora_alpha to compare with")
-    else:
-        if rank != configured["rank"]:
-            problems.append(f"rank {rank} != configured {configured['rank']}")
-        if float(alpha or 0) != float(configured["alpha"]):
-            problems.append(f"alpha {alpha} != configured {configured['alpha']}")
+    if rank != lora.rank:
+        problems.append(f"rank {rank} != configured {lora.rank} (train.lora.rank)")
+    if float(alpha or 0) != float(lora.alpha):
+        problems.append(f"alpha {alpha} != configured {lora.alpha} (train.lora.alpha)")
     report["problems"] = problems
     report["ok"] = not problems
     return report

@@ -176,7 +176,7 @@ def training_checks(
 
     Returns {"ok", "problems": [...], "engine", "geometry", "data", "lr_schedule", "gpus", "disk"}."""
     cfg = tcfg.settings(train_cfg)
-    geo = tcfg.geometry(cfg)
+    geo = cfg.geometry
     data, data_problems = _data_checks(cfg, train_parquet, val_parquet, tokenizer_dir, max_dropped_fraction)
     schedule, lr_problems = _lr_checks(cfg, data["planned_steps"], geo.updates_per_step)
     gpus, gpu_problems = _gpu_checks(cfg, gpus_available, check_gpus)

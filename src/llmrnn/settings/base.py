@@ -1,13 +1,24 @@
 """The base of every config section model: unknown keys refused, strict types (below), Python's re for
-patterns (the credential guards use look-aheads), and the reader of a section's defaults."""
+patterns (the credential guards use look-aheads), the reader of a section's defaults, and the one model of
+a job's resources that every stage's `resources` section is made from (`job_resources`)."""
 
 from __future__ import annotations
 
+import sys
 import types
 import typing
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+)
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from llmrnn.errors import InputError
@@ -67,3 +78,43 @@ def parse(model: type[M], data: Any, where: str) -> M:
 def defaults(model: type[BaseModel]) -> dict[str, Any]:
     """The defaults of a section as plain data (a fresh copy each call): what Snakemake fills in."""
     return model().model_dump(mode="json")
+
+
+class Resources(Section):
+    """What a stage's job asks the scheduler for (rules' `resources:`, llmrnn.plan.common.stage_resources):
+    every stage's `resources` section has these fields, with its own defaults (`job_resources`)."""
+
+    mem_mb: int = Field(8000, le=16 * 1024 * 1024, ge=1, description="memory of the job (MB)")
+    runtime: int = Field(120, le=366 * 24 * 60, ge=1, description="time limit of the job (minutes)")
+    cpus_per_task: int = Field(2, le=4096, ge=1, description="CPU cores of the job")
+
+
+class GpuCount(Section):
+    """The GPUs of a job, where its stage's config sets them (the judge's come from its rubric)."""
+
+    gpu: int = Field(0, le=64, ge=0, description="GPUs of the job")
+
+
+class GpuResources(Resources, GpuCount):
+    """Resources of a job whose GPUs its stage's config sets. GpuCount is the last base so that `gpu` is the
+    first key (pydantic orders fields from the last base up), where the schema and docs have always had it."""
+
+
+def job_resources(model_name: str, section: str, job: str, *, base: type[Resources] = GpuResources,
+                  help: dict[str, str] | None = None, **defaults: int | None) -> type[Resources]:
+    """The `resources` model of one stage: `base`'s fields (their types and bounds defined once, above) with
+    this stage's `defaults` and help naming its `job` ("memory of each eval_shard job (MB)"; `help` replaces
+    a field's whole line). A default of None makes the field nullable (train.resources.gpu: the engine
+    decides)."""
+    unknown = set(defaults) - set(base.model_fields) or set(help or {}) - set(base.model_fields)
+    if unknown:
+        raise TypeError(f"{section}: {base.__name__} has no field {sorted(unknown)}")
+    fields: dict[str, Any] = {}
+    for name, info in base.model_fields.items():
+        default = defaults.get(name, info.default)
+        annotation = info.annotation if default is not None else info.annotation | None
+        description = (help or {}).get(name) or info.description.replace("the job", job)
+        fields[name] = (annotation, FieldInfo.merge_field_infos(info, default=default, description=description))
+    # the module that names the model (as pydantic's create_model does by default), so an instance pickles
+    caller = sys._getframe(1).f_globals["__name__"]
+    return create_model(model_name, __base__=base, __doc__=f"`{section}`", __module__=caller, **fields)

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from llmrnn.settings.base import ENV_NAME, Section, parse
+from llmrnn.settings.base import ENV_NAME, Resources, Section, job_resources, parse
 
 
 class EvalFinalJudgeMatcher(Section):
@@ -69,13 +69,9 @@ class EvalStats(Section):
 
 
 
-class EvalResources(Section):
-    """`eval.resources`"""
-
-    gpu: int = Field(0, le=64, ge=0, description='GPUs of each eval_shard job (profiles/slurm maps gpu to the A100 partition)')
-    mem_mb: int = Field(8000, le=16 * 1024 * 1024, ge=1, description='memory of each eval_shard job (MB)')
-    runtime: int = Field(120, le=366 * 24 * 60, ge=1, description='time limit of each eval_shard job (minutes)')
-    cpus_per_task: int = Field(2, le=4096, ge=1, description='CPU cores of each eval_shard job')
+EvalResources = job_resources("EvalResources", "eval.resources", "each eval_shard job", gpu=0, mem_mb=8000, runtime=120,
+                              cpus_per_task=2, help={"gpu": "GPUs of each eval_shard job (profiles/slurm maps gpu to "
+                                                            "the A100 partition)"})
 
 
 
@@ -97,12 +93,9 @@ class Eval(Section):
 
 
 
-class JudgeResources(Section):
-    """`judge.resources`"""
-
-    mem_mb: int = Field(8000, le=16 * 1024 * 1024, ge=1, description='memory of the judge_server job (MB)')
-    runtime: int = Field(1440, le=366 * 24 * 60, ge=1, description='time limit of the judge_server job (minutes)')
-    cpus_per_task: int = Field(2, le=4096, ge=1, description='CPU cores of the judge_server job')
+# no gpu: the rubric's engine decides the judge's (plan.judge)
+JudgeResources = job_resources("JudgeResources", "judge.resources", "the judge_server job", base=Resources, mem_mb=8000,
+                               runtime=1440, cpus_per_task=2)
 
 
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from llmrnn.settings.base import Section
+from llmrnn.settings.base import Section, job_resources
 
 
 class QaSynthetic(Section):
@@ -95,13 +95,8 @@ class QaSftLora(Section):
 
 
 
-class QaSftResources(Section):
-    """`qa.sft.resources`"""
-
-    gpu: int = Field(0, le=64, ge=0, description='GPUs of the qa_sft job')
-    mem_mb: int = Field(8000, le=16 * 1024 * 1024, ge=1, description='memory of the qa_sft job (MB)')
-    runtime: int = Field(120, le=366 * 24 * 60, ge=1, description='time limit of the qa_sft job (minutes)')
-    cpus_per_task: int = Field(2, le=4096, ge=1, description='CPU cores of the qa_sft job')
+QaSftResources = job_resources("QaSftResources", "qa.sft.resources", "the qa_sft job", gpu=0, mem_mb=8000, runtime=120,
+                               cpus_per_task=2)
 
 
 
@@ -139,13 +134,8 @@ class QaEvalStats(Section):
 
 
 
-class QaEvalResources(Section):
-    """`qa.eval.resources`"""
-
-    gpu: int = Field(0, le=64, ge=0, description='GPUs of the qa_eval_model job')
-    mem_mb: int = Field(6000, le=16 * 1024 * 1024, ge=1, description='memory of the qa_eval_model job (MB)')
-    runtime: int = Field(60, le=366 * 24 * 60, ge=1, description='time limit of the qa_eval_model job (minutes)')
-    cpus_per_task: int = Field(1, le=4096, ge=1, description='CPU cores of the qa_eval_model job')
+QaEvalResources = job_resources("QaEvalResources", "qa.eval.resources", "the qa_eval_model job", gpu=0, mem_mb=6000,
+                                runtime=60, cpus_per_task=1)
 
 
 

@@ -6,16 +6,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from llmrnn.settings.base import ENV_NAME, Section
+from llmrnn.settings.base import ENV_NAME, Section, job_resources
 
-
-class MergeResources(Section):
-    """`merge.resources`"""
-
-    gpu: int = Field(0, le=64, ge=0, description='GPUs of the merge jobs (merge_model, qa_merge_sft); on SLURM it decides their request: 0 = the CPU partition, no --gpus; N > 0 = the GPU partition with --gpus=<LLMRNN_SLURM_GPU_MODEL>:N')
-    mem_mb: int = Field(8000, le=16 * 1024 * 1024, ge=1, description='memory of the merge_model job (MB)')
-    runtime: int = Field(60, le=366 * 24 * 60, ge=1, description='time limit of the merge_model job (minutes)')
-    cpus_per_task: int = Field(1, le=4096, ge=1, description='CPU cores of the merge_model job')
+MergeResources = job_resources(
+    "MergeResources", "merge.resources", "the merge_model job", gpu=0, mem_mb=8000, runtime=60, cpus_per_task=1,
+    help={"gpu": "GPUs of the merge jobs (merge_model, qa_merge_sft); on SLURM it decides their request: 0 = the CPU "
+                 "partition, no --gpus; N > 0 = the GPU partition with --gpus=<LLMRNN_SLURM_GPU_MODEL>:N"})
 
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
-from llmrnn.settings.base import NAME, Section
+from llmrnn.settings.base import NAME, Section, job_resources
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")  # train.report_to's trackers
 NO_TRACKER = "none"
@@ -108,14 +109,33 @@ class TrainEarlyStopping(Section):
 
 
 
-class TrainResources(Section):
-    """`train.resources`"""
+TrainResources = job_resources("TrainResources", "train.resources", "the train_grpo job", gpu=None, mem_mb=8000,
+                               runtime=120, cpus_per_task=2,
+                               help={"gpu": "GPUs of the job; null = `n_gpus_per_node` for verl, 0 for TRL"})
 
-    gpu: int | None = Field(None, le=64, ge=0, description='GPUs of the job; null = `n_gpus_per_node` for verl, 0 for TRL')
-    mem_mb: int = Field(8000, le=16 * 1024 * 1024, ge=1, description='memory of the train_grpo job (MB)')
-    runtime: int = Field(120, le=366 * 24 * 60, ge=1, description='time limit of the train_grpo job (minutes)')
-    cpus_per_task: int = Field(2, le=4096, ge=1, description='CPU cores of the train_grpo job')
 
+
+@dataclass(frozen=True)
+class Geometry:
+    """Batch arithmetic both engines share; `problems` is empty when the geometry is possible."""
+
+    n_gpus: int
+    prompts_per_step: int
+    responses_per_step: int
+    updates_per_step: int  # optimizer steps per rollout batch (train / mini)
+    responses_per_update_per_gpu: int  # mini x G / n_gpus
+    grad_accum: int  # micro batches per optimizer step on each GPU
+    problems: tuple[str, ...]
+
+    def as_dict(self) -> dict:
+        return {
+            "n_gpus": self.n_gpus,
+            "prompts_per_step": self.prompts_per_step,
+            "responses_per_step": self.responses_per_step,
+            "updates_per_step": self.updates_per_step,
+            "responses_per_update_per_gpu": self.responses_per_update_per_gpu,
+            "grad_accum": self.grad_accum,
+        }
 
 
 class Train(Section):
@@ -155,6 +175,54 @@ class Train(Section):
     trl: TrainTrl = Field(default_factory=TrainTrl)
     early_stopping: TrainEarlyStopping = Field(default_factory=TrainEarlyStopping, description='TRL: stop when the val reward fell `patience` validations in a row (needs test_freq > 0)')
     resources: TrainResources = Field(default_factory=TrainResources, description='train_grpo job (gpu = n_gpus_per_node x nnodes for verl, 0 for trl on CPU unless set)')
+
+    @property
+    def geometry(self) -> Geometry:
+        """The batch geometry of this section on its engine (check, preflight and TRL all read it here): train
+        x G vs mini/micro x GPUs checked the way verl's workers do (and TRL's GRPOConfig); TRL runs on one
+        device, whatever n_gpus_per_node says."""
+        n_gpus = 1 if self.engine == "trl" else self.n_gpus_per_node * self.nnodes
+        g = self.group_size
+        train, mini, micro = self.batch.train, self.batch.mini, self.batch.micro_per_gpu
+        problems: list[str] = []
+        if mini > train:
+            problems.append(f"train.batch.mini={mini} is larger than train.batch.train={train} (both count prompts)")
+        elif train % mini:
+            problems.append(
+                f"train.batch.train={train} is not a multiple of train.batch.mini={mini}: each step must split into "
+                "whole mini-batches"
+            )
+        per_gpu = mini * g // n_gpus if (mini * g) % n_gpus == 0 else None
+        if per_gpu is None:
+            problems.append(
+                f"train.batch.mini x group_size = {mini}x{g} = {mini * g} responses cannot be split evenly over "
+                f"{n_gpus} GPUs (n_gpus_per_node x nnodes)"
+            )
+            per_gpu = max(1, mini * g // n_gpus)
+        if per_gpu % micro:
+            problems.append(
+                f"train.batch.micro_per_gpu={micro} does not divide the {per_gpu} responses each GPU gets per "
+                f"optimizer step (batch.mini x group_size / GPUs = {mini}x{g}/{n_gpus})"
+            )
+        if self.engine == "verl":
+            tp = self.rollout.tensor_parallel
+            if self.n_gpus_per_node % tp:
+                problems.append(
+                    f"train.rollout.tensor_parallel={tp} does not divide train.n_gpus_per_node={self.n_gpus_per_node}"
+                )
+            if (train * g) % n_gpus:
+                problems.append(
+                    f"train.batch.train x group_size = {train * g} responses cannot be split evenly over {n_gpus} GPUs"
+                )
+        return Geometry(
+            n_gpus=n_gpus,
+            prompts_per_step=train,
+            responses_per_step=train * g,
+            updates_per_step=max(1, train // mini) if mini <= train else 1,
+            responses_per_update_per_gpu=per_gpu,
+            grad_accum=max(1, per_gpu // micro),
+            problems=tuple(problems),
+        )
 
     @field_validator("report_to")
     @classmethod

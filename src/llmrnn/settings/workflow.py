@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from llmrnn.settings.base import ENV_NAME, Section
+from llmrnn.settings.base import ENV_NAME, Section, job_resources
 
 # What each section of a MIMIC-IV discharge note risks when shown to the model predicting the discharge diagnosis.
 RISK: dict[str, str] = {
@@ -130,13 +130,9 @@ class Prompts(Section):
 
 
 
-class TrajectoriesResources(Section):
-    """`trajectories.resources`"""
-
-    gpu: int = Field(0, le=64, ge=0, description='GPUs of each trajectory_shard job (profiles/slurm maps gpu to the A100 partition)')
-    mem_mb: int = Field(6000, le=16 * 1024 * 1024, ge=1, description='memory of each trajectory_shard job (MB)')
-    runtime: int = Field(60, le=366 * 24 * 60, ge=1, description='time limit of each trajectory_shard job (minutes)')
-    cpus_per_task: int = Field(1, le=4096, ge=1, description='CPU cores of each trajectory_shard job')
+TrajectoriesResources = job_resources(
+    "TrajectoriesResources", "trajectories.resources", "each trajectory_shard job", gpu=0, mem_mb=6000, runtime=60,
+    cpus_per_task=1, help={"gpu": "GPUs of each trajectory_shard job (profiles/slurm maps gpu to the A100 partition)"})
 
 
 

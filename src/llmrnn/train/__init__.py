@@ -81,7 +81,9 @@ def cmd_run(args) -> int:
     from llmrnn.errors import CheckFailed
     from llmrnn.train import config as tcfg
 
-    cfg = tcfg.settings(_cfg(args))
+    # --engine is part of the one parse: the section's rules and its derived values (the batch geometry) are
+    # those of the engine that runs
+    cfg = tcfg.settings({**_cfg(args), "engine": args.engine} if args.engine else _cfg(args))
     _require_endpoint(args)
     args.model = str(model_folder(args.model))
     work = Path(args.work_dir)
@@ -98,7 +100,7 @@ def cmd_run(args) -> int:
     tracking.prepare(cfg, work)  # train.report_to's trackers write into the run folder
     run_name = args.experiment or work.parent.name
     outputs = {"work_dir": str(work), "adapter_dir": args.adapter, "metrics_path": args.metrics}
-    engine = args.engine or cfg.engine
+    engine = cfg.engine
     if engine == "verl":  # here, in the job that holds the GPUs (preflight's step holds none)
         from llmrnn import gpu_stack
         from llmrnn.gpus import visible_gpus

@@ -124,8 +124,11 @@ def latest_checkpoint(ckpt_dir: Path, prune: bool = True) -> Path | None:
 
 # ----------------------------------------------------------------------------- pieces of a run
 def check_knobs(cfg: Train):
-    """The batch geometry TRL runs with; knobs TRL cannot honour are errors (or a warning for the estimator)."""
-    geo = tcfg.geometry(cfg, "trl")
+    """The batch geometry TRL runs with (the section's own: Train.geometry); knobs TRL cannot honour are errors
+    (or a warning for the estimator)."""
+    if cfg.engine != "trl":  # the geometry and the section's rules are the engine's: TRL's are those of engine trl
+        raise InputError(f"train.engine: {cfg.engine!r}, but the TRL engine was asked to run it (set train.engine: trl)")
+    geo = cfg.geometry
     if geo.problems:
         raise CheckFailed("train: " + "; ".join(geo.problems))
     if not cfg.kl.in_loss:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from llmrnn import io
 from llmrnn.errors import CheckFailed
+from llmrnn.lora_files import repair_alpha
 from llmrnn.merge.adapter import is_verl_engine_lora
 from llmrnn.safe_path import safe_path_env
 from llmrnn.settings.train import Train
@@ -67,21 +68,17 @@ def gather_lora_adapter(actor: Path, scratch: Path, python: str | None = None) -
 
 def fix_gathered_alpha(adapter: Path, actor: Path, cfg: Train) -> dict:
     """verl's merger takes r/lora_alpha from lora_train_meta.json and writes alpha 0 without it (0.7.1's copy
-    always does). An alpha of 0/None is set from lora_train_meta.json, else train.lora.alpha; the copy then
-    checks r/alpha against train.lora (check_adapter)."""
+    always does). An alpha of 0/None is set from lora_train_meta.json, else train.lora.alpha (the repair the
+    merge makes too: llmrnn.lora_files.repair_alpha); the copy then checks r/alpha against train.lora
+    (check_adapter)."""
     conf_path = adapter / "adapter_config.json"
-    conf = json.loads(conf_path.read_text(encoding="utf-8"))
-    written = conf.get("lora_alpha")
-    if written not in (0, None):
-        return {"merger_alpha": written, "alpha_fixed_from": None}
     meta_path = actor / "lora_train_meta.json"
     meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
-    alpha, source = (meta["lora_alpha"], "lora_train_meta.json") if meta.get("lora_alpha") else \
-        (cfg.lora.alpha, "train.lora.alpha")
-    conf["lora_alpha"] = alpha
-    io.write_text(conf_path, json.dumps(conf, indent=2) + "\n")
-    log.warning("verl: the gathered adapter says lora_alpha=%r; set to %s from %s", written, alpha, source)
-    return {"merger_alpha": written, "alpha_fixed_from": source}
+    conf, record = repair_alpha(json.loads(conf_path.read_text(encoding="utf-8")), f"verl: {adapter}",
+                                [("lora_train_meta.json", meta.get("lora_alpha")), ("train.lora.alpha", cfg.lora.alpha)])
+    if record["alpha_repaired"]:
+        io.write_text(conf_path, json.dumps(conf, indent=2) + "\n")
+    return {"merger_alpha": record["original_alpha"], "alpha_fixed_from": record["repaired_from"]}
 
 
 def copy_adapter(src: Path, dst: Path, cfg: Train) -> None:
