@@ -84,7 +84,7 @@ def trained_rows(cfg: dict, splits: dict, comparison: dict, train_summary: dict 
     """What was trained, and on whom it was measured, one (what, this run) row each."""
     sizes = splits.get("sizes") or {}
     ev, train = cfg.get("eval") or {}, cfg.get("train") or {}
-    held_out = (f"{_recall(comparison)['n_pairs']} held-out patients of the {sizes.get('test', '?')} in the test "
+    held_out = (f"{_recall(comparison)['n_pairs']} held-out patients of the {_count(sizes, 'test')} in the test "
                 f"split (eval.max_patients {ev.get('max_patients') or 'null: all'})")
     if ev.get("trained_model"):
         return [("trained model", (f"eval.trained_model {ev['trained_model']}: trained outside this run, so its "
@@ -103,9 +103,15 @@ def trained_rows(cfg: dict, splits: dict, comparison: dict, train_summary: dict 
         ("steps", steps),
         ("seeds", (f"one training seed (train.seed {train.get('seed')}): every interval here is over patients, "
                    "none over seeds")),
-        ("patients", f"{sizes.get('train', '?')} in training{prompts}, {sizes.get('val', '?')} in validation"),
+        ("patients", f"{_count(sizes, 'train')} in training{prompts}, {_count(sizes, 'val')} in validation"),
         ("evaluated on", held_out),
     ]
+
+
+def _count(sizes: dict, split: str) -> str:
+    """A split's patient count from splits.json ("?" where the file does not give it)."""
+    n = sizes.get(split)
+    return "?" if n is None else str(n)
 
 
 def next_steps(cfg: dict, comparison: dict, splits: dict) -> list[str]:
