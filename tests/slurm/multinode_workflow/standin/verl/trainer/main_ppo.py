@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 import ray
+from peft import LoraConfig, get_peft_model
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from transformers import AutoModelForCausalLM
 
 
 def hydra_str(value):
@@ -64,7 +66,10 @@ Path(os.environ["VERL_FILE_LOGGER_PATH"]).write_text(
 ckpt = Path(args["trainer.default_local_dir"])
 adapter = ckpt / f"global_step_{steps}" / "actor" / "lora_adapter"
 adapter.mkdir(parents=True, exist_ok=True)
-(adapter / "adapter_config.json").write_text(json.dumps({
-    "r": int(args["actor_rollout_ref.model.lora_rank"]), "lora_alpha": int(args["actor_rollout_ref.model.lora_alpha"]),
-    "peft_type": "LORA", "note": "written by the CPU stand-in, no weights"}))
+# An untrained LoRA of the configured shape, saved by PEFT as verl's checkpoint saves it: `llmrnn train run`
+# refuses an adapter without one LoRA tensor per targeted slot (an empty adapter is a silent no-op merge).
+targets = [t.strip(" '\"") for t in hydra_str(args["actor_rollout_ref.model.target_modules"]).strip("[]").split(",")]
+base = AutoModelForCausalLM.from_pretrained(hydra_str(args["actor_rollout_ref.model.path"]))
+get_peft_model(base, LoraConfig(r=int(args["actor_rollout_ref.model.lora_rank"]), target_modules=targets,
+                                lora_alpha=int(args["actor_rollout_ref.model.lora_alpha"]))).save_pretrained(adapter)
 (ckpt / "latest_checkpointed_iteration.txt").write_text(str(steps))
