@@ -89,15 +89,21 @@ def test_a_reward_that_keeps_memory_is_stopped_at_its_limit(tmp_path):
         proc.close()
 
 
+def _score_row_7_in_a_process(opener: str) -> subprocess.CompletedProcess:
+    """One row scored by the reward `opener` (a Python expression over llmrnn.reward.custom) opens, in a process
+    of its own: its stderr is the log the reward's output lands in."""
+    script = ("from llmrnn.reward import custom\n"
+              f"p = {opener}\n"
+              "print(p('row 7', data_source='d', solution_str='s', ground_truth='g', extra_info={}))\n"
+              "p.close()\n")
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+
+
 def test_the_reward_output_is_capped_in_the_log(tmp_path):
     """8 MB printed to stdout and stderr each: the log (this process's stderr) gets the first output_cap bytes
     and one line saying the rest was dropped."""
     path = _reward(tmp_path, "import os, sys\nprint('x' * 8_000_000)\nos.write(2, b'y' * 8_000_000)\nreturn 0.5")
-    script = ("import sys\nfrom llmrnn.reward import custom\n"
-              f"p = custom.load({str(path)!r})\n"
-              "print(p('row 7', data_source='d', solution_str='s', ground_truth='g', extra_info={}))\n"
-              "p.close()\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    done = _score_row_7_in_a_process(f"custom.load({str(path)!r})")
     assert done.returncode == 0 and done.stdout.strip() == "0.5", done.stderr[-2000:]
     assert custom.OUTPUT_CAP <= len(done.stderr) < custom.OUTPUT_CAP + 4096
     assert f"printed more than {custom.OUTPUT_CAP} bytes; the rest of its output is dropped" in done.stderr
@@ -146,11 +152,8 @@ def test_reward_custom_settings_bound_the_child_processes_and_memory(tmp_path):
 
 def test_reward_custom_max_output_bytes_caps_the_log(tmp_path):
     path = _reward(tmp_path, "import os\nos.write(2, b'y' * 50_000)\nreturn 0.5")
-    script = ("from llmrnn.reward import custom\n"
-              f"p = custom.open_custom(custom.custom_of({{'custom': {{'path': {str(path)!r}, 'max_output_bytes': 1000}}}}))\n"
-              "print(p('row 7', data_source='d', solution_str='s', ground_truth='g', extra_info={}))\n"
-              "p.close()\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    done = _score_row_7_in_a_process(
+        f"custom.open_custom(custom.custom_of({{'custom': {{'path': {str(path)!r}, 'max_output_bytes': 1000}}}}))")
     assert done.returncode == 0 and done.stdout.strip() == "0.5", done.stderr[-2000:]
     assert "y" * 1000 + "\n" in done.stderr and "y" * 1001 not in done.stderr
     assert "printed more than 1000 bytes; the rest of its output is dropped" in done.stderr
