@@ -12,6 +12,7 @@ from pathlib import Path
 from llmrnn import html_table, io
 from llmrnn.errors import InputError
 from llmrnn.provenance import code_identity
+from llmrnn.release.manifest import own_reward
 from llmrnn.reward import asks_judge
 from llmrnn.reward.custom import code_files
 
@@ -63,12 +64,11 @@ def reward_rows(cfg: dict, rubric: str | None) -> list[tuple[str, str]]:
     """The reward the run trained with and its code identity: your own reward's file by sha256, else the
     built-in reward's modules inside the training job's code identity."""
     reward = cfg.get("reward") or {}
-    custom = reward.get("custom") or {}
     code = f"the training job's code identity {training_code(cfg)} (the modules of llmrnn train run"
-    if custom.get("path"):
-        path = Path(custom["path"])
-        sha = io.sha256_file(path) if path.is_file() else "(the file is gone)"
-        return [("reward", f"your own: {custom.get('name') or 'compute_score'} in {path} (reward.custom; no judge)"),
+    own = own_reward(cfg)  # the card's and manifest's account of the same file
+    if own:
+        path, sha = own["path"], own["sha256"] or "(the file is gone)"
+        return [("reward", f"your own: {own['name']} in {path} (reward.custom; no judge)"),
                 ("reward code", f"{path}: sha256 {sha}; in {code} and that file)")]
     if not asks_judge({"reward": reward}):
         described = ("the outcome reward: the share of the next visit's diagnoses the memory names "
