@@ -13,6 +13,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
+from llmrnn import io
 from llmrnn.constants import VERL_MERGER
 from llmrnn.errors import CheckFailed
 from llmrnn.merge.adapter import AdapterSource
@@ -152,4 +153,4 @@ def _drop_from_index(path: Path, name: str, params: int, size: int) -> None:
     for key, less in (("total_size", size), ("total_parameters", params)):
         if isinstance(meta.get(key), int):
             meta[key] -= less
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    io.write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")  # atomic: a killed merge leaves the old index
