@@ -12,7 +12,7 @@ import pytest
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.qa.sft import settings, train_sft
-from llmrnn.train.trl_engine import check_adapter
+from llmrnn.train.outputs import check_adapter
 
 
 def _rows(n: int) -> list[dict]:

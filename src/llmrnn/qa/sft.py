@@ -18,7 +18,7 @@ from llmrnn.errors import CheckFailed, InputError
 from llmrnn.models import model_folder
 from llmrnn.settings.base import parse
 from llmrnn.settings.qa import QaSft
-from llmrnn.train.trl_engine import export_adapter
+from llmrnn.train.outputs import export_adapter
 
 log = logging.getLogger(__name__)
 

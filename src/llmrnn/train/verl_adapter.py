@@ -18,7 +18,7 @@ from llmrnn.merge.adapter import is_verl_engine_lora
 from llmrnn.safe_path import safe_path_env
 from llmrnn.settings.train import Train
 from llmrnn.train.lora_guard import check_adapter_dir
-from llmrnn.train.trl_engine import check_adapter
+from llmrnn.train.outputs import check_adapter
 
 log = logging.getLogger(__name__)
 

@@ -40,8 +40,8 @@ from llmrnn.train.metrics import (
     step_metrics,
     verl_rows,
 )
+from llmrnn.train.outputs import finish_metrics
 from llmrnn.train.stop import StopRequest, env_seconds
-from llmrnn.train.trl_engine import finish_metrics
 from llmrnn.train.verl_adapter import adapter_from_checkpoint
 
 log = logging.getLogger(__name__)
