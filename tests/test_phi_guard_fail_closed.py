@@ -398,11 +398,12 @@ def _base_like_llama32(tiny_model_dir: Path, root: Path, generation_config: bool
     return base
 
 
-def _as_verl_merger_writes(base: Path, bundle: Path) -> None:
+def _as_verl_merger_writes(base: Path, bundle: Path, eos_token_id: int | None = None) -> None:
     """A full fine-tune's merged folder as `llmrnn merge run` leaves what verl's model merger wrote (the e2e
-    test below runs the real merger): config.json with the token ids verl's actor set from the tokenizer and
-    dtype bfloat16, the base's generation config, every tensor in bfloat16 (the merger's copy of the tied output
-    embedding dropped: tests/test_merge.py)."""
+    test below runs the real merger): config.json with the token ids verl's actor set from the tokenizer
+    (`eos_token_id`: the eos verl's hf_tokenizer made, when not the tokenizer's own) and dtype bfloat16, the
+    base's generation config, every tensor in bfloat16 (the merger's copy of the tied output embedding
+    dropped: tests/test_merge.py)."""
     import shutil
 
     import torch
@@ -412,7 +413,8 @@ def _as_verl_merger_writes(base: Path, bundle: Path) -> None:
     bundle.mkdir()
     tok = AutoTokenizer.from_pretrained(base)
     cfg = json.loads((base / "config.json").read_text())
-    cfg.update(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, dtype="bfloat16")
+    cfg.update(eos_token_id=tok.eos_token_id if eos_token_id is None else eos_token_id,
+               pad_token_id=tok.pad_token_id, dtype="bfloat16")
     (bundle / "config.json").write_text(json.dumps(cfg, indent=2))
     tensors = {k: v.to(torch.bfloat16) for k, v in load_file(base / "model.safetensors").items()}
     save_file(tensors, bundle / "model.safetensors", metadata={"format": "pt"})
@@ -457,19 +459,30 @@ def test_a_verl_full_fine_tune_merged_by_verls_own_merger_releases(tiny_model_di
     (tests/verl/full_finetune_checkpoint.py), `llmrnn merge run` on it in the verl venv (verl's own
     `python -m verl.model_merger`), then the release: the merge check names the writer and the dtype it saved
     at, and the bundle is accounted for file by file and released."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    base = _base_like_llama32(tiny_model_dir, tmp_path, generation_config)
+    merged = _verl_full_fine_tune_merged(base, tmp_path)
+    written = json.loads((merged / "config.json").read_text())
+    assert written["eos_token_id"] != json.loads((base / "config.json").read_text())["eos_token_id"]
+    receipt = _release_merged_by_verl(merged, tmp_path)
+    assert receipt["phi_guard"]["ok"] and "model.safetensors" in receipt["files"], receipt["phi_guard"]["findings"]
+
+
+def _verl_full_fine_tune_merged(base: Path, tmp_path: Path, attn: str = "sdpa") -> Path:
+    """tmp_path/merged: an actor checkpoint as verl 0.7.1's FSDP actor leaves it for `base`
+    (tests/verl/full_finetune_checkpoint.py, its actor attention `attn`), merged by `llmrnn merge run` in the
+    verl venv (verl's own `python -m verl.model_merger`); its merge check is tmp_path/merge_check.json."""
     import os
 
     from llmrnn.constants import VERL_MERGER
     from tests.conftest import REPO
     from tests.test_train_verl import verl_python
 
-    monkeypatch.delenv("HF_TOKEN", raising=False)
     py = verl_python("0.7.1")
-    base = _base_like_llama32(tiny_model_dir, tmp_path, generation_config)
     actor = tmp_path / "checkpoints" / "global_step_1" / "actor"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     for cmd in ([str(py), str(REPO / "tests" / "verl" / "full_finetune_checkpoint.py"), "--base", str(base),
-                 "--out", str(actor)],
+                 "--out", str(actor), "--attn", attn],
                 [str(py), "-c", "from llmrnn.cli import main; raise SystemExit(main())", "merge", "run",
                  "--base", str(base), "--adapter", str(actor.parent), "--out", str(tmp_path / "merged"),
                  "--check", str(tmp_path / "merge_check.json"), "--cfg", "{}"]):
@@ -478,9 +491,128 @@ def test_a_verl_full_fine_tune_merged_by_verls_own_merger_releases(tiny_model_di
     check = json.loads((tmp_path / "merge_check.json").read_text())
     assert check["source_kind"] == "verl_fsdp_full" and check["written_by"] == VERL_MERGER, check
     assert check["dtype"] == "bfloat16"
-    written = json.loads((tmp_path / "merged" / "config.json").read_text())
-    assert written["eos_token_id"] != json.loads((base / "config.json").read_text())["eos_token_id"]
-    inputs = _with_note_header(make_inputs(tmp_path / "run", tmp_path / "merged"))
-    io.write_json(inputs["merge_check"], check)  # the real check: its `base` is the base the merge used
-    receipt = _release(inputs, tmp_path / "run" / "release")
+    return tmp_path / "merged"
+
+
+def _release_merged_by_verl(merged: Path, tmp_path: Path) -> dict:
+    """The release of a folder _verl_full_fine_tune_merged left, with its real merge check (its `base` the base
+    the merge used)."""
+    inputs = _with_note_header(make_inputs(tmp_path / "run", merged))
+    io.write_json(inputs["merge_check"], json.loads((tmp_path / "merge_check.json").read_text()))
+    return _release(inputs, tmp_path / "run" / "release")
+
+
+# ----------------------------------------------------------------------------- a Gemma-2 base: a list of eos ids
+# google/gemma-2-2b-it stops on [1, 107] (<eos>, <end_of_turn>) in config.json and generation_config.json; its
+# tokenizer's eos is 1. verl's hf_tokenizer, for a model path naming gemma-2-2b-it, makes the eos <end_of_turn>
+# (107), and its actor sets that on the model config; the merger writes the base's generation config as it is.
+END_OF_TURN = 107
+
+
+def _gemma2_base(tiny_gemma2_dir: Path, root: Path, name: str) -> Path:
+    """The tiny Gemma-2 prepared as resources/models/<name> is."""
+    import shutil
+
+    base = root / "resources" / "models" / name
+    shutil.copytree(tiny_gemma2_dir, base)
+    return base
+
+
+def _gemma2_findings(bundle: Path, base: Path, splits: list[Path]) -> list[str]:
+    from llmrnn.constants import VERL_MERGER
+
+    return phi_guard.scan_bundle(bundle, splits, base=base, saved_dtype="bfloat16",
+                                 written_by=VERL_MERGER)["findings"]
+
+
+@pytest.mark.parametrize(("name", "eos"), [("gemma-2-2b-it", END_OF_TURN), ("gemma-2-2b-it", 1), ("gemma2", 1)],
+                         ids=["named-gemma-2-2b-it-end-of-turn", "named-gemma-2-2b-it-eos", "named-otherwise-eos"])
+def test_the_eos_verls_tokenizer_sets_on_a_gemma2_base_is_accounted_for(tiny_gemma2_dir, tmp_path,
+                                                                       splits_with_header, name, eos):
+    """A Gemma-2 full fine-tune as verl's merger writes it: config.json's eos is the one verl's hf_tokenizer
+    loaded (<end_of_turn> where the model path names gemma-2-2b-it, else the tokenizer's <eos>; the release may
+    see the path spelled otherwise than training did, so both under that name), generation_config.json the
+    base's, its list of eos ids in the base's order."""
+    base = _gemma2_base(tiny_gemma2_dir, tmp_path, name)
+    bundle = tmp_path / "bundle"
+    _as_verl_merger_writes(base, bundle, eos)
+    assert json.loads((bundle / "generation_config.json").read_text())["eos_token_id"] == [1, END_OF_TURN]
+    assert _gemma2_findings(bundle, base, splits_with_header) == []
+
+
+def test_an_eos_verl_sets_only_under_gemma2s_name_is_refused_under_another(tiny_gemma2_dir, tmp_path,
+                                                                          splits_with_header):
+    """verl corrects the eos by the model path's name only: a base prepared under another name trains with the
+    tokenizer's eos, so <end_of_turn> as config.json's eos is a value nobody set there."""
+    base = _gemma2_base(tiny_gemma2_dir, tmp_path, "gemma2")
+    bundle = tmp_path / "bundle"
+    _as_verl_merger_writes(base, bundle, END_OF_TURN)
+    assert _gemma2_findings(bundle, base, splits_with_header) == [
+        "config.json: the value of `eos_token_id` is not the base model's and no setting made it; refused"]
+
+
+@pytest.mark.parametrize(("name", "eos", "finding"), [
+    ("generation_config.json", [1, END_OF_TURN, int(MRN)], "the value of `eos_token_id`"),
+    ("generation_config.json", [END_OF_TURN, 1], "the value of `eos_token_id`"),  # not the order the base has
+    ("generation_config.json", [1], "the value of `eos_token_id`"),
+    ("config.json", [1, END_OF_TURN, int(MRN)], "the value of `eos_token_id`"),
+    ("config.json", int(MRN), "the value of `eos_token_id`"),
+    ("config.json", [1, END_OF_TURN], None),  # the base's own config.json value
+], ids=["gen-extra-id", "gen-reordered", "gen-shortened", "config-extra-id", "config-mrn", "config-base-list"])
+def test_a_list_of_eos_ids_is_accounted_for_only_as_the_base_and_verl_write_it(tiny_gemma2_dir, tmp_path,
+                                                                               splits_with_header, name, eos,
+                                                                               finding):
+    """Beside the honest Gemma-2 bundle (verl's eos in config.json, the base's list in generation_config.json),
+    an eos list with an id nobody set, or the base's ids in another order or fewer, is refused, the file named;
+    the base's own list in config.json is the base's value."""
+    base = _gemma2_base(tiny_gemma2_dir, tmp_path, "gemma-2-2b-it")
+    bundle = tmp_path / "bundle"
+    _as_verl_merger_writes(base, bundle, END_OF_TURN)
+    assert _gemma2_findings(bundle, base, splits_with_header) == []
+    data = json.loads((bundle / name).read_text())
+    (bundle / name).write_text(json.dumps({**data, "eos_token_id": eos}, indent=2))
+    expected = [] if finding is None else [f"{name}: {finding} is not the base model's and no setting made it; refused"]
+    assert _gemma2_findings(bundle, base, splits_with_header) == expected
+
+
+def test_a_gemma2_release_refuses_an_unexplained_eos_id_in_one_line(tiny_gemma2_dir, tmp_path, monkeypatch):
+    """The release stage itself: the honest Gemma-2 bundle verl's merger writes releases; with an MRN added to
+    generation_config.json's eos list it stops in one line that names the file and not the value."""
+    from llmrnn.constants import VERL_MERGER
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    base = _gemma2_base(tiny_gemma2_dir, tmp_path, "gemma-2-2b-it")
+    bundle = tmp_path / "bundle"
+    _as_verl_merger_writes(base, bundle, END_OF_TURN)
+
+    def inputs_for(root: Path) -> dict:
+        inputs = _with_note_header(make_inputs(root, bundle))
+        check = {**json.loads(inputs["merge_check"].read_text()), "base": str(base), "dtype": "bfloat16",
+                 "source_kind": "verl_fsdp_full", "written_by": VERL_MERGER}
+        io.write_json(inputs["merge_check"], check)
+        return inputs
+
+    receipt = _release(inputs_for(tmp_path / "run"), tmp_path / "run" / "release")
+    assert receipt["phi_guard"]["ok"], receipt["phi_guard"]["findings"]
+    gen = json.loads((bundle / "generation_config.json").read_text())
+    (bundle / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [1, END_OF_TURN, int(MRN)]}))
+    message = _refused(inputs_for(tmp_path / "run2"), tmp_path / "run2",
+                       r"generation_config\.json: the value of `eos_token_id` is not the base model's")
+    assert "107" not in message and "[1" not in message, message
+
+
+@pytest.mark.verl
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_gemma2_full_fine_tune_merged_by_verls_own_merger_releases(tiny_gemma2_dir, tmp_path, monkeypatch):
+    """The honest Gemma-2 full fine-tune end to end, the base prepared as resources/models/gemma-2-2b-it: verl's
+    own tokenizer makes the eos <end_of_turn>, its merger writes that in config.json and the base's list of eos
+    ids in generation_config.json, and the release accounts for both (the actor runs eager attention: Gemma-2
+    has no sdpa in transformers 5)."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    base = _gemma2_base(tiny_gemma2_dir, tmp_path, "gemma-2-2b-it")
+    merged = _verl_full_fine_tune_merged(base, tmp_path, attn="eager")
+    assert json.loads((merged / "config.json").read_text())["eos_token_id"] == END_OF_TURN
+    assert json.loads((merged / "generation_config.json").read_text())["eos_token_id"] == [1, END_OF_TURN]
+    receipt = _release_merged_by_verl(merged, tmp_path)
     assert receipt["phi_guard"]["ok"] and "model.safetensors" in receipt["files"], receipt["phi_guard"]["findings"]

@@ -1,7 +1,8 @@
 """Runs INSIDE a verl venv: writes the actor folder of a verl FSDP FULL fine-tune (no LoRA) of a base model, as
 verl's FSDP actor and its checkpoint manager leave it, for verl's own model merger to gather.
 
-    .venv-verl-X/bin/python tests/verl/full_finetune_checkpoint.py --base DIR --out CHECKPOINTS/global_step_1/actor
+    .venv-verl-X/bin/python tests/verl/full_finetune_checkpoint.py --base DIR --out CHECKPOINTS/global_step_1/actor \
+        [--attn sdpa|eager]
 
 What is verl's own: the tokenizer (verl.utils.tokenizer.hf_tokenizer: pad = eos where the tokenizer has none)
 and the config the actor trains with (verl.utils.model.update_model_config with the bos/eos/pad token ids,
@@ -23,6 +24,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True)
     ap.add_argument("--out", required=True)
+    # train.verl.attn_implementation: sdpa where flash-attn is absent; eager for a base sdpa does not run
+    # (Gemma-2 in transformers 5)
+    ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
     args = ap.parse_args()
 
     import torch
@@ -30,7 +34,7 @@ def main() -> int:
     from verl.utils.model import update_model_config
     from verl.utils.tokenizer import hf_tokenizer
 
-    attn = "sdpa"  # what our override_config names where flash-attn is absent
+    attn = args.attn  # what our override_config names (train.verl.attn_implementation)
     tokenizer = hf_tokenizer(args.base)
     config = AutoConfig.from_pretrained(args.base, attn_implementation=attn)
     update_model_config(config, override_config_kwargs={

@@ -8,7 +8,9 @@ must be, not searched for what it might hide.
 - config.json and generation_config.json: every key and value the base's, or what transformers writes again
   from the base's config, or what a setting made (the dtype the merge saved at, the transformers version),
   or what the writer the merge check names set (`written_by`: verl's model merger, for a full fine-tune,
-  sets the token ids from the base's tokenizer); a value nobody set is refused;
+  sets config.json's token ids from the base's tokenizer as verl loads it, a Gemma-2 base's eos as
+  <end_of_turn>, and writes the base's generation config as it is, a list of eos ids in its order); a value
+  nobody set is refused;
 - the card (README.md) and manifest (MANIFEST.json): byte-identical to what the release stage writes from the
   run's records (`expected`);
 - anything else (another name, a folder, a link, a fifo) is refused.
@@ -199,22 +201,41 @@ def _read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def writer_token_ids(base: Path, written_by: str | None) -> dict[str, Any]:
-    """The config values the bundle's writer sets beyond transformers' rewrite of the base's: verl's actor sets
-    bos/eos/pad_token_id on the model config from the base's tokenizer (verl 0.7.1 fsdp_workers, 0.9.1
-    workers/config/model.py; its hf_tokenizer pads with the eos token where the tokenizer has no pad token),
-    its checkpoint saves that config and its model merger writes it again. None for any other writer."""
+# verl's hf_tokenizer (0.7.1 verl/utils/tokenizer.py, 0.9.1 verl/utils/tokenizer/tokenizer.py): for a model path
+# that names gemma-2-2b-it it loads the tokenizer with eos_token <end_of_turn> (id 107 in Gemma-2), not the
+# tokenizer's own <eos> (1), and its actor sets that eos id on the model config
+VERL_GEMMA2_PATH = "gemma-2-2b-it"
+VERL_GEMMA2_EOS = {"eos_token": "<end_of_turn>", "eos_token_id": 107}
+
+
+def writer_token_ids(base: Path, written_by: str | None) -> list[dict[str, Any]]:
+    """The config values the bundle's writer sets beyond transformers' rewrite of the base's, one dict per way
+    the writer may have set them ([] for any other writer): verl's actor sets bos/eos/pad_token_id on the
+    model config from the tokenizer verl.utils.hf_tokenizer loads from the base (verl 0.7.1 fsdp_workers,
+    0.9.1 workers/config/model.py; it pads with the eos token where the tokenizer has no pad token), its
+    checkpoint saves that config and its model merger writes it again (base_model_merger.py
+    save_hf_model_and_tokenizer). Where the base's path names gemma-2-2b-it, hf_tokenizer's Gemma-2 correction
+    may have made the eos <end_of_turn> (VERL_GEMMA2_EOS): both are the writer's (the path training named may
+    be spelled otherwise than the release's, relative or resolved), nothing else is."""
     if written_by != VERL_MERGER:
-        return {}
+        return []
     from transformers import AutoTokenizer
 
-    try:
-        tok = AutoTokenizer.from_pretrained(base, local_files_only=True)
-    except Exception:  # noqa: BLE001 - a tokenizer that does not load sets nothing we can account for
-        return {}
-    eos = tok.eos_token_id
-    return {"bos_token_id": tok.bos_token_id, "eos_token_id": eos,
-            "pad_token_id": eos if tok.pad_token_id is None else tok.pad_token_id}
+    spellings = [{}]
+    if any(VERL_GEMMA2_PATH in str(p) for p in (base, base.resolve())):
+        spellings.append(VERL_GEMMA2_EOS)
+    out: list[dict[str, Any]] = []
+    for kwargs in spellings:
+        try:
+            tok = AutoTokenizer.from_pretrained(base, local_files_only=True, **kwargs)
+        except Exception:  # noqa: BLE001, S112 - a tokenizer that does not load sets nothing we can account for
+            continue
+        eos = tok.eos_token_id
+        ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": eos,
+               "pad_token_id": eos if tok.pad_token_id is None else tok.pad_token_id}
+        if ids not in out:
+            out.append(ids)
+    return out
 
 
 def _rewritten_configs(base: Path, made: dict[str, Any] | None = None) -> tuple[dict, dict]:
@@ -287,13 +308,15 @@ def account(bundle: Path, entries: list[tuple[int, str]], total: int, base: Path
     """(findings as (where, what), the card/manifest files left to scan as text because no expected bytes were
     given) for the regular files `entries` ((position, relative path)) of the `total` entries of `bundle`;
     `written_by`: the writer of the merged folder other than our PEFT merge (VERL_MERGER), whose own values
-    are accounted for (writer_token_ids)."""
+    are accounted for (writer_token_ids: any one of the ways it may have set them, the same for both configs)."""
     findings: list[tuple[str, str]] = []
     to_scan: list[str] = []
     weights = [rel for _, rel in entries if kind_of(rel) == "weights"]
     if base is not None and not (base / CONFIG).is_file():
         return [("base model", "the base model folder to compare the bundle with has no config.json; refused")], []
-    made = writer_token_ids(base, written_by) if base is not None else {}
+    # the ways the writer may have set the token ids ([{}]: none): config.json and generation_config.json
+    # (sorted, config.json first) are accounted for together, under a way both agree with
+    ways = (writer_token_ids(base, written_by) if base is not None else []) or [{}]
     for n, rel in entries:
         kind = kind_of(rel)
         if kind is None:
@@ -316,9 +339,13 @@ def account(bundle: Path, entries: list[tuple[int, str]], total: int, base: Path
             elif ref.read_bytes() != path.read_bytes():
                 findings.append((rel, "not byte-identical to the base model's prepared copy; refused"))
         else:
-            why = (check_weights_index(path, weights) if kind == "weights index"
-                   else check_config(path, base, rel, saved_dtype, made) if kind in ("config", "generation config")
-                   else None)  # weights: all files together, below
+            why = None  # weights: all files together, below
+            if kind == "weights index":
+                why = check_weights_index(path, weights)
+            elif kind in ("config", "generation config"):
+                whys = [check_config(path, base, rel, saved_dtype, made) for made in ways]
+                agree = [made for made, w in zip(ways, whys, strict=True) if w is None]
+                ways, why = (agree, None) if agree else (ways, whys[0])
             if why:
                 findings.append((rel, why))
     if base is not None and weights:
