@@ -169,6 +169,8 @@ READER_CASES = {
     "a short row": NOTE_HEADER + b"a,1,2,DS,1,,,x\nb,1,3,DS\n",
     "a NUL in a column the build does not read": NOTE_HEADER + b"a,1,2,DS,1,\x00,,x\n",
     "not UTF-8 in the second block": NOTE_HEADER + b"a,1,2,DS,1,,,x\n" * 3 + b'b,1,3,DS,2,,,"caf\xe9"\n',
+    "a quote left open in the last note": NOTE_HEADER + b'a,1,2,DS,1,,,"x\n"\n' * 3 + b'b,1,3,DS,2,,,"y\n',
+    "a quote left open, then notes": NOTE_HEADER + b'a,1,2,DS,1,,,"x\nb,1,3,DS,2,,,"y\n"\n' * 3,
 }
 
 
@@ -204,3 +206,18 @@ def test_well_formed_notes_are_read_by_arrow_alone(tmp_path, monkeypatch):
     monkeypatch.setattr(tables, "csv_rows", lambda *a, **k: pytest.fail("handed over to csv_rows"))
     got = list(tables.rows(path, "discharge"))
     assert got == expected and got[0][1]["text"] == 'line1\r\nline2 q \u00e9'
+
+
+def test_notes_ending_in_a_line_break_are_read_by_arrow_alone(tmp_path, monkeypatch):
+    """MIMIC-IV-Note's notes end in a line break: a batch whose last note does is no quote left open (only
+    the file's last batch can hold one), so the fast path reads every block of such a file."""
+    from llmrnn.mimic import tables
+
+    monkeypatch.setattr(tables, "ARROW_BLOCK", 128)  # several blocks, each ending in such a note (the header fits)
+    path = tmp_path / "discharge.csv.gz"
+    path.write_bytes(gzip.compress(NOTE_HEADER + b"".join(
+        b'n%d,1,%d,DS,1,,,"Followup Instructions:\n___\n"\n' % (i, i) for i in range(8))))
+    expected = list(tables.csv_rows(path, "discharge"))
+    monkeypatch.setattr(tables, "csv_rows", lambda *a, **k: pytest.fail("handed over to csv_rows"))
+    got = list(tables.rows(path, "discharge"))
+    assert got == expected and len(got) == 8 and got[7][1]["text"] == "Followup Instructions:\n___\n"

@@ -307,18 +307,19 @@ def _count_withheld(stop_line: str, rest: str, section: str, withheld: Counter) 
     kind = _part_kind(found[0]) if found is not None else "other"
     kind = "unplaced" if kind == "other" else kind
     withheld[f"{section}:{kind}"] += 1
-    explained_at = None if kind == "unplaced" else 0
-    for m in _REST_LABEL.finditer("\n" + rest):  # positions in rest: one less
-        k = _part_kind(m.group(1))
-        if k == "other":
-            continue
-        if explained_at is None:
-            explained_at = m.start()
+    unplaced = kind == "unplaced"
+    # the labels by findall, no match object each (a withheld rest has a label on every line of a problem list)
+    named = [k for k in map(_part_kind, _REST_LABEL.findall("\n" + rest)) if k != "other"]
+    for k in named:
         if k != kind:
             withheld[f"{section}:{k}"] += 1
         kind = k
-    if explained_at != 0:
-        withheld[f"{section}:unplaced_lines"] += 1 + _nonblank(rest[:explained_at])
+    if unplaced:
+        # where the first label that names a kind starts (positions in "\n" + rest: its newline, the line's start in rest)
+        explained_at = next(m.start() for m in _REST_LABEL.finditer("\n" + rest)
+                            if _part_kind(m.group(1)) != "other") if named else None
+        if explained_at != 0:
+            withheld[f"{section}:unplaced_lines"] += 1 + _nonblank(rest[:explained_at])
 
 
 def admission_part(body: str, withheld: Counter | None = None, section: str = "physical_exam") -> str:

@@ -218,19 +218,23 @@ def split_note(text: str) -> SplitNote:
     # (line start, content start, end, key, canonical, template wording, alone on its line) of each label line;
     # a line without a colon counts only where it is a known header (`Brief Hospital Course`)
     matches = []
-    for m in _LABEL_LINE.finditer(text):
-        rest = m.group(2)
-        label = _label(m.group(1))
-        if rest is None and label[1] is None:
-            continue
-        matches.append((m.start() + 1, m.end() if rest is None else m.start(2), m.end(), *label,
-                        rest is None or not rest or rest.isspace()))
     # where a template wording of each section stands alone on its line: a loose wording, or a label with
-    # text after it, before that yields to it (narrative)
+    # text after it, before that yields to it (narrative); found in the same pass (a note has some 40 labels)
     template_at: dict[str, int] = {}
-    for at, _, _, _, canonical, template, alone in matches:
+    for m in _LABEL_LINE.finditer(text):
+        label_text, rest = m.groups()
+        norm, canonical, template = _label(label_text)
+        at, end = m.span()
+        at += 1
+        if rest is None:
+            if canonical is None:
+                continue
+            content, alone = end, True
+        else:
+            content, alone = m.start(2), not rest or rest.isspace()
         if canonical and template and alone:
             template_at[canonical] = at
+        matches.append((at, content, end, norm, canonical, template, alone))
     parts: list[tuple[str, int, int]] = []  # (canonical, content start, header start)
     current, seen = "_header", set()
     for at, content, end, norm, canonical, template, alone in matches:
@@ -254,11 +258,10 @@ def split_note(text: str) -> SplitNote:
             out.unknown_headers += 1
             parts.append(("_unknown", end, at))
             current = "_unknown"
-    bounds = [(p[0], p[1], parts[i + 1][2] if i + 1 < len(parts) else len(text)) for i, p in enumerate(parts)]
-    for canonical, start, end in bounds:
-        if canonical.startswith("_"):
-            continue
-        out.sections[canonical] = text[start:end].strip()
+    # each part ends where the next one's header starts
+    for (canonical, start, _), (_, _, end) in zip(parts, [*parts[1:], (None, None, len(text))]):
+        if canonical[0] != "_":
+            out.sections[canonical] = text[start:end].strip()
     for name in ADMISSION_AND_DISCHARGE:
         if name in out.sections:
             out.full[name] = out.sections[name]
