@@ -288,7 +288,8 @@ def test_verl_ray_workers_get_the_metrics_path_reward_env_and_umask_without_the_
     proc = subprocess.run(
         [str(python), str(REPO / "tests" / "verl" / "ray_env.py"), "--overrides", str(tmp_path / "overrides.json"),
          "--probe-dir", str(probe_dir), "--names", ",".join(names)],
-        capture_output=True, text=True, env=clean, timeout=600, check=False)
+        # a local Ray starts six Python processes: 20 s on a quiet machine, 374 s measured at load 9 on 2 cores
+        capture_output=True, text=True, env=clean, timeout=1200, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["env"] == {k: env.get(k) for k in names if k != "WANDB_API_KEY"} | {"WANDB_API_KEY": None}, report
@@ -311,20 +312,32 @@ def gpu_lock_python() -> Path:
     return venv / "bin" / "python"
 
 
+def gpu_lock_env() -> dict:
+    return dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error",
+                PYTHONPATH=str(REPO))
+
+
+@pytest.fixture(scope="module")
+def gpu_lock_tiny_model(tmp_path_factory) -> Path:
+    """The tiny model saved by the lock's transformers 4.57 (a 5.x tokenizer file names a class 4.57 lacks);
+    built once for the module (one interpreter start with torch and transformers 4.57)."""
+    python = gpu_lock_python()
+    model = tmp_path_factory.mktemp("gpu-lock") / "tiny-llama"
+    subprocess.run([str(python), "-c", f"from tests.tiny_model import build_tiny_model; build_tiny_model({str(model)!r})"],
+                   env=gpu_lock_env(), check=True, capture_output=True, timeout=300)
+    return model
+
+
 @pytest.mark.verl
 @pytest.mark.parametrize("rendered", [True, False], ids=["rendered", "verl-defaults"])
-def test_actor_loads_the_way_verl_071_loads_it_in_the_locked_gpu_venv(rendered, tmp_path):
+def test_actor_loads_the_way_verl_071_loads_it_in_the_locked_gpu_venv(rendered, tmp_path, gpu_lock_tiny_model):
     """verl 0.7.1 composes the model settings (ours, or its own defaults when our two attention overrides
     are left out); the locked GPU venv (transformers 4.57, no flash-attn) then loads the actor exactly as
     verl's FSDP worker does (tests/verl/load_actor.py). verl's defaults (flash_attention_2 + remove padding)
     fail there with ImportError; the rendered ones load and run a forward pass."""
     python = gpu_lock_python()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error",
-               PYTHONPATH=str(REPO))
-    # the tiny model saved by the lock's transformers 4.57 (a 5.x tokenizer file names a class 4.57 lacks)
-    model = tmp_path / "tiny-llama"
-    subprocess.run([str(python), "-c", f"from tests.tiny_model import build_tiny_model; build_tiny_model({str(model)!r})"],
-                   env=env, check=True, capture_output=True, timeout=300)
+    env = gpu_lock_env()
+    model = gpu_lock_tiny_model
     proc = check("0.7.1", tmp_path, model, REFERENCE, drop=() if rendered else ATTN_OVERRIDES)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])

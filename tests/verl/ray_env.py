@@ -34,7 +34,12 @@ def main() -> int:
     config = composed(args.overrides)
     captured = ray_init_arguments(config)
     kwargs = dict(captured)
-    kwargs.update(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    # The harness's own settings, never verl's (those are `captured`, reported as they are): on a loaded 2-core
+    # CI machine a Ray worker can take over Ray's default 60 s to register, and Ray then kills and restarts it
+    # without end (CI hung here for 600 s once). A long registration wait and a bounded ray.get turn that
+    # into a slow pass or one clear error.
+    kwargs.update(num_cpus=1, include_dashboard=False, log_to_driver=False,
+                  _system_config={"worker_register_timeout_seconds": 420})
     ray.init(**kwargs)
     names = args.names.split(",")
 
@@ -45,7 +50,7 @@ def main() -> int:
         return {"env": {n: os.environ.get(n) for n in names}, "mode": oct(os.stat(path).st_mode & 0o777)}
 
     try:
-        seen = ray.get(probe.remote(os.path.join(args.probe_dir, "rollout.jsonl")))
+        seen = ray.get(probe.remote(os.path.join(args.probe_dir, "rollout.jsonl")), timeout=480)
     finally:
         ray.shutdown()
     print(json.dumps({"runtime_env": captured.get("runtime_env"), **seen}, default=str))
