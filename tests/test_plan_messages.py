@@ -41,11 +41,11 @@ def test_a_changed_config_is_named_in_config_keys(workflow, tmp_path):
     run = workflow / "results" / "demo"
     write_run_config(run / "config.yaml", resolve(layers)[0], layers)
     (workflow / "steps.yaml").write_text((workflow / "config" / "config.yaml").read_text()
-                                         .replace("total_steps: 8", "total_steps: 5"))
+                                         .replace("total_steps: 4", "total_steps: 5"))
     proc = _dry_run(workflow, "--configfile", "steps.yaml")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "config keys changed since results/demo/config.yaml was written (1;" in proc.stderr
-    assert "train.total_steps: 8 (" in proc.stderr and "config.yaml) -> 5 (steps.yaml)" in proc.stderr
+    assert "train.total_steps: 4 (" in proc.stderr and "config.yaml) -> 5 (steps.yaml)" in proc.stderr
     assert "llmrnn config diff results/demo/config.yaml steps.yaml" in proc.stderr
     same = _dry_run(workflow)
     assert "config keys changed" not in same.stderr

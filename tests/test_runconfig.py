@@ -119,6 +119,8 @@ NEUTRAL_DEFAULTS = {
     "qa.reward.weights.exact_match": "the qa recipe's own reward", "qa.reward.weights.format": "the qa recipe's own reward",
     "qa.reward.weights.judge": "off: no judge unless asked",
     "release.license": "the default open model's licence; the package's release defaults agree",
+    **{f"roles.{role}.dtype": "float32 runs on every CPU; the demo names it so its numbers are the same on each"
+       for role in ("prediction", "evaluation", "memory")},
 }
 
 
@@ -158,7 +160,7 @@ def test_config_show_prints_each_value_with_its_source(in_repo, capsys):
     assert not any("config/config.yaml" in line for line in lines)
     # no file named: the embedded demo, as `snakemake` without --configfile
     assert main(["config", "show"]) == 0
-    assert "train.total_steps: 8  # config/config.yaml" in capsys.readouterr().out
+    assert "train.total_steps: 4  # config/config.yaml" in capsys.readouterr().out
 
 
 def test_config_show_yaml_is_a_complete_config_that_resolves_the_same(in_repo, tmp_path, capsys):
@@ -179,7 +181,7 @@ def test_crossing_recipes_is_one_line_from_the_cli(in_repo, capsys):
 def test_config_diff_of_two_files(in_repo, capsys):
     assert main(["config", "diff", "config/config.yaml", "config/reproduce.yaml"]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert 'train.total_steps: 8 (config/config.yaml) -> null (schema default)' in lines
+    assert 'train.total_steps: 4 (config/config.yaml) -> null (schema default)' in lines
     assert 'train.lr: 0.0002 (config/config.yaml) -> 3e-06 (config/reproduce.yaml)' in lines
     assert any(line.startswith("models.llama-3.2-3b-instruct.repo_id: (absent) -> ") for line in lines)
     assert main(["config", "diff", "config/reproduce.yaml", "config/reproduce.yaml"]) == 0
@@ -228,16 +230,16 @@ def test_a_run_writes_its_effective_config_and_named_files_replace_the_demo(work
     config, sources = doc["config"], doc["sources"]
     assert (config["run_name"], sources["run_name"]) == ("cfgtest", "--config")
     assert (config["cohort"]["synthetic"]["patients"], sources["cohort"]["synthetic"]["patients"]) == (24, str(over.name))
-    assert (config["train"]["total_steps"], sources["train"]["total_steps"]) == (8, "config/config.yaml")
+    assert (config["train"]["total_steps"], sources["train"]["total_steps"]) == (4, "config/config.yaml")
     assert sources["eval"]["patient_seed"] == runconfig.SCHEMA_DEFAULT
-    # a file named alone is all there is: no demo value (total_steps 8, max_visits 4) in its plan
+    # a file named alone is all there is: no demo value (total_steps 4, max_visits 4) in its plan
     # (split sizes named too: the schema's reference sizes, 100/100, leave 24 patients no test split)
     _write(workflow_dir / "alone.yaml", {"cohort": {"synthetic": {"patients": 24}},
                                          "split": {"val_size": 4, "train_size": 12}})
     plan = snakemake(workflow_dir, "-n", "-p", "all", "--configfile", "alone.yaml", "--config", "run_name=alone",
                      check=False)
     assert plan.returncode == 0, plan.stderr[-3000:]
-    assert '"total_steps": 8' not in plan.stdout and '"max_visits": 4' not in plan.stdout
+    assert '"total_steps": 4' not in plan.stdout and '"max_visits": 4' not in plan.stdout
     assert '"total_steps": null' in plan.stdout
     assert not (workflow_dir / "results/alone").exists()  # a dry run writes nothing
     # crossing recipes stops the parse with the one line
