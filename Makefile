@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-llmrnn
 TORCH_INDEX ?=
 RUNENV := PATH=$(CURDIR)/$(BIN):$$PATH OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 
-.PHONY: venv demo test test-e2e lint report clean-results
+.PHONY: venv demo test test-e2e test-full lint report clean-results
 
 venv: $(STAMP)
 
@@ -37,19 +37,28 @@ demo: $(STAMP)
 # shared fixture is built once); the e2e tier runs every test of the one local SLURM cluster in one process, one
 # after another (they take its nodes down, count its jobs and Ray processes), beside the rest spread over
 # E2E_WORKERS processes the same way (the rerun table's two baseline runs are two files: two workers at once).
+# `make test-full`: the tests marked full, in neither tier above nor in .ci/run: the longest runs and those that
+# need the host to themselves (the two-node Ray training and its scancel, whose raylets get Ray's fixed 30 s to
+# register; a SLURM node taken down mid-training; the judged rerun table's second whole baseline; the
+# every-module provenance sweep; two vLLM engine runs). Its SLURM tests run first, alone, then the rest.
 # Budgets (docs/results.md#fast-feedback): `make test` under 10 min warm on 2 cores, .ci/run under 45 min
 # from a fresh clone; no test times itself.
 TEST_WORKERS ?= 3
 test: $(STAMP) verl-envs
-	$(RUNENV) pytest -q -n $(TEST_WORKERS) --dist loadfile --timeout 3600 --durations 15 -m "not e2e and not vllm" tests
+	$(RUNENV) pytest -q -n $(TEST_WORKERS) --dist loadfile --timeout 3600 --durations 15 -m "not e2e and not vllm and not full" tests
 
-E2E_PYTEST := pytest -q -p no:cacheprovider --timeout 3600 --durations 15 -m "e2e or vllm"
+SLOW_PYTEST := pytest -q -p no:cacheprovider --timeout 3600 --durations 15
 E2E_WORKERS ?= 2
 test-e2e: $(STAMP) verl-envs vllm-env
 	set -o pipefail; \
-	{ $(RUNENV) $(E2E_PYTEST) tests/slurm 2>&1 | sed -u 's/^/[slurm] /'; } & slurm=$$!; \
-	rest=0; $(RUNENV) $(E2E_PYTEST) -n $(E2E_WORKERS) --dist loadfile --ignore=tests/slurm tests || rest=$$?; \
+	{ $(RUNENV) $(SLOW_PYTEST) -m "(e2e or vllm) and not full" tests/slurm 2>&1 | sed -u 's/^/[slurm] /'; } & slurm=$$!; \
+	rest=0; $(RUNENV) $(SLOW_PYTEST) -m "(e2e or vllm) and not full" -n $(E2E_WORKERS) --dist loadfile --ignore=tests/slurm tests || rest=$$?; \
 	s=0; wait $$slurm || s=$$?; exit $$(( rest || s ))
+
+test-full: $(STAMP) verl-envs vllm-env
+	s=0; $(RUNENV) $(SLOW_PYTEST) -m full tests/slurm || s=$$?; \
+	rest=0; $(RUNENV) $(SLOW_PYTEST) -m full -n $(E2E_WORKERS) --dist loadfile --ignore=tests/slurm tests || rest=$$?; \
+	exit $$(( rest || s ))
 
 lint: $(STAMP)
 	$(RUNENV) snakefmt --check Snakefile rules

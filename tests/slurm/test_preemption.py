@@ -111,6 +111,7 @@ def test_a_preempted_training_job_continues_from_the_next_step(slurm_cluster, tm
     assert _assert_resumed_once_each(work, env, tmp_path) >= 3
 
 
+@pytest.mark.full  # a node taken down and brought back: the full tier (make test-full); the SIGTERM run above stays in CI
 def test_a_training_job_whose_node_dies_loses_at_most_the_step_in_flight(slurm_cluster, tmp_path, tiny_model_dir):
     """Nothing saves on a dying node: with train.save_freq 1 (a LoRA checkpoint a step) the retry, on the other
     node, resumes from the last step boundary."""

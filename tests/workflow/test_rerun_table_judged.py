@@ -18,7 +18,8 @@ from tests.workflow.test_rerun_table import (
     row_problem,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+# a second whole `all` baseline (judged): the full tier (make test-full); the outcome rerun table stays in CI
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.full]
 JUDGED_ROWS = [row for row in ROWS if is_judged_only(row)]
 
 
