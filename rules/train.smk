@@ -28,8 +28,6 @@ rule:
     resources:
         **plan.train.resources(),
     params:
-        # the memory head's judge_gpus, a param as it always was (its --judge-gpus is among the flags)
-        **plan.train.judge_gpus_param(),
         # checkpoints/, state/, audit/, samples/ beside the outputs but not outputs themselves: Snakemake
         # deletes outputs before a rerun, and a rerun after a kill must find the checkpoints to resume
         work=lambda w, output: os.path.dirname(output.metrics),

@@ -288,11 +288,10 @@ def test_one_grpo_rule_takes_its_name_inputs_and_flags_from_the_recipe():
                                  "model": "results/qa_demo/qa/sft/merged"}
     alone = Namedlist(fromdict={"preflight": "p.json"})
     judged = Namedlist(fromdict={"preflight": "p.json", "endpoint": "e.json"})
-    assert demo.train.run_flags(wc(), alone) == ["", "--preflight", "p.json", "--judge-gpus", "0"]
-    assert demo.train.run_flags(wc(), judged)[:2] == ["--endpoint", "e.json"]
+    assert demo.train.run_flags(wc(), alone) == ["--preflight", "p.json", "--judge-gpus", "0"]
+    assert demo.train.run_flags(wc(), judged) == ["--preflight", "p.json", "--endpoint", "e.json", "--judge-gpus", "0"]
     assert qa.train.run_flags(wc(), judged) == ["--preflight", "p.json", "--endpoint", "e.json",
                                                 "--reward-func", "llmrnn.qa.rewards:trl_reward_func"]
-    assert demo.train.judge_gpus_param() == {"judge_gpus": 0} and qa.train.judge_gpus_param() == {}
     assert demo.train.reward_code() == [] and qa.train.reward_code() == ["llmrnn.qa.rewards"]
     assert (demo.train.priority(), qa.train.priority()) == (10, 0)
     assert qa.train.run_cfg() == qa.qa.train_cfg()

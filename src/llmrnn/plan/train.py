@@ -55,21 +55,13 @@ class TrainPlan(PlanBase):
         own reward's file (reward.custom.path), whose content is code of this job too."""
         return [QA_REWARD_MODULE] if self.recipe_is("qa") else reward_code_files(self.config)
 
-    def judge_gpus_param(self) -> dict:
-        """params of the memory head's job: judge_gpus, a param as it always was (a finished run's recorded
-        params still match); the qa job never had it."""
-        return {} if self.recipe_is("qa") else {"judge_gpus": self.judge_gpus()}
-
     def run_flags(self, wildcards, input) -> list[str]:
-        """The flags after --summary, a list for `{params.flags:q}`, in each recipe's order: --endpoint (when
-        the job has the judge's endpoint), --preflight, then --judge-gpus (memory head) or --reward-func
-        (qa). An absent endpoint keeps its place as "" (Snakemake neither quotes nor drops it), so the
-        commands read as they always did (tests/snapshots)."""
-        endpoint = input_flag("--endpoint", "endpoint")(wildcards, input) or [""]
-        preflight = ["--preflight", input.preflight]
+        """The flags after --summary, a list for `{params.flags:q}`: --preflight, --endpoint (when the job
+        has the judge's endpoint), then --judge-gpus (memory head) or --reward-func (qa)."""
+        flags = ["--preflight", input.preflight, *input_flag("--endpoint", "endpoint")(wildcards, input)]
         if self.recipe_is("qa"):
-            return [*preflight, *endpoint, "--reward-func", QA_REWARD_FUNC]
-        return [*endpoint, *preflight, "--judge-gpus", str(self.judge_gpus())]
+            return [*flags, "--reward-func", QA_REWARD_FUNC]
+        return [*flags, "--judge-gpus", str(self.judge_gpus())]
 
     def gpus(self) -> int:
         """GPUs of the job: train.resources.gpu, else n_gpus_per_node for verl (per node), 0 for TRL."""
