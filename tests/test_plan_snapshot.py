@@ -1,10 +1,13 @@
-"""The five shipped configs plan the same commands as the committed snapshot, byte for byte.
+"""The five shipped configs plan the same jobs with the same arguments as the committed snapshot.
 
 The safety net of refactors that must not change what a run does (issue 42: the typed settings are the
 config the code runs on): for config/config.yaml alone and for each shipped recipe file the docs name as
 runnable (docs/configuration.md "How configs combine": qa_demo, reproduce, qa_reproduce, smoke), one real
-`snakemake -n -p --forceall all` in a copy of the workflow, its jobs normalized (sorted; the temporary
-working directory and the machine's tmpdir replaced) and compared with tests/snapshots/plan_<name>.txt.
+`snakemake -n -p --forceall all` in a copy of the workflow. Each job is its rule, threads, priority,
+resources and its command as an argument list (the shell's own word splitting, shlex; a JSON argument such as
+`--cfg` parsed), so what is compared is what the command receives, not how the string was spelled: spaces
+between words or the order of a JSON object's keys change nothing. Jobs sorted, the temporary working
+directory replaced, compared with tests/snapshots/plan_<name>.json.
 
 A change that is meant to change the planned commands regenerates the snapshots, and the diff of
 tests/snapshots/ is the review of what it changed:
@@ -14,7 +17,9 @@ tests/snapshots/ is the review of what it changed:
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -46,26 +51,56 @@ def workdir(tmp_path_factory) -> Path:
     return work
 
 
+def argument_list(shell: str | None) -> list | None:
+    """A job's command as the shell splits it into words (operators such as `;`, `|` and `>` words of their
+    own), each word that is a JSON object or array parsed: what the command receives."""
+    if shell is None:
+        return None
+    lexer = shlex.shlex(shell, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    words = []
+    for word in lexer:
+        try:
+            value = json.loads(word) if word[:1] in "{[" else word
+        except json.JSONDecodeError:
+            value = word
+        words.append(value)
+    return words
+
+
 def planned(workdir: Path, configfiles: tuple[str, ...]) -> str:
-    """The jobs of one dry run as sorted text blocks: rule, threads, resources, shell command."""
+    """The jobs of one dry run, sorted: rule, threads, priority, resources and the command's argument list."""
     args = ("--configfile", *configfiles) if configfiles else ()
     proc = snakemake(workdir, "all", "-n", "-p", "--forceall", *args)
-    blocks = []
-    for job in parse_dry_run(proc.stdout + proc.stderr):
-        resources = ", ".join(f"{k}={v}" for k, v in job.resources.items() if k != "tmpdir")
-        blocks.append(f"rule {job.rule} threads={job.threads} priority={job.priority}\n"
-                      f"  resources: {resources}\n  shell: {job.shell}\n")
-    return "".join(sorted(blocks)).replace(str(workdir), "<WORKDIR>")
+    jobs = [{"rule": job.rule, "threads": job.threads, "priority": job.priority,
+             "resources": {k: v for k, v in job.resources.items() if k != "tmpdir"},
+             "args": argument_list(job.shell.replace(str(workdir), "<WORKDIR>") if job.shell else None)}
+            for job in parse_dry_run(proc.stdout + proc.stderr)]
+    jobs.sort(key=lambda job: json.dumps(job, sort_keys=True))
+    return json.dumps(jobs, indent=1, sort_keys=True) + "\n"
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_shipped_config_plans_the_snapshot_commands(workdir, name):
     text = planned(workdir, CONFIGS[name])
-    golden = SNAPSHOTS / f"plan_{name}.txt"
+    golden = SNAPSHOTS / f"plan_{name}.json"
     if UPDATE:
         SNAPSHOTS.mkdir(exist_ok=True)
         golden.write_text(text)
     assert golden.exists(), f"{golden} missing: LLMRNN_UPDATE_SNAPSHOTS=1 writes it"
-    assert text == golden.read_text(), (
-        f"{name}: the planned commands differ from {golden.relative_to(REPO)}; if intended, regenerate "
-        "with LLMRNN_UPDATE_SNAPSHOTS=1 and review the diff")
+    jobs, expected = json.loads(text), json.loads(golden.read_text())
+    differ = sorted({job["rule"] for job in jobs if job not in expected}
+                    | {job["rule"] for job in expected if job not in jobs})
+    assert not differ and len(jobs) == len(expected), (
+        f"{name}: the jobs of rules {differ} differ from {golden.relative_to(REPO)} ({len(jobs)} jobs planned, "
+        f"{len(expected)} in the snapshot); if intended, regenerate with LLMRNN_UPDATE_SNAPSHOTS=1 and review the diff")
+
+
+def test_an_argument_list_is_what_the_command_receives():
+    """Two spellings of one command are one argument list; a changed argument is a changed list."""
+    one = argument_list("""umask 077; exec llmrnn train run --cfg '{"a": 1, "b": [2]}'  --x 'p q' 2> >(tee {log})""")
+    assert one == argument_list("""umask 077 ;  exec llmrnn train run --cfg '{"b": [2],"a": 1}' --x "p q" 2> >(tee {log})""")
+    assert one[:8] == ["umask", "077", ";", "exec", "llmrnn", "train", "run", "--cfg"]
+    assert one[8] == {"a": 1, "b": [2]} and one[9:11] == ["--x", "p q"]
+    assert one != argument_list("""umask 077; exec llmrnn train run --cfg '{"a": 2, "b": [2]}' --x 'p q' 2> >(tee {log})""")
+    assert argument_list(None) is None

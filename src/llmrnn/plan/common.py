@@ -146,7 +146,7 @@ def stage_resources(resources: Mapping, gpu: Mapping | None = None, *, runtime_g
     one method over this: plan.train.resources, plan.merge.resources, ...): the GPU request (`gpu`: its own keys, e.g.
     llmrnn.slurm.gpu_placement's; else resources.gpu as it is), mem_mb that grows on a retry, the runtime
     (growing too, unless the job resumes instead of starting over: see `grows`) and cpus_per_task. In the
-    order the rules wrote them, which is the order Snakemake prints them in (tests/snapshots/plan_*.txt)."""
+    order the rules wrote them, which is the order Snakemake prints them in (tests/snapshots/plan_*.json)."""
     runtime = grows(resources["runtime"]) if runtime_grows else resources["runtime"]
     return {
         **({"gpu": resources["gpu"]} if gpu is None else gpu),
