@@ -45,7 +45,7 @@ def test_verls_reward_loop_threads_give_every_row_its_own_score(version, tmp_pat
     builds for reward.custom: every row scores index x 1000 + the number in its own response. Before the
     per-child lock and request ids, threads read each other's answers (other rows' scores, OverflowError,
     UnpicklingError)."""
-    from llmrnn.train import verl_cmd
+    from llmrnn.train import verl_overrides
 
     python = REPO / f".venv-verl-{version}" / "bin" / "python"
     if not python.exists():
@@ -53,10 +53,10 @@ def test_verls_reward_loop_threads_give_every_row_its_own_score(version, tmp_pat
     parquet = write_parquet(tmp_path / "train.parquet", make_rows(32))
     reward = {"mode": "outcome", "custom": {"path": str(_reward_file(tmp_path))}}
     kwargs = reward_kwargs(reward, audit_dir=tmp_path / "audit", guard={"max_fallback_rate": 0.5, "window": 64})
-    overrides = verl_cmd.build_overrides(
+    overrides = verl_overrides.build_overrides(
         {"n_gpus_per_node": 2, "rollout": {"tensor_parallel": 2}}, train_parquet=parquet, val_parquet=None,
         model_dir=str(tiny_model_dir), out_dir=str(tmp_path / "train"), experiment_name="threads",
-        verl_version=version, reward_path=verl_cmd.reward_module_path(), reward_name=verl_cmd.CUSTOM_ENTRY,
+        verl_version=version, reward_path=verl_overrides.reward_module_path(), reward_name=verl_overrides.CUSTOM_ENTRY,
         reward_kwargs=kwargs)
     (tmp_path / "overrides.json").write_text(json.dumps(overrides))
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")

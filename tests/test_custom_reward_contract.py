@@ -107,11 +107,11 @@ def test_verl_calls_our_wrapper_with_the_same_contract(tmp_path):
     import json
 
     import llmrnn.reward
-    from llmrnn.train import verl_cmd
+    from llmrnn.train import verl_overrides
 
     path = _reward(tmp_path, "return 2.0 if solution_str == 'big' else 0.75")
     reward_cfg = json.dumps({"mode": "outcome", "custom": {"path": str(path), "max_abs": 1}})
-    fn = getattr(llmrnn.reward, verl_cmd.CUSTOM_ENTRY)
+    fn = getattr(llmrnn.reward, verl_overrides.CUSTOM_ENTRY)
     assert fn(**ROW, reward_cfg=reward_cfg) == 0.75
     with pytest.raises(InputError, match=r"compute_score on row 7 returned 2, outside \[-1, 1\]"):
         fn(**{**ROW, "solution_str": "big"}, reward_cfg=reward_cfg)
@@ -151,12 +151,12 @@ def test_learning_problem_names_rewards_that_were_never_finite():
 @pytest.mark.parametrize("version", ["0.7.1", "0.9.1"])
 def test_verls_own_loader_resolves_our_wrapper(tmp_path, version):
     """verl's get_custom_reward_fn (in its locked venv) loads pkg://llmrnn.reward:custom_compute_score as
-    verl_cmd configures it, and the user's function runs under the contract there too."""
+    verl_overrides configures it, and the user's function runs under the contract there too."""
     import json
     import os
     import subprocess
 
-    from llmrnn.train import verl_cmd
+    from llmrnn.train import verl_overrides
     from tests.conftest import REPO
 
     python = REPO / f".venv-verl-{version}" / "bin" / "python"
@@ -164,7 +164,7 @@ def test_verls_own_loader_resolves_our_wrapper(tmp_path, version):
         pytest.skip(f"no verl {version} venv")
     path = _reward(tmp_path, "return 0.25 if solution_str == 's' else 1e308")
     kwargs = {"reward_cfg": json.dumps({"mode": "outcome", "custom": {"path": str(path)}})}
-    fn_cfg = {"path": verl_cmd.reward_module_path(), "name": verl_cmd.CUSTOM_ENTRY, "reward_kwargs": kwargs}
+    fn_cfg = {"path": verl_overrides.reward_module_path(), "name": verl_overrides.CUSTOM_ENTRY, "reward_kwargs": kwargs}
     script = (
         "import json, sys\nfrom omegaconf import OmegaConf\n"
         "from verl.trainer.ppo.reward import get_custom_reward_fn\n"

@@ -428,7 +428,7 @@ def diagram_problems(file: str) -> list[str]:
 # ----------------------------------------------------------------------------- config keys the docs name
 # Dotted names in a config key's spelling that are no key of ours -> whose they are.
 NOT_CONFIG_KEYS = {
-    "reward.custom_reward_function": "verl's Hydra key (llmrnn.train.verl_cmd)",
+    "reward.custom_reward_function": "verl's Hydra key (llmrnn.train.verl_overrides)",
     "reward.reward_manager": "verl's Hydra key", "reward.num_workers": "verl's Hydra key",
     "judge.source": "a key of the rubric file (config/rubrics/)", "judge.model": "a key of the rubric file",
 }

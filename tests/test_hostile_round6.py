@@ -292,7 +292,7 @@ def _missing_tracker() -> str:
 
 
 def test_a_tracker_missing_where_verl_trains_is_one_line_before_main_ppo(tmp_path, monkeypatch):
-    """verl's main_ppo runs in the job's own Python (verl_cmd.command: sys.executable) and its Tracking imports
+    """verl's main_ppo runs in the job's own Python (verl_overrides.command: sys.executable) and its Tracking imports
     the tracker after Ray and the model are up: the job refuses it first, as for TRL, and sets nothing."""
     from llmrnn.settings.train import Train
     from llmrnn.train import tracking

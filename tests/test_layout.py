@@ -211,7 +211,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("stages", {"rnn", "trajectories", "merge", "merge.adapter", "merge.weights", "merge.fold",
                 "merge.verify", "gpu_stack", "train", "train.checkpoints",
                 "train.config", "train.data", "train.diagnose", "train.metrics", "train.trl_engine",
-                "train.verl_cmd", "train.verl_adapter", "train.outputs", "train.ray_cluster", "train.tracking", "train.stop", "train.lora_guard"}),
+                "train.verl_cmd", "train.verl_overrides", "train.verl_attention", "train.verl_adapter", "train.outputs", "train.ray_cluster", "train.tracking", "train.stop", "train.lora_guard"}),
     ("checks and recipes", {"evaluate", "evaluate.recall", "evaluate.specificity", "evaluate.grading",
                             "evaluate.gather", "evaluate.shard", "preflight", "preflight.rows",
                             "preflight.reward_checks", "preflight.agreement", "preflight.training", "preflight.run",
@@ -314,7 +314,9 @@ def test_the_engines_are_siblings():
     """TRL's engine and verl's runner share what a run leaves behind (train.outputs) and import nothing of
     each other; the QA warm start takes the adapter export from there too, not from an engine."""
     graph = import_graph()
-    trl, verl = {"llmrnn.train.trl_engine"}, {"llmrnn.train.verl_cmd", "llmrnn.train.verl_adapter"}
+    trl = {"llmrnn.train.trl_engine"}
+    verl = {"llmrnn.train.verl_cmd", "llmrnn.train.verl_overrides", "llmrnn.train.verl_attention",
+            "llmrnn.train.verl_adapter"}
     assert not [m for m in verl | {"llmrnn.qa.sft"} if graph[m] & trl]
     assert not [m for m in trl if graph[m] & verl]
     assert all("llmrnn.train.outputs" in graph[m] for m in ("llmrnn.train.trl_engine", "llmrnn.train.verl_cmd",

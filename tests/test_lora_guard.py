@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from llmrnn.errors import CheckFailed
-from llmrnn.train import lora_guard, verl_cmd
+from llmrnn.train import lora_guard, verl_overrides
 
 TARGETS = ["q_proj", "v_proj"]
 
@@ -112,7 +112,7 @@ def test_train_runs_adapter_copy_refuses_an_empty_verl_adapter(peft_model, tmp_p
 
 
 def test_verls_ray_workers_get_the_guard_as_their_setup_hook():
-    hooks = [o for o in verl_cmd.runtime_env_overrides({}) if "worker_process_setup_hook" in o]
+    hooks = [o for o in verl_overrides.runtime_env_overrides({}) if "worker_process_setup_hook" in o]
     assert hooks == ["+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=llmrnn.train.lora_guard.worker_setup"]
     mod, fn = hooks[0].split("=", 1)[1].rsplit(".", 1)
     code = f"import os, {mod} as m; os.umask(0o022); m.{fn}(); print(oct(os.umask(0)))"

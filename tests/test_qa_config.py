@@ -57,10 +57,10 @@ def test_qa_reproduce_verl_command_composes(python, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
     # the composed command really names the qa reward (not the memory head's)
-    from llmrnn.train import verl_cmd
+    from llmrnn.train import verl_overrides
 
     config, _ = check.load_config(LAYERS["reproduce"])
-    overrides = verl_cmd.build_overrides(config["train"], train_parquet="t", val_parquet="v", model_dir="m",
-                                         out_dir=str(tmp_path), experiment_name="x",
-                                         reward_path="pkg://llmrnn.qa.rewards")
+    overrides = verl_overrides.build_overrides(config["train"], train_parquet="t", val_parquet="v", model_dir="m",
+                                               out_dir=str(tmp_path), experiment_name="x",
+                                               reward_path="pkg://llmrnn.qa.rewards")
     assert "reward.custom_reward_function.path=pkg://llmrnn.qa.rewards" in overrides

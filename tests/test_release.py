@@ -482,12 +482,12 @@ def test_card_states_the_attention_that_ran_and_the_data_seed_against_the_refere
     """Item 7 of issue 31: a verl run's card names the attention kernel the actor ran with (the training
     summary's `attention`, resolved on the node from train.verl.attn_implementation auto) and that data.seed
     is set where the reference left it unset."""
-    from llmrnn.train import verl_cmd
+    from llmrnn.train import verl_attention
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     out = tmp_path / "run" / "release"
     summary = tmp_path / "run" / "summary.json"
-    attention = verl_cmd.resolve_attention("auto")  # this machine: no flash-attn
+    attention = verl_attention.resolve_attention("auto")  # this machine: no flash-attn
     io.write_json(summary, {"steps": 4, "attention": attention})
     knobs = {**KNOBS, "train": {**KNOBS["train"], "engine": "verl", "seed": 42,
                                 "verl": {"attn_implementation": "auto"}}}

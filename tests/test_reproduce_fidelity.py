@@ -1,6 +1,6 @@
 """Golden fidelity: the reproduction configs, resolved the way a run resolves them (llmrnn.runconfig: the
 file alone over the schema's defaults, Snakemake's own validate), and the verl overrides rendered from them
-by the code that renders them for main_ppo (llmrnn.train.verl_cmd.build_overrides), equal the tables below,
+by the code that renders them for main_ppo (llmrnn.train.verl_overrides.build_overrides), equal the tables below,
 knob by knob. The tables are the spec: a knob that drifts, a demo value that leaks in, and an override that
 nobody put in a table all fail.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from llmrnn import runconfig
-from llmrnn.train import verl_cmd
+from llmrnn.train import verl_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -282,8 +282,8 @@ def flat(tree: dict) -> dict[str, object]:
 
 
 def rendered(config: dict, reward_module: str | None) -> dict[str, str]:
-    overrides = verl_cmd.build_overrides(config["train"], **RUN_ARGS,
-                                         reward_path=f"pkg://{reward_module}" if reward_module else None)
+    overrides = verl_overrides.build_overrides(config["train"], **RUN_ARGS,
+                                               reward_path=f"pkg://{reward_module}" if reward_module else None)
     pairs = [item.split("=", 1) for item in overrides]
     keys = [k for k, _ in pairs]
     assert len(keys) == len(set(keys)), f"an override is given twice: {keys}"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llmrnn.train import verl_cmd
+from llmrnn.train import verl_overrides
 from llmrnn.train.checkpoints import disk_full_problem
 
 LLMRNN = str(Path(sys.executable).parent / "llmrnn")
@@ -36,7 +36,7 @@ def test_a_checkpoint_write_onto_a_full_disk_says_the_disk_is_full(small_disk):
     "https://bob:tok-sentinel@mlflow.example.org",
 ])
 def test_an_mlflow_uri_with_a_token_stays_off_verls_command_line(uri):
-    items = verl_cmd.runtime_env_overrides({"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "x"})
+    items = verl_overrides.runtime_env_overrides({"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "x"})
     assert not [i for i in items if "sentinel" in i], items
     assert any(i.endswith("MLFLOW_EXPERIMENT_NAME=x") for i in items)  # the rest still travels
 

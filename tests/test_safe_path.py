@@ -78,7 +78,7 @@ MAIN_PPO_RECORDER = textwrap.dedent("""
 
 def test_verl_main_ppo_does_not_import_from_its_working_directory(tmp_path, monkeypatch):
     """The command and environment verl_cmd runs main_ppo with (a stand-in main_ppo records what it sees)."""
-    from llmrnn.train import verl_cmd
+    from llmrnn.train import verl_cmd, verl_overrides
 
     fake = tmp_path / "fake"
     (fake / "verl" / "trainer").mkdir(parents=True)
@@ -95,7 +95,7 @@ def test_verl_main_ppo_does_not_import_from_its_working_directory(tmp_path, monk
     out = tmp_path / "train"
     (out / "state").mkdir(parents=True)
     env = verl_cmd.main_ppo_env(out / "state" / "verl_metrics.jsonl")
-    verl_cmd._main_ppo(verl_cmd.command([], sys.executable), env, out, follow=lambda: None)
+    verl_cmd._main_ppo(verl_overrides.command([], sys.executable), env, out, follow=lambda: None)
     seen = json.loads((tmp_path / "seen.json").read_text())
     assert str(cwd) not in seen["sys_path"] and "" not in seen["sys_path"], seen["sys_path"]
     assert seen["wandb"] is None, seen  # the stray folder is not found as `wandb`
@@ -103,9 +103,10 @@ def test_verl_main_ppo_does_not_import_from_its_working_directory(tmp_path, monk
 
 def test_every_python_child_we_start_gets_the_safe_path_environment():
     """A module that builds a `python -m` / `python -c` command line takes its environment from
-    llmrnn.safe_path (the reward child through custom_reward_child.child_env, which does)."""
+    llmrnn.safe_path (the reward child through custom_reward_child.child_env, which does; main_ppo's command
+    line, built apart from its launch, through verl_cmd.main_ppo_env)."""
     launch = re.compile(r"(?:sys\.executable|\bpython)\b[^\n\]]*,\s*\"-[mc]\"")
-    via = {"reward/custom.py": "child_env()"}
+    via = {"reward/custom.py": "child_env()", "train/verl_overrides.py": "main_ppo_env"}
     missing = []
     for path in sorted((REPO / "src" / "llmrnn").rglob("*.py")):
         text = path.read_text()

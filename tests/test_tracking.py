@@ -16,7 +16,7 @@ from llmrnn.errors import InputError
 from llmrnn.runconfig import resolve
 from llmrnn.settings.train import Train
 from llmrnn.train import config as tcfg
-from llmrnn.train import tracking, verl_cmd
+from llmrnn.train import tracking, verl_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
@@ -88,7 +88,7 @@ def test_tracker_variables_reach_verls_ray_workers_but_no_secret_does(tmp_path):
     tracked = tracking.tracking_env(cfg, tmp_path / "train", environ={})
     secrets = {"WANDB_API_KEY": "sentinel-key-0123", "MLFLOW_TRACKING_PASSWORD": "sentinel-pw",
                "MLFLOW_TRACKING_TOKEN": "sentinel-token", "HF_TOKEN": "sentinel-hf"}
-    items = verl_cmd.runtime_env_overrides({**secrets, **tracked, "VERL_FILE_LOGGER_PATH": "/m.jsonl"})
+    items = verl_overrides.runtime_env_overrides({**secrets, **tracked, "VERL_FILE_LOGGER_PATH": "/m.jsonl"})
     prefix = "+ray_kwargs.ray_init.runtime_env.env_vars."
     forwarded = {i[len(prefix):].split("=", 1)[0] for i in items if i.startswith(prefix)}
     assert forwarded == {*tracked, "VERL_FILE_LOGGER_PATH"}
@@ -96,15 +96,15 @@ def test_tracker_variables_reach_verls_ray_workers_but_no_secret_does(tmp_path):
     assert not [i for i in items if "sentinel" in i]
     # a user's own tracking server with credentials in the URI is not forwarded (a plain one is)
     user = {"MLFLOW_TRACKING_URI": "https://bob:pw-sentinel@mlflow.example.org"}
-    assert not [i for i in verl_cmd.runtime_env_overrides(user) if "sentinel" in i]
-    plain = verl_cmd.runtime_env_overrides({"MLFLOW_TRACKING_URI": "https://mlflow.example.org"})
+    assert not [i for i in verl_overrides.runtime_env_overrides(user) if "sentinel" in i]
+    plain = verl_overrides.runtime_env_overrides({"MLFLOW_TRACKING_URI": "https://mlflow.example.org"})
     assert f"{prefix}MLFLOW_TRACKING_URI=https://mlflow.example.org" in plain
 
 
 def test_verl_overrides_carry_the_loggers_and_never_log_val_generations(tmp_path):
-    ov = verl_cmd.build_overrides({"report_to": ["tensorboard", "wandb"]}, train_parquet="t.parquet",
-                                  val_parquet="v.parquet", model_dir="m", out_dir=str(tmp_path),
-                                  experiment_name="smoke")
+    ov = verl_overrides.build_overrides({"report_to": ["tensorboard", "wandb"]}, train_parquet="t.parquet",
+                                        val_parquet="v.parquet", model_dir="m", out_dir=str(tmp_path),
+                                        experiment_name="smoke")
     assert "trainer.logger=[console,file,tensorboard,wandb]" in ov
     assert "trainer.experiment_name=smoke" in ov
     assert "trainer.log_val_generations=0" in ov  # verl would send patient text to the trackers
@@ -192,8 +192,8 @@ def test_verl_tracking_writes_tensorboard_and_offline_wandb_into_the_run_folder(
     work = tmp_path / "smoke" / "train"
     cfg = Train(report_to=["tensorboard", "wandb"])
     train = write_parquet(tmp_path / "train.parquet", make_rows(4))
-    overrides = verl_cmd.build_overrides(cfg, train_parquet=train, val_parquet=train, model_dir=str(tiny_model_dir),
-                                         out_dir=str(work), experiment_name="smoke")
+    overrides = verl_overrides.build_overrides(cfg, train_parquet=train, val_parquet=train, model_dir=str(tiny_model_dir),
+                                               out_dir=str(work), experiment_name="smoke")
     (tmp_path / "o.json").write_text(json.dumps(overrides))
     (work / "state").mkdir(parents=True)  # as verl_cmd.run (MetricsWriter) and tracking.prepare leave it
     secret = "sentinel-wandb-key-0123456789abcdef"

@@ -518,7 +518,7 @@ def test_clip_and_loss_reach_both_engines(tmp_path, mode, loss_type):
     (actor.clip_ratio[_low|_high], actor.loss_agg_mode) run with, set explicitly on both."""
     from llmrnn.train import config as tcfg
     from llmrnn.train.trl_engine import grpo_arguments
-    from llmrnn.train.verl_cmd import build_overrides
+    from llmrnn.train.verl_overrides import build_overrides
 
     knobs = {"clip_ratio": {"low": 0.15, "high": 0.28}, "loss_agg_mode": mode}
     cfg = tcfg.settings(tiny_cfg(**knobs))

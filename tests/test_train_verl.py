@@ -15,7 +15,7 @@ import pytest
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.reward import guard_spec, reward_kwargs
 from llmrnn.settings.train import Train
-from llmrnn.train import verl_adapter, verl_cmd
+from llmrnn.train import verl_adapter, verl_attention, verl_cmd, verl_overrides
 from tests.verl.rows import make_rows, write_parquet
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def check(version, tmp_path, model, cfg, extra=(), drop=()):
     """check_verl.py in the verl venv with our overrides (+ `extra`, less those starting with `drop`)."""
     train = write_parquet(tmp_path / "train.parquet", make_rows(6))
     val = write_parquet(tmp_path / "val.parquet", make_rows(2, split="val"))
-    overrides = verl_cmd.build_overrides(
+    overrides = verl_overrides.build_overrides(
         cfg, train_parquet=train, val_parquet=val, model_dir=str(model), out_dir=str(tmp_path / "train"),
         experiment_name="t", endpoint_file=str(tmp_path / "endpoint.json"), verl_version=version,
         reward_kwargs=reward_kwargs(REWARD_SECTION, audit_dir=tmp_path / "train" / "audit",
@@ -145,7 +145,7 @@ def test_rehearsal_verl_scores_our_trajectory_parquet_through_compute_score(tmp_
 
     with ScriptedJudge(judge_answer) as judge:
         endpoint = write_endpoint(tmp_path, judge.port, write_rubric(tmp_path))
-        overrides = verl_cmd.build_overrides(
+        overrides = verl_overrides.build_overrides(
             dict(REFERENCE), train_parquet=str(parquet), val_parquet=None, model_dir=str(tiny_model_dir),
             out_dir=str(tmp_path / "train"), experiment_name="rehearsal", endpoint_file=str(endpoint),
             verl_version="0.7.1")
@@ -272,17 +272,17 @@ def test_verl_ray_workers_get_the_metrics_path_reward_env_and_umask_without_the_
            # train.report_to's folders reach the workers too; the W&B key (a secret) never travels
            **tracking.tracking_env(Train(report_to=["tensorboard", "wandb", "mlflow"]), work, environ={}),
            "WANDB_API_KEY": "sentinel-wandb-key"}
-    overrides = verl_cmd.build_overrides(
+    overrides = verl_overrides.build_overrides(
         dict(REFERENCE), train_parquet=train, val_parquet=None, model_dir=str(tiny_model_dir), out_dir=str(work),
         experiment_name="t", endpoint_file=str(tmp_path / "endpoint.json"), verl_version="0.7.1",
         reward_kwargs=reward_kwargs({"mode": "scalar", "outcome_epsilon": 0.1}, audit_dir=work / "audit",
                                     endpoint_file=tmp_path / "endpoint.json", guard=guard_spec(0.2, 64)),
-    ) + single_node_overrides({"SLURM_CPUS_PER_TASK": "1"}) + verl_cmd.runtime_env_overrides(env)
+    ) + single_node_overrides({"SLURM_CPUS_PER_TASK": "1"}) + verl_overrides.runtime_env_overrides(env)
     assert not [o for o in overrides if "LLMRNN_" in o]
     (tmp_path / "overrides.json").write_text(json.dumps(overrides))
     probe_dir = tmp_path / "probe"
     probe_dir.mkdir()
-    names = [*verl_cmd.FORWARDED_ENV, *tracking.FORWARDED_ENV, "WANDB_API_KEY"]
+    names = [*verl_overrides.FORWARDED_ENV, *tracking.FORWARDED_ENV, "WANDB_API_KEY"]
     clean = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(tmp_path)), "HF_HUB_OFFLINE": "1",
              "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
@@ -362,8 +362,8 @@ def test_actor_loads_the_way_verl_071_loads_it_in_the_locked_gpu_venv(rendered, 
 
 def test_attention_knob_renders_both_verl_settings():
     def rendered(**verl):
-        ov = verl_cmd.build_overrides({"verl": verl}, train_parquet="t", val_parquet=None, model_dir="m",
-                                      out_dir="o", experiment_name="e", verl_version="0.7.1")
+        ov = verl_overrides.build_overrides({"verl": verl}, train_parquet="t", val_parquet=None, model_dir="m",
+                                            out_dir="o", experiment_name="e", verl_version="0.7.1")
         return [o for o in ov if o.startswith(ATTN_OVERRIDES)]
 
     assert sorted(rendered()) == ["+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
@@ -391,16 +391,16 @@ def test_check_allows_flash_attention_only_where_flash_attn_imports(monkeypatch)
 
 
 def test_overrides_use_the_reward_keys_that_work_in_both_releases():
-    ov = verl_cmd.build_overrides({}, train_parquet="t.parquet", val_parquet="v.parquet", model_dir="m",
-                                  out_dir="o", experiment_name="e", verl_version="0.9.1")
+    ov = verl_overrides.build_overrides({}, train_parquet="t.parquet", val_parquet="v.parquet", model_dir="m",
+                                        out_dir="o", experiment_name="e", verl_version="0.9.1")
     keys = [o.split("=", 1)[0] for o in ov]
     assert not any(k.startswith(("custom_reward_function", "+custom_reward_function")) for k in keys)
     assert "reward.custom_reward_function.path=pkg://llmrnn.reward" in ov
     assert "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4" in ov
     assert "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4" in ov
     with pytest.raises(Exception, match="unsupported"):
-        verl_cmd.build_overrides({}, train_parquet="t", val_parquet=None, model_dir="m", out_dir="o",
-                                 experiment_name="e", verl_version="0.3.0")
+        verl_overrides.build_overrides({}, train_parquet="t", val_parquet=None, model_dir="m", out_dir="o",
+                                       experiment_name="e", verl_version="0.3.0")
 
 
 
@@ -415,11 +415,11 @@ def test_the_train_section_is_normalised_once(monkeypatch):
     real = tcfg.parse
     monkeypatch.setattr(tcfg, "parse", lambda *a: merges.append(a) or real(*a))
     kw = {"train_parquet": "t.parquet", "val_parquet": None, "model_dir": "m", "out_dir": "o", "experiment_name": "e"}
-    normalised = verl_cmd.build_overrides(cfg, **kw)
+    normalised = verl_overrides.build_overrides(cfg, **kw)
     assert merges == [] and "actor_rollout_ref.rollout.n=4" in normalised
-    assert verl_cmd.build_overrides({"group_size": 4}, **kw) == normalised and len(merges) == 1
+    assert verl_overrides.build_overrides({"group_size": 4}, **kw) == normalised and len(merges) == 1
     with pytest.raises(InputError, match="train.group_size"):
-        verl_cmd.build_overrides({"group_size": 0}, **kw)
+        verl_overrides.build_overrides({"group_size": 0}, **kw)
 
 # ----------------------------------------------------------------------------- the run wrapper
 FAKE_MAIN_PPO = textwrap.dedent(
@@ -653,9 +653,9 @@ def test_verl_reward_workers_score_outcome_mode_without_an_endpoint(tmp_path, mo
            "lora": {"rank": 8, "alpha": 16}}
     out = tmp_path / "train"
     kwargs = reward_kwargs({"mode": "outcome"}, audit_dir=out / "audit")  # as `train run` builds it from --cfg
-    overrides = verl_cmd.build_overrides(cfg, train_parquet=train, val_parquet=None, model_dir="m", out_dir=str(out),
-                                         experiment_name="e", endpoint_file=None, verl_version="0.7.1",
-                                         reward_kwargs=kwargs)
+    overrides = verl_overrides.build_overrides(cfg, train_parquet=train, val_parquet=None, model_dir="m", out_dir=str(out),
+                                               experiment_name="e", endpoint_file=None, verl_version="0.7.1",
+                                               reward_kwargs=kwargs)
     assert not [o for o in overrides if "endpoint" in o]
     assert "+reward.custom_reward_function.reward_kwargs.reward_cfg='{\"mode\": \"outcome\"}'" in overrides
     # the stand-in scores three steps and writes no checkpoint: the run is (rightly) incomplete
@@ -674,11 +674,11 @@ def test_auto_attention_resolves_by_whether_flash_attn_imports_in_the_training_p
     the training summary. The 'imports' case is a real package folder on that Python's path (flash_attn with
     the bert_padding module verl's remove-padding imports), the other this machine's venv."""
     def rendered(attention):
-        ov = verl_cmd.build_overrides({}, train_parquet="t", val_parquet=None, model_dir="m", out_dir="o",
-                                      experiment_name="e", verl_version="0.7.1", attention=attention)
+        ov = verl_overrides.build_overrides({}, train_parquet="t", val_parquet=None, model_dir="m", out_dir="o",
+                                            experiment_name="e", verl_version="0.7.1", attention=attention)
         return sorted(o for o in ov if o.startswith(ATTN_OVERRIDES))
 
-    without = verl_cmd.resolve_attention("auto", sys.executable)
+    without = verl_attention.resolve_attention("auto", sys.executable)
     assert without["ran"] == "sdpa" and not without["use_remove_padding"] and without["flash_attn"] is None
     assert without["why"].startswith("auto: flash-attn does not import (") and "flash_attn" in without["why"]
     assert rendered(without["ran"]) == ["+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
@@ -688,14 +688,14 @@ def test_auto_attention_resolves_by_whether_flash_attn_imports_in_the_training_p
     (pkg / "__init__.py").write_text("__version__ = '2.7.4.post1'\n")
     (pkg / "bert_padding.py").write_text("def unpad_input(*a):\n    raise NotImplementedError\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
-    with_flash = verl_cmd.resolve_attention("auto", sys.executable)
+    with_flash = verl_attention.resolve_attention("auto", sys.executable)
     assert with_flash == {"configured": "auto", "ran": "flash_attention_2", "use_remove_padding": True,
                           "flash_attn": "2.7.4.post1", "why": "auto: flash-attn 2.7.4.post1 imports"}
     assert rendered(with_flash["ran"]) == [
         "+actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2",
         "actor_rollout_ref.model.use_remove_padding=true"]
     # a configured kernel is taken as is (check_attention refuses flash_attention_2 without flash-attn)
-    assert verl_cmd.resolve_attention("sdpa")["ran"] == "sdpa"
+    assert verl_attention.resolve_attention("sdpa")["ran"] == "sdpa"
 
 
 # ----------------------------------------------------------------------------- verl's trainer loop, rehearsed
@@ -736,7 +736,7 @@ def test_verl_fit_rehearsed_on_cpu_from_rollout_to_merged_model(version, tmp_pat
 
     with ScriptedJudge(judge_answer) as judge:
         endpoint = write_endpoint(tmp_path, judge.port, write_rubric(tmp_path))
-        overrides = verl_cmd.build_overrides(
+        overrides = verl_overrides.build_overrides(
             train, train_parquet=write_parquet(tmp_path / "train.parquet", make_rows(12)),
             val_parquet=write_parquet(tmp_path / "val.parquet", make_rows(2, split="val")),
             model_dir=str(json_policy_dir), out_dir=str(work), experiment_name="rehearsal", verl_version=version,

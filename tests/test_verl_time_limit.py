@@ -15,7 +15,7 @@ import time
 import pytest
 
 from llmrnn.errors import InputError, Interrupted
-from llmrnn.train import verl_cmd
+from llmrnn.train import verl_cmd, verl_overrides
 from llmrnn.train.ray_cluster import single_node_overrides
 from tests.test_train_verl import REFERENCE, REPO, VERSIONS, install_fake_main_ppo, verl_python
 from tests.verl.rows import make_rows, write_parquet
@@ -29,12 +29,12 @@ def test_verls_own_time_limit_save_sees_our_deadline(version, tmp_path, tiny_mod
     once the longest step + 300 s reach the deadline (3400 s), not before (600 s), never at step 1 (0 s)."""
     train = write_parquet(tmp_path / "train.parquet", make_rows(6))
     deadline = time.time() + 3600
-    env = {"VERL_FILE_LOGGER_PATH": str(tmp_path / "m.jsonl"), verl_cmd.SAVE_ENV: "300"}
-    overrides = verl_cmd.build_overrides(
+    env = {"VERL_FILE_LOGGER_PATH": str(tmp_path / "m.jsonl"), verl_overrides.SAVE_ENV: "300"}
+    overrides = verl_overrides.build_overrides(
         dict(REFERENCE), train_parquet=train, val_parquet=None, model_dir=str(tiny_model_dir),
         out_dir=str(tmp_path / "train"), experiment_name="t", verl_version=version,
-    ) + verl_cmd.deadline_overrides(deadline, env) + single_node_overrides({"SLURM_CPUS_PER_TASK": "1"}) \
-        + verl_cmd.runtime_env_overrides(env)
+    ) + verl_overrides.deadline_overrides(deadline, env) + single_node_overrides({"SLURM_CPUS_PER_TASK": "1"}) \
+        + verl_overrides.runtime_env_overrides(env)
     (tmp_path / "overrides.json").write_text(json.dumps(overrides))
     clean = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(tmp_path)), "HF_HUB_OFFLINE": "1",
              "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}  # no expiration of its own
@@ -51,9 +51,9 @@ def test_verls_own_time_limit_save_sees_our_deadline(version, tmp_path, tiny_mod
 
 
 def test_no_deadline_no_override_and_a_bad_allowance_is_one_line():
-    assert verl_cmd.deadline_overrides(None) == []
+    assert verl_overrides.deadline_overrides(None) == []
     with pytest.raises(InputError, match=r"^LLMRNN_VERL_SAVE_S='five': not a number of seconds"):
-        verl_cmd.deadline_overrides(time.time(), {verl_cmd.SAVE_ENV: "five"})
+        verl_overrides.deadline_overrides(time.time(), {verl_overrides.SAVE_ENV: "five"})
 
 
 # STAND-IN for main_ppo (verl cannot train without a GPU): saves step 1 the way verl does, then runs a step that
@@ -114,7 +114,7 @@ def test_verl_run_stops_main_ppo_at_the_slurm_deadline_with_exit_75(tmp_path, mo
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("FAKE_END_IN", "62")
     monkeypatch.setenv("LLMRNN_STOP_MARGIN_S", "60")  # the deadline: two seconds from now
-    monkeypatch.setenv(verl_cmd.SAVE_ENV, "100")
+    monkeypatch.setenv(verl_overrides.SAVE_ENV, "100")
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Interrupted, match=r"stopped on the SLURM time limit is near; its last checkpoint is step 1"):
         verl_cmd.run(cfg, **kw)
@@ -122,7 +122,7 @@ def test_verl_run_stops_main_ppo_at_the_slurm_deadline_with_exit_75(tmp_path, mo
     assert _gone(record["pid"])
     argv = record["argv"]
     assert "trainer.esi_redundant_time=40" in argv
-    (expiry,) = [a.split("=", 1)[1] for a in argv if verl_cmd.ESI_ENV in a]
+    (expiry,) = [a.split("=", 1)[1] for a in argv if verl_overrides.ESI_ENV in a]
     assert abs(float(expiry.strip("'")) - (time.time() + 2)) < 120  # about the end less the margin
     assert signal.getsignal(signal.SIGTERM) is before and not (tmp_path / "train" / "adapter").exists()
 
@@ -144,5 +144,5 @@ def test_verl_run_stops_main_ppo_on_sigterm_with_exit_75(tmp_path, monkeypatch):
         verl_cmd.run(cfg, **kw)
     argv = json.loads(record.read_text())["argv"]
     assert _gone(json.loads(record.read_text())["pid"])
-    assert not [a for a in argv if "esi" in a or verl_cmd.ESI_ENV in a]
+    assert not [a for a in argv if "esi" in a or verl_overrides.ESI_ENV in a]
 

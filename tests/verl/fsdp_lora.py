@@ -48,7 +48,7 @@ def rank_main(rank: int, world: int, args) -> None:
     from llmrnn.train import lora_guard
     from llmrnn.train.lora_guard import WATCH, LoraGuardError, lora_slots
 
-    lora_guard.install()  # as the Ray worker hook does (verl_cmd.WORKER_SETUP_HOOK)
+    lora_guard.install()  # as the Ray worker hook does (verl_overrides.WORKER_SETUP_HOOK)
     import torch
     import torch.distributed as dist
     import verl

@@ -61,7 +61,7 @@ def main() -> int:
         cpu_platform.install()  # STAND-IN platform: before verl asks for one
     from llmrnn.train import lora_guard
 
-    lora_guard.install()  # as `llmrnn train run`'s Ray worker hook does (verl_cmd.WORKER_SETUP_HOOK)
+    lora_guard.install()  # as `llmrnn train run`'s Ray worker hook does (verl_overrides.WORKER_SETUP_HOOK)
     import numpy as np
     import torch
     import torch.distributed as dist

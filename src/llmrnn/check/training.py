@@ -12,7 +12,7 @@ from llmrnn.check.slurm import check_profile_gpus
 from llmrnn.errors import LlmrnnError
 from llmrnn.settings.train import Train
 from llmrnn.train import config as tcfg
-from llmrnn.train import verl_cmd
+from llmrnn.train import verl_overrides
 from llmrnn.train.tracking import report_to, tracker_problems
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def check_verl_command(cfg: Train, reward_module: str | None = None) -> list[str
         return []
 
     try:
-        overrides = verl_cmd.build_overrides(
+        overrides = verl_overrides.build_overrides(
             cfg, train_parquet="train.parquet", val_parquet="val.parquet", model_dir="model",
             out_dir="out", experiment_name="check",
             reward_path=f"pkg://{reward_module}" if reward_module else None,

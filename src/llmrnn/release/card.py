@@ -206,7 +206,7 @@ def _chosen_checkpoint(train_summary: str | Path | None) -> dict | None:
 
 
 def _ran_attention(train_summary: str | Path | None) -> dict | None:
-    """The actor attention verl ran with (train summary.json `attention`, verl_cmd.resolve_attention)."""
+    """The actor attention verl ran with (train summary.json `attention`, verl_attention.resolve_attention)."""
     if not train_summary or not Path(train_summary).is_file():
         return None
     return io.read_json(train_summary).get("attention")

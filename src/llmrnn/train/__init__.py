@@ -140,9 +140,9 @@ def _reward_spec(args, custom: dict | None) -> str | None:
 def cmd_verl_cmd(args) -> int:
     from llmrnn.reward import reward_kwargs
     from llmrnn.train import config as tcfg
-    from llmrnn.train import verl_cmd
+    from llmrnn.train import verl_overrides
 
-    overrides = verl_cmd.build_overrides(
+    overrides = verl_overrides.build_overrides(
         tcfg.settings(_cfg(args)),
         train_parquet=args.train,
         val_parquet=args.val,
@@ -156,7 +156,7 @@ def cmd_verl_cmd(args) -> int:
     if args.json:
         print(json.dumps(overrides, indent=1))
     else:
-        print(" \\\n  ".join(shlex.quote(c) for c in verl_cmd.command(overrides, args.python)))
+        print(" \\\n  ".join(shlex.quote(c) for c in verl_overrides.command(overrides, args.python)))
     return 0
 
 

@@ -6,7 +6,7 @@ verl hands vLLM the actor's LoRA tensors before every rollout (`collect_lora_par
 their path from the model root (peft 0.21.x with verl 0.7.1's layered_summon_lora_params); vLLM then accepts
 the empty adapter and samples from the base model for the whole run, and the reward stays flat. Nothing fails.
 
-`worker_setup` is the Ray worker_process_setup_hook `llmrnn train run` gives verl (verl_cmd.runtime_env_overrides):
+`worker_setup` is the Ray worker_process_setup_hook `llmrnn train run` gives verl (verl_overrides.runtime_env_overrides):
 in every worker process it wraps, in place,
 - verl.utils.fsdp_utils.collect_lora_params: the weights handed to the rollout must hold one tensor per LoRA
   slot of the actor, and after an update_actor at least one of them must differ from the previous sync;

@@ -212,7 +212,7 @@ def cmd_node(args) -> int:
 
 
 def private_worker() -> None:
-    """Ray's `worker_process_setup_hook` for verl's workers (llmrnn.train.verl_cmd.runtime_env_overrides):
+    """Ray's `worker_process_setup_hook` for verl's workers (llmrnn.train.verl_overrides.runtime_env_overrides):
     umask 077 in every worker process on every node, whatever umask its raylet was started with, so the
     rollout dumps and reward audits it writes (patient text) are readable by the user alone."""
     os.umask(0o077)

@@ -74,7 +74,7 @@ def tracking_env(cfg: Train, work_dir: str | os.PathLike, environ: Mapping[str, 
     return {k: v for k, v in want.items() if not environ.get(k)}
 
 
-# What tracking_env may set: the variables verl's Ray workers need too (verl_cmd.runtime_env_overrides puts
+# What tracking_env may set: the variables verl's Ray workers need too (verl_overrides.runtime_env_overrides puts
 # them into the job's runtime_env, which reaches workers on every node). Paths, modes and names only: a
 # secret (WANDB_API_KEY, MLFLOW_TRACKING_PASSWORD/TOKEN...) is never one of them.
 FORWARDED_ENV = ("TENSORBOARD_DIR", "TENSORBOARD_LOGGING_DIR", "WANDB_MODE", "WANDB_DIR", "WANDB_CONSOLE",

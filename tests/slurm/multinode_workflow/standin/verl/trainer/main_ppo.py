@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 
 
 def hydra_str(value):
-    """A quoted Hydra override value as the string Hydra reads (llmrnn.train.verl_cmd._hydra_value quotes)."""
+    """A quoted Hydra override value as the string Hydra reads (llmrnn.train.verl_overrides._hydra_value quotes)."""
     if len(value) >= 2 and value[0] == value[-1] == "'":
         return value[1:-1].replace("\\'", "'").replace("\\\\", "\\")
     return value
