@@ -210,7 +210,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                 "reward.entry", "reward.custom", "reward.trial"}),
     ("stages", {"rnn", "trajectories", "merge", "merge.adapter", "merge.weights", "merge.fold",
                 "merge.verify", "gpu_stack", "train", "train.checkpoints",
-                "train.config", "train.data", "train.diagnose", "train.metrics", "train.trl_engine",
+                "train.config", "train.data", "train.diagnose", "train.metrics", "train.spec", "train.trl_engine",
                 "train.verl_cmd", "train.verl_overrides", "train.verl_attention", "train.verl_adapter", "train.outputs", "train.ray_cluster", "train.tracking", "train.stop", "train.lora_guard"}),
     ("checks and recipes", {"evaluate", "evaluate.recall", "evaluate.specificity", "evaluate.grading",
                             "evaluate.gather", "evaluate.shard", "preflight", "preflight.rows",
@@ -311,8 +311,9 @@ def test_the_shared_pieces_sit_below_their_users():
 
 
 def test_the_engines_are_siblings():
-    """TRL's engine and verl's runner share what a run leaves behind (train.outputs) and import nothing of
-    each other; the QA warm start takes the adapter export from there too, not from an engine."""
+    """TRL's engine and verl's runner take one run specification (train.spec), share what a run leaves
+    behind (train.outputs) and import nothing of each other; the QA warm start takes the adapter export from
+    there too, not from an engine. The spec knows neither engine."""
     graph = import_graph()
     trl = {"llmrnn.train.trl_engine"}
     verl = {"llmrnn.train.verl_cmd", "llmrnn.train.verl_overrides", "llmrnn.train.verl_attention",
@@ -321,6 +322,8 @@ def test_the_engines_are_siblings():
     assert not [m for m in trl if graph[m] & verl]
     assert all("llmrnn.train.outputs" in graph[m] for m in ("llmrnn.train.trl_engine", "llmrnn.train.verl_cmd",
                                                           "llmrnn.qa.sft"))
+    assert all("llmrnn.train.spec" in graph[m] for m in ("llmrnn.train.trl_engine", "llmrnn.train.verl_cmd"))
+    assert not graph["llmrnn.train.spec"] & (trl | verl)
 
 
 def test_an_upward_import_or_a_loop_is_found():

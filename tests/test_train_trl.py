@@ -15,6 +15,7 @@ import pytest
 
 from llmrnn.errors import CheckFailed
 from llmrnn.settings.train import Train
+from llmrnn.train.spec import RunSpec
 from llmrnn.train.trl_engine import checkpoint_complete
 from tests.verl.rows import make_rows, write_parquet
 
@@ -58,9 +59,11 @@ def _run_cli(cfg, parquets, model, out, **kw):
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
-def outputs(out: Path) -> dict:
-    """The paths the rule passes: work dir (checkpoints, state) and the two outputs, named one by one."""
-    return {"work_dir": out, "adapter_dir": out / "adapter", "metrics_path": out / "metrics.jsonl"}
+def run_spec(cfg, parquets, model_dir, out: Path, reward: str) -> RunSpec:
+    """One run as `train run` hands it to the engine: the work dir (checkpoints, state) and the two outputs the
+    rule passes, named one by one, and the reward function `reward` (file:name)."""
+    return RunSpec(cfg, train_parquet=parquets[0], val_parquet=parquets[1], model_dir=model_dir, work_dir=out,
+                   adapter_dir=out / "adapter", metrics_path=out / "metrics.jsonl", reward_func=reward)
 
 
 def _trace(out: Path) -> dict[int, list[int]]:
@@ -262,8 +265,7 @@ def test_run_that_ends_early_is_not_complete(tmp_path, tiny_model_dir, parquets)
 
     out = tmp_path / "train"
     with pytest.raises(CheckFailed, match="stopped at step 3 of 8"):
-        trl_engine.train(tiny_cfg(test_freq=0), parquets[0], parquets[1], tiny_model_dir, **outputs(out),
-                         reward_spec=STANDIN, callbacks=[_StopAt(3)])
+        trl_engine.train(run_spec(tiny_cfg(test_freq=0), parquets, tiny_model_dir, out, STANDIN), callbacks=[_StopAt(3)])
     assert not (out / "adapter").exists()
 
 
@@ -274,14 +276,11 @@ def test_changed_config_starts_over_instead_of_resuming(tmp_path, tiny_model_dir
 
     out = tmp_path / "train"
     with pytest.raises(CheckFailed):
-        trl_engine.train(tiny_cfg(test_freq=0), parquets[0], parquets[1], tiny_model_dir, **outputs(out),
-                         reward_spec=STANDIN, callbacks=[_StopAt(3)])
+        trl_engine.train(run_spec(tiny_cfg(test_freq=0), parquets, tiny_model_dir, out, STANDIN), callbacks=[_StopAt(3)])
     assert trl_engine.latest_checkpoint(out / "checkpoints") is not None
-    same = trl_engine.train(tiny_cfg(test_freq=0), parquets[0], parquets[1], tiny_model_dir, **outputs(out),
-                            reward_spec=STANDIN)
+    same = trl_engine.train(run_spec(tiny_cfg(test_freq=0), parquets, tiny_model_dir, out, STANDIN))
     assert same["resumed_from_step"] == 2  # same config: resumes from its checkpoint
-    changed = trl_engine.train(tiny_cfg(test_freq=0, lr=5e-4), parquets[0], parquets[1], tiny_model_dir, **outputs(out),
-                               reward_spec=STANDIN)
+    changed = trl_engine.train(run_spec(tiny_cfg(test_freq=0, lr=5e-4), parquets, tiny_model_dir, out, STANDIN))
     assert changed["resumed_from_step"] == 0 and changed["steps"] == 8
 
 
@@ -316,8 +315,7 @@ def test_early_stopping_on_a_falling_val_reward(tmp_path, tiny_model_dir, parque
     reward = falling_reward(tmp_path)
     out = tmp_path / "train"
     cfg = tiny_cfg(val_before_train=False, early_stopping={"enabled": True, "patience": 2})
-    summary = trl_engine.train(cfg, parquets[0], parquets[1], tiny_model_dir, **outputs(out),
-                               reward_spec=reward)
+    summary = trl_engine.train(run_spec(cfg, parquets, tiny_model_dir, out, reward))
     assert summary["early_stopped_at_step"] == 6 and summary["steps"] == 6
     assert (out / "adapter" / "adapter_config.json").is_file()
     val = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -603,8 +601,7 @@ def test_best_val_exports_the_best_checkpoints_adapter(tmp_path, tiny_model_dir,
     reward = falling_reward(tmp_path)
     out = tmp_path / "train"
     cfg = tiny_cfg(val_before_train=False, select="best_val", keep_last=2, test_freq=4)  # saves every 2
-    summary = trl_engine.train(cfg, parquets[0], parquets[1], tiny_model_dir, **outputs(out),
-                               reward_spec=reward)
+    summary = trl_engine.train(run_spec(cfg, parquets, tiny_model_dir, out, reward))
     chosen = summary["checkpoint"]
     assert chosen["step"] == 2 and chosen["saved_steps"] == [2, 8] and chosen["select"] == "best_val"
     assert "step 2 had the highest val reward" in chosen["why"]

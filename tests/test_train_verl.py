@@ -16,6 +16,7 @@ from llmrnn.errors import CheckFailed, InputError
 from llmrnn.reward import guard_spec, reward_kwargs
 from llmrnn.settings.train import Train
 from llmrnn.train import verl_adapter, verl_attention, verl_cmd, verl_overrides
+from llmrnn.train.spec import RunSpec
 from tests.verl.rows import make_rows, write_parquet
 
 REPO = Path(__file__).resolve().parents[1]
@@ -483,18 +484,17 @@ def test_verl_run_streams_metrics_checks_completion_and_copies_adapter(tmp_path,
     cfg = {"batch": {"train": 2, "mini": 2, "micro_per_gpu": 4}, "group_size": 4, "epochs": 2, "test_freq": 2,
            "lora": {"rank": 8, "alpha": 16}}
     out = tmp_path / "train"
-    kw = {"train_parquet": train, "val_parquet": val, "model_dir": "m", "work_dir": str(out),
-          "adapter_dir": out / "adapter", "metrics_path": out / "metrics.jsonl",
-          "experiment_name": "e", "endpoint_file": None, "verl_version": "0.7.1"}
+    spec = RunSpec(cfg, train_parquet=train, val_parquet=val, model_dir="m", work_dir=str(out),
+                   adapter_dir=out / "adapter", metrics_path=out / "metrics.jsonl", run_name="e")
 
     monkeypatch.setenv("FAKE_TOTAL", "8")
     monkeypatch.setenv("FAKE_STOP_AT", "5")
     with pytest.raises(CheckFailed, match="stopped at step 4 of 8"):
-        verl_cmd.run(cfg, **kw)
+        verl_cmd.run(spec, verl_version="0.7.1")
     assert not (out / "adapter").exists()
 
     monkeypatch.setenv("FAKE_STOP_AT", "0")
-    summary = verl_cmd.run(cfg, **kw)
+    summary = verl_cmd.run(spec, verl_version="0.7.1")
     assert summary["resumed_from_step"] == 4 and summary["steps"] == 8
     conf = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert (conf["r"], conf["lora_alpha"]) == (8, 16)
@@ -510,6 +510,63 @@ def test_verl_run_streams_metrics_checks_completion_and_copies_adapter(tmp_path,
     assert "python" in (out / "state" / "verl_command.sh").read_text() and sys.executable
 
 
+class _Stopped(Exception):
+    """Raised where a test stops an engine before it trains."""
+
+
+def test_train_run_hands_one_run_spec_to_either_engine(tmp_path, monkeypatch):
+    """`llmrnn train run` builds one RunSpec from its arguments and hands it to the engine train.engine (or
+    --engine) names: the same spec, but for train.engine, reaches TRL's engine (stopped before it loads
+    torch) and verl's runner, whose main_ppo command (stopped before it runs) is built from it."""
+    import dataclasses
+
+    from llmrnn import cli, gpu_stack
+    from llmrnn.train import trl_engine
+
+    specs, commands = {}, []
+
+    def entered(name, real):
+        def entry(spec, **kw):
+            specs[name] = spec
+            return real(spec, **kw)
+        return entry
+
+    def threads_not_set(threads):
+        raise _Stopped("trl")
+
+    def main_ppo_not_run(cmd, env, out, follow, stop=None):
+        commands.append(cmd)
+        raise _Stopped("verl")
+
+    monkeypatch.setattr(trl_engine, "train", entered("trl", trl_engine.train))
+    monkeypatch.setattr(trl_engine, "_setup_threads", threads_not_set)
+    monkeypatch.setattr(verl_cmd, "run", entered("verl", verl_cmd.run))
+    monkeypatch.setattr(verl_cmd, "_main_ppo", main_ppo_not_run)
+    monkeypatch.setattr(gpu_stack, "require_verl", lambda: None)  # no verl nor GPU here
+    monkeypatch.setattr(gpu_stack, "require_gpus", lambda need, have: None)
+    for var in ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID"):
+        monkeypatch.delenv(var, raising=False)
+    train = write_parquet(tmp_path / "train.parquet", make_rows(8))
+    cfg = {"train": {"batch": {"train": 2, "mini": 2, "micro_per_gpu": 4}, "group_size": 4, "epochs": 1,
+                     "test_freq": 0}, "reward": {"mode": "outcome"}}
+    work = tmp_path / "run" / "train"
+    for engine in ("trl", "verl"):
+        args = cli.build_parser(("train",)).parse_args([
+            "train", "run", "--cfg", json.dumps(cfg), "--train", str(train), "--model", "m", "--work-dir", str(work),
+            "--adapter", str(work / "adapter"), "--metrics", str(work / "metrics.jsonl"),
+            "--summary", str(work / "summary.json"), "--engine", engine])
+        with pytest.raises(_Stopped, match=engine):
+            args.func(args)
+    trl, verl = specs["trl"], specs["verl"]
+    assert (type(trl), trl.cfg.engine, verl.cfg.engine) == (RunSpec, "trl", "verl")
+    assert dataclasses.replace(trl, cfg=verl.cfg) == verl
+    assert (trl.train_parquet, trl.work_dir, trl.run_name, trl.tracked_config) == (str(train), str(work), "run", cfg)
+    (cmd,) = commands
+    assert {f"data.train_files={train}", "trainer.experiment_name=run",
+            f"trainer.default_local_dir={work / 'checkpoints'}"} <= set(cmd)
+    assert f"+reward.custom_reward_function.reward_kwargs.audit_dir={work / 'audit'}" in cmd
+
+
 def test_a_verl_run_whose_gradient_was_always_zero_is_not_complete(tmp_path, monkeypatch):
     """As under TRL: verl exits 0 after every planned step, but the gradient norm was 0 at each (a constant
     reward): one line, and no adapter is written."""
@@ -521,9 +578,9 @@ def test_a_verl_run_whose_gradient_was_always_zero_is_not_complete(tmp_path, mon
            "lora": {"rank": 8, "alpha": 16}}
     out = tmp_path / "train"
     with pytest.raises(CheckFailed, match=r"the gradient norm was 0 at every one of 4 logged steps"):
-        verl_cmd.run(cfg, train_parquet=train, val_parquet=None, model_dir="m", work_dir=str(out),
-                     adapter_dir=out / "adapter", metrics_path=out / "metrics.jsonl", experiment_name="e",
-                     endpoint_file=None, verl_version="0.7.1")
+        verl_cmd.run(RunSpec(cfg, train_parquet=train, val_parquet=None, model_dir="m", work_dir=str(out),
+                             adapter_dir=out / "adapter", metrics_path=out / "metrics.jsonl", run_name="e"),
+                     verl_version="0.7.1")
     assert not (out / "adapter").exists()
 
 
@@ -632,11 +689,10 @@ def test_verl_run_stops_with_the_reason_the_reward_left(tmp_path, monkeypatch):
     with ScriptedJudge(lambda body: next(answers)) as judge:
         endpoint = write_endpoint(tmp_path, judge.port, write_rubric(tmp_path))
         with pytest.raises(CheckFailed, match=r"exited with 1: judge degraded during training: 5 of the last 8"):
-            verl_cmd.run(cfg, train_parquet=train, val_parquet=None, model_dir="m", work_dir=str(out),
-                         adapter_dir=out / "adapter", metrics_path=out / "metrics.jsonl", experiment_name="e",
-                         endpoint_file=str(endpoint), verl_version="0.7.1",
-                         reward_kwargs=reward_kwargs(None, audit_dir=out / "audit", endpoint_file=endpoint,
-                                                     guard=guard_spec(0.5, 8)))
+            kwargs = reward_kwargs(None, audit_dir=out / "audit", endpoint_file=endpoint, guard=guard_spec(0.5, 8))
+            verl_cmd.run(RunSpec(cfg, train_parquet=train, val_parquet=None, model_dir="m", work_dir=str(out),
+                                 adapter_dir=out / "adapter", metrics_path=out / "metrics.jsonl", run_name="e",
+                                 endpoint_file=str(endpoint), reward_kwargs=kwargs), verl_version="0.7.1")
     rows = [json.loads(x) for x in (out / "state" / "metrics.jsonl").read_text().splitlines()]
     assert [r["judge_fallback_rate"] for r in rows if r["kind"] == "train"] == [0.0, 1.0]
 
@@ -660,9 +716,9 @@ def test_verl_reward_workers_score_outcome_mode_without_an_endpoint(tmp_path, mo
     assert "+reward.custom_reward_function.reward_kwargs.reward_cfg='{\"mode\": \"outcome\"}'" in overrides
     # the stand-in scores three steps and writes no checkpoint: the run is (rightly) incomplete
     with pytest.raises(CheckFailed) as failed:
-        verl_cmd.run(cfg, train_parquet=train, val_parquet=None, model_dir="m", work_dir=str(out),
-                     adapter_dir=out / "adapter", metrics_path=out / "metrics.jsonl", experiment_name="e",
-                     endpoint_file=None, verl_version="0.7.1", reward_kwargs=kwargs)
+        verl_cmd.run(RunSpec(cfg, train_parquet=train, val_parquet=None, model_dir="m", work_dir=str(out),
+                             adapter_dir=out / "adapter", metrics_path=out / "metrics.jsonl", run_name="e",
+                             reward_kwargs=kwargs), verl_version="0.7.1")
     assert "endpoint" not in str(failed.value) and "exited with" not in str(failed.value)
     scored = [json.loads(x) for step in (1, 2, 3) for x in (out / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
     assert len(scored) == 12 and all(r["parse_outcome"] == 1.0 and r["judge_calls"] == 0 for r in scored)

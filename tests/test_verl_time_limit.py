@@ -17,6 +17,7 @@ import pytest
 from llmrnn.errors import InputError, Interrupted
 from llmrnn.train import verl_cmd, verl_overrides
 from llmrnn.train.ray_cluster import single_node_overrides
+from llmrnn.train.spec import RunSpec
 from tests.test_train_verl import REFERENCE, REPO, VERSIONS, install_fake_main_ppo, verl_python
 from tests.verl.rows import make_rows, write_parquet
 
@@ -87,10 +88,9 @@ def _slow_verl(tmp_path, monkeypatch):
     cfg = {"batch": {"train": 2, "mini": 2, "micro_per_gpu": 4}, "group_size": 4, "epochs": 1, "test_freq": 0,
            "lora": {"rank": 8, "alpha": 16}}
     out = tmp_path / "train"
-    kw = {"train_parquet": write_parquet(tmp_path / "train.parquet", make_rows(8)), "val_parquet": None,
-          "model_dir": "m", "work_dir": str(out), "adapter_dir": out / "adapter", "metrics_path": out / "m.jsonl",
-          "experiment_name": "e", "endpoint_file": None, "verl_version": "0.7.1"}
-    return cfg, kw
+    return RunSpec(cfg, train_parquet=write_parquet(tmp_path / "train.parquet", make_rows(8)), val_parquet=None,
+                   model_dir="m", work_dir=str(out), adapter_dir=out / "adapter", metrics_path=out / "m.jsonl",
+                   run_name="e")
 
 
 def _gone(pid: int) -> bool:
@@ -105,7 +105,7 @@ def test_verl_run_stops_main_ppo_at_the_slurm_deadline_with_exit_75(tmp_path, mo
     """Inside a SLURM job (squeue answers its end time): main_ppo gets verl's expiration and redundant time
     on its command line, and at the deadline (end less LLMRNN_STOP_MARGIN_S) it is stopped and the run
     ends Interrupted (75) naming the checkpoint a rerun continues from; the handlers are put back."""
-    cfg, kw = _slow_verl(tmp_path, monkeypatch)
+    spec = _slow_verl(tmp_path, monkeypatch)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "squeue").write_text(FAKE_SQUEUE)
@@ -117,7 +117,7 @@ def test_verl_run_stops_main_ppo_at_the_slurm_deadline_with_exit_75(tmp_path, mo
     monkeypatch.setenv(verl_overrides.SAVE_ENV, "100")
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Interrupted, match=r"stopped on the SLURM time limit is near; its last checkpoint is step 1"):
-        verl_cmd.run(cfg, **kw)
+        verl_cmd.run(spec, verl_version="0.7.1")
     record = json.loads((tmp_path / "record.json").read_text())
     assert _gone(record["pid"])
     argv = record["argv"]
@@ -130,7 +130,7 @@ def test_verl_run_stops_main_ppo_at_the_slurm_deadline_with_exit_75(tmp_path, mo
 def test_verl_run_stops_main_ppo_on_sigterm_with_exit_75(tmp_path, monkeypatch):
     """Preemption (SIGTERM) outside any time limit: verl cannot save on request, so main_ppo is stopped and
     the run ends Interrupted (75) from its last checkpoint; no expiration goes to verl without a limit."""
-    cfg, kw = _slow_verl(tmp_path, monkeypatch)
+    spec = _slow_verl(tmp_path, monkeypatch)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     record = tmp_path / "record.json"
 
@@ -141,7 +141,7 @@ def test_verl_run_stops_main_ppo_on_sigterm_with_exit_75(tmp_path, monkeypatch):
 
     threading.Thread(target=preempt, daemon=True).start()
     with pytest.raises(Interrupted, match=r"stopped on signal SIGTERM; its last checkpoint is step 1"):
-        verl_cmd.run(cfg, **kw)
+        verl_cmd.run(spec, verl_version="0.7.1")
     argv = json.loads(record.read_text())["argv"]
     assert _gone(json.loads(record.read_text())["pid"])
     assert not [a for a in argv if "esi" in a or verl_overrides.ESI_ENV in a]

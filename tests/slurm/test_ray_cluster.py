@@ -114,6 +114,7 @@ def test_single_node_overrides_reach_verls_ray_init(tmp_path):
 def test_verl_run_gives_ray_the_job_or_refuses_a_missing_allocation(tmp_path, monkeypatch, nnodes):
     from llmrnn.errors import CheckFailed
     from llmrnn.train import verl_cmd
+    from llmrnn.train.spec import RunSpec
     from tests.verl.rows import make_rows, write_parquet
 
     for var in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
@@ -132,17 +133,16 @@ def test_verl_run_gives_ray_the_job_or_refuses_a_missing_allocation(tmp_path, mo
     train = write_parquet(tmp_path / "train.parquet", make_rows(8))
     cfg = {"batch": {"train": 2, "mini": 2, "micro_per_gpu": 1}, "group_size": 2, "epochs": 1, "test_freq": 0,
            "nnodes": nnodes}
-    kwargs = {"train_parquet": train, "val_parquet": None, "model_dir": "m", "work_dir": str(tmp_path / "w"),
-                  "adapter_dir": tmp_path / "a", "metrics_path": tmp_path / "m.jsonl", "experiment_name": "e",
-                  "endpoint_file": None, "verl_version": "0.7.1"}
+    spec = RunSpec(cfg, train_parquet=train, val_parquet=None, model_dir="m", work_dir=str(tmp_path / "w"),
+                   adapter_dir=tmp_path / "a", metrics_path=tmp_path / "m.jsonl", run_name="e")
     if nnodes == 1:
         with pytest.raises(RuntimeError, match="stopped before verl"):
-            verl_cmd.run(cfg, **kwargs)
+            verl_cmd.run(spec, verl_version="0.7.1")
         (cmd,) = ran
         assert "ray_kwargs.ray_init.num_cpus=3" in cmd and "+ray_kwargs.ray_init._temp_dir=/tmp/r77-local.ray" in cmd
     else:
         with pytest.raises(CheckFailed, match="train.nnodes is 2 but this job holds 0 node"):
-            verl_cmd.run(cfg, **kwargs)
+            verl_cmd.run(spec, verl_version="0.7.1")
         assert ran == []
 
 

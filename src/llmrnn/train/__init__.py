@@ -96,45 +96,27 @@ def cmd_run(args) -> int:
     custom = _custom_reward(reward_kwargs)
     _assign_gpus(cfg, args.judge_gpus)
     from llmrnn.train import tracking
+    from llmrnn.train.spec import RunSpec
 
     tracking.prepare(cfg, work)  # train.report_to's trackers write into the run folder
-    run_name = args.experiment or work.parent.name
-    outputs = {"work_dir": str(work), "adapter_dir": args.adapter, "metrics_path": args.metrics}
-    engine = cfg.engine
-    if engine == "verl":  # here, in the job that holds the GPUs (preflight's step holds none)
+    spec = RunSpec(cfg=cfg, train_parquet=args.train, val_parquet=args.val, model_dir=args.model,
+                   work_dir=str(work), adapter_dir=args.adapter, metrics_path=args.metrics,
+                   run_name=args.experiment or work.parent.name, reward_func=args.reward_func,
+                   reward_kwargs=reward_kwargs, custom=custom, endpoint_file=args.endpoint, tracked_config=args.cfg)
+    if cfg.engine == "verl":  # here, in the job that holds the GPUs (preflight's step holds none)
         from llmrnn import gpu_stack
         from llmrnn.gpus import visible_gpus
+        from llmrnn.train import verl_cmd
 
         gpu_stack.require_verl()
         gpu_stack.require_gpus(cfg.n_gpus_per_node, visible_gpus())
-    if engine == "trl":
+        summary = verl_cmd.run(spec)
+    else:
         from llmrnn.train import trl_engine
 
-        reward_fn = None
-        if custom:  # your own reward, per sample with verl's signature: TRL calls it through trl_reward
-            from llmrnn.reward.custom import open_custom, trl_reward
-
-            reward_fn = trl_reward(open_custom(custom), custom["name"])
-        summary = trl_engine.train(cfg, args.train, args.val, args.model, **outputs,
-                                   reward_spec=_reward_spec(args, custom) or trl_engine.DEFAULT_REWARD,
-                                   run_name=run_name, tracked_config=args.cfg, reward_kwargs=reward_kwargs,
-                                   reward_fn=reward_fn)
-    else:
-        from llmrnn.train import verl_cmd
-
-        # --reward-func names the TRL function; verl calls compute_score of the same module
-        reward_module = args.reward_func.split(":", 1)[0] if args.reward_func else None
-        summary = verl_cmd.run(cfg, train_parquet=args.train, val_parquet=args.val, model_dir=args.model, **outputs,
-                               experiment_name=run_name, endpoint_file=args.endpoint, reward_kwargs=reward_kwargs,
-                               reward_module=reward_module, custom=custom)
+        summary = trl_engine.train(spec)
     io.write_json(args.summary, summary)
     return 0
-
-
-def _reward_spec(args, custom: dict | None) -> str | None:
-    """What the checkpoint fingerprint and job_code name as the reward: your own reward's file:name, else
-    --reward-func."""
-    return f"{custom['path']}:{custom['name']}" if custom else args.reward_func
 
 
 def cmd_verl_cmd(args) -> int:

@@ -34,6 +34,7 @@ from typing import Any
 from llmrnn import io
 from llmrnn.errors import CheckFailed, InputError
 from llmrnn.gpus import cpu_bf16
+from llmrnn.reward.custom import open_custom, trl_reward
 from llmrnn.settings.train import Train
 from llmrnn.train import config as tcfg
 from llmrnn.train import data as tdata
@@ -45,6 +46,7 @@ from llmrnn.train.checkpoints import (
 )
 from llmrnn.train.metrics import MetricsWriter, progress_line, trl_row
 from llmrnn.train.outputs import export_adapter, export_checkpoint_adapter, finish_metrics
+from llmrnn.train.spec import RunSpec
 from llmrnn.train.stop import StopRequest, check_finished, run_trainer, stop_callback
 
 log = logging.getLogger(__name__)
@@ -436,33 +438,22 @@ def _setup_threads(threads: int) -> None:
 
 
 # ----------------------------------------------------------------------------- main entry
-def train(
-    cfg: Train,
-    train_parquet: str | os.PathLike,
-    val_parquet: str | os.PathLike | None,
-    model_dir: str | os.PathLike,
-    *,
-    work_dir: str | os.PathLike,
-    adapter_dir: str | os.PathLike,
-    metrics_path: str | os.PathLike,
-    reward_spec: str = DEFAULT_REWARD,
-    callbacks: list | None = None,
-    run_name: str | None = None,
-    tracked_config: dict | None = None,
-    reward_kwargs: dict | None = None,
-    reward_fn: Callable | None = None,
-) -> dict:
+def train(spec: RunSpec, *, callbacks: list | None = None) -> dict:
     """Run (or resume) GRPO with TRL; returns a summary. Raises CheckFailed if the planned steps were not reached.
 
-    The reward is `reward_fn` (your own reward wrapped by llmrnn.reward.custom.trl_reward) or the function
-    `reward_spec` names, called with `reward_kwargs` bound as keyword arguments (llmrnn.reward.kwargs).
+    The reward is your own (spec.custom, called through llmrnn.reward.custom.trl_reward) or the function
+    spec.reward_func names (default DEFAULT_REWARD), called with spec.reward_kwargs bound as keyword
+    arguments (llmrnn.reward.kwargs). `callbacks`: TrainerCallbacks run after ours.
 
-    work_dir holds checkpoints/ and state/ (live metrics, data trace): Snakemake deletes a rule's outputs
+    spec.work_dir holds checkpoints/ and state/ (live metrics, data trace): Snakemake deletes a rule's outputs
     before rerunning it, and a resumed run must keep the rows of the steps it does not redo; the outputs
     (adapter_dir, metrics_path) are written at the end.
     """
-    cfg = tcfg.settings(cfg)
-    work = Path(work_dir)
+    # your own reward, per sample with verl's signature: TRL calls it through trl_reward
+    reward_fn = trl_reward(open_custom(spec.custom), spec.custom["name"]) if spec.custom else None
+    cfg, work, model_dir, train_parquet = spec.cfg, Path(spec.work_dir), spec.model_dir, spec.train_parquet
+    val_parquet, reward_kwargs = spec.val_parquet, spec.reward_kwargs
+    reward_spec = spec.custom_spec or spec.reward_func or DEFAULT_REWARD
     ckpt_dir = work / "checkpoints"
     live_metrics = work / "state" / "metrics.jsonl"
     trace_path = work / "state" / "data_trace.jsonl"
@@ -494,7 +485,7 @@ def train(
     trainer = resumable_trainer_class()(
         model=load_policy(model_dir, tokenizer, cfg),
         reward_funcs=[traced_reward(reward, trace_path, holder)],
-        args=grpo_arguments(cfg, geo, ckpt_dir, max_steps, validate=bool(val_rows), run_name=run_name),
+        args=grpo_arguments(cfg, geo, ckpt_dir, max_steps, validate=bool(val_rows), run_name=spec.run_name),
         train_dataset=Dataset.from_list(train_rows),
         eval_dataset=Dataset.from_list(val_rows) if val_rows else None,
         processing_class=tokenizer,
@@ -502,7 +493,7 @@ def train(
         callbacks=[progress_callback(writer, max_steps), sample_dump_callback(work / "samples", holder, upd),
                    early_stop_callback(cfg, holder, upd), stop_callback(stop, holder, upd),
                    *([eval_at_save_callback()] if cfg.select == "best_val" and val_rows else []),
-                   *(callbacks or []), *_tracker_callbacks(cfg, tracked_config)],
+                   *(callbacks or []), *_tracker_callbacks(cfg, spec.tracked_config)],
     )
     trainer.remove_callback(PrinterCallback)  # our Progress callback logs one line per step instead
     holder["trainer"] = trainer
@@ -511,14 +502,15 @@ def train(
         run_trainer(trainer, resume, ckpt_dir, stop, holder, upd)
     reached = int(trainer.state.global_step)
     check_finished(cfg, holder, reached, max_steps, upd, live_metrics)
-    finish_metrics(live_metrics, Path(metrics_path))
+    metrics_path = Path(spec.metrics_path)
+    finish_metrics(live_metrics, metrics_path)
     chosen = choose_trl_checkpoint(cfg, ckpt_dir, io.read_jsonl(metrics_path), reached, upd)
     if chosen["checkpoint_dir"] is None:
-        export_adapter(trainer.model, tokenizer, Path(adapter_dir), cfg)
+        export_adapter(trainer.model, tokenizer, Path(spec.adapter_dir), cfg)
     else:
-        export_checkpoint_adapter(Path(chosen["checkpoint_dir"]), tokenizer, Path(adapter_dir), cfg)
+        export_checkpoint_adapter(Path(chosen["checkpoint_dir"]), tokenizer, Path(spec.adapter_dir), cfg)
     log.info("GRPO done: %d/%d steps, adapter of step %d at %s (%s)", reached, max_steps, chosen["step"],
-             adapter_dir, chosen["why"])
+             spec.adapter_dir, chosen["why"])
     return {
         "engine": "trl",
         "steps": reached,

@@ -33,6 +33,7 @@ from llmrnn.train.metrics import (
     verl_rows,
 )
 from llmrnn.train.outputs import finish_metrics
+from llmrnn.train.spec import RunSpec
 from llmrnn.train.stop import StopRequest
 from llmrnn.train.verl_adapter import adapter_from_checkpoint
 from llmrnn.train.verl_attention import resolve_attention
@@ -109,37 +110,23 @@ def rollout_stats(rollout_dir: Path, step: int) -> dict:
     return out
 
 
-def run(
-    cfg: Train,
-    *,
-    train_parquet: str,
-    val_parquet: str | None,
-    model_dir: str,
-    work_dir: str,
-    adapter_dir: str | os.PathLike,
-    metrics_path: str | os.PathLike,
-    experiment_name: str,
-    endpoint_file: str | None,
-    python: str | None = None,
-    verl_version: str | None = None,
-    reward_module: str | None = None,
-    reward_kwargs: dict | None = None,
-    custom: dict | None = None,
-) -> dict:
+def run(spec: RunSpec, *, python: str | None = None, verl_version: str | None = None) -> dict:
     """Run main_ppo (resuming from the latest checkpoint), stream its metrics, verify it finished, copy the adapter.
 
-    work_dir holds verl's checkpoints/, rollouts/, audit/ and state/ (live metrics); the outputs
-    (adapter_dir, metrics_path) are written once the run is complete. `reward_kwargs`: the reward's
-    arguments (default: the audit dir and `endpoint_file`); `custom`: your own reward {"path", "name"}
-    (reward.custom), which verl then calls through llmrnn.reward.custom_compute_score (the same contract as
-    check, preflight and TRL: a child process, a time limit, one conversion) instead of `reward_module`'s
-    compute_score; reward_kwargs' reward_cfg must name it. `cfg`: the train
-    settings (train.config.settings), passed on to build_overrides as they are."""
-    cfg = tcfg.settings(cfg)  # a no-op for the Train `llmrnn train run` passes
-    out = Path(work_dir)
+    `spec`'s work_dir holds verl's checkpoints/, rollouts/, audit/ and state/ (live metrics); its outputs
+    (adapter_dir, metrics_path) are written once the run is complete. With your own reward (spec.custom)
+    verl calls llmrnn.reward.custom_compute_score (the same contract as check, preflight and TRL: a child
+    process, a time limit, one conversion) instead of the compute_score of spec.reward_func's module.
+    `python`: the interpreter that runs main_ppo (default this one); `verl_version`: the release the
+    overrides are built for (default the installed verl's)."""
+    cfg, custom, out = spec.cfg, spec.custom, Path(spec.work_dir)
+    train_parquet, model_dir, endpoint_file = spec.train_parquet, spec.model_dir, spec.endpoint_file
+    reward_kwargs = spec.reward_kwargs
     if reward_kwargs is None:
         reward_kwargs = default_reward_kwargs(None, audit_dir=out / "audit", endpoint_file=endpoint_file)
-    reward_spec = f"{custom['path']}:{custom['name']}" if custom else reward_module
+    # --reward-func names the TRL function; verl calls compute_score of the same module
+    reward_module = spec.reward_func.split(":", 1)[0] if spec.reward_func else None
+    reward_spec = spec.custom_spec or reward_module
     ckpt_dir = out / "checkpoints"
     n_rows = count_rows(train_parquet)
     planned = tcfg.planned_steps(cfg, n_rows)
@@ -156,10 +143,10 @@ def run(
     overrides = build_overrides(
         cfg,
         train_parquet=train_parquet,
-        val_parquet=val_parquet,
+        val_parquet=spec.val_parquet,
         model_dir=model_dir,
-        out_dir=work_dir,
-        experiment_name=experiment_name,
+        out_dir=spec.work_dir,
+        experiment_name=spec.run_name or "llmrnn",
         endpoint_file=endpoint_file,
         verl_version=verl_version,
         # your own reward: verl calls our wrapper (its child process, time limit, one conversion), never the
@@ -189,13 +176,14 @@ def run(
             f"train: verl stopped at step {reached} of {planned} planned "
             f"({ckpt_dir}/latest_checkpointed_iteration.txt); the run is not complete"
         )
-    finish_metrics(out / "state" / "metrics.jsonl", Path(metrics_path))
+    metrics_path = Path(spec.metrics_path)
+    finish_metrics(out / "state" / "metrics.jsonl", metrics_path)
     # as under TRL: a run whose rewards were never finite, or whose gradient was 0 at every step, learned
     # nothing and is not complete (no adapter is written)
     if problem := learning_problem(io.read_jsonl(metrics_path), zero_gradient=cfg.fail_on_zero_gradient):
         raise CheckFailed(problem)
     chosen = choose_verl_checkpoint(cfg, ckpt_dir, io.read_jsonl(metrics_path))
-    adapter_from_checkpoint(ckpt_dir / f"global_step_{chosen['step']}" / "actor", Path(adapter_dir), cfg,
+    adapter_from_checkpoint(ckpt_dir / f"global_step_{chosen['step']}" / "actor", Path(spec.adapter_dir), cfg,
                             python=python, scratch=out / "state" / "gathered")
     return {"engine": "verl", "steps": reached, "planned_steps": planned, "resumed_from_step": start,
             "train_rows": n_rows, "checkpoint": chosen, "attention": attention}
