@@ -126,6 +126,13 @@ def _neutral_label(line: str, section: str) -> bool:
 
 
 @functools.lru_cache(maxsize=100_000)
+def _admission_rest(line: str, section: str) -> str | None:
+    """admission_label of a line of a mixed section, tried only where a word of one can stand (_ADMIT_HINT):
+    one cache lookup a line where a case-blind search and a lookup were two."""
+    return admission_label(line, section) if _ADMIT_HINT.search(line) else None
+
+
+@functools.lru_cache(maxsize=100_000)
 def admission_label(line: str, section: str) -> str | None:
     """The text after an admission sub-label of a mixed section (`ADMISSION EXAM:`, `Labs on admission:
     Na 131`), "" for one alone on its line, None for any other line. Every word must be on the section's
@@ -151,9 +158,11 @@ _LATER = re.compile(
     r"|\bdischarge (?:exam|labs?|vitals|physical)|\bd/c\b|\bcall-?out\b|\b(?:[mscn]|cv|ts)?icu\b|\bccu\b"
     r"|\brepeat\b|\blater\b|\bsubsequent(?:ly)?\b|\bthe next (?:day|morning)\b|\binterval\b|\bpost-?op|\bresolved\b"
     r"|\b(?:since|after) admission\b|\bduring (?:the |his |her )?(?:stay|admission|hospitali[sz]ation)\b")
+@functools.lru_cache(maxsize=100_000)
 def _later(line: str) -> bool:
     """Whether a line names a later time; these patterns are lower case, matched against the lower-cased line
-    (a case-blind alternation of this size costs several times more)."""
+    (a case-blind alternation of this size costs several times more). Cached: the alternation is tried at
+    every position of the line, and exam lines repeat from note to note (`GEN: NAD`)."""
     return bool(_LATER.search(line.lower()))
 
 
@@ -194,11 +203,18 @@ def _exam_line(line: str, after: int) -> bool:
     """An exam line: it starts with an exam system label (`Neuro:`, `EXT:`, `Rectal exam:`, `VS 98.1`), or
     is a list of findings (`afebrile, alert`), or continues the placed line above it (`after`: its length),
     starting lower case, or in any case where that line was long enough to have been wrapped."""
+    return _exam_verdict(line, bool(after), after >= WRAP)
+
+
+@functools.lru_cache(maxsize=100_000)
+def _exam_verdict(line: str, below_placed: bool, below_wrapped: bool) -> bool:
+    """_exam_line of a line, given whether a placed line stands above it and whether that one was wrapped:
+    all it reads of `after`, so the verdict is cached by line (exam lines repeat from note to note)."""
     if _later(line):
         return False
     if _EXAM_LINE.match(line.lower()):
         return True
-    if after and (_CONTINUATION.match(line) or after >= WRAP) and (
+    if below_placed and (_CONTINUATION.match(line) or below_wrapped) and (
             ":" not in line or _labelish(line, cased=False) is None):
         return True  # a wrapped line, not a label (`repeat exam:`)
     items = [i.strip() for i in line.replace(";", ",").split(",") if i.strip()]
@@ -339,7 +355,7 @@ def admission_part(body: str, withheld: Counter | None = None, section: str = "p
             after = 0
             draws.closed = draws.closed or (draws.seen and not line.strip())
             continue
-        rest = admission_label(line, section) if _ADMIT_HINT.search(line) else None
+        rest = _admission_rest(line, section)
         if rest is not None:
             if not _neutral_label(line, section):  # `ADMISSION LABS:` opens the first draw again, `LABS:` not
                 draws.closed = draws.seen = False

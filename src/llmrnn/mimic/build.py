@@ -144,6 +144,11 @@ class Shown:
         return high
 
 
+# json.dumps(x, ensure_ascii=False) builds a JSONEncoder per call (a non-default option); one encoder writes
+# the same text (twice a note, in the workers)
+_ENCODE = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def note_record(text: str, shown: Shown, admitted: date | None = None) -> tuple[bytes, dict[str, int], str | None]:
     """One note -> (its spool record as JSON bytes, its counts, why its target is empty or None). The
     record holds the leak audit's signals of each shown section (against the note's own target)."""
@@ -169,8 +174,7 @@ def note_record(text: str, shown: Shown, admitted: date | None = None) -> tuple[
     # the visit's clinical_sections as the cohort writes them (the note's target), encoded here in the worker:
     # the main process copies this line into the cohort (json escapes every newline, so it is one line)
     clinical = {"discharge_diagnosis": sec.numbered(names), **{k: body[k] for k in shown.sections if k in body}}
-    return ((json.dumps(meta, ensure_ascii=False) + "\n" + json.dumps(clinical, ensure_ascii=False) + "\n")
-            .encode("utf-8", "surrogatepass"), counts, why)
+    return ((_ENCODE(meta) + "\n" + _ENCODE(clinical) + "\n").encode("utf-8", "surrogatepass"), counts, why)
 
 
 _WORKER_SHOWN: Shown | None = None

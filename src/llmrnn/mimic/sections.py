@@ -290,6 +290,40 @@ _RULE = re.compile(r"^[\s=\-_*~#.+]*$")
 _SUBLABEL = re.compile(r"^([A-Za-z][A-Za-z ,/&()'\-]{0,50}?)\s*(?::\s*(.*))?$")
 
 
+_NAME, _DISPOSED, _NONE = "name", "disposition", "none"  # what a Discharge Diagnosis line's item is
+
+
+def _diagnosis_item(item: str) -> tuple[str, str]:
+    """(item, _NAME), or (item, _DISPOSED) for a disposition (`Expired`), (item, _NONE) for nothing to keep (a
+    rule, a placeholder such as `None`)."""
+    if not item or _RULE.match(item):
+        return item, _NONE
+    if _NOT_DIAGNOSIS.fullmatch(item):
+        return item, _DISPOSED if _DISPOSITION.search(item) else _NONE
+    return item, _NAME
+
+
+@functools.lru_cache(maxsize=100_000)
+def _diagnosis_line(raw: str) -> tuple[bool | None, str | None, tuple[str, str], tuple[str, str]] | None:
+    """One line of a Discharge Diagnosis section read alone: None for a rule or a blank, else (the sub-list
+    its label opens: True primary, False other, None no label; the lower-cased letter of an `A.` marker or
+    None; its _diagnosis_item read as a lettered-list entry, and as written). Cached: the lines repeat from
+    note to note (`Primary:`, `Secondary:`, `Hypertension`), and diagnosis_target keeps the list's state."""
+    line = raw.strip()
+    if _RULE.match(line):
+        return None
+    sub = None
+    m = _SUBLABEL.match(_NUMBER.sub("", line).strip())
+    if m and (words := header_key(m.group(1)).split()) and all(w in SUBLABEL_WORDS["discharge_diagnosis"]
+                                                               for w in words):
+        sub = any(w in PRIMARY_WORDS for w in words)
+        line = (m.group(2) or "").strip()
+    listed = _diagnosis_item(_NUMBER.sub("", line).strip().rstrip(" .,;"))
+    if (letter := _LETTER.match(line)) and letter.group(2) == ".":
+        return sub, letter.group(1).lower(), listed, _diagnosis_item(line.strip().rstrip(" .,;"))
+    return sub, None, listed, listed
+
+
 def diagnosis_target(body: str | None) -> tuple[list[str], str | None]:
     """A Discharge Diagnosis section -> (names, None), or ([], why it is empty): `no section`,
     `empty section`, `no diagnosis in the section` (only labels, rules, blanks, placeholders such as `None`)
@@ -306,26 +340,23 @@ def diagnosis_target(body: str | None) -> tuple[list[str], str | None]:
     dispositions = 0
     last_letter = "`"  # the letter before `a`
     for raw in body.split("\n"):
-        line = raw.strip()
-        if _RULE.match(line):
-            continue
-        m = _SUBLABEL.match(_NUMBER.sub("", line).strip())
-        if m and (words := header_key(m.group(1)).split()) and all(w in SUBLABEL_WORDS["discharge_diagnosis"]
-                                                                   for w in words):
-            target = primary if any(w in PRIMARY_WORDS for w in words) else other
-            line = (m.group(2) or "").strip()
-        if (letter := _LETTER.match(line)) and letter.group(2) == ".":
+        parsed = _diagnosis_line(raw)
+        if parsed is None:
+            continue  # a rule (`=====`) or a blank
+        sub, letter, listed, written = parsed
+        if sub is not None:
+            target = primary if sub else other
+        if letter is not None:
             # a letter and a dot are a list marker only in a lettered list (a., b., ...): `E. Coli UTI` is a name
-            in_list = letter.group(1).lower() in ("a", chr(ord(last_letter) + 1))
-            last_letter = letter.group(1).lower()
-            item = (_NUMBER.sub("", line) if in_list else line).strip().rstrip(" .,;")
+            in_list = letter in ("a", chr(ord(last_letter) + 1))
+            last_letter = letter
+            item, kind = listed if in_list else written
         else:
-            item = _NUMBER.sub("", line).strip().rstrip(" .,;")
-        if item and not _RULE.match(item):
-            if _NOT_DIAGNOSIS.fullmatch(item):
-                dispositions += bool(_DISPOSITION.search(item))
-                continue
+            item, kind = listed
+        if kind == _NAME:
             target.append(item)
+        elif kind == _DISPOSED:
+            dispositions += 1
     names, seen = [], set()
     for item in primary + other:
         if item.lower() not in seen:
