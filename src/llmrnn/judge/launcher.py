@@ -232,8 +232,10 @@ def run_server(rubric_path: str, endpoint_file: str, startup_timeout_s: float | 
         if not _wait_ready(proc, pub, base_url, key, served_name, stop,
                            startup_timeout_s or rubric.serving.startup_timeout_s):
             return 0
-        pub.write(status="ready")
+        # the line first, then the file: whoever sees "ready" finds the line in the log (a loaded test read
+        # the log between the two once)
         log.info("judge healthy at %s/v1 (model %s); endpoint %s is ready", base_url, served_name, pub.path)
+        pub.write(status="ready")
         _serve_until_stopped(proc, pub, stop)
         return 0
     finally:
