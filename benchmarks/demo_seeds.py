@@ -101,10 +101,17 @@ def main() -> None:
     args = ap.parse_args()
     if not (REPO / "results" / "demo" / "eval" / "comparison.json").is_file():
         sys.exit("results/demo/eval/comparison.json missing: run `make demo` first")
+    import yaml
+
     from llmrnn.gpus import cpu_dtype
 
-    # the demo's dtype auto: its numbers differ between a CPU with native bf16 and one without
-    print(f"(this CPU computes in {cpu_dtype('auto')}: roles dtype auto, train.trl.cpu_bf16 auto)", flush=True)
+    # what the run computed in, from its own config: a dtype `auto` differs between a CPU with native bf16 and
+    # one without (the demo names float32, the same on both)
+    run_cfg = yaml.safe_load((REPO / "results" / "demo" / "config.yaml").read_text())
+    run_cfg = run_cfg.get("config", run_cfg)
+    dtypes = sorted({cpu_dtype(role["dtype"]) for role in run_cfg["roles"].values()})
+    cpu_bf16 = run_cfg["train"]["trl"]["cpu_bf16"]
+    print(f"(the roles compute in {', '.join(dtypes)} on this CPU; train.trl.cpu_bf16 {cpu_bf16})", flush=True)
     print(HEADER, flush=True)
     for seed in args.seeds:
         run, wall = ("demo", float("nan")) if seed == 42 else seed_run(seed, args.cores)
