@@ -50,7 +50,7 @@ DISCHARGE_BLOCK = ("discharge_medications", "discharge_disposition", "discharge_
 
 SYSTEMS = ("VS", "Vitals", "GEN", "General", "HEENT", "Neck", "CV", "Cardiac", "Lungs", "Pulm", "Abd", "Abdomen",
            "Ext", "Extremities", "Neuro", "Skin", "Psych", "Rectal exam", "Neuro exam", "Back", "GU")
-FINDINGS = ("NAD", "clear to auscultation bilaterally", "soft, non-tender", "RRR, no murmurs", "no edema",
+EXAM_FINDING_TEXTS = ("NAD", "clear to auscultation bilaterally", "soft, non-tender", "RRR, no murmurs", "no edema",
             "A&Ox3", "warm and dry", "supple, no JVD", "guaiac negative", "moving all extremities")
 ADMISSION_EXAM_LABELS = ("ADMISSION EXAM", "Admission Physical Exam", "ON ADMISSION", "Exam on admission",
                          "ADMISSION PHYSICAL EXAMINATION", "Physical exam on admission", "Admission", "On presentation")
@@ -91,7 +91,7 @@ def exam_lines(draw, marker: str) -> list[str]:
     lines = []
     for i in range(draw(st.integers(1, 4))):
         system = draw(st.sampled_from(SYSTEMS))
-        finding = draw(st.sampled_from(FINDINGS))
+        finding = draw(st.sampled_from(EXAM_FINDING_TEXTS))
         lines.append(f"{system}: {finding} {marker}" if i == 0 else f"{system}: {finding}")
     return lines
 

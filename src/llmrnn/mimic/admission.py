@@ -183,7 +183,7 @@ _EXAM_LINE = re.compile(
     r"[ \t]*(?:[-*\u2022][ \t]*)?(?:(?:left|right|l|r|bilateral|bilat|b/l)[ \t]+)?"
     rf"(?:(?:{_SYSTEMS})(?:[ \t]+(?:exam|examination|findings))?[ \t]*(?:[:=,/]|-(?!\w)|-[ \t]|[ \t]+[^\s:]|$)"
     rf"|(?:{_VITALS})[ \t]*(?:[:=]|[ \t]*[<>~]?\d))")
-_FINDINGS = frozenset((
+_EXAM_FINDING_WORDS = frozenset((
     "afebrile", "febrile", "alert", "awake", "oriented", "a&o", "a&ox3", "aox3", "aaox3", "aaox", "nad", "wdwn",
     "crackles", "rales", "rhonchi", "wheeze", "wheezes", "wheezing", "edema", "tachycardic", "bradycardic",
     "tachypneic", "hypoxic", "hypotensive", "hypertensive", "diaphoretic", "pale", "jaundiced", "icteric",
@@ -219,7 +219,7 @@ def _exam_verdict(line: str, below_placed: bool, below_wrapped: bool) -> bool:
         return True  # a wrapped line, not a label (`repeat exam:`)
     items = [i.strip() for i in line.replace(";", ",").split(",") if i.strip()]
     return bool(items) and len(line) <= 200 and all(
-        i[0].isdigit() or i.split()[0].lower().rstrip(".") in _FINDINGS for i in items)
+        i[0].isdigit() or i.split()[0].lower().rstrip(".") in _EXAM_FINDING_WORDS for i in items)
 
 
 # ------------------------------------------------------------- lab lines
