@@ -48,11 +48,12 @@ test: $(STAMP) verl-envs
 	$(RUNENV) pytest -q -n $(TEST_WORKERS) --dist loadfile --timeout 3600 --durations 15 -m "not e2e and not vllm and not full" tests
 
 SLOW_PYTEST := pytest -q -p no:cacheprovider --timeout 3600 --durations 15
+E2E_MARK := -m "(e2e or vllm) and not full"
 E2E_WORKERS ?= 2
 test-e2e: $(STAMP) verl-envs vllm-env
 	set -o pipefail; \
-	{ $(RUNENV) $(SLOW_PYTEST) -m "(e2e or vllm) and not full" tests/slurm 2>&1 | sed -u 's/^/[slurm] /'; } & slurm=$$!; \
-	rest=0; $(RUNENV) $(SLOW_PYTEST) -m "(e2e or vllm) and not full" -n $(E2E_WORKERS) --dist loadfile --ignore=tests/slurm tests || rest=$$?; \
+	{ $(RUNENV) $(SLOW_PYTEST) $(E2E_MARK) tests/slurm 2>&1 | sed -u 's/^/[slurm] /'; } & slurm=$$!; \
+	rest=0; $(RUNENV) $(SLOW_PYTEST) $(E2E_MARK) -n $(E2E_WORKERS) --dist loadfile --ignore=tests/slurm tests || rest=$$?; \
 	s=0; wait $$slurm || s=$$?; exit $$(( rest || s ))
 
 test-full: $(STAMP) verl-envs vllm-env
