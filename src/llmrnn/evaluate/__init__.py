@@ -3,7 +3,8 @@
 Three steps, each a Snakemake job:
   shard   the forward pass (llmrnn.rnn.run_forward) over one shard of the test split with one memory model
           variant: base | trained (memory = "rnn", memory role's weights swapped) | zero_shot (no memory) |
-          full_history (concatenated history); one JSON line per patient -> RUN/eval/<variant>/shard_<k>.jsonl
+          full_history (concatenated history) | memprompt (its own recent errors and their corrections);
+          one JSON line per patient -> RUN/eval/<variant>/shard_<k>.jsonl
   grade   the final judge grades every visit's prediction against that visit's ground truth: the
           deterministic matcher (llmrnn.matching) or an LLM judge through the openai backend
           -> RUN/eval/<variant>/graded_<k>.jsonl
@@ -12,8 +13,9 @@ Three steps, each a Snakemake job:
           RUN/eval/comparison.json (each variant vs base: paired bootstrap CI of the difference, McNemar;
           memory recall: paired bootstrap CI + Wilcoxon signed-rank; memory specificity: the same test on
           each patient's gap between own-patient and other-patient memory recall).
-  compare many variants and training seeds on the same patients (llmrnn.evaluate.comparison): each variant
-          vs the base and each trained variant vs a control, Holm over the family, seed-pooled CIs.
+  compare (a command; no rule runs it yet) many variants and training seeds on the same patients
+          (llmrnn.evaluate.comparison): each variant vs the base and each trained variant vs a control, Holm
+          over the family, seed-pooled CIs, a forest plot.
 Memory recall (judge-free): at every visit t >= 1, the share of visit t's discharge diagnoses that the
 memory shown to the prediction model (h_{t-1}) names (llmrnn.reward.outcome_share, the quantity the outcome
 reward pays for); a patient's value is the mean over its transitions. Its control, memory specificity:
