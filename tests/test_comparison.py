@@ -89,6 +89,10 @@ def test_a_planted_gain_is_significant_after_holm_and_a_marginal_one_is_not(comp
     marginal = comps["control vs base"]["rows"][0]["acc_at_1"]["mcnemar"]
     assert marginal["p_value"] == pytest.approx(20 / 2**9)  # below 0.05 uncorrected
     assert marginal["p_holm"] > 0.05  # not after Holm over the 18 tests
+    mean = comps["good vs base"]["mean"]
+    assert mean["acc_at_1"]["diff"] == pytest.approx(0.6) and mean["acc_at_1"]["ci95"][0] > 0.3
+    assert mean["memory_recall"]["diff"] == 1.0 and mean["acc_at_1"]["n_seeds"] == 2
+    assert "mean" not in comps["good vs base"]["rows"][0]  # a row is one seed; the mean is the variant's
     listed = {(t["comparison"], t["seed"], t["metric"]): t for t in family["tests"]}
     assert listed[("control vs base", "1", "acc_at_1")]["significant"] is False
     assert listed[("good vs base", "2", "acc_at_1")]["significant"] is True
@@ -102,6 +106,8 @@ def test_variants_on_different_patients_are_refused(runs):
     longer = {**runs, "zero_shot": {None: run(set(), patients=range(N + 1))}}
     with pytest.raises(InputError, match=r"variant zero_shot was evaluated on patient p30, which variant base"):
         compare_variants(longer, control="control", stats=STATS)
+    with pytest.raises(InputError, match=r"^compare: variant good seed 1: no graded patients$"):
+        compare_variants({**runs, "good": {"1": []}}, stats=STATS)
     with pytest.raises(InputError, match=r"no control variant 'ctrl'"):
         compare_variants(runs, control="ctrl", stats=STATS)
 
@@ -115,7 +121,7 @@ def test_a_gain_one_seed_makes_and_the_other_does_not_gets_a_wider_ci():
     }
     comps = by_name(compare_variants(runs, stats=STATS))
     steady, fickle = comps["steady vs base"]["mean"]["acc_at_1"], comps["fickle vs base"]["mean"]["acc_at_1"]
-    assert steady["value"] == pytest.approx(0.3) and fickle["value"] == pytest.approx(0.3)  # the same mean gain
+    assert steady["diff"] == pytest.approx(0.3) and fickle["diff"] == pytest.approx(0.3)  # the same mean gain
     assert [r["acc_at_1"]["diff"] for r in comps["fickle vs base"]["rows"]] == pytest.approx([0.6, 0.0])
     width = lambda m: m["ci95"][1] - m["ci95"][0]
     assert width(fickle) > 1.5 * width(steady)

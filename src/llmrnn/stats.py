@@ -145,7 +145,7 @@ def seed_patient_bootstrap(
         stop = min(samples, start + chunk)
         picked = rng.integers(0, n_seeds, size=(stop - start, n_seeds))
         # a drawn seed's weight = how often it was drawn: the replicate's per-patient mean over its seeds
-        weights = np.stack([np.bincount(row, minlength=n_seeds) for row in picked]) / n_seeds
+        weights = (picked[:, :, None] == np.arange(n_seeds)).sum(axis=1) / n_seeds
         per_patient = weights @ table
         patients = rng.integers(0, n, size=(stop - start, n))
         means[start:stop] = np.take_along_axis(per_patient, patients, axis=1).mean(axis=1)

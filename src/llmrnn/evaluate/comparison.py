@@ -43,6 +43,8 @@ def check_runs(runs: Runs, base: str, control: str | None) -> None:
             raise InputError(f"compare: variant {variant} is given both with and without a seed")
         for seed, records in seeds.items():
             label = run_label(variant, seed)
+            if not records:
+                raise InputError(f"compare: {label}: no graded patients")
             check_patients(label, records)
             pids = {str(r["patient_id"]) for r in records}
             if first is None:
@@ -72,11 +74,12 @@ def recall_table(rows: list[dict[str, float]]) -> tuple[list[str], list[list[flo
     return pids, [[r[p] for p in pids] for r in rows]
 
 
-def pooled(table: list[list[float]], boot: dict) -> dict | None:
+def pooled(table: list[list[float]], boot: dict, key: str = "value") -> dict | None:
+    """The mean of a (seeds x patients) table under `key`, with its CI from the bootstrap over both."""
     if not table or not table[0]:
         return None
     bs = seed_patient_bootstrap(table, samples=int(boot["samples"]), seed=int(boot["seed"]))
-    return {"value": bs["mean"], "ci95": bs["ci95"], "ci_method": POOLED, "n_seeds": bs["n_seeds"], "n": bs["n"],
+    return {key: bs["mean"], "ci95": bs["ci95"], "ci_method": POOLED, "n_seeds": bs["n_seeds"], "n": bs["n"],
             "bootstrap": {"samples": bs["samples"], "seed": bs["seed"], "se": bs.get("se")}}
 
 
@@ -144,12 +147,13 @@ def compare_pair(runs: Runs, a: str, b: str, against: str, boot: dict, exact_bel
         out["mean"] = {}
         for key, metric in ACCURACY_KEYS:
             a_tab, b_tab = accuracy_table(a_grades, key, pids), accuracy_table(b_grades, key, pids)
-            out["mean"][metric] = pooled([[y - x for x, y in zip(ra, rb)] for ra, rb in zip(a_tab, b_tab)], boot)
+            out["mean"][metric] = pooled([[y - x for x, y in zip(ra, rb)] for ra, rb in zip(a_tab, b_tab)], boot,
+                                         key="diff")
         recall_pids, table = recall_table([recall_by_patient(x) for _, x, _ in pairs]
                                           + [recall_by_patient(y) for _, _, y in pairs])
         half = len(pairs)
         out["mean"]["memory_recall"] = pooled(
-            [[y - x for x, y in zip(ra, rb)] for ra, rb in zip(table[:half], table[half:])], boot
+            [[y - x for x, y in zip(ra, rb)] for ra, rb in zip(table[:half], table[half:])], boot, key="diff"
         ) if recall_pids else None
     return out
 
@@ -219,7 +223,7 @@ def plot_forest(comparison: dict, out) -> None:
             mean = (c.get("mean") or {}).get(metric)
             if mean is not None:
                 lo, hi = mean["ci95"]
-                ax.errorbar(mean["value"], y, xerr=[[mean["value"] - lo], [hi - mean["value"]]], fmt="D",
+                ax.errorbar(mean["diff"], y, xerr=[[mean["diff"] - lo], [hi - mean["diff"]]], fmt="D",
                             color="black", lw=2, ms=5, capsize=3)
             tests = [r[metric]["mcnemar" if metric != "memory_recall" else "wilcoxon"] for r in rows]
             if tests:
