@@ -464,3 +464,15 @@ def test_killed_shard_continues_from_its_finished_rows(tmp_path, tiny_model_dir,
     assert sum(calls) == 6 - 2 * kept  # only the patients not kept were run again
     assert out.read_text() == whole.read_text()
     assert len(out.read_text().splitlines()) == 6 and not partial.exists()
+
+
+def test_memprompt_is_a_baseline_of_its_own_memory_mode():
+    from llmrnn.evaluate.recall import BASELINES, variant_mode
+    from llmrnn.rnn import MEMORY_MODES
+
+    assert variant_mode("memprompt") == "memprompt" and "memprompt" in MEMORY_MODES
+    assert set(BASELINES.values()) <= set(MEMORY_MODES)
+    # eval's memory recall scores what memprompt showed (its stored errors), not h
+    shown = {"visit_index": 1, "ground_truth": TRUTH, "h_prev": '{"evolving_summary": "nothing"}',
+             "memory_shown": "Visit 1: predicted anemia; the visit's diagnoses were congestive heart failure"}
+    assert evaluate.recall_by_patient([{"patient_id": "p", "visits": [shown]}]) == {"p": 0.5}

@@ -212,7 +212,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                 "merge.verify", "gpu_stack", "train", "train.checkpoints",
                 "train.config", "train.data", "train.diagnose", "train.metrics", "train.spec", "train.trl_engine",
                 "train.verl_cmd", "train.verl_overrides", "train.verl_attention", "train.verl_adapter", "train.outputs", "train.ray_cluster", "train.tracking", "train.stop", "train.lora_guard"}),
-    ("checks and recipes", {"evaluate", "evaluate.recall", "evaluate.specificity", "evaluate.grading",
+    ("checks and recipes", {"evaluate", "evaluate.recall", "evaluate.specificity", "evaluate.grading", "evaluate.comparison",
                             "evaluate.gather", "evaluate.shard", "preflight", "preflight.rows",
                             "preflight.reward_checks", "preflight.agreement", "preflight.training", "preflight.run",
                             "qa", "qa.data", "qa.evaluate", "qa.report", "qa.rewards",

@@ -122,7 +122,7 @@ def test_parsed_memory_flows_into_the_next_step(prompts):
 
 def test_memory_modes(prompts):
     patients = synthesize_cohort(2, seed=5)
-    for mode in ("none", "full_history"):
+    for mode in ("none", "full_history", "memprompt"):
         backend = ScriptedBackend('{"evolving_summary": "SHOULD NOT BE CALLED"}')
         roles = {name: Role(name, backend if name == "memory" else ScriptedBackend("{}")) for name in rnn.ROLES}
         results = run_forward(patients, roles, prompts, memory=mode)
@@ -270,6 +270,81 @@ def test_bad_examples_are_one_line_naming_file_and_key(tmp_path, examples, probl
     with pytest.raises(InputError, match=problem) as err:
         load_prompts(path)
     assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_memprompt_shows_the_models_own_recent_errors_with_their_corrections(prompts):
+    """MemPrompt: after each visit whose prediction missed diagnoses, 'predicted X; the visit's diagnoses were
+    Y' is stored; the prediction model sees the most recent few, never the current visit's, and no memory
+    model is called."""
+    seen: list[str] = []
+
+    class Spy(ScriptedBackend):
+        def generate(self, conversations, temperature, top_p, max_tokens, seeds=None):
+            seen.extend(next(m["content"] for m in c if m["role"] == "user") for c in conversations)
+            return super().generate(conversations, temperature, top_p, max_tokens, seeds)
+
+    patients = [p for p in synthesize_cohort(8, seed=3) if len(p["visits"]) >= 5][:1]
+    assert patients
+    memory = ScriptedBackend('{"evolving_summary": "SHOULD NOT BE CALLED"}')
+    wrong = '{"top_5_diagnoses": ["hip fracture", "gout"], "primary_diagnosis": "hip fracture"}'
+    roles = {"prediction": Role("prediction", Spy(wrong)), "evaluation": Role("evaluation", ScriptedBackend("{}")),
+             "memory": Role("memory", memory)}
+    visits = run_forward(patients, roles, prompts, memory="memprompt")[0]["visits"]
+    truths = [parse_diagnoses(v["clinical_sections"]["discharge_diagnosis"]) for v in patients[0]["visits"]]
+    assert memory.calls == 0 and all(v["memory_ok"] is None for v in visits)
+    assert visits[0]["memory_shown"] == prompts.initial_memory  # no errors yet
+    first = f"Visit 1: predicted hip fracture (top 5: hip fracture; gout); the visit's diagnoses were {'; '.join(truths[0])}"
+    assert visits[1]["memory_shown"] == first
+    assert visits[1]["memory_shown"] in seen[1]  # what the prediction model was shown
+    # visit 5 shows the errors of visits 2, 3 and 4 (the most recent three), not visit 1's nor its own
+    shown = visits[4]["memory_shown"]
+    assert [line.split(":")[0] for line in shown.split("\n\n")] == ["Visit 2", "Visit 3", "Visit 4"]
+    assert "Visit 1:" not in shown and "Visit 5:" not in shown
+    assert all(v["history_omitted"] == 0 for v in visits)
+
+
+def test_memprompt_stores_only_the_visits_whose_prediction_missed_diagnoses():
+    truth = ["congestive heart failure", "type 2 diabetes mellitus"]
+    assert rnn.error_correction(0, {"primary_diagnosis": "CHF", "top_5_diagnoses": ["CHF", "T2DM"]}, truth) is None
+    partial = rnn.error_correction(2, {"primary_diagnosis": "CHF", "top_5_diagnoses": ["CHF"]}, truth)
+    assert partial == ("Visit 3: predicted CHF (top 5: CHF); the visit's diagnoses were congestive heart failure; "
+                       "type 2 diabetes mellitus")
+    assert rnn.error_correction(1, None, truth) == (
+        "Visit 2: predicted nothing; the visit's diagnoses were congestive heart failure; type 2 diabetes mellitus")
+    assert rnn.error_correction(1, None, []) is None  # no diagnoses: nothing to correct
+
+
+def test_memprompt_with_the_tiny_model_keeps_within_the_prediction_context(prompts, tiny_backend):
+    """The real tiny model predicts (mostly wrong); the errors it makes are the ones shown later, and with a
+    context window the earliest shown errors are left out until the prompt fits."""
+    calls: list[tuple[str, int]] = []
+    patients = synthesize_cohort(4, seed=3)
+    roles = counting_roles(tiny_backend, calls, max_tokens=8)
+    results = run_forward(patients, roles, prompts, memory="memprompt")
+    assert not [r for r, _ in calls if r == "memory"]
+    for p, res in zip(patients, results):
+        errors = [rnn.error_correction(t, v["prediction"], v["ground_truth"]) for t, v in enumerate(res["visits"])]
+        for t, v in enumerate(res["visits"]):
+            expected = [e for e in errors[:t] if e][-rnn.MEMPROMPT_ERRORS_SHOWN:]
+            assert v["memory_shown"] == ("\n\n".join(expected) or prompts.initial_memory)
+    assert any(v["memory_shown"].startswith("Visit ") for res in results for v in res["visits"])
+
+    class Measured:
+        prompt_lengths = staticmethod(tiny_backend.prompt_lengths)
+
+        def generate(self, conversations, temperature, top_p, max_tokens, seeds=None):
+            assert max(tiny_backend.prompt_lengths(conversations)) + 8 <= context
+            return tiny_backend.generate(conversations, temperature, top_p, max_tokens, seeds=seeds)
+
+    longest = max(tiny_backend.prompt_lengths([prompts.prediction.messages(
+        {"memory": v["memory_shown"], "visit": prompts.render_visit(p["visits"][t]), "visit_number": t + 1})
+        for p, res in zip(patients, results) for t, v in enumerate(res["visits"])]))
+    context = longest + 8 - 40  # the longest prompt no longer fits
+    capped_roles = dict(roles, prediction=Role("prediction", Measured(), temperature=0.7, top_p=0.95, max_tokens=8,
+                                                context=context))
+    capped = run_forward(patients, capped_roles, prompts, memory="memprompt")
+    omitted = [v for res in capped for v in res["visits"] if v["history_omitted"]]
+    assert omitted and all(v["memory_shown"].startswith(f"({v['history_omitted']} earlier error") for v in omitted)
 
 
 def test_full_history_keeps_the_latest_visits_that_fit_the_prediction_context(prompts, tiny_backend):

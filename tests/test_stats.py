@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from llmrnn.stats import mcnemar, paired_bootstrap, wilson_ci
+from llmrnn.stats import holm, mcnemar, paired_bootstrap, seed_patient_bootstrap, wilson_ci
 
 
 def test_wilson_8_of_10_by_hand():
@@ -66,3 +66,34 @@ def test_paired_bootstrap_keeps_pairs_together():
     assert res["ci95"] == [0.0, 0.0]
     with pytest.raises(ValueError):
         paired_bootstrap([True], [True, False])
+
+
+def test_holm_by_hand():
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04; the running max lifts the last
+    # to 0.06 (a larger raw p never gets a smaller adjusted one); back in the input order
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # capped at 1; ties share their adjusted value
+    assert holm([0.5, 0.2]) == pytest.approx([0.5, 0.4])
+    assert holm([0.6, 0.6, 0.01]) == pytest.approx([1.0, 1.0, 0.03])
+    assert holm([0.04, 0.04]) == pytest.approx([0.08, 0.08])
+    assert holm([]) == []
+    # one test: no correction
+    assert holm([0.03]) == pytest.approx([0.03])
+    with pytest.raises(ValueError):
+        holm([0.2, 1.5])
+
+
+def test_seed_patient_bootstrap_by_hand():
+    # two seeds, one gains 1 on every patient, the other 0: patient draws change nothing; the seed draw is
+    # (s1, s1) 1/4 -> 1, mixed 1/2 -> 0.5, (s2, s2) 1/4 -> 0, so the 95% interval is [0, 1] around 0.5
+    res = seed_patient_bootstrap([[1.0] * 20, [0.0] * 20], samples=4000, seed=2)
+    assert res["mean"] == 0.5 and res["ci95"] == [0.0, 1.0]
+    assert res["se"] == pytest.approx(math.sqrt(0.125), abs=0.02)  # var = 1/4 * 1/4 + 1/4 * 1/4 = 0.125
+    # the seeds agree: only the patients spread it, as the paired bootstrap over patients does
+    table = [[1.0] * 8 + [0.0] * 12] * 3
+    pooled, patients = seed_patient_bootstrap(table, samples=4000, seed=1), paired_bootstrap([0] * 20, table[0], 4000, 1)
+    assert pooled["mean"] == pytest.approx(0.4)
+    assert pooled["se"] == pytest.approx(patients["se"], rel=0.1)
+    assert res == seed_patient_bootstrap([[1.0] * 20, [0.0] * 20], samples=4000, seed=2)  # seeded
+    with pytest.raises(ValueError):
+        seed_patient_bootstrap([1.0, 2.0])

@@ -6,7 +6,7 @@ role, the longest prompt the configured prompts file can produce (prompts.Prompt
 
 - the visit x_t: the cohort's longest rendered visit (when the cohort file is here), else every configured
   section at `max_section_chars` (an estimate, said so);
-- the memory h_{t-1}: `roles.memory.max_tokens` tokens (an update is at most that long); full_history is
+- the memory h_{t-1}: `roles.memory.max_tokens` tokens (an update is at most that long); full_history (and memprompt) is
   capped at run time to what fits (rnn.fit_history), so it needs room for the visit alone;
 - the prediction shown to the evaluator (`roles.prediction.max_tokens`), the evaluation shown to the memory
   update (`roles.evaluation.max_tokens`),
@@ -53,7 +53,7 @@ def role_prompts(prompts: PromptSet, tok_of: dict, roles: dict, visits: list[str
     out: dict[str, list] = {}
     if "prediction" in tok_of:
         tok = tok_of["prediction"]
-        # h at its longest; full_history (an eval baseline) is capped to fit at run time (rnn.fit_history)
+        # h at its longest; full_history and memprompt (eval baselines) are capped to fit at run time (rnn.fit_history)
         memory = _tokens_text(tok, n("memory"))
         out["prediction"] = [prompts.prediction.messages({"memory": memory, "visit": v, "visit_number": 99})
                              for v in visits]

@@ -39,7 +39,8 @@ from llmrnn.stats import wilson_ci
 
 log = logging.getLogger(__name__)
 
-COLORS = {"base": "#7f7f7f", "trained": "#1f77b4", "zero_shot": "#ff7f0e", "full_history": "#2ca02c"}
+COLORS = {"base": "#7f7f7f", "trained": "#1f77b4", "zero_shot": "#ff7f0e", "full_history": "#2ca02c",
+          "memprompt": "#d62728"}
 
 
 def plot_accuracy(metrics: dict, out: str | Path) -> None:

@@ -13,7 +13,10 @@ Small models often write unparsable JSON; the pass never stops for it, it record
                            used downstream (evaluation_ok False, evaluation_source "fallback_match");
   memory unparsable     -> h_t = h_{t-1} (memory_ok False, memory_fallback "kept_h_prev").
 Memory modes: "rnn" (the memory model writes h_t), "none" (h stays the initial memory; no memory
-calls), "full_history" (the memory shown is every earlier visit with its diagnoses; no memory calls).
+calls), "full_history" (the memory shown is every earlier visit with its diagnoses; no memory calls),
+"memprompt" (MemPrompt, the LLM-as-RNN paper's comparison: the memory shown is the model's own most recent
+errors with their corrections, "predicted X; the visit's diagnoses were Y", for the earlier visits whose
+prediction missed diagnoses; no memory calls).
 Sampling is seeded per (seed, patient, visit, role), so a patient's outputs do not depend on which
 other patients share its batch or shard.
 """
@@ -33,7 +36,7 @@ from llmrnn import jsonparse
 from llmrnn.backends import make_backend
 from llmrnn.engine_budget import plan_engines
 from llmrnn.errors import InputError
-from llmrnn.matching import Matcher
+from llmrnn.matching import Matcher, diagnosis_name
 from llmrnn.models import resolve_model
 from llmrnn.prompts import PromptSet, show_json
 from llmrnn.runconfig import filled
@@ -41,7 +44,9 @@ from llmrnn.runconfig import filled
 log = logging.getLogger(__name__)
 
 ROLES = ("prediction", "evaluation", "memory")
-MEMORY_MODES = ("rnn", "none", "full_history")
+MEMORY_MODES = ("rnn", "none", "full_history", "memprompt")
+SHOWN_MEMORY_MODES = ("full_history", "memprompt")  # modes whose memory is text built here, not h
+MEMPROMPT_ERRORS_SHOWN = 3  # the most recent errors shown; MemPrompt retrieves a few, not the whole log
 EMPTY_PREDICTION = {"top_5_diagnoses": [], "primary_diagnosis": ""}
 
 
@@ -97,6 +102,20 @@ def fallback_evaluation(prediction: dict | None, truth: Sequence[str]) -> dict:
         "why_missed": "",
         "improvement_suggestions": "",
     }
+
+
+def error_correction(t: int, prediction: dict | None, truth: Sequence[str]) -> str | None:
+    """MemPrompt's memory entry for visit t: what was predicted and what the visit's diagnoses were, when the
+    prediction missed any of them (the fallback evaluation's matcher decides, so the entry does not hang on
+    whether the evaluation model wrote parsable JSON); None when nothing was missed or nothing is known."""
+    if not truth or not Matcher().missed(prediction, list(truth)):
+        return None
+    pred = prediction or EMPTY_PREDICTION
+    primary = diagnosis_name(pred.get("primary_diagnosis")) or "nothing"
+    top5 = pred.get("top_5_diagnoses") or []
+    others = [n for n in (diagnosis_name(x) for x in (top5 if isinstance(top5, list) else [top5])[:5]) if n]
+    shown = f"{primary} (top 5: {'; '.join(others)})" if others else primary
+    return f"Visit {t + 1}: predicted {shown}; the visit's diagnoses were {'; '.join(truth)}"
 
 
 # ----------------------------------------------------------------------------- roles
@@ -211,7 +230,7 @@ def run_forward(
     initial = jsonparse.memory_json(prompts.initial_memory)
     states = [
         {"patient": p, "pid": str(p["subject_id"]), "last": min(last_of(p), len(p["visits"]) - 1),
-         "h": initial, "history": [], "records": []}
+         "h": initial, "history": [], "errors": [], "records": []}
         for p in patients
     ]
     steps = max((s["last"] + 1 for s in states), default=0)
@@ -273,6 +292,8 @@ class _ForwardRun:
                 s["history"].append(
                     f"Visit {t + 1}:\n{r['_visit_text']}\nDISCHARGE DIAGNOSES: {'; '.join(r['ground_truth'])}"
                 )
+            if self.memory == "memprompt" and (error := error_correction(t, r["prediction"], r["ground_truth"])):
+                s["errors"].append(error)
             r.setdefault("memory_ok", None)
             r.pop("_visit_text")
             r.pop("_memory_text")
@@ -287,6 +308,8 @@ class _ForwardRun:
         omitted = 0
         if self.memory == "full_history":
             shown, omitted = self.fit_history(s["history"], visit_text, t)
+        elif self.memory == "memprompt":
+            shown, omitted = self.fit_history(s["errors"][-MEMPROMPT_ERRORS_SHOWN:], visit_text, t, "earlier error")
         else:
             shown = summary_text(s["h"])
         return {
@@ -296,21 +319,22 @@ class _ForwardRun:
             "h_prev": s["h"],
             "_visit_text": visit_text,
             "_memory_text": shown,
-            # full_history's memory is not h: keep what was shown (eval's memory recall reads it), and how
-            # many of the earliest visits were left out to fit the prediction model's context window
-            **({"memory_shown": shown, "history_omitted": omitted} if self.memory == "full_history" else {}),
+            # full_history's and memprompt's memory is not h: keep what was shown (eval's memory recall reads
+            # it), and how many of its earliest entries were left out to fit the prediction model's context
+            **({"memory_shown": shown, "history_omitted": omitted} if self.memory in SHOWN_MEMORY_MODES else {}),
         }
 
-    def fit_history(self, history: list[str], visit_text: str, t: int) -> tuple[str, int]:
-        """full_history's memory: the most recent earlier visits whose prediction prompt fits the prediction
-        role's context (max_model_len - max_tokens, counted with its engine's tokenizer); the earliest are left
-        out first and the text says how many. vLLM refuses a whole batch when one prompt is too long."""
+    def fit_history(self, history: list[str], visit_text: str, t: int, entry: str = "earlier visit") -> tuple[str, int]:
+        """full_history's (and memprompt's) memory: the most recent entries whose prediction prompt fits the
+        prediction role's context (max_model_len - max_tokens, counted with its engine's tokenizer); the
+        earliest are left out first and the text says how many. vLLM refuses a whole batch when one prompt is
+        too long."""
         role = self.roles["prediction"]
 
         def text(kept: list[str]) -> str:
             body = "\n\n".join(kept) or self.prompts.initial_memory
             left = len(history) - len(kept)
-            return (f"({left} earlier visit{'s' if left != 1 else ''} left out to fit the model's context)\n\n"
+            return (f"({left} {entry}{'s' if left != 1 else ''} left out to fit the model's context)\n\n"
                     + body) if left else body
 
         def room(kept: list[str]) -> int | None:

@@ -1,4 +1,5 @@
-"""Statistics for the held-out comparison: Wilson intervals, paired bootstrap, McNemar, Wilcoxon signed-rank."""
+"""Statistics for the held-out comparison: Wilson intervals, paired bootstrap (over patients, and over seeds and
+patients), McNemar, Wilcoxon signed-rank, Holm's correction of a family of p-values."""
 
 from __future__ import annotations
 
@@ -113,3 +114,62 @@ def wilcoxon_signed_rank(a: Sequence[float], b: Sequence[float]) -> dict:
         return {**out, "method": "none (all differences zero)", "statistic": None, "p_value": 1.0}
     res = sps.wilcoxon(nonzero, zero_method="wilcox", alternative="two-sided")
     return {**out, "method": "wilcoxon signed-rank", "statistic": float(res.statistic), "p_value": float(res.pvalue)}
+
+
+def seed_patient_bootstrap(
+    values: Sequence[Sequence[float]],
+    samples: int = 10_000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict:
+    """Mean of a (seeds x patients) table with a percentile bootstrap CI that holds both spreads.
+
+    Each replicate draws the seeds with replacement, then the patients with replacement; the same patient
+    draw serves every drawn seed, since every seed was evaluated on the same patients. `values` is one
+    value per (seed, patient) (a per-patient difference b - a keeps each patient's pair together), so a
+    mean that one seed makes and another does not gets a wide interval, which patients alone cannot give.
+    """
+    import numpy as np
+
+    table = np.asarray(values, dtype=float)
+    if table.ndim != 2:
+        raise ValueError(f"seed_patient_bootstrap: expected a seeds x patients table, got shape {table.shape}")
+    n_seeds, n = table.shape
+    out = {"samples": samples, "seed": seed, "n_seeds": n_seeds, "n": n}
+    if n_seeds == 0 or n == 0:
+        return {**out, "mean": None, "ci95": [None, None]}
+    rng = np.random.default_rng(seed)
+    means = np.empty(samples)
+    chunk = max(1, min(samples, 2_000_000 // max(n, 1)))  # bound memory for n = 6288
+    for start in range(0, samples, chunk):
+        stop = min(samples, start + chunk)
+        picked = rng.integers(0, n_seeds, size=(stop - start, n_seeds))
+        # a drawn seed's weight = how often it was drawn: the replicate's per-patient mean over its seeds
+        weights = (picked[:, :, None] == np.arange(n_seeds)).sum(axis=1) / n_seeds
+        per_patient = weights @ table
+        patients = rng.integers(0, n, size=(stop - start, n))
+        means[start:stop] = np.take_along_axis(per_patient, patients, axis=1).mean(axis=1)
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(means, [alpha, 1 - alpha])
+    return {**out, "mean": float(table.mean()), "ci95": [float(lo), float(hi)],
+            "se": float(means.std(ddof=1)) if samples > 1 else None}
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order.
+
+    Sorted ascending, the k-th smallest (k from 0) is multiplied by m - k, the running maximum keeps the
+    adjusted values in the order of the raw ones, and each is capped at 1. Rejecting where the adjusted
+    value is <= alpha controls the family-wise error rate at alpha, whatever the dependence between tests.
+    """
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for k, i in enumerate(order):
+        p = float(p_values[i])
+        if not 0.0 <= p <= 1.0 or math.isnan(p):
+            raise ValueError(f"holm: p-value {p_values[i]!r} is not in [0, 1]")
+        running = max(running, min(1.0, (m - k) * p))
+        adjusted[i] = running
+    return adjusted

@@ -3,7 +3,8 @@
 Three steps, each a Snakemake job:
   shard   the forward pass (llmrnn.rnn.run_forward) over one shard of the test split with one memory model
           variant: base | trained (memory = "rnn", memory role's weights swapped) | zero_shot (no memory) |
-          full_history (concatenated history); one JSON line per patient -> RUN/eval/<variant>/shard_<k>.jsonl
+          full_history (concatenated history) | memprompt (its own recent errors and their corrections);
+          one JSON line per patient -> RUN/eval/<variant>/shard_<k>.jsonl
   grade   the final judge grades every visit's prediction against that visit's ground truth: the
           deterministic matcher (llmrnn.matching) or an LLM judge through the openai backend
           -> RUN/eval/<variant>/graded_<k>.jsonl
@@ -12,6 +13,9 @@ Three steps, each a Snakemake job:
           RUN/eval/comparison.json (each variant vs base: paired bootstrap CI of the difference, McNemar;
           memory recall: paired bootstrap CI + Wilcoxon signed-rank; memory specificity: the same test on
           each patient's gap between own-patient and other-patient memory recall).
+  compare (a command; no rule runs it yet) many variants and training seeds on the same patients
+          (llmrnn.evaluate.comparison): each variant vs the base and each trained variant vs a control, Holm
+          over the family, seed-pooled CIs, a forest plot.
 Memory recall (judge-free): at every visit t >= 1, the share of visit t's discharge diagnoses that the
 memory shown to the prediction model (h_{t-1}) names (llmrnn.reward.outcome_share, the quantity the outcome
 reward pays for); a patient's value is the mean over its transitions. Its control, memory specificity:
@@ -121,6 +125,36 @@ def _cmd_gather(args: argparse.Namespace) -> None:
                  "n/a" if spec.get("other_recall") is None else f"{spec['other_recall']:.3f}", m["n_patients"])
 
 
+def parse_runs(items: list[str]) -> dict[str, dict[str | None, list[Path]]]:
+    """`NAME=PATH` (a single run) or `NAME@SEED=PATH` (one seed of a trained variant), repeated; several
+    paths of one run are its shards."""
+    runs: dict[str, dict[str | None, list[Path]]] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        variant, at, seed = name.partition("@")
+        if not sep or not variant or not path or (at and not seed):
+            raise InputError(f"--variant {item!r}: expected NAME=PATH or NAME@SEED=PATH (a graded shard)")
+        if not Path(path).is_file():
+            raise InputError(f"--variant {item!r}: {path}: graded shard not found")
+        runs.setdefault(variant, {}).setdefault(seed if at else None, []).append(Path(path))
+    return runs
+
+
+def _cmd_compare(args: argparse.Namespace) -> None:
+    from llmrnn.evaluate.comparison import compare_variants, plot_forest
+
+    runs = {variant: {seed: [rec for p in paths for rec in io.read_jsonl(p)] for seed, paths in seeds.items()}
+            for variant, seeds in parse_runs(args.variant).items()}
+    comparison = compare_variants(runs, base=args.base, control=args.control, stats=args.cfg.get("stats"),
+                                  alpha=args.alpha)
+    io.write_json(args.out, comparison)
+    if args.plot:
+        plot_forest(comparison, args.plot)
+    significant = [t for t in comparison["family"]["tests"] if t["significant"]]
+    log.info("compare: %d variants, %d comparisons, %d of %d tests significant after Holm (alpha %g)",
+             len(runs), len(comparison["comparisons"]), len(significant), comparison["family"]["size"], args.alpha)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from llmrnn.cli import json_arg
 
@@ -154,3 +188,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--comparison", required=True)
     p.add_argument("--cfg", type=json_arg, required=True)
     p.set_defaults(func=_cmd_gather)
+
+    p = esub.add_parser("compare", help="many variants (and seeds) on the same patients -> comparison.json, forest plot")
+    p.add_argument("--variant", action="append", required=True, metavar="NAME[@SEED]=PATH",
+                   help="a graded shard of a variant (repeat: several shards, seeds and variants); NAME@SEED marks "
+                        "one training seed of a trained variant")
+    p.add_argument("--base", default="base", help="the frozen base every variant is compared with (default base)")
+    p.add_argument("--control", default=None, help="a variant every other trained variant is compared with")
+    p.add_argument("--alpha", type=float, default=0.05, help="family-wise error rate of the Holm correction")
+    p.add_argument("--out", required=True, help="output: comparison.json")
+    p.add_argument("--plot", default=None, help="output: the forest plot of the differences (PNG)")
+    p.add_argument("--cfg", type=json_arg, default={}, help="JSON: the eval section's stats (bootstrap, McNemar)")
+    p.set_defaults(func=_cmd_compare)

@@ -14,13 +14,15 @@ from llmrnn.evaluate.specificity import compare_specificity, specificity_metrics
 from llmrnn.runconfig import filled
 from llmrnn.stats import mcnemar, paired_bootstrap, wilcoxon_signed_rank, wilson_ci
 
-
 # ----------------------------------------------------------------------------- metrics
+ACCURACY_KEYS = (("primary_correct", "acc_at_1"), ("any_top5_correct", "acc_at_5"))  # grade key -> metric
+
+
 def _rate(values: list[bool]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _check_patients(variant: str, records: list[dict]) -> None:
+def check_patients(variant: str, records: list[dict]) -> None:
     seen: set[str] = set()
     for rec in records:
         pid = str(rec["patient_id"])
@@ -39,7 +41,7 @@ def variant_metrics(records: list[dict], specificity: dict | None = None) -> dic
     last = [r["visits"][-1]["grade"] for r in records]
     n = len(last)
     out: dict[str, Any] = {"n_patients": n, "n_visits": sum(len(r["visits"]) for r in records)}
-    for key, name in (("primary_correct", "acc_at_1"), ("any_top5_correct", "acc_at_5")):
+    for key, name in ACCURACY_KEYS:
         k = sum(bool(g[key]) for g in last)
         lo, hi = wilson_ci(k, n)
         out[name] = {"value": k / n if n else None, "correct": k, "n": n, "ci95": [lo, hi], "ci_method": "wilson"}
@@ -107,20 +109,15 @@ def compare_memory_recall(reference: list[dict], other: list[dict], boot: dict) 
     }
 
 
-def compare(reference: list[dict], other: list[dict], name: str, boot: dict, exact_below: int,
-            specificity: dict | None = None) -> dict:
-    """`name` vs the reference on paired patients: difference + paired bootstrap CI + McNemar per metric."""
-    ref = {str(r["patient_id"]): r["visits"][-1]["grade"] for r in reference}
-    oth = {str(r["patient_id"]): r["visits"][-1]["grade"] for r in other}
-    if set(ref) != set(oth):
-        missing = sorted(set(ref) ^ set(oth))[:5]
-        raise InputError(f"eval: {name} and {REFERENCE} graded different patients (e.g. {missing}); pairs must match")
-    pids = sorted(ref)
+def compare_accuracy(reference: dict[str, dict], other: dict[str, dict], boot: dict, exact_below: int) -> dict:
+    """Acc@1 and Acc@5 of `other` vs the reference ({patient id: last visit's grade}, the same patients):
+    the difference with its paired bootstrap CI, and McNemar."""
+    pids = sorted(reference)
     boot = filled("eval.stats.bootstrap", boot)
-    result: dict[str, Any] = {"a": REFERENCE, "b": name, "n_pairs": len(pids), "difference": "b - a"}
-    for key, metric in (("primary_correct", "acc_at_1"), ("any_top5_correct", "acc_at_5")):
-        a = [bool(ref[p][key]) for p in pids]
-        b = [bool(oth[p][key]) for p in pids]
+    result = {}
+    for key, metric in ACCURACY_KEYS:
+        a = [bool(reference[p][key]) for p in pids]
+        b = [bool(other[p][key]) for p in pids]
         bs = paired_bootstrap(a, b, samples=int(boot["samples"]), seed=int(boot["seed"]))
         result[metric] = {
             "a": sum(a) / len(a) if a else None,
@@ -130,6 +127,19 @@ def compare(reference: list[dict], other: list[dict], name: str, boot: dict, exa
             "bootstrap": {"samples": bs["samples"], "seed": bs["seed"], "se": bs.get("se")},
             "mcnemar": mcnemar(a, b, exact_below=exact_below),
         }
+    return result
+
+
+def compare(reference: list[dict], other: list[dict], name: str, boot: dict, exact_below: int,
+            specificity: dict | None = None) -> dict:
+    """`name` vs the reference on paired patients: difference + paired bootstrap CI + McNemar per metric."""
+    ref = {str(r["patient_id"]): r["visits"][-1]["grade"] for r in reference}
+    oth = {str(r["patient_id"]): r["visits"][-1]["grade"] for r in other}
+    if set(ref) != set(oth):
+        missing = sorted(set(ref) ^ set(oth))[:5]
+        raise InputError(f"eval: {name} and {REFERENCE} graded different patients (e.g. {missing}); pairs must match")
+    result: dict[str, Any] = {"a": REFERENCE, "b": name, "n_pairs": len(ref), "difference": "b - a"}
+    result.update(compare_accuracy(ref, oth, boot, exact_below))
     result["memory_recall"] = compare_memory_recall(reference, other, boot)
     result["memory_specificity"] = compare_specificity(reference, other, boot, specificity)
     return result
@@ -140,7 +150,7 @@ def gather(graded: dict[str, list[Path]], cfg: dict) -> tuple[dict, dict]:
     per_variant = {}
     for variant, paths in graded.items():
         records = [rec for p in sorted(paths, key=str) for rec in io.read_jsonl(p)]
-        _check_patients(variant, records)
+        check_patients(variant, records)
         per_variant[variant] = records
     judge = FinalJudge(cfg.get("final_judge", {}))
     stats_cfg = filled("eval.stats", cfg.get("stats"))

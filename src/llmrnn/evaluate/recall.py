@@ -11,7 +11,8 @@ from llmrnn.reward import outcome_share
 from llmrnn.rnn import summary_text
 
 MEMORY_VARIANTS = ("base", "trained")  # memory = "rnn", only the memory role's weights differ
-BASELINES = {"zero_shot": "none", "full_history": "full_history"}  # variant -> run_forward memory mode
+# variant -> run_forward memory mode; memprompt: the model's own recent errors with their corrections
+BASELINES = {"zero_shot": "none", "full_history": "full_history", "memprompt": "memprompt"}
 ROLES = ("prediction", "evaluation", "memory")
 REFERENCE = "base"
 
@@ -37,7 +38,7 @@ def select_patients(patients: list[dict], max_patients: int | None, seed: int) -
 
 def memory_shown(visit: dict) -> str:
     """The memory the prediction model saw at this visit: h_{t-1}'s summary (rnn; the initial memory for
-    no-memory baselines) or the concatenated history (full_history)."""
+    no-memory baselines), the concatenated history (full_history) or the recent errors (memprompt)."""
     if visit.get("memory_shown") is not None:
         return str(visit["memory_shown"])
     return summary_text(visit.get("h_prev") or "")

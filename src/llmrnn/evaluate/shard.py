@@ -18,7 +18,7 @@ def run_shard(
     """The LLM-as-RNN forward pass (llmrnn.rnn.run_forward, batched per visit step) of one variant.
 
     base/trained: memory = "rnn" and only the memory role's weights differ (`memory_model`); baselines
-    use the same prediction/evaluation roles with memory "none" or "full_history". Every variant gets
+    use the same prediction/evaluation roles with memory "none", "full_history" or "memprompt". Every variant gets
     the same roles config, prompts and seed, so sampling is paired per (patient, visit, role).
     """
     mode = variant_mode(variant)
