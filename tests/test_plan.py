@@ -463,3 +463,20 @@ def test_a_plan_error_stops_the_workflow_with_its_line(workflow_dir):
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "llmrnn/plan/" not in text
     assert "WorkflowError" in text and "model 'not-configured' is used but not configured" in text
+
+
+def test_every_baseline_the_settings_allow_is_an_eval_variant_the_rules_match():
+    """eval.baselines names a variant eval_shard's {variant} wildcard must match (EvaluatePlan.VARIANT_PATTERN)
+    and run_forward a memory mode of (llmrnn.evaluate.recall.BASELINES): memprompt included."""
+    import re
+    import typing
+
+    from llmrnn.evaluate.recall import BASELINES
+    from llmrnn.plan.evaluate import EvaluatePlan
+    from llmrnn.settings.evaluation import Eval
+
+    allowed = typing.get_args(typing.get_args(Eval.model_fields["baselines"].annotation)[0])
+    assert "memprompt" in allowed and set(allowed) == set(BASELINES)
+    plan = plan_of(DEMO, overlay={"eval": {"baselines": list(allowed)}})
+    assert plan.evaluate.variants() == ["base", "trained", *allowed]
+    assert all(re.fullmatch(EvaluatePlan.VARIANT_PATTERN, v) for v in plan.evaluate.variants())

@@ -18,7 +18,7 @@ class EvaluatePlan(PlanBase):
     evaluates in its own stage (`qa`)."""
 
     # eval_shard's {variant}: the base and trained memory model, and the baselines eval.baselines may name
-    VARIANT_PATTERN = "base|trained|zero_shot|full_history"
+    VARIANT_PATTERN = "base|trained|zero_shot|full_history|memprompt"
 
     def __init__(self, config: Mapping, *, models: ModelsPlan, qa: QaPlan):
         super().__init__(config)

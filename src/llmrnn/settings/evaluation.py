@@ -78,7 +78,7 @@ EvalResources = job_resources("EvalResources", "eval.resources", "each eval_shar
 class Eval(Section):
     """`eval`"""
 
-    baselines: list[Literal['zero_shot', 'full_history']] = Field(default_factory=list, description='extra variants run with the same machinery (no memory; full-history concatenation)', json_schema_extra={'uniqueItems': True})
+    baselines: list[Literal['zero_shot', 'full_history', 'memprompt']] = Field(default_factory=list, description='extra variants run with the same machinery (no memory; full-history concatenation; a memory of its own past errors and their corrections)', json_schema_extra={'uniqueItems': True})
     max_patients: int | None = Field(None, le=1_000_000_000, ge=1, description='cap on evaluated test patients (seeded sample); null = the whole test split')
     patient_seed: int = Field(0, le=2**32 - 1, ge=0, description='seed of the max_patients sample')
     max_visits: int | None = Field(None, le=1_000_000_000, ge=2, description="use only each evaluated patient's first N visits (the sample is drawn first); null = all")
