@@ -304,6 +304,40 @@ def test_qa_card_with_a_judge_names_it_and_its_limits(qa_inputs, tmp_path, monke
     assert json.loads((out / "MANIFEST.json").read_text())["judge"]["model"] == "smollm2-135m-instruct"
 
 
+def test_the_card_templates_read_what_card_py_gives_and_nothing_else(inputs, qa_inputs, tmp_path, monkeypatch):
+    """Each recipe's template reads only the variables llmrnn.release.card gives it (Jinja prints an unknown
+    name as nothing), card.py gives none that the template leaves unread, and the shared macros read nothing
+    but their arguments; the wheel ships every template (pyproject.toml package-data)."""
+    import fnmatch
+
+    import jinja2
+    from jinja2 import meta
+    from setuptools.config.pyprojecttoml import read_configuration
+
+    from llmrnn.release import card
+    from tests.conftest import REPO
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    env = jinja2.Environment()
+
+    def read(name: str) -> set[str]:
+        return meta.find_undeclared_variables(env.parse((card.TEMPLATES / name).read_text()))
+
+    assert read("sections.md") == set()
+    for recipe, variables, build, given_inputs in (("memory_head", card._memory_head_variables, run_release, inputs),
+                                                   ("qa", card._qa_variables, run_qa_release, qa_inputs)):
+        out = tmp_path / "run" / f"release_{recipe}"
+        build(given_inputs, out)
+        manifest = json.loads((out / "MANIFEST.json").read_text())
+        given = {**card._shared_variables(manifest, "x/y"), **variables(manifest)}
+        assert read(f"{recipe}.md") == set(given) | {"card_data", "sections"}, recipe  # from_template's, ours
+
+    patterns = read_configuration(REPO / "pyproject.toml")["tool"]["setuptools"]["package-data"]["llmrnn"]
+    package = Path(card.__file__).parents[1]
+    shipped = [str(p.relative_to(package)) for p in card.TEMPLATES.iterdir()]
+    assert len(shipped) == 3 and all(any(fnmatch.fnmatch(f, pat) for pat in patterns) for f in shipped), shipped
+
+
 def test_qa_data_in_the_card_or_manifest_stops_the_qa_release(qa_inputs, tmp_path):
     from tests.test_phi_guard import QA_ID
 

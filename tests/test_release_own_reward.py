@@ -4,7 +4,7 @@ manifest holds the file's sha256 (it held the path alone)."""
 from __future__ import annotations
 
 from llmrnn import io
-from llmrnn.release.card import _card_grpo_and_reward
+from llmrnn.release.card import memory_reward
 from llmrnn.release.manifest import own_reward
 
 
@@ -15,16 +15,15 @@ def test_the_card_and_manifest_name_the_own_reward_file(tmp_path):
              "reward": {"mode": "outcome", "custom": {"path": str(reward), "name": "compute_score"}}}
     entry = own_reward(knobs)
     assert entry == {"path": str(reward), "name": "compute_score", "sha256": io.sha256_file(reward)}
-    parts: list[str] = []
-    _card_grpo_and_reward(parts, {"knobs": knobs, "judge": {"rubric_file": None}, "own_reward": entry})
-    card = "".join(parts)
-    assert f"your own reward: compute_score in {reward}" in card and entry["sha256"] in card
-    assert "outcome (no judge)" not in card
+    section = memory_reward({"knobs": knobs, "judge": {"rubric_file": None}, "own_reward": entry})
+    rows = dict(section["reward_rows"])
+    assert rows == {"reward": f"your own reward: compute_score in {reward} (no judge)",
+                    "reward file sha256": entry["sha256"]}
+    assert "reward.custom" in section["reward_mode"]["how_scored"]
 
 
 def test_without_an_own_reward_the_card_says_outcome():
     knobs = {"recipe": "memory_head", "train": {"engine": "trl"}, "reward": {"mode": "outcome"}}
     assert own_reward(knobs) is None
-    parts: list[str] = []
-    _card_grpo_and_reward(parts, {"knobs": knobs, "judge": {"rubric_file": None}, "own_reward": None})
-    assert "outcome (no judge)" in "".join(parts)
+    section = memory_reward({"knobs": knobs, "judge": {"rubric_file": None}, "own_reward": None})
+    assert dict(section["reward_rows"])["reward"].startswith("outcome (no judge)")
