@@ -342,11 +342,12 @@ PLANS = {"default": ["config/config.yaml"], "judged": ["config/config.yaml", "ju
 
 
 # A job's params change, as Snakemake's summary states it (`--summary`, one row per output: its rule, its
-# status). A dry run names a params change only for a job that nothing upstream reruns, and the summary
-# says "updated input files" in place of "params changed" for a job downstream of one it plans to run; with
-# mtime as the only rerun trigger it plans none (every output is marked made, in order), so each job's own
-# status shows. (`--list-params-changes` (Snakemake 9.27) also lists unchanged outputs.)
+# status), for each job on its own: a dry run names a params change only for a job that nothing upstream
+# reruns, and `--list-params-changes` (Snakemake 9.27) also lists unchanged outputs. The summary says
+# "updated input files" in place of "params changed" only where an input is newer than the output: never
+# here, every output marked made in order.
 SUMMARY_STATUS = 4  # output_file, date, rule, log-file(s), status, plan
+DETAILED_STATUS = 6  # output_file, date, rule, log-file(s), input-file(s), shellcmd, status, plan
 
 
 class Plans:
@@ -391,12 +392,27 @@ class Plans:
             else:
                 path.mkdir(exist_ok=True)
         self.snakemake(plan, "--touch", "--forceall", "all", "--configfile", *files)
+        self.restore_services(plan)
         self.rules[plan] = set(outputs.values())
         return self.rules[plan]
 
+    def restore_services(self, plan: str) -> None:
+        """A service's output (the judge's endpoint) is gone once its consumers are done, and the summary
+        states no params change for a missing file: it is made again, as old as its newest input (its
+        recorded inputs: `--detailed-summary`), so it is newer than no input and older than no consumer."""
+        rows = [line.split("\t") for line in self.snakemake(plan, "--detailed-summary", "all", "--configfile",
+                                                             *PLANS[plan]).splitlines()]
+        for row in rows[1:]:
+            if len(row) > DETAILED_STATUS and row[DETAILED_STATUS] == "service file":
+                path = self.root / plan / row[0]
+                path.touch()
+                newest = max(((self.root / plan / f).stat().st_mtime for f in row[4].split(",") if f != "-"),
+                             default=0)
+                os.utime(path, (newest, newest))
+
     def changed_rules(self, plan: str) -> set[str]:
-        rows = [line.split("\t") for line in self.snakemake(plan, "--summary", "all", "--rerun-triggers", "mtime",
-                                                             "--configfile", *PLANS[plan]).splitlines()]
+        rows = [line.split("\t") for line in self.snakemake(plan, "--summary", "all", "--configfile",
+                                                             *PLANS[plan]).splitlines()]
         return {row[2] for row in rows[1:] if len(row) > SUMMARY_STATUS and row[SUMMARY_STATUS] == "params changed"}
 
     def expected(self, plan: str, module: str) -> set[str]:
