@@ -62,9 +62,10 @@ def test_the_fingerprint_holds_the_code_hash_of_the_rule_that_runs_it():
     """For each recipe's training rule (the rule running `llmrnn train run`, as Snakemake builds it for each
     recipe: tests.rules_api): its `code` param is the job_code of the --reward-func its flags pass (none:
     llmrnn.reward), i.e. the checkpoints' code identity is the rule's."""
-    from tests.rules_api import workflow_rules
+    from tests.rules_api import RECIPE_CONFIGS, workflow_rules
 
-    trainers = [rule for rule in workflow_rules().values() if rule.command == f"llmrnn {checkpoints.TRAIN_VERB}"]
+    trainers = [rule for config in RECIPE_CONFIGS for rule in workflow_rules(configs=(config,)).values()
+                if rule.command == f"llmrnn {checkpoints.TRAIN_VERB}"]
     assert len(trainers) == 2, [rule.name for rule in trainers]  # one per recipe
     rewards = set()
     for rule in trainers:

@@ -22,7 +22,7 @@ import pytest
 from llmrnn import cli, provenance
 from llmrnn.errors import InputError
 from tests.conftest import REPO, WORKFLOW_PARTS
-from tests.rules_api import WorkflowRule, workflow_rules
+from tests.rules_api import RECIPE_CONFIGS, WorkflowRule, workflow_rules
 from tests.slurm.dag import EXTRA_PARTS
 
 
@@ -305,21 +305,24 @@ def code_param_problem(rule: WorkflowRule) -> str | None:
     return None
 
 
-def hashed_rules() -> dict[str, WorkflowRule]:
-    """The rules that make files with an llmrnn command (so their code decides a rerun)."""
-    return {name: rule for name, rule in workflow_rules().items() if rule.command and rule.rule.output}
+def hashed_rules(configfile: str) -> dict[str, WorkflowRule]:
+    """The rules that make files with an llmrnn command (so their code decides a rerun), as the workflow of
+    a recipe's config builds them (a rule named alike in both recipes may run another command line in each)."""
+    return {name: rule for name, rule in workflow_rules(configs=(configfile,)).items()
+            if rule.command and rule.rule.output}
 
 
 def test_every_rule_hashes_the_verb_its_shell_runs():
     """Each rule that makes files with an llmrnn command has `code=code_hash("<verb> <sub>", ...)` for that
     same command, plus every module its command line names for loading (e.g. --reward-func): its code param,
     as Snakemake holds it, is that command's code identity."""
-    rules = hashed_rules()
-    assert rule_code_args(rules["qa_train_grpo"]) == ("train run", "llmrnn.qa.rewards")  # flags are read
-    assert [problem for rule in rules.values() if (problem := code_param_problem(rule))] == []
-    for rule in rules.values():
+    rules = [rule for config in RECIPE_CONFIGS for rule in hashed_rules(config).values()]
+    qa_trainer = [rule for rule in hashed_rules("config/qa_demo.yaml").values() if rule.command == "llmrnn train run"]
+    assert [rule_code_args(rule) for rule in qa_trainer] == [("train run", "llmrnn.qa.rewards")]  # flags are read
+    assert [problem for rule in rules if (problem := code_param_problem(rule))] == []
+    for rule in rules:
         provenance.verb_closure(*rule_code_args(rule))  # the verb and modules exist
-    assert len(rules) >= 20
+    assert len({rule.name for rule in rules}) >= 20
 
 
 def test_a_rule_without_its_verb_is_found(tmp_path):
@@ -417,7 +420,7 @@ class Plans:
 
     def expected(self, plan: str, module: str) -> set[str]:
         """Rules of the plan whose code_hash verb (+ named modules) can run `module`, per the copy's source."""
-        rules = hashed_rules()
+        rules = hashed_rules(PLANS[plan][0])  # the plan's recipe config
         return {name for name in self.made(plan)
                 if name in rules and module in provenance.verb_closure(*rule_code_args(rules[name]),
                                                                        root=self.src / "llmrnn")}
@@ -475,7 +478,6 @@ def test_every_rules_own_modules_rerun_exactly_their_importers(plans):
     the every-module sweep (48 modules x 3 plans, ~25 min here) is left to LLMRNN_FULL_SWEEP=1."""
     from llmrnn.cli import stage_module
 
-    rules = hashed_rules()
     full = os.environ.get("LLMRNN_FULL_SWEEP") == "1"
     done: set[str] = set()
     for plan in PLANS:
@@ -486,6 +488,7 @@ def test_every_rules_own_modules_rerun_exactly_their_importers(plans):
                              .replace("/", ".").removesuffix(".__init__")
                              for p in (plans.src / "llmrnn").rglob("*.py"))
         else:
+            rules = hashed_rules(PLANS[plan][0])
             modules = sorted({m for name in plans.made(plan) if name in rules
                               for args in [rule_code_args(rules[name])]
                               for m in (stage_module(args[0].split()[0]), *args[1:])} - done)
