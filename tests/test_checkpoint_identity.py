@@ -4,14 +4,12 @@ checkpoints (nor hands back a finished old run's adapter)."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-from llmrnn import provenance
 from llmrnn.train import checkpoints
 from tests.conftest import REPO
 
@@ -61,23 +59,21 @@ def test_an_edit_of_a_module_the_reward_runs_discards_the_checkpoints(tmp_path):
 
 
 def test_the_fingerprint_holds_the_code_hash_of_the_rule_that_runs_it():
-    """For each recipe's training rule (train_grpo, qa_train_grpo: one rule in rules/train.smk): the
-    code_hash(...) in its params is the job_code of the --reward-func its flags pass (none: llmrnn.reward),
-    i.e. the checkpoints' code identity is the rule's."""
-    from snakemake.iocontainers import InputFiles
+    """For each recipe's training rule (the rule running `llmrnn train run`, as Snakemake builds it for each
+    recipe: tests.rules_api): its `code` param is the job_code of the --reward-func its flags pass (none:
+    llmrnn.reward), i.e. the checkpoints' code identity is the rule's."""
+    from tests.rules_api import RECIPE_CONFIGS, workflow_rules
 
-    from llmrnn.plan import Plan
-
-    text = (REPO / "rules" / "train.smk").read_text(encoding="utf-8")
-    hashed = re.search(r"code=code_hash\(([^\n]*)\),", text).group(1)
-    assert hashed == '"train run", *plan.train.reward_code()'  # what the plan's reward_code feeds, below
-    for configfiles in ((), ("config/qa_demo.yaml",)):
-        plan = Plan.from_configfiles(*(REPO / f for f in configfiles or ("config/config.yaml",)),
-                                     schema_path=REPO / "workflow" / "schemas" / "config.schema.yaml")
-        flags = plan.train.run_flags(None, InputFiles(fromdict={"preflight": "p.json"}))
+    trainers = [rule for config in RECIPE_CONFIGS for rule in workflow_rules(configs=(config,)).values()
+                if rule.command == f"llmrnn {checkpoints.TRAIN_VERB}"]
+    assert len(trainers) == 2, [rule.name for rule in trainers]  # one per recipe
+    rewards = set()
+    for rule in trainers:
+        flags = rule.called_param("flags", preflight="p.json")
         reward = flags[flags.index("--reward-func") + 1] if "--reward-func" in flags else None
-        assert checkpoints.job_code(reward) == provenance.code_identity(
-            checkpoints.TRAIN_VERB, *plan.train.reward_code()), plan.train.rule_name()
+        assert checkpoints.job_code(reward) == rule.params["code"], rule.name
+        rewards.add(reward)
+    assert len(rewards) == 2  # the QA recipe's rewards and the memory head's own
     # a reward outside the package: its file is part of the identity
     assert checkpoints.job_code("json:loads") != checkpoints.job_code(None)
 

@@ -1,13 +1,14 @@
 """Docs that cannot go stale: every `snakemake <target>`, every `llmrnn <verb> [<sub>]`, every pointer to a
 section of a page and every dotted config key, wherever the project shows one to a reader, names something
-that exists now. Seconds: no workflow is loaded and no program started (the slow tests check the readers).
+that exists now. Seconds: no program is started (the workflow's rules are Snakemake's own, built once in this
+process; a slow test holds the option table equal to Snakemake's parser).
 
 Where: README.md, CONTRIBUTING.md, config/README.md, docs/*.md, the comments of config/ and profiles/ YAML,
 the Snakefile and rules/*.smk (comments and strings: the rules' shell commands), and the strings and
 comments of src/llmrnn (the CLI's own messages).
 Against what:
-  - `snakemake ...`: the rules of Snakefile + rules/ (read from the files; a slow test holds that reading
-    equal to Snakemake's own rules, wildcards too, for both recipes) and Snakemake's options (a table held
+  - `snakemake ...`: the rules of the workflow as Snakemake builds it for both recipes, wildcards too
+    (tests.rules_api), and Snakemake's options (a table held
     equal to Snakemake's own parser by a slow test): a rule that does not exist, a rule with wildcards named
     as a target, a `--configfile` that swallows a target, a `--profile` that is no folder of profiles/;
   - `llmrnn ...`: the verbs, subcommands and options of the real CLI parser (`llmrnn.cli.build_parser`);
@@ -25,11 +26,7 @@ names file:line and the reference.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
-import subprocess
-import sys
 import types
 import typing
 from dataclasses import dataclass
@@ -39,8 +36,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.rules_api import workflow_rules
 from tests.test_docs_links import anchors, headings
-from tests.test_layout import rules_in_workflow
 
 MARKDOWN = ["README.md", "CONTRIBUTING.md", "config/README.md"]
 FENCE = re.compile(r"^\s*(```|~~~)(\S*)")
@@ -161,36 +158,12 @@ def texts() -> tuple[Text, ...]:
 
 
 # ----------------------------------------------------------------------------- what exists
-DIRECTIVE = re.compile(r"^(\s+)(\w+):")
-
-
-def wildcard_output(body: list[str]) -> bool:
-    """Whether the `output:` block of a rule body names a wildcard: `{{x}}` in an f-string, `{x}` in a
-    plain one."""
-    block, indent = [], None
-    for line in body:
-        d = DIRECTIVE.match(line)
-        if indent is None:
-            if d and d.group(2) == "output":
-                indent = len(d.group(1))
-            continue
-        if d and len(d.group(1)) <= indent:
-            break
-        block.append(line)
-    for line in block:
-        for prefix, string in re.findall(r"([fF]?)\"([^\"]*)\"", line):
-            if re.search(r"\{\{\w+\}\}" if prefix else r"(?<!\{)\{\w+\}", string):
-                return True
-    return False
-
-
 @cache
 def rules() -> dict[str, bool]:
-    """Rule name -> whether its output has wildcards (so it cannot be a target by name), from the Snakefile and
-    the rule files as tests.test_layout reads them (a computed `name:` under each name it gives, a `use rule`
-    child with its parent's output unless its `with:` block gives one)."""
-    found = rules_in_workflow((REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))))
-    return {name: wildcard_output(rule["body"].splitlines()) for name, rule in found.items()}
+    """Rule name -> whether its output has wildcards (so it cannot be a target by name), of the Snakefile and
+    the rule files as Snakemake builds them for both recipes (tests.rules_api: a computed `name:` under each
+    name it gives, a `use rule` child with its parent's output unless its `with:` block gives one)."""
+    return {name: rule.has_wildcards for name, rule in workflow_rules().items()}
 
 
 # Snakemake's options the docs use -> (the option's long name, nargs), so the fast checks need not import
@@ -493,15 +466,15 @@ def key_problems(items: tuple[Text, ...]) -> list[str]:
 
 # ----------------------------------------------------------------------------- the checker itself
 def test_the_rule_reader_reads_names_use_rule_and_wildcards(tmp_path):
-    (tmp_path / "a.smk").write_text(
-        'rule plain:\n    output:\n        f"{RUN}/x.json",\n    shell:\n        "echo {wildcards.x}"\n\n'
-        'rule shard:\n    input:\n        "a",\n    output:\n        part=f"{RUN}/s/{{k}}.parquet",\n'
-        'checkpoint plain_file:\n    output:\n        "out/{name}.txt",\n'
-        'use rule plain as plain_copy with:\n    log:\n        "x.log",\n'
+    (tmp_path / "Snakefile").write_text(
+        'RUN = "r"\n\n\nrule plain:\n    output:\n        f"{RUN}/x.json",\n    shell:\n        "echo"\n\n\n'
+        'rule shard:\n    input:\n        "a",\n    output:\n        part=f"{RUN}/s/{{k}}.parquet",\n\n\n'
+        'checkpoint plain_file:\n    output:\n        "out/{name}.txt",\n\n\n'
+        'use rule plain as plain_copy with:\n    log:\n        "x.log",\n\n\n'
         'use rule shard as shard_fixed with:\n    output:\n        "fixed.txt",\n')
-    found = rules_in_workflow((tmp_path / "a.smk",))
-    assert {name: wildcard_output(rule["body"].splitlines()) for name, rule in found.items()} == {"plain": False, "shard": True, "plain_file": True, "plain_copy": False,
-                                  "shard_fixed": False}
+    found = workflow_rules(tmp_path / "Snakefile", configs=())
+    assert {name: rule.has_wildcards for name, rule in found.items()} == {
+        "plain": False, "shard": True, "plain_file": True, "plain_copy": False, "shard_fixed": False}
 
 
 def test_snakemake_words_are_read_as_snakemake_reads_them(monkeypatch):
@@ -603,33 +576,9 @@ def test_the_readmes_diagram_names_real_rules():
     assert not problems, "\n".join(problems)
 
 
-SNAKEMAKE_RULES = """
-import json, sys
-from pathlib import Path
-from snakemake.api import SnakemakeApi
-from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings
-out = {}
-for configfile in sys.argv[1:]:
-    with SnakemakeApi(OutputSettings()) as api:
-        workflow = api.workflow(ResourceSettings(cores=1), ConfigSettings(configfiles=[Path(configfile)]),
-                                snakefile=Path("Snakefile"), workdir=Path.cwd())._workflow
-        out.update({r.name: r.has_wildcards() for r in workflow.rules})
-print(json.dumps(out))
-"""
-
-
 @pytest.mark.slow
 def test_the_option_table_is_snakemakes():
     real = snakemake_parser_options()
     assert {name: real.get(name) for name in SNAKEMAKE_OPTIONS} == SNAKEMAKE_OPTIONS
 
 
-@pytest.mark.slow
-def test_the_rule_reader_agrees_with_snakemake(workflow_dir):
-    """The rules this test reads from the files are Snakemake's own, with the same wildcards, over both
-    recipes (the demo's memory_head and the QA demo's qa)."""
-    proc = subprocess.run([sys.executable, "-c", SNAKEMAKE_RULES, "config/config.yaml", "config/qa_demo.yaml"],
-                          cwd=workflow_dir, capture_output=True, text=True, timeout=300, check=False,
-                          env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == rules()

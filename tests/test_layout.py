@@ -6,92 +6,30 @@ from __future__ import annotations
 
 import argparse
 import ast
-import functools
 import importlib
 import re
 from pathlib import Path
 
 from llmrnn import cli, provenance
+from tests.rules_api import WorkflowRule, workflow_rules
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-# `rule NAME:` (or `checkpoint NAME:`), `rule:` (its name computed by a `name:` directive) and `use rule OLD as NEW with:` (at any
-# indent: a recipe's `if` block), each with its body
-RULE_OR_USE = re.compile(r"^( *)(?:(?:rule|checkpoint) (\w+)|rule|use rule (\w+) as (\w+) with):\n((?:\1 .*\n|\n)*)",
-                         re.MULTILINE)
-RECIPE_CONFIGS = ((), ("config/qa_demo.yaml",))  # the memory head's demo and recipe qa's
+def rule_file_rules() -> dict[str, WorkflowRule]:
+    """Every rule of the rule files (rules/*.smk) under each recipe, as Snakemake builds them (tests.rules_api):
+    the Snakefile's own targets (`all`, `eval_heldout`) left out."""
+    return {name: rule for name, rule in workflow_rules().items() if rule.file.startswith("rules/")}
 
 
-@functools.cache
-def recipe_plan(configfiles: tuple[str, ...] = ()):
-    """The plan of a shipped recipe config (the demo's when none is named), as the workflow builds it."""
-    from llmrnn.plan import Plan
-
-    return Plan.from_configfiles(*(REPO / f for f in configfiles or ("config/config.yaml",)),
-                                 schema_path=REPO / "workflow" / "schemas" / "config.schema.yaml")
-
-
-def computed_rule_names(expression: str) -> dict[str, tuple[str, ...]]:
-    """name -> the recipe's config files, for each name a `name:` expression (e.g. `plan.train.rule_name()`)
-    gives under each recipe's plan."""
-    return {eval(expression, {"plan": recipe_plan(files)}): files  # the expression of this repository's rule file
-            for files in RECIPE_CONFIGS}
-
-
-def parse_rules(text: str, file: str) -> dict[str, dict]:
-    """rule name -> {file, command ("llmrnn verb [sub]" or None), outputs, shell, body} of one .smk text. A
-    `rule:` is found under each name its `name:` gives (computed_rule_names), with that recipe's
-    `configfiles`. A `use rule OLD as NEW with:`
-    adds NEW with `parent` OLD; its command and shell are OLD's (a `with:` block
-    cannot change them), its outputs OLD's unless it gives its own (`inherit` fills them in)."""
-    found = {}
-    for m in RULE_OR_USE.finditer(text):
-        indent, name, parent, child, block = m.groups()
-        body = "".join(line.removeprefix(indent) + "\n" for line in block.splitlines())  # dedented to a rule's
-        shell = body.split("    shell:", 1)[1] if "    shell:" in body else ""
-        cmd = re.search(r"llmrnn ([a-z][\w-]*)(?: ([a-z][\w-]*))?", shell)
-        outputs = re.search(r"^    output:\n(.*?)(?=^    \w|\Z)", body, re.DOTALL | re.MULTILINE)
-        computed = re.search(r"^    name:\n?\s*(.+)$", body, re.MULTILINE)
-        names = {name or child: ()} if name or child else computed_rule_names(computed.group(1).strip())
-        for each, configfiles in names.items():
-            found[each] = {
-                "file": file,
-                "command": " ".join(["llmrnn", *(g for g in cmd.groups() if g)]) if cmd else None,
-                "outputs": re.findall(r"^        (\w+)=", outputs.group(1), re.MULTILINE) if outputs else None,
-                "shell": shell,
-                "body": body,
-                "parent": parent,
-                "configfiles": configfiles,  # the recipe whose plan the rule's plan calls are read under
-            }
-    return found
-
-
-def inherit(rules: dict[str, dict]) -> dict[str, dict]:
-    """Each `use rule` child completed from its parent: the parent's command and shell, its outputs unless
-    the child names its own, and a body that reads the child's overrides first, then the parent's."""
-    for rule in rules.values():
-        parent = rules[rule["parent"]] if rule["parent"] else None
-        if parent:
-            rule.update(command=parent["command"], shell=parent["shell"], body=rule["body"] + parent["body"])
-            rule["outputs"] = parent["outputs"] if rule["outputs"] is None else rule["outputs"]
-        rule["outputs"] = rule["outputs"] or []
-    return rules
-
-
-def rules_in_workflow(paths: tuple[Path, ...] = ()) -> dict[str, dict]:
-    """Every rule of the rule files (or of `paths`), `use rule` children completed (the one reader of rule
-    files the tests share: test_docs_current reads the Snakefile's too)."""
-    found = {}
-    for path in paths or sorted((REPO / "rules").glob("*.smk")):
-        found.update(parse_rules(path.read_text(), str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)))
-    return inherit(found)
-
-
-def outputs_not_passed(rules: dict[str, dict]) -> list[str]:
-    return [f"rule {name}: output {out} is not passed to its command"
-            for name, rule in rules.items() for out in rule["outputs"]
-            if not re.search(rf"\{{output\.{out}(:q)?\}}", rule["shell"])]
+def outputs_not_passed(rules: dict[str, WorkflowRule]) -> list[str]:
+    """Each named output a rule's shell does not pass to its command; a rule whose outputs have no names
+    passes them all (`{output:q}`)."""
+    found = [f"rule {name}: output {out} is not passed to its command"
+             for name, rule in rules.items() for out in rule.outputs
+             if not re.search(rf"\{{output\.{out}(:q)?\}}", rule.shell)]
+    return found + [f"rule {name}: its outputs are not passed to its command" for name, rule in rules.items()
+                    if rule.rule.output and not rule.outputs and not re.search(r"\{output(:q)?\}", rule.shell)]
 
 
 def contributing_table() -> dict[str, dict]:
@@ -130,14 +68,14 @@ def module_name(path: str) -> str:
 
 
 def test_table_lists_every_rule_with_its_file_and_command():
-    rules, table = rules_in_workflow(), contributing_table()
+    rules, table = rule_file_rules(), contributing_table()
     assert set(table) == set(rules), (
         f"rules missing from CONTRIBUTING.md: {sorted(set(rules) - set(table))}; "
         f"rows without a rule: {sorted(set(table) - set(rules))}"
     )
     for name, rule in rules.items():
-        assert table[name]["file"] == rule["file"], name
-        assert table[name]["command"] == rule["command"], name
+        assert table[name]["file"] == rule.file, name
+        assert table[name]["command"] == rule.command, name
 
 
 def test_each_command_is_registered_by_the_module_the_table_names():
@@ -152,32 +90,35 @@ def test_each_command_is_registered_by_the_module_the_table_names():
 
 
 def test_every_declared_output_is_passed_to_the_command():
-    rules = rules_in_workflow()
-    assert {"adapter", "metrics", "summary"} <= set(rules["train_grpo"]["outputs"])  # the parser sees outputs
+    rules = rule_file_rules()
+    assert {"adapter", "metrics", "summary"} <= set(rules["train_grpo"].outputs)  # the reader sees outputs
+    assert rules["eval_shard"].rule.output and not rules["eval_shard"].outputs  # and unnamed ones
     assert outputs_not_passed(rules) == []
 
 
-def test_an_output_left_out_of_the_command_is_found():
-    text = (
+def test_an_output_left_out_of_the_command_is_found(tmp_path):
+    (tmp_path / "Snakefile").write_text(
         "rule demo:\n    input:\n        x=\"a\",\n    output:\n        main=\"b\",\n        side=\"c\",\n"
-        "    log:\n        \"l\",\n    shell:\n        \"llmrnn demo run --x {input.x} --out {output.main} 2> {log}\"\n"
+        "    log:\n        \"l\",\n    shell:\n        \"llmrnn demo run --x {input.x} --out {output.main} 2> {log}\"\n\n\n"
+        "rule bare:\n    output:\n        \"d\",\n    shell:\n        \"llmrnn demo bare 2> {log}\"\n"
     )
-    rules = inherit(parse_rules(text, "rules/demo.smk"))
-    assert rules["demo"]["command"] == "llmrnn demo run" and rules["demo"]["outputs"] == ["main", "side"]
-    assert outputs_not_passed(rules) == ["rule demo: output side is not passed to its command"]
+    rules = workflow_rules(tmp_path / "Snakefile", configs=())
+    assert rules["demo"].command == "llmrnn demo run" and rules["demo"].outputs == ["main", "side"]
+    assert outputs_not_passed(rules) == ["rule demo: output side is not passed to its command",
+                                         "rule bare: its outputs are not passed to its command"]
 
 
-def test_a_use_rule_takes_its_parents_command_and_its_own_outputs():
-    text = (
+def test_a_use_rule_takes_its_parents_command_and_its_own_outputs(tmp_path):
+    (tmp_path / "Snakefile").write_text(
         "rule demo:\n    output:\n        main=\"b\",\n    shell:\n        \"llmrnn demo run --out {output.main:q}\"\n"
-        "\n\nif recipe_is(\"qa\"):\n\n    use rule demo as twin with:\n        output:\n            main=\"c\",\n"
+        "\n\nif True:\n\n    use rule demo as twin with:\n        output:\n            main=\"c\",\n"
         "            side=\"d\",\n        log:\n            \"l\",\n\n\nuse rule demo as copy with:\n    log:\n        \"m\",\n"
     )
-    rules = inherit(parse_rules(text, "rules/demo.smk"))
-    assert {name: (r["parent"], r["command"], r["outputs"]) for name, r in rules.items()} == {
-        "demo": (None, "llmrnn demo run", ["main"]),
-        "twin": ("demo", "llmrnn demo run", ["main", "side"]),
-        "copy": ("demo", "llmrnn demo run", ["main"]),
+    rules = workflow_rules(tmp_path / "Snakefile", configs=())
+    assert {name: (r.command, r.outputs) for name, r in rules.items()} == {
+        "demo": ("llmrnn demo run", ["main"]),
+        "twin": ("llmrnn demo run", ["main", "side"]),
+        "copy": ("llmrnn demo run", ["main"]),
     }
     assert outputs_not_passed(rules) == ["rule twin: output side is not passed to its command"]
 
@@ -186,9 +127,9 @@ def test_the_trainer_is_execd_so_a_preemption_signal_reaches_it_first():
     """SLURM signals every process of a preempted job: a shell between Snakemake and the trainer dies of it at
     once and the job ends while the trainer saves (tests/slurm/test_preemption.py shows both). Every rule that
     trains runs its command with `exec`."""
-    commands = [(f.name, m.group(1)) for f in sorted((REPO / "rules").glob("*.smk"))
-                for m in re.finditer(r"\"(?:umask \d+; )?(exec )?llmrnn train run", f.read_text())]
-    assert commands and all(execd for _, execd in commands), commands
+    commands = {name: rule.shell for name, rule in rule_file_rules().items() if rule.command == "llmrnn train run"}
+    assert commands and all(re.match(r"(umask \d+; )?exec llmrnn train run", shell) for shell in commands.values()), \
+        commands
 
 
 # ----------------------------------------------------------------------------- layers that point one way

@@ -61,21 +61,18 @@ def test_every_rule_log_that_may_hold_patient_data_is_made_private():
     """A rule's log is created by the shell with the umask: the command must make it 0600 itself (the CLI's
     private_log_files, for the fd it writes to) or the shell must set `umask 077` first (a log made by tee,
     which the command never sees)."""
-    from pathlib import Path
-
     from llmrnn.cli import PATIENT_TEXT_COMMANDS
-    from tests.test_rules_quoting import REPO, shell_commands
+    from tests.test_rules_quoting import shell_commands
 
     checked = 0
-    for smk in sorted(Path(REPO, "rules").glob("*.smk")):
-        for rule, command in shell_commands(smk).items():
-            if "{log" not in command:
-                continue
-            words = command.removeprefix("umask 077; ").removeprefix("exec ").split()
-            assert words[0] == "llmrnn", f"{smk.name}: rule {rule}: runs {words[0]}, not llmrnn"
-            verb = words[1]
-            piped = "| tee" in command
-            private = command.startswith("umask 077;") or (verb in PATIENT_TEXT_COMMANDS and not piped)
-            assert private or verb in NO_PATIENT_DATA, f"{smk.name}: rule {rule}: its log is not made 0600"
-            checked += 1
+    for rule, command in shell_commands().items():
+        if "{log" not in command:
+            continue
+        words = command.removeprefix("umask 077; ").removeprefix("exec ").split()
+        assert words[0] == "llmrnn", f"rule {rule}: runs {words[0]}, not llmrnn"
+        verb = words[1]
+        piped = "| tee" in command
+        private = command.startswith("umask 077;") or (verb in PATIENT_TEXT_COMMANDS and not piped)
+        assert private or verb in NO_PATIENT_DATA, f"rule {rule}: its log is not made 0600"
+        checked += 1
     assert checked >= 20

@@ -3,7 +3,7 @@
 Unit tests on a small package written here (every kind of import), the closure against what the CLI
 really imports, every rule against the verb its shell runs, and real Snakemake plans: in a copy of the
 workflow whose outputs are marked made (`--touch`), an edit of a module changes the params of exactly the
-rules whose verb imports it (`--list-params-changes`), and an edit of a module no verb imports, of none.
+rules whose verb imports it (Snakemake's `--summary`), and an edit of a module no verb imports, of none.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import pytest
 from llmrnn import cli, provenance
 from llmrnn.errors import InputError
 from tests.conftest import REPO, WORKFLOW_PARTS
+from tests.rules_api import RECIPE_CONFIGS, WorkflowRule, workflow_rules
 from tests.slurm.dag import EXTRA_PARTS
-from tests.test_layout import recipe_plan, rules_in_workflow
 
 
 def write_package(root: Path, files: dict[str, str]) -> Path:
@@ -277,62 +277,65 @@ def test_help_still_lists_every_stage():
         cli.stage_module("nope")
 
 
-CODE_PARAM = re.compile(r"^        code=code_hash\((.*)\),$", re.MULTILINE)
-PLAN_CALL = re.compile(r"plan\.(\w+)\.(\w+)")
+# a module a command line names for loading (`--reward-func llmrnn.qa.rewards:trl_reward_func`)
+NAMED_MODULE = re.compile(r"(llmrnn(?:\.\w+)+):\w+")
 
 
-def planned(rule: dict, call: tuple[str, str]):
-    """A stage plan's method (`plan.train.reward_code`) as the rule's recipe plans it."""
-    stage, method = call
-    return getattr(getattr(recipe_plan(rule.get("configfiles") or ()), stage), method)
+def command_line(rule: WorkflowRule) -> str:
+    """The rule's shell with the flags its `flags` params function adds (for a job with its required inputs
+    only), as Snakemake computes them."""
+    if "flags" not in rule.params:
+        return rule.shell
+    return rule.shell + " " + " ".join(rule.called_param("flags", preflight="p.json"))
 
 
-def rule_code_args(rule: dict) -> tuple[str, ...] | None:
-    """The arguments of a rule's `code=code_hash(...)` param (None where it has none): its strings, then what a
-    `*plan.<stage>.<method>()` gives under the rule's recipe. `*reward_code_files(config)`: your own reward's
-    file (reward.custom.path), none in these configs."""
-    m = CODE_PARAM.search(rule["body"])
-    if not m:
-        return None
-    computed = [arg for call in PLAN_CALL.findall(m.group(1)) for arg in planned(rule, call)()]
-    return (*re.findall(r'"([^"]+)"', m.group(1)), *computed)
+def rule_code_args(rule: WorkflowRule) -> tuple[str, ...]:
+    """What a rule's `code` param must hash: the verb its shell runs, then each module its command line
+    names for loading."""
+    return (rule.command.removeprefix("llmrnn "), *sorted(set(NAMED_MODULE.findall(command_line(rule)))))
 
 
-def command_line(rule: dict) -> str:
-    """The rule's shell with the flags a `flags=plan.<stage>.<method>` params function adds (for a job with
-    its required inputs only)."""
-    from snakemake.iocontainers import InputFiles
+def code_param_problem(rule: WorkflowRule) -> str | None:
+    """Why a rule's `code` param is not the code identity of the command it runs, or None."""
+    args = rule_code_args(rule)
+    if "code" not in rule.params:
+        return f"rule {rule.name}: runs {rule.command} but has no code=code_hash(...) param"
+    if rule.params["code"] != provenance.code_identity(*args):
+        return f"rule {rule.name}: its code param is not code_hash({', '.join(map(repr, args))}), the command it runs"
+    return None
 
-    flags = re.search(r"^        flags=(plan\.\w+\.\w+),$", rule["body"], re.MULTILINE)
-    if not flags:
-        return rule["shell"]
-    added = planned(rule, PLAN_CALL.match(flags.group(1)).groups())(None, InputFiles(fromdict={"preflight": "p.json"}))
-    return rule["shell"] + " " + " ".join(added)
+
+def hashed_rules(configfile: str) -> dict[str, WorkflowRule]:
+    """The rules that make files with an llmrnn command (so their code decides a rerun), as the workflow of
+    a recipe's config builds them (a rule named alike in both recipes may run another command line in each)."""
+    return {name: rule for name, rule in workflow_rules(configs=(configfile,)).items()
+            if rule.command and rule.rule.output}
 
 
 def test_every_rule_hashes_the_verb_its_shell_runs():
     """Each rule that makes files with an llmrnn command has `code=code_hash("<verb> <sub>", ...)` for that
-    same command, plus every module its command line names for loading (e.g. --reward-func)."""
-    checked = 0
-    # a `use rule` child's body: its overrides, then its parent's (tests.test_layout.inherit)
-    for name, rule in rules_in_workflow().items():
-        if rule["command"] is None or not rule["outputs"] and "output:" not in rule["body"]:
-            continue
-        args = rule_code_args(rule)
-        assert args is not None, f"rule {name}: runs {rule['command']} but has no code=code_hash(...) param"
-        assert f"llmrnn {args[0]}" == rule["command"], f"rule {name}: code_hash({args[0]!r}) for {rule['command']}"
-        named = set(re.findall(r"(llmrnn(?:\.\w+)+):\w+", command_line(rule)))
-        assert named == set(args[1:]), f"rule {name}: its command loads {sorted(named)}; code_hash has {args[1:]}"
-        provenance.verb_closure(*args)  # the verb and modules exist
-        checked += 1
-    assert checked >= 20
+    same command, plus every module its command line names for loading (e.g. --reward-func): its code param,
+    as Snakemake holds it, is that command's code identity."""
+    rules = [rule for config in RECIPE_CONFIGS for rule in hashed_rules(config).values()]
+    qa_trainer = [rule for rule in hashed_rules("config/qa_demo.yaml").values() if rule.command == "llmrnn train run"]
+    assert [rule_code_args(rule) for rule in qa_trainer] == [("train run", "llmrnn.qa.rewards")]  # flags are read
+    assert [problem for rule in rules if (problem := code_param_problem(rule))] == []
+    for rule in rules:
+        provenance.verb_closure(*rule_code_args(rule))  # the verb and modules exist
+    assert len({rule.name for rule in rules}) >= 20
 
 
-def test_a_rule_without_its_verb_is_found():
-    rule = {"command": "llmrnn cohort split", "outputs": ["x"], "shell": "llmrnn cohort split",
-            "body": '    params:\n        code=code_hash("cohort synth"),\n'}
-    assert rule_code_args(rule) == ("cohort synth",)
-    assert f"llmrnn {rule_code_args(rule)[0]}" != rule["command"]
+def test_a_rule_without_its_verb_is_found(tmp_path):
+    (tmp_path / "Snakefile").write_text(
+        "from llmrnn.provenance import code_identity\n\n\n"
+        "rule split:\n    output:\n        x=\"x\",\n    params:\n        code=code_identity(\"report cost\"),\n"
+        "    shell:\n        \"llmrnn cohort split --out {output.x:q}\"\n\n\n"
+        "rule bare:\n    output:\n        x=\"y\",\n    shell:\n        \"llmrnn cohort split --out {output.x:q}\"\n")
+    rules = workflow_rules(tmp_path / "Snakefile", configs=())
+    assert rule_code_args(rules["split"]) == ("cohort split",)
+    assert code_param_problem(rules["split"]) == ("rule split: its code param is not code_hash('cohort split'), "
+                                                  "the command it runs")
+    assert code_param_problem(rules["bare"]) == "rule bare: runs llmrnn cohort split but has no code=code_hash(...) param"
 
 
 # ----------------------------------------------------------------------------- real Snakemake plans
@@ -341,23 +344,13 @@ PLANS = {"default": ["config/config.yaml"], "judged": ["config/config.yaml", "ju
          "qa": ["config/qa_demo.yaml"]}
 
 
-# Each job on its own: a dry run names a params change only for a job that nothing upstream reruns, and
-# `--list-params-changes` (Snakemake 9.27) also lists unchanged outputs, so the persistence is asked directly.
-PARAMS_CHANGED = """
-import json, sys
-from pathlib import Path
-from snakemake.api import SnakemakeApi
-from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
-
-with SnakemakeApi(OutputSettings()) as api:
-    wf = api.workflow(resource_settings=ResourceSettings(cores=1), snakefile=Path("Snakefile"),
-                      config_settings=ConfigSettings(configfiles=[Path(p) for p in sys.argv[1:]]))
-    workflow = wf.dag(DAGSettings(targets={"all"})).workflow_api._workflow
-    workflow._prepare_dag(forceall=False, ignore_incomplete=False, lock_warn_only=True)
-    workflow._build_dag()
-    jobs = workflow.dag.jobs
-    print(json.dumps(sorted({j.rule.name for j in jobs if workflow.persistence.params_changed(j)})))
-"""
+# A job's params change, as Snakemake's summary states it (`--summary`, one row per output: its rule, its
+# status), for each job on its own: a dry run names a params change only for a job that nothing upstream
+# reruns, and `--list-params-changes` (Snakemake 9.27) also lists unchanged outputs. The summary says
+# "updated input files" in place of "params changed" only where an input is newer than the output: never
+# here, every output marked made in order.
+SUMMARY_STATUS = 4  # output_file, date, rule, log-file(s), status, plan
+DETAILED_STATUS = 6  # output_file, date, rule, log-file(s), input-file(s), shellcmd, status, plan
 
 
 class Plans:
@@ -402,19 +395,35 @@ class Plans:
             else:
                 path.mkdir(exist_ok=True)
         self.snakemake(plan, "--touch", "--forceall", "all", "--configfile", *files)
+        self.restore_services(plan)
         self.rules[plan] = set(outputs.values())
         return self.rules[plan]
 
+    def restore_services(self, plan: str) -> None:
+        """A service's output (the judge's endpoint) is gone once its consumers are done, and the summary
+        states no params change for a missing file: it is made again, as old as its newest input (its
+        recorded inputs: `--detailed-summary`), so it is newer than no input and older than no consumer."""
+        rows = [line.split("\t") for line in self.snakemake(plan, "--detailed-summary", "all", "--configfile",
+                                                             *PLANS[plan]).splitlines()]
+        for row in rows[1:]:
+            if len(row) > DETAILED_STATUS and row[DETAILED_STATUS] == "service file":
+                path = self.root / plan / row[0]
+                path.touch()
+                newest = max(((self.root / plan / f).stat().st_mtime for f in row[4].split(",") if f != "-"),
+                             default=0)
+                os.utime(path, (newest, newest))
+
     def changed_rules(self, plan: str) -> set[str]:
-        out = self.run(plan, sys.executable, "-c", PARAMS_CHANGED, *PLANS[plan])
-        return set(json.loads(out.splitlines()[-1]))
+        rows = [line.split("\t") for line in self.snakemake(plan, "--summary", "all", "--configfile",
+                                                             *PLANS[plan]).splitlines()]
+        return {row[2] for row in rows[1:] if len(row) > SUMMARY_STATUS and row[SUMMARY_STATUS] == "params changed"}
 
     def expected(self, plan: str, module: str) -> set[str]:
         """Rules of the plan whose code_hash verb (+ named modules) can run `module`, per the copy's source."""
-        rules = rules_in_workflow()
+        rules = hashed_rules(PLANS[plan][0])  # the plan's recipe config
         return {name for name in self.made(plan)
-                if (args := rule_code_args(rules[name])) is not None
-                and module in provenance.verb_closure(*args, root=self.src / "llmrnn")}
+                if name in rules and module in provenance.verb_closure(*rule_code_args(rules[name]),
+                                                                       root=self.src / "llmrnn")}
 
     def edited(self, module: str, plan: str) -> set[str]:
         path = provenance.module_path(module, self.src / "llmrnn")
@@ -469,7 +478,6 @@ def test_every_rules_own_modules_rerun_exactly_their_importers(plans):
     the every-module sweep (48 modules x 3 plans, ~25 min here) is left to LLMRNN_FULL_SWEEP=1."""
     from llmrnn.cli import stage_module
 
-    rules = rules_in_workflow()
     full = os.environ.get("LLMRNN_FULL_SWEEP") == "1"
     done: set[str] = set()
     for plan in PLANS:
@@ -480,7 +488,9 @@ def test_every_rules_own_modules_rerun_exactly_their_importers(plans):
                              .replace("/", ".").removesuffix(".__init__")
                              for p in (plans.src / "llmrnn").rglob("*.py"))
         else:
-            modules = sorted({m for name in plans.made(plan) if (args := rule_code_args(rules[name])) is not None
+            rules = hashed_rules(PLANS[plan][0])
+            modules = sorted({m for name in plans.made(plan) if name in rules
+                              for args in [rule_code_args(rules[name])]
                               for m in (stage_module(args[0].split()[0]), *args[1:])} - done)
         for module in modules:
             _check(plans, plan, module)

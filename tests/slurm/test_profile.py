@@ -158,22 +158,11 @@ EVERY_STAGE_ON_A_GPU = {"trajectories": {"resources": {"gpu": 1}}, "eval": {"res
 
 
 def rule_resources() -> dict[str, dict]:
-    """rule -> its resources as the plan gives them (`resources: **plan.train.resources()`: the stage plan's
-    method it names) with every stage on a GPU; a `use rule` child has its parent's unless it gives its own."""
-    from llmrnn.plan import Plan
-    from tests.test_layout import rules_in_workflow
+    """rule -> the resources it declares, as Snakemake builds the workflow of each recipe with every stage on
+    a GPU (tests.rules_api; a `use rule` child has its parent's unless it gives its own)."""
+    from tests.rules_api import workflow_rules
 
-    plan = Plan.from_configfiles(REPO / "config/config.yaml", overrides=EVERY_STAGE_ON_A_GPU,
-                                 schema_path=REPO / "workflow/schemas/config.schema.yaml")
-    out = {}
-    for name, rule in rules_in_workflow().items():
-        block = re.search(r"^    resources:\n((?:        .*\n)+)", rule["body"], re.MULTILINE)
-        lines = block.group(1) if block else ""
-        called = re.search(r"^\s+\*\*plan\.(\w+)\.(\w+)\(\),", lines, re.MULTILINE)
-        res = dict(getattr(getattr(plan, called.group(1)), called.group(2))()) if called else {}
-        res.update({key: None for key in re.findall(r"^\s+(\w+)\s*=", lines, re.MULTILINE)})
-        out[name] = res
-    return out
+    return {name: rule.resources for name, rule in workflow_rules(config=EVERY_STAGE_ON_A_GPU).items()}
 
 
 def test_every_rule_declaring_a_gpu_is_mapped_by_the_profile():

@@ -27,8 +27,8 @@ import yaml
 
 from llmrnn import provenance
 from tests.conftest import REPO, WORKFLOW_PARTS
+from tests.rules_api import workflow_rules as recipe_rules
 from tests.slurm.dag import EXTRA_PARTS, parse_dry_run, run, write_small_config
-from tests.test_layout import rules_in_workflow
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 TRIGGERS = ["--rerun-triggers", "params", "code", "input", "mtime"]
@@ -232,8 +232,8 @@ def check_row(row: Row, base: Baseline, observed: set[str]) -> None:
 
 
 def workflow_rules() -> set[str]:
-    """Every rule name of the rule files, a computed `name:` under each name it gives (tests.test_layout)."""
-    return set(rules_in_workflow())
+    """Every rule name of the workflow under each recipe, as Snakemake names them (tests.rules_api)."""
+    return set(recipe_rules())
 
 
 def row_problem(row: Row, base: Baseline) -> str | None:
