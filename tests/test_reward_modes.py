@@ -120,3 +120,11 @@ def test_your_own_rewards_card_paragraph_is_the_cards(tmp_path):
     card._card_grpo_and_reward(parts, {"knobs": {"train": {}, "reward": {"custom": {"path": "r.py"}}}, "judge": {},
                                        "own_reward": {"name": "compute_score", "path": "r.py", "sha256": "0" * 64}})
     assert CustomReward.card_reward_paragraph in "".join(parts)
+
+
+def test_what_the_reports_first_page_says_each_mode_paid():
+    assert reward_mode(Reward(mode="scalar")).report_reward("r.yaml, sha256 ab") == \
+        "the judge's scalar score by the rubric r.yaml, sha256 ab"
+    assert reward_mode(Reward(mode="pairwise")).report_reward("-").startswith("the judge's pairwise score")
+    outcome = reward_mode(Reward(mode="outcome")).report_reward("r.yaml")
+    assert "(reward.mode outcome; no judge)" in outcome and "r.yaml" not in outcome

@@ -101,6 +101,12 @@ class RewardMode:
         """The judge-agreement plot's second title line: what training paid instead (None: this judge)."""
         return None
 
+    def report_reward(self, rubric: str) -> str:
+        """The report's first page: what training paid (`rubric`: the rubric file and its hash, for a mode
+        that asks the judge)."""
+        del rubric
+        return f"the {self.name} reward ({self.key}; no judge)"
+
     # -- model card
     def card_workflow_steps(self, steps: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """The card's workflow steps (rule, what it did) with this mode's own rows in place."""
@@ -120,6 +126,9 @@ class JudgedMode(RewardMode):
     )
     card_limit = ("The reward is the opinion of one judge model under one rubric; a higher reward is not the same "
                   "as better downstream predictions unless the held-out evaluation shows it.")
+
+    def report_reward(self, rubric: str) -> str:
+        return f"the judge's {self.name} score by the rubric {rubric}"
 
     def judge_result(self, rubric: Rubric, p: dict, calls: list) -> tuple[dict, list]:
         """(the judge's part of a valid memory's result, the calls that gave no score)."""
@@ -271,6 +280,11 @@ class OutcomeMode(RewardMode):
     @property
     def agreement_plot_note(self) -> str | None:
         return "training pays the outcome reward (reward.mode outcome), not this judge"
+
+    def report_reward(self, rubric: str) -> str:
+        del rubric
+        return ("the outcome reward: the share of the next visit's diagnoses the memory names "
+                "(reward.mode outcome; no judge)")
 
 
 class CustomReward(RewardMode):
