@@ -161,13 +161,19 @@ class ScalarMode(JudgedMode):
         return [(i, scalar_request(rubric, p["step"], p["memory"]), True)
                 for i, p in enumerate(prepared) if p["memory"] is not None]
 
-    def judge_result(self, rubric: Rubric, p: dict, calls: list) -> tuple[dict, list]:
-        call = calls[0][0]
+    @staticmethod
+    def read_answer(rubric: Rubric, call) -> dict:
+        """The score of one scalar judge answer by the rubric's edge table (the QA judge reward reads its
+        answers so too)."""
         parsed = parse_scalar(call.response, rubric.scale_max, call.payload, call.request.prefix,
                               rubric.request.score_method == "expected")
-        result = {"judge_score": parsed.score, "parse_method": parsed.parse_method, "raw_score": parsed.raw_score,
-                  "digit_probs": parsed.digit_probs}
-        return result, [call] if parsed.parse_method == "fallback" else []
+        return {"judge_score": parsed.score, "parse_method": parsed.parse_method, "raw_score": parsed.raw_score,
+                "digit_probs": parsed.digit_probs}
+
+    def judge_result(self, rubric: Rubric, p: dict, calls: list) -> tuple[dict, list]:
+        call = calls[0][0]
+        result = self.read_answer(rubric, call)
+        return result, [call] if result["parse_method"] == "fallback" else []
 
     def max_tokens(self, rubric: Rubric) -> int | None:
         return rubric.request.max_tokens
