@@ -161,6 +161,8 @@ ONE_HOME = {
     "text normalising": ("matching", {"normalise", "_norm", "_same"}),
     # whether a config's reward asks the judge (rules plan judge_server, check wants its model, only then)
     "asks judge": ("reward.config", {"asks_judge", "needs_judge", "uses_judge", "judge_needed"}),
+    # what a reward mode is: the objects every consumer asks (scorer, preflight, train, manifest, report, card)
+    "reward mode": ("reward.modes", {"reward_mode", "RewardMode", "mode_named"}),
 }
 
 

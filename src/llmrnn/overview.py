@@ -13,7 +13,7 @@ from llmrnn import html_table, io
 from llmrnn.errors import InputError
 from llmrnn.provenance import code_identity
 from llmrnn.release.manifest import own_reward
-from llmrnn.reward import asks_judge
+from llmrnn.reward import reward_mode, reward_settings
 from llmrnn.reward.custom import code_files
 
 
@@ -70,13 +70,9 @@ def reward_rows(cfg: dict, rubric: str | None) -> list[tuple[str, str]]:
         path, sha = own["path"], own["sha256"] or "(the file is gone)"
         return [("reward", f"your own: {own['name']} in {path} (reward.custom; no judge)"),
                 ("reward code", f"{path}: sha256 {sha}; in {code} and that file)")]
-    if not asks_judge({"reward": reward}):
-        described = ("the outcome reward: the share of the next visit's diagnoses the memory names "
-                     "(reward.mode outcome; no judge)")
-    else:
-        sha = f", sha256 {io.sha256_file(rubric)[:16]}" if rubric and Path(rubric).is_file() else ""
-        described = f"the judge's {reward.get('mode')} score by the rubric {rubric or '-'}{sha}"
-    return [("reward", described), ("reward code", f"llmrnn.reward, in {code})")]
+    mode = reward_mode(reward_settings(reward))
+    sha = f", sha256 {io.sha256_file(rubric)[:16]}" if mode.asks_judge and rubric and Path(rubric).is_file() else ""
+    return [("reward", mode.report_reward(f"{rubric or '-'}{sha}")), ("reward code", f"llmrnn.reward, in {code})")]
 
 
 def trained_rows(cfg: dict, splits: dict, comparison: dict, train_summary: dict | None,

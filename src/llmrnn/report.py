@@ -34,6 +34,7 @@ from llmrnn.cost_plan import plan_stages, plan_table, summary_line
 from llmrnn.errors import InputError
 from llmrnn.overview import headline, write_overview
 from llmrnn.plots import pyplot, save_png
+from llmrnn.reward import mode_named
 from llmrnn.runconfig import configfiles_for
 from llmrnn.stats import wilson_ci
 
@@ -247,8 +248,9 @@ def plot_agreement(agreement: dict, out: str | Path) -> None:
     title = (f"Judge agreement ({agreement.get('mode')}, {agreement.get('judge_model') or 'judge'}): "
              f"{_fmt(agreement.get('rate'), 2)} [95% CI {_fmt(agreement['ci95'][0], 2)}, {_fmt(agreement['ci95'][1], 2)}], "
              f"ties {agreement.get('ties', 0)}: {agreement.get('verdict')}")
-    if agreement.get("training_reward_mode") == "outcome":
-        title += "\ntraining pays the outcome reward (reward.mode outcome), not this judge"
+    training = mode_named(agreement.get("training_reward_mode"))
+    if training is not None and training.agreement_plot_note:  # training paid another reward than this judge
+        title += "\n" + training.agreement_plot_note
     ax.set_title(title, fontsize=8)
     save_png(fig, out)
     plt.close(fig)

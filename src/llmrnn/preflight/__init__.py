@@ -17,8 +17,9 @@ score: the reference authors saw most scalar-coerced rewards fall back to 0.5) o
 `preflight.on_problem: fail` they stop the DAG with one line saying why; `warn` records them as
 warnings.
 
-reward.mode outcome asks no judge: no endpoint is needed (none is waited on), the same candidates are
-scored with the outcome reward and "judge" says {"skipped": "reward.mode outcome asks no judge", "mode",
+A reward mode that asks no judge (reward.mode outcome; llmrnn.reward.modes says which) needs no endpoint
+(none is waited on), the same candidates are scored with its reward and "judge" says {"skipped": "reward.mode
+outcome asks no judge", "mode",
 "rows", "candidates", "parse_methods", "reward": {...}, "rows_with_spread", ...} with fallback_rate None;
 its spread problems are warnings (the fixed reference memories all miss what the policy must learn to
 carry, so their spread says nothing about the rollouts').
@@ -36,17 +37,12 @@ import logging
 
 from llmrnn import io
 from llmrnn.models import model_folder
-from llmrnn.preflight.agreement import (
-    WHY_OUTCOME,
-    agreement_checks,
-    agreement_pairs,
-    run_agreement,
-    wrong_memory,
-)
+from llmrnn.preflight.agreement import agreement_checks, agreement_pairs, run_agreement, wrong_memory
 from llmrnn.preflight.reward_checks import custom_checks, judge_checks, outcome_checks
 from llmrnn.preflight.rows import CANDIDATES, EMPTY_MEMORY, load_rows
 from llmrnn.preflight.run import run_preflight
 from llmrnn.preflight.training import training_checks
+from llmrnn.reward import JUDGED_MODES
 from llmrnn.settings.evaluation import Preflight, preflight_settings
 
 log = logging.getLogger(__name__)
@@ -54,7 +50,6 @@ log = logging.getLogger(__name__)
 __all__ = [
     "CANDIDATES",
     "EMPTY_MEMORY",
-    "WHY_OUTCOME",
     "Preflight",
     "agreement_checks",
     "agreement_pairs",
@@ -102,12 +97,13 @@ def register(sub) -> None:
 
     p = sub.add_parser("preflight", help="judge compliance + training checks before GRPO")
     psub = p.add_subparsers(dest="preflight_command", required=True)
-    r = psub.add_parser("run", help="score K train rows with the reward (the real judge unless reward.mode is "
-                                    "outcome) + training checks; write preflight.json")
+    r = psub.add_parser("run", help="score K train rows with the reward (the real judge where reward.mode asks "
+                                    "one) + training checks; write preflight.json")
     r.add_argument("--train-parquet", required=True)
     r.add_argument("--val-parquet", default=None)
     r.add_argument("--endpoint", default=None,
-                   help="RUN/judge/endpoint.json (waits for its health); required unless reward.mode is outcome")
+                   help="RUN/judge/endpoint.json (waits for its health); required where reward.mode asks "
+                        f"the judge ({', '.join(JUDGED_MODES)}) and reward.custom.path is unset")
     r.add_argument("--out", required=True, help="RUN/train/preflight.json")
     r.add_argument("--audit-dir", required=True, help="audit JSONL directory for the preflight calls")
     r.add_argument("--tokenizer-dir", default=None, help="policy base model dir (training checks: prompt lengths)")
@@ -120,8 +116,8 @@ def register(sub) -> None:
     a.add_argument("--endpoint", required=True, help="the judge's endpoint.json (waits for its health)")
     a.add_argument("--out", required=True, help="agreement.json")
     a.add_argument("--audit-dir", required=True)
-    a.add_argument("--mode", choices=("scalar", "pairwise"), default=None,
-                   help="judge mode checked (default: reward.mode when judged, else scalar)")
+    a.add_argument("--mode", choices=JUDGED_MODES, default=None,
+                   help=f"judge mode checked (default: reward.mode when it asks the judge, else {JUDGED_MODES[0]})")
     a.add_argument("--cfg", type=json_arg, default={}, help="JSON of sections judge, reward, preflight")
     a.set_defaults(func=_cmd_agreement)
 

@@ -1,5 +1,5 @@
 """Judge agreement: does the judge rank a patient's reference memory above another patient's or a
-corrupted one? (agreement_checks inside preflight; run_agreement alone beside an outcome-mode run)"""
+corrupted one? (agreement_checks inside preflight; run_agreement alone beside a run whose reward asks no judge)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from llmrnn.errors import InputError
 from llmrnn.matching import content_words, normalise
 from llmrnn.preflight.reward_checks import _pct
 from llmrnn.preflight.rows import _as_policy_output, load_rows
-from llmrnn.reward import Scorer, reward_settings
+from llmrnn.reward import JUDGED_MODES, Scorer, reward_mode, reward_settings
 from llmrnn.rnn import summary_text
 from llmrnn.settings.evaluation import Preflight, preflight_settings
 from llmrnn.stats import wilson_ci
@@ -138,13 +138,6 @@ def agreement_checks(scorer, rows: list[dict], cfg: Preflight) -> tuple[dict, li
 
 
 
-WHY_OUTCOME = (
-    "reward.mode outcome: the training reward is the share of the next visit's diagnoses a memory names, "
-    "not the judge's score; this check measures the judge the config names (judge.rubric) beside the "
-    "training path, so the choice is shown, not assumed"
-)
-
-
 def run_agreement(train_parquet: str, endpoint_file: str, out: str, audit_dir: str, cfg: dict,
                   mode: str | None = None) -> dict:
     """The judge-agreement check alone (for a run whose reward asks no judge): the judge at `endpoint_file`
@@ -152,12 +145,14 @@ def run_agreement(train_parquet: str, endpoint_file: str, out: str, audit_dir: s
     with a verdict; it never stops the workflow (a judged run's preflight does that)."""
     pcfg = preflight_settings(cfg.get("preflight"))
     reward = reward_settings(cfg.get("reward") or {})
-    check_mode = mode or (reward.mode if reward.judged else "scalar")
+    training = reward_mode(reward)
+    check_mode = mode or (reward.mode if training.asks_judge else JUDGED_MODES[0])
     # the check measures the judge of judge.rubric, not the training reward: your own reward file
     # (reward.custom) is left out of its scorer, so a custom-reward run can still ask it by hand
     rcfg = reward.model_copy(update={"mode": check_mode, "custom": reward.custom.model_copy(update={"path": None})})
-    if not rcfg.judged:
-        raise InputError(f"preflight agreement --mode {check_mode}: the check needs a judged mode (scalar, pairwise)")
+    if check_mode not in JUDGED_MODES:
+        raise InputError(f"preflight agreement --mode {check_mode}: the check needs a mode that asks the judge "
+                         f"({', '.join(JUDGED_MODES)})")
     rows = load_rows(train_parquet, max(2, pcfg.agreement_pairs), pcfg.seed + 1)
     scorer = Scorer(endpoint_file, (cfg.get("judge") or {}).get("rubric") or None, audit_dir, rcfg)
     try:
@@ -169,8 +164,8 @@ def run_agreement(train_parquet: str, endpoint_file: str, out: str, audit_dir: s
     report.update(problems=problems, warnings=warnings, training_reward_mode=reward.mode,
                   sample_note=f"{report['pairs']} pairs (preflight.agreement_pairs {pcfg.agreement_pairs}): a small "
                               "sample, so the 95% interval is wide")
-    if not reward.judged:
-        report["why_training_reward"] = WHY_OUTCOME
+    if training.why_training_reward:
+        report["why_training_reward"] = training.why_training_reward
     io.write_json(out, report)
     log.info("judge agreement: %s (%s)", report["verdict"], "; ".join(problems + warnings) or "ok")
     return report

@@ -11,7 +11,6 @@ from collections import Counter
 from llmrnn import io
 from llmrnn.errors import InputError
 from llmrnn.preflight.rows import CANDIDATES, EMPTY_MEMORY, _as_policy_output
-from llmrnn.reward import NO_JUDGE
 from llmrnn.reward.custom import open_custom
 from llmrnn.settings.evaluation import Preflight
 from llmrnn.stats import percentile
@@ -29,8 +28,7 @@ def _score_references(scorer, rows: list[dict]) -> tuple[list[dict], float]:
                             "ground_truth": r["ground_truth"], "extra_info": dict(r["extra_info"], candidate=which),
                             "group": r["index"]})
     t0 = time.perf_counter()
-    opponent = "group" if scorer.cfg.mode == "pairwise" else "reference"
-    results = scorer.score_samples(samples, opponent=opponent)
+    results = scorer.score_samples(samples, opponent=scorer.mode.reference_opponent)
     return results, time.perf_counter() - t0
 
 
@@ -61,9 +59,8 @@ def _reward_stats(scorer, rows: list[dict], results: list[dict], elapsed: float)
     }
     problems = []
     if not any(r["valid_json"] for r in results):
-        asked = "so the judge was never asked" if scorer.cfg.judged else "so every reward is 0"
         problems.append(f"none of the {len(results)} trajectory memories parsed as {{\"evolving_summary\": ...}} "
-                        f"JSON, {asked}; check the trajectories' h_ref/h_prev")
+                        f"JSON, {scorer.mode.unparsed_consequence}; check the trajectories' h_ref/h_prev")
     return stats, problems
 
 
@@ -79,11 +76,11 @@ def _spread_problem(stats: dict, cfg: Preflight) -> list[str]:
 
 
 def outcome_checks(scorer, rows: list[dict], cfg: Preflight) -> tuple[dict, list[str]]:
-    """Outcome mode (no judge): the reference candidates' outcome rewards and their spread; the judge
-    keys (fallback rate, latency, calls) say there was none."""
+    """A reward mode that asks no judge (reward.mode outcome): the reference candidates' rewards and their
+    spread; the judge keys (fallback rate, latency, calls) say there was none."""
     results, elapsed = _score_references(scorer, rows)
     stats, problems = _reward_stats(scorer, rows, results, elapsed)
-    report = {"skipped": NO_JUDGE, **stats, "judged": 0, "fallback_rate": None,
+    report = {"skipped": scorer.mode.no_judge_note, **stats, "judged": 0, "fallback_rate": None,
               "truncated_before_score": 0, "latency_s": {"p50": None, "p95": None}, "http_calls": 0,
               "cache_hits": 0}
     return report, problems + _spread_problem(stats, cfg)
@@ -124,7 +121,7 @@ def judge_checks(scorer, rows: list[dict], cfg: Preflight) -> tuple[dict, list[s
         )
     if truncated:
         req = scorer.rubric.request
-        limit = req.max_tokens if scorer.cfg.mode == "scalar" else scorer.rubric.pairwise.max_tokens
+        limit = scorer.mode.max_tokens(scorer.rubric)
         problems.append(
             f"{truncated} judge answer(s) hit max_tokens={limit} before giving a score (finish_reason "
             f"'length'; api: {req.api}): a judge that thinks aloud first needs a higher max_tokens, or "

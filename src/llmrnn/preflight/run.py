@@ -14,7 +14,7 @@ from llmrnn.preflight.agreement import agreement_checks
 from llmrnn.preflight.reward_checks import custom_checks, judge_checks, outcome_checks
 from llmrnn.preflight.rows import load_rows
 from llmrnn.preflight.training import training_checks
-from llmrnn.reward import Scorer, missing_endpoint, reward_kwargs, reward_settings
+from llmrnn.reward import RewardMode, Scorer, reward_kwargs, reward_mode, reward_settings
 from llmrnn.runconfig import filled
 from llmrnn.settings.evaluation import preflight_settings
 from llmrnn.train.ray_cluster import judge_layout_problem
@@ -25,26 +25,27 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------- command
 def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit_dir: str, cfg: dict,
                   val_parquet: str | None = None, tokenizer_dir: str | None = None) -> dict:
-    """Reward checks (judge_checks; outcome_checks when reward.mode outcome asks no judge, which needs
-    no endpoint; custom_checks for your own reward, reward.custom) + training checks -> `out`; CheckFailed when a problem counts."""
+    """Reward checks (judge_checks; outcome_checks for a reward mode that asks no judge, which needs no
+    endpoint; custom_checks for your own reward, reward.custom) + training checks -> `out`; CheckFailed when a
+    problem counts."""
     pcfg = preflight_settings(cfg.get("preflight"))
     rcfg = reward_settings(cfg.get("reward") or {})
-    if rcfg.judged and not endpoint_file:  # before any work: the judged modes cannot check anything
-        raise missing_endpoint(rcfg.mode, "pass --endpoint")
+    mode = reward_mode(rcfg)
+    mode.require_endpoint(endpoint_file, "pass --endpoint")  # before any work: a judged mode checks nothing without
     judge_cfg = cfg.get("judge") or {}
     if tokenizer_dir:
         tokenizer_dir = str(model_folder(tokenizer_dir))
     rows = load_rows(train_parquet, pcfg.rows, pcfg.seed)
     agreement, agreement_problems, agreement_warnings = None, [], []
     custom_problems = []
-    if rcfg.custom_reward:  # your own reward: finite numbers on real rows (no judge, no scorer)
+    if rcfg.custom_reward:  # your own reward (reward_mode: CustomReward): finite numbers on real rows, no scorer
         Path(audit_dir).mkdir(parents=True, exist_ok=True)  # the rule's output, though no scorer writes in it
         # the reward settings as training passes them (verl's reward_kwargs), so a reward reading them runs here
         kwargs = reward_kwargs(cfg.get("reward"), audit_dir=audit_dir)
         judge_report, custom_problems, judge_problems = custom_checks(rcfg.custom_reward, rows, pcfg, kwargs)
     else:
         judge_report, judge_problems, agreement, agreement_problems, agreement_warnings = _scorer_checks(
-            endpoint_file, judge_cfg, audit_dir, rcfg, pcfg, train_parquet, rows)
+            endpoint_file, judge_cfg, audit_dir, mode, pcfg, train_parquet, rows)
     log.info("reward preflight: %s", json.dumps({k: judge_report[k] for k in
                                                  ("mode", "parse_methods", "fallback_rate", "reward", "latency_s")}))
     if cfg.get("train") is None or tokenizer_dir is None:
@@ -56,23 +57,22 @@ def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit
                                    out_dir=Path(out).parent,
                                    check_gpus=False)  # a 0-GPU job step: `train run` counts them
     problems, warnings = list(custom_problems), []
-    if rcfg.mode == "outcome" or rcfg.custom_reward:
-        # The outcome reward asks no judge, and the fixed reference memories (h_ref, h_prev, empty) all
+    if not mode.asks_judge:
+        # A reward without a judge scores the fixed reference memories (h_ref, h_prev, empty), which all
         # miss what the policy must learn to carry, so their spread says nothing about the rollouts'
         # spread: report, do not stop (`llmrnn train diagnose` measures the rollouts' spread).
-        why = "reward.custom" if rcfg.custom_reward else "reward.mode outcome"
-        warnings.extend(f"{why} (no judge): {p}" for p in judge_problems)
+        warnings.extend(f"{mode.key} (no judge): {p}" for p in judge_problems)
     else:
         (problems if pcfg.on_problem == "fail" else warnings).extend(judge_problems + agreement_problems)
         warnings.extend(agreement_warnings)
     problems.extend(f"training: {p}" for p in training.get("problems", []))
     warnings.extend(f"training: {w}" for w in training.get("warnings", []) or [])
-    if rcfg.judged and (reach := _judge_reach_problem(endpoint_file, cfg)):
+    if mode.asks_judge and (reach := _judge_reach_problem(endpoint_file, cfg)):
         problems.append(reach)
     report = {"ok": not problems, "problems": problems, "warnings": warnings, "judge": judge_report,
               "judge_agreement": agreement if agreement is not None else {"skipped": (
-                  "reward.mode outcome asks no judge (`llmrnn preflight agreement` checks one beside training)"
-                  if not rcfg.judged else "preflight.agreement_pairs is 0")},
+                  f"{mode.no_judge_note} (`llmrnn preflight agreement` checks one beside training)"
+                  if not mode.asks_judge else "preflight.agreement_pairs is 0")},
               "training": training}
     io.write_json(out, report)
     for w in warnings:
@@ -82,15 +82,16 @@ def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit
     return report
 
 
-def _scorer_checks(endpoint_file, judge_cfg: dict, audit_dir, rcfg, pcfg, train_parquet, rows: list[dict]):
-    """The built-in reward's checks (judge_checks, or outcome_checks when no judge is asked) and, for a
-    judged mode, the judge agreement: (report, problems, agreement, its problems, its warnings)."""
-    scorer = Scorer(endpoint_file, judge_cfg.get("rubric") or None, audit_dir, rcfg)
+def _scorer_checks(endpoint_file, judge_cfg: dict, audit_dir, mode: RewardMode, pcfg, train_parquet,
+                   rows: list[dict]):
+    """The built-in reward's checks (judge_checks, or outcome_checks when the mode asks no judge) and, for a
+    mode that asks the judge, the judge agreement: (report, problems, agreement, its problems, its warnings)."""
+    scorer = Scorer(endpoint_file, judge_cfg.get("rubric") or None, audit_dir, mode.reward)
     agreement, agreement_problems, agreement_warnings = None, [], []
     try:
-        checks = judge_checks if rcfg.judged else outcome_checks
+        checks = judge_checks if mode.asks_judge else outcome_checks
         judge_report, judge_problems = checks(scorer, rows, pcfg)
-        if rcfg.judged and pcfg.agreement_pairs:
+        if mode.asks_judge and pcfg.agreement_pairs:
             agreement, agreement_problems, agreement_warnings = agreement_checks(
                 scorer, load_rows(train_parquet, pcfg.agreement_pairs, pcfg.seed + 1), pcfg)
     finally:

@@ -55,6 +55,7 @@ from llmrnn.errors import InputError
 from llmrnn.reward import JudgeDegraded, JudgeUnavailable, get_scorer, judge_wait_cfg
 from llmrnn.reward.config import settings
 from llmrnn.reward.entry import verl_values
+from llmrnn.reward.modes import ScalarMode
 from llmrnn.rubric import scalar_request
 from llmrnn.settings import section_defaults
 
@@ -250,7 +251,7 @@ def judge_scores(items: list[tuple[str, str, str]], cfg: dict, **kwargs) -> list
         raise
     out = []
     for (question, reference, answer), call in zip(items, calls):
-        result = scorer._scalar_result(call)
+        result = ScalarMode.read_answer(scorer.rubric, call)
         scorer.audit.write({"kind": "qa_judge", "question": question, "answer": answer, "reference": reference,
                             "response": call.response, "score": result["judge_score"],
                             "parse_method": result["parse_method"]})

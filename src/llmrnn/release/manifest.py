@@ -14,7 +14,7 @@ from typing import Any
 
 from llmrnn import io
 from llmrnn.errors import InputError
-from llmrnn.reward import asks_judge
+from llmrnn.reward import asks_judge, reward_mode, reward_settings
 from llmrnn.rubric import JUDGE_SOURCE
 from llmrnn.runconfig import filled
 
@@ -142,7 +142,7 @@ def judge_entry(rubric: str | Path | None, knobs: dict) -> dict:
     if rubric is not None or asks_judge(knobs):
         return rubric_info(rubric)
     why = ("the QA reward asks no judge (qa.reward.weights.judge is 0)" if knobs.get("recipe") == "qa"
-           else "reward.mode outcome asks no judge")
+           else reward_mode(reward_settings(knobs.get("reward") or {})).no_judge_note)
     return {"rubric_file": None, "model": None, "note": why}
 
 

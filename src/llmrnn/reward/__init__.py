@@ -3,7 +3,8 @@
 One concept a module: `config` (section `reward`, the settings parser, who asks the judge), `kwargs` (the
 settings as the scorer's arguments), `scorer` (judge client, cache, pool), `audit`, `guard` (fallback
 guard), `entry` (compute_score, compute_score_batch, trl_reward_func: verl's `pkg://llmrnn.reward` path
-and TRL's function), `custom` (your own reward: reward.custom).
+and TRL's function), `custom` (your own reward: reward.custom), `modes` (one object per reward mode:
+whether it asks the judge, how it scores, what preflight, the manifest, the report and the card say of it).
 
 Where the judge is: arguments `endpoint_file=`, `rubric_file=`, `audit_dir=`, `reward_cfg=` (mapping or
 JSON of config section `reward`), `guard=` (llmrnn.reward.kwargs; verl's reward_kwargs, TRL's reward
@@ -46,11 +47,9 @@ from llmrnn.reward.audit import AuditLog
 from llmrnn.reward.config import (
     CUSTOM_NAME,
     JUDGE_WAIT_KEYS,
-    NO_JUDGE,
     STOP_REASON_FILE,
     asks_judge,
     judge_wait_cfg,
-    missing_endpoint,
     reward_settings,
     settings,
 )
@@ -68,7 +67,8 @@ from llmrnn.reward.entry import (
 )
 from llmrnn.reward.guard import FallbackGuard, JudgeDegraded, fallback_rate, guard_spec
 from llmrnn.reward.kwargs import ARG_KEYS, LOCATIONS, reward_kwargs, settings_identity
-from llmrnn.reward.scorer import JudgeCall, Scorer, finish_reason, get_scorer, outcome_share
+from llmrnn.reward.modes import JUDGED_MODES, MODES, RewardMode, finish_reason, mode_named, reward_mode
+from llmrnn.reward.scorer import JudgeCall, Scorer, get_scorer, outcome_share
 
 # `llmrnn reward try`: the CLI finds a stage's commands in llmrnn.<stage>.register
 from llmrnn.reward.trial import register
@@ -76,10 +76,11 @@ from llmrnn.reward.trial import register
 __all__ = [
     "ARG_KEYS",
     "CUSTOM_NAME",
+    "JUDGED_MODES",
     "JUDGE_WAIT_KEYS",
     "LOCATIONS",
+    "MODES",
     "NEUTRAL",
-    "NO_JUDGE",
     "PARSE_FLAGS",
     "PUBLIC_KEYS",
     "STOP_REASON_FILE",
@@ -88,6 +89,7 @@ __all__ = [
     "JudgeCall",
     "JudgeDegraded",
     "JudgeUnavailable",
+    "RewardMode",
     "Scorer",
     "asks_judge",
     "compute_score",
@@ -98,10 +100,11 @@ __all__ = [
     "get_scorer",
     "guard_spec",
     "judge_wait_cfg",
-    "missing_endpoint",
+    "mode_named",
     "outcome_share",
     "register",
     "reward_kwargs",
+    "reward_mode",
     "reward_settings",
     "settings",
     "settings_identity",

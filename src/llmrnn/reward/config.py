@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from llmrnn.errors import InputError
+from llmrnn.reward.modes import reward_mode
 from llmrnn.settings import Reward, section_defaults
 from llmrnn.settings.base import parse
 
@@ -56,20 +57,12 @@ def judge_wait_cfg(reward: Any) -> dict:
     return {k: v for k, v in settings(reward, "reward").items() if k in JUDGE_WAIT_KEYS}
 
 
-NO_JUDGE = "reward.mode outcome asks no judge"  # why preflight and training run without an endpoint
-
-
 def asks_judge(config: dict) -> bool:
     """Whether a workflow config's reward needs the judge server (llmrnn.plan plans judge_server,
     and preflight/train take its endpoint, only then): recipe qa when its judge weight is on, the memory
-    head unless reward.mode is outcome. The one place that decides it for the rules and `llmrnn check`."""
+    head when its reward mode asks one (llmrnn.reward.modes). The one place that decides it for the rules and
+    `llmrnn check`."""
     if config.get("recipe") == "qa":
         return bool((((config.get("qa") or {}).get("reward") or {}).get("weights") or {}).get("judge"))
-    return reward_settings(config.get("reward") or {}).judged
-
-
-def missing_endpoint(mode: str, how: str) -> InputError:
-    """The one line for a judged reward mode given no endpoint (`how`: where the caller names it)."""
-    return InputError(f"reward.mode {mode} asks the judge but no judge endpoint was given: {how} "
-                      "(RUN/judge/endpoint.json; reward.mode outcome needs none)")
+    return reward_mode(reward_settings(config.get("reward") or {})).asks_judge
 

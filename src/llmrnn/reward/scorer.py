@@ -19,21 +19,10 @@ from llmrnn.errors import InputError
 from llmrnn.judge.client import Endpoint, JudgeClient, JudgeUnavailable, wait_for_endpoint
 from llmrnn.matching import anticipated_share
 from llmrnn.reward.audit import AuditLog
-from llmrnn.reward.config import STOP_REASON_FILE, missing_endpoint, reward_settings, settings
+from llmrnn.reward.config import STOP_REASON_FILE, reward_settings, settings
 from llmrnn.reward.guard import FallbackGuard, JudgeDegraded
-from llmrnn.rubric import (
-    FALLBACK_SCORE,
-    JudgeRequest,
-    Rubric,
-    load_rubric,
-    memory_text,
-    pairwise_request,
-    parse_scalar,
-    parse_verdict,
-    response_problem,
-    response_text,
-    scalar_request,
-)
+from llmrnn.reward.modes import reward_mode
+from llmrnn.rubric import JudgeRequest, Rubric, load_rubric, response_problem, response_text
 from llmrnn.settings import Reward
 from llmrnn.settings.trajectory_step import read_step
 
@@ -62,12 +51,13 @@ class JudgeCall:
 class Scorer:
     """Judge endpoint + rubric + thread pool + request cache + audit, shared by all entry points.
 
-    In outcome mode (cfg.judged False) there is no judge: endpoint, rubric, client and pool stay None
+    In a mode that asks no judge (reward.mode outcome) there is no judge: endpoint, rubric, client and pool stay None
     and endpoint_file may be None; scoring and the audit work as in the other modes."""
 
     def __init__(self, endpoint_file: str | Path | None, rubric_file: str | Path | None,
                  audit_dir: str | Path, cfg: Reward | None = None, guard: Any = None):
         self.cfg = cfg or Reward()
+        self.mode = reward_mode(self.cfg)  # how a candidate is scored, and whether the judge is asked
         self.audit = AuditLog(audit_dir)
         self._cache: OrderedDict[str, Future] = OrderedDict()
         self._lock = threading.Lock()
@@ -78,10 +68,9 @@ class Scorer:
         self.rubric: Rubric | None = None
         self.client: JudgeClient | None = None
         self.pool: ThreadPoolExecutor | None = None
-        if not self.cfg.judged:
+        if not self.mode.asks_judge:
             return  # an endpoint given anyway is not waited on: nothing would ever be sent to it
-        if not endpoint_file:
-            raise missing_endpoint(self.cfg.mode, "pass endpoint_file")
+        self.mode.require_endpoint(endpoint_file, "pass endpoint_file")
         self.endpoint_file = Path(endpoint_file)
         self.endpoint = wait_for_endpoint(self.endpoint_file, self.cfg.health_timeout_s,
                                           dead_after_s=self.cfg.dead_after_s)
@@ -160,26 +149,6 @@ class Scorer:
             raise first
         return [f.result() for f in futures]
 
-    # -- scalar
-    def _scalar_result(self, call: JudgeCall) -> dict:
-        parsed = parse_scalar(call.response, self.rubric.scale_max, call.payload, call.request.prefix,
-                              self.rubric.request.score_method == "expected")
-        return {"judge_score": parsed.score, "parse_method": parsed.parse_method, "raw_score": parsed.raw_score,
-                "digit_probs": parsed.digit_probs}
-
-    # -- pairwise: outcome for the candidate in position A (1 win, 0.5 tie/unparsed, 0 loss)
-    def _verdict_points(self, call: JudgeCall, candidate_is_a: bool) -> tuple[float, str]:
-        verdict = parse_verdict(call.response, self.rubric)
-        if verdict is None:
-            return FALLBACK_SCORE, "unparsed"
-        if verdict == "tie":
-            return 0.5, "tie"
-        won = (verdict == "A") == candidate_is_a
-        return (1.0 if won else 0.0), ("win" if won else "loss")
-
-    def _pair_requests(self, step: dict, cand: str, other: str) -> list[JudgeRequest]:
-        return [pairwise_request(self.rubric, step, cand, other), pairwise_request(self.rubric, step, other, cand)]
-
     # -- public scoring
     def score_samples(self, samples: list[dict], opponent: str = "reference") -> list[dict]:
         """samples: dicts with data_source, solution_str, ground_truth, extra_info (and optional group).
@@ -192,15 +161,7 @@ class Scorer:
             text = s["solution_str"] if isinstance(s["solution_str"], str) else None
             memory = jsonparse.parse_memory(text, strict=True)[0]
             prepared.append({"step": step, "memory": memory, "sample": s})
-        plan: list[tuple[int, JudgeRequest, bool]] = []  # (sample index, request, candidate is A)
-        if self.cfg.mode == "outcome":
-            pass  # outcome-only: no judge call (the memory's recall of the next visit's diagnoses is the score)
-        elif self.cfg.mode == "scalar":
-            for i, p in enumerate(prepared):
-                if p["memory"] is not None:
-                    plan.append((i, scalar_request(self.rubric, p["step"], p["memory"]), True))
-        else:
-            plan = self._pairwise_plan(prepared, opponent)
+        plan = self.mode.judge_plan(self.rubric, prepared, opponent)  # none where the mode asks no judge
         try:
             calls = self.judge_many([req for _, req, _ in plan])
         except JudgeUnavailable as exc:
@@ -225,36 +186,8 @@ class Scorer:
         self.audit.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         io.write_text(self.audit.directory / STOP_REASON_FILE, message + "\n")
 
-    def _pairwise_plan(self, prepared: list[dict], opponent: str) -> list[tuple[int, JudgeRequest, bool]]:
-        plan = []
-        groups: dict[str, list[int]] = {}
-        for i, p in enumerate(prepared):
-            if p["memory"] is not None:
-                groups.setdefault(str(p["sample"].get("group", i)), []).append(i)
-        for members in groups.values():
-            distinct = {memory_text(prepared[i]["memory"]) for i in members}
-            use_group = opponent == "group" and len(members) > 1 and len(distinct) > 1
-            for i in members:
-                p = prepared[i]
-                cand = p["memory"]
-                if use_group:
-                    others = [prepared[j]["memory"] for j in members if j != i]
-                else:
-                    others = [memory_text(p["step"]["h_ref"])]
-                p["opponents"] = len(others)
-                for other in others:
-                    if memory_text(other) == memory_text(cand):
-                        p.setdefault("identical", 0)
-                        p["identical"] += 1
-                        continue
-                    a_first, b_first = self._pair_requests(p["step"], cand, other)
-                    plan.append((i, a_first, True))
-                    plan.append((i, b_first, False))
-        return plan
-
     def _finish(self, p: dict, calls: list[tuple[JudgeCall, bool]], batch_s: float) -> dict:
         s = p["sample"]
-        step = p["step"]
         memory = p["memory"]
         result: dict[str, Any] = {
             "score": self.cfg.invalid_json_score, "judge_score": None, "outcome": 0.0,
@@ -262,46 +195,7 @@ class Scorer:
             "judge_latency_s": sum(c.latency_s for c, _ in calls), "retries": sum(c.retries for c, _ in calls),
             "judge_calls": len(calls), "cache_hits": sum(c.cache_hit for c, _ in calls),
         }
-        if self.cfg.mode == "outcome":
-            # Outcome-only (for a judge too weak to rank memories): score = the share of the next visit's
-            # diagnoses named by the memory the forward pass would carry (its lenient parser: the eval's
-            # memory recall reads the same h_t); output with no memory JSON scores 0, below any memory.
-            memory, _ = jsonparse.parse_memory(s["solution_str"])
-            result["valid_json"] = memory is not None
-            result["outcome"] = outcome_share(memory, step["next_ground_truth_diagnoses"]) if memory else 0.0
-            result["score"] = result["outcome"]
-            result["parse_method"] = "outcome" if memory is not None else "invalid_json"
-        elif memory is not None:
-            if self.cfg.mode == "scalar":
-                result.update(self._scalar_result(calls[0][0]))
-                unscored = [calls[0][0]] if result["parse_method"] == "fallback" else []
-            else:
-                points, outcomes, unscored = [], [], []
-                for call, cand_a in calls:
-                    pts, what = self._verdict_points(call, cand_a)
-                    points.append(pts)
-                    outcomes.append(what)
-                    if what == "unparsed":
-                        unscored.append(call)
-                ident = p.get("identical", 0)
-                points += [0.5, 0.5] * ident
-                outcomes += ["identical", "identical"] * ident
-                result["judge_score"] = sum(points) / len(points) if points else 0.5
-                unparsed = outcomes.count("unparsed")
-                result["parse_method"] = (
-                    "fallback" if points and unparsed == len(points)
-                    else "identical" if outcomes and set(outcomes) == {"identical"} else "pairwise"
-                )
-                result["pairwise"] = {k: outcomes.count(k) for k in ("win", "loss", "tie", "unparsed", "identical")}
-            result["outcome"] = outcome_share(memory, step["next_ground_truth_diagnoses"])
-            result["score"] = result["judge_score"] + self.cfg.outcome_epsilon * result["outcome"]
-            # answers cut off by max_tokens before any score (e.g. a thinking judge): preflight fails on them
-            result["truncated_calls"] = sum(1 for c in unscored if finish_reason(c.payload) == "length")
-        elif self.cfg.outcome_epsilon:
-            # The outcome term reads the raw text when it is not JSON: a small policy that rarely writes
-            # valid JSON still gets a within-group signal. With epsilon 0 (the reference) this stays 0.05.
-            result["outcome"] = outcome_share(s["solution_str"], step["next_ground_truth_diagnoses"])
-            result["score"] = self.cfg.invalid_json_score + self.cfg.outcome_epsilon * result["outcome"]
+        memory = self.mode.score(self.rubric, p, calls, result)
         self.audit.write({
             "time": time.time(), "pid": os.getpid(), "rubric": self.rubric.name if self.rubric else None,
             "mode": self.cfg.mode,
@@ -313,14 +207,6 @@ class Scorer:
             **{k: v for k, v in result.items()}, "batch_s": round(batch_s, 4),
         })
         return result
-
-
-def finish_reason(payload: dict) -> str | None:
-    """The OpenAI finish_reason of a judge answer ("length": it hit max_tokens)."""
-    try:
-        return (payload.get("choices") or [{}])[0].get("finish_reason")
-    except AttributeError:
-        return None
 
 
 
@@ -335,10 +221,10 @@ def get_scorer(endpoint_file: str | None = None, rubric_file: str | None = None,
     reward_kwargs, TRL's reward-function arguments). Outcome mode needs no endpoint; the judged modes stop
     with one line without one."""
     cfg = reward_settings(reward_cfg)
-    endpoint_file = endpoint_file if cfg.judged else None
-    if cfg.judged and not endpoint_file:
-        raise missing_endpoint(cfg.mode, "pass endpoint_file=")
-    rubric_file = (rubric_file or None) if cfg.judged else None
+    mode = reward_mode(cfg)
+    mode.require_endpoint(endpoint_file, "pass endpoint_file=")
+    endpoint_file = endpoint_file if mode.asks_judge else None
+    rubric_file = (rubric_file or None) if mode.asks_judge else None
     if not audit_dir:  # every scored sample is audited: the caller says where (train: RUN/train/audit)
         raise InputError("reward: no audit directory: pass audit_dir=")
     spec = settings(guard, "guard")

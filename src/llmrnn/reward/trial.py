@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from llmrnn.errors import InputError, doc_summary
-from llmrnn.reward.config import missing_endpoint, reward_settings
+from llmrnn.reward.config import reward_settings
 from llmrnn.reward.custom import custom_of, field_problem, open_custom
 from llmrnn.reward.entry import PUBLIC_KEYS, compute_score
 from llmrnn.reward.kwargs import reward_kwargs
+from llmrnn.reward.modes import reward_mode
 from llmrnn.runconfig import configfiles_for, load_any, read_layer, resolve
 from llmrnn.settings.trajectory_step import read_step
 
@@ -134,10 +135,9 @@ def score_rows(rows: list[dict], config: dict, memory: str, endpoint: str | None
         finally:
             fn.close()
         return ["score"], [{"score": s} for s in scores]
-    rcfg = reward_settings(reward)
-    if rcfg.judged:
-        if not endpoint:
-            raise missing_endpoint(rcfg.mode, "pass --endpoint")
+    mode = reward_mode(reward_settings(reward))
+    if mode.asks_judge:
+        mode.require_endpoint(endpoint, "pass --endpoint")
         kwargs["endpoint_file"] = str(endpoint)
         if (config.get("judge") or {}).get("rubric"):
             kwargs["rubric_file"] = str(config["judge"]["rubric"])

@@ -132,6 +132,7 @@ class RewardCustom(Section):
 class Reward(Section):
     """`reward`"""
 
+    # each value is an object of llmrnn.reward.modes (whether it asks the judge, how it scores, what it says)
     mode: Literal['scalar', 'pairwise', 'outcome'] = Field('scalar', description='outcome = next-visit recall only, no judge call')
     pairwise_opponent: Literal['group', 'reference'] = Field('group', description='batch scoring (TRL, verl batch manager) compares within the prompt group; per-sample verl uses h_ref')
     outcome_epsilon: float = Field(0.0, le=1000, ge=0, description='weight of the next-visit anticipation term (0 = reference reward)')
@@ -148,12 +149,6 @@ class Reward(Section):
     custom: RewardCustom = Field(default_factory=RewardCustom, description="absent by default (the built-in reward); your own reward instead of the judge (docs/rewards.md): a Python file and the function in it with verl's signature, used by both engines", json_schema_extra={"no_default": True})
     dead_after_s: float = Field(30, le=7 * 24 * 3600, gt=0, description="a judge that is certainly gone (the endpoint's processes are not running, or a ready server refuses connections) fails the health wait after this long")
     stall_s: float = Field(120, le=7 * 24 * 3600, gt=0, description="a judge that stops answering: while calls wait on it, some call must get an answer at least this often (or 4x the slowest answer so far, when longer; the first answer may take timeout_s), else every call fails at once with one line instead of waiting call_budget_s; raise it with timeout_s for a judge whose one answer takes longer")
-
-    @property
-    def judged(self) -> bool:
-        """Scalar and pairwise modes ask the judge; outcome mode scores the memory's recall alone, and your
-        own reward (reward.custom) replaces the judge's scorer."""
-        return self.mode != "outcome" and self.custom_reward is None
 
     @property
     def custom_reward(self) -> dict | None:

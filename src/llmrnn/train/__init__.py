@@ -63,17 +63,15 @@ def _custom_reward(kwargs: dict) -> dict | None:
 
 
 def _require_endpoint(args) -> None:
-    """llmrnn.reward's judged modes (scalar, pairwise) need the judge's endpoint: say so before anything
-    is loaded. Outcome mode needs none; another reward module (recipe qa's) checks its own."""
-    from llmrnn.reward import missing_endpoint, reward_settings
+    """A reward mode of llmrnn.reward that asks the judge needs its endpoint: say so before anything is
+    loaded (llmrnn.reward.modes). Another reward module (recipe qa's) checks its own."""
+    from llmrnn.reward import reward_mode, reward_settings
     from llmrnn.train.trl_engine import DEFAULT_REWARD
 
     module = (args.reward_func or DEFAULT_REWARD).split(":", 1)[0]
-    if args.endpoint or module != DEFAULT_REWARD.split(":", 1)[0]:
+    if module != DEFAULT_REWARD.split(":", 1)[0]:
         return
-    reward = reward_settings((args.cfg or {}).get("reward") or {})
-    if reward.judged:
-        raise missing_endpoint(reward.mode, "pass --endpoint")
+    reward_mode(reward_settings((args.cfg or {}).get("reward") or {})).require_endpoint(args.endpoint, "pass --endpoint")
 
 
 def cmd_run(args) -> int:
