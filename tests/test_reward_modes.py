@@ -12,6 +12,7 @@ import pytest
 from llmrnn.errors import InputError
 from llmrnn.release import card
 from llmrnn.reward import JUDGED_MODES, MODES, RewardMode, Scorer, asks_judge, mode_named, reward_mode
+from llmrnn.reward.config import reward_settings
 from llmrnn.reward.modes import CustomReward, OutcomeMode, PairwiseMode, ScalarMode
 from llmrnn.rubric import load_rubric
 from llmrnn.settings import Reward
@@ -96,30 +97,26 @@ def test_the_judged_modes_plan_their_own_judge_calls(tmp_path):
     assert PairwiseMode(Reward()).max_tokens(rubric) == rubric.pairwise.max_tokens
 
 
-def _card_reward_section(knobs: dict) -> str:
-    parts: list[str] = []
-    card._card_grpo_and_reward(parts, {"knobs": {"train": {}, **knobs}, "judge": {}})
-    return "".join(parts)
+OWN = {"name": "compute_score", "path": "r.py", "sha256": "0" * 64}  # a manifest's own_reward
 
 
-@pytest.mark.parametrize("name", list(MODES))
-def test_the_card_words_of_each_mode_are_the_cards(name):
-    """The mode's card sentences are what release/card.py writes for it today (the card reads them from
-    the mode once it is rewired; until then this holds the copies to the card)."""
-    mode = reward_mode(Reward(mode=name))
-    knobs = {"reward": {"mode": name}}
-    assert mode.card_workflow_steps(card.WORKFLOW_STEPS) == card.workflow_steps(not mode.asks_judge)
-    assert mode.card_reward_paragraph in _card_reward_section(knobs)
-    if mode.card_reward_row:
-        assert f"| {mode.card_reward_row} |" in _card_reward_section(knobs)
-    assert mode.card_limit in card._limits_memory(knobs, {})
-
-
-def test_your_own_rewards_card_paragraph_is_the_cards(tmp_path):
-    parts: list[str] = []
-    card._card_grpo_and_reward(parts, {"knobs": {"train": {}, "reward": {"custom": {"path": "r.py"}}}, "judge": {},
-                                       "own_reward": {"name": "compute_score", "path": "r.py", "sha256": "0" * 64}})
-    assert CustomReward.card_reward_paragraph in "".join(parts)
+@pytest.mark.parametrize("reward", [*({"mode": name} for name in MODES), {"custom": {"path": "r.py"}}],
+                         ids=[*MODES, "custom"])
+def test_the_card_says_what_the_reward_mode_says(reward):
+    """The card's reward sentences are its mode's (release/card.py reads them from the mode), and only a
+    mode that asks the judge says the judge scored the rollouts."""
+    mode = reward_mode(reward_settings(reward))
+    own = OWN if "custom" in reward else None
+    section = card.memory_reward({"knobs": {"train": {}, "reward": reward}, "judge": {}, "own_reward": own})
+    assert section["reward_mode"]["how_scored"] == mode.card_reward_paragraph.rstrip("\n")
+    assert section["reward_mode"]["limit"] == mode.card_limit
+    steps = dict(card.workflow_steps({"reward": reward}))
+    assert ("the judge scores every rollout" in steps["train_grpo"]) == mode.asks_judge
+    assert ("judge_server / preflight" in steps) == mode.asks_judge
+    if own:
+        assert dict(section["reward_rows"])["reward"] == "your own reward: compute_score in r.py (no judge)"
+    elif mode.card_reward_row:
+        assert dict(section["reward_rows"])["reward"] == mode.card_reward_row
 
 
 def test_what_the_reports_first_page_says_each_mode_paid():

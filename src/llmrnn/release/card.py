@@ -1,7 +1,7 @@
 """The model card (README.md of the bundle): huggingface_hub's ModelCard, rendered from one Jinja template per
 recipe (templates/memory_head.md, templates/qa.md) whose shared sections are the macros of
 templates/sections.md. This module computes the templates' variables from the manifest; the sentences that
-depend on reward.mode are REWARD_MODE_TEXT's alone."""
+depend on reward.mode are its mode object's (llmrnn.reward.modes), read through reward_mode_text."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from llmrnn.errors import InputError
 from llmrnn.mimic import sections as sec
 from llmrnn.qa.data import SYSTEM_PROMPT
 from llmrnn.qa.rewards import DEFAULT_WEIGHTS
-from llmrnn.release.manifest import outcome_reward
 from llmrnn.reward import asks_judge  # the one place that decides whether a reward asks the judge
+from llmrnn.reward.config import reward_settings
+from llmrnn.reward.modes import reward_mode
 from llmrnn.runconfig import filled
 
 if TYPE_CHECKING:
@@ -85,58 +86,26 @@ def render_card(manifest: dict, rel: dict, repo_id: str) -> str:
     return str(card)
 
 
-# --- the sentences that depend on reward.mode (memory head): the templates read them from here alone ---
-# "judged": a mode that asks the judge (scalar, pairwise); "outcome": one that asks none; "custom": your own
-# reward (reward.custom: no judge either), which words the Reward section itself and keeps outcome's others.
-REWARD_MODE_TEXT = {
-    "judged": {
-        "steps": [
-            ("judge_server / preflight", ("the judge named in the rubric file is served on 127.0.0.1; preflight "
-             "proves it answers and that rewards vary before any GPU time is spent")),
-            ("train_grpo", ("GRPO with a LoRA on the memory model: each prompt is rolled out G times, the judge "
-             "scores every rollout, advantages are taken relative to the group")),
-        ],
-        "reward": None,  # the judge's rows name the reward
-        "how_scored": (
-            "Each rollout's memory is parsed from the policy output (unparseable JSON gets a small fixed reward) "
-            "and shown to the judge together with what happened at the next visit: the prediction made with "
-            "that memory, the ground truth and its evaluation. The judge's score is mapped to [0, 1]. Every "
-            "judge call is kept in a private audit log that is never part of a release."),
-        "limit": ("The reward is the opinion of one judge model under one rubric; a higher reward is not the same "
-                  "as better downstream predictions unless the held-out evaluation shows it."),
-    },
-    "outcome": {
-        "steps": [
-            ("preflight", ("no judge is started (reward.mode outcome); preflight scores reference memories with "
-             "the outcome reward and checks that the training run is possible")),
-            ("train_grpo", ("GRPO with a LoRA on the memory model: each prompt is rolled out G times, each rollout "
-             "is scored by the share of the next visit's diagnoses its memory names, advantages are taken "
-             "relative to the group")),
-        ],
-        "reward": "outcome (no judge): the share of the next visit's diagnoses the memory names",
-        "how_scored": (
-            "Each rollout's memory is parsed from the policy output (output without a memory JSON scores 0) "
-            "and scored by the share of the next visit's ground-truth diagnoses it names, matched as the "
-            "held-out memory recall matches them. No judge model was asked (reward.mode outcome). Every "
-            "scored rollout is kept in a private audit log that is never part of a release."),
-        "limit": ("The reward is a text match of the memory against the next visit's diagnoses; a memory that "
-                  "names them is not necessarily a good clinical summary."),
-    },
-    "custom": {
-        "reward": "your own reward: {name} in {path} (no judge)",
-        "how_scored": ("Every rollout was scored by that function (reward.custom); the manifest holds its file's "
-                       "hash. No judge model was asked."),
-    },
-}
+# --- the memory head's judge and training steps as a judged reward words them; every sentence that depends
+# on reward.mode (these rows replaced, the reward row, how it was scored, the limit) is its mode object's
+# (llmrnn.reward.modes): the templates read them through reward_mode_text alone
+JUDGED_STEPS = [
+    ("judge_server / preflight", ("the judge named in the rubric file is served on 127.0.0.1; preflight "
+     "proves it answers and that rewards vary before any GPU time is spent")),
+    ("train_grpo", ("GRPO with a LoRA on the memory model: each prompt is rolled out G times, the judge "
+     "scores every rollout, advantages are taken relative to the group")),
+]
 
 
 def reward_mode_text(knobs: dict, own: dict | None = None) -> dict:
-    """The memory head's reward.mode sentences for this run (`own`: manifest `own_reward`, or None)."""
-    text = REWARD_MODE_TEXT["outcome" if outcome_reward(knobs) else "judged"]
-    if own:
-        custom = REWARD_MODE_TEXT["custom"]
-        text = {**text, "reward": custom["reward"].format(**own), "how_scored": custom["how_scored"]}
-    return text
+    """The memory head's reward sentences for this run, from its reward mode (`own`: manifest `own_reward`,
+    which names the file and function of your own reward)."""
+    mode = reward_mode(reward_settings(knobs.get("reward") or {}))
+    row = mode.card_reward_row
+    return {"steps": mode.card_workflow_steps(JUDGED_STEPS),
+            "reward": row.format(**own) if row and own else row,
+            "how_scored": mode.card_reward_paragraph.rstrip("\n"),
+            "limit": mode.card_limit}
 
 
 # --- the memory head (recipe memory_head) ---

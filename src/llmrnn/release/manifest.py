@@ -98,11 +98,6 @@ def metrics_summary(path: str | Path | None) -> dict:
     return out
 
 
-def outcome_reward(knobs: dict) -> bool:
-    """The memory head trained with reward.mode outcome: no judge scored a rollout (the card says so)."""
-    return knobs.get("recipe") != "qa" and not asks_judge(knobs)
-
-
 def own_reward(knobs: dict) -> dict | None:
     """Your own reward (reward.custom), by file name, function and content hash (the training job's code
     identity hashed the same file: Snakemake reruns training, then release, when it changes); None: none."""

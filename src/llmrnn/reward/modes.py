@@ -298,6 +298,15 @@ class CustomReward(RewardMode):
     function scores each rollout (llmrnn.reward.custom), and preflight calls it on real rows."""
 
     name = "custom"
+    card_steps: ClassVar[dict[str, tuple[str, str]]] = {
+        "judge_server / preflight": ("preflight", (
+            "no judge is started (reward.custom); preflight calls your reward on real rows and checks that "
+            "the training run is possible")),
+        "train_grpo": ("train_grpo", (
+            "GRPO with a LoRA on the memory model: each prompt is rolled out G times, your reward function "
+            "scores every rollout, advantages are taken relative to the group")),
+    }
+    card_reward_row = "your own reward: {name} in {path} (no judge)"  # formatted with the manifest's own_reward
     card_reward_paragraph = ("Every rollout was scored by that function (reward.custom); the manifest holds its file's "
                              "hash. No judge model was asked.\n")
     card_limit = ("The reward is your own function's score (reward.custom); a higher reward is not the same as better "
