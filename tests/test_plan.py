@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from llmrnn.errors import InputError
-from llmrnn.plan import Plan, input_flag, model_dir_of
+from llmrnn.plan import MemoryHeadRecipe, Plan, QaRecipe, input_flag, model_dir_of
 from tests.conftest import REPO, snakemake
 from tests.slurm.dag import job_counts, parse_dry_run, prepare_reproduce_inputs
 
@@ -278,8 +278,6 @@ def test_qa_demo_plans_sft_then_grpo_on_cpu():
 def test_the_grpo_rule_takes_its_name_inputs_and_flags_from_the_recipe():
     """The GRPO rule of each recipe: train_grpo (rules/train.smk) after preflight, or qa_train_grpo
     (rules/qa.smk) after qa_preflight with the QA rewards; the recipe is chosen once, from config `recipe`."""
-    from llmrnn.plan import MemoryHeadRecipe, QaRecipe
-
     from snakemake.iocontainers import InputFiles as Namedlist  # what a params function gets as `input`
 
     demo, qa = plan_of(DEMO), plan_of(QA_DEMO)
