@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from llmrnn.errors import InputError
+from llmrnn.errors import InputError, LlmrnnError
 from llmrnn.plan import MemoryHeadRecipe, Plan, QaRecipe, input_flag, model_dir_of
 from tests.conftest import REPO, snakemake
 from tests.slurm.dag import job_counts, parse_dry_run, prepare_reproduce_inputs
@@ -302,6 +302,27 @@ def test_the_grpo_rule_takes_its_name_inputs_and_flags_from_the_recipe():
     assert (demo.train.priority(), qa.train.priority()) == (10, 0)
     assert qa.train.run_cfg() == qa.qa.train_cfg()
     assert set(json.loads(demo.train.run_cfg())) == {"train", "reward", "preflight"}
+
+
+def test_the_recipe_names_the_products_and_the_release_reference_of_its_run():
+    """What `all` requests and what the release's PHI guard is held to are the recipe's: the memory head's
+    cohort splits, trajectories, preflight, training plots and agreement figure; the QA data for recipe qa.
+    The cost plan counts the memory head's GPU stages and refuses recipe qa's (not planned yet)."""
+    from llmrnn.cost_plan import plan_stages
+
+    demo, qa = plan_of(DEMO), plan_of(QA_DEMO)
+    run = "results/demo"
+    assert demo.recipe.release_reference() == {
+        "splits": f"{run}/splits/splits.json", "split_files": [f"{run}/splits/{s}.json" for s in ("train", "val", "test")]}
+    assert demo.products() == [f"{run}/splits/splits.json", *demo.trajectories.targets(), f"{run}/train/preflight.json",
+                               *(f"{run}/train/plots/{p}.png" for p in ("reward", "kl", "truncation")),
+                               f"{run}/judge/plots/judge_agreement.png", *demo.release.targets(),
+                               *demo.evaluate.heldout_targets()]
+    no_pairs = plan_of(DEMO, overlay={"preflight": {"agreement_pairs": 0}})
+    assert f"{run}/judge/plots/judge_agreement.png" not in no_pairs.products()
+    assert {s["stage"] for s in plan_stages(demo.config)} <= set(demo.recipe.cost_stages)
+    with pytest.raises(LlmrnnError, match="recipe qa is not planned yet"):
+        plan_stages(qa.config)
 
 
 def test_qa_without_sft_or_ood_starts_grpo_from_the_base_model():
