@@ -39,42 +39,23 @@ include: "rules/common.smk"
 container: workflow_container()
 
 
+# The stages both recipes run (the memory head's DAG and recipe qa's share cohort, models, judge, merge,
+# release, check and cost)
 include: "rules/cohort.smk"
 include: "rules/models.smk"
-
-
-# recipe: memory_head (trajectories, GRPO of the memory head, its eval) | qa (rules/qa.smk)
-if plan.recipe_is("memory_head"):
-
-    include: "rules/trajectories.smk"
-
-
 include: "rules/judge.smk"
-
-
-if plan.recipe_is("memory_head"):
-
-    include: "rules/preflight.smk"
-
-else:
-
-    include: "rules/qa.smk"
-
-
-# GRPO of either recipe: one rule (train_grpo | qa_train_grpo), after the preflight it waits for
-include: "rules/train.smk"
 include: "rules/merge.smk"
 include: "rules/release.smk"
-
-
-if plan.recipe_is("memory_head"):
-
-    include: "rules/evaluate.smk"
-    include: "rules/report.smk"
-
-
 include: "rules/check.smk"
 include: "rules/cost.smk"
+
+
+# The recipe's own stages, after the shared ones they build on (llmrnn.plan.recipe `rule_files`):
+# memory_head: rules/trajectories, preflight, train (train_grpo), evaluate, report;
+# qa: rules/qa.smk (QA data, SFT warm start, qa_train_grpo, pass@k evaluation)
+for rule_file in plan.recipe.rule_files:
+
+    include: rule_file
 
 
 rule all:
@@ -86,7 +67,7 @@ rule all:
 # the held-out evaluation of either recipe (memory head: rules/evaluate.smk; qa: rules/qa.smk)
 rule eval_heldout:
     input:
-        plan.evaluate.heldout_targets(),
+        plan.recipe.heldout_targets(),
 
 
 # Every run records what it runs: RUN/config.yaml, each value with its source (`llmrnn config show`).

@@ -3,9 +3,9 @@ rule synth_cohort:
         cohort="resources/cohort/synthetic.json",
         meta="resources/cohort/synthetic.json.meta.json",
     log:
-        "logs/synth_cohort.log",
+        f"{SHARED_LOGS}/synth_cohort.log",
     benchmark:
-        "logs/benchmarks/synth_cohort/synth_cohort.tsv"
+        f"{SHARED_LOGS}/benchmarks/synth_cohort/synth_cohort.tsv"
     conda:
         plan.conda_env("data")
     params:
@@ -25,9 +25,9 @@ rule synth_mimic_iv:
         d_icd_diagnoses="resources/cohort/mimic_iv_synthetic/hosp/d_icd_diagnoses.csv.gz",
         discharge="resources/cohort/mimic_iv_synthetic/note/discharge.csv.gz",
     log:
-        "logs/synth_mimic_iv.log",
+        f"{SHARED_LOGS}/synth_mimic_iv.log",
     benchmark:
-        "logs/benchmarks/synth_mimic_iv/synth_mimic_iv.tsv"
+        f"{SHARED_LOGS}/benchmarks/synth_mimic_iv/synth_mimic_iv.tsv"
     conda:
         plan.conda_env("data")
     params:

@@ -85,10 +85,11 @@ class WorkflowPlan:
         return as_workflow_error(value) if callable(value) else value
 
 
-# The run's one plan (llmrnn.plan.Plan: one object per stage, plan.cohort ... plan.qa).
+# The run's one plan (llmrnn.plan.Plan: one object per stage, plan.cohort ... plan.qa, and its recipe).
 plan = WorkflowPlan(Plan(config))
 RUN = plan.paths.run
 LOGS = plan.paths.logs
+SHARED_LOGS = plan.paths.shared_logs
 MODELS = plan.paths.models
 QA = plan.paths.qa
 QA_EVAL = plan.paths.qa_eval
@@ -157,18 +158,9 @@ def planned_outputs(targets):
 
 
 def run_products():
-    """What a run is for: the splits, plots, release and held-out evaluation of its recipe."""
-    if plan.recipe_is("qa"):
-        return plan.qa.targets()
-    return [
-        f"{RUN}/splits/splits.json",
-        *plan.trajectories.targets(),
-        rules.preflight.output.report,
-        *rules.train_plots.output,
-        *judge_agreement_targets(),
-        *plan.release.targets(),
-        *plan.evaluate.heldout_targets(),
-    ]
+    """What a run is for: its recipe's products, the release and the held-out evaluation (llmrnn.plan.Plan.products;
+    a new product goes into its recipe's `products`, llmrnn.plan.recipe)."""
+    return plan.products()
 
 
 def judge_endpoint_input(wildcards):
@@ -190,32 +182,6 @@ def judge_agreement_source():
     if plan.judge.planned():
         return rules.preflight.output.report
     return rules.judge_agreement.output.report
-
-
-def judge_agreement_targets():
-    """The judge agreement figure, unless preflight.agreement_pairs is 0."""
-    return rules.judge_agreement_plot.output if plan.judge.agreement_on() else []
-
-
-def grpo_rule():
-    """The GRPO job of this recipe (train_grpo or qa_train_grpo: rules/train.smk): merge_model, release
-    and train_plots read its outputs through it."""
-    return getattr(rules, plan.train.rule_name())
-
-
-def release_reference(wildcards):
-    """Inputs of release that say what must not leak from the bundle (its PHI guard's reference): the
-    cohort's splits (memory_head), or the QA data stage's records (recipe qa: its questions, contexts and
-    answers came from the user's data, for ECG QA from patients), with the splits.json the manifest records.
-    """
-    if plan.recipe_is("qa"):
-        out = rules.qa_data.output
-        return {
-            "splits": out.summary,
-            "split_files": [out.train, out.val, out.test, out.ood],
-        }
-    out = rules.split_cohort.output
-    return {"splits": out.summary, "split_files": [out.train, out.val, out.test]}
 
 
 def check_configfiles():

@@ -19,7 +19,7 @@ rule eval_shard:
         shard=r"\d+",
     conda:
         plan.conda_env("forward")
-    threads: config["eval"]["threads"]
+    threads: plan.evaluate.threads()
     resources:
         **plan.evaluate.resources(),
     params:

@@ -13,8 +13,8 @@ rule judge_server:
         f"{LOGS}/judge_server.log",
     conda:
         plan.conda_env("judge")
-    # 0: the service must not take the cores its consumers (same group) need; `-n --cores 1` stays valid.
-    threads: 0
+    # 0: the service must not take the cores its consumers (same group) need
+    threads: plan.judge.server_threads()
     resources:
         **plan.judge.resources(),
     params:

@@ -12,14 +12,14 @@ rule prepare_base_model:
     output:
         marker=f"{MODELS}/{{name}}/.ready",
     log:
-        "logs/models/{name}.log",
+        f"{SHARED_LOGS}/models/{{name}}.log",
     benchmark:
-        "logs/benchmarks/prepare_base_model/models/{name}.tsv"
+        f"{SHARED_LOGS}/benchmarks/prepare_base_model/models/{{name}}.tsv"
     wildcard_constraints:
         name=r"[A-Za-z0-9._-]+",
     conda:
         plan.conda_env("cpu")
-    threads: 1
+    threads: plan.models.prepare_threads()
     resources:
         mem_mb=plan.models.prepare_mem_mb,
     params:
@@ -40,9 +40,9 @@ rule prepare_judge_model:
     output:
         marker="resources/judge_models/{slug}/.ready",
     log:
-        "logs/models/judge-{slug}.log",
+        f"{SHARED_LOGS}/models/judge-{{slug}}.log",
     benchmark:
-        "logs/benchmarks/prepare_judge_model/models/judge-{slug}.tsv"
+        f"{SHARED_LOGS}/benchmarks/prepare_judge_model/models/judge-{{slug}}.tsv"
     wildcard_constraints:
         slug=r"[A-Za-z0-9._-]+",
     conda:

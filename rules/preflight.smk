@@ -55,7 +55,7 @@ rule judge_agreement:
     conda:
         plan.conda_env("cpu")
     # a core of its own while the judge service beside it computes (the service takes 0)
-    threads: 1
+    threads: plan.judge.agreement_threads()
     params:
         cfg=plan.judge.agreement_cfg(),
         code=code_hash("preflight agreement"),

@@ -1,17 +1,17 @@
 # The qa recipe (recipe: qa): QA data -> optional LoRA SFT warm start (merged + verified) -> GRPO with
-# verifiable rewards (the shared train stage) -> merge_model / release (shared) -> pass@k evaluation of
-# base vs SFT vs GRPO (its GRPO job, qa_train_grpo, is the train stage's one rule: rules/train.smk).
-# Decisions: plan.qa (llmrnn.plan.qa).
+# verifiable rewards (qa_train_grpo) -> merge_model / release (shared) -> pass@k evaluation of base vs SFT vs
+# GRPO. Included after the shared rule files (the Snakefile; llmrnn.plan.recipe.QaRecipe). Decisions: plan.qa
+# (llmrnn.plan.qa), and what the recipe decides in the shared stages, plan.recipe.
 rule qa_synth:
     input:
-        cohort="resources/cohort/synthetic.json",
+        cohort=rules.synth_cohort.output.cohort,
     output:
         questions=f"{QA_SYNTH}/synthetic.jsonl",
         ood=f"{QA_SYNTH}/synthetic_ood.jsonl",
     log:
-        "logs/qa_synth.log",
+        f"{SHARED_LOGS}/qa_synth.log",
     benchmark:
-        "logs/benchmarks/qa_synth/qa_synth.tsv"
+        f"{SHARED_LOGS}/benchmarks/qa_synth/qa_synth.tsv"
     conda:
         plan.conda_env("data")
     params:
@@ -69,7 +69,7 @@ rule qa_sft:
         f"{LOGS}/benchmarks/qa_sft/qa_sft.tsv"
     conda:
         plan.conda_env("sft")
-    threads: config["qa"]["sft"]["num_threads"]
+    threads: plan.qa.sft_threads()
     resources:
         **plan.qa.sft_resources(),
     params:
@@ -79,6 +79,23 @@ rule qa_sft:
         "llmrnn qa sft --train {input.train:q} --val {input.val:q} --model {input.model:q} "
         "--adapter {output.adapter:q} --metrics {output.metrics:q} --summary {output.summary:q} "
         "--cfg {params.cfg:q} 2> {log:q}"
+
+
+# The SFT warm start's merge: merge_model's job (command, resources, code) on the base qa model and the
+# SFT adapter, checked against the SFT LoRA's rank/alpha; GRPO starts from its merged/.
+use rule merge_model as qa_merge_sft with:
+    input:
+        base=plan.qa.model_input(),
+        adapter=rules.qa_sft.output.adapter,
+    output:
+        merged=directory(f"{QA}/sft/merged"),
+        check=f"{QA}/sft/merge_check.json",
+    log:
+        f"{LOGS}/qa_merge_sft.log",
+    benchmark:
+        f"{LOGS}/benchmarks/qa_merge_sft/qa_merge_sft.tsv"
+    params:
+        cfg=plan.qa.sft_merge_cfg(),
 
 
 rule qa_preflight:
@@ -103,6 +120,43 @@ rule qa_preflight:
         "--model {input.policy:q} --out-dir {params.out_dir:q} --out {output.report:q} > {log:q} 2>&1"
 
 
+# GRPO of the qa recipe: train_grpo's job (rules/train.smk) on the QA data, after qa_preflight, with the QA
+# rewards; its inputs, params and flags are the recipe's (plan.train asks llmrnn.plan.recipe.QaRecipe).
+rule qa_train_grpo:
+    input:
+        unpack(judge_endpoint_input),
+        **plan.train.inputs(),
+    output:
+        adapter=directory(plan.train.outputs().adapter),
+        metrics=plan.train.outputs().metrics,
+        summary=plan.train.outputs().summary,
+    log:
+        f"{LOGS}/qa_train_grpo.log",
+    benchmark:
+        f"{LOGS}/benchmarks/qa_train_grpo/qa_train_grpo.tsv"
+    priority: plan.train.priority()
+    conda:
+        plan.conda_env("train")
+    threads: plan.train.threads()
+    resources:
+        **plan.train.resources(),
+    params:
+        # checkpoints/, state/, audit/, samples/ beside the outputs but not outputs themselves: Snakemake
+        # deletes outputs before a rerun, and a rerun after a kill must find the checkpoints to resume
+        work=lambda w, output: os.path.dirname(output.metrics),
+        cfg=plan.train.run_cfg(),
+        # --endpoint, --preflight and --reward-func (a function of the inputs)
+        flags=plan.train.run_flags,
+        # the QA rewards' module is code of this job too
+        code=code_hash("train run", *plan.train.reward_code()),
+    # progress on the console, umask and SIGTERM as train_grpo's (rules/train.smk)
+    shell:
+        "umask 077; exec llmrnn train run --cfg {params.cfg:q} --train {input.train:q} --val {input.val:q} "
+        "--model {input.model:q} --work-dir {params.work:q} --adapter {output.adapter:q} "
+        "--metrics {output.metrics:q} --summary {output.summary:q} {params.flags:q} "
+        "2> >(trap '' TERM; tee {log:q} | grep --line-buffered -E 'step [0-9]+/[0-9]+' >&2)"
+
+
 rule qa_eval_model:
     input:
         unpack(plan.qa.eval_model),
@@ -118,7 +172,7 @@ rule qa_eval_model:
         split="test|ood",
     conda:
         plan.conda_env("cpu")
-    threads: config["qa"]["eval"]["resources"]["cpus_per_task"]
+    threads: plan.qa.eval_threads()
     resources:
         **plan.qa.eval_resources(),
     params:
@@ -154,7 +208,7 @@ rule qa_judge_eval:
     conda:
         plan.conda_env("cpu")
     # a core of its own while the judge service beside it computes (the service takes 0)
-    threads: 1
+    threads: plan.qa.judge_threads()
     resources:
         **plan.qa.judge_resources(),
     params:

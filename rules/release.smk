@@ -1,5 +1,5 @@
 # Model card + MANIFEST.json for the merged model, the PHI guard over the exact bundle (its reference, what
-# must not leak, is the recipe's data: release_reference), and the Hub upload
+# must not leak, is the recipe's data: plan.recipe.release_reference), and the Hub upload
 # when release.upload is on and a token is in the environment (else the receipt says why not).
 # Deliberately independent of eval: the release never waits for (or reruns with) the evaluation.
 # A local rule: the Hub upload needs the internet, which the login node running Snakemake has and compute
@@ -12,12 +12,12 @@ localrules:
 
 rule release:
     input:
-        unpack(release_reference),
+        unpack(plan.recipe.release_reference),
         unpack(plan.release.rubric_input),
         merged=rules.merge_model.output.merged,
         check=rules.merge_model.output.check,
-        metrics=grpo_rule().output.metrics,
-        train_summary=grpo_rule().output.summary,
+        metrics=plan.train.outputs().metrics,
+        train_summary=plan.train.outputs().summary,
     output:
         card=f"{RUN}/release/README.md",
         manifest=f"{RUN}/release/MANIFEST.json",

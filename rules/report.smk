@@ -3,8 +3,8 @@
 
 rule train_plots:
     input:
-        metrics=grpo_rule().output.metrics,
-        summary=grpo_rule().output.summary,
+        metrics=rules.train_grpo.output.metrics,
+        summary=rules.train_grpo.output.summary,
     output:
         reward=report(
             f"{RUN}/train/plots/reward.png",

@@ -1,26 +1,23 @@
-# GRPO training: verl (GPU clusters) or TRL (CPU), chosen by train.engine, one set of knobs. Resumes from
-# its latest checkpoint after a kill; fails (never exits 0) if it ends short of the planned steps. Runs
-# beside the judge service (one group job on SLURM) when the reward asks the judge; reward.mode outcome
-# asks none (no endpoint input, no judge_server).
-# One rule for both recipes: train_grpo (the memory head, after preflight) or qa_train_grpo (recipe qa,
-# after qa_preflight, with the QA rewards). They never meet in one run, so `use rule` cannot join them; their
-# name, inputs, params and flags come from plan.train (llmrnn.plan.train).
+# GRPO training of the memory head: verl (GPU clusters) or TRL (CPU), chosen by train.engine, one set of
+# knobs. Resumes from its latest checkpoint after a kill; fails (never exits 0) if it ends short of the planned
+# steps. Runs beside the judge service (one group job on SLURM) when the reward asks the judge; reward.mode
+# outcome asks none (no endpoint input, no judge_server). Recipe qa's twin is qa_train_grpo (rules/qa.smk):
+# the two never meet in one run, so `use rule` cannot join them; both take what differs from the recipe
+# (plan.train asks llmrnn.plan.recipe).
 
 
-rule:
-    name:
-        plan.train.rule_name()
+rule train_grpo:
     input:
         unpack(judge_endpoint_input),
         **plan.train.inputs(),
     output:
-        adapter=directory(f"{RUN}/train/adapter"),
-        metrics=f"{RUN}/train/metrics.jsonl",
-        summary=f"{RUN}/train/summary.json",
+        adapter=directory(plan.train.outputs().adapter),
+        metrics=plan.train.outputs().metrics,
+        summary=plan.train.outputs().summary,
     log:
-        f"{LOGS}/{plan.train.rule_name()}.log",
+        f"{LOGS}/train_grpo.log",
     benchmark:
-        f"{LOGS}/benchmarks/{plan.train.rule_name()}/{plan.train.rule_name()}.tsv"
+        f"{LOGS}/benchmarks/train_grpo/train_grpo.tsv"
     priority: plan.train.priority()
     conda:
         plan.conda_env("train")
@@ -32,9 +29,9 @@ rule:
         # deletes outputs before a rerun, and a rerun after a kill must find the checkpoints to resume
         work=lambda w, output: os.path.dirname(output.metrics),
         cfg=plan.train.run_cfg(),
-        # --endpoint, --preflight and the recipe's --judge-gpus | --reward-func (a function of the inputs)
+        # --endpoint, --preflight and --judge-gpus (a function of the inputs)
         flags=plan.train.run_flags,
-        # the rewards are code of this job too: the QA rewards' module, or your own reward's file
+        # your own reward's file (reward.custom.path) is code of this job too
         code=code_hash("train run", *plan.train.reward_code()),
     # progress on the console: the log is tee'd, its step lines (step, reward, time: numbers, never patient
     # text) go to Snakemake's output too; umask 077: tee makes the log, owner-only; tee and grep ignore a

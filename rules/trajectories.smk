@@ -21,7 +21,7 @@ rule trajectory_shard:
     priority: 10
     conda:
         plan.conda_env("forward")
-    threads: config["trajectories"]["threads"]
+    threads: plan.trajectories.threads()
     resources:
         **plan.trajectories.resources(),
     params:

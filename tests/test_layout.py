@@ -160,7 +160,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                             "qa.sft", "qa.synth"}),
     ("top", {"report", "overview", "cost_plan", "release", "release.manifest", "release.card", "release.staging", "release.upload", "release.bundle",
              "check", "chat", "plan", "plan.common", "plan.cohort", "plan.models", "plan.trajectories", "plan.judge",
-             "plan.train", "plan.evaluate", "plan.merge", "plan.release", "plan.qa", "check.config", "check.models",
+             "plan.train", "plan.evaluate", "plan.merge", "plan.release", "plan.qa", "plan.recipe", "check.config", "check.models",
              "check.cohort", "check.judge", "check.training", "check.slurm", "check.outside", "check.gpus",
              "check.prompts", "check.reward", "check.skips"}),
 ]

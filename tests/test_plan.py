@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from llmrnn.errors import InputError
-from llmrnn.plan import Plan, input_flag, model_dir_of
+from llmrnn.errors import InputError, LlmrnnError
+from llmrnn.plan import MemoryHeadRecipe, Plan, QaRecipe, input_flag, model_dir_of
 from tests.conftest import REPO, snakemake
 from tests.slurm.dag import job_counts, parse_dry_run, prepare_reproduce_inputs
 
@@ -51,7 +51,7 @@ def wc(**values) -> SimpleNamespace:
 def test_demo_plans_a_cpu_run_with_trl_and_no_judge():
     plan = plan_of(DEMO)
     assert plan.paths.run == "results/demo" and plan.paths.logs == "logs/demo"
-    assert plan.recipe_is("memory_head") and not plan.judge.planned()
+    assert plan.recipe.name == "memory_head" and not plan.judge.planned()
     assert [plan.conda_env(s) for s in ("data", "cpu", "forward", "train")] == [
         "../envs/data.yaml", "../envs/cpu.yaml", "../envs/cpu.yaml", "../envs/cpu.yaml"]
     assert plan.train.gpus() == 0 and plan.train.judge_gpus() == 0
@@ -251,15 +251,17 @@ def test_trajectories_params_name_only_the_models_the_roles_use():
 def test_qa_demo_plans_sft_then_grpo_on_cpu():
     plan = plan_of(QA_DEMO)
     qa = "results/qa_demo/qa"
-    assert plan.recipe_is("qa") and not plan.judge.planned()  # its judge weight is 0
+    assert plan.recipe.name == "qa" and not plan.judge.planned()  # its judge weight is 0
     assert plan.qa.variants() == ["base", "sft", "grpo"]
     assert plan.qa.eval_splits() == ["test", "ood"]  # synthetic OOD questions
     assert plan.qa.policy_input() == plan.merge.base_input() == f"{qa}/sft/merged"
     assert plan.conda_env("sft") == "../envs/cpu.yaml" and plan.conda_env("train") == "../envs/cpu.yaml"
     assert plan.qa.source_path() == "resources/qa/synthetic.jsonl"
     assert plan.qa.ood_path() == "resources/qa/synthetic_ood.jsonl"
-    assert plan.evaluate.heldout_targets() == plan.qa.eval_targets()
-    assert plan.qa.targets() == [f"{qa}/splits.json", *plan.release.targets(), *plan.qa.eval_targets()]
+    assert plan.recipe.heldout_targets() == plan.qa.eval_targets()
+    assert plan.products() == [f"{qa}/splits.json", *plan.release.targets(), *plan.qa.eval_targets()]
+    assert plan.recipe.release_reference() == {
+        "splits": f"{qa}/splits.json", "split_files": [f"{qa}/{s}.jsonl" for s in ("train", "val", "test", "ood")]}
     assert len(plan.qa.eval_files()) == 6 and "results/qa_demo/eval/sft/ood.jsonl" in plan.qa.eval_files()
     assert plan.qa.eval_model(wc(variant="sft")) == {"model": f"{qa}/sft/merged", "check": f"{qa}/sft/merge_check.json"}
     assert plan.qa.eval_model(wc(variant="base")) == {"model": SMOLLM2_READY}
@@ -273,13 +275,17 @@ def test_qa_demo_plans_sft_then_grpo_on_cpu():
     assert release["recipe"] == "qa" and "eval" not in release["qa"] and "resources" not in release["qa"]["sft"]
 
 
-def test_one_grpo_rule_takes_its_name_inputs_and_flags_from_the_recipe():
-    """rules/train.smk's one GRPO rule: train_grpo after preflight, or qa_train_grpo after qa_preflight with the
-    QA rewards; an absent endpoint keeps its empty place among the flags (Snakemake leaves "" unquoted)."""
+def test_the_grpo_rule_takes_its_name_inputs_and_flags_from_the_recipe():
+    """The GRPO rule of each recipe: train_grpo (rules/train.smk) after preflight, or qa_train_grpo
+    (rules/qa.smk) after qa_preflight with the QA rewards; the recipe is chosen once, from config `recipe`."""
     from snakemake.iocontainers import InputFiles as Namedlist  # what a params function gets as `input`
 
     demo, qa = plan_of(DEMO), plan_of(QA_DEMO)
+    assert (type(demo.recipe), type(qa.recipe)) == (MemoryHeadRecipe, QaRecipe)
     assert (demo.train.rule_name(), qa.train.rule_name()) == ("train_grpo", "qa_train_grpo")
+    for plan in (demo, qa):  # each GRPO rule is in its recipe's rule files, named as the recipe says
+        texts = "".join((REPO / f).read_text() for f in plan.recipe.rule_files)
+        assert f"\nrule {plan.train.rule_name()}:\n" in texts
     assert demo.train.inputs() == {"train": "results/demo/trajectories/train.parquet",
                                    "val": "results/demo/trajectories/val.parquet",
                                    "preflight": "results/demo/train/preflight.json", "model": SMOLLM2_READY}
@@ -296,6 +302,27 @@ def test_one_grpo_rule_takes_its_name_inputs_and_flags_from_the_recipe():
     assert (demo.train.priority(), qa.train.priority()) == (10, 0)
     assert qa.train.run_cfg() == qa.qa.train_cfg()
     assert set(json.loads(demo.train.run_cfg())) == {"train", "reward", "preflight"}
+
+
+def test_the_recipe_names_the_products_and_the_release_reference_of_its_run():
+    """What `all` requests and what the release's PHI guard is held to are the recipe's: the memory head's
+    cohort splits, trajectories, preflight, training plots and agreement figure; the QA data for recipe qa.
+    The cost plan counts the memory head's GPU stages and refuses recipe qa's (not planned yet)."""
+    from llmrnn.cost_plan import plan_stages
+
+    demo, qa = plan_of(DEMO), plan_of(QA_DEMO)
+    run = "results/demo"
+    assert demo.recipe.release_reference() == {
+        "splits": f"{run}/splits/splits.json", "split_files": [f"{run}/splits/{s}.json" for s in ("train", "val", "test")]}
+    assert demo.products() == [f"{run}/splits/splits.json", *demo.trajectories.targets(), f"{run}/train/preflight.json",
+                               *(f"{run}/train/plots/{p}.png" for p in ("reward", "kl", "truncation")),
+                               f"{run}/judge/plots/judge_agreement.png", *demo.release.targets(),
+                               *demo.evaluate.heldout_targets()]
+    no_pairs = plan_of(DEMO, overlay={"preflight": {"agreement_pairs": 0}})
+    assert f"{run}/judge/plots/judge_agreement.png" not in no_pairs.products()
+    assert {s["stage"] for s in plan_stages(demo.config)} <= set(demo.recipe.cost_stages)
+    with pytest.raises(LlmrnnError, match="recipe qa is not planned yet"):
+        plan_stages(qa.config)
 
 
 def test_qa_without_sft_or_ood_starts_grpo_from_the_base_model():
@@ -365,7 +392,7 @@ def test_input_flag_passes_an_optional_input_only_when_the_job_has_it():
     assert model_dir_of("./my/model") == "./my/model"
 
 
-STAGES = ("cohort", "models", "trajectories", "judge", "train", "evaluate", "merge", "release", "qa")
+STAGES = ("cohort", "models", "trajectories", "judge", "train", "evaluate", "merge", "release", "qa", "recipe")
 
 
 def test_every_plan_call_in_the_rules_names_what_its_stage_defines():
@@ -412,7 +439,8 @@ def test_each_stage_reads_other_stages_only_through_the_plans_it_is_given():
                       and node.func.value.id == "self"}
             assert called <= set(defined), f"{path.name}: {cls.name} calls {sorted(called - set(defined))}"
     plan = plan_of(QA_DEMO)
-    assert plan.train.qa is plan.qa and plan.merge.qa is plan.qa and plan.qa.judge is plan.judge  # built once
+    assert plan.recipe.qa is plan.qa and plan.qa.judge is plan.judge  # built once
+    assert plan.train.recipe is plan.recipe and plan.merge.recipe is plan.recipe and plan.release.recipe is plan.recipe
 
 
 def test_no_configfile_is_the_embedded_demo_and_overrides_layer_last():
@@ -437,7 +465,7 @@ def test_the_workflow_dry_run_carries_the_plans_values(workflow_dir, configfiles
     plan = plan_of(*(configfiles or (DEMO,)))
     assert _cfg(jobs["release"].shell) == json.loads(plan.release.build_cfg())
     assert _cfg(jobs["merge_model"].shell) == json.loads(plan.merge.run_cfg())
-    if plan.recipe_is("qa"):
+    if plan.recipe.name == "qa":
         assert counts["qa_eval_model"] == len(plan.qa.eval_files())
         assert _cfg(jobs["qa_train_grpo"].shell) == json.loads(plan.qa.train_cfg())
         assert jobs["qa_train_grpo"].threads == plan.train.threads()

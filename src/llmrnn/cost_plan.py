@@ -1,4 +1,5 @@
-"""The cost plan before submission: GPU-hours and wall time per stage and in all (memory-head recipe).
+"""The cost plan before submission: GPU-hours and wall time per stage and in all (the recipe's `cost_stages`:
+the memory head's; recipe qa is not planned yet).
 
 Each GPU-holding stage is its planned jobs (the counts the rules plan: trajectories.shards x the train and val
 splits, eval.shards x the variants, one training job over train.nnodes nodes with the judge beside it when a
@@ -6,8 +7,8 @@ job starts it) x the GPUs each asks (as profiles/slurm places them: a shard 1 GP
 train.n_gpus_per_node per node, the judge the rubric's) x its hours. The hours are the stage's cap
 (`resources.runtime`: what SLURM may charge) unless the run's earlier `benchmark:` files
 (logs/<run>/benchmarks/<rule>/, llmrnn.benchmarks) measured the stage: then its longest measured job. The
-wall time is the critical path: the trajectory shards, the training group, the merge and the eval shards one
-after the other, each stage's shards side by side. tests/test_cost.py keeps the job counts equal to the
+wall time is the critical path (the recipe's `critical_path`): the trajectory shards, the training group, the
+merge and the eval shards one after the other, each stage's shards side by side. tests/test_cost.py keeps the job counts equal to the
 dry run's.
 """
 
@@ -20,15 +21,12 @@ from llmrnn.benchmarks import read_benchmarks
 from llmrnn.errors import LlmrnnError
 from llmrnn.plan import Plan
 
-# the stages on the critical path, in order (the training group: judge_server, preflight, train_grpo)
-CRITICAL = ("trajectory_shard", "train_grpo", "merge_model", "eval_shard")
-
 
 def plan_stages(config: Mapping, benchmarks: str | Path | None = None) -> list[dict]:
     """Per stage: jobs, GPUs per job, hours per job (cap or measured), GPU-hours, and where the hours came from."""
     plan = Plan(config)
-    if plan.recipe_is("qa"):
-        raise LlmrnnError("cost plan: recipe qa is not planned yet (the memory-head recipe only)")
+    if not plan.recipe.cost_stages:
+        raise LlmrnnError(f"cost plan: recipe {plan.recipe.name} is not planned yet (the memory-head recipe only)")
     c = config
     measured: dict[str, float] = {}
     for job in read_benchmarks(benchmarks) if benchmarks else []:
@@ -36,6 +34,7 @@ def plan_stages(config: Mapping, benchmarks: str | Path | None = None) -> list[d
     train_nodes = int(c["train"].get("nnodes") or 1)
     train_cap = c["train"]["resources"]["runtime"] / 60
     judge_started = plan.judge.planned() or plan.judge.agreement_on()
+    # each stage the memory head's recipe counts: its jobs, GPUs per job and runtime cap (hours)
     rows = [
         ("trajectory_shard", c["trajectories"]["shards"] * 2, c["trajectories"]["resources"]["gpu"] or 0,
          c["trajectories"]["resources"]["runtime"] / 60),
@@ -48,20 +47,21 @@ def plan_stages(config: Mapping, benchmarks: str | Path | None = None) -> list[d
     ]
     stages = []
     for stage, jobs, gpus, cap_h in rows:
-        if not jobs:
+        if not jobs or stage not in plan.recipe.cost_stages:
             continue
         source = "measured" if stage in measured else "cap"
         hours = measured.get(stage, cap_h)
         if stage == "judge_server" and "train_grpo" in measured:
             hours, source = measured["train_grpo"], "measured"  # it lived as long as training
         stages.append({"stage": stage, "jobs": jobs, "gpus_per_job": int(gpus), "hours_per_job": hours,
-                       "gpu_hours": jobs * int(gpus) * hours, "source": source})
+                       "gpu_hours": jobs * int(gpus) * hours, "source": source,
+                       "critical": stage in plan.recipe.critical_path})
     return stages
 
 
 def wall_hours(stages: list[dict]) -> float:
     """The critical path: each critical stage's longest job, one stage after the other."""
-    return sum(s["hours_per_job"] for s in stages if s["stage"] in CRITICAL)
+    return sum(s["hours_per_job"] for s in stages if s["critical"])
 
 
 def _h(hours: float) -> str:

@@ -9,10 +9,12 @@ inputs and flags a job has. Nothing here needs Snakemake.
 Each stage's decisions are an object of their own over the config, in a module of their own
 (llmrnn.plan.cohort, .models, .trajectories, .judge, .train, .evaluate, .merge, .release, .qa; what they
 share in llmrnn.plan.common), and it is given the stage plans it reads as constructor arguments
-(`TrainPlan(config, models=..., judge=..., qa=...)`). `Plan` builds each once and holds them as
-attributes: `plan.cohort`, `plan.models`, `plan.trajectories`, `plan.judge`, `plan.train`,
-`plan.evaluate`, `plan.merge`, `plan.release`, `plan.qa`, beside what all stages share (`plan.paths`,
-`plan.recipe_is`, `plan.cfg_json`) and the conda env of each stage (`plan.conda_env`). The rules call
+(`TrainPlan(config, judge=..., recipe=...)`). The recipe (llmrnn.plan.recipe: `MemoryHeadRecipe`,
+`QaRecipe`) is chosen once, from config `recipe`, and the shared stages ask it what differs instead of
+branching. `Plan` builds each once and holds them as attributes: `plan.recipe`, `plan.cohort`,
+`plan.models`, `plan.trajectories`, `plan.judge`, `plan.train`, `plan.evaluate`, `plan.merge`,
+`plan.release`, `plan.qa`, beside what all stages share (`plan.paths`, `plan.cfg_json`), the run's products
+(`plan.products`) and the conda env of each stage (`plan.conda_env`). The rules call
 it as written: `threads: plan.train.threads()`, `model=plan.models.memory_model_input()`; the Snakefile's
 `plan` (rules/common.smk) is this one, its methods raising a plan error as Snakemake's WorkflowError.
 tests/test_plan.py asserts the decisions for the shipped configs and variants.
@@ -43,12 +45,13 @@ from llmrnn.plan.judge import JudgePlan
 from llmrnn.plan.merge import MergePlan
 from llmrnn.plan.models import ModelsPlan
 from llmrnn.plan.qa import QaPlan
+from llmrnn.plan.recipe import RECIPES, MemoryHeadRecipe, QaRecipe, Recipe
 from llmrnn.plan.release import ReleasePlan
 from llmrnn.plan.train import TrainPlan
 from llmrnn.plan.trajectories import TrajectoriesPlan
 
-__all__ = ["Paths", "Plan", "PlanBase", "config_changes", "input_flag", "is_model_name", "model_dir_of",
-           "schema_error_line"]
+__all__ = ["MemoryHeadRecipe", "Paths", "Plan", "PlanBase", "QaRecipe", "Recipe", "config_changes", "input_flag",
+           "is_model_name", "model_dir_of", "schema_error_line"]
 
 CONDA_STAGES = ("data", "cpu", "forward", "judge", "train", "sft")
 
@@ -62,11 +65,19 @@ class Plan(PlanBase):
         self.models = ModelsPlan(config)
         self.trajectories = TrajectoriesPlan(config)
         self.judge = JudgePlan(config, models=self.models)
-        self.release = ReleasePlan(config, judge=self.judge)
-        self.qa = QaPlan(config, models=self.models, judge=self.judge, release=self.release)
-        self.train = TrainPlan(config, models=self.models, judge=self.judge, qa=self.qa)
-        self.evaluate = EvaluatePlan(config, models=self.models, qa=self.qa)
-        self.merge = MergePlan(config, models=self.models, qa=self.qa)
+        self.qa = QaPlan(config, models=self.models, judge=self.judge)
+        self.evaluate = EvaluatePlan(config, models=self.models)
+        # chosen once: the stages below ask it what differs between the recipes
+        self.recipe = RECIPES[config["recipe"]](config, models=self.models, trajectories=self.trajectories,
+                                                judge=self.judge, evaluate=self.evaluate, qa=self.qa)
+        self.release = ReleasePlan(config, judge=self.judge, recipe=self.recipe)
+        self.train = TrainPlan(config, judge=self.judge, recipe=self.recipe)
+        self.merge = MergePlan(config, recipe=self.recipe)
+
+    def products(self) -> list[str]:
+        """What a run is for (`all` requests them, rules/common.smk): the recipe's products, the release and
+        the held-out evaluation."""
+        return [*self.recipe.products(), *self.release.targets(), *self.recipe.heldout_targets()]
 
     @classmethod
     def from_configfiles(cls, *configfiles: str | os.PathLike, overrides: dict | None = None,

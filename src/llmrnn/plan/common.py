@@ -1,5 +1,5 @@
 """What every stage's plan shares: the run's path prefixes, the params JSON of a config subset (`to_json`,
-`knobs`), the small params and resources functions, and `PlanBase` (the config, its paths and recipe)."""
+`knobs`), the small params and resources functions, and `PlanBase` (the config and its paths)."""
 
 from __future__ import annotations
 
@@ -19,12 +19,16 @@ NOT_A_KNOB = ("resources", "threads")
 
 @dataclass(frozen=True)
 class Paths:
-    """Every path prefix of a run, built here only (rules use RUN, LOGS, MODELS, QA, QA_EVAL, QA_SYNTH)."""
+    """Every path prefix of a run, built here only (rules use RUN, LOGS, SHARED_LOGS, MODELS, QA, QA_EVAL,
+    QA_SYNTH)."""
 
     run: str
     logs: str
     models: str = str(MODELS_ROOT)
     qa_synth: str = "resources/qa"
+    # the logs of jobs whose outputs every run shares (under resources/: the synthetic cohort, models, QA
+    # questions), so not under one run's logs
+    shared_logs: str = "logs"
 
     @classmethod
     def of(cls, run_name: str) -> Paths:
@@ -157,15 +161,12 @@ def stage_resources(resources: Mapping, gpu: Mapping | None = None, *, runtime_g
 
 
 class PlanBase:
-    """The config of one run, its paths and recipe: what every stage's plan (llmrnn.plan.<stage>) and
-    llmrnn.plan.Plan, which composes them, are built over."""
+    """The config of one run and its paths: what every stage's plan (llmrnn.plan.<stage>), the recipe
+    (llmrnn.plan.recipe) and llmrnn.plan.Plan, which composes them, are built over."""
 
     def __init__(self, config: Mapping):
         self.config = config
         self.paths = Paths.of(config["run_name"])
-
-    def recipe_is(self, name: str) -> bool:
-        return self.config["recipe"] == name
 
     def cfg_json(self, *sections: str) -> str:
         """The exact config subset a rule depends on, as JSON; in params it makes Snakemake rerun the

@@ -7,23 +7,21 @@ from collections.abc import Mapping
 
 from llmrnn.plan.common import PlanBase, stage_resources, to_json
 from llmrnn.plan.models import ModelsPlan
-from llmrnn.plan.qa import QaPlan
 from llmrnn.reward import asks_judge
 
 EVAL_ROLES = ("prediction", "evaluation", "memory")
 
 
 class EvaluatePlan(PlanBase):
-    """The held-out evaluation's decisions over the config: its roles load configured `models`; recipe qa
-    evaluates in its own stage (`qa`)."""
+    """The memory head's held-out evaluation's decisions over the config: its roles load configured `models`
+    (recipe qa evaluates in its own stage, plan.qa)."""
 
     # eval_shard's {variant}: the base and trained memory model, and the baselines eval.baselines may name
     VARIANT_PATTERN = "base|trained|zero_shot|full_history|memprompt"
 
-    def __init__(self, config: Mapping, *, models: ModelsPlan, qa: QaPlan):
+    def __init__(self, config: Mapping, *, models: ModelsPlan):
         super().__init__(config)
         self.models = models
-        self.qa = qa
 
     def variants(self) -> list[str]:
         """base + trained memory model, then the configured baselines."""
@@ -41,6 +39,10 @@ class EvaluatePlan(PlanBase):
         c = self.config
         subset = {k: c["eval"][k] for k in ("max_patients", "max_visits", "patient_seed", "seed")}
         return to_json({"eval": subset, "roles": c.get("roles"), "prompts": c.get("prompts")})
+
+    def threads(self) -> int:
+        """threads of eval_shard: eval.threads (torch's CPU threads per shard)."""
+        return self.config["eval"]["threads"]
 
     def resources(self) -> dict:
         """resources of eval_shard: eval.resources (a killed shard starts over: its runtime grows)."""
@@ -68,7 +70,7 @@ class EvaluatePlan(PlanBase):
         return [*inputs, f"{self.paths.run}/merged", f"{self.paths.run}/merge_check.json", self.grpo_adapter()]
 
     def grpo_adapter(self) -> str:
-        """The GRPO adapter folder (train_grpo's or qa_train_grpo's output `adapter`)."""
+        """The GRPO adapter folder (train_grpo's output `adapter`)."""
         return f"{self.paths.run}/train/adapter"
 
     def memory_arg(self, wildcards) -> list[str]:
@@ -89,9 +91,7 @@ class EvaluatePlan(PlanBase):
         ]
 
     def heldout_targets(self) -> list[str]:
-        """What `eval_heldout` builds: the memory head's metrics and plots, or (recipe qa) the qa stage's."""
-        if self.recipe_is("qa"):
-            return self.qa.eval_targets()
+        """The memory head's held-out evaluation (what `eval_heldout` builds for it): metrics and plots."""
         plots = f"{self.paths.run}/eval/plots"
         return [
             f"{self.paths.run}/eval/metrics.json",

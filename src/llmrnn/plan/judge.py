@@ -40,13 +40,6 @@ class JudgePlan(PlanBase):
             self._rubric = load_rubric(self.config["judge"]["rubric"])
         return self._rubric
 
-    def reward_rubric(self) -> str:
-        """The rubric the reward asks (and, recipe qa, the QA judge grades by): qa.reward.rubric, else
-        judge.rubric."""
-        if self.recipe_is("qa"):
-            return self.config["qa"]["reward"].get("rubric") or self.config["judge"]["rubric"]
-        return self.config["judge"]["rubric"]
-
     def planned(self) -> bool:
         """Whether the reward asks the judge (llmrnn.reward.asks_judge: not when reward.mode is outcome);
         without it preflight and training get no endpoint, and judge_server serves only the judge_agreement
@@ -72,6 +65,11 @@ class JudgePlan(PlanBase):
     def gpus(self) -> int:
         return 1 if self.rubric().needs_gpu else 0
 
+    def server_threads(self) -> int:
+        """threads of judge_server: 0, so the service does not take the cores its consumers (same group) need;
+        `-n --cores 1` stays valid."""
+        return 0
+
     def resources(self) -> dict:
         """resources of judge_server: judge.resources and the rubric's GPU; its runtime is its consumers' (it
         lives as long as they do), so it does not grow on a retry."""
@@ -86,6 +84,11 @@ class JudgePlan(PlanBase):
         agreement keys and seed (not its compliance keys, which rerun only preflight)."""
         pre = {k: v for k, v in self.config["preflight"].items() if k.startswith("agreement_") or k == "seed"}
         return to_json({"judge": self.config["judge"], "reward": self.config["reward"], "preflight": pre})
+
+    def agreement_threads(self) -> int:
+        """threads of judge_agreement: a core of its own while the judge service beside it computes (the service
+        takes 0)."""
+        return 1
 
     def agreement_on(self) -> bool:
         """The judge-agreement figure is made unless preflight.agreement_pairs is 0 or reward.custom replaces

@@ -5,26 +5,27 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from llmrnn.plan.common import PlanBase, knobs, stage_resources, to_json
-from llmrnn.plan.models import ModelsPlan
-from llmrnn.plan.qa import QaPlan
+from llmrnn.plan.recipe import Recipe
 from llmrnn.settings.base import parse
 from llmrnn.settings.train import Train
 from llmrnn.slurm import gpu_placement
 
 
 class MergePlan(PlanBase):
-    """The merge stage's decisions over the config: the base is the memory model (`models`) or the qa
-    recipe's policy (`qa`)."""
+    """The merge stage's decisions over the config: the base is the `recipe`'s policy (the memory model, or
+    the model the qa recipe's GRPO started from)."""
 
-    def __init__(self, config: Mapping, *, models: ModelsPlan, qa: QaPlan):
+    def __init__(self, config: Mapping, *, recipe: Recipe):
         super().__init__(config)
-        self.models = models
-        self.qa = qa
+        self.recipe = recipe
 
     def base_input(self) -> str:
-        """The base merge_model folds the GRPO adapter into: the memory model, or (recipe qa) the model
-        GRPO started from."""
-        return self.qa.policy_input() if self.recipe_is("qa") else self.models.memory_model_input()
+        """The base merge_model folds the GRPO adapter into: the model GRPO started from."""
+        return self.recipe.policy_input()
+
+    def threads(self) -> int:
+        """threads of merge_model and qa_merge_sft: merge.resources.cpus_per_task."""
+        return self.config["merge"]["resources"]["cpus_per_task"]
 
     def resources(self) -> dict:
         """resources of merge_model and qa_merge_sft: merge.resources, whose GPU count also decides the GPU

@@ -30,6 +30,10 @@ class ModelsPlan(PlanBase):
             raise InputError(f"models.{wildcards.name}: not configured")
         return to_json(self.config["models"][wildcards.name])
 
+    def prepare_threads(self) -> int:
+        """threads of prepare_base_model: one (a download, or one GGUF conversion)."""
+        return 1
+
     def prepare_mem_mb(self, wildcards) -> int:
         """mem_mb of prepare_base_model: a GGUF conversion holds the whole model in memory."""
         source = self.config["models"].get(wildcards.name, {}).get("source")

@@ -9,24 +9,22 @@ from llmrnn.errors import InputError
 from llmrnn.plan.common import PlanBase, knobs, model_dir_of, stage_resources, to_json
 from llmrnn.plan.judge import JudgePlan
 from llmrnn.plan.models import ModelsPlan
-from llmrnn.plan.release import ReleasePlan
 from llmrnn.reward import judge_wait_cfg
 from llmrnn.runconfig import filled
 
 
 class QaPlan(PlanBase):
-    """The qa recipe's decisions over the config: its base model is one of the configured `models`, its
-    answers are graded by the `judge` where asked, and its run ends in the shared `release`. (Both recipes
-    share cohort, models, judge, train, merge, whose base is the recipe's policy, and release.)"""
+    """The qa recipe's stages' decisions over the config: its base model is one of the configured `models`, its
+    answers are graded by the `judge` where asked. (Both recipes share cohort, models, judge, train, merge and
+    release; what the qa recipe decides in them is llmrnn.plan.recipe.QaRecipe's.)"""
 
     # qa_eval_model's {variant}: the models compared
     VARIANT_PATTERN = "base|sft|grpo"
 
-    def __init__(self, config: Mapping, *, models: ModelsPlan, judge: JudgePlan, release: ReleasePlan):
+    def __init__(self, config: Mapping, *, models: ModelsPlan, judge: JudgePlan):
         super().__init__(config)
         self.models = models
         self.judge = judge
-        self.release = release
 
     def model_input(self) -> str:
         """The qa base model as an input: its .ready marker (a configured name) or its folder."""
@@ -74,6 +72,10 @@ class QaPlan(PlanBase):
     def sft_cfg(self) -> str:
         return to_json({"sft": self.config["qa"]["sft"]})
 
+    def sft_threads(self) -> int:
+        """threads of qa_sft: qa.sft.num_threads (torch's CPU threads)."""
+        return self.config["qa"]["sft"]["num_threads"]
+
     def sft_resources(self) -> dict:
         """resources of qa_sft: qa.sft.resources (a killed SFT starts over: its runtime grows)."""
         return stage_resources(self.config["qa"]["sft"]["resources"])
@@ -90,7 +92,7 @@ class QaPlan(PlanBase):
         """
         reward = dict(self.config["qa"]["reward"])
         reward["fluency_model"] = model_dir_of(self.model_input())
-        reward["rubric"] = self.judge.reward_rubric()
+        reward["rubric"] = self.reward_rubric()
         return to_json({"train": self.config["train"], "reward": reward})
 
     def variants(self) -> list[str]:
@@ -130,9 +132,13 @@ class QaPlan(PlanBase):
         qa_eval_model's answers."""
         return self.judged_files() if self.eval_judged() else self.answer_files()
 
+    def reward_rubric(self) -> str:
+        """The rubric the QA reward asks: qa.reward.rubric, else judge.rubric."""
+        return self.config["qa"]["reward"].get("rubric") or self.config["judge"]["rubric"]
+
     def grading_rubric(self) -> str:
-        """The rubric the QA judge grades by: the reward's (qa.reward.rubric), else judge.rubric."""
-        return self.judge.reward_rubric()
+        """The rubric the QA judge grades by: the reward's (reward_rubric)."""
+        return self.reward_rubric()
 
     def judge_cfg(self) -> str:
         """params of qa_judge_eval: the grading threshold and the fallback bar preflight holds the judge to."""
@@ -141,9 +147,18 @@ class QaPlan(PlanBase):
                       "max_fallback_rate": self.config["preflight"]["max_fallback_rate"],
                       "reward": judge_wait_cfg(self.config.get("reward"))})
 
+    def eval_threads(self) -> int:
+        """threads of qa_eval_model: qa.eval.resources.cpus_per_task (the cores it asks for, all used)."""
+        return self.config["qa"]["eval"]["resources"]["cpus_per_task"]
+
     def eval_resources(self) -> dict:
         """resources of qa_eval_model: qa.eval.resources (a killed evaluation starts over: its runtime grows)."""
         return stage_resources(self.config["qa"]["eval"]["resources"])
+
+    def judge_threads(self) -> int:
+        """threads of qa_judge_eval: a core of its own while the judge service beside it computes (the service
+        takes 0)."""
+        return 1
 
     def judge_resources(self) -> dict:
         """resources of qa_judge_eval: qa.eval's runtime (its judge service beside it holds the rest)."""
@@ -165,6 +180,3 @@ class QaPlan(PlanBase):
             f"{qa_eval}/plots/summary.tsv",
             f"{qa_eval}/plots/questions.tsv",
         ]
-
-    def targets(self) -> list[str]:
-        return [f"{self.paths.qa}/splits.json", *self.release.targets(), *self.eval_targets()]

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from llmrnn.plan.common import PlanBase, knobs, to_json
 from llmrnn.plan.judge import JudgePlan
+from llmrnn.plan.recipe import Recipe
 
 # Sections whose knobs shaped the released model (recorded in MANIFEST.json); eval/report/slurm/check are
 # not among them, so an eval knob never reruns the release.
@@ -16,11 +17,13 @@ RELEASE_KNOB_SECTIONS = (
 
 
 class ReleasePlan(PlanBase):
-    """The release stage's decisions over the config; the card names the `judge` the reward asked."""
+    """The release stage's decisions over the config; the card names the `judge` the reward asked, the
+    `recipe` adds its knobs and its split format."""
 
-    def __init__(self, config: Mapping, *, judge: JudgePlan):
+    def __init__(self, config: Mapping, *, judge: JudgePlan, recipe: Recipe):
         super().__init__(config)
         self.judge = judge
+        self.recipe = recipe
 
     def build_cfg(self) -> str:
         """params of release: its own section + every model-shaping knob (for the manifest and card)."""
@@ -30,11 +33,8 @@ class ReleasePlan(PlanBase):
             for s in RELEASE_KNOB_SECTIONS
             if s in c
         }
-        if self.recipe_is("qa"):  # only then: the memory head's manifest (and params) stay as they were
-            shaping["recipe"] = c["recipe"]
-            shaping["qa"] = {k: v for k, v in c["qa"].items() if k != "eval"}
-            shaping["qa"]["sft"] = knobs(c["qa"]["sft"])
-        return to_json({"run_name": c["run_name"], "release": c["release"], "knobs": shaping})
+        return to_json({"run_name": c["run_name"], "release": c["release"],
+                        "knobs": {**shaping, **self.recipe.release_knobs()}})
 
     def targets(self) -> list[str]:
         release = f"{self.paths.run}/release"
@@ -44,8 +44,8 @@ class ReleasePlan(PlanBase):
         """The rubric the card and manifest describe: the one the reward asked (the QA reward's for recipe
         qa); none where the reward asks no judge (memory head reward.mode outcome, a QA reward without
         judge weight), so they do not name a judge that scored nothing."""
-        return {"rubric": self.judge.reward_rubric()} if self.judge.planned() else {}
+        return {"rubric": self.recipe.reward_rubric()} if self.judge.planned() else {}
 
     def split_format(self) -> list[str]:
-        """--split-format of `llmrnn release build`: [] (cohort, the CLI's default) or qa; a list for :q."""
-        return ["--split-format", "qa"] if self.recipe_is("qa") else []
+        """--split-format of `llmrnn release build`: the recipe's ([] for the cohort's, the CLI's default)."""
+        return self.recipe.split_format()

@@ -1,67 +1,65 @@
-"""The train stage's plan: the GRPO job of either recipe (train_grpo, qa_train_grpo: one rule in
-rules/train.smk), its inputs, params, flags, GPUs, threads and resources, and the judge's GPUs beside it."""
+"""The train stage's plan: the GRPO job of either recipe (train_grpo in rules/train.smk, qa_train_grpo in
+rules/qa.smk), its outputs, GPUs, threads and resources, and the judge's GPUs beside it; what differs between
+the recipes (its name, inputs, params, reward code, flags) is the recipe's (llmrnn.plan.recipe)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from llmrnn.plan.common import PlanBase, input_flag, stage_resources
 from llmrnn.plan.judge import JudgePlan
-from llmrnn.plan.models import ModelsPlan
-from llmrnn.plan.qa import QaPlan
-from llmrnn.reward.custom import code_files as reward_code_files
+from llmrnn.plan.recipe import Recipe
 
-# the QA rewards (recipe qa): the module the trainer imports them from, and its code for the job's code hash
-QA_REWARD_MODULE = "llmrnn.qa.rewards"
-QA_REWARD_FUNC = f"{QA_REWARD_MODULE}:trl_reward_func"
+
+@dataclass(frozen=True)
+class GrpoOutputs:
+    """What the GRPO rule of either recipe writes; merge_model and release read them (by these paths, as the
+    rule that writes them is the recipe's)."""
+
+    adapter: str
+    metrics: str
+    summary: str
 
 
 class TrainPlan(PlanBase):
-    """The GRPO job's decisions over the config: the memory head trains the configured memory model
-    (`models`), recipe qa its own policy (`qa`); a judge (`judge`) runs beside it when the reward asks."""
+    """The GRPO job's decisions over the config: the `recipe` says what it trains on and how it is rewarded; a
+    judge (`judge`) runs beside it when the reward asks."""
 
-    def __init__(self, config: Mapping, *, models: ModelsPlan, judge: JudgePlan, qa: QaPlan):
+    def __init__(self, config: Mapping, *, judge: JudgePlan, recipe: Recipe):
         super().__init__(config)
-        self.models = models
         self.judge = judge
-        self.qa = qa
+        self.recipe = recipe
 
     def rule_name(self) -> str:
-        """The GRPO rule's name: its log, benchmark and the rules reading its outputs use it."""
-        return "qa_train_grpo" if self.recipe_is("qa") else "train_grpo"
+        """The GRPO rule's name (train_grpo | qa_train_grpo): its log and benchmark are named by it."""
+        return self.recipe.train_rule
+
+    def outputs(self) -> GrpoOutputs:
+        train = f"{self.paths.run}/train"
+        return GrpoOutputs(adapter=f"{train}/adapter", metrics=f"{train}/metrics.jsonl",
+                           summary=f"{train}/summary.json")
 
     def inputs(self) -> dict[str, str]:
         """The job's data, its preflight report (which must say ok) and the policy it trains."""
-        if self.recipe_is("qa"):
-            qa = self.paths.qa
-            return {"train": f"{qa}/train.parquet", "val": f"{qa}/val.parquet",
-                    "preflight": f"{self.paths.run}/train/qa_preflight.json", "model": self.qa.policy_input()}
-        run = self.paths.run
-        return {"train": f"{run}/trajectories/train.parquet", "val": f"{run}/trajectories/val.parquet",
-                "preflight": f"{run}/train/preflight.json", "model": self.models.memory_model_input()}
+        return self.recipe.train_inputs()
 
     def priority(self) -> int:
-        """The memory head's job is on the training path: before the base model's eval shards, which only
-        the report waits for (recipe qa has no such shards)."""
-        return 0 if self.recipe_is("qa") else 10
+        return self.recipe.train_priority
 
     def run_cfg(self) -> str:
-        """params of the job: the train section + the reward (qa: its own); the memory head's adds preflight,
-        whose max_fallback_rate/fallback_window also guard the reward during training."""
-        return self.qa.train_cfg() if self.recipe_is("qa") else self.cfg_json("train", "reward", "preflight")
+        """params of the job: the recipe's config subset (the train section + its reward)."""
+        return self.recipe.train_cfg()
 
     def reward_code(self) -> list[str]:
-        """What the job's code hash adds to `llmrnn train run`'s modules: the QA rewards (recipe qa), or your
-        own reward's file (reward.custom.path), whose content is code of this job too."""
-        return [QA_REWARD_MODULE] if self.recipe_is("qa") else reward_code_files(self.config)
+        """What the job's code hash adds to `llmrnn train run`'s modules (the recipe's reward code)."""
+        return self.recipe.reward_code()
 
     def run_flags(self, wildcards, input) -> list[str]:
         """The flags after --summary, a list for `{params.flags:q}`: --preflight, --endpoint (when the job
-        has the judge's endpoint), then --judge-gpus (memory head) or --reward-func (qa)."""
+        has the judge's endpoint), then the recipe's (--judge-gpus | --reward-func)."""
         flags = ["--preflight", input.preflight, *input_flag("--endpoint", "endpoint")(wildcards, input)]
-        if self.recipe_is("qa"):
-            return [*flags, "--reward-func", QA_REWARD_FUNC]
-        return [*flags, "--judge-gpus", str(self.judge_gpus())]
+        return [*flags, *self.recipe.trainer_flags(self.judge_gpus())]
 
     def gpus(self) -> int:
         """GPUs of the job: train.resources.gpu, else n_gpus_per_node for verl (per node), 0 for TRL."""

@@ -20,6 +20,10 @@ class TrajectoriesPlan(PlanBase):
             "trajectories": knobs(c["trajectories"]),
         })
 
+    def threads(self) -> int:
+        """threads of trajectory_shard: trajectories.threads (torch's CPU threads per shard)."""
+        return self.config["trajectories"]["threads"]
+
     def resources(self) -> dict:
         """resources of trajectory_shard: trajectories.resources (a killed shard starts over: its runtime grows)."""
         return stage_resources(self.config["trajectories"]["resources"])
