@@ -100,7 +100,10 @@ def run_checks(config_paths: list[Path]) -> dict:
 
 def _cost_plan_advice(config: dict, schema_ok: bool) -> list[str]:
     """The cost plan's total (llmrnn.cost_plan), before anything is queued; its table: `llmrnn report cost-plan`."""
-    if not schema_ok or config.get("recipe") == "qa":
+    from llmrnn.plan.recipe import RECIPES
+
+    recipe = RECIPES.get(config.get("recipe")) if schema_ok else None
+    if recipe is None or not recipe.cost_stages:  # a recipe whose cost is not planned yet
         return []
     from llmrnn.cost_plan import plan_stages, summary_line
 

@@ -10,6 +10,7 @@ from llmrnn.benchmarks import longest_job_minutes
 from llmrnn.check.judge import _judge_gpus_needed
 from llmrnn.check.skips import skip
 from llmrnn.plan.common import Paths
+from llmrnn.plan.recipe import TRAIN_RULES
 from llmrnn.settings.train import Train
 from llmrnn.slurm import (
     COUNTS,
@@ -154,7 +155,7 @@ def benchmark_advice(config: dict, logs: str | None = None) -> list[str]:
         if measured is None:
             continue
         took, path = measured
-        resumes = rule in ("train_grpo", "qa_train_grpo")
+        resumes = rule in TRAIN_RULES  # a GRPO job resumes from its checkpoint in the next attempt
         if took > minutes:
             advice.append(f"the last run's {rule} took {took:.0f} min ({path}) but {knob} asks {_hours(minutes)}: "
                           + ("it will stop at its limit and continue in a rerun; raise it to finish in one job"

@@ -211,3 +211,5 @@ class QaRecipe(Recipe):
 
 
 RECIPES: dict[str, type[Recipe]] = {recipe.name: recipe for recipe in (MemoryHeadRecipe, QaRecipe)}
+# every recipe's GRPO rule: a job of one resumes from its checkpoint instead of starting over
+TRAIN_RULES = tuple(recipe.train_rule for recipe in RECIPES.values())
