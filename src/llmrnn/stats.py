@@ -30,6 +30,19 @@ def wilson_ci(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
+def _replicates(samples: int, n: int, draw):
+    """`samples` bootstrap statistics over n units, drawn `draw(size)` at a time in chunks that bound the
+    index arrays' memory (n = 6288 patients in the reference)."""
+    import numpy as np
+
+    out = np.empty(samples)
+    chunk = max(1, min(samples, 2_000_000 // max(n, 1)))
+    for start in range(0, samples, chunk):
+        stop = min(samples, start + chunk)
+        out[start:stop] = draw(stop - start)
+    return out
+
+
 def paired_bootstrap(
     a: Sequence[bool | int | float],
     b: Sequence[bool | int | float],
@@ -50,12 +63,7 @@ def paired_bootstrap(
         return {"diff": None, "ci95": [None, None], "samples": samples, "seed": seed, "n": 0}
     diff_units = np.asarray(b, dtype=float) - np.asarray(a, dtype=float)
     rng = np.random.default_rng(seed)
-    diffs = np.empty(samples)
-    chunk = max(1, min(samples, 2_000_000 // max(n, 1)))  # bound memory for n = 6288
-    for start in range(0, samples, chunk):
-        stop = min(samples, start + chunk)
-        idx = rng.integers(0, n, size=(stop - start, n))
-        diffs[start:stop] = diff_units[idx].mean(axis=1)
+    diffs = _replicates(samples, n, lambda size: diff_units[rng.integers(0, n, size=(size, n))].mean(axis=1))
     alpha = (1 - level) / 2
     lo, hi = np.quantile(diffs, [alpha, 1 - alpha])
     return {
@@ -139,16 +147,16 @@ def seed_patient_bootstrap(
     if n_seeds == 0 or n == 0:
         return {**out, "mean": None, "ci95": [None, None]}
     rng = np.random.default_rng(seed)
-    means = np.empty(samples)
-    chunk = max(1, min(samples, 2_000_000 // max(n, 1)))  # bound memory for n = 6288
-    for start in range(0, samples, chunk):
-        stop = min(samples, start + chunk)
-        picked = rng.integers(0, n_seeds, size=(stop - start, n_seeds))
+
+    def replicate(size: int):
+        picked = rng.integers(0, n_seeds, size=(size, n_seeds))
         # a drawn seed's weight = how often it was drawn: the replicate's per-patient mean over its seeds
         weights = (picked[:, :, None] == np.arange(n_seeds)).sum(axis=1) / n_seeds
         per_patient = weights @ table
-        patients = rng.integers(0, n, size=(stop - start, n))
-        means[start:stop] = np.take_along_axis(per_patient, patients, axis=1).mean(axis=1)
+        patients = rng.integers(0, n, size=(size, n))
+        return np.take_along_axis(per_patient, patients, axis=1).mean(axis=1)
+
+    means = _replicates(samples, n, replicate)
     alpha = (1 - level) / 2
     lo, hi = np.quantile(means, [alpha, 1 - alpha])
     return {**out, "mean": float(table.mean()), "ci95": [float(lo), float(hi)],
