@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -9,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW_PARTS = ["Snakefile", "rules", "workflow", "config", "profiles", "envs"]
@@ -58,6 +61,52 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+class ShippedDryRuns:
+    """`snakemake all -n -p --forceall [--configfile F ...]` in one workflow copy that holds the reproductions'
+    stand-in inputs (the credentialed cohort's synthetic files, an empty ECG-Expert-QA file at qa.source): each
+    set of config files planned once per test session, its output shared read-only by every xdist worker
+    (tests/test_plan_snapshot.py and tests/workflow/test_all_targets.py plan the same shipped configs; a dry
+    run of the whole DAG is 5-15 s). No job runs in the copy, so no test can change what another reads."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.workdir = root / "work"
+        self._lock = FileLock(str(root / "dry-runs.lock"))
+
+    def _prepared(self) -> Path:
+        if not (self.workdir / ".prepared").exists():
+            from tests.slurm.dag import prepare_reproduce_inputs
+
+            shutil.rmtree(self.workdir, ignore_errors=True)  # what a worker killed while preparing it left
+            self.workdir.mkdir(parents=True)
+            copy_workflow(self.workdir)
+            prepare_reproduce_inputs(self.workdir)
+            (self.workdir / "data" / "ecg_expert_qa").mkdir(parents=True)
+            (self.workdir / "data" / "ecg_expert_qa" / "train.json").write_text("[]")
+            (self.workdir / ".prepared").touch()
+        return self.workdir
+
+    def text(self, *configfiles: str) -> str:
+        """The dry run's stdout and stderr; made by the first worker that asks, under the lock."""
+        args = ("all", "-n", "-p", "--forceall", *(("--configfile", *configfiles) if configfiles else ()))
+        saved = self.root / f"{hashlib.sha256(json.dumps(args).encode()).hexdigest()[:16]}.txt"
+        with self._lock:
+            if not saved.exists():
+                proc = snakemake(self._prepared(), *args)
+                saved.write_text(proc.stdout + proc.stderr)
+        return saved.read_text()
+
+
+@pytest.fixture(scope="session")
+def shipped_dry_runs(tmp_path_factory) -> ShippedDryRuns:
+    """Under xdist the workers' temp folders share a parent of this session's own (pytest-xdist's recipe for
+    a session fixture made once); without it, the parent holds earlier sessions' folders: use our own."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shipped-dry-runs"
+    root.mkdir(exist_ok=True)
+    return ShippedDryRuns(root)
 
 
 @pytest.fixture(scope="session")
