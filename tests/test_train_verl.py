@@ -74,28 +74,35 @@ CHECK_CASES = {
 }
 
 
+def check_cases(version, base: Path, model, cases: dict) -> dict[str, subprocess.CompletedProcess]:
+    """check() of each case (name -> check()'s keyword arguments) in ONE check_verl.py run: name -> the outcome
+    a run of its own would give (exit status, the report line, the traceback as stderr). Each interpreter
+    start imports verl, torch and transformers (20-45 s apiece on 2 loaded cores)."""
+    inputs = {}
+    for name, spec in cases.items():
+        (base / name).mkdir()
+        inputs[name] = {"overrides": str(check_inputs(version, base / name, model, **spec)),
+                        "model": str(model), "parquet": str(base / name / "train.parquet")}
+    (base / "cases.json").write_text(json.dumps(inputs))
+    proc = _check_verl(version, "--cases", str(base / "cases.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outcomes = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {name: subprocess.CompletedProcess(["check_verl.py", name], got["returncode"],
+                                              stdout=json.dumps(got["report"]) + "\n", stderr=got["error"])
+            for name, got in outcomes.items()}
+
+
 @pytest.fixture(scope="module")
 def verl_checks(tmp_path_factory, tiny_model_dir):
-    """(version, case) -> check_verl.py's outcome for CHECK_CASES[case], as a run of its own would give it
-    (exit status, the report line, the traceback as stderr). One verl interpreter per version checks every
-    case: each start imports verl, torch and transformers (20-45 s apiece on 2 loaded cores)."""
+    """(version, case) -> check_verl.py's outcome for CHECK_CASES[case]; one verl interpreter per version
+    checks every case."""
     outcomes: dict[str, dict] = {}
 
     def outcome(version: str, case: str) -> subprocess.CompletedProcess:
         if version not in outcomes:
-            base = tmp_path_factory.mktemp(f"verl-{version}-checks")
-            cases = {}
-            for name, spec in CHECK_CASES.items():
-                (base / name).mkdir()
-                cases[name] = {"overrides": str(check_inputs(version, base / name, tiny_model_dir, **spec)),
-                               "model": str(tiny_model_dir), "parquet": str(base / name / "train.parquet")}
-            (base / "cases.json").write_text(json.dumps(cases))
-            proc = _check_verl(version, "--cases", str(base / "cases.json"))
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            outcomes[version] = json.loads(proc.stdout.strip().splitlines()[-1])
-        got = outcomes[version][case]
-        return subprocess.CompletedProcess(["check_verl.py", case], got["returncode"],
-                                           stdout=json.dumps(got["report"]) + "\n", stderr=got["error"])
+            outcomes[version] = check_cases(version, tmp_path_factory.mktemp(f"verl-{version}-checks"),
+                                            tiny_model_dir, CHECK_CASES)
+        return outcomes[version][case]
 
     return outcome
 
@@ -371,9 +378,18 @@ def gpu_lock_tiny_model(tmp_path_factory) -> Path:
     return model
 
 
+@pytest.fixture(scope="module")
+def actor_checks(tmp_path_factory, gpu_lock_tiny_model) -> dict[str, subprocess.CompletedProcess]:
+    """verl 0.7.1's check of REFERENCE on the lock's tiny model, with our attention overrides ("rendered") and
+    without them ("verl-defaults"): both in one verl interpreter."""
+    return check_cases("0.7.1", tmp_path_factory.mktemp("verl-actor-checks"), gpu_lock_tiny_model,
+                       {"rendered": {"cfg": REFERENCE}, "verl-defaults": {"cfg": REFERENCE, "drop": ATTN_OVERRIDES}})
+
+
 @pytest.mark.verl
 @pytest.mark.parametrize("rendered", [True, False], ids=["rendered", "verl-defaults"])
-def test_actor_loads_the_way_verl_071_loads_it_in_the_locked_gpu_venv(rendered, tmp_path, gpu_lock_tiny_model):
+def test_actor_loads_the_way_verl_071_loads_it_in_the_locked_gpu_venv(rendered, tmp_path, gpu_lock_tiny_model,
+                                                                       actor_checks):
     """verl 0.7.1 composes the model settings (ours, or its own defaults when our two attention overrides
     are left out); the locked GPU venv (transformers 4.57, no flash-attn) then loads the actor exactly as
     verl's FSDP worker does (tests/verl/load_actor.py). verl's defaults (flash_attention_2 + remove padding)
@@ -381,7 +397,7 @@ def test_actor_loads_the_way_verl_071_loads_it_in_the_locked_gpu_venv(rendered, 
     python = gpu_lock_python()
     env = gpu_lock_env()
     model = gpu_lock_tiny_model
-    proc = check("0.7.1", tmp_path, model, REFERENCE, drop=() if rendered else ATTN_OVERRIDES)
+    proc = actor_checks["rendered" if rendered else "verl-defaults"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     settings = {k: report[k] for k in ("model_override_config", "use_remove_padding")}
