@@ -99,14 +99,46 @@ class ShippedDryRuns:
         return saved.read_text()
 
 
+def session_shared_dir(tmp_path_factory, name: str) -> Path:
+    """A folder every xdist worker of this session sees: under xdist the workers' temp folders share a parent
+    of this session's own (pytest-xdist's recipe for a session fixture made once); without xdist that parent
+    holds earlier sessions' folders, so the session's own is used."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    root.mkdir(exist_ok=True)
+    return root
+
+
 @pytest.fixture(scope="session")
 def shipped_dry_runs(tmp_path_factory) -> ShippedDryRuns:
-    """Under xdist the workers' temp folders share a parent of this session's own (pytest-xdist's recipe for
-    a session fixture made once); without it, the parent holds earlier sessions' folders: use our own."""
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shipped-dry-runs"
-    root.mkdir(exist_ok=True)
-    return ShippedDryRuns(root)
+    return ShippedDryRuns(session_shared_dir(tmp_path_factory, "shipped-dry-runs"))
+
+
+@pytest.fixture(scope="session")
+def literal_slurm_dry_run(tmp_path_factory) -> tuple[Path, dict[str, str], str]:
+    """(workdir, env, output) of the literal `snakemake --profile profiles/slurm -n all` (the profile names
+    config/reproduce.yaml; a synthetic stand-in at its cohort source) without SLURM's commands on PATH, in a
+    clean environment (no LLMRNN_/SLURM_/XDG_ variables, a HOME of its own). Made once per session, under a
+    FileLock, and read by tests/slurm/test_profile.py and tests/test_reproduce_fidelity.py; no job runs in it."""
+    from tests.slurm.dag import copy_extra_parts, no_slurm_path, prepare_reproduce_inputs, run
+
+    root = session_shared_dir(tmp_path_factory, "literal-slurm-dry-run")
+    workdir, home, saved = root / "work", root / "home", root / "dry-run.txt"
+    with FileLock(str(root / "dry-run.lock")):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMRNN_", "SLURM_", "XDG_"))}
+        env.update(HOME=str(home), PATH=no_slurm_path(root), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+        if not saved.exists():
+            shutil.rmtree(workdir, ignore_errors=True)  # what a worker killed while preparing it left
+            workdir.mkdir()
+            home.mkdir(exist_ok=True)
+            copy_extra_parts(copy_workflow(workdir))
+            prepare_reproduce_inputs(workdir)
+            exe = str(Path(env["PATH"].split(os.pathsep)[0]) / "snakemake")
+            proc = run([exe, "--profile", "profiles/slurm", "-n", "all"], cwd=workdir, env=env)
+            text = proc.stdout + proc.stderr
+            assert proc.returncode == 0, f"the literal slurm dry run failed:\n{text[-4000:]}"
+            saved.write_text(text)
+    return workdir, env, saved.read_text()
 
 
 @pytest.fixture(scope="session")

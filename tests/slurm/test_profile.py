@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import copy_workflow
 from tests.slurm.dag import (
     REPO,
     copy_extra_parts,
@@ -72,20 +71,8 @@ def _assert_placement(text: str, profile: dict, gpu_partition: str, cpu_partitio
     return seen_gpu
 
 
-@pytest.fixture(scope="module")
-def literal_dry_run(tmp_path_factory) -> tuple[Path, dict[str, str], str]:
-    """(workdir, env, output) of the literal `snakemake --profile profiles/slurm -n all` (the profile names
-    config/reproduce.yaml; a synthetic stand-in at its cohort source) in a clean environment, read by two
-    tests: one copy and one dry run for the module. No job runs in it."""
-    workdir = copy_workflow(tmp_path_factory.mktemp("literal-work"))
-    copy_extra_parts(workdir)
-    prepare_reproduce_inputs(workdir)
-    env = _clean_env(tmp_path_factory.mktemp("literal-env"))
-    return workdir, env, _dry_run(workdir, env, "--profile", "profiles/slurm", "-n", "all")
-
-
-def test_literal_dry_run_without_slurm_maps_gpu_rules_to_a100(literal_dry_run):
-    workflow_dir, env, text = literal_dry_run
+def test_literal_dry_run_without_slurm_maps_gpu_rules_to_a100(literal_slurm_dry_run):
+    workflow_dir, env, text = literal_slurm_dry_run  # the session's (tests/conftest.py), read-only
     assert "This was a dry-run" in text
     profile = load_profile(env)
     seen_gpu = _assert_placement(text, profile, "gpu-a100", "cpu")
@@ -94,10 +81,10 @@ def test_literal_dry_run_without_slurm_maps_gpu_rules_to_a100(literal_dry_run):
         assert "train_grpo" in seen_gpu and "judge_server" in seen_gpu, seen_gpu
 
 
-def test_reproduce_dry_run_plans_build_cohort_first(literal_dry_run):
+def test_reproduce_dry_run_plans_build_cohort_first(literal_slurm_dry_run):
     """config/reproduce.yaml reads the user's PhysioNet folders (here synthetic files in their place):
     build_cohort is the DAG's first stage, before cleaning."""
-    _, _, text = literal_dry_run
+    _, _, text = literal_slurm_dry_run
     jobs = [j.rule for j in parse_dry_run(text) if j.shell is not None]
     # the order among the DAG's roots is the scheduler's tie-break (it moved when merge_model's resources
     # changed): only the model downloads, which need no cohort, may come before build_cohort
