@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -9,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW_PARTS = ["Snakefile", "rules", "workflow", "config", "profiles", "envs"]
@@ -58,6 +61,84 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+class ShippedDryRuns:
+    """`snakemake all -n -p --forceall [--configfile F ...]` in one workflow copy that holds the reproductions'
+    stand-in inputs (the credentialed cohort's synthetic files, an empty ECG-Expert-QA file at qa.source): each
+    set of config files planned once per test session, its output shared read-only by every xdist worker
+    (tests/test_plan_snapshot.py and tests/workflow/test_all_targets.py plan the same shipped configs; a dry
+    run of the whole DAG is 5-15 s). No job runs in the copy, so no test can change what another reads."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.workdir = root / "work"
+        self._lock = FileLock(str(root / "dry-runs.lock"))
+
+    def _prepared(self) -> Path:
+        if not (self.workdir / ".prepared").exists():
+            from tests.slurm.dag import prepare_reproduce_inputs
+
+            shutil.rmtree(self.workdir, ignore_errors=True)  # what a worker killed while preparing it left
+            self.workdir.mkdir(parents=True)
+            copy_workflow(self.workdir)
+            prepare_reproduce_inputs(self.workdir)
+            (self.workdir / "data" / "ecg_expert_qa").mkdir(parents=True)
+            (self.workdir / "data" / "ecg_expert_qa" / "train.json").write_text("[]")
+            (self.workdir / ".prepared").touch()
+        return self.workdir
+
+    def text(self, *configfiles: str) -> str:
+        """The dry run's stdout and stderr; made by the first worker that asks, under the lock."""
+        args = ("all", "-n", "-p", "--forceall", *(("--configfile", *configfiles) if configfiles else ()))
+        saved = self.root / f"{hashlib.sha256(json.dumps(args).encode()).hexdigest()[:16]}.txt"
+        with self._lock:
+            if not saved.exists():
+                proc = snakemake(self._prepared(), *args)
+                saved.write_text(proc.stdout + proc.stderr)
+        return saved.read_text()
+
+
+def session_shared_dir(tmp_path_factory, name: str) -> Path:
+    """A folder every xdist worker of this session sees: under xdist the workers' temp folders share a parent
+    of this session's own (pytest-xdist's recipe for a session fixture made once); without xdist that parent
+    holds earlier sessions' folders, so the session's own is used."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    root.mkdir(exist_ok=True)
+    return root
+
+
+@pytest.fixture(scope="session")
+def shipped_dry_runs(tmp_path_factory) -> ShippedDryRuns:
+    return ShippedDryRuns(session_shared_dir(tmp_path_factory, "shipped-dry-runs"))
+
+
+@pytest.fixture(scope="session")
+def literal_slurm_dry_run(tmp_path_factory) -> tuple[Path, dict[str, str], str]:
+    """(workdir, env, output) of the literal `snakemake --profile profiles/slurm -n all` (the profile names
+    config/reproduce.yaml; a synthetic stand-in at its cohort source) without SLURM's commands on PATH, in a
+    clean environment (no LLMRNN_/SLURM_/XDG_ variables, a HOME of its own). Made once per session, under a
+    FileLock, and read by tests/slurm/test_profile.py and tests/test_reproduce_fidelity.py; no job runs in it."""
+    from tests.slurm.dag import copy_extra_parts, no_slurm_path, prepare_reproduce_inputs, run
+
+    root = session_shared_dir(tmp_path_factory, "literal-slurm-dry-run")
+    workdir, home, saved = root / "work", root / "home", root / "dry-run.txt"
+    with FileLock(str(root / "dry-run.lock")):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMRNN_", "SLURM_", "XDG_"))}
+        env.update(HOME=str(home), PATH=no_slurm_path(root), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+        if not saved.exists():
+            shutil.rmtree(workdir, ignore_errors=True)  # what a worker killed while preparing it left
+            workdir.mkdir()
+            home.mkdir(exist_ok=True)
+            copy_extra_parts(copy_workflow(workdir))
+            prepare_reproduce_inputs(workdir)
+            exe = str(Path(env["PATH"].split(os.pathsep)[0]) / "snakemake")
+            proc = run([exe, "--profile", "profiles/slurm", "-n", "all"], cwd=workdir, env=env)
+            text = proc.stdout + proc.stderr
+            assert proc.returncode == 0, f"the literal slurm dry run failed:\n{text[-4000:]}"
+            saved.write_text(text)
+    return workdir, env, saved.read_text()
 
 
 @pytest.fixture(scope="session")

@@ -20,12 +20,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, copy_workflow, snakemake
-from tests.slurm.dag import parse_dry_run, prepare_reproduce_inputs
+from tests.conftest import REPO, ShippedDryRuns
+from tests.slurm.dag import parse_dry_run
 
 pytestmark = pytest.mark.slow  # five dry runs of the whole DAG: ~5-10 s each
 
@@ -38,17 +37,6 @@ CONFIGS = {
     "smoke": ("config/smoke.yaml",),
 }
 UPDATE = os.environ.get("LLMRNN_UPDATE_SNAPSHOTS") == "1"
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    """One copy of the workflow for all five dry runs, with the inputs the reproductions name: the
-    credentialed cohort's synthetic stand-in and an (empty) ECG-Expert-QA file at qa.source."""
-    work = copy_workflow(tmp_path_factory.mktemp("snapshot"))
-    prepare_reproduce_inputs(work)
-    (work / "data" / "ecg_expert_qa").mkdir(parents=True)
-    (work / "data" / "ecg_expert_qa" / "train.json").write_text("[]")
-    return work
 
 
 def argument_list(shell: str | None) -> list | None:
@@ -68,21 +56,22 @@ def argument_list(shell: str | None) -> list | None:
     return words
 
 
-def planned(workdir: Path, configfiles: tuple[str, ...]) -> str:
-    """The jobs of one dry run, sorted: rule, threads, priority, resources and the command's argument list."""
-    args = ("--configfile", *configfiles) if configfiles else ()
-    proc = snakemake(workdir, "all", "-n", "-p", "--forceall", *args)
+def planned(dry_runs: ShippedDryRuns, configfiles: tuple[str, ...]) -> str:
+    """The jobs of one dry run, sorted: rule, threads, priority, resources and the command's argument list.
+    The dry run is the session's (conftest.ShippedDryRuns: one copy of the workflow for all five, with the
+    inputs the reproductions name; tests/workflow/test_all_targets.py reads the same runs)."""
+    workdir = str(dry_runs.workdir)
     jobs = [{"rule": job.rule, "threads": job.threads, "priority": job.priority,
              "resources": {k: v for k, v in job.resources.items() if k != "tmpdir"},
-             "args": argument_list(job.shell.replace(str(workdir), "<WORKDIR>") if job.shell else None)}
-            for job in parse_dry_run(proc.stdout + proc.stderr)]
+             "args": argument_list(job.shell.replace(workdir, "<WORKDIR>") if job.shell else None)}
+            for job in parse_dry_run(dry_runs.text(*configfiles))]
     jobs.sort(key=lambda job: json.dumps(job, sort_keys=True))
     return json.dumps(jobs, indent=1, sort_keys=True) + "\n"
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_shipped_config_plans_the_snapshot_commands(workdir, name):
-    text = planned(workdir, CONFIGS[name])
+def test_shipped_config_plans_the_snapshot_commands(shipped_dry_runs, name):
+    text = planned(shipped_dry_runs, CONFIGS[name])
     golden = SNAPSHOTS / f"plan_{name}.json"
     if UPDATE:
         SNAPSHOTS.mkdir(exist_ok=True)

@@ -353,23 +353,14 @@ def _cfg_arg(shell: str) -> dict:
 
 
 @pytest.mark.slow
-def test_literal_slurm_dry_run_plans_the_reference(workflow_dir, tmp_path):
+def test_literal_slurm_dry_run_plans_the_reference(literal_slurm_dry_run):
     """`snakemake --profile profiles/slurm -n all` (the profile names config/reproduce.yaml): the planned
     train_grpo job gets the table's train knobs (no step cap, verl's own validation) and every eval shard
-    evaluates every patient's every visit; no job sees a value of config/config.yaml."""
-    import os
+    evaluates every patient's every visit; no job sees a value of config/config.yaml. The dry run is the
+    session's (tests/conftest.py; a synthetic stand-in at cohort.source, MIMIC-IV is not shipped)."""
+    from tests.slurm.dag import parse_dry_run
 
-    from tests.slurm.dag import copy_extra_parts, no_slurm_path, parse_dry_run, prepare_reproduce_inputs, run
-
-    copy_extra_parts(workflow_dir)
-    prepare_reproduce_inputs(workflow_dir)  # a synthetic stand-in at cohort.source (MIMIC-IV is not shipped)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMRNN_", "SLURM_", "XDG_"))}
-    (tmp_path / "home").mkdir()
-    env.update(HOME=str(tmp_path / "home"), PATH=no_slurm_path(tmp_path), HF_HUB_OFFLINE="1")
-    exe = str(Path(env["PATH"].split(os.pathsep)[0]) / "snakemake")
-    proc = run([exe, "--profile", "profiles/slurm", "-n", "all"], cwd=workflow_dir, env=env)
-    text = proc.stdout + proc.stderr
-    assert proc.returncode == 0, text[-4000:]
+    _, _, text = literal_slurm_dry_run
     jobs = parse_dry_run(text)
 
     (train,) = [j for j in jobs if j.rule == "train_grpo"]

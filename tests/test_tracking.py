@@ -163,13 +163,27 @@ def test_cpu_trl_run_writes_tensorboard_events_with_the_reward_per_step(tmp_path
 
 
 # ----------------------------------------------------------------------------- verl's own config
+TRACKERS = ["tensorboard", "wandb", "mlflow", ["tensorboard", "wandb", "mlflow"]]
+
+
+def _tracker_case(report_to: str | list[str]) -> str:
+    return report_to if isinstance(report_to, str) else "+".join(report_to)
+
+
+@pytest.fixture(scope="module")
+def tracker_checks(tmp_path_factory, tiny_model_dir):
+    """verl 0.7.1's check of each train.report_to of TRACKERS, all in one verl interpreter (check_cases)."""
+    from tests.test_train_verl import REFERENCE, check_cases
+
+    return check_cases("0.7.1", tmp_path_factory.mktemp("trackers"), tiny_model_dir,
+                       {_tracker_case(r): {"cfg": dict(REFERENCE, report_to=r)} for r in TRACKERS})
+
+
 @pytest.mark.e2e  # a slow tier test (a workflow, CLI or training run of its own): `make test-e2e`
 @pytest.mark.verl
-@pytest.mark.parametrize("report_to", ["tensorboard", "wandb", "mlflow", ["tensorboard", "wandb", "mlflow"]])
-def test_verl_overrides_compose_with_each_tracker(report_to, tmp_path, tiny_model_dir):
-    from tests.test_train_verl import REFERENCE, check
-
-    proc = check("0.7.1", tmp_path, tiny_model_dir, dict(REFERENCE, report_to=report_to))
+@pytest.mark.parametrize("report_to", TRACKERS)
+def test_verl_overrides_compose_with_each_tracker(report_to, tracker_checks):
+    proc = tracker_checks[_tracker_case(report_to)]
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     trackers = [report_to] if isinstance(report_to, str) else report_to

@@ -36,8 +36,9 @@ REWARD_SECTION = {"mode": "pairwise", "outcome_epsilon": 0.1,
                   "custom": {"path": "/data/it's, here/{r}.py", "name": "compute_score"}}
 
 
-def check(version, tmp_path, model, cfg, extra=(), drop=()):
-    """check_verl.py in the verl venv with our overrides (+ `extra`, less those starting with `drop`)."""
+def check_inputs(version, tmp_path, model, cfg, extra=(), drop=()) -> Path:
+    """The overrides file of one check: our overrides (+ `extra`, less those starting with `drop`) over a train
+    and a val parquet in tmp_path."""
     train = write_parquet(tmp_path / "train.parquet", make_rows(6))
     val = write_parquet(tmp_path / "val.parquet", make_rows(2, split="val"))
     overrides = verl_overrides.build_overrides(
@@ -49,19 +50,67 @@ def check(version, tmp_path, model, cfg, extra=(), drop=()):
     overrides = [o for o in overrides if not (drop and o.startswith(tuple(drop)))]
     path = tmp_path / "overrides.json"
     path.write_text(json.dumps(overrides))
+    return path
+
+
+def _check_verl(version, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), HF_HUB_OFFLINE="1")
-    return subprocess.run(
-        [str(verl_python(version)), str(REPO / "tests" / "verl" / "check_verl.py"), "--overrides", str(path),
-         "--model", str(model), "--parquet", train],
-        capture_output=True, text=True, env=env, timeout=600, check=False,
-    )
+    return subprocess.run([str(verl_python(version)), str(REPO / "tests" / "verl" / "check_verl.py"), *args],
+                          capture_output=True, text=True, env=env, timeout=600, check=False)
+
+
+def check(version, tmp_path, model, cfg, extra=(), drop=()):
+    """check_verl.py in the verl venv with our overrides (+ `extra`, less those starting with `drop`)."""
+    path = check_inputs(version, tmp_path, model, cfg, extra, drop)
+    return _check_verl(version, "--overrides", str(path), "--model", str(model),
+                       "--parquet", str(tmp_path / "train.parquet"))
+
+
+# The override sets checked against the tiny model, all of a version's in one check_verl.py run (`verl_checks`)
+CHECK_CASES = {
+    "compose": {"cfg": dict(REFERENCE, lora={"rank": 16, "alpha": 32}, val_generations=3)},
+    "misspelled": {"cfg": REFERENCE, "extra": ["actor_rollout_ref.actor.kl_los_coef=0.1"]},
+    "micro_batch": {"cfg": dict(REFERENCE, batch={"train": 16, "mini": 16, "micro_per_gpu": 3})},
+}
+
+
+def check_cases(version, base: Path, model, cases: dict) -> dict[str, subprocess.CompletedProcess]:
+    """check() of each case (name -> check()'s keyword arguments) in ONE check_verl.py run: name -> the outcome
+    a run of its own would give (exit status, the report line, the traceback as stderr). Each interpreter
+    start imports verl, torch and transformers (20-45 s apiece on 2 loaded cores)."""
+    inputs = {}
+    for name, spec in cases.items():
+        (base / name).mkdir()
+        inputs[name] = {"overrides": str(check_inputs(version, base / name, model, **spec)),
+                        "model": str(model), "parquet": str(base / name / "train.parquet")}
+    (base / "cases.json").write_text(json.dumps(inputs))
+    proc = _check_verl(version, "--cases", str(base / "cases.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outcomes = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {name: subprocess.CompletedProcess(["check_verl.py", name], got["returncode"],
+                                              stdout=json.dumps(got["report"]) + "\n", stderr=got["error"])
+            for name, got in outcomes.items()}
+
+
+@pytest.fixture(scope="module")
+def verl_checks(tmp_path_factory, tiny_model_dir):
+    """(version, case) -> check_verl.py's outcome for CHECK_CASES[case]; one verl interpreter per version
+    checks every case."""
+    outcomes: dict[str, dict] = {}
+
+    def outcome(version: str, case: str) -> subprocess.CompletedProcess:
+        if version not in outcomes:
+            outcomes[version] = check_cases(version, tmp_path_factory.mktemp(f"verl-{version}-checks"),
+                                            tiny_model_dir, CHECK_CASES)
+        return outcomes[version][case]
+
+    return outcome
 
 
 @pytest.mark.verl
 @pytest.mark.parametrize("version", VERSIONS)
-def test_overrides_compose_and_validate_in_real_verl(version, tmp_path, tiny_model_dir):
-    proc = check(version, tmp_path, tiny_model_dir,
-                 dict(REFERENCE, lora={"rank": 16, "alpha": 32}, val_generations=3))
+def test_overrides_compose_and_validate_in_real_verl(version, verl_checks):
+    proc = verl_checks(version, "compose")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["verl"] == version
@@ -91,21 +140,21 @@ def test_overrides_compose_and_validate_in_real_verl(version, tmp_path, tiny_mod
 
 @pytest.mark.verl
 @pytest.mark.parametrize("version", VERSIONS)
-def test_misspelled_key_fails(version, tmp_path, tiny_model_dir):
-    proc = check(version, tmp_path, tiny_model_dir, REFERENCE, extra=["actor_rollout_ref.actor.kl_los_coef=0.1"])
+def test_misspelled_key_fails(version, verl_checks):
+    proc = verl_checks(version, "misspelled")
     assert proc.returncode != 0
     assert "kl_los_coef" in proc.stderr and "Could not override" in proc.stderr
 
 
 @pytest.mark.verl
 @pytest.mark.parametrize("version", VERSIONS)
-def test_micro_batch_verl_only_checks_on_the_gpu_node_is_caught_by_preflight(version, tmp_path, tiny_model_dir):
+def test_micro_batch_verl_only_checks_on_the_gpu_node_is_caught_by_preflight(version, verl_checks):
     """verl checks mini x n / GPUs % micro only inside the FSDP worker (fsdp_workers.py), i.e. after the job
     got its GPUs; its config-level validation lets it through. Our preflight rejects it before the queue."""
     from llmrnn.train import config as tcfg
 
-    cfg = dict(REFERENCE, batch={"train": 16, "mini": 16, "micro_per_gpu": 3})
-    proc = check(version, tmp_path, tiny_model_dir, cfg)
+    cfg = CHECK_CASES["micro_batch"]["cfg"]
+    proc = verl_checks(version, "micro_batch")
     assert proc.returncode == 0, proc.stderr[-2000:]
     problems = tcfg.settings(cfg).geometry.problems
     assert any("micro_per_gpu=3 does not divide the 64 responses" in p for p in problems)
@@ -329,9 +378,18 @@ def gpu_lock_tiny_model(tmp_path_factory) -> Path:
     return model
 
 
+@pytest.fixture(scope="module")
+def actor_checks(tmp_path_factory, gpu_lock_tiny_model) -> dict[str, subprocess.CompletedProcess]:
+    """verl 0.7.1's check of REFERENCE on the lock's tiny model, with our attention overrides ("rendered") and
+    without them ("verl-defaults"): both in one verl interpreter."""
+    return check_cases("0.7.1", tmp_path_factory.mktemp("verl-actor-checks"), gpu_lock_tiny_model,
+                       {"rendered": {"cfg": REFERENCE}, "verl-defaults": {"cfg": REFERENCE, "drop": ATTN_OVERRIDES}})
+
+
 @pytest.mark.verl
 @pytest.mark.parametrize("rendered", [True, False], ids=["rendered", "verl-defaults"])
-def test_actor_loads_the_way_verl_071_loads_it_in_the_locked_gpu_venv(rendered, tmp_path, gpu_lock_tiny_model):
+def test_actor_loads_the_way_verl_071_loads_it_in_the_locked_gpu_venv(rendered, tmp_path, gpu_lock_tiny_model,
+                                                                       actor_checks):
     """verl 0.7.1 composes the model settings (ours, or its own defaults when our two attention overrides
     are left out); the locked GPU venv (transformers 4.57, no flash-attn) then loads the actor exactly as
     verl's FSDP worker does (tests/verl/load_actor.py). verl's defaults (flash_attention_2 + remove padding)
@@ -339,7 +397,7 @@ def test_actor_loads_the_way_verl_071_loads_it_in_the_locked_gpu_venv(rendered, 
     python = gpu_lock_python()
     env = gpu_lock_env()
     model = gpu_lock_tiny_model
-    proc = check("0.7.1", tmp_path, model, REFERENCE, drop=() if rendered else ATTN_OVERRIDES)
+    proc = actor_checks["rendered" if rendered else "verl-defaults"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     settings = {k: report[k] for k in ("model_override_config", "use_remove_padding")}

@@ -71,11 +71,8 @@ def _assert_placement(text: str, profile: dict, gpu_partition: str, cpu_partitio
     return seen_gpu
 
 
-def test_literal_dry_run_without_slurm_maps_gpu_rules_to_a100(workflow_dir, tmp_path):
-    copy_extra_parts(workflow_dir)
-    prepare_reproduce_inputs(workflow_dir)
-    env = _clean_env(tmp_path)
-    text = _dry_run(workflow_dir, env, "--profile", "profiles/slurm", "-n", "all")
+def test_literal_dry_run_without_slurm_maps_gpu_rules_to_a100(literal_slurm_dry_run):
+    workflow_dir, env, text = literal_slurm_dry_run  # the session's (tests/conftest.py), read-only
     assert "This was a dry-run" in text
     profile = load_profile(env)
     seen_gpu = _assert_placement(text, profile, "gpu-a100", "cpu")
@@ -84,12 +81,10 @@ def test_literal_dry_run_without_slurm_maps_gpu_rules_to_a100(workflow_dir, tmp_
         assert "train_grpo" in seen_gpu and "judge_server" in seen_gpu, seen_gpu
 
 
-def test_reproduce_dry_run_plans_build_cohort_first(workflow_dir, tmp_path):
+def test_reproduce_dry_run_plans_build_cohort_first(literal_slurm_dry_run):
     """config/reproduce.yaml reads the user's PhysioNet folders (here synthetic files in their place):
     build_cohort is the DAG's first stage, before cleaning."""
-    copy_extra_parts(workflow_dir)
-    prepare_reproduce_inputs(workflow_dir)
-    text = _dry_run(workflow_dir, _clean_env(tmp_path), "--profile", "profiles/slurm", "-n", "all")
+    _, _, text = literal_slurm_dry_run
     jobs = [j.rule for j in parse_dry_run(text) if j.shell is not None]
     # the order among the DAG's roots is the scheduler's tie-break (it moved when merge_model's resources
     # changed): only the model downloads, which need no cohort, may come before build_cohort

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import snakemake
+from tests.conftest import copy_workflow, snakemake
 from tests.slurm.dag import job_counts, prepare_reproduce_inputs
 
 pytestmark = pytest.mark.slow  # real Snakemake dry runs of the whole DAG (5-15 s each)
@@ -85,17 +85,18 @@ VARIANTS = {
 
 
 @pytest.mark.parametrize("configfile", [*SHIPPED, *VARIANTS])
-def test_all_requests_every_durable_output_of_the_planned_dag(workflow_dir, configfile):
-    files = [configfile]
+def test_all_requests_every_durable_output_of_the_planned_dag(tmp_path, shipped_dry_runs, configfile):
     if configfile in VARIANTS:
         from llmrnn.cohort import dump_cohort, synthesize_cohort
 
+        workflow_dir = copy_workflow(tmp_path)
         (workflow_dir / "data").mkdir()
         (workflow_dir / "data/cohort.json").write_text(dump_cohort(synthesize_cohort(30, seed=3)))
         (workflow_dir / "variant.yaml").write_text(yaml.safe_dump(VARIANTS[configfile]))
-        files = ["config/config.yaml", "variant.yaml"]
-    _stand_in_data(workflow_dir, files[0])
-    jobs = parse_jobs(_dry_run(workflow_dir, "--forceall", "--configfile", *files))
+        _stand_in_data(workflow_dir, "config/config.yaml")
+        jobs = parse_jobs(_dry_run(workflow_dir, "--forceall", "--configfile", "config/config.yaml", "variant.yaml"))
+    else:  # a shipped config's `all -n -p --forceall`, planned once per session (tests/test_plan_snapshot.py too)
+        jobs = parse_jobs(shipped_dry_runs.text(configfile))
     if configfile in VARIANTS:
         assert not {"synth_cohort", "judge_server", "judge_agreement"} & {j.rule for j in jobs}
     (all_job,) = [j for j in jobs if j.rule == "all"]
