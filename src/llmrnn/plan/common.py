@@ -18,6 +18,16 @@ NOT_A_KNOB = ("resources", "threads")
 
 
 @dataclass(frozen=True)
+class GrpoOutputs:
+    """What the GRPO rule of either recipe writes; merge_model, release and the eval of the trained model read
+    them (by these paths, as the rule that writes them is the recipe's)."""
+
+    adapter: str
+    metrics: str
+    summary: str
+
+
+@dataclass(frozen=True)
 class Paths:
     """Every path prefix of a run, built here only (rules use RUN, LOGS, SHARED_LOGS, MODELS, QA, QA_EVAL,
     QA_SYNTH)."""
@@ -33,6 +43,11 @@ class Paths:
     @classmethod
     def of(cls, run_name: str) -> Paths:
         return cls(run=f"results/{run_name}", logs=f"logs/{run_name}")
+
+    @property
+    def grpo(self) -> GrpoOutputs:
+        train = f"{self.run}/train"
+        return GrpoOutputs(adapter=f"{train}/adapter", metrics=f"{train}/metrics.jsonl", summary=f"{train}/summary.json")
 
     @property
     def qa(self) -> str:

@@ -71,7 +71,7 @@ class EvaluatePlan(PlanBase):
 
     def grpo_adapter(self) -> str:
         """The GRPO adapter folder (train_grpo's output `adapter`)."""
-        return f"{self.paths.run}/train/adapter"
+        return self.paths.grpo.adapter
 
     def memory_arg(self, wildcards) -> list[str]:
         """Arguments as a list, so `{params.memory:q}` quotes each one. This run's trained model comes with the

@@ -5,21 +5,10 @@ the recipes (its name, inputs, params, reward code, flags) is the recipe's (llmr
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from llmrnn.plan.common import PlanBase, input_flag, stage_resources
+from llmrnn.plan.common import GrpoOutputs, PlanBase, input_flag, stage_resources
 from llmrnn.plan.judge import JudgePlan
 from llmrnn.plan.recipe import Recipe
-
-
-@dataclass(frozen=True)
-class GrpoOutputs:
-    """What the GRPO rule of either recipe writes; merge_model and release read them (by these paths, as the
-    rule that writes them is the recipe's)."""
-
-    adapter: str
-    metrics: str
-    summary: str
 
 
 class TrainPlan(PlanBase):
@@ -36,9 +25,7 @@ class TrainPlan(PlanBase):
         return self.recipe.train_rule
 
     def outputs(self) -> GrpoOutputs:
-        train = f"{self.paths.run}/train"
-        return GrpoOutputs(adapter=f"{train}/adapter", metrics=f"{train}/metrics.jsonl",
-                           summary=f"{train}/summary.json")
+        return self.paths.grpo
 
     def inputs(self) -> dict[str, str]:
         """The job's data, its preflight report (which must say ok) and the policy it trains."""
