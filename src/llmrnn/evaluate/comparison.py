@@ -13,11 +13,17 @@ import statistics
 from typing import Any
 
 from llmrnn.errors import InputError
-from llmrnn.evaluate.gather import ACCURACY_KEYS, check_patients, compare_accuracy, compare_memory_recall
+from llmrnn.evaluate.gather import (
+    ACCURACY_KEYS,
+    accuracy,
+    check_patients,
+    compare_accuracy,
+    compare_memory_recall,
+)
 from llmrnn.evaluate.recall import recall_by_patient
 from llmrnn.plots import pyplot, save_png
 from llmrnn.runconfig import filled
-from llmrnn.stats import holm, seed_patient_bootstrap, wilson_ci
+from llmrnn.stats import holm, seed_patient_bootstrap
 
 Runs = dict[str, dict[str | None, list[dict]]]  # variant -> seed (None: a single, untrained run) -> records
 METRICS = ("acc_at_1", "acc_at_5", "memory_recall")
@@ -87,12 +93,7 @@ def pooled(table: list[list[float]], boot: dict, key: str = "value") -> dict | N
 def run_row(seed: str | None, records: list[dict]) -> dict:
     """One run's Acc@1/Acc@5 at the last visit (Wilson CI) and memory recall (mean over patients)."""
     grades = list(last_grades(records).values())
-    n = len(grades)
-    row: dict[str, Any] = {"seed": seed, "n_patients": n}
-    for key, metric in ACCURACY_KEYS:
-        k = sum(bool(g[key]) for g in grades)
-        row[metric] = {"value": k / n if n else None, "correct": k, "n": n, "ci95": list(wilson_ci(k, n)),
-                       "ci_method": "wilson"}
+    row: dict[str, Any] = {"seed": seed, "n_patients": len(grades), **accuracy(grades)}
     recall = recall_by_patient(records)
     row["memory_recall"] = ({"value": statistics.fmean(recall.values()), "n_patients": len(recall)}
                             if recall else None)

@@ -35,16 +35,23 @@ def check_patients(variant: str, records: list[dict]) -> None:
             raise InputError(f"eval {variant}: patient {pid}: last visit is not graded (run `llmrnn evaluate grade`)")
 
 
+def accuracy(last_grades: list[dict]) -> dict:
+    """Acc@1 and Acc@5 of the patients' last-visit grades, each with its Wilson 95% interval."""
+    n = len(last_grades)
+    out = {}
+    for key, name in ACCURACY_KEYS:
+        k = sum(bool(g[key]) for g in last_grades)
+        lo, hi = wilson_ci(k, n)
+        out[name] = {"value": k / n if n else None, "correct": k, "n": n, "ci95": [lo, hi], "ci_method": "wilson"}
+    return out
+
+
 def variant_metrics(records: list[dict], specificity: dict | None = None) -> dict:
     """Metrics of one variant from its graded patient records (order-independent)."""
     records = sorted(records, key=lambda r: str(r["patient_id"]))
     last = [r["visits"][-1]["grade"] for r in records]
-    n = len(last)
-    out: dict[str, Any] = {"n_patients": n, "n_visits": sum(len(r["visits"]) for r in records)}
-    for key, name in ACCURACY_KEYS:
-        k = sum(bool(g[key]) for g in last)
-        lo, hi = wilson_ci(k, n)
-        out[name] = {"value": k / n if n else None, "correct": k, "n": n, "ci95": [lo, hi], "ci_method": "wilson"}
+    out: dict[str, Any] = {"n_patients": len(last), "n_visits": sum(len(r["visits"]) for r in records),
+                           **accuracy(last)}
     by_visit: dict[int, list[dict]] = {}
     for r in records:
         for i, v in enumerate(r["visits"]):
