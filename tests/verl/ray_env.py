@@ -39,7 +39,7 @@ def main() -> int:
     # without end (CI hung here for 600 s once). A long registration wait and a bounded ray.get turn that
     # into a slow pass or one clear error.
     kwargs.update(num_cpus=1, include_dashboard=False, log_to_driver=False,
-                  _system_config={"worker_register_timeout_seconds": 420})
+                  _system_config={"worker_register_timeout_seconds": 1000})
     ray.init(**kwargs)
     names = args.names.split(",")
 
@@ -50,7 +50,9 @@ def main() -> int:
         return {"env": {n: os.environ.get(n) for n in names}, "mode": oct(os.stat(path).st_mode & 0o777)}
 
     try:
-        seen = ray.get(probe.remote(os.path.join(args.probe_dir, "rollout.jsonl")), timeout=480)
+        # bounded below the test's own 1500 s: a loaded CI (two tiers side by side on 2 cores) took the
+        # earlier 480 s bound once
+        seen = ray.get(probe.remote(os.path.join(args.probe_dir, "rollout.jsonl")), timeout=1200)
     finally:
         ray.shutdown()
     print(json.dumps({"runtime_env": captured.get("runtime_env"), **seen}, default=str))
@@ -58,4 +60,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except Exception as exc:  # the last stderr line names what failed, whatever Ray printed before it
+        print(f"ray_env.py: {type(exc).__name__}: {exc}"[:2000], file=sys.stderr)
+        raise SystemExit(1) from exc
