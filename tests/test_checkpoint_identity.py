@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from llmrnn.reward.function import BUILTIN_REWARD, RewardFunction
 from llmrnn.train import checkpoints
 from tests.conftest import REPO
 
@@ -19,11 +20,12 @@ SCRIPT = textwrap.dedent("""
     import sys
     from pathlib import Path
     from llmrnn.settings.train import Train
+    from llmrnn.reward.function import RewardFunction
     from llmrnn.train.checkpoints import discard_stale_checkpoints, run_fingerprint
     data = sys.argv[1]
     for i, spec in enumerate(sys.argv[2:]):
         out = Path(data).parent / f"run{i}"
-        fp = run_fingerprint(Train(lr=1e-5), data, out, spec)
+        fp = run_fingerprint(Train(lr=1e-5), data, out, RewardFunction.parse(spec))
         discard_stale_checkpoints(out, fp)
         print(fp, (out / "checkpoints" / "global_step_2").is_dir())
 """)
@@ -70,12 +72,13 @@ def test_the_fingerprint_holds_the_code_hash_of_the_rule_that_runs_it():
     rewards = set()
     for rule in trainers:
         flags = rule.called_param("flags", preflight="p.json")
-        reward = flags[flags.index("--reward-func") + 1] if "--reward-func" in flags else None
+        reward = RewardFunction.parse(flags[flags.index("--reward-func") + 1]) if "--reward-func" in flags \
+            else BUILTIN_REWARD
         assert checkpoints.job_code(reward) == rule.params["code"], rule.name
         rewards.add(reward)
     assert len(rewards) == 2  # the QA recipe's rewards and the memory head's own
     # a reward outside the package: its file is part of the identity
-    assert checkpoints.job_code("json:loads") != checkpoints.job_code(None)
+    assert checkpoints.job_code(RewardFunction.parse("json:loads")) != checkpoints.job_code(BUILTIN_REWARD)
 
 
 def _model_folder(folder: Path, scale: float) -> Path:
@@ -99,15 +102,15 @@ def test_a_base_model_replaced_at_the_same_path_does_not_resume(tmp_path):
     data = tmp_path / "train.parquet"
     data.write_bytes(b"rows")
     model = _model_folder(tmp_path / "base", 1.0)
-    first = checkpoints.run_fingerprint(Train(), data, model, None)
-    assert checkpoints.run_fingerprint(Train(), data, model, None) == first
+    first = checkpoints.run_fingerprint(Train(), data, model, BUILTIN_REWARD)
+    assert checkpoints.run_fingerprint(Train(), data, model, BUILTIN_REWARD) == first
     _model_folder(model, 2.0)  # same path, names, sizes and header; other weights
-    assert checkpoints.run_fingerprint(Train(), data, model, None) != first
+    assert checkpoints.run_fingerprint(Train(), data, model, BUILTIN_REWARD) != first
     _model_folder(model, 1.0)
     (model / ".ready").write_text('{"prepared_at": "later"}')  # the marker and a card change nothing
     (model / "README.md").write_text("card")
-    assert checkpoints.run_fingerprint(Train(), data, model, None) == first
+    assert checkpoints.run_fingerprint(Train(), data, model, BUILTIN_REWARD) == first
     moved = shutil.copytree(model, tmp_path / "elsewhere" / "base")
-    assert checkpoints.run_fingerprint(Train(), data, moved, None) == first
+    assert checkpoints.run_fingerprint(Train(), data, moved, BUILTIN_REWARD) == first
     (model / "tokenizer.json").write_text('{"model": {"vocab": {"b": 0}}}')
-    assert checkpoints.run_fingerprint(Train(), data, model, None) != first
+    assert checkpoints.run_fingerprint(Train(), data, model, BUILTIN_REWARD) != first

@@ -148,10 +148,11 @@ def test_preflight_calls_your_own_reward_on_real_rows(tmp_path, example):
 def test_your_own_reward_file_is_part_of_the_code_identity(tmp_path, example):
     """The rule's code param and the checkpoint fingerprint's job_code change with the file's content."""
     from llmrnn.provenance import code_identity
+    from llmrnn.reward.function import RewardFunction
     from llmrnn.train.checkpoints import job_code
 
     before = code_identity("train run", str(example))
-    assert before == job_code(f"{example}:compute_score") and before.startswith(code_identity("train run") + "+")
+    assert before == job_code(RewardFunction(str(example), "compute_score")) and before.startswith(code_identity("train run") + "+")
     example.write_text(docs_example().replace("0.0", "0.5"))
     assert code_identity("train run", str(example)) != before
     assert custom.code_files({"reward": {"custom": {"path": str(example)}}}) == [str(example)]

@@ -111,11 +111,12 @@ def test_verl_overrides_carry_the_loggers_and_never_log_val_generations(tmp_path
 
 
 def test_checkpoints_survive_adding_a_tracker(tmp_path):
+    from llmrnn.reward.function import BUILTIN_REWARD
     from llmrnn.train.checkpoints import run_fingerprint
 
     parquet = tmp_path / "t.parquet"
     parquet.write_bytes(b"x")
-    fp = lambda cfg: run_fingerprint(tcfg.settings(cfg), parquet, tmp_path, "llmrnn.reward:compute_score")
+    fp = lambda cfg: run_fingerprint(tcfg.settings(cfg), parquet, tmp_path, BUILTIN_REWARD)
     assert fp({"lr": 0.1, "report_to": "none"}) == fp({"lr": 0.1, "report_to": ["tensorboard"]})
     assert fp({"lr": 0.1}) != fp({"lr": 0.2})
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from llmrnn.errors import CheckFailed
+from llmrnn.reward.function import RewardFunction
 from llmrnn.settings.train import Train
 from llmrnn.train.spec import RunSpec
 from llmrnn.train.trl_engine import checkpoint_complete
@@ -63,7 +64,8 @@ def run_spec(cfg, parquets, model_dir, out: Path, reward: str) -> RunSpec:
     """One run as `train run` hands it to the engine: the work dir (checkpoints, state) and the two outputs the
     rule passes, named one by one, and the reward function `reward` (file:name)."""
     return RunSpec(cfg, train_parquet=parquets[0], val_parquet=parquets[1], model_dir=model_dir, work_dir=out,
-                   adapter_dir=out / "adapter", metrics_path=out / "metrics.jsonl", reward_func=reward)
+                   adapter_dir=out / "adapter", metrics_path=out / "metrics.jsonl",
+                   reward_func=RewardFunction.parse(reward))
 
 
 def _trace(out: Path) -> dict[int, list[int]]:

@@ -10,6 +10,8 @@ from llmrnn.check.gpus import SDM_ENV, deployment_method
 from llmrnn.check.skips import skip
 from llmrnn.check.slurm import check_profile_gpus
 from llmrnn.errors import LlmrnnError
+from llmrnn.plan.recipe import RECIPES
+from llmrnn.reward.function import BUILTIN_REWARD, RewardFunction
 from llmrnn.settings.train import Train
 from llmrnn.train import config as tcfg
 from llmrnn.train import verl_overrides
@@ -31,8 +33,9 @@ def check_training(config: dict) -> list[str]:
         return [f"train: {exc}"]
     problems += check_trackers(cfg)
     if cfg.engine == "verl":
-        # the qa recipe's reward is llmrnn.qa.rewards.compute_score (same signature, other module)
-        problems += check_verl_command(cfg, "llmrnn.qa.rewards" if config.get("recipe") == "qa" else None)
+        # the recipe's reward module (the qa recipe's: llmrnn.qa.rewards, compute_score of the same signature)
+        recipe = RECIPES.get(config.get("recipe", "memory_head"))
+        problems += check_verl_command(cfg, recipe.reward_function if recipe else BUILTIN_REWARD)
         problems += check_profile_gpus(config, cfg)
         problems += check_attention(cfg)
         problems += check_lora_dropout(cfg)
@@ -72,7 +75,7 @@ def check_attention(train_cfg: Train) -> list[str]:
              "importable here (envs/gpu-lock.txt leaves it out); use sdpa (the default) or install flash-attn")]
 
 
-def check_verl_command(cfg: Train, reward_module: str | None = None) -> list[str]:
+def check_verl_command(cfg: Train, reward: RewardFunction = BUILTIN_REWARD) -> list[str]:
     try:
         import verl  # noqa: F401
     except Exception:  # noqa: BLE001 - not installed, or an install whose import fails
@@ -84,7 +87,7 @@ def check_verl_command(cfg: Train, reward_module: str | None = None) -> list[str
         overrides = verl_overrides.build_overrides(
             cfg, train_parquet="train.parquet", val_parquet="val.parquet", model_dir="model",
             out_dir="out", experiment_name="check",
-            reward_path=f"pkg://{reward_module}" if reward_module else None,
+            reward_path=reward.verl_path,
         )
     except LlmrnnError as exc:
         return [f"train (verl command): {exc}"]

@@ -21,10 +21,7 @@ from llmrnn.plan.models import ModelsPlan
 from llmrnn.plan.qa import QaPlan
 from llmrnn.plan.trajectories import TrajectoriesPlan
 from llmrnn.reward.custom import code_files as reward_code_files
-
-# the QA rewards (recipe qa): the module the trainer imports them from, and its code for the job's code hash
-QA_REWARD_MODULE = "llmrnn.qa.rewards"
-QA_REWARD_FUNC = f"{QA_REWARD_MODULE}:trl_reward_func"
+from llmrnn.reward.function import BUILTIN_REWARD, RewardFunction
 
 
 class Recipe(PlanBase, ABC):
@@ -37,6 +34,9 @@ class Recipe(PlanBase, ABC):
     train_priority: ClassVar[int]
     # the recipe's own rule files, included by the Snakefile after the shared ones they build on
     rule_files: ClassVar[tuple[str, ...]]
+    # the reward `train run` calls (--reward-func): its module is also checked by `llmrnn check` and hashed
+    # into the job's code identity
+    reward_function: ClassVar[RewardFunction] = BUILTIN_REWARD
     # the GPU-holding stages the cost plan counts (empty: not planned yet), and those on its critical path
     cost_stages: ClassVar[tuple[str, ...]] = ()
     critical_path: ClassVar[tuple[str, ...]] = ()
@@ -165,6 +165,7 @@ class QaRecipe(Recipe):
     train_rule = "qa_train_grpo"
     train_priority = 0  # no eval shards to go before
     rule_files = ("rules/qa.smk",)
+    reward_function = RewardFunction("llmrnn.qa.rewards")  # verifiable rewards; the judge, where asked, is theirs
 
     def policy_input(self) -> str:
         return self.qa.policy_input()
@@ -178,11 +179,11 @@ class QaRecipe(Recipe):
         return self.qa.train_cfg()
 
     def reward_code(self) -> list[str]:
-        return [QA_REWARD_MODULE]
+        return [self.reward_function.module]
 
     def trainer_flags(self, judge_gpus: int) -> list[str]:
         """--reward-func: the QA rewards in place of the memory reward (the judge, where asked, is theirs)."""
-        return ["--reward-func", QA_REWARD_FUNC]
+        return ["--reward-func", str(self.reward_function)]
 
     def reward_rubric(self) -> str:
         return self.qa.reward_rubric()

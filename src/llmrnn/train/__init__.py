@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from llmrnn.models import model_folder
+from llmrnn.reward.function import BUILTIN_REWARD, RewardFunction
 from llmrnn.settings.train import Train
 
 log = logging.getLogger(__name__)
@@ -52,12 +53,14 @@ def _reward_kwargs(args, work: Path) -> dict:
                          guard=guard_spec(pre.max_fallback_rate, pre.fallback_window))
 
 
-def _custom_reward(kwargs: dict) -> dict | None:
-    """{"path", "name"} of your own reward (reward.custom), loaded once here so a wrong one stops now."""
+def _custom_reward(kwargs: dict, engine: str) -> dict | None:
+    """{"path", "name"} of your own reward (reward.custom). TRL's engine opens it first thing and keeps it;
+    verl's reward workers open theirs in processes of their own, later: for verl it is opened once here, so
+    a wrong one stops before Ray and the model load."""
     from llmrnn.reward.custom import custom_of, open_custom
 
     custom = custom_of(kwargs.get("reward_cfg"))
-    if custom:
+    if custom and engine == "verl":
         open_custom(custom).close()
     return custom
 
@@ -66,10 +69,8 @@ def _require_endpoint(args) -> None:
     """A reward mode of llmrnn.reward that asks the judge needs its endpoint: say so before anything is
     loaded (llmrnn.reward.modes). Another reward module (recipe qa's) checks its own."""
     from llmrnn.reward import reward_mode, reward_settings
-    from llmrnn.train.trl_engine import DEFAULT_REWARD
 
-    module = (args.reward_func or DEFAULT_REWARD).split(":", 1)[0]
-    if module != DEFAULT_REWARD.split(":", 1)[0]:
+    if not args.reward_func.is_builtin:
         return
     reward_mode(reward_settings((args.cfg or {}).get("reward") or {})).require_endpoint(args.endpoint, "pass --endpoint")
 
@@ -91,7 +92,7 @@ def cmd_run(args) -> int:
         if not pre.get("ok", False):
             raise CheckFailed(f"{args.preflight}: preflight failed: " + "; ".join(pre.get("problems", [])))
     reward_kwargs = _reward_kwargs(args, work)  # verl's reward_kwargs, TRL's reward-function arguments
-    custom = _custom_reward(reward_kwargs)
+    custom = _custom_reward(reward_kwargs, cfg.engine)
     _assign_gpus(cfg, args.judge_gpus)
     from llmrnn.train import tracking
     from llmrnn.train.spec import RunSpec
@@ -164,7 +165,8 @@ def register(sub) -> None:
                    help="judge endpoint.json (RUN/judge/endpoint.json); not needed when reward.mode is outcome")
     r.add_argument("--preflight", default=None, help="preflight.json that must say ok")
     r.add_argument("--engine", choices=("verl", "trl"), default=None, help="override train.engine")
-    r.add_argument("--reward-func", default=None, help="TRL reward 'module:function' (default llmrnn.reward)")
+    r.add_argument("--reward-func", type=RewardFunction.parse, default=BUILTIN_REWARD,
+                   help=f"TRL reward 'module:function' (default {BUILTIN_REWARD}); verl calls compute_score of its module")
     r.add_argument("--experiment", default=None, help="verl experiment name (default: run name)")
     r.add_argument("--judge-gpus", type=int, default=0, help="GPUs the judge holds on this node (taken last)")
     r.set_defaults(func=cmd_run)

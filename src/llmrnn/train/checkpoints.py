@@ -18,21 +18,21 @@ from llmrnn import io
 from llmrnn.errors import CheckFailed
 from llmrnn.provenance import code_identity, module_path
 from llmrnn.reward import settings_identity
+from llmrnn.reward.function import RewardFunction
 from llmrnn.settings.train import Train
 
 log = logging.getLogger(__name__)
 
 TRAIN_VERB = "train run"
-DEFAULT_REWARD_MODULE = "llmrnn.reward"
 
 
-def job_code(reward_spec: str | None) -> str:
+def job_code(reward: RewardFunction) -> str:
     """The code identity of this training job: the same import-closure hash the rule's `code` param holds
     (llmrnn.provenance.code_identity of `train run`, plus the --reward-func module the rule names: rules
     train_grpo and qa_train_grpo), so a rerun that Snakemake starts for a code change never resumes the
     checkpoints of the old code. A reward outside the package (a file, another package) adds its source."""
-    module = (reward_spec or DEFAULT_REWARD_MODULE).split(":", 1)[0]
-    if module == DEFAULT_REWARD_MODULE:
+    module = reward.module
+    if reward.is_builtin:
         return code_identity(TRAIN_VERB)
     if module_path(module) is not None:
         return code_identity(TRAIN_VERB, module)
@@ -85,7 +85,7 @@ def model_identity(model_dir) -> str:
     return "\n".join(parts)
 
 
-def run_fingerprint(cfg: Train, train_parquet, model_dir, reward_spec: str | None,
+def run_fingerprint(cfg: Train, train_parquet, model_dir, reward: RewardFunction,
                     reward_kwargs: dict | None = None) -> str:
     """What a checkpoint is valid for: knobs, data, base model (its contents: model_identity), the reward's settings (the very arguments
     the scorer gets, llmrnn.reward.kwargs, less where files are) and the job's code identity (job_code:
@@ -95,9 +95,9 @@ def run_fingerprint(cfg: Train, train_parquet, model_dir, reward_spec: str | Non
     digest.update(json.dumps(cfg.model_dump(exclude={"report_to"}), sort_keys=True).encode())
     digest.update(io.sha256_file(train_parquet).encode())
     digest.update(model_identity(model_dir).encode())  # the model's contents, not its path
-    digest.update((reward_spec or "").encode())
+    digest.update(str(reward).encode())
     digest.update(settings_identity(reward_kwargs).encode())  # the settings the scorer gets as arguments
-    digest.update(job_code(reward_spec).encode())
+    digest.update(job_code(reward).encode())
     return digest.hexdigest()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from llmrnn.reward.function import BUILTIN_REWARD, RewardFunction
 from llmrnn.settings.train import Train
 from llmrnn.train import config as tcfg
 
@@ -20,8 +21,7 @@ class RunSpec:
     is). work_dir holds the checkpoints, state/ (live metrics) and audit/, kept across reruns so a killed run
     resumes; adapter_dir and metrics_path are the outputs, written once the run is complete. run_name: TRL's
     run name, verl's experiment name (None: TRL's default, verl's "llmrnn"). reward_func: --reward-func's
-    'module:function' (or 'file.py:function'): TRL calls that function, verl compute_score of the same
-    module (None: llmrnn.reward's). reward_kwargs: the reward's arguments (llmrnn.reward.kwargs; None: the
+    RewardFunction: TRL calls its function, verl compute_score of the same module (default llmrnn.reward's). reward_kwargs: the reward's arguments (llmrnn.reward.kwargs; None: the
     audit dir under work_dir and endpoint_file). custom: your own reward {"path", "name"} (reward.custom),
     called instead of reward_func under its contract (llmrnn.reward.custom); reward_kwargs' reward_cfg must
     name it. endpoint_file: the judge's endpoint.json (None: no judge). tracked_config: the config the
@@ -35,7 +35,7 @@ class RunSpec:
     adapter_dir: str | os.PathLike
     metrics_path: str | os.PathLike
     run_name: str | None = None
-    reward_func: str | None = None
+    reward_func: RewardFunction = BUILTIN_REWARD
     reward_kwargs: dict | None = None
     custom: dict | None = None
     endpoint_file: str | None = None
@@ -45,6 +45,7 @@ class RunSpec:
         object.__setattr__(self, "cfg", tcfg.settings(self.cfg))  # frozen: the one validation, at creation
 
     @property
-    def custom_spec(self) -> str | None:
-        """`path:name` of your own reward, what the checkpoint fingerprint and job_code name as the reward."""
-        return f"{self.custom['path']}:{self.custom['name']}" if self.custom else None
+    def reward(self) -> RewardFunction:
+        """The reward this run calls: your own (reward.custom) where set, else reward_func; what the
+        checkpoint fingerprint and job_code name as the reward."""
+        return RewardFunction.custom(self.custom) if self.custom else self.reward_func

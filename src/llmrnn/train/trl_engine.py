@@ -51,7 +51,6 @@ from llmrnn.train.stop import StopRequest, check_finished, run_trainer, stop_cal
 
 log = logging.getLogger(__name__)
 
-DEFAULT_REWARD = "llmrnn.reward:trl_reward_func"
 CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -442,7 +441,7 @@ def train(spec: RunSpec, *, callbacks: list | None = None) -> dict:
     """Run (or resume) GRPO with TRL; returns a summary. Raises CheckFailed if the planned steps were not reached.
 
     The reward is your own (spec.custom, called through llmrnn.reward.custom.trl_reward) or the function
-    spec.reward_func names (default DEFAULT_REWARD), called with spec.reward_kwargs bound as keyword
+    spec.reward_func names (default llmrnn.reward's), called with spec.reward_kwargs bound as keyword
     arguments (llmrnn.reward.kwargs). `callbacks`: TrainerCallbacks run after ours.
 
     spec.work_dir holds checkpoints/ and state/ (live metrics, data trace): Snakemake deletes a rule's outputs
@@ -453,7 +452,6 @@ def train(spec: RunSpec, *, callbacks: list | None = None) -> dict:
     reward_fn = trl_reward(open_custom(spec.custom), spec.custom["name"]) if spec.custom else None
     cfg, work, model_dir, train_parquet = spec.cfg, Path(spec.work_dir), spec.model_dir, spec.train_parquet
     val_parquet, reward_kwargs = spec.val_parquet, spec.reward_kwargs
-    reward_spec = spec.custom_spec or spec.reward_func or DEFAULT_REWARD
     ckpt_dir = work / "checkpoints"
     live_metrics = work / "state" / "metrics.jsonl"
     trace_path = work / "state" / "data_trace.jsonl"
@@ -476,8 +474,8 @@ def train(spec: RunSpec, *, callbacks: list | None = None) -> dict:
     max_steps = planned * upd
     val_rows = load_rows(val_parquet, "val", tokenizer, cfg.max_prompt_length) if val_parquet and cfg.test_freq else []
 
-    discard_stale_checkpoints(work, run_fingerprint(cfg, train_parquet, model_dir, reward_spec, reward_kwargs))
-    reward = functools.partial(reward_fn or load_callable(reward_spec), **(reward_kwargs or {}))
+    discard_stale_checkpoints(work, run_fingerprint(cfg, train_parquet, model_dir, spec.reward, reward_kwargs))
+    reward = functools.partial(reward_fn or load_callable(str(spec.reward_func)), **(reward_kwargs or {}))
     writer = MetricsWriter(live_metrics)
     resume, resume_step = resume_point(ckpt_dir, writer, trace_path, max_steps)
     holder: dict[str, Any] = {}

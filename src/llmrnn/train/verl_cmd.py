@@ -124,16 +124,13 @@ def run(spec: RunSpec, *, python: str | None = None, verl_version: str | None = 
     reward_kwargs = spec.reward_kwargs
     if reward_kwargs is None:
         reward_kwargs = default_reward_kwargs(None, audit_dir=out / "audit", endpoint_file=endpoint_file)
-    # --reward-func names the TRL function; verl calls compute_score of the same module
-    reward_module = spec.reward_func.split(":", 1)[0] if spec.reward_func else None
-    reward_spec = spec.custom_spec or reward_module
     ckpt_dir = out / "checkpoints"
     n_rows = count_rows(train_parquet)
     planned = tcfg.planned_steps(cfg, n_rows)
     if planned < 1:
         raise CheckFailed(f"train: {n_rows} train rows make no full batch of {cfg.batch.train} prompts")
     # resume_mode=auto would resume any checkpoint it finds: keep only those of this exact run
-    discard_stale_checkpoints(out, run_fingerprint(cfg, train_parquet, model_dir, reward_spec, reward_kwargs))
+    discard_stale_checkpoints(out, run_fingerprint(cfg, train_parquet, model_dir, spec.reward, reward_kwargs))
     start = latest_step(ckpt_dir)
     writer = MetricsWriter(out / "state" / "metrics.jsonl")  # live; copied to metrics.jsonl at the end
     writer.truncate_after(start)
@@ -151,7 +148,8 @@ def run(spec: RunSpec, *, python: str | None = None, verl_version: str | None = 
         verl_version=verl_version,
         # your own reward: verl calls our wrapper (its child process, time limit, one conversion), never the
         # user's file directly; the wrapper reads reward.custom from reward_kwargs' reward_cfg
-        reward_path=reward_module_path() if custom else f"pkg://{reward_module}" if reward_module else None,
+        # --reward-func names the TRL function; verl calls compute_score of the same module
+        reward_path=reward_module_path() if custom else spec.reward_func.verl_path,
         reward_name=CUSTOM_ENTRY if custom else REWARD_NAME,
         attention=attention["ran"],
         reward_kwargs=reward_kwargs,

@@ -19,13 +19,13 @@ from pathlib import Path
 
 from llmrnn.errors import InputError
 from llmrnn.reward import reward_kwargs as default_reward_kwargs
+from llmrnn.reward.function import BUILTIN_REWARD
 from llmrnn.settings.train import Train
 from llmrnn.train import config as tcfg
 from llmrnn.train import tracking
 from llmrnn.train.stop import env_seconds
 from llmrnn.train.verl_attention import resolve_attention
 
-REWARD_MODULE = "llmrnn.reward"
 REWARD_NAME = "compute_score"
 CUSTOM_ENTRY = "custom_compute_score"  # llmrnn.reward's entry for your own reward (llmrnn.reward.custom)
 SUPPORTED = ("0.7", "0.8", "0.9")
@@ -62,10 +62,8 @@ def series(version: str | None) -> str:
 
 
 def reward_module_path() -> str:
-    """`pkg://llmrnn.reward`: verl imports it as a package module. A FILE path would be exec'd under a
-    made-up name that is not in sys.modules, and `@dataclass` in llmrnn.reward then fails to load
-    (checked in tests/verl against verl 0.7.1 and 0.9.1)."""
-    return f"pkg://{REWARD_MODULE}"
+    """`pkg://llmrnn.reward` (RewardFunction.verl_path): the package's reward, which also wraps your own."""
+    return BUILTIN_REWARD.verl_path
 
 
 def _actor_overrides(cfg: Train) -> dict[str, object]:
