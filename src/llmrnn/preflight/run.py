@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmrnn import io
@@ -15,8 +16,9 @@ from llmrnn.preflight.reward_checks import custom_checks, judge_checks, outcome_
 from llmrnn.preflight.rows import load_rows
 from llmrnn.preflight.training import training_checks
 from llmrnn.reward import RewardMode, Scorer, reward_kwargs, reward_mode, reward_settings
+from llmrnn.reward.modes import CustomReward
 from llmrnn.runconfig import filled
-from llmrnn.settings.evaluation import preflight_settings
+from llmrnn.settings.evaluation import Preflight, preflight_settings
 from llmrnn.train.ray_cluster import judge_layout_problem
 
 log = logging.getLogger(__name__)
@@ -36,16 +38,8 @@ def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit
     if tokenizer_dir:
         tokenizer_dir = str(model_folder(tokenizer_dir))
     rows = load_rows(train_parquet, pcfg.rows, pcfg.seed)
-    agreement, agreement_problems, agreement_warnings = None, [], []
-    custom_problems = []
-    if rcfg.custom_reward:  # your own reward (reward_mode: CustomReward): finite numbers on real rows, no scorer
-        Path(audit_dir).mkdir(parents=True, exist_ok=True)  # the rule's output, though no scorer writes in it
-        # the reward settings as training passes them (verl's reward_kwargs), so a reward reading them runs here
-        kwargs = reward_kwargs(cfg.get("reward"), audit_dir=audit_dir)
-        judge_report, custom_problems, judge_problems = custom_checks(rcfg.custom_reward, rows, pcfg, kwargs)
-    else:
-        judge_report, judge_problems, agreement, agreement_problems, agreement_warnings = _scorer_checks(
-            endpoint_file, judge_cfg, audit_dir, mode, pcfg, train_parquet, rows)
+    checked = mode.preflight(_RewardChecks(endpoint_file, judge_cfg, audit_dir, pcfg, train_parquet, rows, cfg))
+    judge_report, judge_problems, agreement = checked.report, checked.judge_problems, checked.agreement
     log.info("reward preflight: %s", json.dumps({k: judge_report[k] for k in
                                                  ("mode", "parse_methods", "fallback_rate", "reward", "latency_s")}))
     if cfg.get("train") is None or tokenizer_dir is None:
@@ -56,15 +50,15 @@ def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit
         training = training_checks(cfg["train"], train_parquet, val_parquet, tokenizer_dir,
                                    out_dir=Path(out).parent,
                                    check_gpus=False)  # a 0-GPU job step: `train run` counts them
-    problems, warnings = list(custom_problems), []
+    problems, warnings = list(checked.problems), []
     if not mode.asks_judge:
         # A reward without a judge scores the fixed reference memories (h_ref, h_prev, empty), which all
         # miss what the policy must learn to carry, so their spread says nothing about the rollouts'
         # spread: report, do not stop (`llmrnn train diagnose` measures the rollouts' spread).
         warnings.extend(f"{mode.key} (no judge): {p}" for p in judge_problems)
     else:
-        (problems if pcfg.on_problem == "fail" else warnings).extend(judge_problems + agreement_problems)
-        warnings.extend(agreement_warnings)
+        (problems if pcfg.on_problem == "fail" else warnings).extend(judge_problems + checked.agreement_problems)
+        warnings.extend(checked.agreement_warnings)
     problems.extend(f"training: {p}" for p in training.get("problems", []))
     warnings.extend(f"training: {w}" for w in training.get("warnings", []) or [])
     if mode.asks_judge and (reach := _judge_reach_problem(endpoint_file, cfg)):
@@ -82,21 +76,54 @@ def run_preflight(train_parquet: str, endpoint_file: str | None, out: str, audit
     return report
 
 
-def _scorer_checks(endpoint_file, judge_cfg: dict, audit_dir, mode: RewardMode, pcfg, train_parquet,
-                   rows: list[dict]):
-    """The built-in reward's checks (judge_checks, or outcome_checks when the mode asks no judge) and, for a
-    mode that asks the judge, the judge agreement: (report, problems, agreement, its problems, its warnings)."""
-    scorer = Scorer(endpoint_file, judge_cfg.get("rubric") or None, audit_dir, mode.reward)
-    agreement, agreement_problems, agreement_warnings = None, [], []
-    try:
-        checks = judge_checks if mode.asks_judge else outcome_checks
-        judge_report, judge_problems = checks(scorer, rows, pcfg)
-        if mode.asks_judge and pcfg.agreement_pairs:
-            agreement, agreement_problems, agreement_warnings = agreement_checks(
-                scorer, load_rows(train_parquet, pcfg.agreement_pairs, pcfg.seed + 1), pcfg)
-    finally:
-        scorer.close()
-    return judge_report, judge_problems, agreement, agreement_problems, agreement_warnings
+@dataclass
+class _Checked:
+    """What a mode's reward checks found: the judge report, its problems (counted as preflight.on_problem says
+    for a judged mode, warnings otherwise), problems that always count (your own reward's) and, for a mode
+    that asks the judge, the judge agreement."""
+
+    report: dict
+    judge_problems: list[str]
+    problems: list[str] = field(default_factory=list)
+    agreement: dict | None = None
+    agreement_problems: list[str] = field(default_factory=list)
+    agreement_warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _RewardChecks:
+    """The reward checks over one preflight's rows (reward.modes.PreflightChecks): the mode picks which."""
+
+    endpoint_file: str | None
+    judge_cfg: dict
+    audit_dir: str
+    pcfg: Preflight
+    train_parquet: str
+    rows: list[dict]
+    cfg: dict
+
+    def scorer_checks(self, mode: RewardMode) -> _Checked:
+        """The built-in reward's checks (judge_checks, or outcome_checks when the mode asks no judge) and, for a
+        mode that asks the judge, the judge agreement."""
+        pcfg = self.pcfg
+        scorer = Scorer(self.endpoint_file, self.judge_cfg.get("rubric") or None, self.audit_dir, mode.reward)
+        try:
+            checks = judge_checks if mode.asks_judge else outcome_checks
+            checked = _Checked(*checks(scorer, self.rows, pcfg))
+            if mode.asks_judge and pcfg.agreement_pairs:
+                checked.agreement, checked.agreement_problems, checked.agreement_warnings = agreement_checks(
+                    scorer, load_rows(self.train_parquet, pcfg.agreement_pairs, pcfg.seed + 1), pcfg)
+        finally:
+            scorer.close()
+        return checked
+
+    def custom_checks(self, mode: CustomReward) -> _Checked:
+        """Your own reward: finite numbers on real rows, no scorer."""
+        Path(self.audit_dir).mkdir(parents=True, exist_ok=True)  # the rule's output, though no scorer writes in it
+        # the reward settings as training passes them (verl's reward_kwargs), so a reward reading them runs here
+        kwargs = reward_kwargs(self.cfg.get("reward"), audit_dir=self.audit_dir)
+        report, problems, judge_problems = custom_checks(mode.custom, self.rows, self.pcfg, kwargs)
+        return _Checked(report, judge_problems, problems)
 
 
 def _judge_reach_problem(endpoint_file: str | None, cfg: dict) -> str | None:

@@ -8,7 +8,7 @@ llmrnn.settings.Reward (tests/test_reward_modes.py holds the two to each other).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from llmrnn import jsonparse
 from llmrnn.errors import InputError
@@ -35,6 +35,15 @@ def finish_reason(payload: dict) -> str | None:
         return (payload.get("choices") or [{}])[0].get("finish_reason")
     except AttributeError:
         return None
+
+
+class PreflightChecks(Protocol):
+    """The reward checks preflight can run (llmrnn.preflight.run); each mode picks its own (RewardMode.preflight),
+    so preflight never asks which mode it checks."""
+
+    def scorer_checks(self, mode: RewardMode) -> Any: ...
+
+    def custom_checks(self, mode: CustomReward) -> Any: ...
 
 
 class RewardMode:
@@ -85,6 +94,11 @@ class RewardMode:
         raise NotImplementedError
 
     # -- preflight
+    def preflight(self, checks: PreflightChecks) -> Any:
+        """Preflight's reward checks for this mode (llmrnn.preflight.run implements them): the scorer's, on
+        the judge's answers (judged modes) or the outcome reward's."""
+        return checks.scorer_checks(self)
+
     def max_tokens(self, rubric: Rubric) -> int | None:
         """The rubric's max_tokens that a judge answer cut off before its score hit."""
         del rubric
@@ -323,6 +337,10 @@ class CustomReward(RewardMode):
 
     def score(self, rubric: Rubric | None, p: dict, calls: list, result: dict) -> str | None:
         raise InputError("reward.custom: your own reward is called through llmrnn.reward.custom, not the judge's scorer")
+
+    def preflight(self, checks: PreflightChecks) -> Any:
+        """Your function called on real rows (finite numbers in time), never the scorer."""
+        return checks.custom_checks(self)
 
     @property
     def why_training_reward(self) -> str | None:
