@@ -63,6 +63,43 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
     return proc
 
 
+def llmrnn_in_process(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`llmrnn ARGS` run by the CLI's own main() in this process, for tests about what a command prints and
+    its exit status, not about the process (signals, fds, hangs, the environment it inherits): a process
+    start imports Python and llmrnn again (about 1 s CPU). Its stdout, its stderr with the log lines the
+    process would print there (main's logging format, INFO and up) and its exit status come back as
+    subprocess.run gives them; the environment and working directory are put back. An exception main does
+    not turn into a line fails the test, as a process's traceback fails the assertions on it."""
+    import contextlib
+    import io
+    import logging
+
+    from llmrnn.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root, env, here = logging.getLogger(), dict(os.environ), os.getcwd()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main(list(args))
+            except SystemExit as exc:  # argparse's usage errors
+                rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        os.chdir(here)
+        os.environ.clear()
+        os.environ.update(env)
+    return subprocess.CompletedProcess(["llmrnn", *args], rc, out.getvalue(), err.getvalue())
+
+
 class ShippedDryRuns:
     """`snakemake all -n -p --forceall [--configfile F ...]` in one workflow copy that holds the reproductions'
     stand-in inputs (the credentialed cohort's synthetic files, an empty ECG-Expert-QA file at qa.source): each
@@ -112,6 +149,14 @@ def session_shared_dir(tmp_path_factory, name: str) -> Path:
 @pytest.fixture(scope="session")
 def shipped_dry_runs(tmp_path_factory) -> ShippedDryRuns:
     return ShippedDryRuns(session_shared_dir(tmp_path_factory, "shipped-dry-runs"))
+
+
+@pytest.fixture(scope="session")
+def uv_cache(tmp_path_factory) -> Path:
+    """One uv cache for the session's `uv pip compile` runs (the GPU lock, the conda envs' pip sections, the
+    image's lock), shared by the xdist workers (uv locks its cache): PyPI's metadata fetched once, not once
+    per test; the user's own cache is never read or written."""
+    return session_shared_dir(tmp_path_factory, "uv-cache")
 
 
 @pytest.fixture(scope="session")
