@@ -152,14 +152,6 @@ def shipped_dry_runs(tmp_path_factory) -> ShippedDryRuns:
 
 
 @pytest.fixture(scope="session")
-def uv_cache(tmp_path_factory) -> Path:
-    """One uv cache for the session's `uv pip compile` runs (the GPU lock, the conda envs' pip sections, the
-    image's lock), shared by the xdist workers (uv locks its cache): PyPI's metadata fetched once, not once
-    per test; the user's own cache is never read or written."""
-    return session_shared_dir(tmp_path_factory, "uv-cache")
-
-
-@pytest.fixture(scope="session")
 def literal_slurm_dry_run(tmp_path_factory) -> tuple[Path, dict[str, str], str]:
     """(workdir, env, output) of the literal `snakemake --profile profiles/slurm -n all` (the profile names
     config/reproduce.yaml; a synthetic stand-in at its cohort source) without SLURM's commands on PATH, in a
