@@ -63,30 +63,40 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
     return proc
 
 
-def llmrnn_in_process(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def llmrnn_in_process(*args: str, cwd: Path | None = None, stdin: bytes | None = None) -> subprocess.CompletedProcess:
     """`llmrnn ARGS` run by the CLI's own main() in this process, for tests about what a command prints and
     its exit status, not about the process (signals, fds, hangs, the environment it inherits): a process
-    start imports Python and llmrnn again (about 1 s CPU). Its stdout, its stderr with the log lines the
-    process would print there (main's logging format, INFO and up) and its exit status come back as
-    subprocess.run gives them; the environment and working directory are put back. An exception main does
-    not turn into a line fails the test, as a process's traceback fails the assertions on it."""
+    start imports Python, llmrnn and often torch again (1-10 s CPU). Its stdout, its stderr with the log
+    lines and warnings the process would print there (main's logging format, INFO and up; Python's default
+    warning filters) and its exit status come back as subprocess.run gives them (stdin: the bytes it reads);
+    the environment, working directory and stdin are put back. An exception main does not turn into a line
+    fails the test, as a process's traceback fails the assertions on it."""
     import contextlib
     import io
     import logging
+    import warnings
 
     from llmrnn.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     handler = logging.StreamHandler(err)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root, env, here = logging.getLogger(), dict(os.environ), os.getcwd()
+    root, env, here, given = logging.getLogger(), dict(os.environ), os.getcwd(), sys.stdin
     level = root.level
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     try:
         if cwd is not None:
             os.chdir(cwd)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        if stdin is not None:
+            sys.stdin = io.TextIOWrapper(io.BytesIO(stdin))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            # the warnings a process prints to its stderr, under Python's default filters (pytest's collect them)
+            warnings.resetwarnings()
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", category)
+            warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: err.write(
+                warnings.formatwarning(message, category, filename, lineno, line))
             try:
                 rc = main(list(args))
             except SystemExit as exc:  # argparse's usage errors
@@ -94,6 +104,7 @@ def llmrnn_in_process(*args: str, cwd: Path | None = None) -> subprocess.Complet
     finally:
         root.removeHandler(handler)
         root.setLevel(level)
+        sys.stdin = given
         os.chdir(here)
         os.environ.clear()
         os.environ.update(env)
