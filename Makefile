@@ -110,12 +110,15 @@ GPU_ROUTE_TESTS := tests/test_backends.py tests/test_rnn.py tests/test_trajector
   tests/test_judge.py tests/test_reward.py tests/test_rubric.py tests/test_models.py tests/test_preflight.py \
   tests/test_preflight_training.py tests/test_gpu_stack.py tests/test_evaluate.py tests/test_engine_budget.py \
   tests/test_judge_answer_end.py
+# Tests whose work runs in another venv's interpreter, the same whichever pytest starts them: `make test`
+# runs them already (`llmrnn check` under each verl venv's python).
+GPU_ROUTE_DESELECT := --deselect tests/test_gpu_stack.py::test_check_in_a_real_verl_env
 .PHONY: test-gpu-stack gpu-cpu-env
 gpu-cpu-env: .venv-gpu-cpu/.installed-llmrnn
 
 test-gpu-stack: .venv-gpu-cpu/.installed-llmrnn
 	PATH=$(CURDIR)/.venv-gpu-cpu/bin:$$PATH OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error \
-	  .venv-gpu-cpu/bin/pytest -q -p no:cacheprovider --durations 15 -m "not slow" $(GPU_ROUTE_TESTS)
+	  .venv-gpu-cpu/bin/pytest -q -p no:cacheprovider --durations 15 -m "not slow" $(GPU_ROUTE_DESELECT) $(GPU_ROUTE_TESTS)
 
 .venv-gpu-cpu/.installed-llmrnn: envs/gpu-lock.txt pyproject.toml $(STAMP)
 	test -x .venv-gpu-cpu/bin/python || python3 -m venv .venv-gpu-cpu

@@ -63,6 +63,54 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
     return proc
 
 
+def llmrnn_in_process(*args: str, cwd: Path | None = None, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    """`llmrnn ARGS` run by the CLI's own main() in this process, for tests about what a command prints and
+    its exit status, not about the process (signals, fds, hangs, the environment it inherits): a process
+    start imports Python, llmrnn and often torch again (1-10 s CPU). Its stdout, its stderr with the log
+    lines and warnings the process would print there (main's logging format, INFO and up; Python's default
+    warning filters) and its exit status come back as subprocess.run gives them (stdin: the bytes it reads);
+    the environment, working directory and stdin are put back. An exception main does not turn into a line
+    fails the test, as a process's traceback fails the assertions on it."""
+    import contextlib
+    import io
+    import logging
+    import warnings
+
+    from llmrnn.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root, env, here, given = logging.getLogger(), dict(os.environ), os.getcwd(), sys.stdin
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        if stdin is not None:
+            sys.stdin = io.TextIOWrapper(io.BytesIO(stdin))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            # the warnings a process prints to its stderr, under Python's default filters (pytest's collect them)
+            warnings.resetwarnings()
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", category)
+            warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: err.write(
+                warnings.formatwarning(message, category, filename, lineno, line))
+            try:
+                rc = main(list(args))
+            except SystemExit as exc:  # argparse's usage errors
+                rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        sys.stdin = given
+        os.chdir(here)
+        os.environ.clear()
+        os.environ.update(env)
+    return subprocess.CompletedProcess(["llmrnn", *args], rc, out.getvalue(), err.getvalue())
+
+
 class ShippedDryRuns:
     """`snakemake all -n -p --forceall [--configfile F ...]` in one workflow copy that holds the reproductions'
     stand-in inputs (the credentialed cohort's synthetic files, an empty ECG-Expert-QA file at qa.source): each

@@ -17,6 +17,7 @@ from llmrnn.errors import CheckFailed
 from llmrnn.merge import verify as merge_verify
 from llmrnn.settings.release import Merge
 from llmrnn.settings.train import Train
+from tests.conftest import llmrnn_in_process
 
 LORA = {"train": {"lora": {"rank": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "up_proj"]}}}
 TRAIN = Train.model_validate(LORA["train"])  # the LoRA of the adapters below, as the CLI parses --cfg
@@ -243,10 +244,8 @@ def test_cli_merge_run_on_the_lora_adapter_verl_071_writes(tiny_model_dir, tmp_p
     (root / "latest_checkpointed_iteration.txt").write_text("2")
     written = json.loads((root / "global_step_2" / "actor" / "lora_adapter" / "adapter_config.json").read_text())
     assert isinstance(written["runtime_config"], dict)  # what broke our merge
-    exe = Path(sys.executable).parent / "llmrnn"
-    proc = subprocess.run([str(exe), "merge", "run", "--base", str(tiny_model_dir), "--adapter", str(root),
-                           "--out", str(tmp_path / "m"), "--check", str(tmp_path / "c.json"), "--cfg", json.dumps(LORA)],
-                          capture_output=True, text=True, check=False)
+    proc = llmrnn_in_process("merge", "run", "--base", str(tiny_model_dir), "--adapter", str(root),
+                             "--out", str(tmp_path / "m"), "--check", str(tmp_path / "c.json"), "--cfg", json.dumps(LORA))
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "c.json").read_text())
     assert report["ok"] is True and report["source_kind"] == "verl_lora_adapter"
@@ -335,9 +334,8 @@ def test_the_temp_folder_of_a_killed_merge_goes_with_the_next_merge_run(tiny_mod
     (left,) = tmp_path.glob(".merged.*.tmp")
     assert (left / "model.safetensors").is_file() and not out.exists() and not check.exists()
 
-    exe = Path(sys.executable).parent / "llmrnn"
-    rerun = subprocess.run([str(exe), "merge", "run", "--base", args[0], "--adapter", args[1], "--out", args[2],
-                            "--check", args[3], "--cfg", args[4]], capture_output=True, text=True, check=False)
+    rerun = llmrnn_in_process("merge", "run", "--base", args[0], "--adapter", args[1], "--out", args[2],
+                              "--check", args[3], "--cfg", args[4])
     assert rerun.returncode == 0, rerun.stderr
     assert not left.exists() and not list(tmp_path.glob(".merged.*"))
     assert json.loads(check.read_text())["ok"] is True and (out / "model.safetensors").is_file()

@@ -56,42 +56,50 @@ def transformers_4_python() -> Path:
     return python
 
 
-@pytest.mark.parametrize("rope", sorted(ROPE_5X))
-def test_a_prepared_model_reads_right_under_the_gpu_stacks_transformers_457(rope, tmp_path, tiny_model_dir):
+def test_a_prepared_model_reads_right_under_the_gpu_stacks_transformers_457(tmp_path, tiny_model_dir):
     """prepare_base_model runs under transformers 5.x, which saves `tokenizer_class: TokenizersBackend` and
     RoPE only as `rope_parameters`; every GPU job reads the folder with transformers 4.57 (verl's
-    hf_tokenizer, vLLM). Before: "Tokenizer class TokenizersBackend does not exist", and RoPE theta 10000."""
-    src = tmp_path / "saved_by_5x"
-    src.mkdir()
-    for f in tiny_model_dir.iterdir():
-        (src / f.name).write_bytes(f.read_bytes())
-    cfg = json.loads((src / "config.json").read_text())  # as transformers 5.x writes it, whichever runs this
-    cfg = {k: v for k, v in cfg.items() if k not in ("rope_theta", "rope_scaling")}
-    (src / "config.json").write_text(json.dumps({**cfg, "rope_parameters": ROPE_5X[rope]}))
-    tok = json.loads((src / "tokenizer_config.json").read_text())
-    (src / "tokenizer_config.json").write_text(json.dumps({**tok, "tokenizer_class": "TokenizersBackend"}))
-    marker = tmp_path / "resources/models/m/.ready"
-    data = models.prepare_model("m", {"source": "local", "path": str(src)}, marker)
-    assert json.loads((src / "config.json").read_text())["rope_parameters"] == ROPE_5X[rope]  # source untouched
-    probe = ("import json, sys; from transformers import AutoConfig, AutoTokenizer, __version__ as v; "
-             "c = AutoConfig.from_pretrained(sys.argv[1]); t = AutoTokenizer.from_pretrained(sys.argv[1]); "
-             "print(json.dumps({'v': v, 'theta': c.rope_theta, 'scaling': c.rope_scaling, 'tok': type(t).__name__, "
+    hf_tokenizer, vLLM). Before: "Tokenizer class TokenizersBackend does not exist", and RoPE theta 10000.
+    Each RoPE (SmolLM2's, Llama-3.2's) is prepared, then all are read by ONE transformers 4.57 interpreter
+    (its start imports transformers and torch: most of this test's cost)."""
+    prepared = {}
+    for rope in sorted(ROPE_5X):
+        src = tmp_path / rope / "saved_by_5x"
+        src.mkdir(parents=True)
+        for f in tiny_model_dir.iterdir():
+            (src / f.name).write_bytes(f.read_bytes())
+        cfg = json.loads((src / "config.json").read_text())  # as transformers 5.x writes it, whichever runs this
+        cfg = {k: v for k, v in cfg.items() if k not in ("rope_theta", "rope_scaling")}
+        (src / "config.json").write_text(json.dumps({**cfg, "rope_parameters": ROPE_5X[rope]}))
+        tok = json.loads((src / "tokenizer_config.json").read_text())
+        (src / "tokenizer_config.json").write_text(json.dumps({**tok, "tokenizer_class": "TokenizersBackend"}))
+        marker = tmp_path / rope / "resources/models/m/.ready"
+        data = models.prepare_model("m", {"source": "local", "path": str(src)}, marker)
+        assert json.loads((src / "config.json").read_text())["rope_parameters"] == ROPE_5X[rope]  # source untouched
+        prepared[rope] = (src, marker.parent, data)
+    probe = ("import json, sys; from transformers import AutoConfig, AutoTokenizer, __version__ as v\n"
+             "for folder in sys.argv[1:]:\n"
+             "    c = AutoConfig.from_pretrained(folder); t = AutoTokenizer.from_pretrained(folder)\n"
+             "    print(json.dumps({'v': v, 'theta': c.rope_theta, 'scaling': c.rope_scaling, 'tok': type(t).__name__, "
              "'ids': t('Score: 8')['input_ids'], 'chat': bool(t.chat_template)}))")
-    proc = subprocess.run([str(transformers_4_python()), "-c", probe, str(marker.parent)], capture_output=True,
-                          text=True, timeout=300, check=False, env={**os.environ, "PYTHONPATH": ""})
+    proc = subprocess.run([str(transformers_4_python()), "-c", probe, *(str(prepared[r][1]) for r in sorted(ROPE_5X))],
+                          capture_output=True, text=True, timeout=300, check=False, env={**os.environ, "PYTHONPATH": ""})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["v"].startswith("4.")
-    assert got["theta"] == ROPE_5X[rope]["rope_theta"]
-    want_scaling = {k: v for k, v in ROPE_5X[rope].items() if k != "rope_theta"}
-    assert (got["scaling"] or {}).get("rope_type", "default") == want_scaling["rope_type"]
-    if rope == "llama3":
-        assert got["scaling"]["factor"] == 32.0
+    read = dict(zip(sorted(ROPE_5X), (json.loads(line) for line in proc.stdout.strip().splitlines()[-len(ROPE_5X):])))
+    assert len(read) == len(ROPE_5X), proc.stdout
     from tokenizers import Tokenizer  # the tokenizer.json both majors load (this test also runs under 4.57)
 
-    assert got["tok"] == "PreTrainedTokenizerFast" and got["chat"]
-    assert got["ids"] == Tokenizer.from_file(str(src / "tokenizer.json")).encode("Score: 8").ids  # same tokens
-    assert set(data["rewritten_for_transformers_4"]) == {"config.json", "tokenizer_config.json"}
+    for rope, got in read.items():
+        src, _, data = prepared[rope]
+        assert got["v"].startswith("4.")
+        assert got["theta"] == ROPE_5X[rope]["rope_theta"]
+        want_scaling = {k: v for k, v in ROPE_5X[rope].items() if k != "rope_theta"}
+        assert (got["scaling"] or {}).get("rope_type", "default") == want_scaling["rope_type"]
+        if rope == "llama3":
+            assert got["scaling"]["factor"] == 32.0
+        assert got["tok"] == "PreTrainedTokenizerFast" and got["chat"]
+        assert got["ids"] == Tokenizer.from_file(str(src / "tokenizer.json")).encode("Score: 8").ids  # same tokens
+        assert set(data["rewritten_for_transformers_4"]) == {"config.json", "tokenizer_config.json"}
 
 
 def test_hub_offline_without_local_copy_is_one_clear_line(tmp_path):

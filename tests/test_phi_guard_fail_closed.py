@@ -12,7 +12,6 @@ import io as stdio
 import json
 import struct
 import subprocess
-import sys
 import zipfile
 import zlib
 from pathlib import Path
@@ -23,6 +22,7 @@ from llmrnn import cohort, io, phi_guard, release
 from llmrnn.errors import CheckFailed
 from llmrnn.phi_guard import scan as guard_scan
 from llmrnn.phi_guard.secrets import load_cohort_secrets
+from tests.conftest import llmrnn_in_process
 from tests.test_release import KNOBS, make_inputs
 
 NAME, SURNAME, GIVEN, MRN, DOB = "Zephyrine Quoxley", "Quoxley", "Zephyrine", "44519023", "1956-03-14"
@@ -235,13 +235,13 @@ def test_the_guard_command_refuses_in_one_line_exit_3(inputs, tmp_path):
     bundle = tmp_path / "folder"
     shutil.copytree(inputs["merged"], bundle)
     (bundle / "README.md").write_text("# card\nnothing here\n")
-    cmd = [sys.executable, "-m", "llmrnn.cli", "release", "guard", str(bundle), "--split-files", *inputs["split_files"]]
-    ok = subprocess.run([*cmd, "--base", str(inputs["base"])], capture_output=True, text=True, check=False)
+    cmd = ["release", "guard", str(bundle), "--split-files", *inputs["split_files"]]
+    ok = llmrnn_in_process(*cmd, "--base", str(inputs["base"]))
     assert ok.returncode == 0, ok.stderr
-    no_base = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    no_base = llmrnn_in_process(*cmd)
     assert no_base.returncode == 3 and "no base model to compare it with (--base)" in no_base.stderr
     (bundle / f"{SURNAME}-{GIVEN}.txt").write_text("x\n")
-    proc = subprocess.run([*cmd, "--base", str(inputs["base"])], capture_output=True, text=True, check=False)
+    proc = llmrnn_in_process(*cmd, "--base", str(inputs["base"]))
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 3 and len(lines) == 1 and "bundle entry" in lines[0], proc.stderr
     assert SURNAME not in proc.stderr and GIVEN not in proc.stderr and "Traceback" not in proc.stderr

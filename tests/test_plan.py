@@ -457,10 +457,10 @@ def _cfg(shell: str) -> dict:
 
 
 @pytest.mark.parametrize("configfiles", [(), (QA_DEMO,)], ids=["demo", "qa_demo"])
-def test_the_workflow_dry_run_carries_the_plans_values(workflow_dir, configfiles):
-    """A real `snakemake -n -p all`: job counts, threads and --cfg JSON are the plan's."""
-    proc = snakemake(workflow_dir, "all", "-n", "-p", *(("--configfile", *configfiles) if configfiles else ()))
-    text = proc.stdout + proc.stderr
+def test_the_workflow_dry_run_carries_the_plans_values(shipped_dry_runs, configfiles):
+    """A real `snakemake -n -p all`: job counts, threads and --cfg JSON are the plan's (the session's dry
+    run of the shipped config, conftest.ShippedDryRuns, which test_plan_snapshot reads too)."""
+    text = shipped_dry_runs.text(*configfiles)
     counts, jobs = job_counts(text), {j.rule: j for j in parse_dry_run(text)}
     plan = plan_of(*(configfiles or (DEMO,)))
     assert _cfg(jobs["release"].shell) == json.loads(plan.release.build_cfg())

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
 from llmrnn.errors import CheckFailed
 from llmrnn.preflight import run_preflight
-from tests.conftest import snakemake
+from tests.conftest import llmrnn_in_process, snakemake
 from tests.judge_helpers import (
     ScriptedJudge,
     chat_payload,
@@ -129,10 +127,9 @@ def test_warn_mode_records_problems_as_warnings(tmp_path):
 def test_cli_failure_is_one_line_without_traceback(tmp_path):
     judge, endpoint, parquet = _setup(tmp_path, lambda body: "I refuse to grade this memory summary today, sorry.")
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "llmrnn.cli", "preflight", "run", "--train-parquet", str(parquet), "--endpoint",
-             str(endpoint), "--out", str(tmp_path / "p.json"), "--audit-dir", str(tmp_path / "a"),
-             "--cfg", json.dumps(CFG)], check=False, capture_output=True, text=True, timeout=120)
+        proc = llmrnn_in_process("preflight", "run", "--train-parquet", str(parquet), "--endpoint", str(endpoint),
+                                 "--out", str(tmp_path / "p.json"), "--audit-dir", str(tmp_path / "a"),
+                                 "--cfg", json.dumps(CFG))
     finally:
         judge.__exit__(None, None, None)
     assert proc.returncode == 3
@@ -256,10 +253,9 @@ TRAIN_OK = {"engine": "trl", "group_size": 4, "batch": {"train": 2, "mini": 2, "
 
 
 def _preflight_cli(tmp_path, parquet, cfg, *extra):
-    return subprocess.run(
-        [sys.executable, "-m", "llmrnn.cli", "preflight", "run", "--train-parquet", str(parquet),
-         "--out", str(tmp_path / "train" / "preflight.json"), "--audit-dir", str(tmp_path / "audit"),
-         "--cfg", json.dumps(cfg), *extra], check=False, capture_output=True, text=True, timeout=300)
+    return llmrnn_in_process("preflight", "run", "--train-parquet", str(parquet),
+                             "--out", str(tmp_path / "train" / "preflight.json"), "--audit-dir", str(tmp_path / "audit"),
+                             "--cfg", json.dumps(cfg), *extra)
 
 
 def test_outcome_mode_runs_without_a_judge_endpoint(tmp_path, tiny_model_dir):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from llmrnn.chat import resolve_base
+from tests.conftest import llmrnn_in_process
 
 LLMRNN = str(Path(sys.executable).parent / "llmrnn")
 
@@ -84,8 +85,7 @@ def test_chat_in_tmux_side_by_side_with_base(tmp_path, tiny_model_dir):
 
 
 def test_chat_refuses_a_folder_that_is_no_model(tmp_path):
-    proc = subprocess.run([LLMRNN, "chat", "--model", str(tmp_path)], input="", capture_output=True, text=True,
-                          check=False)
+    proc = llmrnn_in_process("chat", "--model", str(tmp_path), stdin=b"")
     assert proc.returncode == 2
     want = f"llmrnn chat: error: {tmp_path}: not an HF model folder (no config.json)"
     assert proc.stderr.strip().splitlines() == [want]
@@ -93,7 +93,10 @@ def test_chat_refuses_a_folder_that_is_no_model(tmp_path):
 
 # --------------------------------------------------------------------------- hostile input
 def _chat(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
-    return subprocess.run([LLMRNN, "chat", *args], input=stdin, capture_output=True, check=False)
+    """`llmrnn chat ARGS` reading stdin, through the CLI's main in this process (each process start loaded
+    torch and the model again); stdout and stderr as bytes, as a process gives them."""
+    proc = llmrnn_in_process("chat", *args, stdin=stdin)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout.encode(), proc.stderr.encode())
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -13,6 +13,7 @@ from llmrnn import io
 from llmrnn.errors import InputError
 from llmrnn.qa import data as D
 from llmrnn.qa.synth import questions_from_cohort
+from tests.conftest import llmrnn_in_process
 
 
 def records(n=24, groups=12):
@@ -105,8 +106,7 @@ def test_bad_records_are_one_line_and_nothing_is_written(tmp_path, text, message
     out = tmp_path / "out"
     paths = D.output_paths(out)
     args = [a for k, v in paths.items() for a in (f"--{k.replace('_', '-')}" if k != "ood" else "--ood-out", v)]
-    proc = subprocess.run([sys.executable, "-m", "llmrnn.cli", "qa", "data", "--source", str(src),
-                           "--cfg", json.dumps(CFG), *args], check=False, capture_output=True, text=True)
+    proc = llmrnn_in_process("qa", "data", "--source", str(src), "--cfg", json.dumps(CFG), *args)
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and message in lines[0] and str(src) in lines[0], proc.stderr
@@ -140,8 +140,7 @@ def test_cli_with_an_empty_ood_writes_an_empty_ood_set(tmp_path):
     src.write_text(json.dumps(records()))
     paths = D.output_paths(tmp_path / "out")
     args = [a for k, v in paths.items() for a in (f"--{k.replace('_', '-')}" if k != "ood" else "--ood-out", v)]
-    proc = subprocess.run([sys.executable, "-m", "llmrnn.cli", "qa", "data", "--source", str(src), "--ood",
-                           "--cfg", json.dumps(CFG), *args], check=False, capture_output=True, text=True)
+    proc = llmrnn_in_process("qa", "data", "--source", str(src), "--ood", "--cfg", json.dumps(CFG), *args)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((tmp_path / "out/splits.json").read_text())
     assert summary["sizes"]["ood"] == 0 and summary["ood_filter"] is None
@@ -150,11 +149,11 @@ def test_cli_with_an_empty_ood_writes_an_empty_ood_set(tmp_path):
 
 # --------------------------------------------------------------------------- hostile files
 def _qa_data_cli(src, out, ood=None):
+    """`llmrnn qa data` on src (a regular file: the fifo cases run the command as a process of its own)."""
     paths = D.output_paths(out)
     args = [a for k, v in paths.items() for a in (f"--{k.replace('_', '-')}" if k != "ood" else "--ood-out", v)]
     extra = ["--ood", str(ood)] if ood else []
-    return subprocess.run([sys.executable, "-m", "llmrnn.cli", "qa", "data", "--source", str(src), *extra,
-                           "--cfg", json.dumps(CFG), *args], check=False, capture_output=True, text=True)
+    return llmrnn_in_process("qa", "data", "--source", str(src), *extra, "--cfg", json.dumps(CFG), *args)
 
 
 GOOD = json.dumps(records())

@@ -11,6 +11,7 @@ from llmrnn import io
 from llmrnn.errors import InputError
 from llmrnn.qa import evaluate as E
 from llmrnn.stats import wilson_ci
+from tests.conftest import llmrnn_in_process
 
 QUESTIONS = [
     {"id": f"q{i}", "question": f"Which condition is number {i}?", "answer": "ABCD"[i % 4],
@@ -207,14 +208,10 @@ def test_gather_refuses_mixed_sample_counts_naming_the_files(tmp_path):
 
 
 def test_cli_gather_refuses_mixed_counts_in_one_line(tmp_path):
-    import subprocess
-    import sys
-
     four = write_rows(tmp_path / "base_test.jsonl", sampled_rows("base", [("A", ["A", "B", "C", "D"])] * 2))
     one = write_rows(tmp_path / "sft_test.jsonl", sampled_rows("sft", [("A", ["A"])] * 2))
-    proc = subprocess.run([sys.executable, "-m", "llmrnn.cli", "qa", "gather", "--inputs", four, one,
-                           "--metrics", str(tmp_path / "m.json"), "--comparison", str(tmp_path / "c.json"),
-                           "--cfg", json.dumps({"eval": {"k": 4}})], capture_output=True, text=True, check=False)
+    proc = llmrnn_in_process("qa", "gather", "--inputs", four, one, "--metrics", str(tmp_path / "m.json"),
+                             "--comparison", str(tmp_path / "c.json"), "--cfg", json.dumps({"eval": {"k": 4}}))
     assert proc.returncode != 0 and not (tmp_path / "m.json").exists()
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "sft_test.jsonl" in lines[0] and "base_test.jsonl" in lines[0]
@@ -310,14 +307,9 @@ def _free_text_eval(tmp_path, variant: str, right: set[int]) -> str:
 
 
 def _qa_judge(tmp_path, endpoint, inputs, outputs, max_rate=0.25):
-    import subprocess
-    import sys
-
     cfg = {"eval": {"k": 2, "judge_threshold": 0.5}, "max_fallback_rate": max_rate}
-    return subprocess.run([sys.executable, "-m", "llmrnn.cli", "qa", "judge", "--inputs", *inputs,
-                           "--outputs", *outputs, "--endpoint", str(endpoint), "--audit-dir",
-                           str(tmp_path / "audit"), "--cfg", json.dumps(cfg)],
-                          capture_output=True, text=True, check=False)
+    return llmrnn_in_process("qa", "judge", "--inputs", *inputs, "--outputs", *outputs, "--endpoint", str(endpoint),
+                             "--audit-dir", str(tmp_path / "audit"), "--cfg", json.dumps(cfg))
 
 
 def _qa_rubric(tmp_path):

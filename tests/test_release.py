@@ -12,6 +12,7 @@ import yaml
 
 from llmrnn import cohort, io, release
 from llmrnn.errors import CheckFailed, InputError
+from tests.conftest import llmrnn_in_process
 
 KNOBS = {
     "cohort": {"source": "synthetic", "synthetic": {"patients": 12, "seed": 3}},
@@ -355,21 +356,17 @@ def test_qa_data_in_the_card_or_manifest_stops_the_qa_release(qa_inputs, tmp_pat
 
 def test_release_guard_command_takes_the_qa_reference(qa_inputs, tmp_path):
     """`llmrnn release guard --split-format qa` (for people): exit 3 on QA text, the text not repeated."""
-    import subprocess
-    import sys
-
     from tests.test_phi_guard import QA_ID
 
     question = next(r for r in qa_inputs["records"] if r["id"] == QA_ID)["question"]
     bundle = tmp_path / "b"
     bundle.mkdir()
     (bundle / "README.md").write_text(f"# card\nAsked: {question}\n")
-    cmd = [sys.executable, "-m", "llmrnn.cli", "release", "guard", str(bundle), "--split-files",
-           *qa_inputs["split_files"]]
-    proc = subprocess.run([*cmd, "--split-format", "qa"], capture_output=True, text=True, check=False)
+    cmd = ["release", "guard", str(bundle), "--split-files", *qa_inputs["split_files"]]
+    proc = llmrnn_in_process(*cmd, "--split-format", "qa")
     assert proc.returncode == 3 and "README.md: QA record text (question)" in proc.stderr
     assert question not in proc.stderr + proc.stdout
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)  # the cohort format: not its files
+    proc = llmrnn_in_process(*cmd)  # the cohort format: not its files
     assert proc.returncode != 0 and "cannot read split file" in proc.stderr
 
 
@@ -401,19 +398,14 @@ def test_links_and_non_regular_files_in_merged_are_refused_never_followed(inputs
 
 
 def test_the_cli_refuses_a_link_in_one_line_and_writes_nothing(inputs, tmp_path):
-    import subprocess
-    import sys
-
     (inputs["merged"] / "vocab.json").symlink_to(inputs["split_files"][0])
     out = tmp_path / "run" / "release"
     cfg = json.dumps({"run_name": "demo", "release": {}, "knobs": KNOBS})
-    proc = subprocess.run(
-        [sys.executable, "-m", "llmrnn.cli", "release", "build", "--merged", str(inputs["merged"]),
-         "--merge-check", str(inputs["merge_check"]), "--splits", str(inputs["splits"]),
-         "--split-files", *inputs["split_files"], "--metrics", str(inputs["metrics"]),
-         "--rubric", str(inputs["rubric"]), "--cfg", cfg, "--card", str(out / "README.md"),
-         "--manifest", str(out / "MANIFEST.json"), "--receipt", str(out / "upload_receipt.json")],
-        capture_output=True, text=True, check=False)
+    proc = llmrnn_in_process(
+        "release", "build", "--merged", str(inputs["merged"]), "--merge-check", str(inputs["merge_check"]),
+        "--splits", str(inputs["splits"]), "--split-files", *inputs["split_files"], "--metrics", str(inputs["metrics"]),
+        "--rubric", str(inputs["rubric"]), "--cfg", cfg, "--card", str(out / "README.md"),
+        "--manifest", str(out / "MANIFEST.json"), "--receipt", str(out / "upload_receipt.json"))
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "vocab.json: a symbolic link" in lines[0] and "Traceback" not in proc.stderr

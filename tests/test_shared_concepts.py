@@ -4,6 +4,7 @@ memory? which shard? read a JSONL file), they call one function, so they cannot 
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import math
 from pathlib import Path
@@ -166,6 +167,7 @@ ONE_HOME = {
 }
 
 
+@functools.cache  # the package parsed once for the module, not once per concept (read only)
 def _definitions() -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for path in sorted(SRC.rglob("*.py")):

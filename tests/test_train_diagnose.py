@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from llmrnn.errors import InputError
 from llmrnn.train import diagnose
-
-LLMRNN = str(Path(sys.executable).parent / "llmrnn")
+from tests.conftest import llmrnn_in_process
 
 
 def write_audit(directory: Path, groups: list[tuple[str, int, list[float]]]) -> None:
@@ -61,6 +58,7 @@ def test_lora_update_size_of_a_real_adapter(tmp_path, tiny_model_dir):
     assert moved["update_norm_total"] > 0 and moved["zero_b_modules"] == fresh["modules"] - 1
     assert moved["largest"]["module"] in name
     write_audit(tmp_path / "audit", [("train", 0, [0.0, 1.0])])
-    shown = subprocess.run([LLMRNN, "train", "diagnose", "--audit", str(tmp_path / "audit"), "--group-size", "2",
-                            "--adapter", str(tmp_path / "moved")], capture_output=True, text=True, check=True)
+    shown = llmrnn_in_process("train", "diagnose", "--audit", str(tmp_path / "audit"), "--group-size", "2",
+                              "--adapter", str(tmp_path / "moved"))
+    assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["lora"]["update_norm_total"] == pytest.approx(moved["update_norm_total"])

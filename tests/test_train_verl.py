@@ -272,15 +272,17 @@ def test_verl_assembles_batches_mixing_every_reward_path_in_every_order(version,
         ]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
                    HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-        reports = []
+        sets = []  # both sample sets in one verl interpreter (its start imports verl and torch)
         for i, batch in enumerate((samples, qa_samples)):
-            (tmp_path / "samples.json").write_text(json.dumps(batch))
-            proc = subprocess.run(
-                [str(python), str(REPO / "tests" / "verl" / "assemble_batch.py"), "--samples",
-                 str(tmp_path / "samples.json"), "--model", str(tiny_model_dir), "--dump", str(tmp_path / f"dump{i}")],
-                capture_output=True, text=True, env=env, timeout=600, check=False)
-            assert proc.returncode == 0, proc.stderr[-4000:]
-            reports.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            (tmp_path / f"samples{i}.json").write_text(json.dumps(batch))
+            sets += ["--samples", str(tmp_path / f"samples{i}.json"), "--dump", str(tmp_path / f"dump{i}")]
+        proc = subprocess.run(
+            [str(python), str(REPO / "tests" / "verl" / "assemble_batch.py"), *sets, "--model", str(tiny_model_dir)],
+            capture_output=True, text=True, env=env, timeout=600, check=False)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        # one report line per set; verl prints its own lines between them (the dump's path)
+        reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"verl": ')]
+        assert len(reports) == 2, proc.stdout[-4000:]
     head_report, qa_report = reports
     assert head_report["verl"] == version and head_report["orders"] == 6 == qa_report["orders"]
     assert head_report["scores"] == pytest.approx({"judged": 8 / 9, "invalid_json": 0.05, "fallback": 0.5})
