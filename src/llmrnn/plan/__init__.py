@@ -41,6 +41,7 @@ from llmrnn.plan.common import (
     schema_error_line,
 )
 from llmrnn.plan.evaluate import EvaluatePlan
+from llmrnn.plan.experiment import ExperimentPlan, is_experiment, member_of, member_paths
 from llmrnn.plan.judge import JudgePlan
 from llmrnn.plan.merge import MergePlan
 from llmrnn.plan.models import ModelsPlan
@@ -54,6 +55,10 @@ __all__ = ["MemoryHeadRecipe", "Paths", "Plan", "PlanBase", "QaRecipe", "Recipe"
            "is_model_name", "model_dir_of", "schema_error_line"]
 
 CONDA_STAGES = ("data", "cpu", "forward", "judge", "train", "sft")
+# The stages both recipes run (the memory head's DAG and recipe qa's share cohort, models, judge, merge,
+# release, check and cost); the recipe's own rule files come after them (Recipe.rule_files)
+SHARED_RULE_FILES = ("rules/cohort.smk", "rules/models.smk", "rules/judge.smk", "rules/merge.smk",
+                     "rules/release.smk", "rules/check.smk", "rules/cost.smk")
 
 
 class Plan(PlanBase):
@@ -73,11 +78,33 @@ class Plan(PlanBase):
         self.release = ReleasePlan(config, judge=self.judge, recipe=self.recipe)
         self.train = TrainPlan(config, judge=self.judge, recipe=self.recipe)
         self.merge = MergePlan(config, recipe=self.recipe)
+        # one member of an experiment: the shared stages' folders are keyed by what the stages read
+        if member_of(config):
+            self.use_paths(member_paths(self, member_of(config)))
+        self.experiment = ExperimentPlan(config) if is_experiment(config) else None
+
+    def use_paths(self, paths: Paths) -> None:
+        """Every stage's plan on `paths` (one member of an experiment: its folders, llmrnn.plan.experiment)."""
+        for part in (self, *(v for v in vars(self).values() if isinstance(v, PlanBase))):
+            part.paths = paths
+
+    def rule_files(self) -> tuple[str, ...]:
+        """The rule files of a run, in the order the Snakefile includes them: the shared stages', the recipe's."""
+        return (*SHARED_RULE_FILES, *self.recipe.rule_files)
 
     def products(self) -> list[str]:
         """What a run is for (`all` requests them, rules/common.smk): the recipe's products, the release and
-        the held-out evaluation."""
+        the held-out evaluation; an experiment's: every member's and their comparison."""
+        if self.experiment is not None:
+            return self.experiment.products()
         return [*self.recipe.products(), *self.release.targets(), *self.recipe.heldout_targets()]
+
+    def heldout_targets(self) -> list[str]:
+        """What `eval_heldout` builds: the recipe's held-out evaluation (an experiment's: every member's, and
+        their comparison)."""
+        if self.experiment is not None:
+            return self.experiment.heldout_targets()
+        return self.recipe.heldout_targets()
 
     @classmethod
     def from_configfiles(cls, *configfiles: str | os.PathLike, overrides: dict | None = None,

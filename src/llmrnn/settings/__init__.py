@@ -10,11 +10,13 @@ Code reads defaults from here (`defaults(Train)`, `Config.model_fields`), never 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from llmrnn.settings.base import NAME, Section, defaults
+from llmrnn.settings.experiment import Experiment
+from llmrnn.io import deep_merge
 from llmrnn.settings.evaluation import Eval, Judge, Preflight, Reward
 from llmrnn.settings.qa import Qa
 from llmrnn.settings.release import Merge, Release
@@ -50,6 +52,37 @@ class Config(Section):
     train: Train = Field(default_factory=Train, description='GRPO training (verl on GPU clusters, TRL on CPU), one set of knobs in verl units; defaults = the reference run')
     merge: Merge = Field(default_factory=Merge, description='PEFT merge of the trained LoRA into the base memory model + its checks (merge_check.json)')
     release: Release = Field(default_factory=Release, description='model card, MANIFEST.json, PHI guard and optional Hub upload (RUN/release/)')
+    # last: its validator reads every other section (info.data holds the fields validated before it)
+    experiment: Experiment | None = Field(None, description='variants of this config and the seeds that multiply them, run as one DAG and compared (docs/compare.md); none = one run', json_schema_extra={'no_default': True})
+
+    @field_validator("experiment", mode="after")
+    @classmethod
+    def _variants_are_configs(cls, experiment: Experiment | None, info: ValidationInfo) -> Experiment | None:
+        """Each variant's overrides layered on the config are a config the same models accept: an unknown key
+        or a bad value is one line naming the variant and the key."""
+        if experiment is None or "run_name" not in info.data:
+            return experiment
+        base = {key: _given(value) for key, value in info.data.items()}
+        for name, overrides in experiment.variants.items():
+            try:
+                Config.model_validate(deep_merge(base, overrides))
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                if err["type"] == "value_error":
+                    problem = str(err["ctx"]["error"])
+                else:
+                    problem = f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+                raise ValueError(f"experiment.variants.{name}: {problem}") from None
+        return experiment
+
+
+def _given(value: Any) -> Any:
+    """A validated section as the keys it was given (defaults left out, so a strict model reads it again)."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude_unset=True)
+    if isinstance(value, dict):
+        return {key: _given(item) for key, item in value.items()}
+    return value
 
 
 SECTIONS: dict[str, type[Section]] = {
