@@ -16,8 +16,10 @@ member's are the ones Snakemake runs (ruleorder), as their outputs and params ar
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 
 from llmrnn.errors import InputError
@@ -28,17 +30,6 @@ from llmrnn.runconfig import with_defaults
 # the stages members may share, in DAG order; the others are each member's own
 SHARED_STAGES = ("cohort", "trajectories", "judge", "untrained_eval")
 OWN_STAGES = ("train", "merge", "trained_eval", "report")
-# the rules of each stage, for the sharing table (jobs per stage)
-STAGE_RULES = {
-    "cohort": ("synth_cohort", "synth_mimic_iv", "build_cohort", "clean_cohort", "split_cohort"),
-    "trajectories": ("trajectory_shard", "dump_trajectories"),
-    "judge": ("judge_server", "judge_agreement", "judge_agreement_plot"),
-    "untrained_eval": ("eval_shard", "eval_grade"),
-    "train": ("preflight", "train_grpo", "train_plots"),
-    "merge": ("merge_model",),
-    "trained_eval": ("eval_shard", "eval_grade", "eval_gather"),
-    "report": ("eval_plots", "report_overview", "release", "cost_plan"),
-}
 
 
 def is_experiment(config: Mapping) -> bool:
@@ -207,3 +198,35 @@ class ExperimentPlan(PlanBase):
     def heldout_targets(self) -> list[str]:
         return [*(p for plan in self.members.values() for p in plan.recipe.heldout_targets()),
                 *self.comparison_targets()]
+
+
+# ----------------------------------------------------------------------------- llmrnn experiment plan
+def experiment_plan(configfiles: list[str | os.PathLike]) -> ExperimentPlan:
+    """The experiment of config files layered as the Snakefile layers them; one line when they name none."""
+    from llmrnn.plan import Plan
+
+    plan = Plan.from_configfiles(*configfiles)
+    if plan.experiment is None:
+        raise InputError(f"experiment plan: {' '.join(map(str, configfiles)) or 'config/config.yaml'} has no "
+                         "`experiment` section (variants); a config without one is a single run")
+    return plan.experiment
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    experiment = experiment_plan(args.configfile)
+    if args.json:
+        print(json.dumps({"members": list(experiment.members), "control": experiment.control,
+                          "jobs_per_stage": experiment.jobs_per_stage(), "sharing": experiment.sharing()}, indent=1))
+    else:
+        print("\n".join(experiment.sharing_lines()))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("experiment", help="an experiment's variants and seeds: which stages they share")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    s = verbs.add_parser("plan", help="each stage's job groups and the members that share each (no Snakemake run)")
+    s.add_argument("--configfile", nargs="+", default=[],
+                   help="config files layered in order, as snakemake --configfile; none: config/config.yaml")
+    s.add_argument("--json", action="store_true", help="print the sharing as JSON")
+    s.set_defaults(func=_cmd_plan)
