@@ -9,14 +9,18 @@ for member in plan.experiment.members:
 
     module:
         name: member
-        snakefile: "../workflow/member.smk"
-        config: plan.experiment.members[member].config
+        snakefile:
+            "../workflow/member.smk"
+        config:
+            plan.experiment.members[member].config
 
     use rule * from member as member_prefix*
 
 
 # the members' local rules (their rule files' `localrules:` name them without the member's prefix)
-for rule_name in [name for name in workflow._localrules if name in member_rule_names(MEMBER_PREFIXES)]:
+for rule_name in [
+    name for name in workflow._localrules if name in member_rule_names(MEMBER_PREFIXES)
+]:
     workflow.localrules(*(prefix + rule_name for prefix in MEMBER_PREFIXES.values()))
 
 

@@ -149,8 +149,9 @@ class ExperimentPlan(PlanBase):
 
     def sharing_lines(self) -> list[str]:
         """The sharing table as text (`llmrnn experiment plan`)."""
-        lines = [f"experiment {self.config['run_name']}: {len(self.members)} members "
-                 f"({', '.join(self.members)}); control {self.control}"]
+        head = (f"experiment {self.config['run_name']}: {len(self.members)} members "
+                f"({', '.join(self.members)}); control {self.control}")
+        lines = [head]
         width = max(len(s) for s in (*SHARED_STAGES, *OWN_STAGES))
         for row in self.sharing():
             share = "all" if len(row["members"]) == len(self.members) > 1 else ", ".join(row["members"])

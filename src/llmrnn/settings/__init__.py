@@ -14,10 +14,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from llmrnn.settings.base import NAME, Section, defaults
-from llmrnn.settings.experiment import Experiment
 from llmrnn.io import deep_merge
+from llmrnn.settings.base import NAME, Section, defaults
 from llmrnn.settings.evaluation import Eval, Judge, Preflight, Reward
+from llmrnn.settings.experiment import Experiment
 from llmrnn.settings.qa import Qa
 from llmrnn.settings.release import Merge, Release
 from llmrnn.settings.train import Train
