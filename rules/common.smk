@@ -163,8 +163,8 @@ def planned_outputs(targets):
 
 
 def member_rule_names(prefixes):
-    """The rule names every member of an experiment defines (rules/experiment.smk): the first member's rules
-    without its prefix."""
+    """The names each member of an experiment gives its rules, without the member's prefix (read from the
+    first member's; rules/experiment.smk)."""
     first = next(iter(prefixes.values()))
     return [r.name[len(first) :] for r in workflow.rules if r.name.startswith(first)]
 
