@@ -94,7 +94,7 @@ MODELS = plan.paths.models
 QA = plan.paths.qa
 QA_EVAL = plan.paths.qa_eval
 QA_SYNTH = plan.paths.qa_synth
-# the stages an experiment's variants may share (llmrnn.plan.experiment); in one run, each is RUN
+# the stages an experiment's variants may share (llmrnn.plan, ExperimentPlan); in one run, each is RUN
 COHORT = plan.paths.cohort
 TRAJECTORIES = plan.paths.trajectories
 JUDGE = plan.paths.judge

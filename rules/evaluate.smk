@@ -56,7 +56,7 @@ rule eval_grade:
         "llmrnn evaluate grade --shard {input:q} --out {output:q} --cfg {params.cfg:q} 2> {log:q}"
 
 
-# an experiment's member (llmrnn.plan.experiment): the trained model's shards in the member's own folder, the
+# an experiment's member (llmrnn.plan, ExperimentPlan): the trained model's shards in the member's own folder, the
 # untrained models' in the folder members share
 if plan.evaluate.trained_apart():
 

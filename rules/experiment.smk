@@ -1,4 +1,4 @@
-# An experiment (config `experiment`; llmrnn.plan.experiment): one Snakemake module per member (a variant, times
+# An experiment (config `experiment`; llmrnn.plan.ExperimentPlan): one Snakemake module per member (a variant, times
 # each training seed) over that member's config, so one DAG. A stage members share has the same folder and
 # params in each of them (its folder is keyed by what it reads); the first member's rules are the ones
 # Snakemake runs for it (ruleorder below), so a shared job runs once. The comparison of every member's trained
@@ -22,6 +22,7 @@ for rule_name in [
     name for name in workflow._localrules if name in member_rule_names(MEMBER_PREFIXES)
 ]:
     workflow.localrules(*(prefix + rule_name for prefix in MEMBER_PREFIXES.values()))
+    workflow._localrules.discard(rule_name)  # no rule has the bare name (Snakemake warns of one named)
 
 
 # a file several members can make (a shared stage's) is made by the first member's rule

@@ -1,5 +1,5 @@
 """An experiment (config `experiment`): its variants' overrides validated as configs, its members (variant x
-seed), the sharing of stages derived from the params each stage reads (llmrnn.plan.experiment), and the real
+seed), the sharing of stages derived from the params each stage reads (llmrnn.plan, ExperimentPlan), and the real
 Snakemake DAG planning each shared job once."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import pytest
 from llmrnn import cli
 from llmrnn.configcheck import model_problems
 from llmrnn.errors import InputError
-from llmrnn.plan import Plan
-from llmrnn.plan.experiment import SHARED_STAGES, member_configs
+from llmrnn.plan import SHARED_STAGES, Plan, member_configs
 from llmrnn.settings import Config
 from llmrnn.settings.base import parse
 from tests.conftest import REPO, copy_workflow, snakemake
@@ -92,7 +91,7 @@ def test_members_may_not_define_one_model_two_ways():
 
 
 def test_experiment_plan_prints_the_sharing_of_the_cpu_sweep(capsys):
-    assert cli.main(["experiment", "plan", "--configfile", "config/config.yaml", "config/sweep-cpu.yaml"]) in (0, None)
+    assert cli.main(["plan", "experiment", "--configfile", "config/config.yaml", "config/sweep-cpu.yaml"]) in (0, None)
     out = capsys.readouterr().out
     shared = re.findall(r"^  (\w+) +results/sweep-cpu/\1-\w+ +all$", out, flags=re.MULTILINE)
     assert shared == list(SHARED_STAGES)

@@ -39,7 +39,7 @@ class Paths:
     # the logs of jobs whose outputs every run shares (under resources/: the synthetic cohort, models, QA
     # questions), so not under one run's logs
     shared_logs: str = "logs"
-    # an experiment's variant (llmrnn.plan.experiment): the folder of each stage its variants may share,
+    # an experiment's variant (llmrnn.plan, ExperimentPlan): the folder of each stage its variants may share,
     # keyed by the settings the stage reads; a stage not named here (and every stage of one run) is under `run`
     stage_roots: Mapping[str, str] = field(default_factory=dict)
 

@@ -12,18 +12,74 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from llmrnn.io import deep_merge
 from llmrnn.settings.base import NAME, Section, defaults
 from llmrnn.settings.evaluation import Eval, Judge, Preflight, Reward
-from llmrnn.settings.experiment import Experiment
 from llmrnn.settings.qa import Qa
 from llmrnn.settings.release import Merge, Release
 from llmrnn.settings.train import Train
 from llmrnn.settings.workflow import Cohort, ModelSpec, Prompts, Roles, Split, Trajectories
 
-__all__ = ["SECTIONS", "Config", "defaults", "section_defaults"]
+__all__ = ["SECTIONS", "Config", "Experiment", "defaults", "section_defaults"]
+
+# what a variant may not override: the run it belongs to, and the experiment itself
+NOT_OVERRIDABLE = ("run_name", "experiment")
+
+
+class Experiment(Section):
+    """`experiment`"""
+
+    variants: dict[str, dict[str, Any]] = Field(
+        ...,
+        description="variant name -> overrides of the ordinary settings (any section, e.g. `{train: {lora: {rank: 16}}}`; "
+                    "`{}` = the config as it is); each variant's results under results/RUN/<variant>, its shared "
+                    "stages under results/RUN/<stage>-<key>",
+        json_schema_extra={"propertyNames": {"pattern": NAME, "maxLength": 64}, "minProperties": 1})
+    seeds: list[int] = Field(
+        default_factory=list, max_length=64,
+        description="training seeds (train.seed) each variant is trained with, one run per variant and seed "
+                    "(`<variant>-s<seed>`); empty = each variant once with its own train.seed",
+        json_schema_extra={"uniqueItems": True, "items": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1}})
+    control: str | None = Field(
+        None, description="the variant every other one is compared with (besides the frozen base); "
+                          "null = the first variant")
+
+    member: str | None = Field(
+        None, description="set by the workflow in each member's own config (rules/experiment.smk): the member "
+                          "(`<variant>` or `<variant>-s<seed>`) it runs; never in a config file")
+
+    @model_validator(mode="after")
+    def _names(self) -> Experiment:
+        """The control is one of the variants; a variant overrides settings, never the run or the experiment."""
+        if not self.variants:
+            raise ValueError("experiment.variants: name at least one variant (`{}` = the config as it is)")
+        if self.control is not None and self.control not in self.variants:
+            raise ValueError(f"experiment.control: {self.control!r} is not a variant; variants: "
+                             f"{', '.join(self.variants)}")
+        for name, overrides in self.variants.items():
+            for key in NOT_OVERRIDABLE:
+                if key in overrides:
+                    raise ValueError(f"experiment.variants.{name}.{key}: a variant cannot override {key}")
+        members = [v if not self.seeds else f"{v}-s{s}" for v in self.variants for s in (self.seeds or [None])]
+        if self.member is not None and self.member not in members:
+            raise ValueError(f"experiment.member: {self.member!r} is none of the members {', '.join(members)} "
+                             "(the workflow sets it; leave it out of config files)")
+        for seed in self.seeds:
+            if not 0 <= seed <= 2**32 - 1:
+                raise ValueError(f"experiment.seeds: {seed} is outside 0..{2**32 - 1}")
+        return self
+
+    def control_name(self) -> str:
+        return self.control or next(iter(self.variants))
 
 
 class Config(Section):
@@ -65,7 +121,7 @@ class Config(Section):
         base = {key: _given(value) for key, value in info.data.items()}
         for name, overrides in experiment.variants.items():
             try:
-                Config.model_validate(deep_merge(base, overrides))
+                Config.model_validate(_layered(base, overrides))
             except ValidationError as exc:
                 err = exc.errors()[0]
                 if err["type"] == "value_error":
@@ -74,6 +130,15 @@ class Config(Section):
                     problem = f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
                 raise ValueError(f"experiment.variants.{name}: {problem}") from None
         return experiment
+
+
+def _layered(base: dict, over: dict) -> dict:
+    """`over` on `base` as config layers combine (llmrnn.io.deep_merge, which sits above the settings): mappings
+    merge key by key, anything else replaces."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _layered(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def _given(value: Any) -> Any:

@@ -23,8 +23,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from llmrnn.io import write_text
-from llmrnn.settings import Config
-from llmrnn.settings.experiment import Experiment
+from llmrnn.settings import Config, Experiment
 from llmrnn.settings.trajectory_step import TrajectoryStep
 from llmrnn.settings.workflow import ModelSpec, Role
 
