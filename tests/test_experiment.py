@@ -83,10 +83,13 @@ def test_an_eval_knob_shares_the_cohort_and_trajectories_but_not_the_evaluation(
     assert (counts["cohort"], counts["trajectories"], counts["judge"], counts["untrained_eval"]) == (1, 1, 1, 2)
 
 
-def test_members_may_not_define_one_model_two_ways():
+def test_members_may_not_differ_in_what_resources_holds_for_all():
     config = Plan.from_configfiles(REPO / "config" / "config.yaml").config
     config = {**config, "experiment": {"variants": {"a": {}, "b": {"models": {"smollm2-135m-instruct": {"dtype": "bfloat16"}}}}}}
     with pytest.raises(InputError, match="experiment: models.smollm2-135m-instruct differs between a and b"):
+        member_configs(config)
+    config["experiment"] = {"variants": {"a": {}, "b": {"cohort": {"synthetic": {"patients": 30}}}}}
+    with pytest.raises(InputError, match="experiment: cohort.synthetic differs between a and b"):
         member_configs(config)
 
 

@@ -204,13 +204,22 @@ def member_configs(config: Mapping) -> dict[str, dict]:
         member = runconfig.with_defaults(layered)
         member["experiment"] = {**experiment, "member": name}
         out[name] = member
-    models = {}
-    for name, member in out.items():
-        for model, spec in member["models"].items():
-            if models.setdefault(model, (name, spec))[1] != spec:
-                raise InputError(f"experiment: models.{model} differs between {models[model][0]} and {name}; "
-                                 "a prepared model is shared by every member (name the other model differently)")
+    refuse_unshareable(out)
     return out
+
+
+def refuse_unshareable(members: Mapping[str, Mapping]) -> None:
+    """What every run shares under resources/ (the prepared models, the synthetic cohort its settings make) is
+    made once for all members, so they must agree on it: one line naming the key and two members otherwise."""
+    seen: dict[str, tuple[str, object]] = {}
+    for name, member in members.items():
+        shared = {f"models.{model}": spec for model, spec in member["models"].items()}
+        shared["cohort.synthetic"] = member["cohort"]["synthetic"]
+        for key, value in shared.items():
+            first, first_value = seen.setdefault(key, (name, value))
+            if first_value != value:
+                raise InputError(f"experiment: {key} differs between {first} and {name}; every member shares what "
+                                 "resources/ holds (name another model, or give the cohort as a file)")
 
 
 def stage_keys(plan) -> dict[str, str]:
