@@ -22,7 +22,8 @@ for rule_name in [
     name for name in workflow._localrules if name in member_rule_names(MEMBER_PREFIXES)
 ]:
     workflow.localrules(*(prefix + rule_name for prefix in MEMBER_PREFIXES.values()))
-    workflow._localrules.discard(rule_name)  # no rule has the bare name (Snakemake warns of one named)
+    # no rule has the bare name (Snakemake warns of a local rule it cannot find)
+    workflow._localrules.discard(rule_name)
 
 
 # a file several members can make (a shared stage's) is made by the first member's rule
