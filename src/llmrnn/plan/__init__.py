@@ -150,7 +150,7 @@ class Plan(PlanBase):
 # ============================================================================= an experiment
 # An experiment's plan (config `experiment`): its members (each variant, times each training seed), the config
 # each member runs, and the folders of the stages members share.
-# 
+#
 # A stage an experiment's members may share is keyed by what it reads: a hash of the params the plan gives the
 # stage's rules (the same `--cfg` subsets a change of which reruns them) and the keys of the stages it reads
 # from. Members whose settings agree for a stage get the same key, so the same folder (results/RUN/<stage>-<key>),
@@ -158,7 +158,7 @@ class Plan(PlanBase):
 # untrained models' evaluation; one that changes cohort.mimic_iv.mode gets its own cohort and everything after
 # it. What no key names (preflight, training, merge, the trained model's evaluation, report, release) is the
 # member's own, under results/RUN/<member>.
-# 
+#
 # The Snakefile loads rules/experiment.smk for such a config: one Snakemake module per member over that
 # member's config, so one DAG; a shared file's rules exist in every member that shares it, and the first
 # member's are the ones Snakemake runs (ruleorder), as their outputs and params are the same by construction.
