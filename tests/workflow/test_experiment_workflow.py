@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
 from llmrnn import io
-from tests.conftest import snakemake
+from tests.conftest import REPO, snakemake
 from tests.slurm.dag import parse_dry_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -30,7 +31,11 @@ def job_counts(text: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, flags=re.MULTILINE)}
 
 
-def test_cpu_sweep_shares_stages_compares_every_pair_and_reruns_one_variant(workflow_dir: Path):
+def test_cpu_sweep_shares_stages_compares_every_pair_and_reruns_one_variant(workflow_dir: Path, monkeypatch):
+    # the package as of now for every run here: the jobs' code hashes must not move under the rerun check
+    snapshot = workflow_dir / ".pkg" / "src"
+    shutil.copytree(REPO / "src", snapshot, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    monkeypatch.setenv("PYTHONPATH", str(snapshot))
     run = snakemake(workflow_dir, "all", "--latency-wait", "60", *SWEEP)
     counts = job_counts(run.stdout + run.stderr)
     for rule in SHARED:  # one member's rule ran each shared job (dump_trajectories: train and val)
