@@ -39,23 +39,19 @@ include: "rules/common.smk"
 container: workflow_container()
 
 
-# The stages both recipes run (the memory head's DAG and recipe qa's share cohort, models, judge, merge,
-# release, check and cost)
-include: "rules/cohort.smk"
-include: "rules/models.smk"
-include: "rules/judge.smk"
-include: "rules/merge.smk"
-include: "rules/release.smk"
-include: "rules/check.smk"
-include: "rules/cost.smk"
+# One run: the stages both recipes run (the memory head's DAG and recipe qa's share cohort, models, judge,
+# merge, release, check and cost), then the recipe's own, after the shared ones they build on
+# (llmrnn.plan.Plan.rule_files; memory_head: rules/trajectories, preflight, train (train_grpo), evaluate,
+# report; qa: rules/qa.smk). An experiment (config `experiment`): one module of those per member, and the
+# comparison of them all (rules/experiment.smk).
+if plan.experiment is None:
+    for rule_file in plan.rule_files():
 
+        include: rule_file
 
-# The recipe's own stages, after the shared ones they build on (llmrnn.plan.recipe `rule_files`):
-# memory_head: rules/trajectories, preflight, train (train_grpo), evaluate, report;
-# qa: rules/qa.smk (QA data, SFT warm start, qa_train_grpo, pass@k evaluation)
-for rule_file in plan.recipe.rule_files:
+else:
 
-    include: rule_file
+    include: "rules/experiment.smk"
 
 
 rule all:
@@ -64,10 +60,11 @@ rule all:
         all_targets,
 
 
-# the held-out evaluation of either recipe (memory head: rules/evaluate.smk; qa: rules/qa.smk)
+# the held-out evaluation of either recipe (memory head: rules/evaluate.smk; qa: rules/qa.smk), or of every
+# member of an experiment
 rule eval_heldout:
     input:
-        plan.recipe.heldout_targets(),
+        plan.heldout_targets(),
 
 
 # Every run records what it runs: RUN/config.yaml, each value with its source (`llmrnn config show`).

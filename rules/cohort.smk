@@ -45,8 +45,8 @@ rule build_cohort:
     input:
         unpack(plan.cohort.mimic_iv_inputs),
     output:
-        cohort=f"{RUN}/cohort/built.json",
-        report=f"{RUN}/cohort/build_report.json",
+        cohort=f"{COHORT}/cohort/built.json",
+        report=f"{COHORT}/cohort/build_report.json",
     log:
         f"{LOGS}/build_cohort.log",
     benchmark:
@@ -68,8 +68,8 @@ rule clean_cohort:
     input:
         cohort=plan.cohort.raw_path,
     output:
-        cleaned=f"{RUN}/cohort/cleaned.json",
-        report=f"{RUN}/cohort/cleaning_report.json",
+        cleaned=f"{COHORT}/cohort/cleaned.json",
+        report=f"{COHORT}/cohort/cleaning_report.json",
     log:
         f"{LOGS}/clean_cohort.log",
     benchmark:
@@ -88,10 +88,10 @@ rule split_cohort:
     input:
         cleaned=rules.clean_cohort.output.cleaned,
     output:
-        train=f"{RUN}/splits/train.json",
-        val=f"{RUN}/splits/val.json",
-        test=f"{RUN}/splits/test.json",
-        summary=f"{RUN}/splits/splits.json",
+        train=f"{COHORT}/splits/train.json",
+        val=f"{COHORT}/splits/val.json",
+        test=f"{COHORT}/splits/test.json",
+        summary=f"{COHORT}/splits/splits.json",
     log:
         f"{LOGS}/split_cohort.log",
     benchmark:

@@ -94,6 +94,11 @@ MODELS = plan.paths.models
 QA = plan.paths.qa
 QA_EVAL = plan.paths.qa_eval
 QA_SYNTH = plan.paths.qa_synth
+# the stages an experiment's variants may share (llmrnn.plan, ExperimentPlan); in one run, each is RUN
+COHORT = plan.paths.cohort
+TRAJECTORIES = plan.paths.trajectories
+JUDGE = plan.paths.judge
+UNTRAINED_EVAL = plan.paths.untrained_eval
 
 # Rerun reasons a person can read: Snakemake prints a changed param as its whole JSON before and after;
 # the config keys that changed since this run's RUN/config.yaml, and the command that lists them all
@@ -155,6 +160,13 @@ def planned_outputs(targets):
             todo += inputs
             break
     return outputs
+
+
+def member_rule_names(prefixes):
+    """The names each member of an experiment gives its rules, without the member's prefix (read from the
+    first member's; rules/experiment.smk)."""
+    first = next(iter(prefixes.values()))
+    return [r.name[len(first) :] for r in workflow.rules if r.name.startswith(first)]
 
 
 def run_products():

@@ -5,17 +5,17 @@
 
 rule eval_shard:
     input:
-        test=rules.split_cohort.output.test,
+        test=f"{COHORT}/splits/test.json",
         prompts=config["prompts"]["file"],
         models=plan.evaluate.shard_inputs,
     output:
-        f"{RUN}/eval/{{variant}}/shard_{{shard}}.jsonl",
+        f"{UNTRAINED_EVAL}/eval/{{variant}}/shard_{{shard}}.jsonl",
     log:
         f"{LOGS}/eval/{{variant}}/shard_{{shard}}.log",
     benchmark:
         f"{LOGS}/benchmarks/eval_shard/eval/{{variant}}/shard_{{shard}}.tsv"
     wildcard_constraints:
-        variant=plan.evaluate.VARIANT_PATTERN,
+        variant=plan.evaluate.shard_variant_pattern(),
         shard=r"\d+",
     conda:
         plan.conda_env("forward")
@@ -39,13 +39,13 @@ rule eval_grade:
     input:
         rules.eval_shard.output,
     output:
-        f"{RUN}/eval/{{variant}}/graded_{{shard}}.jsonl",
+        f"{UNTRAINED_EVAL}/eval/{{variant}}/graded_{{shard}}.jsonl",
     log:
         f"{LOGS}/eval/{{variant}}/graded_{{shard}}.log",
     benchmark:
         f"{LOGS}/benchmarks/eval_grade/eval/{{variant}}/graded_{{shard}}.tsv"
     wildcard_constraints:
-        variant=plan.evaluate.VARIANT_PATTERN,
+        variant=plan.evaluate.shard_variant_pattern(),
         shard=r"\d+",
     conda:
         plan.conda_env("data")
@@ -54,6 +54,27 @@ rule eval_grade:
         code=code_hash("evaluate grade"),
     shell:
         "llmrnn evaluate grade --shard {input:q} --out {output:q} --cfg {params.cfg:q} 2> {log:q}"
+
+
+# an experiment's member (llmrnn.plan, ExperimentPlan): the trained model's shards in the member's own folder, the
+# untrained models' in the folder members share
+if plan.evaluate.trained_apart():
+
+    use rule eval_shard as eval_shard_trained with:
+        output:
+            f"{RUN}/eval/{{variant}}/shard_{{shard}}.jsonl",
+        wildcard_constraints:
+            variant="trained",
+            shard=r"\d+",
+
+    use rule eval_grade as eval_grade_trained with:
+        input:
+            rules.eval_shard_trained.output,
+        output:
+            f"{RUN}/eval/{{variant}}/graded_{{shard}}.jsonl",
+        wildcard_constraints:
+            variant="trained",
+            shard=r"\d+",
 
 
 rule eval_gather:

@@ -8,7 +8,7 @@ rule judge_server:
         rubric=config["judge"]["rubric"],
         model=plan.judge.model_input,
     output:
-        endpoint=service(f"{RUN}/judge/endpoint.json"),
+        endpoint=service(f"{JUDGE}/judge/endpoint.json"),
     log:
         f"{LOGS}/judge_server.log",
     conda:

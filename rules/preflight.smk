@@ -9,8 +9,8 @@ from llmrnn.reward.custom import code_files as reward_code_files
 rule preflight:
     input:
         unpack(preflight_judge_input),
-        train=f"{RUN}/trajectories/train.parquet",
-        val=f"{RUN}/trajectories/val.parquet",
+        train=f"{TRAJECTORIES}/trajectories/train.parquet",
+        val=f"{TRAJECTORIES}/trajectories/val.parquet",
         policy=plan.models.memory_model_input(),
     output:
         report=f"{RUN}/train/preflight.json",
@@ -44,10 +44,10 @@ rule judge_agreement:
     input:
         endpoint=rules.judge_server.output.endpoint,
         rubric=config["judge"]["rubric"],
-        train=f"{RUN}/trajectories/train.parquet",
+        train=f"{TRAJECTORIES}/trajectories/train.parquet",
     output:
-        report=f"{RUN}/judge/agreement.json",
-        audit=directory(f"{RUN}/judge/agreement_audit"),
+        report=f"{JUDGE}/judge/agreement.json",
+        audit=directory(f"{JUDGE}/judge/agreement_audit"),
     log:
         f"{LOGS}/judge_agreement.log",
     benchmark:

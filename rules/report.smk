@@ -113,7 +113,7 @@ rule judge_agreement_plot:
         agreement=judge_agreement_source(),
     output:
         plot=report(
-            f"{RUN}/judge/plots/judge_agreement.png",
+            f"{JUDGE}/judge/plots/judge_agreement.png",
             category="Judge",
             caption="../workflow/report/judge_agreement.rst",
         ),

@@ -4,12 +4,12 @@
 
 rule trajectory_shard:
     input:
-        split=f"{RUN}/splits/{{split}}.json",
+        split=f"{COHORT}/splits/{{split}}.json",
         prompts=config["prompts"]["file"],
         models=plan.models.role_markers(),
     output:
-        part=f"{RUN}/trajectories/shards/{{split}}/part_{{k}}.parquet",
-        stats=f"{RUN}/trajectories/shards/{{split}}/part_{{k}}.stats.json",
+        part=f"{TRAJECTORIES}/trajectories/shards/{{split}}/part_{{k}}.parquet",
+        stats=f"{TRAJECTORIES}/trajectories/shards/{{split}}/part_{{k}}.stats.json",
     log:
         f"{LOGS}/trajectories/{{split}}/part_{{k}}.log",
     benchmark:
@@ -39,8 +39,8 @@ rule dump_trajectories:
         stats=lambda w: plan.trajectories.shard_files(w.split, "stats.json"),
         tokenizer=plan.models.memory_model_input(),
     output:
-        parquet=f"{RUN}/trajectories/{{split}}.parquet",
-        summary=f"{RUN}/trajectories/{{split}}.summary.json",
+        parquet=f"{TRAJECTORIES}/trajectories/{{split}}.parquet",
+        summary=f"{TRAJECTORIES}/trajectories/{{split}}.summary.json",
     log:
         f"{LOGS}/trajectories/{{split}}.gather.log",
     benchmark:

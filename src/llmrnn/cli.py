@@ -23,7 +23,7 @@ from llmrnn.errors import NOT_RETRIABLE_DIR, InputError, LlmrnnError, NotRetriab
 # stage module, so the code a job runs is that module's import closure (llmrnn.provenance hashes it for the
 # rules' `code` params).
 STAGES = ("cohort", "models", "trajectories", "judge", "preflight", "train", "merge", "release", "evaluate",
-          "report", "check", "config", "gpus", "qa", "chat", "reward")
+          "report", "check", "config", "gpus", "qa", "chat", "reward", "plan")
 MODULE_OF = {"config": "llmrnn.runconfig"}
 
 

@@ -23,7 +23,7 @@ class CohortPlan(PlanBase):
         if source == "synthetic":
             return SYNTHETIC_COHORT
         if source == "mimic_iv":
-            return f"{self.paths.run}/cohort/built.json"
+            return f"{self.paths.cohort}/cohort/built.json"
         if "{" in source or "}" in source:
             raise InputError(
                 f"cohort.source: {source!r} contains a brace, which Snakemake reads as a wildcard; "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +39,36 @@ class Paths:
     # the logs of jobs whose outputs every run shares (under resources/: the synthetic cohort, models, QA
     # questions), so not under one run's logs
     shared_logs: str = "logs"
+    # an experiment's variant (llmrnn.plan, ExperimentPlan): the folder of each stage its variants may share,
+    # keyed by the settings the stage reads; a stage not named here (and every stage of one run) is under `run`
+    stage_roots: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, run_name: str) -> Paths:
         return cls(run=f"results/{run_name}", logs=f"logs/{run_name}")
+
+    def root(self, stage: str) -> str:
+        """The folder a stage writes under (its cohort/, splits/, trajectories/, ... as in one run's folder)."""
+        return self.stage_roots.get(stage, self.run)
+
+    @property
+    def cohort(self) -> str:
+        """The cohort and its splits (rules/cohort.smk)."""
+        return self.root("cohort")
+
+    @property
+    def trajectories(self) -> str:
+        return self.root("trajectories")
+
+    @property
+    def judge(self) -> str:
+        """The judge's endpoint and agreement check (rules/judge.smk, judge_agreement)."""
+        return self.root("judge")
+
+    @property
+    def untrained_eval(self) -> str:
+        """The held-out evaluation of the base model and the baselines (eval_shard, eval_grade)."""
+        return self.root("untrained_eval")
 
     @property
     def grpo(self) -> GrpoOutputs:

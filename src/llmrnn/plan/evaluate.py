@@ -84,11 +84,29 @@ class EvaluatePlan(PlanBase):
 
     def shard_files(self, kind: str) -> list[str]:
         """All shard files of every variant: kind is "shard" (forward pass) or "graded"."""
-        return [
-            f"{self.paths.run}/eval/{variant}/{kind}_{k}.jsonl"
-            for variant in self.variants()
-            for k in range(self.config["eval"]["shards"])
-        ]
+        return [path for variant in self.variants() for path in self.variant_files(variant, kind)]
+
+    def variant_files(self, variant: str, kind: str = "graded") -> list[str]:
+        """One eval variant's shard files (kind "shard" or "graded"), e.g. an experiment comparison's inputs."""
+        root = self.shard_root(variant)
+        return [f"{root}/eval/{variant}/{kind}_{k}.jsonl" for k in range(self.config["eval"]["shards"])]
+
+    def shard_root(self, variant: str) -> str:
+        """The folder of an eval variant's shards: this run's for the trained model, else the untrained models'
+        (which an experiment's variants share where their eval and cohort settings agree)."""
+        return self.paths.run if variant == "trained" else self.paths.untrained_eval
+
+    def trained_apart(self) -> bool:
+        """Whether the trained model's shards are in another folder than the untrained models' (an experiment's
+        member: rules/evaluate.smk's eval_shard_trained, eval_grade_trained make them)."""
+        return self.shard_root("trained") != self.paths.untrained_eval
+
+    def shard_variant_pattern(self) -> str:
+        """wildcard_constraints of eval_shard/eval_grade's {variant}: every variant, or the untrained ones where
+        the trained model's shards are apart."""
+        if not self.trained_apart():
+            return self.VARIANT_PATTERN
+        return "|".join(v for v in self.VARIANT_PATTERN.split("|") if v != "trained")
 
     def heldout_targets(self) -> list[str]:
         """The memory head's held-out evaluation (what `eval_heldout` builds for it): metrics and plots."""
@@ -113,7 +131,7 @@ class EvaluatePlan(PlanBase):
         """What the overview reads: the comparison and the split sizes; this run's training summary unless
         eval.trained_model names a model trained elsewhere; the rubric when the reward asked the judge."""
         run = self.paths.run
-        inputs = {"comparison": f"{run}/eval/comparison.json", "splits": f"{run}/splits/splits.json"}
+        inputs = {"comparison": f"{run}/eval/comparison.json", "splits": f"{self.paths.cohort}/splits/splits.json"}
         if not self.config["eval"]["trained_model"]:
             inputs["train_summary"] = f"{run}/train/summary.json"
         if asks_judge(self.config):

@@ -114,9 +114,9 @@ class MemoryHeadRecipe(Recipe):
         return self.models.memory_model_input()
 
     def train_inputs(self) -> dict[str, str]:
-        run = self.paths.run
-        return {"train": f"{run}/trajectories/train.parquet", "val": f"{run}/trajectories/val.parquet",
-                "preflight": f"{run}/train/preflight.json", "model": self.policy_input()}
+        trajectories = self.paths.trajectories
+        return {"train": f"{trajectories}/trajectories/train.parquet", "val": f"{trajectories}/trajectories/val.parquet",
+                "preflight": f"{self.paths.run}/train/preflight.json", "model": self.policy_input()}
 
     def train_cfg(self) -> str:
         """The train section + the reward + preflight, whose max_fallback_rate/fallback_window also guard the
@@ -136,7 +136,7 @@ class MemoryHeadRecipe(Recipe):
 
     def release_reference(self, wildcards=None) -> dict:
         """The cohort's splits (split_cohort's outputs)."""
-        splits = f"{self.paths.run}/splits"
+        splits = f"{self.paths.cohort}/splits"
         return {"splits": f"{splits}/splits.json",
                 "split_files": [f"{splits}/{s}.json" for s in ("train", "val", "test")]}
 
@@ -147,9 +147,9 @@ class MemoryHeadRecipe(Recipe):
         """The splits, the trajectories, preflight's report, the training plots (train_plots) and the judge
         agreement figure (judge_agreement_plot), unless preflight.agreement_pairs is 0."""
         run = self.paths.run
-        agreement = [f"{run}/judge/plots/judge_agreement.png"] if self.judge.agreement_on() else []
+        agreement = [f"{self.paths.judge}/judge/plots/judge_agreement.png"] if self.judge.agreement_on() else []
         return [
-            f"{run}/splits/splits.json",
+            f"{self.paths.cohort}/splits/splits.json",
             *self.trajectories.targets(),
             f"{run}/train/preflight.json",
             *(f"{run}/train/plots/{plot}.png" for plot in ("reward", "kl", "truncation")),

@@ -30,13 +30,13 @@ class TrajectoriesPlan(PlanBase):
 
     def shard_files(self, split: str, ext: str) -> list[str]:
         return [
-            f"{self.paths.run}/trajectories/shards/{split}/part_{k}.{ext}"
+            f"{self.paths.trajectories}/trajectories/shards/{split}/part_{k}.{ext}"
             for k in range(self.config["trajectories"]["shards"])
         ]
 
     def targets(self) -> list[str]:
         return [
-            f"{self.paths.run}/trajectories/{s}.{ext}"
+            f"{self.paths.trajectories}/trajectories/{s}.{ext}"
             for s in TRAJECTORY_SPLITS
             for ext in ("parquet", "summary.json")
         ]

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from llmrnn.io import write_text
-from llmrnn.settings import Config
+from llmrnn.settings import Config, Experiment
 from llmrnn.settings.trajectory_step import TrajectoryStep
 from llmrnn.settings.workflow import ModelSpec, Role
 
@@ -206,7 +206,7 @@ def doc_tables() -> dict[str, str]:
     """Marker name -> generated table: each section of Config, the role keys, the model keys."""
     tables = {}
     top = [(k, i) for k, i in Config.model_fields.items()
-           if not (isinstance(i.annotation, type) and issubclass(i.annotation, BaseModel)) and k != "models"]
+           if not (isinstance(i.annotation, type) and issubclass(i.annotation, BaseModel)) and k not in ("models", "experiment")]
     tables["top"] = "\n".join(["| key | type | default | meaning |", "|---|---|---|---|"] + [
         f"| `{k}` | {_cell(_type_text(i))} | {'(required)' if i.is_required() else f'`{json.dumps(_default(i))}`'} "
         f"| {_cell(i.description or '')} |" for k, i in top])
@@ -215,6 +215,7 @@ def doc_tables() -> dict[str, str]:
         if isinstance(tp, type) and issubclass(tp, BaseModel):
             tables[name] = key_table(tp, f"{name}.")
     tables["models"] = key_table(ModelSpec, "models.<name>.")
+    tables["experiment"] = key_table(Experiment, "experiment.")
     tables["role"] = key_table(Role, "roles.<role>.")
     return tables
 

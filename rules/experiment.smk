@@ -1,0 +1,53 @@
+# An experiment (config `experiment`; llmrnn.plan.ExperimentPlan): one Snakemake module per member (a variant, times
+# each training seed) over that member's config, so one DAG. A stage members share has the same folder and
+# params in each of them (its folder is keyed by what it reads); the first member's rules are the ones
+# Snakemake runs for it (ruleorder below), so a shared job runs once. The comparison of every member's trained
+# model with the frozen base, the baselines and the control, on the same test patients, closes it.
+MEMBER_PREFIXES = {}
+for member in plan.experiment.members:
+    MEMBER_PREFIXES[member] = member_prefix = plan.experiment.rule_prefix(member)
+
+    module:
+        name: member
+        snakefile:
+            "../workflow/member.smk"
+        config:
+            plan.experiment.members[member].config
+
+    use rule * from member as member_prefix*
+
+
+# the members' local rules (their rule files' `localrules:` name them without the member's prefix)
+for rule_name in [
+    name for name in workflow._localrules if name in member_rule_names(MEMBER_PREFIXES)
+]:
+    workflow.localrules(*(prefix + rule_name for prefix in MEMBER_PREFIXES.values()))
+    # no rule has the bare name (Snakemake warns of a local rule it cannot find)
+    workflow._localrules.discard(rule_name)
+
+
+# a file several members can make (a shared stage's) is made by the first member's rule
+for rule_name in member_rule_names(MEMBER_PREFIXES):
+    workflow.ruleorder(*(prefix + rule_name for prefix in MEMBER_PREFIXES.values()))
+
+
+rule compare_variants:
+    input:
+        plan.experiment.comparison_inputs(),
+    output:
+        comparison=plan.experiment.comparison_targets()[0],
+        forest=plan.experiment.comparison_targets()[1],
+    log:
+        f"{LOGS}/compare_variants.log",
+    benchmark:
+        f"{LOGS}/benchmarks/compare_variants/compare_variants.tsv"
+    conda:
+        plan.conda_env("data")
+    params:
+        variants=plan.experiment.comparison_args(),
+        control=plan.experiment.control,
+        cfg=plan.experiment.comparison_cfg(),
+        code=code_hash("evaluate compare"),
+    shell:
+        "llmrnn evaluate compare {params.variants:q} --control {params.control:q} --out {output.comparison:q} "
+        "--plot {output.forest:q} --cfg {params.cfg:q} 2> {log:q}"
