@@ -164,8 +164,11 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) ->
 SMALL = {
     "split": {"val_size": 2, "train_size": 4},
     "trajectories": {"shards": 1, "max_visits": 3},
-    "eval": {"max_patients": 3, "shards": 1, "baselines": []},
-    "train": {"total_steps": 2, "save_freq": 2},
+    # one memory-recall transition per evaluated patient (the fewest eval.max_visits allows)
+    "eval": {"max_patients": 3, "max_visits": 2, "shards": 1, "baselines": []},
+    # GRPO's smallest group (2 rollouts a prompt, one forward pass of the 2 x 2 responses): a third of the
+    # demo's 6 rollouts to generate and backpropagate, in training and in its validation
+    "train": {"total_steps": 2, "save_freq": 2, "group_size": 2, "batch": {"micro_per_gpu": 4}},
 }
 
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import snakemake
+from tests.conftest import copy_workflow, snakemake
 
 QA_CORE_JOBS = {"qa_synth", "qa_data", "qa_sft", "qa_merge_sft", "qa_preflight", "qa_train_grpo", "merge_model",
                 "release", "qa_eval_model", "qa_eval_gather", "qa_report"}
@@ -48,16 +51,40 @@ def planned(workdir, *configfiles) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.MULTILINE)}
 
 
+@dataclass
+class QaRun:
+    work: Path  # a workflow copy where `all` of the small layer has run
+    layer: str  # that layer's file name in work
+    jobs: dict[str, int]  # the dry run of `all` before the run
+
+
+@pytest.fixture(scope="module")
+def qa_run(tmp_path_factory, tiny_model_dir) -> QaRun:
+    """The qa demo's `all` on the small layer, run once for the module: the exact-match run and the judged
+    one (its judge grading layered on top) read it. Each test works in a copy (qa_copy)."""
+    work = copy_workflow(tmp_path_factory.mktemp("qa-run"))
+    layer = small_layer(work, tiny_model_dir)
+    jobs = planned(work, layer)
+    snakemake(work, "all", "--configfile", "config/qa_demo.yaml", layer)
+    return QaRun(work, layer, jobs)
+
+
+@pytest.fixture
+def qa_copy(qa_run, tmp_path) -> Path:
+    """A copy of the finished run for one test (cp -a keeps the mtimes Snakemake compares)."""
+    copy = tmp_path / "work"
+    subprocess.run(["cp", "-a", str(qa_run.work), str(copy)], check=True)
+    return copy
+
+
 @pytest.mark.slow
 @pytest.mark.e2e  # a whole-workflow run: `make test-e2e` (the fast-feedback tiers)
-def test_qa_demo_runs_end_to_end_and_reruns_by_the_table(workflow_dir, tiny_model_dir):
-    layer = small_layer(workflow_dir, tiny_model_dir)
-    jobs = planned(workflow_dir, layer)
+def test_qa_demo_runs_end_to_end_and_reruns_by_the_table(qa_run, qa_copy, tiny_model_dir):
+    workflow_dir, layer, jobs = qa_copy, qa_run.layer, qa_run.jobs
     assert QA_CORE_JOBS <= set(jobs) and jobs["qa_eval_model"] == 6  # 3 models x (test, ood)
     assert not {"dump_trajectories", "train_grpo", "eval_shard", "judge_server"} & set(jobs)
     assert not {"clean_cohort", "split_cohort"} & set(jobs)  # the release guards the QA data, not the cohort
 
-    snakemake(workflow_dir, "all", "--configfile", "config/qa_demo.yaml", layer)
     run = workflow_dir / "results/qatest"
     splits = json.loads((run / "qa/splits.json").read_text())
     assert splits["overlap"] == 0 and splits["sizes"]["test"] > 0 and splits["sizes"]["ood"] > 0
@@ -163,10 +190,12 @@ def test_qa_reproduce_names_an_ood_set_or_says_why_not():
 
 
 @pytest.mark.e2e
-def test_qa_answers_are_judge_graded_by_a_judge_of_their_own(workflow_dir, tiny_model_dir, smollm2_dir):
+def test_qa_answers_are_judge_graded_by_a_judge_of_their_own(qa_copy, tiny_model_dir, smollm2_dir):
     """qa.eval.judge: true on CPU: after the six evaluations a second judge instance (SmolLM2-135M, the real
     llmrnn judge server) grades every answer; metrics, comparison and the report carry the judged metrics
-    beside exact match. The judge's knobs and rubric regrade without regenerating or retraining."""
+    beside exact match. The judge's knobs and rubric regrade without regenerating or retraining. Turned on
+    over the module's finished exact-match run, the judge grades the answers it has: nothing upstream reruns."""
+    workflow_dir = qa_copy
     evals = {"k": 2, "max_new_tokens": 12, "max_questions": 4, "judge": True,
              "stats": {"bootstrap": {"samples": 200, "seed": 0}}}
     layer = small_layer(workflow_dir, tiny_model_dir, eval=evals)
@@ -176,6 +205,10 @@ def test_qa_answers_are_judge_graded_by_a_judge_of_their_own(workflow_dir, tiny_
     jobs = planned(workflow_dir, layer, "judge_layer.yaml")
     assert jobs["qa_eval_judge_server"] == 1 and jobs["qa_judge_eval"] == 1
     assert "judge_server" not in jobs  # training's reward asks no judge: only the grading starts one
+    regrade = {"qa_eval_judge_server", "qa_judge_eval", "qa_eval_gather", "qa_report", "all"}
+    # the answers of the exact-match run are graded, not generated again; the judge's model is prepared, and
+    # the release card, whose knobs list the models, is written again
+    assert set(jobs) == regrade | {"prepare_base_model", "release"}
 
     snakemake(workflow_dir, "all", "--configfile", "config/qa_demo.yaml", layer, "judge_layer.yaml")
     run = workflow_dir / "results/qatest"
@@ -194,7 +227,6 @@ def test_qa_answers_are_judge_graded_by_a_judge_of_their_own(workflow_dir, tiny_
 
     # the judge's threshold and its rubric regrade; the answers and the models stay
     stricter = small_layer(workflow_dir, tiny_model_dir, eval={**evals, "judge_threshold": 0.9})
-    regrade = {"qa_eval_judge_server", "qa_judge_eval", "qa_eval_gather", "qa_report", "all"}
     assert set(planned(workflow_dir, stricter, "judge_layer.yaml")) == regrade
     rubric = workflow_dir / "config/rubrics/qa_correctness_smollm2.yaml"
     rubric.write_text(rubric.read_text().replace("1 = wrong or no answer.", "1 = wrong, or no answer at all."))
