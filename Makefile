@@ -40,7 +40,7 @@ demo: $(STAMP)
 # `make test-full`: the tests marked full, in neither tier above nor in .ci/run: the longest runs and those that
 # need the host to themselves (the two-node Ray training and its scancel, whose raylets get Ray's fixed 30 s to
 # register; a SLURM node taken down mid-training; the judged rerun table's second whole baseline; the
-# every-module provenance sweep; two vLLM engine runs). Its SLURM tests run first, alone, then the rest.
+# every-module provenance sweep; two vLLM engine runs; the CPU sweep of variants x seeds). Its SLURM tests run first, alone, then the rest.
 # Budgets (docs/results.md#fast-feedback): `make test` under 10 min warm on 2 cores, .ci/run under 45 min
 # from a fresh clone; no test times itself.
 TEST_WORKERS ?= 3
