@@ -148,7 +148,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                   "phi_guard.files", "phi_guard.accounting", "phi_guard.bundle", "mimic", "mimic.admission", "mimic.sections", "mimic.audit", "mimic.tables", "mimic.build",
                   "mimic.synth"}),
     ("reward", {"reward", "reward.config", "reward.kwargs", "reward.audit", "reward.guard", "reward.scorer",
-                "reward.entry", "reward.custom", "reward.trial", "reward.modes"}),
+                "reward.entry", "reward.custom", "reward.trial", "reward.modes", "reward.function"}),
     ("stages", {"rnn", "trajectories", "merge", "merge.adapter", "merge.weights", "merge.fold",
                 "merge.verify", "gpu_stack", "train", "train.checkpoints",
                 "train.config", "train.data", "train.diagnose", "train.metrics", "train.spec", "train.trl_engine",

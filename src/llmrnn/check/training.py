@@ -34,7 +34,7 @@ def check_training(config: dict) -> list[str]:
     problems += check_trackers(cfg)
     if cfg.engine == "verl":
         # the recipe's reward module (the qa recipe's: llmrnn.qa.rewards, compute_score of the same signature)
-        recipe = RECIPES.get(config.get("recipe", "memory_head"))
+        recipe = RECIPES.get(config.get("recipe"))
         problems += check_verl_command(cfg, recipe.reward_function if recipe else BUILTIN_REWARD)
         problems += check_profile_gpus(config, cfg)
         problems += check_attention(cfg)
