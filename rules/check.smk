@@ -2,15 +2,12 @@
 # queued; lists every problem of the config and its inputs at once (llmrnn check). No output file, so
 # it runs each time it is asked for. `umask 077`: tee creates the log, which may quote the cohort's file
 # names and problems, owner-only (0600), like the logs the patient-text stages make private.
-localrules:
-    check,
-
-
 rule check:
     log:
         f"{LOGS}/check.log",
     # its whole job is to fail on a bad config: the same config fails again (profiles' retries: not here)
     retries: 0
+    localrule: True
     conda:
         plan.conda_env("data")
     params:

@@ -7,14 +7,11 @@
 # The cost plan before submitting (`snakemake --profile profiles/slurm cost_plan`; `llmrnn check` prints its
 # total): GPU-hours and wall time per stage from the rules' resources, and from this run's earlier benchmark
 # files where they exist. No output: it runs, on this machine, each time it is asked for.
-localrules:
-    cost_plan,
-
-
 rule cost_plan:
     log:
         f"{LOGS}/cost_plan.log",
     retries: 0
+    localrule: True
     conda:
         plan.conda_env("data")
     params:

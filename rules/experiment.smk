@@ -17,15 +17,6 @@ for member in plan.experiment.members:
     use rule * from member as member_prefix*
 
 
-# the members' local rules (their rule files' `localrules:` name them without the member's prefix)
-for rule_name in [
-    name for name in workflow._localrules if name in member_rule_names(MEMBER_PREFIXES)
-]:
-    workflow.localrules(*(prefix + rule_name for prefix in MEMBER_PREFIXES.values()))
-    # no rule has the bare name (Snakemake warns of a local rule it cannot find)
-    workflow._localrules.discard(rule_name)
-
-
 # a file several members can make (a shared stage's) is made by the first member's rule
 for rule_name in member_rule_names(MEMBER_PREFIXES):
     workflow.ruleorder(*(prefix + rule_name for prefix in MEMBER_PREFIXES.values()))

@@ -4,10 +4,6 @@
 # node that runs Snakemake can; the GPU jobs then read the local copies offline.
 
 
-localrules:
-    prepare_base_model,
-
-
 rule prepare_base_model:
     output:
         marker=f"{MODELS}/{{name}}/.ready",
@@ -17,6 +13,7 @@ rule prepare_base_model:
         f"{SHARED_LOGS}/benchmarks/prepare_base_model/models/{{name}}.tsv"
     wildcard_constraints:
         name=r"[A-Za-z0-9._-]+",
+    localrule: True
     conda:
         plan.conda_env("cpu")
     threads: plan.models.prepare_threads()
@@ -32,10 +29,6 @@ rule prepare_base_model:
 # The judge model of a rubric with `judge.source: hub` as a file-tracked target: downloaded once with
 # huggingface_hub (HF_TOKEN from the environment for gated repos); the judge server then starts offline
 # from this copy only (`source: path` names a local folder; `local`, a model of prepare_base_model).
-localrules:
-    prepare_judge_model,
-
-
 rule prepare_judge_model:
     output:
         marker="resources/judge_models/{slug}/.ready",
@@ -45,6 +38,7 @@ rule prepare_judge_model:
         f"{SHARED_LOGS}/benchmarks/prepare_judge_model/models/judge-{{slug}}.tsv"
     wildcard_constraints:
         slug=r"[A-Za-z0-9._-]+",
+    localrule: True
     conda:
         plan.conda_env("cpu")
     params:

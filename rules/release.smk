@@ -6,10 +6,6 @@
 # nodes often lack (the bundle is small text plus the merged model's files, read once for the PHI scan).
 
 
-localrules:
-    release,
-
-
 rule release:
     input:
         unpack(plan.recipe.release_reference),
@@ -26,6 +22,7 @@ rule release:
         f"{LOGS}/release.log",
     benchmark:
         f"{LOGS}/benchmarks/release/release.tsv"
+    localrule: True
     conda:
         plan.conda_env("cpu")
     params:
