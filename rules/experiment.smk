@@ -27,7 +27,11 @@ rule compare_variants:
         plan.experiment.comparison_inputs(),
     output:
         comparison=plan.experiment.comparison_targets()[0],
-        forest=plan.experiment.comparison_targets()[1],
+        forest=report(
+            plan.experiment.comparison_targets()[1],
+            category="Comparison",
+            caption="../workflow/report/forest.rst",
+        ),
     log:
         f"{LOGS}/compare_variants.log",
     benchmark:

@@ -9,16 +9,19 @@ rule train_plots:
         reward=report(
             f"{RUN}/train/plots/reward.png",
             caption="../workflow/report/train_reward.rst",
+            labels=plan.report_labels("reward"),
             category="Training",
         ),
         kl=report(
             f"{RUN}/train/plots/kl.png",
             caption="../workflow/report/train_kl.rst",
+            labels=plan.report_labels("KL"),
             category="Training",
         ),
         truncation=report(
             f"{RUN}/train/plots/truncation.png",
             caption="../workflow/report/train_truncation.rst",
+            labels=plan.report_labels("truncation"),
             category="Training",
         ),
     log:
@@ -43,21 +46,25 @@ rule eval_plots:
             f"{RUN}/eval/plots/acc_bars.png",
             category="Held-out evaluation",
             caption="../workflow/report/acc_bars.rst",
+            labels=plan.report_labels("Acc@k"),
         ),
         by_visit=report(
             f"{RUN}/eval/plots/acc_by_visit.png",
             category="Held-out evaluation",
             caption="../workflow/report/acc_by_visit.rst",
+            labels=plan.report_labels("Acc@k by visit"),
         ),
         memory_recall=report(
             f"{RUN}/eval/plots/memory_recall.png",
             category="Held-out evaluation",
             caption="../workflow/report/memory_recall.rst",
+            labels=plan.report_labels("memory recall"),
         ),
         specificity=report(
             f"{RUN}/eval/plots/memory_specificity.png",
             category="Held-out evaluation",
             caption="../workflow/report/memory_specificity.rst",
+            labels=plan.report_labels("memory specificity"),
         ),
         summary=f"{RUN}/eval/plots/summary.tsv",
         # the same table as a page: the report shows HTML inline, a TSV only as a download
@@ -65,6 +72,7 @@ rule eval_plots:
             f"{RUN}/eval/plots/summary.html",
             category="Held-out evaluation",
             caption="../workflow/report/summary.rst",
+            labels=plan.report_labels("summary"),
         ),
     log:
         f"{LOGS}/eval/plots.log",
@@ -91,6 +99,7 @@ rule report_overview:
             plan.evaluate.overview_target(),
             category="Overview",
             caption="../workflow/report/overview.rst",
+            labels=plan.report_labels("overview"),
         ),
     log:
         f"{LOGS}/report_overview.log",

@@ -132,3 +132,14 @@ def test_the_dag_plans_each_shared_job_once_and_each_members_training(tmp_path):
                 "rank8@42=results/ranks/rank8/eval/trained/"):
         assert f"--variant {run}" in compare
     assert "--control rank16" in compare
+
+
+def test_a_members_report_figures_are_labelled_by_its_variant_and_seed():
+    """Snakemake's report(..., labels=...) for a member's own figures, so the report's tables tell the members
+    apart; a run that is no member keeps its unlabelled report."""
+    plan = experiment_of({**RANKS, "seeds": [1, 2]})
+    member = Plan(plan.experiment.members["rank8-s2"].config)
+    assert member.report_labels("memory recall") == {"variant": "rank8", "seed": "2", "figure": "memory recall"}
+    unseeded = Plan(experiment_of(RANKS).experiment.members["rank16"].config)
+    assert unseeded.report_labels("KL") == {"variant": "rank16", "seed": "-", "figure": "KL"}
+    assert Plan.from_configfiles(REPO / "config" / "config.yaml").report_labels("KL") is None

@@ -107,6 +107,15 @@ class Plan(PlanBase):
             return self.experiment.products()
         return [*self.recipe.products(), *self.release.targets(), *self.recipe.heldout_targets()]
 
+    def report_labels(self, figure: str) -> dict | None:
+        """Snakemake's report labels of one of a member's own figures (train, eval, overview): which variant and
+        seed it shows, so the report's tables tell the members apart; None for a run that is no member."""
+        member = member_of(self.config)
+        if not member:
+            return None
+        variant, seed = member_names(self.config["experiment"])[member]
+        return {"variant": variant, "seed": "-" if seed is None else str(seed), "figure": figure}
+
     def heldout_targets(self) -> list[str]:
         """What `eval_heldout` builds: the recipe's held-out evaluation (an experiment's: every member's, and
         their comparison)."""
