@@ -143,3 +143,25 @@ def test_a_members_report_figures_are_labelled_by_its_variant_and_seed():
     unseeded = Plan(experiment_of(RANKS).experiment.members["rank16"].config)
     assert unseeded.report_labels("KL") == {"variant": "rank16", "seed": "-", "figure": "KL"}
     assert Plan.from_configfiles(REPO / "config" / "config.yaml").report_labels("KL") is None
+
+
+def test_the_cost_plan_counts_a_shared_job_group_once_and_each_members_own_jobs():
+    """`llmrnn report cost-plan` and `llmrnn check` on an experiment: its members' stages, a job group members
+    share counted once (the same folder), the members' own (training, merge, the trained model's shards) once
+    per member."""
+    from llmrnn.cost_plan import plan_stages
+
+    single = {s["stage"]: s for s in plan_stages(Plan.from_configfiles(REPO / "config" / "config.yaml").config)}
+    plan = experiment_of({**RANKS, "seeds": [1, 2]})
+    swept = {s["stage"]: s for s in plan_stages(plan.config)}
+    shards = plan.config["eval"]["shards"]
+    assert swept["trajectory_shard"]["jobs"] == single["trajectory_shard"]["jobs"]  # one cohort, one forward pass
+    assert swept["train_grpo"]["jobs"] == 4 and swept["merge_model"]["jobs"] == 4
+    # the base model's shards once, each member's trained model's shards its own
+    assert swept["eval_shard"]["jobs"] == single["eval_shard"]["jobs"] - shards + 4 * shards
+    assert swept["train_grpo"]["gpu_hours"] == 4 * single["train_grpo"]["gpu_hours"]
+    # a variant with its own cohort: its own forward pass and base evaluation too
+    own = {s["stage"]: s for s in plan_stages(experiment_of(
+        {"variants": {"a": {}, "b": {"split": {"seed": 4242}}}}).config)}
+    assert own["trajectory_shard"]["jobs"] == 2 * single["trajectory_shard"]["jobs"]
+    assert own["eval_shard"]["jobs"] == 2 * single["eval_shard"]["jobs"]

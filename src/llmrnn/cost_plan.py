@@ -19,12 +19,15 @@ from pathlib import Path
 
 from llmrnn.benchmarks import read_benchmarks
 from llmrnn.errors import LlmrnnError
-from llmrnn.plan import Plan
+from llmrnn.plan import ExperimentPlan, Plan
 
 
 def plan_stages(config: Mapping, benchmarks: str | Path | None = None) -> list[dict]:
-    """Per stage: jobs, GPUs per job, hours per job (cap or measured), GPU-hours, and where the hours came from."""
+    """Per stage: jobs, GPUs per job, hours per job (cap or measured), GPU-hours, and where the hours came from.
+    An experiment's (config `experiment`): every member's, a job group members share counted once."""
     plan = Plan(config)
+    if plan.experiment is not None:
+        return experiment_stages(plan.experiment, benchmarks)
     if not plan.recipe.cost_stages:
         raise LlmrnnError(f"cost plan: recipe {plan.recipe.name} is not planned yet (the memory-head recipe only)")
     c = config
@@ -57,6 +60,44 @@ def plan_stages(config: Mapping, benchmarks: str | Path | None = None) -> list[d
                        "gpu_hours": jobs * int(gpus) * hours, "source": source,
                        "critical": stage in plan.recipe.critical_path})
     return stages
+
+
+# the cost stages whose jobs an experiment's members may share, and the experiment stage whose folder says who
+# shares them (llmrnn.plan.SHARED_STAGES); the eval shards of the untrained variants (base, baselines) too
+SHARED_COST_STAGES = {"trajectory_shard": "trajectories", "judge_server": "judge"}
+
+
+def experiment_stages(experiment: ExperimentPlan, benchmarks: str | Path | None = None) -> list[dict]:
+    """An experiment's cost plan: each member's stages (its benchmarks in logs/RUN/<member>/benchmarks when
+    `benchmarks` is the run's logs/RUN/benchmarks), a job group that members share (the same folder: the plan's
+    stage keys) counted once: the trajectory shards, the judge that only the agreement check starts, and the
+    untrained variants' eval shards; training, merge and the trained model's eval shards once per member. The
+    critical path is one member's: members run side by side."""
+    totals: dict[str, dict] = {}
+    counted: set[tuple[str, str]] = set()
+
+    def first_time(stage: str, folder: str | None) -> bool:
+        if folder is None:  # not shared by this member: its own
+            return True
+        seen = (stage, folder) in counted
+        counted.add((stage, folder))
+        return not seen
+
+    for name, member in experiment.members.items():
+        member_benchmarks = Path(benchmarks).parent / name / "benchmarks" if benchmarks else None
+        for row in plan_stages(member.config, member_benchmarks):
+            stage, jobs = row["stage"], row["jobs"]
+            if stage in SHARED_COST_STAGES and not first_time(stage, member.paths.stage_roots.get(SHARED_COST_STAGES[stage])):
+                continue
+            if stage == "eval_shard" and not first_time(stage, member.paths.stage_roots.get("untrained_eval")):
+                jobs = member.config["eval"]["shards"]  # the trained model's shards alone
+            total = totals.setdefault(stage, {**row, "jobs": 0, "gpu_hours": 0.0, "hours_per_job": 0.0})
+            total["jobs"] += jobs
+            total["gpu_hours"] += jobs * row["gpus_per_job"] * row["hours_per_job"]
+            total["hours_per_job"] = max(total["hours_per_job"], row["hours_per_job"])
+            if row["source"] == "cap":
+                total["source"] = "cap"
+    return list(totals.values())
 
 
 def wall_hours(stages: list[dict]) -> float:
