@@ -160,3 +160,19 @@ def test_forest_plot_and_cli(tmp_path, runs, comparison, capsys):
     assert len(err) == 1 and "graded shard not found" in err[0] and "good@2" in err[0]
     assert cli.main(["evaluate", "compare", "--variant", "good@=x.jsonl", "--out", str(tmp_path / "x.json")]) != 0
     assert "expected NAME=PATH or NAME@SEED=PATH" in capsys.readouterr().err
+
+
+def test_a_variant_on_other_inputs_is_measured_against_its_own_base(runs):
+    """--base-of: a trained variant whose inputs differ (another cohort's prompts) is compared with its own frozen
+    base, not the shared one; a name that is not a trained variant, or a base that is not a single run, is one
+    line."""
+    own_base = run(set(range(20)))  # its inputs make the untrained model right on 20 of 30
+    with_own = {**runs, "base_other": {None: own_base}, "other": {s: run(GOOD_RIGHT) for s in ("1", "2")}}
+    comps = by_name(compare_variants(with_own, control="control", stats=STATS, base_of={"other": "base_other"}))
+    assert comps["other vs base_other"]["against"] == "base" and "other vs base" not in comps
+    assert comps["other vs base_other"]["mean"]["acc_at_1"]["diff"] == pytest.approx(4 / 30)
+    assert comps["good vs base"]["mean"]["acc_at_1"]["diff"] == pytest.approx(18 / 30)  # the others: the shared base
+    with pytest.raises(InputError, match="base_other is not a trained variant"):
+        compare_variants(with_own, stats=STATS, base_of={"base_other": "base"})
+    with pytest.raises(InputError, match="good is not a single"):
+        compare_variants(with_own, stats=STATS, base_of={"other": "good"})

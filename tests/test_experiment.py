@@ -165,3 +165,16 @@ def test_the_cost_plan_counts_a_shared_job_group_once_and_each_members_own_jobs(
         {"variants": {"a": {}, "b": {"split": {"seed": 4242}}}}).config)}
     assert own["trajectory_shard"]["jobs"] == 2 * single["trajectory_shard"]["jobs"]
     assert own["eval_shard"]["jobs"] == 2 * single["eval_shard"]["jobs"]
+
+
+def test_a_variant_on_its_own_inputs_is_compared_with_its_own_base():
+    """A variant whose untrained evaluation is not the control's (another cohort: cohort.mimic_iv.mode, a split
+    seed) brings its own frozen base into the comparison (--base-of); variants on the control's inputs share its
+    base."""
+    experiment = experiment_of({"variants": {"a": {}, "b": {"split": {"seed": 4242}}, "c": RANKS["variants"]["rank8"]},
+                                "control": "a"}).experiment
+    assert experiment.own_bases() == {"b": "base_b"}
+    args = experiment.comparison_args()
+    assert args[-2:] == ["--base-of", "b=base_b"]
+    own = [a.split("=", 1)[1] for a in args if a.startswith("base_b=")]
+    assert own == experiment.members["b"].evaluate.variant_files("base") and "untrained_eval-" in own[0]

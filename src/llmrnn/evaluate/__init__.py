@@ -145,8 +145,14 @@ def _cmd_compare(args: argparse.Namespace) -> None:
 
     runs = {variant: {seed: [rec for p in paths for rec in io.read_jsonl(p)] for seed, paths in seeds.items()}
             for variant, seeds in parse_runs(args.variant).items()}
+    base_of = {}
+    for item in args.base_of:
+        variant, sep, own = item.partition("=")
+        if not sep or not variant or not own:
+            raise InputError(f"--base-of {item!r}: expected VARIANT=BASE (a trained variant and its own base run)")
+        base_of[variant] = own
     comparison = compare_variants(runs, base=args.base, control=args.control, stats=args.cfg.get("stats"),
-                                  alpha=args.alpha)
+                                  alpha=args.alpha, base_of=base_of)
     io.write_json(args.out, comparison)
     if args.plot:
         plot_forest(comparison, args.plot)
@@ -194,6 +200,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a graded shard of a variant (repeat: several shards, seeds and variants); NAME@SEED marks "
                         "one training seed of a trained variant")
     p.add_argument("--base", default="base", help="the frozen base every variant is compared with (default base)")
+    p.add_argument("--base-of", action="append", default=[], metavar="VARIANT=BASE",
+                   help="a trained variant's own frozen base (a single run) in place of --base, repeated")
     p.add_argument("--control", default=None, help="a variant every other trained variant is compared with")
     p.add_argument("--alpha", type=float, default=0.05, help="family-wise error rate of the Holm correction")
     p.add_argument("--out", required=True, help="output: comparison.json")

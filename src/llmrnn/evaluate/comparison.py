@@ -183,12 +183,20 @@ def correct_family(comparisons: list[dict], alpha: float) -> dict:
 
 
 def compare_variants(runs: Runs, base: str = "base", control: str | None = None, stats: dict | None = None,
-                     alpha: float = 0.05) -> dict:
-    """The comparison document (eval/comparison.json) of `runs` ({variant: {seed: graded records}})."""
+                     alpha: float = 0.05, base_of: dict[str, str] | None = None) -> dict:
+    """The comparison document (eval/comparison.json) of `runs` ({variant: {seed: graded records}}).
+    `base_of`: a trained variant's own frozen base where it is not `base` (a variant whose inputs differ: its
+    base model evaluated on its own prompts), so its gain is measured against the model it started from."""
     check_runs(runs, base, control)
+    base_of = dict(base_of or {})
+    for variant, own in base_of.items():
+        if variant not in runs or None in runs[variant]:
+            raise InputError(f"compare: --base-of {variant}={own}: {variant} is not a trained variant")
+        if own not in runs or None not in runs[own]:
+            raise InputError(f"compare: --base-of {variant}={own}: {own} is not a single (untrained) run")
     stats = filled("eval.stats", stats)
     boot, exact_below = stats["bootstrap"], int(stats["mcnemar_exact_below"])
-    comparisons = [compare_pair(runs, base, v, "base", boot, exact_below) for v in runs if v != base]
+    comparisons = [compare_pair(runs, base_of.get(v, base), v, "base", boot, exact_below) for v in runs if v != base]
     if control is not None:
         trained = [v for v, seeds in runs.items() if None not in seeds and v not in (base, control)]
         comparisons += [compare_pair(runs, control, v, "control", boot, exact_below) for v in trained]
@@ -196,6 +204,7 @@ def compare_variants(runs: Runs, base: str = "base", control: str | None = None,
     first = next(iter(next(iter(runs.values())).values()))
     return {
         "base": base,
+        "base_of": base_of,
         "control": control,
         "n_patients": len(first),
         "scored_visit": "last visit of each patient (Acc@1, Acc@5); memory recall over every transition",

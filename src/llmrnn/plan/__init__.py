@@ -330,15 +330,27 @@ class ExperimentPlan(PlanBase):
             plan = self.members[name]
             seed = plan.config["train"]["seed"] if seed is None else seed
             runs[f"{variant}@{seed}"] = plan.evaluate.variant_files("trained")
+            if variant in self.own_bases():
+                runs[self.own_bases()[variant]] = plan.evaluate.variant_files("base")
         return runs
+
+    def own_bases(self) -> dict[str, str]:
+        """variant -> the name of its own frozen base run, for each variant whose untrained evaluation is not the
+        control's (other inputs: another cohort or prompts), so its gain is measured against the model it
+        started from, on its own inputs (`llmrnn evaluate compare --base-of`)."""
+        first = {variant: self.members[name] for name, (variant, _) in reversed(self.names.items())}
+        control_root = first[self.control].paths.stage_roots.get("untrained_eval")
+        return {variant: f"base_{variant}" for variant, plan in first.items()
+                if plan.paths.stage_roots.get("untrained_eval") != control_root}
 
     def comparison_inputs(self, wildcards=None) -> list[str]:
         return sorted({path for paths in self.comparison_runs().values() for path in paths})
 
     def comparison_args(self, wildcards=None) -> list[str]:
         """--variant NAME=PATH for every graded shard, a list for `{params.variants:q}`."""
-        return [arg for name, paths in self.comparison_runs().items() for path in paths
-                for arg in ("--variant", f"{name}={path}")]
+        return [*(arg for name, paths in self.comparison_runs().items() for path in paths
+                  for arg in ("--variant", f"{name}={path}")),
+                *(arg for variant, own in self.own_bases().items() for arg in ("--base-of", f"{variant}={own}"))]
 
     def comparison_cfg(self) -> str:
         """params of compare_variants: the statistics knobs of the control (`eval.stats`)."""
