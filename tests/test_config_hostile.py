@@ -141,14 +141,19 @@ def in_repo(monkeypatch):
 MISSING_HERE = ("is not downloaded yet and HF_HUB_OFFLINE is set", "data/", "gpu stack", "verl")
 
 
+# the shipped configs written to be layered on another (docs/compare.md's experiments), checked over it
+OVERLAID_ON = {"sweep-cpu.yaml": "config.yaml", "ablations.yaml": "reproduce.yaml"}
+
+
 def test_check_passes_every_shipped_config_with_its_own_recipe_checks(in_repo):
     """The CPU demos pass whole; a reproduction config is refused only for data and models this machine
     lacks, never by another recipe's check (qa_demo once failed the memory head's split sizes)."""
     shipped = sorted((REPO / "config").glob("*.yaml"))
     assert {p.name for p in shipped} >= {"config.yaml", "qa_demo.yaml", "reproduce.yaml", "qa_reproduce.yaml"}
     for path in shipped:
-        report = run_checks([Path("config") / path.name])
-        if path.name in ("config.yaml", "qa_demo.yaml"):
+        layers = [Path("config") / name for name in (OVERLAID_ON.get(path.name), path.name) if name]
+        report = run_checks(layers)
+        if path.name in ("config.yaml", "qa_demo.yaml", "sweep-cpu.yaml"):
             assert report["ok"], (path.name, report["problems"])
         for problem in report["problems"]:
             assert any(m in problem for m in MISSING_HERE), (path.name, problem)
