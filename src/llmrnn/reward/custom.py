@@ -138,8 +138,9 @@ class RewardProcess:
                 os.close(fd)
         self._req, self._resp = req_w, resp_r
         os.set_blocking(req_w, False)
-        threading.Thread(target=_pass_output, args=(out_r, self.output_cap, self.where), daemon=True,
-                         name="llmrnn-reward-output").start()
+        self._output = threading.Thread(target=_pass_output, args=(out_r, self.output_cap, self.where),
+                                        daemon=True, name="llmrnn-reward-output")
+        self._output.start()
         status, line, trace = self._ask(_pickled(("load", str(Path(self.path).resolve()), self.name, self.max_abs)),
                                         "importing it ", self.import_timeout_s, self.import_limit)
         if status != "ok":
@@ -295,6 +296,12 @@ class RewardProcess:
                 if not _session(proc.pid):
                     break
                 time.sleep(0.02)
+            # the child's session is gone, so is every writer of its output pipe: what it printed last reaches
+            # the log before close() returns (a loaded host ended the process first and lost it); bounded, as
+            # a grandchild that escaped the session may still hold the pipe
+            output = getattr(self, "_output", None)
+            if output is not None and output is not threading.current_thread():
+                output.join(timeout=5)
         for name in ("_req", "_resp"):
             fd, _ = getattr(self, name), setattr(self, name, -1)
             if fd >= 0:
