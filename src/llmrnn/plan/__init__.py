@@ -326,22 +326,22 @@ class ExperimentPlan(PlanBase):
         for variant in control.evaluate.variants():
             if variant != "trained":
                 runs[variant] = control.evaluate.variant_files(variant)
+        own_bases = self.own_bases()
         for name, (variant, seed) in self.names.items():
             plan = self.members[name]
             seed = plan.config["train"]["seed"] if seed is None else seed
             runs[f"{variant}@{seed}"] = plan.evaluate.variant_files("trained")
-            if variant in self.own_bases():
-                runs[self.own_bases()[variant]] = plan.evaluate.variant_files("base")
+            if variant in own_bases:
+                runs[own_bases[variant]] = plan.evaluate.variant_files("base")
         return runs
 
     def own_bases(self) -> dict[str, str]:
         """variant -> the name of its own frozen base run, for each variant whose untrained evaluation is not the
         control's (other inputs: another cohort or prompts), so its gain is measured against the model it
         started from, on its own inputs (`llmrnn evaluate compare --base-of`)."""
-        first = {variant: self.members[name] for name, (variant, _) in reversed(self.names.items())}
-        control_root = first[self.control].paths.stage_roots.get("untrained_eval")
-        return {variant: f"base_{variant}" for variant, plan in first.items()
-                if plan.paths.stage_roots.get("untrained_eval") != control_root}
+        untrained = {variant: self.members[name].paths.stage_roots.get("untrained_eval")
+                     for name, (variant, _) in self.names.items()}  # a variant's seeds share it
+        return {variant: f"base_{variant}" for variant, root in untrained.items() if root != untrained[self.control]}
 
     def comparison_inputs(self, wildcards=None) -> list[str]:
         return sorted({path for paths in self.comparison_runs().values() for path in paths})
