@@ -7,19 +7,19 @@ rule train_plots:
         summary=rules.train_grpo.output.summary,
     output:
         reward=report(
-            f"{RUN}/train/plots/reward.png",
+            plan.train.plots().reward,
             caption="../workflow/report/train_reward.rst",
             labels=plan.report_labels("reward"),
             category="Training",
         ),
         kl=report(
-            f"{RUN}/train/plots/kl.png",
+            plan.train.plots().kl,
             caption="../workflow/report/train_kl.rst",
             labels=plan.report_labels("KL"),
             category="Training",
         ),
         truncation=report(
-            f"{RUN}/train/plots/truncation.png",
+            plan.train.plots().truncation,
             caption="../workflow/report/train_truncation.rst",
             labels=plan.report_labels("truncation"),
             category="Training",

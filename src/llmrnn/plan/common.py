@@ -28,6 +28,16 @@ class GrpoOutputs:
 
 
 @dataclass(frozen=True)
+class TrainPlots:
+    """The training plots of the memory head's GRPO run (train_plots, rules/report.smk); `all` requests them
+    (MemoryHeadRecipe.products)."""
+
+    reward: str
+    kl: str
+    truncation: str
+
+
+@dataclass(frozen=True)
 class Paths:
     """Every path prefix of a run, built here only (rules use RUN, LOGS, SHARED_LOGS, MODELS, QA, QA_EVAL,
     QA_SYNTH)."""
@@ -74,6 +84,11 @@ class Paths:
     def grpo(self) -> GrpoOutputs:
         train = f"{self.run}/train"
         return GrpoOutputs(adapter=f"{train}/adapter", metrics=f"{train}/metrics.jsonl", summary=f"{train}/summary.json")
+
+    @property
+    def train_plots(self) -> TrainPlots:
+        plots = f"{self.run}/train/plots"
+        return TrainPlots(reward=f"{plots}/reward.png", kl=f"{plots}/kl.png", truncation=f"{plots}/truncation.png")
 
     @property
     def qa(self) -> str:

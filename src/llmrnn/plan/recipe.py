@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import astuple
 from typing import ClassVar
 
 from llmrnn.plan.common import PlanBase, knobs
@@ -146,13 +147,12 @@ class MemoryHeadRecipe(Recipe):
     def products(self) -> list[str]:
         """The splits, the trajectories, preflight's report, the training plots (train_plots) and the judge
         agreement figure (judge_agreement_plot), unless preflight.agreement_pairs is 0."""
-        run = self.paths.run
         agreement = [f"{self.paths.judge}/judge/plots/judge_agreement.png"] if self.judge.agreement_on() else []
         return [
             f"{self.paths.cohort}/splits/splits.json",
             *self.trajectories.targets(),
-            f"{run}/train/preflight.json",
-            *(f"{run}/train/plots/{plot}.png" for plot in ("reward", "kl", "truncation")),
+            self.train_inputs()["preflight"],
+            *astuple(self.paths.train_plots),
             *agreement,
         ]
 

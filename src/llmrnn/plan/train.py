@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from llmrnn.plan.common import GrpoOutputs, PlanBase, input_flag, stage_resources
+from llmrnn.plan.common import GrpoOutputs, PlanBase, TrainPlots, input_flag, stage_resources
 from llmrnn.plan.judge import JudgePlan
 from llmrnn.plan.recipe import Recipe
 
@@ -26,6 +26,10 @@ class TrainPlan(PlanBase):
 
     def outputs(self) -> GrpoOutputs:
         return self.paths.grpo
+
+    def plots(self) -> TrainPlots:
+        """The plots of its metrics (train_plots' outputs, rules/report.smk; memory_head only)."""
+        return self.paths.train_plots
 
     def inputs(self) -> dict[str, str]:
         """The job's data, its preflight report (which must say ok) and the policy it trains."""
