@@ -15,13 +15,15 @@ import yaml
 
 from llmrnn import io
 from tests.conftest import REPO, snakemake
-from tests.slurm.dag import parse_dry_run
+from tests.slurm.dag import parse_dry_run, write_small_config
 
-# full (make test-full), not the e2e tier: four trainings, merges and evaluations of the demo model took 27 min
-# of CPU here, more than CI's budget leaves; tests/test_experiment.py plans the same sweep (the plan and a
-# real dry run) in the unit tier
+# full (make test-full), not the e2e tier: four trainings, merges and evaluations of the demo model (27 min of
+# CPU over the sweep as shipped, before it was layered with SMALL here); tests/test_experiment.py plans the
+# same sweep (the plan and a real dry run) in the unit tier
 pytestmark = [pytest.mark.slow, pytest.mark.full]
-SWEEP = ("--configfile", "config/config.yaml", "config/sweep-cpu.yaml")
+# the shipped sweep with tests/slurm/dag.py's SMALL layered on top (GRPO's smallest group, 3 test patients of
+# one memory-recall transition each, 2 steps): the same DAG and the same sharing, fewer rows in each job
+SWEEP = ("config/config.yaml", "config/sweep-cpu.yaml")
 MEMBERS = ("rank16_s1", "rank16_s2", "rank8_s1", "rank8_s2")
 SHARED = ("build_cohort", "split_cohort", "trajectory_shard", "dump_trajectories", "judge_agreement",
           "eval_shard", "eval_grade")
@@ -39,7 +41,8 @@ def test_cpu_sweep_shares_stages_compares_every_pair_and_reruns_one_variant(work
     snapshot = workflow_dir / ".pkg" / "src"
     shutil.copytree(REPO / "src", snapshot, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     monkeypatch.setenv("PYTHONPATH", str(snapshot))
-    run = snakemake(workflow_dir, "all", "--latency-wait", "60", *SWEEP)
+    files = ("--configfile", *SWEEP, write_small_config(workflow_dir))
+    run = snakemake(workflow_dir, "all", "--latency-wait", "60", *files)
     counts = job_counts(run.stdout + run.stderr)
     for rule in SHARED:  # one member's rule ran each shared job (dump_trajectories: train and val)
         made = {name: n for name, n in counts.items() if name.endswith(f"__{rule}")}
@@ -70,7 +73,7 @@ def test_cpu_sweep_shares_stages_compares_every_pair_and_reruns_one_variant(work
     config = yaml.safe_load(sweep.read_text())
     config["experiment"]["variants"]["rank8"]["train"]["lr"] = 1.0e-4
     sweep.write_text(yaml.safe_dump(config))
-    dry = snakemake(workflow_dir, "all", "-n", "-p", "--rerun-triggers", "params", *SWEEP)
+    dry = snakemake(workflow_dir, "all", "-n", "-p", "--rerun-triggers", "params", *files)
     rerun = {job.rule for job in parse_dry_run(dry.stdout + dry.stderr) if job.shell is not None}
     assert "rank8_s1__train_grpo" in rerun and "rank8_s2__train_grpo" in rerun
     assert "compare_variants" in rerun
