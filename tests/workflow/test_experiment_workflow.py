@@ -21,9 +21,20 @@ from tests.slurm.dag import parse_dry_run, write_small_config
 # CPU over the sweep as shipped, before it was layered with SMALL here); tests/test_experiment.py plans the
 # same sweep (the plan and a real dry run) in the unit tier
 pytestmark = [pytest.mark.slow, pytest.mark.full]
-# the shipped sweep with tests/slurm/dag.py's SMALL layered on top (GRPO's smallest group, 3 test patients of
-# one memory-recall transition each, 2 steps): the same DAG and the same sharing, fewer rows in each job
 SWEEP = ("config/config.yaml", "config/sweep-cpu.yaml")
+
+
+def write_small(workdir: Path) -> str:
+    """The shipped sweep shrunk by tests/slurm/dag.py's SMALL (3 test patients of one memory-recall transition
+    each, no baselines, 2 steps): the same DAG and sharing, fewer rows in each job. Not SMALL's GRPO group of 2:
+    at 2 rollouts a prompt both seed-2 members drew reward 0 for all 4 rollouts (grad 0), and their unmoved
+    adapters fail the merge check; the demo's 6 a prompt is what the shipped sweep trains with."""
+    name = write_small_config(workdir)
+    small = yaml.safe_load((workdir / name).read_text())
+    small["train"].pop("group_size")
+    small["train"].pop("batch")
+    (workdir / name).write_text(yaml.safe_dump(small))
+    return name
 MEMBERS = ("rank16_s1", "rank16_s2", "rank8_s1", "rank8_s2")
 SHARED = ("build_cohort", "split_cohort", "trajectory_shard", "dump_trajectories", "judge_agreement",
           "eval_shard", "eval_grade")
@@ -41,7 +52,7 @@ def test_cpu_sweep_shares_stages_compares_every_pair_and_reruns_one_variant(work
     snapshot = workflow_dir / ".pkg" / "src"
     shutil.copytree(REPO / "src", snapshot, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     monkeypatch.setenv("PYTHONPATH", str(snapshot))
-    files = ("--configfile", *SWEEP, write_small_config(workflow_dir))
+    files = ("--configfile", *SWEEP, write_small(workflow_dir))
     run = snakemake(workflow_dir, "all", "--latency-wait", "60", *files)
     counts = job_counts(run.stdout + run.stderr)
     for rule in SHARED:  # one member's rule ran each shared job (dump_trajectories: train and val)
