@@ -16,6 +16,7 @@ import yaml
 from llmrnn import io
 from tests.conftest import REPO, snakemake
 from tests.slurm.dag import parse_dry_run, write_small_config
+from tests.test_demo_seeds import assert_seed_table
 
 # full (make test-full), not the e2e tier: four trainings, merges and evaluations of the demo model (27 min of
 # CPU over the sweep as shipped, before it was layered with SMALL here); tests/test_experiment.py plans the
@@ -78,6 +79,9 @@ def test_cpu_sweep_shares_stages_compares_every_pair_and_reruns_one_variant(work
     assert comparison["family"]["method"] == "holm" and len(tests) == comparison["family"]["size"] > 0
     assert all(t["p_value"] <= t["p_holm"] <= 1 for t in tests)
     assert (results / "eval" / "forest.png").stat().st_size > 0
+    # benchmarks/demo_seeds.py's seed table, printed from these files (the script runs the demo the same way)
+    for variant in ("rank16", "rank8"):
+        assert_seed_table(results, variant, [1, 2])
 
     # one variant's training knob: that variant's members rerun from training on (and the comparison), no other
     sweep = workflow_dir / "config" / "sweep-cpu.yaml"
