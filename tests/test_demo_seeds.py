@@ -84,3 +84,16 @@ def assert_seed_table(results: Path, variant: str, seeds: list[int]) -> list[str
         chosen = json.loads((member / "train" / "summary.json").read_text())["checkpoint"]
         assert cells[9] == f"step {chosen['step']} ({chosen['select']})"
     return rows
+
+
+# A finished experiment's files, as demo_seeds.py reads them: copied (only the files the table reads) from the
+# run of tests/workflow/test_experiment_workflow.py on 2026-12-04 (the CPU sweep with SMALL's rows: rank16's
+# seeds 1 and 2, 3 held-out patients; its full-tier test checks the same on its own fresh run)
+SWEEP_RESULTS = REPO / "tests" / "data" / "sweep_cpu_results"
+
+
+def test_the_seed_table_is_printed_from_an_experiments_files():
+    rows = assert_seed_table(SWEEP_RESULTS, "rank16", [1, 2])
+    # the seeds in the order asked, each from its own member
+    assert [row.split("|")[1].strip() for row in assert_seed_table(SWEEP_RESULTS, "rank16", [2, 1])] == ["2", "1"]
+    assert rows[0] != rows[1]  # seed 1 and seed 2 trained differently (their val rewards)
