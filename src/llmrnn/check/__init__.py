@@ -1,7 +1,9 @@
 """`llmrnn check`: the pre-submit check. Runs on a login node (no GPU) and lists ALL problems at once,
 before anything is queued: config schema, cohort file, base models + chat templates (or hub ids that
 resolve), the judge rubric and model, batch geometry, the verl command composed against the installed
-verl config, the Hub token and target repo when upload is on, and the SLURM profile's GPU counts.
+verl config, the Hub token and target repo when upload is on, and the SLURM profile's GPU counts. An
+experiment's config (section `experiment`, docs/compare.md) is checked as each of its variants runs it: a
+problem only some variants have names them (`experiment.variants.rank8: ...`).
 
     llmrnn check [--configfile config/reproduce.yaml ...] [--out check.json]
 
