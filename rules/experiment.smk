@@ -14,7 +14,13 @@ for member in plan.experiment.members:
         config:
             plan.experiment.members[member].config
 
-    use rule * from member as member_prefix*
+    # the pre-submit rules are the experiment's own (below), not each member's: they read the whole experiment
+    use rule * from member exclude check, cost_plan as member_prefix*
+
+
+# `snakemake check` and `snakemake cost_plan` as in one run: llmrnn check and llmrnn report cost-plan over the
+# experiment's config files, which check and plan every member (llmrnn.cost_plan.experiment_stages)
+include: "check.smk"
 
 
 # a file several members can make (a shared stage's) is made by the first member's rule

@@ -134,6 +134,47 @@ def test_the_dag_plans_each_shared_job_once_and_each_members_training(tmp_path):
     assert "--control rank16" in compare
 
 
+@pytest.mark.slow  # one dry run of a two-member DAG: ~20 s
+def test_check_and_cost_plan_are_the_experiments_own_targets_over_every_member(tmp_path):
+    """`snakemake check` and `snakemake cost_plan` of an experiment are one job each, as in one run: llmrnn check
+    and llmrnn report cost-plan over the experiment's config files (both read every member) with the
+    experiment's logs, the cost plan reading each member's benchmarks under them; no member has its own."""
+    work = copy_workflow(tmp_path)
+    (work / "ranks.yaml").write_text("run_name: ranks\nexperiment:\n  variants:\n    rank16: {}\n"
+                                     "    rank8: {train: {lora: {rank: 8, alpha: 16}}}\n")
+    proc = snakemake(work, "check", "cost_plan", "-n", "-p", "--configfile", "config/config.yaml", "ranks.yaml")
+    assert job_counts(proc.stdout) == {"check": 1, "cost_plan": 1, "total": 2}
+    files = f"--configfile {work}/config/config.yaml {work}/ranks.yaml"
+    shell = [line for line in proc.stdout.splitlines() if "umask 077; llmrnn " in line]
+    assert len(shell) == 2
+    check = next(line for line in shell if "llmrnn check " in line)
+    assert files in check and "tee logs/ranks/check.log" in check
+    cost = next(line for line in shell if "llmrnn report cost-plan " in line)
+    assert files in cost and "--benchmarks logs/ranks/benchmarks " in cost and "tee logs/ranks/cost_plan.log" in cost
+    listed = snakemake(work, "-l", "--configfile", "config/config.yaml", "ranks.yaml").stdout.split()
+    assert "check" in listed and "cost_plan" in listed
+    assert not [r for r in listed if r.endswith(("__check", "__cost_plan"))], listed
+
+
+def test_llmrnn_check_checks_each_variant_as_it_runs(tmp_path, monkeypatch):
+    """`llmrnn check` (so `snakemake check`) of an experiment runs every check over each variant's config: a
+    problem of one variant's own settings (a judge rubric that is not there) names that variant; one that every
+    variant has is the config's, said once."""
+    from llmrnn.check import run_checks
+
+    monkeypatch.chdir(REPO)
+    over = tmp_path / "x.yaml"
+    over.write_text("run_name: x\nexperiment:\n  variants:\n    a: {}\n"
+                    "    b: {judge: {rubric: config/rubrics/nope.yaml}, train: {lora: {rank: 8}}}\n  seeds: [1, 2]\n")
+    report = run_checks([REPO / "config" / "config.yaml", over])
+    assert report["problems"] == ["experiment.variants.b: judge.rubric: config/rubrics/nope.yaml does not exist"]
+    (tmp_path / "gone.yaml").write_text("cohort: {mimic_iv: {hosp: /nonexistent/hosp}}\n")
+    report = run_checks([REPO / "config" / "config.yaml", over, tmp_path / "gone.yaml"])
+    said = [p for p in report["problems"] if "/nonexistent/hosp" in p]
+    assert said and not [p for p in said if p.startswith("experiment.variants.")], report["problems"]
+    assert len(said) == len(set(said))
+
+
 def test_a_members_report_figures_are_labelled_by_its_variant_and_seed():
     """Snakemake's report(..., labels=...) for a member's own figures, so the report's tables tell the members
     apart; a run that is no member keeps its unlabelled report."""

@@ -1,7 +1,9 @@
 """`llmrnn check`: the pre-submit check. Runs on a login node (no GPU) and lists ALL problems at once,
 before anything is queued: config schema, cohort file, base models + chat templates (or hub ids that
 resolve), the judge rubric and model, batch geometry, the verl command composed against the installed
-verl config, the Hub token and target repo when upload is on, and the SLURM profile's GPU counts.
+verl config, the Hub token and target repo when upload is on, and the SLURM profile's GPU counts. An
+experiment's config (section `experiment`, docs/compare.md) is checked as each of its variants runs it: a
+problem only some variants have names them (`experiment.variants.rank8: ...`).
 
     llmrnn check [--configfile config/reproduce.yaml ...] [--out check.json]
 
@@ -74,28 +76,61 @@ def run_checks(config_paths: list[Path]) -> dict:
 
     config, problems = load_config(config_paths)
     schema_ok = not any(p.startswith("config: ") for p in problems)
+    targets = check_targets(config, problems) if schema_ok else {"": config}
     ran = ["schema"]
     skips.reset()
     for name, fn in CHECKS:
         if RECIPE_ONLY.get(name, config.get("recipe")) != config.get("recipe"):
             continue  # each recipe's own checks only
-        skips.start(name)
-        try:
-            problems += fn(config)
-        except Exception as exc:  # noqa: BLE001 - report and go on: the point is to list everything
-            if schema_ok:
-                problems.append(f"{name}: check crashed: {type(exc).__name__}: {exc}")
-            else:  # a value the schema already named (e.g. a list where a number belongs) tripped it
-                problems.append(f"{name}: not checked: fix the config problems above first")
-        if not any(n == name and why.startswith(("all:", skips.UNUSED)) for n, why in skips.SKIPPED):
-            ran.append(name)  # a check that could check nothing here is listed as skipped or not needed only
-    skipped = [f"{n} ({why.removeprefix('all:').strip()})" for n, why in skips.SKIPPED
-               if not why.startswith(skips.UNUSED)]
-    unused = [f"{n} ({why.removeprefix(skips.UNUSED).strip()})" for n, why in skips.SKIPPED
-              if why.startswith(skips.UNUSED)]
+        found: dict[str, list[str]] = {}  # problem -> the variants that have it
+        checked = False
+        for variant, target in targets.items():
+            skips.start(name)
+            before = len(skips.SKIPPED)
+            try:
+                lines = fn(target)
+            except Exception as exc:  # noqa: BLE001 - report and go on: the point is to list everything
+                if schema_ok:
+                    lines = [f"{name}: check crashed: {type(exc).__name__}: {exc}"]
+                else:  # a value the schema already named (e.g. a list where a number belongs) tripped it
+                    lines = [f"{name}: not checked: fix the config problems above first"]
+            for line in lines:
+                found.setdefault(line, []).append(variant)
+            # a check that could check nothing here is listed as skipped or not needed only
+            checked |= not any(why.startswith(("all:", skips.UNUSED)) for _, why in skips.SKIPPED[before:])
+        # a problem every variant has is the config's; one that some have names them
+        problems += [line if len(variants) == len(targets) else
+                     f"experiment.variants.{','.join(variants)}: {line}" for line, variants in found.items()]
+        if checked:
+            ran.append(name)
+    said = list(dict.fromkeys(skips.SKIPPED))  # each variant's pass says the same skip once
+    skipped = [f"{n} ({why.removeprefix('all:').strip()})" for n, why in said if not why.startswith(skips.UNUSED)]
+    unused = [f"{n} ({why.removeprefix(skips.UNUSED).strip()})" for n, why in said
+              if why.startswith(skips.UNUSED) and n not in ran]  # not needed by any variant
     return {"ok": not problems, "problems": problems, "checks": ran, "skipped": skipped, "not_needed": unused,
             "configfiles": [str(p) for p in config_paths], "run_name": config.get("run_name"),
             "advice": smoke_advice(config) + _benchmark_advice(config) + _cost_plan_advice(config, schema_ok)}
+
+
+def check_targets(config: dict, problems: list[str]) -> dict[str, dict]:
+    """The configs the checks read, by variant: one run's own (variant ""); an experiment's, each variant's (its
+    first member's config, llmrnn.plan.member_configs: a variant's members differ in train.seed alone), so a
+    variant's own models, judge, cohort or training is checked as that variant runs it. A config whose members
+    cannot be made (they differ in what resources/ holds for all) is checked as it is, the reason in problems."""
+    from llmrnn.errors import InputError
+    from llmrnn.plan import is_experiment, member_configs, member_names
+
+    if not is_experiment(config):
+        return {"": config}
+    try:
+        members = member_configs(config)
+    except InputError as exc:
+        problems.append(str(exc))
+        return {"": config}
+    targets: dict[str, dict] = {}
+    for member, (variant, _) in member_names(config["experiment"]).items():
+        targets.setdefault(variant, members[member])
+    return targets
 
 
 def _cost_plan_advice(config: dict, schema_ok: bool) -> list[str]:
