@@ -196,3 +196,20 @@ def write_small_config(workdir: Path) -> str:
         small["train"]["fail_on_zero_gradient"] = False
     (workdir / "small.yaml").write_text(yaml.safe_dump(small))
     return "small.yaml"
+
+
+def write_model_layer(workdir: Path, model: Path) -> str:
+    """model.yaml in workdir (layer it over the small config); returns its name. A local HF folder (the tiny
+    model of tests/tiny_model.py) stands in for SmolLM2 under SmolLM2's own entry name, so every role, the
+    rubric's judge and the release card keep theirs: for the whole runs whose assertions are about which jobs
+    run and where, not about what the model answers (SmolLM2 in float32 on CPU made them the e2e tier's longest)."""
+    import yaml
+
+    layer = {
+        "models": {"smollm2-135m-instruct": {"source": "local", "path": str(model)}},
+        # a random model writes no memory that parses: every rollout's reward is the same, and only an entropy
+        # bonus gives the adapter a gradient, so the merge finds trained weights (merge_model checks it does)
+        "train": {"entropy_coef": 0.01},
+    }
+    (workdir / "model.yaml").write_text(yaml.safe_dump(layer))
+    return "model.yaml"

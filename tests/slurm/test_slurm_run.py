@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.dag import copy_extra_parts, gpu_rules, load_profile, parse_dry_run, run, write_small_config
+from tests.slurm.dag import (
+    copy_extra_parts,
+    gpu_rules,
+    load_profile,
+    parse_dry_run,
+    run,
+    write_model_layer,
+    write_small_config,
+)
 from tests.slurm.slurmjobs import jobs_of_run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.e2e]
@@ -81,10 +89,10 @@ def test_judge_and_trainer_share_one_node_on_disjoint_gpus(slurm_cluster, tmp_pa
     assert not set(judge["assigned"]) & set(train["assigned"]), (judge, train)
 
 
-def test_workflow_through_the_profile_on_real_slurm(slurm_cluster, workflow_dir, tmp_path):
+def test_workflow_through_the_profile_on_real_slurm(slurm_cluster, workflow_dir, tmp_path, tiny_model_dir):
     copy_extra_parts(workflow_dir)
-    # the embedded default (CPU engines), shrunk to few rows: this test is about where jobs run
-    files = ["config/config.yaml", write_small_config(workflow_dir)]
+    # the embedded default (CPU engines), shrunk to few rows, on the tiny model: this test is about where jobs run
+    files = ["config/config.yaml", write_small_config(workflow_dir), write_model_layer(workflow_dir, tiny_model_dir)]
     env = _env(tmp_path, LLMRNN_CONFIGFILE=" ".join(files), LLMRNN_SLURM_JOBS="2")
     plan = _snakemake(workflow_dir, env, "--profile", "profiles/slurm", "-n", "all")
     planned = {j.rule for j in parse_dry_run(plan) if j.shell is not None}

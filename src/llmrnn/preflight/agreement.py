@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+from pathlib import Path
 from typing import Any
 
 from llmrnn import io
@@ -154,6 +155,8 @@ def run_agreement(train_parquet: str, endpoint_file: str, out: str, audit_dir: s
         raise InputError(f"preflight agreement --mode {check_mode}: the check needs a mode that asks the judge "
                          f"({', '.join(JUDGED_MODES)})")
     rows = load_rows(train_parquet, max(2, pcfg.agreement_pairs), pcfg.seed + 1)
+    Path(audit_dir).mkdir(parents=True, exist_ok=True)  # the rule's output, though no pair may be scored (no row
+    # with a reference memory: the judge writes nothing in it, and Snakemake would fail the finished job)
     scorer = Scorer(endpoint_file, (cfg.get("judge") or {}).get("rubric") or None, audit_dir, rcfg)
     try:
         report, problems, warnings = agreement_checks(scorer, rows, pcfg)
