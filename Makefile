@@ -11,9 +11,37 @@ STAMP := $(VENV)/.installed-llmrnn
 TORCH_INDEX ?=
 RUNENV := PATH=$(CURDIR)/$(BIN):$$PATH OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 
-.PHONY: venv demo test test-e2e test-full lint report clean-results
+.PHONY: venv demo test test-e2e test-full lint report clean-results bytecode
 
 venv: $(STAMP)
+
+# Every venv's modules compiled to bytecode once, beside its install stamp: uv installs without .pyc files, and
+# where PYTHONDONTWRITEBYTECODE=1 is set (Python's container images set it) every interpreter then compiled
+# snakemake, transformers, pandas, pydantic... from source again, in each of the thousands of processes the
+# tiers start (a `snakemake -n` spent most of its CPU time compiling). A module a package ships for a later
+# Python (torch's py312_intrinsics.py) does not compile and stays source (-qq: unlisted).
+BYTECODE := .llmrnn-bytecode-stamp
+# the verl venvs (verl-envs below)
+VERL_VERSIONS := 0.7.1 0.9.1
+compile_venv = $(1)/bin/python -m compileall -qq -j 0 $(1)/lib || true; touch $(1)/$(BYTECODE)
+VERL_BYTECODE = $(foreach v,$(VERL_VERSIONS),.venv-verl-$(v)/$(BYTECODE))
+# the venvs `make test` builds (.venv-gpu-cpu, where it is built, is compiled by `make test-gpu-stack` and
+# `make bytecode`: a test tier's make does not rebuild it); `make bytecode`: those and every other venv built here
+TEST_BYTECODE = $(VENV)/$(BYTECODE) $(VERL_BYTECODE)
+bytecode: $(TEST_BYTECODE) $(foreach v,gpu-cpu/.installed-llmrnn vllm-cpu/.llmrnn-vllm-stamp,\
+  $(if $(wildcard .venv-$(v)),$(dir .venv-$(v))$(BYTECODE)))
+
+$(VENV)/$(BYTECODE): $(STAMP)
+	$(call compile_venv,$(VENV))
+
+.venv-verl-%/$(BYTECODE): .venv-verl-%/.llmrnn-verl-stamp
+	$(call compile_venv,.venv-verl-$*)
+
+.venv-gpu-cpu/$(BYTECODE): .venv-gpu-cpu/.installed-llmrnn
+	$(call compile_venv,.venv-gpu-cpu)
+
+.venv-vllm-cpu/$(BYTECODE): .venv-vllm-cpu/.llmrnn-vllm-stamp
+	$(call compile_venv,.venv-vllm-cpu)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || python3 -m venv $(VENV)
@@ -44,19 +72,19 @@ demo: $(STAMP)
 # Budgets (docs/results.md#fast-feedback): `make test` under 10 min warm on 2 cores, .ci/run under 45 min
 # from a fresh clone; no test times itself.
 TEST_WORKERS ?= 3
-test: $(STAMP) verl-envs
+test: $(STAMP) verl-envs $(TEST_BYTECODE)
 	$(RUNENV) pytest -q -n $(TEST_WORKERS) --dist loadfile --timeout 3600 --durations 15 -m "not e2e and not vllm and not full" tests
 
 SLOW_PYTEST := pytest -q -p no:cacheprovider --timeout 3600 --durations 15
 E2E_MARK := -m "(e2e or vllm) and not full"
 E2E_WORKERS ?= 2
-test-e2e: $(STAMP) verl-envs vllm-env
+test-e2e: $(STAMP) verl-envs vllm-env $(TEST_BYTECODE) .venv-vllm-cpu/$(BYTECODE)
 	set -o pipefail; \
 	{ $(RUNENV) $(SLOW_PYTEST) $(E2E_MARK) tests/slurm 2>&1 | sed -u 's/^/[slurm] /'; } & slurm=$$!; \
 	rest=0; $(RUNENV) $(SLOW_PYTEST) $(E2E_MARK) -n $(E2E_WORKERS) --dist loadfile --ignore=tests/slurm tests || rest=$$?; \
 	s=0; wait $$slurm || s=$$?; exit $$(( rest || s ))
 
-test-full: $(STAMP) verl-envs vllm-env
+test-full: $(STAMP) verl-envs vllm-env $(TEST_BYTECODE) .venv-vllm-cpu/$(BYTECODE)
 	s=0; $(RUNENV) $(SLOW_PYTEST) -m full tests/slurm || s=$$?; \
 	rest=0; $(RUNENV) $(SLOW_PYTEST) -m full -n $(E2E_WORKERS) --dist loadfile --ignore=tests/slurm tests || rest=$$?; \
 	exit $$(( rest || s ))
@@ -69,7 +97,6 @@ lint: $(STAMP)
 # Separate CPU venvs with verl 0.7.1 (reference) and 0.9.1 for tests/test_train_verl.py, with the GPU lock's
 # peft (verl's LoRA collection runs through it; ~90 s each, cached
 # by a stamp holding the build script's hash).
-VERL_VERSIONS := 0.7.1 0.9.1
 .PHONY: verl-envs
 verl-envs: $(foreach v,$(VERL_VERSIONS),.venv-verl-$(v)/.llmrnn-verl-stamp)
 
@@ -116,7 +143,7 @@ GPU_ROUTE_DESELECT := --deselect tests/test_gpu_stack.py::test_check_in_a_real_v
 .PHONY: test-gpu-stack gpu-cpu-env
 gpu-cpu-env: .venv-gpu-cpu/.installed-llmrnn
 
-test-gpu-stack: .venv-gpu-cpu/.installed-llmrnn
+test-gpu-stack: .venv-gpu-cpu/.installed-llmrnn .venv-gpu-cpu/$(BYTECODE)
 	PATH=$(CURDIR)/.venv-gpu-cpu/bin:$$PATH OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error \
 	  .venv-gpu-cpu/bin/pytest -q -p no:cacheprovider --durations 15 -m "not slow" $(GPU_ROUTE_DESELECT) $(GPU_ROUTE_TESTS)
 
