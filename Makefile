@@ -50,7 +50,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) $(VENV)/$(BYTECODE)
 	$(RUNENV) snakemake --profile profiles/local all
 	$(RUNENV) snakemake --profile profiles/local cost_report
 	$(RUNENV) snakemake --profile profiles/local --report report.html cost_report
