@@ -14,6 +14,7 @@ from llmrnn.prompts import load_prompts
 def run_shard(
     patients: list[dict], variant: str, roles_cfg: dict, prompts_file: str, seed: int,
     memory_model: str | None = None, label: str = "eval", memory_adapter: str | None = None,
+    replay: list[dict] | None = None,
 ) -> tuple[list[dict], dict]:
     """The LLM-as-RNN forward pass (llmrnn.rnn.run_forward, batched per visit step) of one variant.
 
@@ -33,7 +34,16 @@ def run_shard(
     roles = rnn.make_roles(roles_cfg, {"memory": memory_model} if memory_model else None,
                            memory_adapter=memory_adapter if variant == "trained" else None)
     stats: dict = {}
-    results = rnn.run_forward(patients, roles, prompts, memory=mode, seed=seed, stats=stats, label=label)
+    if replay is not None and (variant == REFERENCE or mode != "rnn"):
+        raise InputError(f"eval {variant}: --replay is for a memory model variant other than {REFERENCE}")
+    if replay is not None:
+        by_id = {str(r.get("patient_id")): r for r in replay}
+        missing = [str(p["subject_id"]) for p in patients if str(p["subject_id"]) not in by_id]
+        if missing:
+            raise InputError(f"eval {variant}: --replay has no record of patient(s) {', '.join(missing[:5])}")
+        replay = [by_id[str(p["subject_id"])] for p in patients]
+    results = rnn.run_forward(patients, roles, prompts, memory=mode, seed=seed, stats=stats, label=label,
+                              replay=replay)
     for rec in results:
         rec["variant"] = variant
     return results, stats
