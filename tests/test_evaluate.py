@@ -212,6 +212,34 @@ def test_real_shards_gather_to_the_same_metrics_as_one_shard(tmp_path, tiny_mode
         assert raw_outputs(3, variant) == one
 
 
+def test_replay_is_the_base_shard_of_the_same_patients(tmp_path, tiny_model_dir):
+    """`evaluate shard --replay` refuses, in one line and before a model loads, a file of other patients and a
+    variant that has nothing to replay (the base itself)."""
+    from llmrnn.cohort import dump_cohort, synthesize_cohort
+
+    test_split = tmp_path / "test.json"
+    patients = synthesize_cohort(4, seed=3)
+    test_split.write_text(dump_cohort(patients))
+    role = {"model": str(tiny_model_dir), "backend": "transformers"}
+    cfg = json.dumps({"eval": {"max_patients": None, "patient_seed": 0, "seed": 1},
+                      "roles": {r: dict(role) for r in ("prediction", "evaluation", "memory")}})
+    ids = [str(p["subject_id"]) for p in patients]
+
+    def shard(variant: str, replayed: list[str]) -> None:
+        replay = tmp_path / "base_shard_0.jsonl"
+        io.write_jsonl(replay, [{"patient_id": pid, "visits": []} for pid in replayed])
+        memory = ["--memory-model", str(tiny_model_dir)] if variant == "trained" else []
+        run_evaluate_cli(["shard", "--test", str(test_split), "--variant", variant, *memory, "--replay", str(replay),
+                          "--shard", "0", "--shards", "1", "--out", str(tmp_path / "shard_0.jsonl"),
+                          "--prompts", str(evaluate_prompts_file()), "--cfg", cfg])
+
+    with pytest.raises(InputError, match="is not of this shard's patients"):
+        shard("trained", ids[:-1])
+    with pytest.raises(InputError, match="--replay is for a memory model variant other than base"):
+        shard("base", ids)
+    assert not (tmp_path / "shard_0.jsonl").exists()
+
+
 def evaluate_prompts_file():
     from pathlib import Path
 

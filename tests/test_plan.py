@@ -83,9 +83,13 @@ def test_demo_models_and_the_trained_variant():
     assert plan.models.role_markers() == [SMOLLM2_READY]  # three roles, one model: one marker
     assert plan.models.memory_model_input() == SMOLLM2_READY
     assert plan.evaluate.shard_inputs(wc(variant="base")) == [SMOLLM2_READY]
-    assert plan.evaluate.shard_inputs(wc(variant="trained")) == [
-        SMOLLM2_READY, "results/demo/merged", "results/demo/merge_check.json", "results/demo/train/adapter"]
-    assert plan.evaluate.memory_arg(wc(variant="trained")) == ["--memory-model", "results/demo/merged", "--memory-adapter", "results/demo/train/adapter"]
+    # the trained shard replays the base shard of its patients (their first visit step's prompts are the same)
+    assert plan.evaluate.shard_inputs(wc(variant="trained", shard="1")) == [
+        SMOLLM2_READY, "results/demo/eval/base/shard_1.jsonl", "results/demo/merged", "results/demo/merge_check.json",
+        "results/demo/train/adapter"]
+    assert plan.evaluate.memory_arg(wc(variant="trained", shard="1")) == [
+        "--memory-model", "results/demo/merged", "--memory-adapter", "results/demo/train/adapter",
+        "--replay", "results/demo/eval/base/shard_1.jsonl"]
     assert plan.evaluate.memory_arg(wc(variant="base")) == []
     assert plan.models.prepare_mem_mb(wc(name="smollm2-135m-instruct")) == 16000  # a GGUF to dequantise
     assert json.loads(plan.models.prepare_cfg(wc(name="smollm2-135m-instruct")))["source"] == "pypi_gguf"
@@ -187,18 +191,20 @@ def test_each_stage_gives_its_resources_in_one_call():
 def test_eval_trained_model_replaces_the_merged_model():
     plan = plan_of(DEMO, overlay={"eval": {"trained_model": "elsewhere/trained"}})
     assert plan.evaluate.trained_model() == "elsewhere/trained"
-    inputs = plan.evaluate.shard_inputs(wc(variant="trained"))
-    assert inputs == [SMOLLM2_READY, "elsewhere/trained/config.json"]
+    inputs = plan.evaluate.shard_inputs(wc(variant="trained", shard="0"))
+    assert inputs == [SMOLLM2_READY, "results/demo/eval/base/shard_0.jsonl", "elsewhere/trained/config.json"]
     assert not any("merge" in i for i in inputs)
-    assert plan.evaluate.memory_arg(wc(variant="trained")) == ["--memory-model", "elsewhere/trained"]
+    assert plan.evaluate.memory_arg(wc(variant="trained", shard="0")) == [
+        "--memory-model", "elsewhere/trained", "--replay", "results/demo/eval/base/shard_0.jsonl"]
 
 
 def test_openai_roles_load_no_local_model():
     served = {"backend": "openai", "model": "served-name", "url": "http://127.0.0.1:8000/v1"}
     plan = plan_of(DEMO, overlay={"roles": {"prediction": served, "evaluation": served}})
     assert plan.models.role_markers() == [SMOLLM2_READY]  # the memory role's model only
-    assert plan.evaluate.shard_inputs(wc(variant="trained")) == ["results/demo/merged", "results/demo/merge_check.json",
-                                                               "results/demo/train/adapter"]
+    assert plan.evaluate.shard_inputs(wc(variant="trained", shard="0")) == [
+        "results/demo/eval/base/shard_0.jsonl", "results/demo/merged", "results/demo/merge_check.json",
+        "results/demo/train/adapter"]
     all_openai = plan_of(DEMO, overlay={"roles": {r: served for r in ("prediction", "evaluation", "memory")}})
     assert all_openai.models.role_markers() == [] and all_openai.evaluate.shard_inputs(wc(variant="base")) == []
     assert all_openai.conda_env("forward") == "../envs/cpu.yaml"

@@ -391,3 +391,42 @@ def test_a_role_without_sampling_keys_gets_the_models_defaults():
     assert got == {name: tuple(section_defaults(f"roles.{name}")[k] for k in ("temperature", "top_p", "max_tokens"))
                    for name in rnn.ROLES}
     assert got["memory"][2] == 128 and got["prediction"][2] == 96 and got["evaluation"][0] == 0.3
+
+
+def test_replayed_calls_give_the_outputs_the_calls_give(prompts, tiny_backend):
+    """The trained eval shard's replay of the base shard: the calls whose prompts are all the base run's (the
+    first visit step's prediction and evaluation) are not made, and every record is the one a run making
+    them writes; the memory model's calls are always made."""
+    patients = synthesize_cohort(5, seed=4)
+    base = run_forward(patients, counting_roles(tiny_backend, [], max_tokens=8), prompts, seed=3)
+
+    def trained_roles(log):  # another memory model (one that writes a memory): the same prediction/evaluation roles
+        roles = counting_roles(tiny_backend, log, max_tokens=8)
+        memory = ScriptedBackend('{"evolving_summary": "asthma; gout"}')
+        roles["memory"] = Role("memory", CountingBackend(memory, log, "memory"), max_tokens=8)
+        return roles
+
+    made, replaying = [], []
+    fresh = run_forward(patients, trained_roles(made), prompts, seed=3)
+    stats: dict = {}
+    replayed = run_forward(patients, trained_roles(replaying), prompts, seed=3, stats=stats, replay=base)
+    assert json.dumps(replayed, sort_keys=True) == json.dumps(fresh, sort_keys=True)
+    assert [v["h_new"] for v in fresh[0]["visits"][:-1]] != [v["h_new"] for v in base[0]["visits"][:-1]]
+    # the first visit step's prediction and evaluation came from the base run, and later calls only where all
+    # their prompts were the base's too (the tiny model's predictions, whatever its memory, can be); the
+    # memory model's calls were all made
+    assert made[:2] == [("prediction", 5), ("evaluation", 5)] and replaying[0] == ("memory", 5)
+    rest = iter(made[2:])
+    assert all(call in rest for call in replaying)  # the calls made are those of the fresh run, less some
+    assert [c for c in replaying if c[0] == "memory"] == [c for c in made if c[0] == "memory"]
+    def rows(calls, role):
+        return sum(n for r, n in calls if r == role)
+
+    for role in rnn.ROLES:
+        assert stats["replayed"][role] + rows(replaying, role) == rows(made, role)
+    assert stats["replayed"]["prediction"] >= 5 and stats["replayed"]["evaluation"] >= 5
+    assert stats["replayed"]["memory"] == 0
+    with pytest.raises(InputError, match="not of these patients"):
+        run_forward(patients[::-1], trained_roles([]), prompts, seed=3, replay=base)
+    with pytest.raises(InputError, match="replay needs memory 'rnn'"):
+        run_forward(patients, trained_roles([]), prompts, seed=3, memory="none", replay=base)

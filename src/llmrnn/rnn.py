@@ -213,6 +213,7 @@ def run_forward(
     update_last: bool = False,
     stats: dict | None = None,
     label: str = "forward",
+    replay: Sequence[dict] | None = None,
 ) -> list[dict]:
     """Run the LLM-as-RNN over `patients` (cohort records); one dict per patient:
 
@@ -222,10 +223,25 @@ def run_forward(
     memory_raw, memory_ok, memory_parse, memory_fallback, h_new, memory_words. Visits 0..last_visit(p) are processed (default: all); the memory update runs for
     t < last (and at the last visit too when update_last). `stats` (if given) is filled with calls per
     role and step, outputs and unparsable counts per role.
+
+    `replay`: run_forward's results for the same patients, in the same order, from a run whose prediction and
+    evaluation roles were these (the base variant of an eval shard, for the trained one: only the memory
+    model differs). A visit step's prediction (evaluation) call whose every prompt equals that run's is not
+    sent again: its outputs are that run's, the ones the same call gives (the same prompts in the same
+    batch, the same per-row seeds). In practice the first visit step, where every memory is the initial one.
     """
     if memory not in MEMORY_MODES:
         raise InputError(f"run_forward: memory {memory!r}; expected one of {', '.join(MEMORY_MODES)}")
+    if replay is not None:
+        if memory != "rnn":
+            raise InputError(f"run_forward: replay needs memory 'rnn', not {memory!r}")
+        ids = [str(p["subject_id"]) for p in patients]
+        if [str(r.get("patient_id")) for r in replay] != ids:
+            raise InputError("run_forward: the replayed results are not of these patients in this order")
     run = _ForwardRun(roles, prompts, memory, seed, update_last, stats if stats is not None else {})
+    if replay is not None:
+        run.replay = {(str(r["patient_id"]), int(v["visit_index"])): v for r in replay for v in r["visits"]}
+        run.st.setdefault("replayed", {r: 0 for r in ROLES})  # outputs taken from the replayed run, per role
     last_of = last_visit or (lambda p: len(p["visits"]) - 1)
     initial = jsonparse.memory_json(prompts.initial_memory)
     states = [
@@ -261,6 +277,18 @@ class _ForwardRun:
         st.setdefault("unparsable", {r: 0 for r in ROLES})
         st.setdefault("parse_methods", {r: {} for r in ROLES})
         st.setdefault("seconds", {r: 0.0 for r in ROLES})
+        self.replay: dict[tuple[str, int], dict] | None = None
+
+    def replayed(self, t: int, recs: list[dict], keys: list[tuple[str, int]], same: Sequence[str]) -> list[str] | None:
+        """The replayed run's outputs of this call (`same`: the record fields its prompts are made of, besides
+        the patient's visit), when every row's are equal; None otherwise (the call is made)."""
+        if self.replay is None or not recs:
+            return None
+        earlier = [self.replay.get(key) for key in keys]
+        if any(e is None or e.get("visit_id") != r["visit_id"] or any(e.get(f) != r[f] for f in same)
+               for e, r in zip(earlier, recs)):
+            return None
+        return earlier
 
     def call(self, role: str, convs: list, keys: list[tuple[str, int]]) -> list[str]:
         if not convs:
@@ -361,7 +389,11 @@ class _ForwardRun:
                 {"memory": r["_memory_text"], "visit": r["_visit_text"], "visit_number": t + 1})
             for r in recs
         ]
-        for r, raw in zip(recs, self.call("prediction", convs, keys)):
+        earlier = self.replayed(t, recs, keys, ("h_prev",))
+        outs = [e["prediction_raw"] for e in earlier] if earlier else self.call("prediction", convs, keys)
+        if earlier:
+            self.st["replayed"]["prediction"] += len(earlier)
+        for r, raw in zip(recs, outs):
             parsed, method = jsonparse.parse_prediction(raw)
             r.update(prediction_raw=raw, prediction=parsed, prediction_ok=parsed is not None, prediction_parse=method)
             self.count("prediction", parsed is not None, method)
@@ -376,7 +408,11 @@ class _ForwardRun:
             })
             for r in recs
         ]
-        for r, raw in zip(recs, self.call("evaluation", convs, keys)):
+        earlier = self.replayed(t, recs, keys, ("ground_truth", "prediction_raw"))
+        outs = [e["evaluation_raw"] for e in earlier] if earlier else self.call("evaluation", convs, keys)
+        if earlier:
+            self.st["replayed"]["evaluation"] += len(earlier)
+        for r, raw in zip(recs, outs):
             parsed, method = jsonparse.parse_evaluation(raw)
             ok = parsed is not None
             if not ok:

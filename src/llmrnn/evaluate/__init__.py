@@ -88,14 +88,21 @@ def _cmd_shard(args: argparse.Namespace) -> None:
     fingerprint = kept.fingerprint("evaluate shard", cfg, args.variant, args.memory_model, args.memory_adapter,
                                    io.sha256_file(args.prompts), [p.get("subject_id") for p in part])
 
+    replay = io.read_jsonl(args.replay) if args.replay else None
+    if replay is not None and sorted(str(r.get("patient_id")) for r in replay) != sorted(
+            str(p.get("subject_id")) for p in part):
+        raise InputError(f"{label}: --replay {args.replay} is not of this shard's patients (another eval config?)")
+
     def work(chunk: list[dict]) -> tuple[list[dict], dict]:
         return run_shard(chunk, args.variant, cfg["roles"], args.prompts, int(ev["seed"]),
-                         memory_model=args.memory_model, label=label, memory_adapter=args.memory_adapter)
+                         memory_model=args.memory_model, label=label, memory_adapter=args.memory_adapter,
+                         replay=replay)
 
     results, stats = kept.run_kept(part, work, args.out, fingerprint, label) if part else ([], {})
     io.write_jsonl(args.out, results)
     kept.finish(args.out)
-    log.info("%s: done; backend calls %s, unparsable %s", label, stats.get("calls"), stats.get("unparsable"))
+    log.info("%s: done; backend calls %s, unparsable %s%s", label, stats.get("calls"), stats.get("unparsable"),
+             f", outputs replayed from {args.replay} {stats['replayed']}" if stats.get("replayed") else "")
 
 
 def _cmd_grade(args: argparse.Namespace) -> None:
@@ -174,6 +181,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-adapter", default=None,
                    help="the PEFT adapter --memory-model was merged from: a vLLM memory role serves it as a LoRA on "
                         "the base engine instead of opening a second engine")
+    p.add_argument("--replay", default=None,
+                   help="the base variant's shard of the same patients (and eval config): the calls whose prompts "
+                        "are all the base's (the first visit's prediction and evaluation) take its outputs")
     p.add_argument("--prompts", required=True, help="prompt templates (config prompts.file)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default OMP_NUM_THREADS or 1)")
     p.add_argument("--shard", type=int, required=True)

@@ -63,11 +63,17 @@ class EvaluatePlan(PlanBase):
         check must have passed) or eval.trained_model."""
         if wildcards.variant != "trained":
             return self.role_model_inputs(EVAL_ROLES)
-        inputs = self.role_model_inputs(("prediction", "evaluation"))
+        inputs = [*self.role_model_inputs(("prediction", "evaluation")), self.replay_shard(wildcards)]
         trained = self.config["eval"]["trained_model"]
         if trained:
             return [*inputs, f"{trained}/config.json"]
         return [*inputs, f"{self.paths.run}/merged", f"{self.paths.run}/merge_check.json", self.grpo_adapter()]
+
+    def replay_shard(self, wildcards) -> str:
+        """The base model's shard of the trained one's patients: the trained shard's first visit step prompts
+        the same prediction and evaluation roles with the same initial memory, so it takes those outputs from it
+        (`evaluate shard --replay`) instead of computing them again; the base shard runs beside training."""
+        return f"{self.shard_root('base')}/eval/base/shard_{wildcards.shard}.jsonl"
 
     def grpo_adapter(self) -> str:
         """The GRPO adapter folder (train_grpo's output `adapter`)."""
@@ -78,9 +84,10 @@ class EvaluatePlan(PlanBase):
         adapter it was merged from: a vLLM memory role serves it as a LoRA on the base engine (one engine)."""
         if wildcards.variant != "trained":
             return []
+        replay = ["--replay", self.replay_shard(wildcards)]
         if self.config["eval"]["trained_model"]:
-            return ["--memory-model", self.trained_model()]
-        return ["--memory-model", self.trained_model(), "--memory-adapter", self.grpo_adapter()]
+            return ["--memory-model", self.trained_model(), *replay]
+        return ["--memory-model", self.trained_model(), "--memory-adapter", self.grpo_adapter(), *replay]
 
     def shard_files(self, kind: str) -> list[str]:
         """All shard files of every variant: kind is "shard" (forward pass) or "graded"."""
