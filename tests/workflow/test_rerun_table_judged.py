@@ -18,8 +18,8 @@ from tests.workflow.test_rerun_table import (
     row_problem,
 )
 
-# a second whole `all` baseline (judged): the full tier (make test-full); the outcome rerun table stays in CI
-pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.full]
+# a second whole `all` baseline (judged), in a file of its own so that it runs beside the outcome table
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 JUDGED_ROWS = [row for row in ROWS if is_judged_only(row)]
 
 
