@@ -122,7 +122,7 @@ rule judge_agreement_plot:
         agreement=judge_agreement_source(),
     output:
         plot=report(
-            f"{JUDGE}/judge/plots/judge_agreement.png",
+            plan.paths.judge_agreement_plot,
             category="Judge",
             caption="../workflow/report/judge_agreement.rst",
         ),

@@ -91,6 +91,11 @@ class Paths:
         return TrainPlots(reward=f"{plots}/reward.png", kl=f"{plots}/kl.png", truncation=f"{plots}/truncation.png")
 
     @property
+    def judge_agreement_plot(self) -> str:
+        """The judge-agreement figure (judge_agreement_plot, rules/report.smk); `all` requests it (products)."""
+        return f"{self.judge}/judge/plots/judge_agreement.png"
+
+    @property
     def qa(self) -> str:
         return f"{self.run}/qa"
 

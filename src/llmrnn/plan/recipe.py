@@ -147,7 +147,7 @@ class MemoryHeadRecipe(Recipe):
     def products(self) -> list[str]:
         """The splits, the trajectories, preflight's report, the training plots (train_plots) and the judge
         agreement figure (judge_agreement_plot), unless preflight.agreement_pairs is 0."""
-        agreement = [f"{self.paths.judge}/judge/plots/judge_agreement.png"] if self.judge.agreement_on() else []
+        agreement = [self.paths.judge_agreement_plot] if self.judge.agreement_on() else []
         return [
             f"{self.paths.cohort}/splits/splits.json",
             *self.trajectories.targets(),
