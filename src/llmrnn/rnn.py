@@ -279,7 +279,7 @@ class _ForwardRun:
         st.setdefault("seconds", {r: 0.0 for r in ROLES})
         self.replay: dict[tuple[str, int], dict] | None = None
 
-    def replayed(self, t: int, recs: list[dict], keys: list[tuple[str, int]], same: Sequence[str]) -> list[str] | None:
+    def replayed(self, recs: list[dict], keys: list[tuple[str, int]], same: Sequence[str]) -> list[dict] | None:
         """The replayed run's outputs of this call (`same`: the record fields its prompts are made of, besides
         the patient's visit), when every row's are equal; None otherwise (the call is made)."""
         if self.replay is None or not recs:
@@ -389,7 +389,7 @@ class _ForwardRun:
                 {"memory": r["_memory_text"], "visit": r["_visit_text"], "visit_number": t + 1})
             for r in recs
         ]
-        earlier = self.replayed(t, recs, keys, ("h_prev",))
+        earlier = self.replayed(recs, keys, ("h_prev",))
         outs = [e["prediction_raw"] for e in earlier] if earlier else self.call("prediction", convs, keys)
         if earlier:
             self.st["replayed"]["prediction"] += len(earlier)
@@ -408,7 +408,7 @@ class _ForwardRun:
             })
             for r in recs
         ]
-        earlier = self.replayed(t, recs, keys, ("ground_truth", "prediction_raw"))
+        earlier = self.replayed(recs, keys, ("ground_truth", "prediction_raw"))
         outs = [e["evaluation_raw"] for e in earlier] if earlier else self.call("evaluation", convs, keys)
         if earlier:
             self.st["replayed"]["evaluation"] += len(earlier)

@@ -33,12 +33,9 @@ def run_shard(
     prompts = load_prompts(prompts_file)
     if replay is not None and (variant == REFERENCE or mode != "rnn"):
         raise InputError(f"eval {variant}: --replay is for a memory model variant other than {REFERENCE}")
-    if replay is not None:
+    if replay is not None:  # in this chunk's order; a patient it lacks is run_forward's refusal (the CLI checks first)
         by_id = {str(r.get("patient_id")): r for r in replay}
-        missing = [str(p["subject_id"]) for p in patients if str(p["subject_id"]) not in by_id]
-        if missing:
-            raise InputError(f"eval {variant}: --replay has no record of patient(s) {', '.join(missing[:5])}")
-        replay = [by_id[str(p["subject_id"])] for p in patients]
+        replay = [by_id.get(str(p["subject_id"]), {}) for p in patients]
     if memory_adapter and not (Path(memory_adapter) / "adapter_config.json").is_file():
         raise InputError(f"{memory_adapter}: not a PEFT adapter folder (no adapter_config.json); memory adapter of {variant}")
     # with a vLLM memory role the trained model runs as its adapter on the base engine (one engine per GPU)
